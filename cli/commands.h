@@ -1,0 +1,14 @@
+#pragma once
+// Subcommands of the `tandem` binary. Each Add*Command registers its CLI11 subcommand on `app`;
+// when the subcommand runs, its exit status is stored in `*exit_code` (0 ok, 1 runtime error,
+// 2 usage error). Errors are printed once to stderr as "tandem <cmd>: <message>".
+
+#include "CLI/CLI.hpp"
+
+namespace tandem::cli {
+
+void AddGenerateCommand(CLI::App& app, int* exit_code);
+void AddTokenizeCommand(CLI::App& app, int* exit_code);
+void AddModelCommand(CLI::App& app, int* exit_code);  // `tandem model synth`
+
+}  // namespace tandem::cli

@@ -1,0 +1,20 @@
+// `tandem`: one binary, one subcommand per role or tool (see docs/architecture.md).
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tandem: disaggregated LLM inference serving runtime", "tandem"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  tandem::cli::AddGenerateCommand(app, &exit_code);
+  tandem::cli::AddTokenizeCommand(app, &exit_code);
+  tandem::cli::AddModelCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,39 @@
+#pragma once
+// Renders a model's `chat_template` (tokenizer_config.json) as Hugging Face
+// `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` does, through a small
+// Jinja interpreter covering what the Llama 3 / 3.1 / 3.2 and ChatML (Qwen) templates use.
+// A template that uses anything outside that subset fails at Compile (load time) with the
+// construct and position, never renders a silently wrong prompt.
+//
+// Thread-safety: immutable after Compile; Render may run concurrently.
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant", "tool", ...
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // `source` is the Jinja text; bos/eos are exposed to the template as bos_token / eos_token.
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Compile(const std::string& source,
+                                                               const std::string& bos_token,
+                                                               const std::string& eos_token);
+  // Reads `<dir>/tokenizer_config.json` ("chat_template" string, or the "default" entry of a
+  // list of named templates; bos_token/eos_token as strings or {"content": ...}).
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromModelDir(const std::string& dir);
+  virtual ~ChatTemplate() = default;
+
+  // Errors: raise_exception() in the template (e.g. bad role order), runtime type errors.
+  virtual absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
+                                             bool add_generation_prompt) const = 0;
+};
+
+}  // namespace tandem
