@@ -58,8 +58,8 @@ LogMessage::LogMessage(const char* file, int line, LogSeverity severity) : sever
   gmtime_r(&t, &tm);
   char buf[32];
   std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
-  stream_ << SeverityLetter(severity) << ' ' << buf << ' ' << (base ? base + 1 : file) << ':' << line
-          << "] ";
+  stream_ << SeverityLetter(severity) << ' ' << buf << ' ' << (base ? base + 1 : file) << ':'
+          << line << "] ";
 }
 
 LogMessage::~LogMessage() {

@@ -42,15 +42,15 @@ struct LogVoidify {
 #define TANDEM_LOG_ERROR ::tandem::LogSeverity::kError
 #define TANDEM_LOG_FATAL ::tandem::LogSeverity::kFatal
 
-#define LOG(level)                                           \
-  (TANDEM_LOG_##level < ::tandem::MinLogSeverity())          \
-      ? (void)0                                              \
-      : ::tandem::LogVoidify() &                             \
+#define LOG(level)                                  \
+  (TANDEM_LOG_##level < ::tandem::MinLogSeverity()) \
+      ? (void)0                                     \
+      : ::tandem::LogVoidify() &                    \
             ::tandem::LogMessage(__FILE__, __LINE__, TANDEM_LOG_##level).stream()
 
-#define CHECK(cond)                                                                           \
-  (cond) ? (void)0                                                                            \
-         : ::tandem::LogVoidify() &                                                           \
+#define CHECK(cond)                                                                             \
+  (cond) ? (void)0                                                                              \
+         : ::tandem::LogVoidify() &                                                             \
                ::tandem::LogMessage(__FILE__, __LINE__, ::tandem::LogSeverity::kFatal).stream() \
                    << "Check failed: " #cond " "
 

@@ -16,7 +16,7 @@
 namespace tandem {
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", "tool", ...
+  std::string role;  // "system", "user", "assistant", "tool", ...
   std::string content;
 };
 
