@@ -1,0 +1,330 @@
+#include "runtime/model/cpu_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/kernels/cpu_ops.h"
+
+namespace tandem {
+namespace {
+
+absl::Status CheckSize(const std::vector<float>& v, size_t expected, const std::string& name,
+                       bool optional = false) {
+  if (optional && v.empty()) return absl::OkStatus();
+  if (v.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CPU runner: weight %s has %d floats, config expects %d", name, v.size(), expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
+      c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError("CPU runner: model config has a non-positive size");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CPU runner: num_heads %d is not a multiple of num_kv_heads %d",
+                        c.num_heads, c.num_kv_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CPU runner: head_dim %d is odd (RoPE needs pairs)", c.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
+  const size_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const size_t q_out = static_cast<size_t>(c.num_heads) * c.head_dim;
+  const size_t kv_out = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  RETURN_IF_ERROR(CheckSize(w.embed, c.vocab_size * hidden, "embed"));
+  RETURN_IF_ERROR(CheckSize(w.final_norm, hidden, "final_norm"));
+  RETURN_IF_ERROR(CheckSize(w.lm_head, c.vocab_size * hidden, "lm_head", /*optional=*/true));
+  if (w.layers.size() != static_cast<size_t>(c.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CPU runner: %d layers of weights, config has %d", w.layers.size(), c.num_layers));
+  }
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const std::string p = absl::StrFormat("layers.%d.", i);
+    RETURN_IF_ERROR(CheckSize(l.input_norm, hidden, p + "input_norm"));
+    RETURN_IF_ERROR(CheckSize(l.post_norm, hidden, p + "post_norm"));
+    RETURN_IF_ERROR(CheckSize(l.q_proj, q_out * hidden, p + "q_proj"));
+    RETURN_IF_ERROR(CheckSize(l.k_proj, kv_out * hidden, p + "k_proj"));
+    RETURN_IF_ERROR(CheckSize(l.v_proj, kv_out * hidden, p + "v_proj"));
+    RETURN_IF_ERROR(CheckSize(l.q_bias, q_out, p + "q_bias", !c.attention_bias));
+    RETURN_IF_ERROR(CheckSize(l.k_bias, kv_out, p + "k_bias", !c.attention_bias));
+    RETURN_IF_ERROR(CheckSize(l.v_bias, kv_out, p + "v_bias", !c.attention_bias));
+    RETURN_IF_ERROR(CheckSize(l.o_proj, hidden * q_out, p + "o_proj"));
+    RETURN_IF_ERROR(CheckSize(l.gate_proj, inter * hidden, p + "gate_proj"));
+    RETURN_IF_ERROR(CheckSize(l.up_proj, inter * hidden, p + "up_proj"));
+    RETURN_IF_ERROR(CheckSize(l.down_proj, hidden * inter, p + "down_proj"));
+  }
+  return absl::OkStatus();
+}
+
+const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+class CpuModelRunner final : public ModelRunner {
+ public:
+  CpuModelRunner(const ModelConfig& config, ModelWeights weights, int block_size, int num_blocks)
+      : config_(config),
+        weights_(std::move(weights)),
+        block_size_(block_size),
+        num_blocks_(num_blocks),
+        kv_shape_{.block_size = block_size,
+                  .num_kv_heads = config.num_kv_heads,
+                  .head_dim = config.head_dim},
+        inv_freq_(config.head_dim / 2) {
+    if (config_.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+      cpu::Llama3RopeScaling s;
+      s.factor = config_.rope_scaling.factor;
+      s.low_freq_factor = config_.rope_scaling.low_freq_factor;
+      s.high_freq_factor = config_.rope_scaling.high_freq_factor;
+      s.original_max_position_embeddings = config_.rope_scaling.original_max_position_embeddings;
+      cpu::RopeInvFreq(config_.head_dim, config_.rope_theta, &s, inv_freq_.data());
+    } else {
+      cpu::RopeInvFreq(config_.head_dim, config_.rope_theta, nullptr, inv_freq_.data());
+    }
+  }
+
+  // Allocates the KV cache; false when memory is short.
+  bool AllocateCache() {
+    const size_t per_layer = static_cast<size_t>(num_blocks_) * kv_shape_.BlockStride();
+    try {
+      k_cache_.resize(config_.num_layers);
+      v_cache_.resize(config_.num_layers);
+      for (int l = 0; l < config_.num_layers; ++l) {
+        k_cache_[l].assign(per_layer, 0.0f);
+        v_cache_[l].assign(per_layer, 0.0f);
+      }
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    return true;
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  int block_size() const override { return block_size_; }
+  int num_blocks() const override { return num_blocks_; }
+
+  absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
+    RETURN_IF_ERROR(Validate(batch));
+    const ModelConfig& c = config_;
+    const int hidden = c.hidden_size;
+    const int q_width = c.num_heads * c.head_dim;
+    const int kv_width = c.num_kv_heads * c.head_dim;
+    const int inter = c.intermediate_size;
+
+    int total = 0, max_context = 0, logit_rows = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      total += static_cast<int>(ch.tokens.size());
+      max_context = std::max(max_context, ch.start_pos + static_cast<int>(ch.tokens.size()));
+      logit_rows += ch.need_logits ? 1 : 0;
+    }
+    Reserve(total, max_context);
+
+    // Embeddings and positions of every token of the batch, chunk after chunk.
+    int row = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      const int n = static_cast<int>(ch.tokens.size());
+      cpu::EmbeddingGather(weights_.embed.data(), hidden, ch.tokens.data(), n,
+                           x_.data() + static_cast<size_t>(row) * hidden);
+      for (int i = 0; i < n; ++i) positions_[row + i] = ch.start_pos + i;
+      row += n;
+    }
+
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    for (int li = 0; li < c.num_layers; ++li) {
+      const LayerWeights& lw = weights_.layers[li];
+      cpu::RmsNorm(x_.data(), lw.input_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
+      cpu::Linear(h_.data(), lw.q_proj.data(), OrNull(lw.q_bias), total, hidden, q_width,
+                  q_.data());
+      cpu::Linear(h_.data(), lw.k_proj.data(), OrNull(lw.k_bias), total, hidden, kv_width,
+                  k_.data());
+      cpu::Linear(h_.data(), lw.v_proj.data(), OrNull(lw.v_bias), total, hidden, kv_width,
+                  v_.data());
+      cpu::ApplyRope(q_.data(), total, q_width, c.num_heads, c.head_dim, positions_.data(),
+                     rope_cos_.data(), rope_sin_.data());
+      cpu::ApplyRope(k_.data(), total, kv_width, c.num_kv_heads, c.head_dim, positions_.data(),
+                     rope_cos_.data(), rope_sin_.data());
+      // Every chunk's new K/V first, then attention: chunks are distinct sequences, so one
+      // chunk's attention reads only its own new rows plus cached (possibly shared) prefix.
+      row = 0;
+      for (const SequenceChunk& ch : batch.chunks) {
+        const int n = static_cast<int>(ch.tokens.size());
+        cpu::PagedKvAppend(k_.data() + static_cast<size_t>(row) * kv_width, kv_width,
+                           v_.data() + static_cast<size_t>(row) * kv_width, kv_width, n,
+                           ch.start_pos, ch.block_table.data(), kv_shape_, k_cache_[li].data(),
+                           v_cache_[li].data());
+        row += n;
+      }
+      row = 0;
+      for (const SequenceChunk& ch : batch.chunks) {
+        const int n = static_cast<int>(ch.tokens.size());
+        cpu::PagedAttention(q_.data() + static_cast<size_t>(row) * q_width, q_width, n,
+                            ch.start_pos, c.num_heads, ch.block_table.data(), kv_shape_,
+                            k_cache_[li].data(), v_cache_[li].data(), scale, scores_.data(),
+                            attn_.data() + static_cast<size_t>(row) * q_width);
+        row += n;
+      }
+      cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, total, q_width, hidden, h_.data());
+      cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
+      cpu::RmsNorm(x_.data(), lw.post_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
+      cpu::Linear(h_.data(), lw.gate_proj.data(), nullptr, total, hidden, inter, gate_.data());
+      cpu::Linear(h_.data(), lw.up_proj.data(), nullptr, total, hidden, inter, up_.data());
+      cpu::SiluAndMul(gate_.data(), up_.data(), static_cast<size_t>(total) * inter, gate_.data());
+      cpu::Linear(gate_.data(), lw.down_proj.data(), nullptr, total, inter, hidden, h_.data());
+      cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
+    }
+
+    // Final norm and LM head for the last token of each chunk that wants logits.
+    row = 0;
+    int r = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      row += static_cast<int>(ch.tokens.size());
+      if (!ch.need_logits) continue;
+      cpu::RmsNorm(x_.data() + static_cast<size_t>(row - 1) * hidden, weights_.final_norm.data(), 1,
+                   hidden, c.rms_norm_eps, last_.data() + static_cast<size_t>(r) * hidden);
+      ++r;
+    }
+    out->rows = logit_rows;
+    out->logits.resize(static_cast<size_t>(logit_rows) * c.vocab_size);
+    if (logit_rows > 0) {
+      cpu::Linear(last_.data(), weights_.LmHead().data(), nullptr, logit_rows, hidden, c.vocab_size,
+                  out->logits.data());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Validate(const ForwardBatch& batch) const {
+    for (size_t i = 0; i < batch.chunks.size(); ++i) {
+      const SequenceChunk& ch = batch.chunks[i];
+      const int64_t n = static_cast<int64_t>(ch.tokens.size());
+      if (n == 0) {
+        return absl::InvalidArgumentError(absl::StrFormat("chunk %d has no tokens", i));
+      }
+      if (ch.start_pos < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("chunk %d: negative start_pos %d", i, ch.start_pos));
+      }
+      const int64_t end = ch.start_pos + n;
+      if (end > config_.max_position_embeddings) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("chunk %d: positions up to %d exceed max_position_embeddings %d", i,
+                            end, config_.max_position_embeddings));
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        if (ch.tokens[t] < 0 || ch.tokens[t] >= config_.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("chunk %d: token id %d outside vocabulary [0, %d)", i, ch.tokens[t],
+                              config_.vocab_size));
+        }
+      }
+      const int64_t blocks_needed = (end + block_size_ - 1) / block_size_;
+      if (static_cast<int64_t>(ch.block_table.size()) < blocks_needed) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("chunk %d: block table has %d blocks, positions up to %d need %d", i,
+                            ch.block_table.size(), end, blocks_needed));
+      }
+      for (int64_t b = 0; b < blocks_needed; ++b) {
+        if (ch.block_table[b] < 0 || ch.block_table[b] >= num_blocks_) {
+          return absl::InvalidArgumentError(absl::StrFormat("chunk %d: block id %d outside [0, %d)",
+                                                            i, ch.block_table[b], num_blocks_));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Grows scratch buffers (never shrinks) to `tokens` rows and RoPE tables to `max_context`
+  // positions; a no-op once the largest batch has been seen.
+  void Reserve(int tokens, int max_context) {
+    const ModelConfig& c = config_;
+    if (tokens > capacity_tokens_) {
+      const size_t t = static_cast<size_t>(tokens);
+      x_.resize(t * c.hidden_size);
+      h_.resize(t * c.hidden_size);
+      last_.resize(t * c.hidden_size);
+      q_.resize(t * c.num_heads * c.head_dim);
+      attn_.resize(t * c.num_heads * c.head_dim);
+      k_.resize(t * c.num_kv_heads * c.head_dim);
+      v_.resize(t * c.num_kv_heads * c.head_dim);
+      gate_.resize(t * c.intermediate_size);
+      up_.resize(t * c.intermediate_size);
+      positions_.resize(t);
+      capacity_tokens_ = tokens;
+    }
+    if (max_context > rope_positions_) {
+      // Doubling keeps the table growth amortized; capped by the model's position limit.
+      const int positions =
+          std::min(c.max_position_embeddings, std::max(max_context, 2 * rope_positions_));
+      const size_t half = c.head_dim / 2;
+      rope_cos_.resize(positions * half);
+      rope_sin_.resize(positions * half);
+      cpu::RopeTables(inv_freq_.data(), c.head_dim, positions, rope_cos_.data(), rope_sin_.data());
+      scores_.resize(positions);
+      rope_positions_ = positions;
+    }
+  }
+
+  const ModelConfig config_;
+  const ModelWeights weights_;
+  const int block_size_;
+  const int num_blocks_;
+  const cpu::PagedKvShape kv_shape_;
+  std::vector<float> inv_freq_;              // [head_dim / 2]
+  std::vector<std::vector<float>> k_cache_;  // per layer [num_blocks, block, kv_heads, head_dim]
+  std::vector<std::vector<float>> v_cache_;
+
+  // Scratch, sized for capacity_tokens_ rows / rope_positions_ positions.
+  int capacity_tokens_ = 0;
+  int rope_positions_ = 0;
+  std::vector<float> x_, h_, last_, q_, attn_, k_, v_, gate_, up_;
+  std::vector<int32_t> positions_;
+  std::vector<float> rope_cos_, rope_sin_;  // [rope_positions_, head_dim / 2]
+  std::vector<float> scores_;               // [rope_positions_]
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelConfig& config,
+                                                                  ModelWeights weights,
+                                                                  const CpuRunnerOptions& options) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(ValidateWeights(config, weights));
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CPU runner: block_size %d must be positive", options.block_size));
+  }
+  const size_t block_bytes = 2 * sizeof(float) * static_cast<size_t>(config.num_layers) *
+                             options.block_size * config.num_kv_heads * config.head_dim;
+  int64_t num_blocks = options.num_blocks;
+  if (num_blocks == 0) num_blocks = static_cast<int64_t>(options.kv_cache_bytes / block_bytes);
+  if (num_blocks <= 0 || num_blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CPU runner: %d KV blocks (num_blocks %d, kv_cache_bytes %d, %d bytes per block)",
+        num_blocks, options.num_blocks, options.kv_cache_bytes, block_bytes));
+  }
+  auto runner = std::make_unique<CpuModelRunner>(config, std::move(weights), options.block_size,
+                                                 static_cast<int>(num_blocks));
+  if (!runner->AllocateCache()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "CPU runner: cannot allocate %d KV blocks of %d bytes", num_blocks, block_bytes));
+  }
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+}  // namespace tandem

@@ -1,0 +1,43 @@
+#pragma once
+// The CPU reference ModelRunner: float32 weights and a float32 paged KV cache in host memory,
+// GEMMs through OpenBLAS, every other op from runtime/kernels/cpu_ops.h. It is the numerical
+// reference of the whole system (checked against PyTorch in tests/reference/torch/).
+//
+// Ownership: the runner owns the weights (moved in), the KV cache and its scratch buffers. The KV
+// cache is allocated once at creation: per layer, K and V of [num_blocks, block_size,
+// num_kv_heads, head_dim] floats. Scratch grows to the largest batch seen and is then reused, so
+// steady-state Forward calls allocate nothing but the output logits.
+//
+// Forward validates the whole batch before touching the cache: token ids outside the vocabulary,
+// empty chunks, negative start positions, positions past max_position_embeddings, block tables
+// too short for their chunk, or block ids outside [0, num_blocks) are InvalidArgument and leave the
+// KV cache and `out` unchanged. Chunks of one batch must belong to different sequences and must
+// not write the same block slots (shared prefix blocks may be read by several chunks).
+//
+// Thread-safety: as ModelRunner, one thread at a time (the engine thread).
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_runner.h"
+#include "runtime/model/weights.h"
+
+namespace tandem {
+
+struct CpuRunnerOptions {
+  int block_size = 16;
+  int num_blocks = 0;  // 0 = derive from kv_cache_bytes
+  size_t kv_cache_bytes = 256 << 20;
+};
+
+// Creates the runner. InvalidArgument when the config is inconsistent (non-positive sizes,
+// num_heads not a multiple of num_kv_heads, odd head_dim), when the weights' sizes do not match
+// the config, or when the options leave fewer than one KV block; ResourceExhausted when the KV
+// cache cannot be allocated.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelConfig& config,
+                                                                  ModelWeights weights,
+                                                                  const CpuRunnerOptions& options);
+
+}  // namespace tandem
