@@ -1,0 +1,186 @@
+#include "runtime/sampling/sampler.h"
+
+#include <cmath>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> LogitsOf(std::vector<double> probs) {
+  std::vector<float> out;
+  for (double p : probs) out.push_back(static_cast<float>(std::log(p)));
+  return out;
+}
+
+SamplingParams Random(float temperature = 1.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  return p;
+}
+
+TEST(SamplerTest, LogSoftmaxMatchesHandValues) {
+  std::vector<float> lp = LogSoftmax(std::vector<float>{0.0f, std::log(3.0f)});
+  EXPECT_NEAR(lp[0], std::log(0.25), 1e-6);
+  EXPECT_NEAR(lp[1], std::log(0.75), 1e-6);
+}
+
+TEST(SamplerTest, RepetitionPenaltyHfSemantics) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  std::vector<float> logits = {2.0f, -2.0f, 1.0f, 3.0f};
+  ApplyPenalties(p, std::vector<int32_t>{0}, std::vector<int32_t>{1, 1}, logits);
+  EXPECT_THAT(logits, ::testing::ElementsAre(1.0f, -4.0f, 1.0f, 3.0f));
+}
+
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesOpenAiSemanticsOnOutputOnly) {
+  SamplingParams p;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  std::vector<float> logits = {1.0f, 1.0f, 1.0f, 1.0f};
+  ApplyPenalties(p, /*prompt=*/std::vector<int32_t>{3, 3}, std::vector<int32_t>{2, 2, 0}, logits);
+  EXPECT_FLOAT_EQ(logits[0], 1.0f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(logits[1], 1.0f);
+  EXPECT_FLOAT_EQ(logits[2], 1.0f - 0.5f - 0.5f);
+  EXPECT_FLOAT_EQ(logits[3], 1.0f);  // prompt tokens are not penalized
+}
+
+TEST(SamplerTest, TemperatureScalesLogits) {
+  std::vector<double> probs = FilteredProbs(Random(0.5f), LogitsOf({1.0 / 3, 2.0 / 3}));
+  // softmax([0, ln2] / 0.5) = [1, 4] / 5
+  EXPECT_NEAR(probs[0], 0.2, 1e-6);
+  EXPECT_NEAR(probs[1], 0.8, 1e-6);
+}
+
+TEST(SamplerTest, TopKKeepsKMostLikely) {
+  SamplingParams p = Random();
+  p.top_k = 2;
+  std::vector<double> probs = FilteredProbs(p, LogitsOf({0.1, 0.2, 0.3, 0.4}));
+  EXPECT_NEAR(probs[0], 0.0, 1e-12);
+  EXPECT_NEAR(probs[1], 0.0, 1e-12);
+  EXPECT_NEAR(probs[2], 3.0 / 7, 1e-6);
+  EXPECT_NEAR(probs[3], 4.0 / 7, 1e-6);
+}
+
+TEST(SamplerTest, TopPKeepsSmallestNucleusIncludingCrossingToken) {
+  SamplingParams p = Random();
+  p.top_p = 0.5f;  // 0.4 < 0.5, 0.4 + 0.3 >= 0.5
+  std::vector<double> probs = FilteredProbs(p, LogitsOf({0.1, 0.2, 0.3, 0.4}));
+  EXPECT_NEAR(probs[0], 0.0, 1e-12);
+  EXPECT_NEAR(probs[1], 0.0, 1e-12);
+  EXPECT_NEAR(probs[2], 3.0 / 7, 1e-6);
+  EXPECT_NEAR(probs[3], 4.0 / 7, 1e-6);
+  p.top_p = 0.35f;
+  probs = FilteredProbs(p, LogitsOf({0.1, 0.2, 0.3, 0.4}));
+  EXPECT_NEAR(probs[3], 1.0, 1e-9);
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowFractionOfMax) {
+  SamplingParams p = Random();
+  p.min_p = 0.45f;  // threshold 0.18
+  std::vector<double> probs = FilteredProbs(p, LogitsOf({0.1, 0.2, 0.3, 0.4}));
+  EXPECT_NEAR(probs[0], 0.0, 1e-12);
+  EXPECT_NEAR(probs[1], 0.2 / 0.9, 1e-6);
+  EXPECT_NEAR(probs[2], 0.3 / 0.9, 1e-6);
+  EXPECT_NEAR(probs[3], 0.4 / 0.9, 1e-6);
+}
+
+TEST(SamplerTest, GreedyIsArgmaxAfterPenaltiesLowestIdOnTies) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f};
+  EXPECT_EQ(Sample(p, logits, {}, {}, 0, 0).token, 1);
+  p.repetition_penalty = 2.0f;  // 3 -> 1.5 for token 1 and 2, token 3 wins
+  std::vector<int32_t> prompt = {1, 2};
+  SampleResult r = Sample(p, logits, prompt, {}, 0, 0);
+  EXPECT_EQ(r.token, 3);
+  // The reported logprob is of the raw logits, not the penalized ones.
+  EXPECT_NEAR(r.logprob, LogSoftmax(logits)[3], 1e-6);
+}
+
+TEST(SamplerTest, TopLogprobsOfRawLogits) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = 2;
+  std::vector<float> logits = LogitsOf({0.1, 0.2, 0.3, 0.4});
+  SampleResult r = Sample(p, logits, {}, {}, 0, 0);
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_EQ(r.top_logprobs[0].token, 3);
+  EXPECT_NEAR(r.top_logprobs[0].logprob, std::log(0.4), 1e-6);
+  EXPECT_EQ(r.top_logprobs[1].token, 2);
+  EXPECT_NEAR(r.top_logprobs[1].logprob, std::log(0.3), 1e-6);
+}
+
+TEST(SamplerTest, SameSeedAndStepGiveSameToken) {
+  SamplingParams p = Random();
+  std::vector<float> logits = LogitsOf({0.25, 0.25, 0.25, 0.25});
+  for (uint64_t step = 0; step < 50; ++step) {
+    EXPECT_EQ(Sample(p, logits, {}, {}, 1234, step).token,
+              Sample(p, logits, {}, {}, 1234, step).token);
+  }
+  int differ = 0;
+  for (uint64_t step = 0; step < 50; ++step) {
+    differ += Sample(p, logits, {}, {}, 1, step).token != Sample(p, logits, {}, {}, 2, step).token;
+  }
+  EXPECT_GT(differ, 10);  // different seeds give different streams
+}
+
+// Empirical frequencies over a fixed budget of seeds against the exact distribution.
+TEST(SamplerTest, StatisticalTemperatureAndTopP) {
+  const std::vector<double> base = {0.1, 0.2, 0.3, 0.4};
+  const std::vector<float> logits = LogitsOf(base);
+  const int n = 40000;
+  struct Case {
+    float temperature;
+    float top_p;
+    std::vector<double> expected;
+  };
+  // T=0.5 squares the probabilities: [1, 4, 9, 16] / 30. top_p 0.5 keeps {0.3, 0.4}.
+  std::vector<Case> cases = {
+      {1.0f, 1.0f, base},
+      {0.5f, 1.0f, {1.0 / 30, 4.0 / 30, 9.0 / 30, 16.0 / 30}},
+      {1.0f, 0.5f, {0.0, 0.0, 3.0 / 7, 4.0 / 7}},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p = Random(c.temperature);
+    p.top_p = c.top_p;
+    std::vector<int> counts(4, 0);
+    for (int i = 0; i < n; ++i) ++counts[Sample(p, logits, {}, {}, i, 0).token];
+    for (int t = 0; t < 4; ++t) {
+      const double freq = static_cast<double>(counts[t]) / n;
+      const double sigma = std::sqrt(c.expected[t] * (1 - c.expected[t]) / n);
+      EXPECT_NEAR(freq, c.expected[t], 5 * sigma + 1e-12)
+          << "T=" << c.temperature << " top_p=" << c.top_p << " token " << t;
+    }
+  }
+}
+
+TEST(SamplingParamsTest, ValidationNamesTheParameter) {
+  auto check = [](auto mutate, const char* name) {
+    SamplingParams p;
+    mutate(p);
+    absl::Status s = ValidateSamplingParams(p, 100);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(name));
+  };
+  EXPECT_TRUE(ValidateSamplingParams(SamplingParams{}, 100).ok());
+  check([](SamplingParams& p) { p.temperature = -0.1f; }, "temperature");
+  check([](SamplingParams& p) { p.temperature = NAN; }, "temperature");
+  check([](SamplingParams& p) { p.top_k = -2; }, "top_k");
+  check([](SamplingParams& p) { p.top_p = 0.0f; }, "top_p");
+  check([](SamplingParams& p) { p.top_p = 1.5f; }, "top_p");
+  check([](SamplingParams& p) { p.min_p = -0.5f; }, "min_p");
+  check([](SamplingParams& p) { p.repetition_penalty = 0.0f; }, "repetition_penalty");
+  check([](SamplingParams& p) { p.presence_penalty = 2.5f; }, "presence_penalty");
+  check([](SamplingParams& p) { p.frequency_penalty = -3.0f; }, "frequency_penalty");
+  check([](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens");
+  check([](SamplingParams& p) { p.logprobs = 21; }, "logprobs");
+  check([](SamplingParams& p) { p.stop_token_ids = {100}; }, "stop_token_ids");
+  check([](SamplingParams& p) { p.stop = {""}; }, "stop");
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,53 @@
+#include "runtime/sampling/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+absl::Status Bad(const char* name, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(name, ": ", why));
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
+    return Bad("temperature", absl::StrCat("must be >= 0, got ", p.temperature));
+  }
+  if (p.top_k < -1) return Bad("top_k", absl::StrCat("must be -1, 0 or >= 1, got ", p.top_k));
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return Bad("top_p", absl::StrCat("must be in (0, 1], got ", p.top_p));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return Bad("min_p", absl::StrCat("must be in [0, 1], got ", p.min_p));
+  }
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0.0f) {
+    return Bad("repetition_penalty", absl::StrCat("must be > 0, got ", p.repetition_penalty));
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return Bad("presence_penalty", absl::StrCat("must be in [-2, 2], got ", p.presence_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return Bad("frequency_penalty", absl::StrCat("must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  if (p.max_tokens.has_value() && *p.max_tokens < 1) {
+    return Bad("max_tokens", absl::StrCat("must be >= 1, got ", *p.max_tokens));
+  }
+  if (p.logprobs.has_value() && (*p.logprobs < 0 || *p.logprobs > kMaxLogprobs)) {
+    return Bad("logprobs", absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", *p.logprobs));
+  }
+  for (int32_t id : p.stop_token_ids) {
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
+      return Bad("stop_token_ids", absl::StrCat("token id ", id, " is outside the vocabulary"));
+    }
+  }
+  for (const std::string& s : p.stop) {
+    if (s.empty()) return Bad("stop", "stop strings must be non-empty");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,168 @@
+#include "runtime/scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "runtime/base/logging.h"
+
+namespace tandem {
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), kv_(config.num_blocks, config.block_size, config.enable_prefix_caching) {
+  CHECK_GT(config.max_num_seqs, 0);
+  CHECK_GT(config.max_num_batched_tokens, 0);
+}
+
+void Scheduler::Add(int64_t id, std::vector<int32_t> prompt) {
+  CHECK(!prompt.empty());
+  Sequence seq;
+  seq.id = id;
+  seq.num_prompt_tokens = static_cast<int>(prompt.size());
+  seq.tokens = std::move(prompt);
+  CHECK(seqs_.emplace(id, std::move(seq)).second) << "duplicate sequence id " << id;
+  waiting_.push_back(id);
+}
+
+bool Scheduler::Abort(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  if (it->second.running) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  kv_.Free(id);
+  seqs_.erase(it);
+  return true;
+}
+
+Sequence& Scheduler::Mutable(int64_t id) {
+  auto it = seqs_.find(id);
+  CHECK(it != seqs_.end()) << "unknown sequence " << id;
+  return it->second;
+}
+
+const Sequence* Scheduler::Get(int64_t id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+void Scheduler::Preempt(int64_t id) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running);
+  kv_.Free(id);
+  seq.running = false;
+  seq.num_computed = 0;
+  ++seq.num_preemptions;
+  ++num_preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+}
+
+SchedulerStep Scheduler::Schedule() {
+  SchedulerStep step;
+  int budget = config_.max_num_batched_tokens;
+  auto unschedule = [&](int64_t id) {
+    for (auto it = step.chunks.begin(); it != step.chunks.end(); ++it) {
+      if (it->seq_id == id) {
+        budget += it->num_tokens;
+        step.chunks.erase(it);
+        return;
+      }
+    }
+  };
+
+  // Running sequences: decodes (pass 0) before prefill chunks (pass 1).
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      const int64_t id = running_[i];
+      Sequence& seq = Mutable(id);
+      const int remaining = static_cast<int>(seq.tokens.size()) - seq.num_computed;
+      CHECK_GT(remaining, 0);
+      if ((remaining == 1) != (pass == 0)) continue;
+      const int n = std::min(remaining, budget);
+      bool self_preempted = false;
+      while (!kv_.CanAllocate(id, nullptr, seq.num_computed + n)) {
+        const int64_t victim = running_.back();
+        unschedule(victim);
+        Preempt(victim);
+        step.preempted.push_back(victim);
+        if (victim == id) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) break;  // it was the newest: nothing after it is running
+      kv_.Allocate(id, nullptr, seq.num_computed + n);
+      step.chunks.push_back(
+          {id, seq.num_computed, n, seq.num_computed + n == int(seq.tokens.size())});
+      budget -= n;
+    }
+  }
+
+  // Waiting sequences, FCFS, unless this step had to preempt.
+  while (step.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    const int64_t id = waiting_.front();
+    Sequence& seq = Mutable(id);
+    const PrefixMatch match = kv_.FindCachedPrefix(seq.tokens);
+    const int cached = match.num_tokens(config_.block_size);
+    const int n = std::min(static_cast<int>(seq.tokens.size()) - cached, budget);
+    if (!kv_.CanAllocate(id, &match, cached + n)) break;
+    kv_.Allocate(id, &match, cached + n, static_cast<int>(seq.tokens.size()));
+    if (seq.num_cached_prompt_tokens < 0) {
+      seq.num_cached_prompt_tokens = std::min(cached, seq.num_prompt_tokens);
+    }
+    seq.num_computed = cached;
+    seq.running = true;
+    waiting_.pop_front();
+    running_.push_back(id);
+    step.chunks.push_back({id, cached, n, cached + n == static_cast<int>(seq.tokens.size())});
+    budget -= n;
+  }
+  step.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return step;
+}
+
+void Scheduler::OnStepComputed(const SchedulerStep& step) {
+  for (const ScheduledChunk& chunk : step.chunks) {
+    Sequence& seq = Mutable(chunk.seq_id);
+    CHECK(seq.running);
+    CHECK_EQ(seq.num_computed, chunk.start_pos) << "plan applied twice for " << chunk.seq_id;
+    seq.num_computed += chunk.num_tokens;
+    CHECK_LE(seq.num_computed, static_cast<int>(seq.tokens.size()));
+    kv_.CommitComputed(chunk.seq_id, seq.tokens, seq.num_computed);
+  }
+}
+
+void Scheduler::AppendToken(int64_t id, int32_t token) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running);
+  CHECK_EQ(seq.num_computed, static_cast<int>(seq.tokens.size()))
+      << "token appended before its context was computed";
+  seq.tokens.push_back(token);
+}
+
+void Scheduler::Finish(int64_t id) { CHECK(Abort(id)) << "Finish of unknown sequence " << id; }
+
+void Scheduler::CheckInvariants() const {
+  kv_.CheckInvariants();
+  CHECK_EQ(seqs_.size(), running_.size() + waiting_.size());
+  CHECK_LE(static_cast<int>(running_.size()), config_.max_num_seqs);
+  CHECK_EQ(kv_.NumSequences(), static_cast<int>(running_.size()));
+  for (int64_t id : running_) {
+    const Sequence* seq = Get(id);
+    CHECK(seq != nullptr && seq->running);
+    CHECK(kv_.HasTable(id));
+    const int covered = static_cast<int>(kv_.BlockTable(id).size()) * config_.block_size;
+    CHECK_GE(covered, seq->num_computed);
+    CHECK_LT(seq->num_computed, static_cast<int>(seq->tokens.size()) + 1);
+  }
+  for (int64_t id : waiting_) {
+    const Sequence* seq = Get(id);
+    CHECK(seq != nullptr && !seq->running);
+    CHECK(!kv_.HasTable(id));
+    CHECK_EQ(seq->num_computed, 0);
+  }
+}
+
+}  // namespace tandem

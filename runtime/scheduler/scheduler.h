@@ -1,0 +1,114 @@
+#pragma once
+// Continuous-batching scheduler with chunked prefill (vLLM v1 style), as host-only logic over
+// plain data: no threads, no device, no protobuf.
+//
+// Every sequence is a token list (prompt + generated) and a count of tokens whose KV is computed;
+// each step it gets up to (tokens - computed) new tokens, so prefill, chunked prefill, decode and
+// recompute after preemption are one mechanism. A step's plan, under a token budget
+// (`max_num_batched_tokens`) and a cap on running sequences (`max_num_seqs`):
+//   1. running sequences with one token left (decodes), oldest first;
+//   2. running sequences still prefilling, as chunks that fit the remaining budget;
+//   3. waiting sequences in FCFS order (prefix-cache hits skip their cached blocks), only if no
+//      sequence was preempted in this step.
+// When a running sequence needs a block and none is available, the newest running sequence is
+// preempted by recompute: its blocks are freed (cached full blocks stay in the prefix cache) and
+// it goes to the front of the waiting queue with its prompt + generated tokens.
+//
+// Usage per step: Schedule() (allocates blocks), run the forward pass over the plan, then
+// OnStepComputed(plan), then AppendToken()/Finish() for each chunk with need_logits.
+//
+// Thread-safety: none; owned by the engine thread. Misuse (unknown ids, a plan applied twice) is
+// a broken invariant and CHECK-fails.
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "runtime/kvcache/block_pool.h"
+
+namespace tandem {
+
+struct SchedulerConfig {
+  int num_blocks = 0;
+  int block_size = 16;
+  int max_num_seqs = 64;             // running sequences at most
+  int max_num_batched_tokens = 512;  // tokens (decode + prefill chunks) per step
+  bool enable_prefix_caching = true;
+};
+
+struct Sequence {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
+  int num_prompt_tokens = 0;
+  int num_computed = 0;               // tokens whose KV is in the cache
+  int num_cached_prompt_tokens = -1;  // prefix-cache hit at first admission; -1 before it
+  int num_preemptions = 0;
+  bool running = false;
+  int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+};
+
+// One sequence's part of a step: tokens[start_pos, start_pos + num_tokens).
+struct ScheduledChunk {
+  int64_t seq_id = 0;
+  int start_pos = 0;
+  int num_tokens = 0;
+  bool need_logits = false;  // the chunk ends at the sequence's last token: sample after it
+};
+
+struct SchedulerStep {
+  std::vector<ScheduledChunk> chunks;  // decodes first, then prefill chunks
+  std::vector<int64_t> preempted;      // sequences preempted (requeued) in this step
+  int num_batched_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+  const KvCacheManager& kv() const { return kv_; }
+
+  // Queues a new sequence at the back of the waiting queue. `id` must be new; `prompt` non-empty.
+  void Add(int64_t id, std::vector<int32_t> prompt);
+  // Removes a waiting or running sequence and frees its blocks. Returns false for unknown ids.
+  bool Abort(int64_t id);
+
+  // Plans the next step and allocates its blocks. Empty when there is nothing to run.
+  SchedulerStep Schedule();
+  // The plan's KV has been written: advances computed counts and fills the prefix cache.
+  void OnStepComputed(const SchedulerStep& step);
+  // Appends a sampled token to a running sequence whose last chunk had need_logits.
+  void AppendToken(int64_t id, int32_t token);
+  // Removes a finished sequence and frees its blocks.
+  void Finish(int64_t id);
+
+  const Sequence* Get(int64_t id) const;
+  // The sequence's block table; valid until the next non-const call.
+  std::span<const int32_t> BlockTable(int64_t id) const { return kv_.BlockTable(id); }
+  int NumWaiting() const { return static_cast<int>(waiting_.size()); }
+  int NumRunning() const { return static_cast<int>(running_.size()); }
+  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  // Running sequences, oldest first.
+  const std::vector<int64_t>& running() const { return running_; }
+
+  // CHECK-fails unless: running sequences own block tables covering their computed tokens,
+  // waiting ones own none, and the KV manager is consistent. For tests.
+  void CheckInvariants() const;
+
+ private:
+  Sequence& Mutable(int64_t id);
+  void Preempt(int64_t id);
+
+  SchedulerConfig config_;
+  KvCacheManager kv_;
+  absl::flat_hash_map<int64_t, Sequence> seqs_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;  // oldest admission first
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace tandem
