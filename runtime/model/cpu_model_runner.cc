@@ -133,7 +133,12 @@ class CpuModelRunner final : public ModelRunner {
       max_context = std::max(max_context, ch.start_pos + static_cast<int>(ch.tokens.size()));
       logit_rows += ch.need_logits ? 1 : 0;
     }
-    Reserve(total, max_context);
+    try {
+      Reserve(total, max_context);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("CPU runner: no memory for the scratch of a %d-token batch", total));
+    }
 
     // Embeddings and positions of every token of the batch, chunk after chunk.
     int row = 0;
@@ -250,7 +255,8 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   // Grows scratch buffers (never shrinks) to `tokens` rows and RoPE tables to `max_context`
-  // positions; a no-op once the largest batch has been seen.
+  // positions; a no-op once the largest batch has been seen. Throws std::bad_alloc (caught by
+  // Forward) with the capacities unchanged.
   void Reserve(int tokens, int max_context) {
     const ModelConfig& c = config_;
     if (tokens > capacity_tokens_) {
