@@ -1,0 +1,446 @@
+#include "runtime/engine/engine.h"
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/base/logging.h"
+#include "runtime/engine/fake_model_runner.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kVocab = 64;
+
+// One character per id ('0'..'9', 'a'..'z', 'A'..'Z', ' ', '.'); no special tokens.
+class FakeTokenizer : public Tokenizer {
+ public:
+  static char Char(int32_t id) {
+    static const char* kChars = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .";
+    return kChars[id];
+  }
+  std::vector<int32_t> Encode(std::string_view text, bool) const override {
+    std::vector<int32_t> ids;
+    for (char c : text) {
+      for (int32_t i = 0; i < kVocab; ++i) {
+        if (Char(i) == c) ids.push_back(i);
+      }
+    }
+    return ids;
+  }
+  std::string Decode(std::span<const int32_t> ids, bool) const override {
+    std::string s;
+    for (int32_t id : ids) s += Char(id);
+    return s;
+  }
+  int vocab_size() const override { return kVocab; }
+  std::optional<int32_t> TokenToId(std::string_view) const override { return std::nullopt; }
+  std::string IdToToken(int32_t id) const override { return std::string(1, Char(id)); }
+  bool IsSpecial(int32_t) const override { return false; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::optional<int32_t> eos_id() const override { return std::nullopt; }
+  std::string bos_token() const override { return ""; }
+  std::string eos_token() const override { return ""; }
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+  std::string text;
+  std::optional<FinishReason> finish;
+  absl::Status error;
+  Usage usage;
+  int outputs_after_finish = 0;
+};
+
+// Collects outputs of many requests; thread-safe.
+class Collector {
+ public:
+  OutputCallback Callback() {
+    return [this](const GenerationOutput& out) {
+      absl::MutexLock lock(&mu_);
+      Result& r = results_[out.request_id];
+      if (r.finish.has_value()) ++r.outputs_after_finish;
+      r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
+      r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+      r.text += out.text;
+      r.usage = out.usage;
+      if (out.finish_reason.has_value()) {
+        r.finish = out.finish_reason;
+        r.error = out.error;
+        ++finished_;
+      }
+    };
+  }
+  bool WaitFinished(int n, absl::Duration timeout = absl::Seconds(30)) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+  std::map<std::string, Result> results() {
+    absl::MutexLock lock(&mu_);
+    return results_;
+  }
+  int finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, Result> results_ ABSL_GUARDED_BY(mu_);
+  int finished_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int alphabet = kVocab) {
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = rng() % alphabet;
+  return p;
+}
+
+struct Harness {
+  explicit Harness(int num_blocks, int block_size = 4, EngineOptions options = {},
+                   const Tokenizer* tokenizer = nullptr, std::vector<int> eos = {},
+                   int max_pos = 1024) {
+    auto owned = std::make_unique<FakeModelRunner>(kVocab, num_blocks, block_size, max_pos, eos);
+    runner = owned.get();
+    auto created = Engine::Create(std::move(owned), tokenizer, options);
+    CHECK(created.ok()) << created.status();
+    engine = std::move(*created);
+  }
+  absl::Status Submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams p) {
+    GenerateRequest r;
+    r.request_id = id;
+    r.prompt_token_ids = std::move(prompt);
+    r.params = std::move(p);
+    r.on_output = collector.Callback();
+    return engine->Submit(std::move(r));
+  }
+  FakeModelRunner* runner;
+  Collector collector;
+  std::unique_ptr<Engine> engine;
+};
+
+SamplingParams Greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Runs `prompts` greedily to completion and returns generated tokens by index.
+std::vector<std::vector<int32_t>> RunGreedy(int num_blocks, const EngineOptions& options,
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            int max_tokens, int64_t* preemptions = nullptr) {
+  Harness h(num_blocks, 4, options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(h.Submit(std::to_string(i), prompts[i], Greedy(max_tokens)).ok());
+  }
+  EXPECT_TRUE(h.collector.WaitFinished(prompts.size()));
+  h.engine->Shutdown(absl::Seconds(5));
+  EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+  if (preemptions != nullptr) *preemptions = h.engine->stats().preemptions;
+  EXPECT_EQ(h.engine->stats().blocks_used, 0);
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  auto results = h.collector.results();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Result& r = results[std::to_string(i)];
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.outputs_after_finish, 0);
+    out[i] = r.tokens;
+  }
+  return out;
+}
+
+TEST(EngineTest, GreedyMatchesUncachedReference) {
+  std::mt19937 rng(1);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(RandomPrompt(rng, 1 + rng() % 30));
+  auto got = RunGreedy(256, EngineOptions{}, prompts, 20);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], FakeModelRunner::ReferenceGreedy(prompts[i], 20, kVocab)) << i;
+  }
+}
+
+TEST(EngineTest, ChunkedPrefillAndSmallBudgetMatchReference) {
+  EngineOptions options;
+  options.max_num_batched_tokens = 7;
+  options.max_num_seqs = 3;
+  std::mt19937 rng(2);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(RandomPrompt(rng, 20 + rng() % 30));
+  auto got = RunGreedy(256, options, prompts, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], FakeModelRunner::ReferenceGreedy(prompts[i], 12, kVocab)) << i;
+  }
+}
+
+TEST(EngineTest, PreemptionProducesSameTokensAsNoPreemption) {
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(RandomPrompt(rng, 5 + rng() % 10, 4));
+  int64_t roomy_preemptions = 0, tight_preemptions = 0;
+  auto roomy = RunGreedy(512, EngineOptions{}, prompts, 24, &roomy_preemptions);
+  // 14 blocks of 4 = 56 tokens for 8 sequences of up to 38 tokens each.
+  auto tight = RunGreedy(14, EngineOptions{}, prompts, 24, &tight_preemptions);
+  EXPECT_EQ(roomy_preemptions, 0);
+  EXPECT_GT(tight_preemptions, 0);
+  EXPECT_EQ(roomy, tight);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(tight[i], FakeModelRunner::ReferenceGreedy(prompts[i], 24, kVocab)) << i;
+  }
+}
+
+TEST(EngineTest, PrefixCacheHitAccountingAndCorrectReuse) {
+  Harness h(64, 4);
+  std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  ASSERT_TRUE(h.Submit("a", a, Greedy(3)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  std::vector<int32_t> b(a.begin(), a.begin() + 10);  // shares 2 full blocks
+  b.push_back(40);
+  ASSERT_TRUE(h.Submit("b", b, Greedy(5)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  h.engine->Shutdown(absl::Seconds(5));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["a"].usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(results["a"].usage.prompt_tokens, 13);
+  EXPECT_EQ(results["b"].usage.cached_prompt_tokens, 8);
+  EXPECT_EQ(results["b"].usage.prompt_tokens, 11);
+  EXPECT_EQ(results["b"].usage.completion_tokens, 5);
+  EXPECT_EQ(results["b"].tokens, FakeModelRunner::ReferenceGreedy(b, 5, kVocab));
+  EngineStats stats = h.engine->stats();
+  EXPECT_EQ(stats.prefix_query_tokens, 13 + 11);
+  EXPECT_EQ(stats.prefix_hit_tokens, 8);
+  // 13 + 3 prompt-and-generated tokens computed for a, only 3 + 5 - 1 + 1 new ones for b.
+  EXPECT_EQ(h.runner->tokens_computed(), (13 + 2) + (3 + 4));
+  EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+}
+
+TEST(EngineTest, SeededSamplingIndependentOfBatchAndPreemption) {
+  std::mt19937 rng(4);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 77;
+  p.max_tokens = 16;
+  std::vector<int32_t> prompt = RandomPrompt(rng, 9);
+  std::vector<int32_t> alone;
+  {
+    Harness h(128);
+    ASSERT_TRUE(h.Submit("x", prompt, p).ok());
+    ASSERT_TRUE(h.collector.WaitFinished(1));
+    alone = h.collector.results()["x"].tokens;
+  }
+  Harness h(12);
+  SamplingParams other = p;
+  other.seed.reset();
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(h.Submit(absl::StrCat("o", i), RandomPrompt(rng, 9), other).ok());
+  ASSERT_TRUE(h.Submit("x", prompt, p).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(6));
+  h.engine->Shutdown(absl::Seconds(5));
+  EXPECT_EQ(h.collector.results()["x"].tokens, alone);
+  EXPECT_GT(h.engine->stats().preemptions, 0);
+  EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+}
+
+TEST(EngineTest, RejectsBadRequestsWithoutCallback) {
+  Harness h(16, 4, EngineOptions{}, nullptr, {}, /*max_pos=*/32);
+  EXPECT_EQ(h.engine->max_model_len(), 32);
+  auto code = [&](const std::string& id, std::vector<int32_t> prompt, SamplingParams p) {
+    return h.Submit(id, std::move(prompt), std::move(p));
+  };
+  absl::Status s = code("e", {}, Greedy(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("prompt"));
+  s = code("v", {1, kVocab}, Greedy(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("vocabulary"));
+  EXPECT_EQ(code("n", {-1}, Greedy(1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code("l", std::vector<int32_t>(32, 1), Greedy(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  s = code("m", std::vector<int32_t>(30, 1), Greedy(3));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("max_tokens"));
+  SamplingParams bad = Greedy(1);
+  bad.top_p = 2.0f;
+  EXPECT_THAT(std::string(code("p", {1}, bad).message()), HasSubstr("top_p"));
+  SamplingParams stops = Greedy(1);
+  stops.stop = {"x"};
+  EXPECT_THAT(std::string(code("s", {1}, stops).message()), HasSubstr("tokenizer"));
+  EXPECT_EQ(code("", {1}, Greedy(1)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(code("dup", {1}, Greedy(20)).ok());
+  EXPECT_EQ(code("dup", {1}, Greedy(20)).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  h.engine->Shutdown(absl::Seconds(5));
+  EXPECT_EQ(code("late", {1}, Greedy(1)).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(h.collector.results().size(), 1u);
+}
+
+TEST(EngineTest, EosAndStopTokensFinishWithStop) {
+  std::vector<int32_t> prompt = {5, 6, 7};
+  std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab);
+  const int eos = ref[3];
+  const std::vector<int32_t> expected = FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab, {eos});
+  Harness h(64, 4, EngineOptions{}, nullptr, {eos});
+  ASSERT_TRUE(h.Submit("eos", prompt, Greedy(10)).ok());
+  SamplingParams ignore = Greedy(10);
+  ignore.ignore_eos = true;
+  ASSERT_TRUE(h.Submit("ignore", prompt, ignore).ok());
+  SamplingParams stop_id = Greedy(10);
+  stop_id.ignore_eos = true;
+  stop_id.stop_token_ids = {ref[1]};
+  ASSERT_TRUE(h.Submit("stop_id", prompt, stop_id).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(3));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["eos"].finish, FinishReason::kStop);
+  EXPECT_EQ(results["eos"].tokens, expected);  // includes the EOS id itself
+  EXPECT_EQ(results["ignore"].finish, FinishReason::kLength);
+  EXPECT_EQ(results["ignore"].tokens, ref);
+  EXPECT_EQ(results["stop_id"].finish, FinishReason::kStop);
+  EXPECT_EQ(results["stop_id"].tokens.back(), ref[1]);
+}
+
+TEST(EngineTest, TextDeltasAndStopStringsExcludeTheStop) {
+  FakeTokenizer tok;
+  std::vector<int32_t> prompt = {20, 21, 22, 23};
+  std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 12, kVocab);
+  const std::string full = tok.Decode(ref, true);
+  // Stop at the 2-character string that starts at generated character 5.
+  const std::string stop = full.substr(5, 2);
+  const size_t cut = full.find(stop);
+  Harness h(64, 4, EngineOptions{}, &tok);
+  ASSERT_TRUE(h.Submit("plain", prompt, Greedy(12)).ok());
+  SamplingParams p = Greedy(12);
+  p.stop = {stop, "not-there"};
+  ASSERT_TRUE(h.Submit("stopped", prompt, p).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["plain"].text, full);
+  EXPECT_EQ(results["plain"].finish, FinishReason::kLength);
+  EXPECT_EQ(results["stopped"].finish, FinishReason::kStop);
+  EXPECT_EQ(results["stopped"].text, full.substr(0, cut));
+  EXPECT_EQ(results["stopped"].tokens.size(), cut + stop.size());
+}
+
+TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {
+  std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  Harness h(64);
+  SamplingParams p = Greedy(3);
+  p.logprobs = 5;
+  ASSERT_TRUE(h.Submit("lp", prompt, p).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  Result r = h.collector.results()["lp"];
+  ASSERT_EQ(r.logprobs.size(), 3u);
+  std::vector<int32_t> context = prompt;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> logits = FakeModelRunner::ReferenceLogits(context, kVocab);
+    std::vector<float> lp = LogSoftmax(logits);
+    const int32_t best = std::max_element(lp.begin(), lp.end()) - lp.begin();
+    EXPECT_EQ(r.logprobs[i].token, r.tokens[i]);
+    EXPECT_NEAR(r.logprobs[i].logprob, lp[r.tokens[i]], 1e-5);
+    ASSERT_EQ(r.logprobs[i].top.size(), 5u);
+    EXPECT_EQ(r.logprobs[i].top[0].token, best);
+    for (const TokenLogprob& t : r.logprobs[i].top) EXPECT_NEAR(t.logprob, lp[t.token], 1e-5);
+    context.push_back(r.tokens[i]);
+  }
+}
+
+TEST(EngineTest, ForwardFailureFailsOnlyThatBatchAndEngineKeepsServing) {
+  Harness h(64);
+  h.runner->FailNextForwards(1, absl::ResourceExhaustedError("injected"));
+  ASSERT_TRUE(h.Submit("a", {1, 2, 3}, Greedy(4)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  ASSERT_TRUE(h.Submit("b", {1, 2, 3}, Greedy(4)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  h.engine->Shutdown(absl::Seconds(5));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["a"].finish, FinishReason::kError);
+  EXPECT_THAT(std::string(results["a"].error.message()), HasSubstr("injected"));
+  EXPECT_EQ(results["b"].finish, FinishReason::kLength);
+  EXPECT_EQ(results["b"].tokens, FakeModelRunner::ReferenceGreedy({1, 2, 3}, 4, kVocab));
+  EXPECT_EQ(h.engine->stats().blocks_used, 0);
+}
+
+TEST(EngineTest, ShutdownAbortsOutstandingRequests) {
+  Harness h(512);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(h.Submit(std::to_string(i), {1, 2, 3}, Greedy(400)).ok());
+  }
+  h.engine->Shutdown(absl::ZeroDuration());
+  EXPECT_EQ(h.collector.finished(), 4);
+  for (const auto& [id, r] : h.collector.results()) {
+    EXPECT_EQ(r.finish, FinishReason::kAbort) << id;
+  }
+  EXPECT_EQ(h.engine->stats().blocks_used, 0);
+  h.engine->Shutdown(absl::ZeroDuration());  // idempotent
+}
+
+// Several threads submit and cancel at once under a tight block budget. Every request ends
+// exactly once; non-cancelled ones produce the reference tokens; nothing leaks.
+TEST(EngineTest, ConcurrentSubmittersAndCancellations) {
+  EngineOptions options;
+  options.max_num_seqs = 6;
+  options.max_num_batched_tokens = 24;
+  Harness h(40, 4, options);
+  constexpr int kThreads = 4, kPerThread = 30;
+  std::vector<std::vector<int32_t>> prompts(kThreads * kPerThread);
+  std::vector<int> max_tokens(prompts.size());
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    prompts[i] = RandomPrompt(rng, 1 + rng() % 20, 3);
+    max_tokens[i] = 1 + rng() % 16;
+  }
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 trng(100 + t);
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t * kPerThread + k;
+        ASSERT_TRUE(h.Submit(std::to_string(i), prompts[i], Greedy(max_tokens[i])).ok());
+        if (trng() % 3 == 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(trng() % 2000));
+          h.engine->Cancel(std::to_string(i));
+          ++cancelled;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(h.collector.WaitFinished(prompts.size(), absl::Seconds(60)));
+  h.engine->Shutdown(absl::Seconds(5));
+  auto results = h.collector.results();
+  ASSERT_EQ(results.size(), prompts.size());
+  int aborted = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Result& r = results[std::to_string(i)];
+    ASSERT_TRUE(r.finish.has_value()) << i;
+    EXPECT_EQ(r.outputs_after_finish, 0) << i;
+    const auto ref = FakeModelRunner::ReferenceGreedy(prompts[i], max_tokens[i], kVocab);
+    if (r.finish == FinishReason::kAbort) {
+      ++aborted;
+      ASSERT_LE(r.tokens.size(), ref.size());
+      EXPECT_TRUE(std::equal(r.tokens.begin(), r.tokens.end(), ref.begin())) << i;
+    } else {
+      EXPECT_EQ(r.finish, FinishReason::kLength) << i;
+      EXPECT_EQ(r.tokens, ref) << i;
+      EXPECT_EQ(r.usage.completion_tokens, max_tokens[i]);
+    }
+  }
+  EXPECT_LE(aborted, cancelled.load());
+  EngineStats stats = h.engine->stats();
+  EXPECT_EQ(stats.blocks_used, 0);
+  EXPECT_EQ(stats.blocks_free, 40);
+  EXPECT_EQ(stats.finished_requests, static_cast<int64_t>(prompts.size()));
+  EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,144 @@
+#include "runtime/engine/fake_model_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+constexpr uint64_t kRoot = 0x243f6a8885a308d3ULL;
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+uint64_t Next(uint64_t parent, int32_t token, int pos) {
+  return Mix(parent ^
+             Mix(static_cast<uint64_t>(static_cast<uint32_t>(token)) * 0x9e3779b97f4a7c15ULL +
+                 static_cast<uint64_t>(pos)));
+}
+
+void LogitsFromHash(uint64_t h, int vocab, float* out) {
+  for (int v = 0; v < vocab; ++v) {
+    const uint64_t bits = Mix(h + static_cast<uint64_t>(v) * 0xd1b54a32d192ed03ULL);
+    out[v] = static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f;
+  }
+}
+
+}  // namespace
+
+FakeModelRunner::FakeModelRunner(int vocab_size, int num_blocks, int block_size,
+                                 int max_position_embeddings, std::vector<int> eos_token_ids)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      slots_(static_cast<size_t>(num_blocks) * block_size) {
+  config_.vocab_size = vocab_size;
+  config_.max_position_embeddings = max_position_embeddings;
+  config_.eos_token_ids = std::move(eos_token_ids);
+  config_.num_layers = 1;
+}
+
+std::vector<float> FakeModelRunner::ReferenceLogits(std::span<const int32_t> tokens,
+                                                    int vocab_size) {
+  uint64_t h = kRoot;
+  for (size_t p = 0; p < tokens.size(); ++p) h = Next(h, tokens[p], static_cast<int>(p));
+  std::vector<float> logits(vocab_size);
+  LogitsFromHash(h, vocab_size, logits.data());
+  return logits;
+}
+
+std::vector<int32_t> FakeModelRunner::ReferenceGreedy(std::vector<int32_t> prompt, int n,
+                                                      int vocab_size,
+                                                      const std::vector<int>& stop_ids) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> logits = ReferenceLogits(prompt, vocab_size);
+    const int32_t t =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(t);
+    prompt.push_back(t);
+    if (std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) break;
+  }
+  return out;
+}
+
+void FakeModelRunner::FailNextForwards(int count, absl::Status status) {
+  fail_count_ = count;
+  fail_status_ = std::move(status);
+}
+
+absl::Status FakeModelRunner::Violation(std::string message) {
+  violations_.push_back(message);
+  return absl::InternalError(message);
+}
+
+absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
+  ++forward_calls_;
+  max_batch_chunks_ = std::max<int>(max_batch_chunks_, batch.chunks.size());
+  out->logits.clear();
+  out->rows = 0;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    const int end = chunk.start_pos + static_cast<int>(chunk.tokens.size());
+    if (chunk.tokens.empty() || chunk.start_pos < 0) return Violation("empty chunk");
+    if (end > config_.max_position_embeddings) return Violation("position beyond the model");
+    if (static_cast<int>(chunk.block_table.size()) * block_size_ < end) {
+      return Violation(absl::StrCat("block table of ", chunk.block_table.size(),
+                                    " blocks does not cover position ", end - 1));
+    }
+    for (int32_t b : chunk.block_table) {
+      if (b < 0 || b >= num_blocks_) return Violation(absl::StrCat("bad block id ", b));
+    }
+  }
+  if (fail_count_ > 0) {
+    --fail_count_;
+    return fail_status_;
+  }
+  for (const SequenceChunk& chunk : batch.chunks) {
+    auto slot = [&](int pos) -> Slot& {
+      return slots_[static_cast<size_t>(chunk.block_table[pos / block_size_]) * block_size_ +
+                    pos % block_size_];
+    };
+    uint64_t h = kRoot;
+    if (chunk.start_pos > 0) {
+      const Slot& prev = slot(chunk.start_pos - 1);
+      if (!prev.written || prev.pos != chunk.start_pos - 1) {
+        return Violation(absl::StrCat("position ", chunk.start_pos - 1, " read before written"));
+      }
+      h = prev.hash;
+    }
+    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
+      const int pos = chunk.start_pos + static_cast<int>(i);
+      const uint64_t next = Next(h, chunk.tokens[i], pos);
+      slot(pos) = {true, pos, next, h};
+      h = next;
+      ++tokens_computed_;
+    }
+    // Attention reads every position: all of them must hold one consistent history.
+    const int end = chunk.start_pos + static_cast<int>(chunk.tokens.size());
+    uint64_t parent = kRoot;
+    for (int pos = 0; pos < end; ++pos) {
+      const Slot& s = slot(pos);
+      if (!s.written || s.pos != pos || s.parent != parent) {
+        return Violation(absl::StrCat("KV of position ", pos, " (block ",
+                                      chunk.block_table[pos / block_size_],
+                                      ") is not this sequence's history"));
+      }
+      parent = s.hash;
+    }
+    if (chunk.need_logits) {
+      out->logits.resize(out->logits.size() + config_.vocab_size);
+      LogitsFromHash(h, config_.vocab_size,
+                     out->logits.data() + out->logits.size() - config_.vocab_size);
+      ++out->rows;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

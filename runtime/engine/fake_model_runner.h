@@ -1,0 +1,69 @@
+#pragma once
+// A deterministic ModelRunner for tests that also checks the paged-KV contract.
+//
+// Its "KV" of position p is a chained hash of (KV of p-1, token at p, p). Forward writes, for
+// every new position, {position, hash, parent hash} into slot (block_table[p / B], p % B) and
+// verifies, before producing logits, that every position [0, end) of the chunk's block table
+// holds the entry of that position with an unbroken parent chain. A wrong block table, a block
+// reused while still referenced, or a prefix-cache hit with other content therefore either
+// fails the check (Forward returns Internal and `violations()` records it) or changes the logits.
+// Logits are a pseudo-random function of the last position's hash, so ReferenceLogits(tokens)
+// (computed with no cache at all) is an independent reference for what the engine must produce.
+//
+// Thread-safety: like every runner, engine thread only; read counters after the engine stopped.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "runtime/model/model_runner.h"
+
+namespace tandem {
+
+class FakeModelRunner : public ModelRunner {
+ public:
+  FakeModelRunner(int vocab_size, int num_blocks, int block_size, int max_position_embeddings,
+                  std::vector<int> eos_token_ids = {});
+
+  const ModelConfig& config() const override { return config_; }
+  int block_size() const override { return block_size_; }
+  int num_blocks() const override { return num_blocks_; }
+  absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
+
+  // The logits the model yields after `tokens`, without any cache.
+  static std::vector<float> ReferenceLogits(std::span<const int32_t> tokens, int vocab_size);
+  // Greedy continuation of `prompt` by `n` tokens (stopping after a token in `stop_ids`).
+  static std::vector<int32_t> ReferenceGreedy(std::vector<int32_t> prompt, int n, int vocab_size,
+                                              const std::vector<int>& stop_ids = {});
+
+  // Makes the next `count` Forward calls fail with `status` after validating the batch.
+  void FailNextForwards(int count, absl::Status status);
+
+  const std::vector<std::string>& violations() const { return violations_; }
+  int64_t forward_calls() const { return forward_calls_; }
+  int64_t tokens_computed() const { return tokens_computed_; }
+  int max_batch_chunks() const { return max_batch_chunks_; }
+
+ private:
+  struct Slot {
+    bool written = false;
+    int pos = -1;
+    uint64_t hash = 0;
+    uint64_t parent = 0;
+  };
+  absl::Status Violation(std::string message);
+
+  ModelConfig config_;
+  int num_blocks_;
+  int block_size_;
+  std::vector<Slot> slots_;  // [num_blocks * block_size]
+  int fail_count_ = 0;
+  absl::Status fail_status_;
+  std::vector<std::string> violations_;
+  int64_t forward_calls_ = 0;
+  int64_t tokens_computed_ = 0;
+  int max_batch_chunks_ = 0;
+};
+
+}  // namespace tandem
