@@ -271,7 +271,8 @@ TEST_P(TorchReferenceTest, PrefixCacheHitReusesBlocksAndMatchesTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchReferenceTest,
-                         testing::Values("llama_tied_gqa", "qwen2_bias_untied"));
+                         testing::Values("llama_tied_gqa", "qwen2_bias_untied"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace tandem
