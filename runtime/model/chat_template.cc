@@ -1,0 +1,148 @@
+#include "runtime/model/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/status.h"
+#include "runtime/model/jinja_chat_template.h"
+
+namespace tandem {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path.string()));
+  return buf.str();
+}
+
+// bos_token / eos_token: a string, an AddedToken-style {"content": ...}, or null / absent.
+absl::StatusOr<std::string> SpecialToken(const nlohmann::json& config, const char* key,
+                                         const std::string& path) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    auto content = it->find("content");
+    if (content != it->end() && content->is_string()) return content->get<std::string>();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": \"", key, "\" must be a string or {\"content\": string}"));
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplateSource> ReadChatTemplateSource(const std::string& dir) {
+  const std::filesystem::path config_path = std::filesystem::path(dir) / "tokenizer_config.json";
+  const std::string path = config_path.string();
+  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  ChatTemplateSource out;
+  ASSIGN_OR_RETURN(out.bos_token, SpecialToken(config, "bos_token", path));
+  ASSIGN_OR_RETURN(out.eos_token, SpecialToken(config, "eos_token", path));
+
+  auto tmpl = config.find("chat_template");
+  if (tmpl == config.end() || tmpl->is_null()) {
+    const std::filesystem::path jinja_path = std::filesystem::path(dir) / "chat_template.jinja";
+    if (std::filesystem::exists(jinja_path)) {
+      ASSIGN_OR_RETURN(out.source, ReadFile(jinja_path));
+      return out;
+    }
+    return absl::NotFoundError(absl::StrCat(
+        path,
+        " has no \"chat_template\" (and there is no chat_template.jinja beside it): this "
+        "model has no chat template; use a base-model prompt instead of chat messages"));
+  }
+  if (tmpl->is_string()) {
+    out.source = tmpl->get<std::string>();
+    return out;
+  }
+  if (tmpl->is_array()) {
+    std::vector<std::string> names;
+    for (const auto& entry : *tmpl) {
+      if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+          !entry.contains("template") || !entry["template"].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": \"chat_template\" list entries must be {\"name\": str, \"template\": str}"));
+      }
+      names.push_back(entry["name"].get<std::string>());
+      if (names.back() == "default") {
+        out.source = entry["template"].get<std::string>();
+        return out;
+      }
+    }
+    return absl::NotFoundError(absl::StrCat(path,
+                                            ": \"chat_template\" list has no \"default\" "
+                                            "entry (has: ",
+                                            absl::StrJoin(names, ", "), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": \"chat_template\" must be a string or a list of named templates"));
+}
+
+absl::StatusOr<std::unique_ptr<JinjaChatTemplate>> JinjaChatTemplate::Create(
+    const std::string& source, const std::string& bos_token, const std::string& eos_token) {
+  ASSIGN_OR_RETURN(jinja::Template tmpl, jinja::Template::Compile(source));
+  return std::unique_ptr<JinjaChatTemplate>(
+      new JinjaChatTemplate(std::move(tmpl), bos_token, eos_token));
+}
+
+absl::StatusOr<std::string> JinjaChatTemplate::Render(std::span<const ChatMessage> messages,
+                                                      bool add_generation_prompt) const {
+  return RenderWithVariables(messages, add_generation_prompt, {});
+}
+
+absl::StatusOr<std::string> JinjaChatTemplate::RenderWithVariables(
+    std::span<const ChatMessage> messages, bool add_generation_prompt,
+    const jinja::Object& extra) const {
+  jinja::Array message_values;
+  message_values.reserve(messages.size());
+  for (const ChatMessage& m : messages) {
+    message_values.push_back(jinja::Value::MakeObject({
+        {"role", jinja::Value::String(m.role)},
+        {"content", jinja::Value::String(m.content)},
+    }));
+  }
+  jinja::Object variables = {
+      {"messages", jinja::Value::MakeArray(std::move(message_values))},
+      {"add_generation_prompt", jinja::Value::Bool(add_generation_prompt)},
+      {"tools", jinja::Value::None()},
+      {"documents", jinja::Value::None()},
+  };
+  if (!bos_token_.empty()) variables.emplace_back("bos_token", jinja::Value::String(bos_token_));
+  if (!eos_token_.empty()) variables.emplace_back("eos_token", jinja::Value::String(eos_token_));
+  variables.insert(variables.end(), extra.begin(), extra.end());
+  return template_.Render(variables);
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(const std::string& source,
+                                                                    const std::string& bos_token,
+                                                                    const std::string& eos_token) {
+  ASSIGN_OR_RETURN(std::unique_ptr<JinjaChatTemplate> t,
+                   JinjaChatTemplate::Create(source, bos_token, eos_token));
+  return std::unique_ptr<ChatTemplate>(std::move(t));
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(const std::string& dir) {
+  ASSIGN_OR_RETURN(ChatTemplateSource src, ReadChatTemplateSource(dir));
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t =
+      Compile(src.source, src.bos_token, src.eos_token);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(),
+                        absl::StrCat(dir, "/tokenizer_config.json: ", t.status().message()));
+  }
+  return t;
+}
+
+}  // namespace tandem
