@@ -121,6 +121,11 @@ class CpuModelRunner final : public ModelRunner {
 
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     RETURN_IF_ERROR(Validate(batch));
+    if (batch.chunks.empty()) {
+      out->logits.clear();
+      out->rows = 0;
+      return absl::OkStatus();
+    }
     const ModelConfig& c = config_;
     const int hidden = c.hidden_size;
     const int q_width = c.num_heads * c.head_dim;

@@ -242,6 +242,16 @@ TEST(CpuModelRunnerTest, MixedBatchMatchesSeparateSequences) {
   ExpectRowNear(out.logits.data() + c.vocab_size, want_a[12], 1e-4);
 }
 
+TEST(CpuModelRunnerTest, EmptyBatchGivesNoRows) {
+  auto runner = MakeRunner(TinyConfig(true), 3);
+  ForwardOutput out;
+  out.logits.assign(7, 1.0f);
+  out.rows = 3;
+  ASSERT_TRUE(runner->Forward(ForwardBatch{}, &out).ok());
+  EXPECT_EQ(out.rows, 0);
+  EXPECT_TRUE(out.logits.empty());
+}
+
 TEST(CpuModelRunnerTest, NumBlocksDerivedFromCacheBytes) {
   const ModelConfig c = TinyConfig(true);
   CpuRunnerOptions opts;
