@@ -1,8 +1,9 @@
 // `tandem tokenize`: encodes text with a model directory's tokenizer.json, as Hugging Face
 // `tokenizer.encode(text, add_special_tokens=False)` does (True with --add-special-tokens).
-//   tandem tokenize --model DIR [--json] TEXT...   ids per text (space-separated, or {"ids": [...]})
-//   tandem tokenize --model DIR < lines            one JSON string per line in, {"ids": [...]} out
-//   tandem tokenize --model DIR --chat msgs.json   {"text": ..., "ids": [...]} of the chat prompt
+//   tandem tokenize --model DIR [--json] TEXT...   ids per text (space-separated, or {"ids":
+//   [...]}) tandem tokenize --model DIR < lines            one JSON string per line in, {"ids":
+//   [...]} out tandem tokenize --model DIR --chat msgs.json   {"text": ..., "ids": [...]} of the
+//   chat prompt
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -61,10 +62,10 @@ absl::StatusOr<std::vector<ChatMessage>> ReadMessages(const std::string& path) {
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < j.size(); ++i) {
     const json& m = j[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": message ", i, " must be {\"role\": string, \"content\": string}"));
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": message ", i, " must be {\"role\": string, \"content\": string}"));
     }
     messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
@@ -79,10 +80,10 @@ absl::Status RunChat(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
   auto text = (*chat)->Render(*messages, /*add_generation_prompt=*/true);
   if (!text.ok()) return text.status();
   const std::vector<int32_t> ids = tokenizer.Encode(*text, opts.add_special_tokens);
-  std::cout << json{{"text", *text}, {"ids", ids}}.dump(-1, ' ', false,
-                                                        json::error_handler_t::replace)
-            << "\n"
-            << std::flush;
+  nlohmann::ordered_json out;
+  out["text"] = *text;
+  out["ids"] = ids;
+  std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << "\n" << std::flush;
   return absl::OkStatus();
 }
 
@@ -146,8 +147,7 @@ void AddTokenizeCommand(CLI::App& app, int* exit_code) {
       "tokenize",
       "Encode text with DIR/tokenizer.json (like HF tokenizer.encode). With no TEXT, reads one "
       "JSON string per stdin line and writes one {\"ids\": [...]} line per input line.");
-  cmd->add_option("--model", opts->model_dir, "model directory holding tokenizer.json")
-      ->required();
+  cmd->add_option("--model", opts->model_dir, "model directory holding tokenizer.json")->required();
   cmd->add_flag("--json", opts->json_output, "print {\"ids\": [...]} per TEXT");
   cmd->add_flag("--add-special-tokens", opts->add_special_tokens,
                 "apply the post-processor (e.g. prepend BOS)");

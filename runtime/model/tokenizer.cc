@@ -256,6 +256,9 @@ class HfTokenizer : public Tokenizer {
       (tok.normalized && t->normalizer_ != nullptr ? t->normalized_matcher_ : t->raw_matcher_)
           .Add(&tok);
     }
+    // Without tokenizer_config.json, the BOS is what the post-processor prepends.
+    if (!t->post_.prefix.empty())
+      t->SetSpecialTokens(t->IdToToken(t->post_.prefix[0]), std::nullopt);
     return t;
   }
 

@@ -137,6 +137,10 @@ TEST(TokenizerTest, ChainedMergesBuildWholeWord) {
   // Prepend adds U+2581 to the text, Replace turns spaces into U+2581.
   EXPECT_THAT(t->Encode("hi hi", false), ElementsAre(6, 6));
   EXPECT_THAT(t->Encode("hi", true), ElementsAre(1, 6));
+  // No tokenizer_config.json: the BOS is what the post-processor prepends; no EOS is known.
+  EXPECT_EQ(t->bos_id(), 1);
+  EXPECT_EQ(t->bos_token(), "<s>");
+  EXPECT_EQ(t->eos_id(), std::nullopt);
   EXPECT_EQ(t->Decode(std::vector<int32_t>{1, 6, 6}, true), "hi hi");
   EXPECT_EQ(t->Decode(std::vector<int32_t>{1, 6, 6}, false), "<s> hi hi");
 }
