@@ -99,10 +99,24 @@ class CpuModelRunner final : public ModelRunner {
     }
   }
 
-  // Allocates the KV cache; false when memory is short.
-  bool AllocateCache() {
+  // Fuses the projections (one GEMM for q/k/v, one for gate/up) and allocates the KV cache;
+  // false when memory is short.
+  bool Init() {
     const size_t per_layer = static_cast<size_t>(num_blocks_) * kv_shape_.BlockStride();
     try {
+      fused_.resize(config_.num_layers);
+      for (int l = 0; l < config_.num_layers; ++l) {
+        LayerWeights& lw = weights_.layers[l];
+        FusedLayer& f = fused_[l];
+        // Row-major [out, in] matrices stack along `out` by concatenation.
+        f.qkv = Concat(lw.q_proj, lw.k_proj, lw.v_proj);
+        if (!lw.q_bias.empty()) f.qkv_bias = Concat(lw.q_bias, lw.k_bias, lw.v_bias);
+        f.gate_up = Concat(lw.gate_proj, lw.up_proj, {});
+        for (std::vector<float>* v : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.q_bias, &lw.k_bias,
+                                      &lw.v_bias, &lw.gate_proj, &lw.up_proj}) {
+          std::vector<float>().swap(*v);
+        }
+      }
       k_cache_.resize(config_.num_layers);
       v_cache_.resize(config_.num_layers);
       for (int l = 0; l < config_.num_layers; ++l) {
@@ -113,6 +127,16 @@ class CpuModelRunner final : public ModelRunner {
       return false;
     }
     return true;
+  }
+
+  static std::vector<float> Concat(const std::vector<float>& a, const std::vector<float>& b,
+                                   const std::vector<float>& c) {
+    std::vector<float> out;
+    out.reserve(a.size() + b.size() + c.size());
+    out.insert(out.end(), a.begin(), a.end());
+    out.insert(out.end(), b.begin(), b.end());
+    out.insert(out.end(), c.begin(), c.end());
+    return out;
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -130,6 +154,7 @@ class CpuModelRunner final : public ModelRunner {
     const int hidden = c.hidden_size;
     const int q_width = c.num_heads * c.head_dim;
     const int kv_width = c.num_kv_heads * c.head_dim;
+    const int qkv_width = q_width + 2 * kv_width;
     const int inter = c.intermediate_size;
 
     int total = 0, max_context = 0, logit_rows = 0;
@@ -158,44 +183,48 @@ class CpuModelRunner final : public ModelRunner {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerWeights& lw = weights_.layers[li];
+      const FusedLayer& fl = fused_[li];
       cpu::RmsNorm(x_.data(), lw.input_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
-      cpu::Linear(h_.data(), lw.q_proj.data(), OrNull(lw.q_bias), total, hidden, q_width,
-                  q_.data());
-      cpu::Linear(h_.data(), lw.k_proj.data(), OrNull(lw.k_bias), total, hidden, kv_width,
-                  k_.data());
-      cpu::Linear(h_.data(), lw.v_proj.data(), OrNull(lw.v_bias), total, hidden, kv_width,
-                  v_.data());
-      cpu::ApplyRope(q_.data(), total, q_width, c.num_heads, c.head_dim, positions_.data(),
+      // qkv_ rows: [q (q_width) | k (kv_width) | v (kv_width)].
+      cpu::Linear(h_.data(), fl.qkv.data(), OrNull(fl.qkv_bias), total, hidden, qkv_width,
+                  qkv_.data());
+      float* q = qkv_.data();
+      float* k = q + q_width;
+      float* v = k + kv_width;
+      cpu::ApplyRope(q, total, qkv_width, c.num_heads, c.head_dim, positions_.data(),
                      rope_cos_.data(), rope_sin_.data());
-      cpu::ApplyRope(k_.data(), total, kv_width, c.num_kv_heads, c.head_dim, positions_.data(),
+      cpu::ApplyRope(k, total, qkv_width, c.num_kv_heads, c.head_dim, positions_.data(),
                      rope_cos_.data(), rope_sin_.data());
       // Every chunk's new K/V first, then attention: chunks are distinct sequences, so one
       // chunk's attention reads only its own new rows plus cached (possibly shared) prefix.
       row = 0;
       for (const SequenceChunk& ch : batch.chunks) {
         const int n = static_cast<int>(ch.tokens.size());
-        cpu::PagedKvAppend(k_.data() + static_cast<size_t>(row) * kv_width, kv_width,
-                           v_.data() + static_cast<size_t>(row) * kv_width, kv_width, n,
-                           ch.start_pos, ch.block_table.data(), kv_shape_, k_cache_[li].data(),
+        cpu::PagedKvAppend(k + static_cast<size_t>(row) * qkv_width, qkv_width,
+                           v + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
+                           ch.block_table.data(), kv_shape_, k_cache_[li].data(),
                            v_cache_[li].data());
         row += n;
       }
       row = 0;
       for (const SequenceChunk& ch : batch.chunks) {
         const int n = static_cast<int>(ch.tokens.size());
-        cpu::PagedAttention(q_.data() + static_cast<size_t>(row) * q_width, q_width, n,
-                            ch.start_pos, c.num_heads, ch.block_table.data(), kv_shape_,
-                            k_cache_[li].data(), v_cache_[li].data(), scale, scores_.data(),
+        cpu::PagedAttention(q + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
+                            c.num_heads, ch.block_table.data(), kv_shape_, k_cache_[li].data(),
+                            v_cache_[li].data(), scale, scores_.data(),
                             attn_.data() + static_cast<size_t>(row) * q_width);
         row += n;
       }
       cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, total, q_width, hidden, h_.data());
       cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
       cpu::RmsNorm(x_.data(), lw.post_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
-      cpu::Linear(h_.data(), lw.gate_proj.data(), nullptr, total, hidden, inter, gate_.data());
-      cpu::Linear(h_.data(), lw.up_proj.data(), nullptr, total, hidden, inter, up_.data());
-      cpu::SiluAndMul(gate_.data(), up_.data(), static_cast<size_t>(total) * inter, gate_.data());
-      cpu::Linear(gate_.data(), lw.down_proj.data(), nullptr, total, inter, hidden, h_.data());
+      // gate_up_ rows: [gate (inter) | up (inter)].
+      cpu::Linear(h_.data(), fl.gate_up.data(), nullptr, total, hidden, 2 * inter, gate_up_.data());
+      for (int r = 0; r < total; ++r) {
+        const float* gu = gate_up_.data() + static_cast<size_t>(r) * 2 * inter;
+        cpu::SiluAndMul(gu, gu + inter, inter, act_.data() + static_cast<size_t>(r) * inter);
+      }
+      cpu::Linear(act_.data(), lw.down_proj.data(), nullptr, total, inter, hidden, h_.data());
       cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
     }
 
@@ -269,12 +298,10 @@ class CpuModelRunner final : public ModelRunner {
       x_.resize(t * c.hidden_size);
       h_.resize(t * c.hidden_size);
       last_.resize(t * c.hidden_size);
-      q_.resize(t * c.num_heads * c.head_dim);
+      qkv_.resize(t * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
       attn_.resize(t * c.num_heads * c.head_dim);
-      k_.resize(t * c.num_kv_heads * c.head_dim);
-      v_.resize(t * c.num_kv_heads * c.head_dim);
-      gate_.resize(t * c.intermediate_size);
-      up_.resize(t * c.intermediate_size);
+      gate_up_.resize(t * 2 * c.intermediate_size);
+      act_.resize(t * c.intermediate_size);
       positions_.resize(t);
       capacity_tokens_ = tokens;
     }
@@ -292,7 +319,15 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   const ModelConfig config_;
-  const ModelWeights weights_;
+  // Norms, o_proj, down_proj, embeddings and LM head; the q/k/v and gate/up matrices are moved
+  // into fused_ by Init().
+  ModelWeights weights_;
+  struct FusedLayer {
+    std::vector<float> qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
+    std::vector<float> qkv_bias;  // [(heads + 2 * kv_heads) * head_dim] or empty
+    std::vector<float> gate_up;   // [2 * intermediate, hidden]
+  };
+  std::vector<FusedLayer> fused_;
   const int block_size_;
   const int num_blocks_;
   const cpu::PagedKvShape kv_shape_;
@@ -303,7 +338,7 @@ class CpuModelRunner final : public ModelRunner {
   // Scratch, sized for capacity_tokens_ rows / rope_positions_ positions.
   int capacity_tokens_ = 0;
   int rope_positions_ = 0;
-  std::vector<float> x_, h_, last_, q_, attn_, k_, v_, gate_, up_;
+  std::vector<float> x_, h_, last_, qkv_, attn_, gate_up_, act_;
   std::vector<int32_t> positions_;
   std::vector<float> rope_cos_, rope_sin_;  // [rope_positions_, head_dim / 2]
   std::vector<float> scores_;               // [rope_positions_]
@@ -331,9 +366,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelCon
   }
   auto runner = std::make_unique<CpuModelRunner>(config, std::move(weights), options.block_size,
                                                  static_cast<int>(num_blocks));
-  if (!runner->AllocateCache()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "CPU runner: cannot allocate %d KV blocks of %d bytes", num_blocks, block_bytes));
+  if (!runner->Init()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("CPU runner: cannot allocate fused weights and %d KV blocks of %d bytes",
+                        num_blocks, block_bytes));
   }
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
