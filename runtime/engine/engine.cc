@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -188,7 +189,8 @@ void Engine::Loop() {
     absl::Time deadline;
     {
       absl::MutexLock lock(&mu_);
-      if (!scheduler_.HasWork()) {
+      // Wait for input when idle, or when the last step could schedule nothing (no busy loop).
+      if (!scheduler_.HasWork() || !last_step_ran_) {
         auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return !pending_.empty() || !cancels_.empty() || stopping_;
         };
@@ -211,7 +213,7 @@ void Engine::Loop() {
       PublishStats();
       break;
     }
-    if (scheduler_.HasWork()) Step();
+    last_step_ran_ = scheduler_.HasWork() && Step();
     PublishStats();
   }
   absl::MutexLock lock(&mu_);
@@ -233,9 +235,9 @@ void Engine::Admit(GenerateRequest request) {
   scheduler_.Add(seq, std::move(prompt));
 }
 
-void Engine::Step() {
+bool Engine::Step() {
   SchedulerStep plan = scheduler_.Schedule();
-  if (plan.empty()) return;
+  if (plan.empty()) return false;
   ForwardBatch batch;
   int rows = 0;
   for (const ScheduledChunk& c : plan.chunks) {
@@ -262,16 +264,24 @@ void Engine::Step() {
     for (const ScheduledChunk& c : plan.chunks) {
       FinishRequest(c.seq_id, FinishReason::kError, status, {});
     }
-    return;
+    return true;
   }
   local_stats_.batched_tokens += plan.num_batched_tokens;
   scheduler_.OnStepComputed(plan);
   size_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.need_logits) continue;
-    OnLogits(c.seq_id, std::span<const float>(out.logits).subspan(row * vocab, vocab));
+    const std::span<const float> logits =
+        std::span<const float>(out.logits).subspan(row * vocab, vocab);
     ++row;
+    if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
+      FinishRequest(c.seq_id, FinishReason::kError,
+                    absl::InternalError("the model produced NaN logits"), {});
+      continue;
+    }
+    OnLogits(c.seq_id, logits);
   }
+  return true;
 }
 
 void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {

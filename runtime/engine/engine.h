@@ -131,7 +131,8 @@ class Engine {
   absl::Status Validate(const GenerateRequest& request) const;
   void Loop();
   void Admit(GenerateRequest request);
-  void Step();
+  // Runs one scheduled step; false when nothing could be scheduled.
+  bool Step();
   // Samples one token for `seq_id` from `logits` and emits its output; may finish the request.
   void OnLogits(int64_t seq_id, std::span<const float> logits);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);
@@ -152,6 +153,7 @@ class Engine {
   int64_t next_seq_id_ = 0;
   std::mt19937_64 seed_rng_;
   EngineStats local_stats_;
+  bool last_step_ran_ = true;
 
   // Shared with callers.
   mutable absl::Mutex mu_;

@@ -368,6 +368,21 @@ TEST(EngineTest, ForwardFailureFailsOnlyThatBatchAndEngineKeepsServing) {
   EXPECT_EQ(h.engine->stats().blocks_used, 0);
 }
 
+TEST(EngineTest, NanLogitsFailTheRequestNotTheEngine) {
+  Harness h(64);
+  h.runner->NanLogitsNextForwards(1);
+  ASSERT_TRUE(h.Submit("nan", {1, 2, 3}, Greedy(4)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  ASSERT_TRUE(h.Submit("ok", {1, 2, 3}, Greedy(4)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  h.engine->Shutdown(absl::Seconds(5));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["nan"].finish, FinishReason::kError);
+  EXPECT_THAT(std::string(results["nan"].error.message()), HasSubstr("NaN"));
+  EXPECT_EQ(results["ok"].tokens, FakeModelRunner::ReferenceGreedy({1, 2, 3}, 4, kVocab));
+  EXPECT_EQ(h.engine->stats().blocks_used, 0);
+}
+
 TEST(EngineTest, ShutdownAbortsOutstandingRequests) {
   Harness h(512);
   for (int i = 0; i < 4; ++i) {

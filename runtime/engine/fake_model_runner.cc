@@ -1,6 +1,7 @@
 #include "runtime/engine/fake_model_runner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -137,6 +138,10 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
                      out->logits.data() + out->logits.size() - config_.vocab_size);
       ++out->rows;
     }
+  }
+  if (nan_count_ > 0) {
+    --nan_count_;
+    std::fill(out->logits.begin(), out->logits.end(), std::nanf(""));
   }
   return absl::OkStatus();
 }

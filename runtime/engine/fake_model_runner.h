@@ -39,6 +39,8 @@ class FakeModelRunner : public ModelRunner {
 
   // Makes the next `count` Forward calls fail with `status` after validating the batch.
   void FailNextForwards(int count, absl::Status status);
+  // Makes the logits of the next `count` Forward calls NaN.
+  void NanLogitsNextForwards(int count) { nan_count_ = count; }
 
   const std::vector<std::string>& violations() const { return violations_; }
   int64_t forward_calls() const { return forward_calls_; }
@@ -59,6 +61,7 @@ class FakeModelRunner : public ModelRunner {
   int block_size_;
   std::vector<Slot> slots_;  // [num_blocks * block_size]
   int fail_count_ = 0;
+  int nan_count_ = 0;
   absl::Status fail_status_;
   std::vector<std::string> violations_;
   int64_t forward_calls_ = 0;
