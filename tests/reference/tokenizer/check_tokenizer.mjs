@@ -4,6 +4,8 @@
 // fork bundling the real tokenizer.json), writes that tokenizer.json to a model dir, runs
 // `tandem tokenize --model DIR --json` over the same strings (JSON lines on stdin), and compares
 // every id list. Exits non-zero, printing the first mismatches in full, if any list differs.
+// Also writes <work>/<family>-decode.jsonl ({ids, skip, text} from the reference's decode) for
+// decode_check, which compares Tokenizer::Decode and IncrementalDetokenizer with it.
 //
 // usage: node check_tokenizer.mjs --family llama3|llama2|qwen3 --tandem PATH --work DIR
 //                                 [--count N] [--seed N]
@@ -207,6 +209,19 @@ async function main() {
   fs.writeFileSync(path.join(args.work, `${args.family}-inputs.jsonl`), inputLines);
   fs.writeFileSync(path.join(args.work, `${args.family}-expected.jsonl`),
                    expected.map((ids) => JSON.stringify({ ids })).join("\n") + "\n");
+
+  // Reference decodes of the same ids (with and without special tokens), for decode_check.
+  const decodeLines = [];
+  for (let i = 0; i < inputs.length; ++i) {
+    for (const skip of [false, true]) {
+      const text = reference.decode(expected[i], {
+        skip_special_tokens: skip,
+        clean_up_tokenization_spaces: false,
+      });
+      decodeLines.push(JSON.stringify({ ids: expected[i], skip, text }));
+    }
+  }
+  fs.writeFileSync(path.join(args.work, `${args.family}-decode.jsonl`), decodeLines.join("\n") + "\n");
 
   const started = process.hrtime.bigint();
   const run = spawnSync(args.tandem, ["tokenize", "--model", modelDir, "--json"], {
