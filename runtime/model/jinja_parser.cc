@@ -38,6 +38,10 @@ constexpr std::array<std::string_view, 17> kUnsupportedStatements = {
 
 using ExprPtr = std::unique_ptr<Expr>;
 
+// Nesting limit for expressions and blocks, so a hostile template cannot overflow the stack of the
+// (recursive) parser or renderer.
+constexpr int kMaxNesting = 200;
+
 class Parser {
  public:
   explicit Parser(const std::vector<Token>& tokens) : tokens_(tokens) {}
@@ -105,6 +109,8 @@ class Parser {
   // keyword is consumed, the rest of the tag is not). With no ends, parses to the end of input.
   absl::StatusOr<std::vector<Node>> ParseBody(const std::vector<std::string>& ends,
                                               std::string* end) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Error(Cur().line, "blocks nested too deeply");
     std::vector<Node> body;
     while (true) {
       const Token& t = Cur();
@@ -256,6 +262,8 @@ class Parser {
 
   // expression := or ['if' or ['else' expression]]
   absl::StatusOr<ExprPtr> ParseExpression() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Error(Cur().line, "expression nested too deeply");
     ASSIGN_OR_RETURN(ExprPtr value, ParseOr());
     if (!IsName("if")) return value;
     int line = Cur().line;
@@ -275,7 +283,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseOr() {
     ASSIGN_OR_RETURN(ExprPtr left, ParseAnd());
+    ChainGuard chain(&depth_);
     while (IsName("or")) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       Advance();
       ASSIGN_OR_RETURN(ExprPtr right, ParseAnd());
@@ -289,7 +299,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseAnd() {
     ASSIGN_OR_RETURN(ExprPtr left, ParseNot());
+    ChainGuard chain(&depth_);
     while (IsName("and")) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       Advance();
       ASSIGN_OR_RETURN(ExprPtr right, ParseNot());
@@ -302,6 +314,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Error(Cur().line, "expression nested too deeply");
     if (IsName("not")) {
       int line = Cur().line;
       Advance();
@@ -317,7 +331,9 @@ class Parser {
     int line = Cur().line;
     ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
     ExprPtr e;
+    ChainGuard chain(&depth_);
     while (true) {
+      if (!chain.Link()) return TooDeep();
       std::string op;
       if (Cur().type == TokenType::kOp &&
           (Cur().text == "==" || Cur().text == "!=" || Cur().text == "<" || Cur().text == ">" ||
@@ -355,7 +371,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseMath1() {
     ASSIGN_OR_RETURN(ExprPtr left, ParseConcat());
+    ChainGuard chain(&depth_);
     while (IsOp("+") || IsOp("-")) {
+      if (!chain.Link()) return TooDeep();
       std::string op = Cur().text;
       int line = Cur().line;
       Advance();
@@ -367,7 +385,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseConcat() {
     ASSIGN_OR_RETURN(ExprPtr left, ParseMath2());
+    ChainGuard chain(&depth_);
     while (IsOp("~")) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       Advance();
       ASSIGN_OR_RETURN(ExprPtr right, ParseMath2());
@@ -378,7 +398,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseMath2() {
     ASSIGN_OR_RETURN(ExprPtr left, ParsePow());
+    ChainGuard chain(&depth_);
     while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
+      if (!chain.Link()) return TooDeep();
       std::string op = Cur().text;
       int line = Cur().line;
       Advance();
@@ -390,7 +412,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParsePow() {
     ASSIGN_OR_RETURN(ExprPtr left, ParseUnary(true));
+    ChainGuard chain(&depth_);
     while (IsOp("**")) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       Advance();
       ASSIGN_OR_RETURN(ExprPtr right, ParseUnary(true));
@@ -400,6 +424,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxNesting) return Error(Cur().line, "expression nested too deeply");
     int line = Cur().line;
     ExprPtr node;
     if (IsOp("-")) {
@@ -519,7 +545,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParsePostfix(ExprPtr node) {
+    ChainGuard chain(&depth_);
     while (true) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       if (IsOp(".")) {
         Advance();
@@ -618,7 +646,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
+    ChainGuard chain(&depth_);
     while (true) {
+      if (!chain.Link()) return TooDeep();
       int line = Cur().line;
       if (IsOp("|")) {
         Advance();
@@ -665,8 +695,28 @@ class Parser {
     }
   }
 
+  struct DepthGuard {
+    explicit DepthGuard(int* depth) : depth(depth) { ++*depth; }
+    ~DepthGuard() { --*depth; }
+    int* depth;
+  };
+  // A left-associative chain (a + b + c ..., a.b.c ...) deepens the tree by one per link.
+  struct ChainGuard {
+    explicit ChainGuard(int* depth) : depth(depth) {}
+    ~ChainGuard() { *depth -= links; }
+    bool Link() {
+      ++*depth;
+      ++links;
+      return *depth <= kMaxNesting;
+    }
+    int* depth;
+    int links = 0;
+  };
+  absl::Status TooDeep() const { return Error(Cur().line, "expression nested too deeply"); }
+
   const std::vector<Token>& tokens_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

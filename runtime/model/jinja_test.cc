@@ -336,6 +336,31 @@ TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
   }
 }
 
+TEST(JinjaErrors, DeepNestingIsRejectedNotACrash) {
+  std::string deep = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
+  absl::StatusOr<Template> t = Template::Compile(deep);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("nested too deeply"));
+  std::string nots = "{{ ";
+  for (int i = 0; i < 100000; ++i) nots += "not ";
+  EXPECT_FALSE(Template::Compile(nots + "1 }}").ok());
+  std::string ifs;
+  for (int i = 0; i < 100000; ++i) ifs += "{% if true %}";
+  EXPECT_FALSE(Template::Compile(ifs).ok());
+  for (const char* link : {"1 + ", "x.", "1 ~ ", "1 < ", "1 and ", "1 * "}) {
+    std::string chain = "{{ ";
+    for (int i = 0; i < 100000; ++i) chain += link;
+    absl::StatusOr<Template> deep_chain = Template::Compile(chain + "1 }}");
+    ASSERT_FALSE(deep_chain.ok()) << link;
+    EXPECT_THAT(deep_chain.status().message(), HasSubstr("nested too deeply")) << link;
+  }
+  std::string filters = "{{ x ";
+  for (int i = 0; i < 100000; ++i) filters += "| trim ";
+  EXPECT_THAT(Template::Compile(filters + "}}").status().message(), HasSubstr("nested too deeply"));
+  // Realistic nesting is fine.
+  EXPECT_EQ(R("{{ ((((1)))) + [[[2]]][0][0][0] }}"), "3");
+}
+
 TEST(JinjaErrors, RuntimeTypeErrorsNameTheLine) {
   absl::StatusOr<std::string> out = Render("x\n{{ 'a' + 1 }}");
   ASSERT_FALSE(out.ok());

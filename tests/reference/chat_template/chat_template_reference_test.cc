@@ -32,7 +32,7 @@ struct Case {
   std::string model;
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = false;
-  std::vector<std::pair<std::string, std::string>> variables;  // extra string variables
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();  // extra variables
 };
 
 // Message texts that stress what templates do to content: trim, quotes, escapes, unicode,
@@ -116,7 +116,7 @@ std::vector<Case> MakeCases() {
     c.model = t % 2 == 0 ? "llama3_1" : "qwen2_5";
     c.messages = {{"user", Texts()[t]}, {"assistant", Texts()[(t + 1) % Texts().size()]}};
     c.add_generation_prompt = false;
-    if (c.model == "llama3_1") c.variables.push_back({"date_string", "01 Jan 2025"});
+    if (c.model == "llama3_1") c.variables["date_string"] = "01 Jan 2025";
     cases.push_back(std::move(c));
   }
   // Roles beyond user/assistant that the templates route by name; a system message mid-way.
@@ -126,25 +126,51 @@ std::vector<Case> MakeCases() {
     c.messages = {
         {"user", "first"}, {"system", "late system note"}, {"assistant", "ok"}, {"user", "second"}};
     c.add_generation_prompt = true;
-    if (model == "llama3_1" || model == "llama3_2") c.variables.push_back({"date_string", "x"});
+    if (model == "llama3_1" || model == "llama3_2") c.variables["date_string"] = "x";
     cases.push_back(std::move(c));
+  }
+  // Tool schemas (the tools branches and `tojson`, plain and indented), as apply_chat_template's
+  // `tools=` would pass them.
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather",
+      "description": "Météo \"actuelle\" <city> & co",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "東京"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7.5},
+        "metric": {"type": "boolean", "default": true}},
+      "required": ["city"], "additionalProperties": false, "examples": [null, [], {}]}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {}}}
+  ])");
+  for (std::string model : {"llama3_1", "llama3_2", "qwen2_5", "qwen3"}) {
+    for (int with_system = 0; with_system < 2; ++with_system) {
+      Case c;
+      c.model = model;
+      if (with_system) c.messages.push_back({"system", "  Use tools wisely.  "});
+      c.messages.push_back({"user", "Weather in Paris?"});
+      c.add_generation_prompt = true;
+      c.variables["tools"] = tools;
+      if (model == "llama3_1" || model == "llama3_2") {
+        c.variables["date_string"] = "05 May 2025";
+        // Both places Llama 3.1/3.2 put the tool list.
+        c.variables["tools_in_user_message"] = with_system == 0;
+      }
+      cases.push_back(std::move(c));
+    }
   }
   return cases;
 }
 
-nlohmann::json CasesToJson(const std::vector<Case>& cases) {
-  nlohmann::json out = nlohmann::json::array();
+nlohmann::ordered_json CasesToJson(const std::vector<Case>& cases) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const Case& c : cases) {
-    nlohmann::json messages = nlohmann::json::array();
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     for (const ChatMessage& m : c.messages) {
       messages.push_back({{"role", m.role}, {"content", m.content}});
     }
-    nlohmann::json vars = nlohmann::json::object();
-    for (const auto& [k, v] : c.variables) vars[k] = v;
     out.push_back({{"model", c.model},
                    {"messages", messages},
                    {"add_generation_prompt", c.add_generation_prompt},
-                   {"variables", vars}});
+                   {"variables", c.variables}});
   }
   return out;
 }
@@ -153,8 +179,10 @@ std::string Describe(const Case& c) {
   std::ostringstream out;
   out << "model " << c.model << ", add_generation_prompt=" << c.add_generation_prompt
       << ", messages=";
-  for (const ChatMessage& m : c.messages)
+  for (const ChatMessage& m : c.messages) {
     out << "[" << m.role << ": " << nlohmann::json(m.content).dump() << "] ";
+  }
+  out << "variables=" << c.variables.dump();
   return out.str();
 }
 
@@ -202,8 +230,7 @@ TEST(ChatTemplateReference, MatchesHuggingFaceJinjaByteForByte) {
       ASSERT_TRUE(t.ok()) << c.model << ": " << t.status();
       tmpl = *std::move(t);
     }
-    jinja::Object extra;
-    for (const auto& [k, v] : c.variables) extra.emplace_back(k, jinja::Value::String(v));
+    jinja::Object extra = jinja::FromJson(c.variables).object();
     absl::StatusOr<std::string> ours =
         tmpl->RenderWithVariables(c.messages, c.add_generation_prompt, extra);
     const nlohmann::json& ref = results[i];
