@@ -1,6 +1,9 @@
 #include "runtime/model/jinja_template.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <utility>
 
@@ -15,6 +18,7 @@ namespace tandem::jinja {
 namespace {
 
 constexpr int64_t kMaxRangeLength = 1 << 20;
+constexpr uint64_t kMaxRepeatedSize = 64 << 20;  // bytes or items produced by `*` repetition
 
 absl::Status Err(int line, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("chat template line ", line, ": ", what));
@@ -358,7 +362,10 @@ class Renderer {
       case Expr::Kind::kNeg: {
         ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         if (v.is_undefined()) return UndefinedErr(e.line, v);
-        if (IsIntLike(v)) return Value::Int(-AsInt(v));
+        if (IsIntLike(v)) {
+          if (AsInt(v) == INT64_MIN) return Err(e.line, "integer overflow");
+          return Value::Int(-AsInt(v));
+        }
         if (v.kind() == Value::Kind::kFloat) return Value::Float(-v.float_value());
         return Err(e.line, absl::StrCat("bad operand type for unary -: '", v.TypeName(), "'"));
       }
@@ -698,7 +705,10 @@ class Renderer {
     }
     if (op == "*" && (a.is_string() || a.kind() == Value::Kind::kArray) && IsIntLike(b)) {
       int64_t times = AsInt(b);
-      if (times > kMaxRangeLength) return Err(line, "repetition count too large");
+      size_t unit = a.is_string() ? a.string_value().size() : a.array().size();
+      if (times > 0 && unit > 0 && static_cast<uint64_t>(times) > kMaxRepeatedSize / unit) {
+        return Err(line, "repetition result too large");
+      }
       if (a.is_string()) {
         std::string out;
         for (int64_t i = 0; i < times; ++i) out += a.string_value();
@@ -717,18 +727,28 @@ class Renderer {
     if (ints) {
       int64_t x = AsInt(a);
       int64_t y = AsInt(b);
-      if (op == "+") return Value::Int(x + y);
-      if (op == "-") return Value::Int(x - y);
-      if (op == "*") return Value::Int(x * y);
+      int64_t r = 0;
+      if (op == "+" || op == "-" || op == "*") {
+        bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                        : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+        if (overflow) return Err(line, "integer overflow");
+        return Value::Int(r);
+      }
       if (op == "//" || op == "%") {
         if (y == 0) return Err(line, "integer division or modulo by zero");
+        if (x == INT64_MIN && y == -1) return Err(line, "integer overflow");
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
         return Value::Int(op == "//" ? q : x - q * y);
       }
       if (op == "**" && y >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < y; ++i) r *= x;
+        if (x == 0 || x == 1) return Value::Int(y == 0 ? 1 : x);
+        if (x == -1) return Value::Int(y % 2 == 0 ? 1 : -1);
+        r = 1;  // |x| >= 2 overflows within 64 steps
+        for (int64_t i = 0; i < y; ++i) {
+          if (__builtin_mul_overflow(r, x, &r)) return Err(line, "integer overflow");
+        }
         return Value::Int(r);
       }
     }

@@ -369,6 +369,12 @@ TEST(JinjaErrors, RuntimeTypeErrorsNameTheLine) {
               HasSubstr("unsupported operand type(s) for +: 'str' and 'int'"));
   EXPECT_FALSE(Render("{% for x in 3 %}{% endfor %}").ok());
   EXPECT_FALSE(Render("{{ 1 // 0 }}").ok());
+  EXPECT_THAT(Render("{{ 9223372036854775807 + 1 }}").status().message(),
+              HasSubstr("integer overflow"));
+  EXPECT_THAT(Render("{{ 3 ** 100 }}").status().message(), HasSubstr("integer overflow"));
+  EXPECT_EQ(R("{{ 1 ** 1000000000000 }} {{ (-1) ** 3 }} {{ 0 ** 0 }} {{ 2 ** 62 }}"),
+            "1 -1 1 4611686018427387904");
+  EXPECT_THAT(Render("{{ 'abc' * 100000000 }}").status().message(), HasSubstr("too large"));
   EXPECT_FALSE(Render("{% set x = 1 %}{% set x.a = 2 %}").ok());
 }
 
