@@ -122,10 +122,8 @@ class AddedTokenMatcher {
   }
 
  private:
-  static bool IsWordChar(char32_t c) {
-    // Rust's `char::is_alphanumeric() || c == '_'`, close enough for single_word tokens.
-    return c == '_' || (c < 0x80 ? std::isalnum(static_cast<int>(c)) != 0 : c > 0x7F);
-  }
+  // `tokenizers` treats alphanumerics and '_' as word characters (its `is_word_char`).
+  static bool IsWordChar(char32_t c) { return c == '_' || tokenizer_internal::IsAlphanumeric(c); }
   static bool EndsWithWordChar(std::string_view s) {
     if (s.empty()) return false;
     size_t b = s.size() - 1;

@@ -195,6 +195,29 @@ TEST(TokenizerTest, ByteLevelSpecialTokensAndLongestMatch) {
   EXPECT_EQ(t->vocab_size(), 303);
 }
 
+TEST(TokenizerTest, SingleWordAndNormalizedAddedTokens) {
+  const json added = json::array({{{"id", 300},
+                                   {"content", "cat"},
+                                   {"special", false},
+                                   {"single_word", true},
+                                   {"normalized", false}}});
+  auto t = Load(ByteLevelJson({}, json::array(), added));
+  ASSERT_NE(t, nullptr);
+  // Only a whole word matches a single_word token (U+00E9 is a letter, so "écat" is no match).
+  EXPECT_THAT(t->Encode("a cat", false), ElementsAre('a', ' ', 300));
+  EXPECT_THAT(t->Encode("cats", false), ElementsAre('c', 'a', 't', 's'));
+  EXPECT_THAT(t->Encode("\u00e9cat", false), ElementsAre(0xC3, 0xA9, 'c', 'a', 't'));
+
+  // A normalized added token is matched in the normalized text: "x y" becomes "▁x▁y".
+  const json vocab = {{"<unk>", 0}, {"<s>", 1}, {"\u2581", 2}, {"x", 3}, {"y", 4}};
+  json j = SentencePieceJson(vocab, json::array());
+  j["added_tokens"].push_back(
+      {{"id", 5}, {"content", "\u2581y"}, {"special", false}, {"normalized", true}});
+  auto sp = Load(j);
+  ASSERT_NE(sp, nullptr);
+  EXPECT_THAT(sp->Encode("x y", false), ElementsAre(2, 3, 5));
+}
+
 TEST(TokenizerTest, ByteLevelMergesIgnoreMergesAndRegex) {
   // "Ġ" is the byte-level space. Merges build " hello"; "world" is a whole vocab entry with no
   // merge path, reachable only through ignore_merges.

@@ -155,6 +155,13 @@ bool IsWhitespace(char32_t cp) {
   return u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_WHITE_SPACE);
 }
 
+bool IsAlphanumeric(char32_t cp) {
+  const auto c = static_cast<UChar32>(cp);
+  if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC)) return true;
+  const int8_t type = u_charType(c);
+  return type == U_DECIMAL_DIGIT_NUMBER || type == U_LETTER_NUMBER || type == U_OTHER_NUMBER;
+}
+
 const std::string& ByteToUnicode(uint8_t byte) { return Tables().to_unicode[byte]; }
 
 std::optional<uint8_t> UnicodeToByte(char32_t cp) {

@@ -32,6 +32,8 @@ void AppendUtf8(char32_t cp, std::string& out);
 
 // Unicode White_Space (Rust's char::is_whitespace).
 bool IsWhitespace(char32_t cp);
+// Alphabetic or numeric (Rust's char::is_alphanumeric).
+bool IsAlphanumeric(char32_t cp);
 
 // GPT-2 byte-level alphabet: each byte maps to one printable code point, as UTF-8.
 const std::string& ByteToUnicode(uint8_t byte);
