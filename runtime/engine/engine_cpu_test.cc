@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "runtime/base/logging.h"
 #include "runtime/engine/engine.h"
@@ -18,6 +19,25 @@
 
 namespace tandem {
 namespace {
+
+// Delegates to the CPU runner; the first Forward waits until every request is queued, so the
+// batching (and hence preemption) is the same on every run.
+class GatedRunner : public ModelRunner {
+ public:
+  GatedRunner(std::unique_ptr<ModelRunner> inner, absl::Notification* gate)
+      : inner_(std::move(inner)), gate_(gate) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int num_blocks() const override { return inner_->num_blocks(); }
+  absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
+    gate_->WaitForNotificationWithTimeout(absl::Seconds(30));
+    return inner_->Forward(batch, out);
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  absl::Notification* gate_;
+};
 
 class EngineCpuTest : public ::testing::Test {
  protected:
@@ -57,7 +77,9 @@ class EngineCpuTest : public ::testing::Test {
     runner_options.num_blocks = num_blocks;
     auto runner = CreateCpuModelRunner(*config, std::move(*weights), runner_options);
     CHECK(runner.ok()) << runner.status();
-    auto engine = Engine::Create(std::move(*runner), nullptr, options);
+    absl::Notification all_submitted;
+    auto engine = Engine::Create(std::make_unique<GatedRunner>(std::move(*runner), &all_submitted),
+                                 nullptr, options);
     CHECK(engine.ok()) << engine.status();
 
     absl::Mutex mu;
@@ -78,6 +100,7 @@ class EngineCpuTest : public ::testing::Test {
       };
       CHECK((*engine)->Submit(std::move(r)).ok());
     }
+    all_submitted.Notify();
     {
       absl::MutexLock lock(&mu);
       auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/base/logging.h"
@@ -140,9 +141,14 @@ std::vector<std::vector<int32_t>> RunGreedy(int num_blocks, const EngineOptions&
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             int max_tokens, int64_t* preemptions = nullptr) {
   Harness h(num_blocks, 4, options);
+  // The first forward pass waits until every request is queued: same batching on every run.
+  absl::Notification all_submitted;
+  h.runner->set_forward_hook(
+      [&] { all_submitted.WaitForNotificationWithTimeout(absl::Seconds(30)); });
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_TRUE(h.Submit(std::to_string(i), prompts[i], Greedy(max_tokens)).ok());
   }
+  all_submitted.Notify();
   EXPECT_TRUE(h.collector.WaitFinished(prompts.size()));
   h.engine->Shutdown(absl::Seconds(5));
   EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
@@ -239,11 +245,15 @@ TEST(EngineTest, SeededSamplingIndependentOfBatchAndPreemption) {
     alone = h.collector.results()["x"].tokens;
   }
   Harness h(12);
+  absl::Notification all_submitted;
+  h.runner->set_forward_hook(
+      [&] { all_submitted.WaitForNotificationWithTimeout(absl::Seconds(30)); });
   SamplingParams other = p;
   other.seed.reset();
   for (int i = 0; i < 5; ++i)
     ASSERT_TRUE(h.Submit(absl::StrCat("o", i), RandomPrompt(rng, 9), other).ok());
   ASSERT_TRUE(h.Submit("x", prompt, p).ok());
+  all_submitted.Notify();
   ASSERT_TRUE(h.collector.WaitFinished(6));
   h.engine->Shutdown(absl::Seconds(5));
   EXPECT_EQ(h.collector.results()["x"].tokens, alone);
@@ -275,8 +285,16 @@ TEST(EngineTest, RejectsBadRequestsWithoutCallback) {
   stops.stop = {"x"};
   EXPECT_THAT(std::string(code("s", {1}, stops).message()), HasSubstr("tokenizer"));
   EXPECT_EQ(code("", {1}, Greedy(1)).code(), absl::StatusCode::kInvalidArgument);
+  // Hold the engine inside the first forward pass so that "dup" is certainly still live.
+  absl::Notification in_forward, release;
+  h.runner->set_forward_hook([&] {
+    if (!in_forward.HasBeenNotified()) in_forward.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  });
   ASSERT_TRUE(code("dup", {1}, Greedy(20)).ok());
+  ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(code("dup", {1}, Greedy(20)).code(), absl::StatusCode::kAlreadyExists);
+  release.Notify();
   ASSERT_TRUE(h.collector.WaitFinished(1));
   h.engine->Shutdown(absl::Seconds(5));
   EXPECT_EQ(code("late", {1}, Greedy(1)).code(), absl::StatusCode::kUnavailable);
@@ -385,15 +403,31 @@ TEST(EngineTest, NanLogitsFailTheRequestNotTheEngine) {
 
 TEST(EngineTest, ShutdownAbortsOutstandingRequests) {
   Harness h(512);
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(h.Submit(std::to_string(i), {1, 2, 3}, Greedy(400)).ok());
+  // Hold the engine in its first forward pass until Shutdown has begun, so that no request can
+  // finish on its own first.
+  absl::Notification in_forward, release;
+  h.runner->set_forward_hook([&] {
+    if (!in_forward.HasBeenNotified()) in_forward.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(30));
+  });
+  int submitted = 0;
+  for (; submitted < 4; ++submitted) {
+    ASSERT_TRUE(h.Submit(std::to_string(submitted), {1, 2, 3}, Greedy(400)).ok());
   }
-  h.engine->Shutdown(absl::ZeroDuration());
-  EXPECT_EQ(h.collector.finished(), 4);
+  ASSERT_TRUE(in_forward.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  std::thread stopper([&] { h.engine->Shutdown(absl::ZeroDuration()); });
+  // Submit succeeds until Shutdown has flagged the engine; those requests are aborted too.
+  for (absl::Status s; (s = h.Submit(absl::StrCat("late", submitted), {1}, Greedy(4))).ok();) {
+    ++submitted;
+  }
+  release.Notify();
+  stopper.join();
+  EXPECT_EQ(h.collector.finished(), submitted);
   for (const auto& [id, r] : h.collector.results()) {
     EXPECT_EQ(r.finish, FinishReason::kAbort) << id;
   }
   EXPECT_EQ(h.engine->stats().blocks_used, 0);
+  EXPECT_EQ(h.Submit("after", {1}, Greedy(1)).code(), absl::StatusCode::kUnavailable);
   h.engine->Shutdown(absl::ZeroDuration());  // idempotent
 }
 

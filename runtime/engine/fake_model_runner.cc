@@ -80,6 +80,7 @@ absl::Status FakeModelRunner::Violation(std::string message) {
 }
 
 absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* out) {
+  if (forward_hook_) forward_hook_();
   ++forward_calls_;
   max_batch_chunks_ = std::max<int>(max_batch_chunks_, batch.chunks.size());
   out->logits.clear();

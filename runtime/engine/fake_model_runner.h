@@ -13,6 +13,7 @@
 // Thread-safety: like every runner, engine thread only; read counters after the engine stopped.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ class FakeModelRunner : public ModelRunner {
 
   // Makes the next `count` Forward calls fail with `status` after validating the batch.
   void FailNextForwards(int count, absl::Status status);
+  // Runs `hook` at the start of every Forward (on the engine thread), e.g. to hold the engine
+  // in a step while a test acts.
+  void set_forward_hook(std::function<void()> hook) { forward_hook_ = std::move(hook); }
   // Makes the logits of the next `count` Forward calls NaN.
   void NanLogitsNextForwards(int count) { nan_count_ = count; }
 
@@ -62,6 +66,7 @@ class FakeModelRunner : public ModelRunner {
   std::vector<Slot> slots_;  // [num_blocks * block_size]
   int fail_count_ = 0;
   int nan_count_ = 0;
+  std::function<void()> forward_hook_;
   absl::Status fail_status_;
   std::vector<std::string> violations_;
   int64_t forward_calls_ = 0;
