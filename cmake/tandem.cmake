@@ -37,10 +37,13 @@ function(tandem_test name)
   add_executable(${name} ${T_SRCS})
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TANDEM_WARNINGS}>)
   target_link_libraries(${name} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  # Tests run with the source root as working directory; these name both trees explicitly.
+  target_compile_definitions(${name} PRIVATE TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             TANDEM_BUILD_DIR="${PROJECT_BINARY_DIR}")
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
                SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
-               ENVIRONMENT "TANDEM_BUILD_DIR=${PROJECT_BINARY_DIR};TANDEM_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+               ENVIRONMENT "TANDEM_BUILD_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
