@@ -1,0 +1,130 @@
+#pragma once
+// The KV transfer boundary: moves bytes described by descriptors between two agents (processes),
+// and knows nothing of requests or models. One interface, backends created by name
+// (CreateTransferBackend): "loopback" (in-process reference), "ucx" (UCX one-sided puts over
+// tcp / shared memory / RDMA), and a fault-injecting wrapper for tests.
+//
+// Life of a transfer (STYLE.md 2: prepare -> post -> poll -> release):
+//   target:    region = RegisterMemory(kv_base, kv_bytes); blob = ExportRegion(region);
+//              send {LocalAddress(), blob} to the initiator out of band (gRPC).
+//   initiator: Connect(peer, address); h = PostWrite({local region, peer, blob, ops, notify});
+//              while (Poll(h) == kInProgress) {...}   // never blocks
+//              Release(h);
+//   target:    Progress() regularly (UCX's tcp/shm transports need target-side progress);
+//              GetNotifications() yields the initiator's notify message once its writes landed.
+// kDone means every byte of the transfer is visible in the target's memory (remote completion),
+// so the initiator may acknowledge to the target over another channel.
+//
+// Threading: a backend is NOT thread-safe; one thread owns it (a worker's transfer thread) and
+// makes every call. Calls never block on the network beyond a bounded, short time (Connect may
+// take up to its deadline). Failure leaves the backend usable: a failed PostWrite posts nothing;
+// a transfer that fails mid-way reports kFailed from Poll (target memory of that transfer is then
+// unspecified) and must still be Released.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::kvtransfer {
+
+enum class MemoryKind { kHost, kCuda };
+
+struct Capabilities {
+  bool host_memory = true;
+  bool cuda_memory = false;
+  bool notifications = false;
+  bool read = false;           // PostRead
+  bool cross_process = false;  // peers may live in other processes / hosts
+};
+
+// A registered local region. `id` is backend-local.
+struct MemoryRegion {
+  uint64_t id = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  void* base = nullptr;
+  size_t length = 0;
+};
+
+// One contiguous copy, offsets relative to the local and remote region bases.
+struct CopyOp {
+  size_t local_offset = 0;
+  size_t remote_offset = 0;
+  size_t length = 0;
+};
+
+struct TransferRequest {
+  uint64_t local_region = 0;  // a MemoryRegion id of this backend
+  std::string peer;           // a Connect()ed peer name
+  std::string remote_region;  // the blob the peer's ExportRegion produced
+  std::vector<CopyOp> ops;    // may be many (one per KV block and layer)
+  std::string notification;   // delivered to the peer after all ops land; "" = none
+};
+
+enum class TransferState { kInProgress, kDone, kFailed };
+
+using TransferHandle = uint64_t;
+
+struct Notification {
+  std::string peer;  // the initiator's agent name
+  std::string message;
+};
+
+struct BackendOptions {
+  std::string agent_name;  // this process's agent name, unique among peers
+  // UCX: transports (UCX_TLS syntax, e.g. "tcp,sm,self"); "" = UCX's default.
+  std::string ucx_transports;
+  absl::Duration connect_timeout = absl::Seconds(5);
+};
+
+class TransferBackend {
+ public:
+  virtual ~TransferBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  virtual const std::string& agent_name() const = 0;
+
+  // This agent's connection blob, for peers' Connect.
+  virtual absl::StatusOr<std::string> LocalAddress() = 0;
+
+  // Registers [base, base+length) for transfers. The memory must outlive the registration.
+  virtual absl::StatusOr<MemoryRegion> RegisterMemory(void* base, size_t length,
+                                                      MemoryKind kind) = 0;
+  // A blob that lets a connected peer address this region remotely.
+  virtual absl::StatusOr<std::string> ExportRegion(uint64_t region_id) = 0;
+  // Fails with FailedPrecondition while transfers using the region are in flight.
+  virtual absl::Status DeregisterMemory(uint64_t region_id) = 0;
+
+  // Connects to a peer by its LocalAddress blob. Idempotent for the same name and address.
+  virtual absl::Status Connect(const std::string& peer, const std::string& address) = 0;
+  virtual absl::Status Disconnect(const std::string& peer) = 0;
+
+  // Posts the writes of `request`; returns at once. InvalidArgument for ops outside either
+  // region, NotFound for an unknown region or peer.
+  virtual absl::StatusOr<TransferHandle> PostWrite(const TransferRequest& request) = 0;
+  virtual absl::StatusOr<TransferHandle> PostRead(const TransferRequest& request) {
+    return absl::UnimplementedError(std::string(name()) + ": PostRead is not supported");
+  }
+  // Progresses the backend and reports the transfer's state. NotFound for an unknown handle.
+  virtual absl::StatusOr<TransferState> Poll(TransferHandle handle) = 0;
+  // Frees the handle; a transfer still in progress is cancelled (best effort) first.
+  virtual absl::Status Release(TransferHandle handle) = 0;
+
+  // Drives the backend's progress engine (target side too). Cheap when idle.
+  virtual void Progress() = 0;
+  // Notifications that arrived since the last call (calls Progress).
+  virtual std::vector<Notification> GetNotifications() = 0;
+};
+
+// The one factory: "loopback" or "ucx" (InvalidArgument for others, naming the choices).
+absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
+    std::string_view name, const BackendOptions& options);
+
+}  // namespace tandem::kvtransfer
