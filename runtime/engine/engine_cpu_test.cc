@@ -29,6 +29,7 @@ class GatedRunner : public ModelRunner {
   const ModelConfig& config() const override { return inner_->config(); }
   int block_size() const override { return inner_->block_size(); }
   int num_blocks() const override { return inner_->num_blocks(); }
+  KvCacheLayout kv_layout() const override { return inner_->kv_layout(); }
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     gate_->WaitForNotificationWithTimeout(absl::Seconds(30));
     return inner_->Forward(batch, out);

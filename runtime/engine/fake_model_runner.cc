@@ -38,11 +38,28 @@ FakeModelRunner::FakeModelRunner(int vocab_size, int num_blocks, int block_size,
                                  int max_position_embeddings, std::vector<int> eos_token_ids)
     : num_blocks_(num_blocks),
       block_size_(block_size),
-      slots_(static_cast<size_t>(num_blocks) * block_size) {
+      slots_(2 * static_cast<size_t>(num_blocks) * block_size) {
   config_.vocab_size = vocab_size;
   config_.max_position_embeddings = max_position_embeddings;
   config_.eos_token_ids = std::move(eos_token_ids);
   config_.num_layers = 1;
+}
+
+KvCacheLayout FakeModelRunner::kv_layout() const {
+  KvCacheLayout l;
+  l.base = const_cast<Slot*>(slots_.data());
+  l.bytes = slots_.size() * sizeof(Slot);
+  l.num_layers = 1;
+  l.num_blocks = num_blocks_;
+  l.block_size = block_size_;
+  l.num_kv_heads = 1;
+  l.head_dim = sizeof(Slot);
+  l.elem_bytes = 1;
+  l.block_bytes = static_cast<size_t>(block_size_) * sizeof(Slot);
+  l.block_stride = l.block_bytes;
+  l.kv_stride = l.block_stride * static_cast<size_t>(num_blocks_);
+  l.layer_stride = 2 * l.kv_stride;
+  return l;
 }
 
 std::vector<float> FakeModelRunner::ReferenceLogits(std::span<const int32_t> tokens,
@@ -102,9 +119,8 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
     return fail_status_;
   }
   for (const SequenceChunk& chunk : batch.chunks) {
-    auto slot = [&](int pos) -> Slot& {
-      return slots_[static_cast<size_t>(chunk.block_table[pos / block_size_]) * block_size_ +
-                    pos % block_size_];
+    auto slot = [&](int pos, int kv = 0) -> Slot& {
+      return At(kv, chunk.block_table[pos / block_size_], pos);
     };
     uint64_t h = kRoot;
     if (chunk.start_pos > 0) {
@@ -117,7 +133,8 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
     for (size_t i = 0; i < chunk.tokens.size(); ++i) {
       const int pos = chunk.start_pos + static_cast<int>(i);
       const uint64_t next = Next(h, chunk.tokens[i], pos);
-      slot(pos) = {true, pos, next, h};
+      slot(pos, 0) = {1, pos, next, h};
+      slot(pos, 1) = slot(pos, 0);
       h = next;
       ++tokens_computed_;
     }
@@ -126,7 +143,9 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
     uint64_t parent = kRoot;
     for (int pos = 0; pos < end; ++pos) {
       const Slot& s = slot(pos);
-      if (!s.written || s.pos != pos || s.parent != parent) {
+      const Slot& v = slot(pos, 1);
+      if (!s.written || s.pos != pos || s.parent != parent || v.written != s.written ||
+          v.pos != s.pos || v.hash != s.hash || v.parent != s.parent) {
         return Violation(absl::StrCat("KV of position ", pos, " (block ",
                                       chunk.block_table[pos / block_size_],
                                       ") is not this sequence's history"));

@@ -10,6 +10,12 @@
 // Logits are a pseudo-random function of the last position's hash, so ReferenceLogits(tokens)
 // (computed with no cache at all) is an independent reference for what the engine must produce.
 //
+// kv_layout() exposes the records as a real KV cache (1 layer, 1 KV head, head_dim =
+// sizeof(Slot) one-byte elements); each record is written to both K and V, and the check also
+// requires V to equal K. So KV copied between two fake runners with the layout formula (a
+// simulated transfer) passes the check exactly when every block of both K and V was copied to
+// the right place.
+//
 // Thread-safety: like every runner, engine thread only; read counters after the engine stopped.
 
 #include <cstdint>
@@ -30,6 +36,7 @@ class FakeModelRunner : public ModelRunner {
   const ModelConfig& config() const override { return config_; }
   int block_size() const override { return block_size_; }
   int num_blocks() const override { return num_blocks_; }
+  KvCacheLayout kv_layout() const override;
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
 
   // The logits the model yields after `tokens`, without any cache.
@@ -52,18 +59,25 @@ class FakeModelRunner : public ModelRunner {
   int max_batch_chunks() const { return max_batch_chunks_; }
 
  private:
+  // Plain bytes (no padding), so that it can be copied as KV.
   struct Slot {
-    bool written = false;
-    int pos = -1;
+    int32_t written = 0;
+    int32_t pos = -1;
     uint64_t hash = 0;
     uint64_t parent = 0;
   };
+  static_assert(sizeof(Slot) == 24);
   absl::Status Violation(std::string message);
+  // Slot of position `pos` in `block`, K (kv = 0) or V (kv = 1).
+  Slot& At(int kv, int32_t block, int pos) {
+    return slots_[(static_cast<size_t>(kv) * num_blocks_ + block) * block_size_ +
+                  pos % block_size_];
+  }
 
   ModelConfig config_;
   int num_blocks_;
   int block_size_;
-  std::vector<Slot> slots_;  // [num_blocks * block_size]
+  std::vector<Slot> slots_;  // [2 (K, V), num_blocks, block_size]
   int fail_count_ = 0;
   int nan_count_ = 0;
   std::function<void()> forward_hook_;

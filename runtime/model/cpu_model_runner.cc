@@ -117,12 +117,7 @@ class CpuModelRunner final : public ModelRunner {
           std::vector<float>().swap(*v);
         }
       }
-      k_cache_.resize(config_.num_layers);
-      v_cache_.resize(config_.num_layers);
-      for (int l = 0; l < config_.num_layers; ++l) {
-        k_cache_[l].assign(per_layer, 0.0f);
-        v_cache_[l].assign(per_layer, 0.0f);
-      }
+      kv_cache_.assign(2 * per_layer * static_cast<size_t>(config_.num_layers), 0.0f);
     } catch (const std::bad_alloc&) {
       return false;
     }
@@ -142,6 +137,22 @@ class CpuModelRunner final : public ModelRunner {
   const ModelConfig& config() const override { return config_; }
   int block_size() const override { return block_size_; }
   int num_blocks() const override { return num_blocks_; }
+  KvCacheLayout kv_layout() const override {
+    KvCacheLayout l;
+    l.base = const_cast<float*>(kv_cache_.data());
+    l.bytes = kv_cache_.size() * sizeof(float);
+    l.num_layers = config_.num_layers;
+    l.num_blocks = num_blocks_;
+    l.block_size = block_size_;
+    l.num_kv_heads = config_.num_kv_heads;
+    l.head_dim = config_.head_dim;
+    l.elem_bytes = sizeof(float);
+    l.block_bytes = kv_shape_.BlockStride() * sizeof(float);
+    l.block_stride = l.block_bytes;
+    l.kv_stride = l.block_stride * static_cast<size_t>(num_blocks_);
+    l.layer_stride = 2 * l.kv_stride;
+    return l;
+  }
 
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     RETURN_IF_ERROR(Validate(batch));
@@ -202,16 +213,15 @@ class CpuModelRunner final : public ModelRunner {
         const int n = static_cast<int>(ch.tokens.size());
         cpu::PagedKvAppend(k + static_cast<size_t>(row) * qkv_width, qkv_width,
                            v + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
-                           ch.block_table.data(), kv_shape_, k_cache_[li].data(),
-                           v_cache_[li].data());
+                           ch.block_table.data(), kv_shape_, KCache(li), VCache(li));
         row += n;
       }
       row = 0;
       for (const SequenceChunk& ch : batch.chunks) {
         const int n = static_cast<int>(ch.tokens.size());
         cpu::PagedAttention(q + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
-                            c.num_heads, ch.block_table.data(), kv_shape_, k_cache_[li].data(),
-                            v_cache_[li].data(), scale, scores_.data(),
+                            c.num_heads, ch.block_table.data(), kv_shape_, KCache(li), VCache(li),
+                            scale, scores_.data(),
                             attn_.data() + static_cast<size_t>(row) * q_width);
         row += n;
       }
@@ -318,6 +328,12 @@ class CpuModelRunner final : public ModelRunner {
     }
   }
 
+  float* KCache(int layer) { return kv_cache_.data() + LayerFloats() * layer; }
+  float* VCache(int layer) { return KCache(layer) + LayerFloats() / 2; }
+  size_t LayerFloats() const {
+    return 2 * static_cast<size_t>(num_blocks_) * kv_shape_.BlockStride();
+  }
+
   const ModelConfig config_;
   // Norms, o_proj, down_proj, embeddings and LM head; the q/k/v and gate/up matrices are moved
   // into fused_ by Init().
@@ -331,9 +347,10 @@ class CpuModelRunner final : public ModelRunner {
   const int block_size_;
   const int num_blocks_;
   const cpu::PagedKvShape kv_shape_;
-  std::vector<float> inv_freq_;              // [head_dim / 2]
-  std::vector<std::vector<float>> k_cache_;  // per layer [num_blocks, block, kv_heads, head_dim]
-  std::vector<std::vector<float>> v_cache_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  // The whole KV cache in one allocation: [num_layers, 2 (K, V), num_blocks, block_size,
+  // num_kv_heads, head_dim] floats (see kv_layout()).
+  std::vector<float> kv_cache_;
 
   // Scratch, sized for capacity_tokens_ rows / rope_positions_ positions.
   int capacity_tokens_ = 0;

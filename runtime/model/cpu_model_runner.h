@@ -4,9 +4,10 @@
 // reference of the whole system (checked against PyTorch in tests/reference/torch/).
 //
 // Ownership: the runner owns the weights (moved in), the KV cache and its scratch buffers. The KV
-// cache is allocated once at creation: per layer, K and V of [num_blocks, block_size,
-// num_kv_heads, head_dim] floats. Scratch grows to the largest batch seen and is then reused, so
-// steady-state Forward calls allocate nothing but the output logits.
+// cache is ONE allocation made at creation, [num_layers, 2 (K, V), num_blocks, block_size,
+// num_kv_heads, head_dim] float32 (elem_bytes 4; kv_layout() gives the strides), zero-filled.
+// Scratch grows to the largest batch seen and is then reused, so steady-state Forward calls
+// allocate nothing but the output logits.
 //
 // Forward validates the whole batch before touching the cache: token ids outside the vocabulary,
 // empty chunks, negative start positions, positions past max_position_embeddings, block tables

@@ -1,6 +1,8 @@
 #include "runtime/model/cpu_model_runner.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -321,6 +323,62 @@ TEST(CpuModelRunnerTest, InvalidBatchesAreRejectedAndLeaveCacheIntact) {
   decode.chunks.push_back({std::span(tokens).subspan(5), 5, table, true});
   ASSERT_TRUE(runner->Forward(decode, &out).ok());
   ExpectRowNear(out.logits.data(), want[5], 1e-4);
+}
+
+// kv_layout() addresses exactly where Forward writes: after a prefill into blocks {5, 2} only those
+// blocks are non-zero, and copying them (every layer, K and V) with the layout formula into other
+// blocks of a second runner lets it continue the sequence as if it had computed the prompt.
+TEST(CpuModelRunnerTest, KvLayoutIsOneContiguousCacheAndBlocksCopyBetweenRunners) {
+  const ModelConfig c = TinyConfig(false);
+  auto a = MakeRunner(c, 13, /*block_size=*/4, /*num_blocks=*/8);
+  auto b = MakeRunner(c, 13, /*block_size=*/4, /*num_blocks=*/8);
+  const ModelWeights w = RandomWeights(c, 13);
+  const KvCacheLayout la = a->kv_layout(), lb = b->kv_layout();
+  ASSERT_NE(la.base, nullptr);
+  EXPECT_NE(la.base, lb.base);
+  EXPECT_EQ(la.num_layers, c.num_layers);
+  EXPECT_EQ(la.num_blocks, 8);
+  EXPECT_EQ(la.block_size, 4);
+  EXPECT_EQ(la.num_kv_heads, c.num_kv_heads);
+  EXPECT_EQ(la.head_dim, c.head_dim);
+  EXPECT_EQ(la.elem_bytes, 4);
+  EXPECT_EQ(la.block_bytes, size_t{4} * 4 * c.num_kv_heads * c.head_dim);
+  EXPECT_EQ(la.block_stride, la.block_bytes);
+  EXPECT_EQ(la.kv_stride, 8 * la.block_stride);
+  EXPECT_EQ(la.layer_stride, 2 * la.kv_stride);
+  EXPECT_EQ(la.bytes, c.num_layers * la.layer_stride);
+
+  const std::vector<int32_t> tokens = Tokens(8, 21, c.vocab_size);
+  const auto want = NaiveForward(c, w, tokens);
+  const std::vector<int32_t> src_table = {5, 2}, dst_table = {0, 3};
+  ForwardBatch prefill;
+  prefill.chunks.push_back({std::span(tokens).first(7), 0, src_table, true});
+  ForwardOutput out;
+  ASSERT_TRUE(a->Forward(prefill, &out).ok());
+  auto nonzero = [&](const KvCacheLayout& l, int layer, int kv, int block) {
+    const char* p = l.BlockPtr(layer, kv, block);
+    return std::any_of(p, p + l.block_bytes, [](char ch) { return ch != 0; });
+  };
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int block = 0; block < 8; ++block) {
+        EXPECT_EQ(nonzero(la, layer, kv, block), block == 5 || block == 2)
+            << "layer " << layer << " kv " << kv << " block " << block;
+      }
+    }
+  }
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < src_table.size(); ++i) {
+        std::memcpy(lb.BlockPtr(layer, kv, dst_table[i]), la.BlockPtr(layer, kv, src_table[i]),
+                    la.block_bytes);
+      }
+    }
+  }
+  ForwardBatch decode;
+  decode.chunks.push_back({std::span(tokens).subspan(7), 7, dst_table, true});
+  ASSERT_TRUE(b->Forward(decode, &out).ok());
+  ExpectRowNear(out.logits.data(), want[7], 1e-4);
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 // decode tokens of sequences of different lengths, against a paged KV cache the runner owns.
 //
 // KV layout (per layer, K and V separately): [num_blocks, block_size, num_kv_heads, head_dim].
-// Block ids come from the block pool (runtime/kvcache); the runner never allocates blocks.
+// Block ids come from the block pool (runtime/kvcache); the runner never allocates blocks. The
+// whole cache (every layer's K and V) is ONE contiguous allocation described by kv_layout(), so a
+// transfer backend can register it once and address any block by offset.
 //
 // Thread-safety: a runner belongs to the engine thread; none of its methods may be called
 // concurrently.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -38,12 +41,44 @@ struct ForwardOutput {
   int rows = 0;
 };
 
+// Where the runner's KV cache lives, with the same offsets as proto tandem.v1.KvLayout: block b of
+// layer l, K (kv = 0) or V (kv = 1), starts at
+//   base + l * layer_stride + kv * kv_stride + b * block_stride
+// and is block_bytes long ([block_size, num_kv_heads, head_dim] elements of elem_bytes each).
+// [base, base + bytes) covers every block of every layer. Fixed for the runner's lifetime.
+struct KvCacheLayout {
+  void* base = nullptr;
+  size_t bytes = 0;
+  int num_layers = 0;
+  int num_blocks = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int elem_bytes = 0;
+  size_t block_bytes = 0;
+  size_t layer_stride = 0;
+  size_t kv_stride = 0;
+  size_t block_stride = 0;
+
+  size_t Offset(int layer, int kv, int block) const {
+    return static_cast<size_t>(layer) * layer_stride + static_cast<size_t>(kv) * kv_stride +
+           static_cast<size_t>(block) * block_stride;
+  }
+  char* BlockPtr(int layer, int kv, int block) const {
+    return static_cast<char*>(base) + Offset(layer, kv, block);
+  }
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   virtual const ModelConfig& config() const = 0;
   virtual int block_size() const = 0;  // tokens per KV block
   virtual int num_blocks() const = 0;  // KV blocks the runner allocated
+  // The KV cache memory, for KV transfer. Callable from any thread (the layout is immutable);
+  // the bytes themselves belong to the engine thread except for blocks the engine has handed out
+  // for transfer (held after prefill, or reserved for a remote prefill).
+  virtual KvCacheLayout kv_layout() const = 0;
   // Runs the batch. Writes the chunks' K/V into their blocks and fills `out`. On error the KV of
   // the chunks' new positions is unspecified (the caller recomputes or drops those sequences).
   virtual absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) = 0;

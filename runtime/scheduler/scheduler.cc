@@ -25,14 +25,84 @@ void Scheduler::Add(int64_t id, std::vector<int32_t> prompt) {
 bool Scheduler::Abort(int64_t id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
-  if (it->second.running) {
-    running_.erase(std::find(running_.begin(), running_.end(), id));
-  } else {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  switch (it->second.state) {
+    case SequenceState::kWaiting:
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+      break;
+    case SequenceState::kRunning:
+      running_.erase(std::find(running_.begin(), running_.end(), id));
+      break;
+    case SequenceState::kAwaitingKv:
+      --num_awaiting_;
+      break;
+    case SequenceState::kReady:
+      ready_.erase(std::find(ready_.begin(), ready_.end(), id));
+      break;
+    case SequenceState::kHeld:
+      --num_held_;
+      break;
   }
   kv_.Free(id);
   seqs_.erase(it);
   return true;
+}
+
+bool Scheduler::CanAddAwaitingKv(int64_t id, std::span<const int32_t> prompt) const {
+  if (prompt.empty() || seqs_.contains(id)) return false;
+  const PrefixMatch match = kv_.FindCachedPrefix(prompt);
+  return kv_.CanAllocate(id, &match, static_cast<int>(prompt.size()) + 1);
+}
+
+KvReservation Scheduler::AddAwaitingKv(int64_t id, std::vector<int32_t> prompt) {
+  CHECK(!prompt.empty());
+  CHECK(!seqs_.contains(id)) << "duplicate sequence id " << id;
+  const int len = static_cast<int>(prompt.size());
+  const PrefixMatch match = kv_.FindCachedPrefix(prompt);
+  CHECK(kv_.CanAllocate(id, &match, len + 1)) << "AddAwaitingKv without CanAddAwaitingKv";
+  kv_.Allocate(id, &match, len + 1, len);
+  Sequence seq;
+  seq.id = id;
+  seq.num_prompt_tokens = len;
+  seq.tokens = std::move(prompt);
+  seq.num_computed = match.num_tokens(config_.block_size);
+  seq.num_cached_prompt_tokens = seq.num_computed;
+  seq.state = SequenceState::kAwaitingKv;
+  KvReservation reservation;
+  const std::span<const int32_t> table = kv_.BlockTable(id);
+  const size_t prompt_blocks = (len + config_.block_size - 1) / config_.block_size;
+  reservation.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
+  reservation.num_cached_tokens = seq.num_computed;
+  seqs_.emplace(id, std::move(seq));
+  ++num_awaiting_;
+  return reservation;
+}
+
+void Scheduler::CompleteKv(int64_t id, int32_t first_token) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.state == SequenceState::kAwaitingKv) << "CompleteKv of sequence " << id;
+  CHECK_EQ(static_cast<int>(seq.tokens.size()), seq.num_prompt_tokens);
+  seq.num_computed = seq.num_prompt_tokens;
+  kv_.CommitComputed(id, seq.tokens, seq.num_computed);
+  seq.tokens.push_back(first_token);
+  seq.state = SequenceState::kReady;
+  --num_awaiting_;
+  ready_.push_back(id);
+}
+
+void Scheduler::FailKv(int64_t id) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.state == SequenceState::kAwaitingKv) << "FailKv of sequence " << id;
+  seq.state = SequenceState::kReady;
+  --num_awaiting_;
+  ready_.push_back(id);
+}
+
+void Scheduler::Hold(int64_t id) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running()) << "Hold of a sequence that is not running: " << id;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  seq.state = SequenceState::kHeld;
+  ++num_held_;
 }
 
 Sequence& Scheduler::Mutable(int64_t id) {
@@ -48,9 +118,9 @@ const Sequence* Scheduler::Get(int64_t id) const {
 
 void Scheduler::Preempt(int64_t id) {
   Sequence& seq = Mutable(id);
-  CHECK(seq.running);
+  CHECK(seq.running());
   kv_.Free(id);
-  seq.running = false;
+  seq.state = SequenceState::kWaiting;
   seq.num_computed = 0;
   ++seq.num_preemptions;
   ++num_preemptions_;
@@ -99,7 +169,24 @@ SchedulerStep Scheduler::Schedule() {
     }
   }
 
-  // Waiting sequences, FCFS, unless this step had to preempt.
+  // Ready sequences (they own their blocks), then waiting ones, FCFS, unless this step had to
+  // preempt.
+  while (step.preempted.empty() && !ready_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    const int64_t id = ready_.front();
+    Sequence& seq = Mutable(id);
+    const int n = std::min(static_cast<int>(seq.tokens.size()) - seq.num_computed, budget);
+    CHECK_GT(n, 0);
+    // The reservation covers prompt + 1 token: a ready sequence never needs a new block here.
+    CHECK(kv_.CanAllocate(id, nullptr, seq.num_computed + n));
+    kv_.Allocate(id, nullptr, seq.num_computed + n);
+    seq.state = SequenceState::kRunning;
+    ready_.pop_front();
+    running_.push_back(id);
+    step.chunks.push_back(
+        {id, seq.num_computed, n, seq.num_computed + n == static_cast<int>(seq.tokens.size())});
+    budget -= n;
+  }
   while (step.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     const int64_t id = waiting_.front();
@@ -113,7 +200,7 @@ SchedulerStep Scheduler::Schedule() {
       seq.num_cached_prompt_tokens = std::min(cached, seq.num_prompt_tokens);
     }
     seq.num_computed = cached;
-    seq.running = true;
+    seq.state = SequenceState::kRunning;
     waiting_.pop_front();
     running_.push_back(id);
     step.chunks.push_back({id, cached, n, cached + n == static_cast<int>(seq.tokens.size())});
@@ -126,7 +213,7 @@ SchedulerStep Scheduler::Schedule() {
 void Scheduler::OnStepComputed(const SchedulerStep& step) {
   for (const ScheduledChunk& chunk : step.chunks) {
     Sequence& seq = Mutable(chunk.seq_id);
-    CHECK(seq.running);
+    CHECK(seq.running());
     CHECK_EQ(seq.num_computed, chunk.start_pos) << "plan applied twice for " << chunk.seq_id;
     seq.num_computed += chunk.num_tokens;
     CHECK_LE(seq.num_computed, static_cast<int>(seq.tokens.size()));
@@ -136,7 +223,7 @@ void Scheduler::OnStepComputed(const SchedulerStep& step) {
 
 void Scheduler::AppendToken(int64_t id, int32_t token) {
   Sequence& seq = Mutable(id);
-  CHECK(seq.running);
+  CHECK(seq.running());
   CHECK_EQ(seq.num_computed, static_cast<int>(seq.tokens.size()))
       << "token appended before its context was computed";
   seq.tokens.push_back(token);
@@ -146,23 +233,50 @@ void Scheduler::Finish(int64_t id) { CHECK(Abort(id)) << "Finish of unknown sequ
 
 void Scheduler::CheckInvariants() const {
   kv_.CheckInvariants();
-  CHECK_EQ(seqs_.size(), running_.size() + waiting_.size());
+  CHECK_EQ(seqs_.size(),
+           running_.size() + waiting_.size() + ready_.size() + num_awaiting_ + num_held_);
   CHECK_LE(static_cast<int>(running_.size()), config_.max_num_seqs);
-  CHECK_EQ(kv_.NumSequences(), static_cast<int>(running_.size()));
-  for (int64_t id : running_) {
-    const Sequence* seq = Get(id);
-    CHECK(seq != nullptr && seq->running);
-    CHECK(kv_.HasTable(id));
-    const int covered = static_cast<int>(kv_.BlockTable(id).size()) * config_.block_size;
-    CHECK_GE(covered, seq->num_computed);
-    CHECK_LT(seq->num_computed, static_cast<int>(seq->tokens.size()) + 1);
+  CHECK_EQ(kv_.NumSequences(),
+           static_cast<int>(running_.size() + ready_.size()) + num_awaiting_ + num_held_);
+  int awaiting = 0, held = 0;
+  for (const auto& [id, seq] : seqs_) {
+    CHECK_EQ(seq.id, id);
+    CHECK_LE(seq.num_computed, static_cast<int>(seq.tokens.size()));
+    const int covered =
+        kv_.HasTable(id) ? static_cast<int>(kv_.BlockTable(id).size()) * config_.block_size : 0;
+    switch (seq.state) {
+      case SequenceState::kWaiting:
+        CHECK(std::find(waiting_.begin(), waiting_.end(), id) != waiting_.end());
+        CHECK(!kv_.HasTable(id));
+        CHECK_EQ(seq.num_computed, 0);
+        break;
+      case SequenceState::kRunning:
+        CHECK(std::find(running_.begin(), running_.end(), id) != running_.end());
+        CHECK(kv_.HasTable(id));
+        CHECK_GE(covered, seq.num_computed);
+        CHECK_LT(seq.num_computed, static_cast<int>(seq.tokens.size()));
+        break;
+      case SequenceState::kAwaitingKv:
+        ++awaiting;
+        CHECK(kv_.HasTable(id));
+        CHECK_EQ(static_cast<int>(seq.tokens.size()), seq.num_prompt_tokens);
+        CHECK_GE(covered, seq.num_prompt_tokens + 1);
+        break;
+      case SequenceState::kReady:
+        CHECK(std::find(ready_.begin(), ready_.end(), id) != ready_.end());
+        CHECK(kv_.HasTable(id));
+        CHECK_GE(covered, static_cast<int>(seq.tokens.size()));
+        CHECK_LT(seq.num_computed, static_cast<int>(seq.tokens.size()));
+        break;
+      case SequenceState::kHeld:
+        ++held;
+        CHECK(kv_.HasTable(id));
+        CHECK_GE(covered, seq.num_computed);
+        break;
+    }
   }
-  for (int64_t id : waiting_) {
-    const Sequence* seq = Get(id);
-    CHECK(seq != nullptr && !seq->running);
-    CHECK(!kv_.HasTable(id));
-    CHECK_EQ(seq->num_computed, 0);
-  }
+  CHECK_EQ(awaiting, num_awaiting_);
+  CHECK_EQ(held, num_held_);
 }
 
 }  // namespace tandem

@@ -17,6 +17,18 @@
 // Usage per step: Schedule() (allocates blocks), run the forward pass over the plan, then
 // OnStepComputed(plan), then AppendToken()/Finish() for each chunk with need_logits.
 //
+// Disaggregation (a sequence's KV computed elsewhere, or kept for someone else to read):
+// - Decode side: AddAwaitingKv reserves blocks for the whole prompt plus its first generated
+//   token (prefix-cache hits reused) and parks the sequence (kAwaitingKv): never scheduled, never
+//   preempted, its blocks pinned, nothing new published to the prefix cache. CompleteKv (the KV
+//   arrived: the full blocks enter the prefix cache, the first token is appended) or FailKv (it
+//   will not: prefill the uncached part locally) moves it to the ready queue (kReady). Ready
+//   sequences are admitted before the waiting queue and need no new block to be admitted, so
+//   pinned reservations can never deadlock admission.
+// - Prefill side: Hold takes a running sequence out of the batch but keeps its blocks referenced
+//   (kHeld) until Abort: they are never handed out, evicted or written meanwhile (prefix-cache
+//   hits may still read its full blocks).
+//
 // Thread-safety: none; owned by the engine thread. Misuse (unknown ids, a plan applied twice) is
 // a broken invariant and CHECK-fails.
 
@@ -38,6 +50,14 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
 };
 
+enum class SequenceState {
+  kWaiting,     // queued, no blocks
+  kRunning,     // in the batch, owns blocks covering its computed tokens
+  kAwaitingKv,  // owns blocks for prompt + 1 token; the prompt's KV is being written from outside
+  kReady,       // owns blocks for its tokens; queued for admission ahead of kWaiting
+  kHeld,        // out of the batch; its blocks stay referenced and unchanged until Abort
+};
+
 struct Sequence {
   int64_t id = 0;
   std::vector<int32_t> tokens;  // prompt followed by generated tokens
@@ -45,8 +65,15 @@ struct Sequence {
   int num_computed = 0;               // tokens whose KV is in the cache
   int num_cached_prompt_tokens = -1;  // prefix-cache hit at first admission; -1 before it
   int num_preemptions = 0;
-  bool running = false;
+  SequenceState state = SequenceState::kWaiting;
+  bool running() const { return state == SequenceState::kRunning; }
   int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+};
+
+// Blocks reserved by AddAwaitingKv.
+struct KvReservation {
+  std::vector<int32_t> block_ids;  // the prompt's blocks in position order (ceil(len / B) ids)
+  int num_cached_tokens = 0;       // leading prompt tokens already in the cache (whole blocks)
 };
 
 // One sequence's part of a step: tokens[start_pos, start_pos + num_tokens).
@@ -73,8 +100,24 @@ class Scheduler {
 
   // Queues a new sequence at the back of the waiting queue. `id` must be new; `prompt` non-empty.
   void Add(int64_t id, std::vector<int32_t> prompt);
-  // Removes a waiting or running sequence and frees its blocks. Returns false for unknown ids.
+  // Removes a sequence in any state and frees its blocks. Returns false for unknown ids.
   bool Abort(int64_t id);
+
+  // Decode side of a remote prefill. Whether AddAwaitingKv(id, prompt) would succeed now.
+  bool CanAddAwaitingKv(int64_t id, std::span<const int32_t> prompt) const;
+  // Adds sequence `id` in state kAwaitingKv with blocks for prompt + 1 token. `id` must be new,
+  // `prompt` non-empty; CHECK-fails unless CanAddAwaitingKv(id, prompt).
+  KvReservation AddAwaitingKv(int64_t id, std::vector<int32_t> prompt);
+  // The prompt's KV is in the reserved blocks: num_computed = prompt length, the full blocks enter
+  // the prefix cache, `first_token` is appended, and the sequence becomes kReady (its next chunk
+  // is the first token's decode). CHECK-fails unless `id` is kAwaitingKv.
+  void CompleteKv(int64_t id, int32_t first_token);
+  // The KV will not arrive: the sequence becomes kReady with num_computed = its cached prefix and
+  // prefills the rest locally in its reserved blocks. CHECK-fails unless `id` is kAwaitingKv.
+  void FailKv(int64_t id);
+
+  // Prefill side: a running sequence leaves the batch (kHeld), keeping its blocks until Abort.
+  void Hold(int64_t id);
 
   // Plans the next step and allocates its blocks. Empty when there is nothing to run.
   SchedulerStep Schedule();
@@ -88,15 +131,22 @@ class Scheduler {
   const Sequence* Get(int64_t id) const;
   // The sequence's block table; valid until the next non-const call.
   std::span<const int32_t> BlockTable(int64_t id) const { return kv_.BlockTable(id); }
-  int NumWaiting() const { return static_cast<int>(waiting_.size()); }
+  // Sequences not running yet: kWaiting, kReady and kAwaitingKv.
+  int NumWaiting() const {
+    return static_cast<int>(waiting_.size() + ready_.size()) + num_awaiting_;
+  }
   int NumRunning() const { return static_cast<int>(running_.size()); }
-  bool HasWork() const { return !waiting_.empty() || !running_.empty(); }
+  int NumAwaitingKv() const { return num_awaiting_; }
+  int NumHeld() const { return num_held_; }
+  // Whether Schedule() has something to plan (kAwaitingKv and kHeld sequences do not count).
+  bool HasWork() const { return !waiting_.empty() || !ready_.empty() || !running_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }
   // Running sequences, oldest first.
   const std::vector<int64_t>& running() const { return running_; }
 
   // CHECK-fails unless: running sequences own block tables covering their computed tokens,
-  // waiting ones own none, and the KV manager is consistent. For tests.
+  // waiting ones own none, awaiting / ready / held ones own tables covering their tokens, and
+  // the KV manager is consistent. For tests.
   void CheckInvariants() const;
 
  private:
@@ -107,7 +157,10 @@ class Scheduler {
   KvCacheManager kv_;
   absl::flat_hash_map<int64_t, Sequence> seqs_;
   std::deque<int64_t> waiting_;
+  std::deque<int64_t> ready_;     // kReady, admitted before waiting_
   std::vector<int64_t> running_;  // oldest admission first
+  int num_awaiting_ = 0;
+  int num_held_ = 0;
   int64_t num_preemptions_ = 0;
 };
 

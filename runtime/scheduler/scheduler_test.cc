@@ -99,7 +99,7 @@ TEST(SchedulerTest, PreemptsNewestByRecomputeWhenBlocksRunOut) {
   EXPECT_EQ(step.chunks[0].seq_id, 1);
   EXPECT_EQ(s.num_preemptions(), 1);
   const Sequence* seq2 = s.Get(2);
-  EXPECT_FALSE(seq2->running);
+  EXPECT_EQ(seq2->state, SequenceState::kWaiting);
   EXPECT_EQ(seq2->num_computed, 0);
   EXPECT_EQ(seq2->tokens, (std::vector<int32_t>{4, 5, 6, 10, 11}));  // prompt + generated kept
   // Seq 2's blocks went to the LRU list tail first; seq 1's new block evicted {6, 10}, so only
