@@ -1,0 +1,111 @@
+#include "runtime/router/routing_policy.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+WorkerSnapshot Decode(std::string address, int running, int waiting, int free_blocks,
+                      int block_size = 16) {
+  WorkerSnapshot w;
+  w.address = std::move(address);
+  w.healthy = true;
+  w.running = running;
+  w.queue_depth = waiting;
+  w.kv_blocks_free = free_blocks;
+  w.kv_blocks_total = 1000;
+  w.block_size = block_size;
+  return w;
+}
+
+TEST(RoutingPolicyTest, ParsesNames) {
+  EXPECT_EQ(*ParseRoutingPolicy("round-robin"), RoutingPolicy::kRoundRobin);
+  EXPECT_EQ(*ParseRoutingPolicy("least-loaded"), RoutingPolicy::kLeastLoaded);
+  EXPECT_EQ(ParseRoutingPolicy("random").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RoutingPolicyName(RoutingPolicy::kLeastLoaded), "least-loaded");
+}
+
+TEST(RoutingPolicyTest, RoundRobinCyclesOverHealthyWorkers) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 10), Decode("b:1", 0, 0, 10),
+                                   Decode("c:1", 0, 0, 10)};
+  w[1].healthy = false;
+  std::vector<int> picks;
+  for (uint64_t cursor = 0; cursor < 6; ++cursor) {
+    picks.push_back(PickDecodeWorker(RoutingPolicy::kRoundRobin, w, 5, cursor));
+  }
+  // Cursor 1 lands on the unhealthy b and moves on to c.
+  EXPECT_EQ(picks, (std::vector<int>{0, 2, 2, 0, 2, 2}));
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kRoundRobin, w, 3), 0);
+}
+
+TEST(RoutingPolicyTest, NoHealthyWorkerIsNoWorker) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 10)};
+  w[0].healthy = false;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 1, 0), kNoWorker);
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kRoundRobin, w, 1, 0), kNoWorker);
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kLeastLoaded, w, 0), kNoWorker);
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, {}, 1, 0), kNoWorker);
+}
+
+TEST(RoutingPolicyTest, LeastLoadedDecodePrefersKvHeadroomOverLoad) {
+  // A 100-token prompt needs 7 blocks of 16. "a" is idle but has only 6 free blocks.
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 6), Decode("b:1", 5, 2, 7)};
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 100, 0), 1);
+  // A 96-token prompt needs exactly 6 blocks: both fit, so the idle one wins.
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 96, 0), 0);
+}
+
+TEST(RoutingPolicyTest, LeastLoadedDecodeCountsRunningWaitingAndRouterStreams) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 3, 1, 50), Decode("b:1", 2, 1, 50),
+                                   Decode("c:1", 0, 0, 50)};
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 10, 0), 2);
+  // The router just sent 5 streams to c that its stats do not show yet.
+  w[2].router_inflight = 5;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 10, 0), 1);
+}
+
+TEST(RoutingPolicyTest, LeastLoadedDecodeBreaksTiesByFreeBlocksThenCursor) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 1, 0, 20), Decode("b:1", 1, 0, 30)};
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 10, 0), 1);
+  w[0].kv_blocks_free = 30;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 10, 0), 0);
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 10, 1), 1);
+}
+
+TEST(RoutingPolicyTest, LeastLoadedDecodeWithNoRoomStillPicksSomeone) {
+  // Nobody can hold the prompt now; the least loaded one queues it rather than failing.
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 4, 0, 1), Decode("b:1", 1, 0, 0)};
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, 1000, 0), 1);
+}
+
+TEST(RoutingPolicyTest, LeastLoadedPrefillPrefersFewestWaitingPromptTokens) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 1, 0), Decode("b:1", 0, 3, 0),
+                                   Decode("c:1", 0, 0, 0)};
+  w[0].prompt_tokens_waiting = 4000;
+  w[1].prompt_tokens_waiting = 300;
+  w[2].prompt_tokens_waiting = 300;
+  w[2].running = 1;
+  // b and c wait on the same tokens; c has the shorter queue (0 waiting + 1 running < 3).
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kLeastLoaded, w, 0), 2);
+  w[2].router_inflight = 4;
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kLeastLoaded, w, 0), 1);
+}
+
+TEST(RoutingPolicyTest, LocalPrefillThreshold) {
+  EXPECT_FALSE(PrefillLocallyForLength(3, 0));
+  EXPECT_TRUE(PrefillLocallyForLength(31, 32));
+  EXPECT_FALSE(PrefillLocallyForLength(32, 32));
+}
+
+TEST(RoutingPolicyTest, BlocksForTokens) {
+  EXPECT_EQ(BlocksForTokens(0, 16), 0);
+  EXPECT_EQ(BlocksForTokens(1, 16), 1);
+  EXPECT_EQ(BlocksForTokens(16, 16), 1);
+  EXPECT_EQ(BlocksForTokens(17, 16), 2);
+  EXPECT_EQ(BlocksForTokens(17, 0), 0);
+}
+
+}  // namespace
+}  // namespace tandem::router

@@ -1,0 +1,107 @@
+#pragma once
+// The router's live view of one worker pool (prefill or decode): for each member a gRPC channel,
+// a Worker.StreamStats consumer and grpc.health.v1 checks, turned into plain WorkerSnapshots for
+// the routing policies.
+//
+// A worker is healthy when its stats stream is connected, its latest stats are younger than
+// `stats_stale_after`, and its last health check did not say NOT_SERVING or time out. The stats
+// stream reconnects with exponential backoff. Health checks go through gRPC's generic stub
+// (Debian's grpc++ ships no generated grpc.health.v1 stub; the two tiny messages are encoded by
+// hand): first for the role's service ("tandem.v1.Decode" / "tandem.v1.Prefill"), falling back to
+// the server-wide "" status when the worker registered no per-service status. A worker without
+// the Health service (UNIMPLEMENTED) is judged by its stats stream alone.
+//
+// Membership comes from Discovery (SetMembers). A removed worker takes no new requests; requests
+// already on it keep its channel alive through their shared_ptr<WorkerChannel> and finish there
+// (draining); its stats consumer stops and its metrics are removed at once.
+//
+// Threading: all methods are thread-safe. One stats thread per member plus one health thread per
+// pool; Stop (and the destructor) cancel the streams and join every thread.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "runtime/metrics/metrics.h"
+#include "runtime/router/routing_policy.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace tandem::router {
+
+struct WorkerPoolOptions {
+  std::string role = "decode";  // "decode" | "prefill": metrics label and health service name
+  absl::Duration stats_stale_after = absl::Seconds(3);
+  int stats_interval_ms = 200;  // asked of the worker
+  absl::Duration health_interval = absl::Seconds(1);
+  absl::Duration health_timeout = absl::Seconds(1);
+  absl::Duration reconnect_min = absl::Milliseconds(100);
+  absl::Duration reconnect_max = absl::Seconds(2);
+  metrics::RouterMetrics* metrics = nullptr;  // optional; must outlive the pool
+};
+
+// One worker's channel, shared by the pool and the requests on it.
+class WorkerChannel {
+ public:
+  WorkerChannel(std::string address, std::shared_ptr<grpc::Channel> channel)
+      : address_(std::move(address)), channel_(std::move(channel)) {}
+  const std::string& address() const { return address_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  int inflight() const { return inflight_.load(std::memory_order_relaxed); }
+  void AddInflight(int delta) { inflight_.fetch_add(delta, std::memory_order_relaxed); }
+
+ private:
+  const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  std::atomic<int> inflight_{0};
+};
+
+// A channel with the router's settings (fast reconnect backoff, large messages).
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address);
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(WorkerPoolOptions options);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  // Replaces the membership ("host:port" list): starts consumers for new workers, removes the
+  // ones not listed. Ignored after Stop.
+  void SetMembers(const std::vector<std::string>& addresses);
+  // The members now, in address order, with health evaluated at this instant.
+  std::vector<WorkerSnapshot> Snapshot() const;
+  // The member's channel, or nullptr when it is not (or no longer) a member.
+  std::shared_ptr<WorkerChannel> Get(const std::string& address) const;
+  int size() const;
+  int HealthyCount() const;
+  const std::string& role() const { return options_.role; }
+  void Stop();
+
+ private:
+  struct Worker;
+  void StatsLoop(Worker* worker);
+  void HealthLoop();
+  void CheckHealthOnce();
+  void Publish(Worker& worker, bool healthy);
+  bool IsHealthy(Worker& worker, absl::Time now) const;
+  void RemoveMetrics(Worker& worker);
+
+  const WorkerPoolOptions options_;
+  absl::Notification stop_;
+  std::thread health_thread_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::router
