@@ -39,6 +39,16 @@ struct Engine::Active {
   std::unique_ptr<IncrementalDetokenizer> detok;
   StopStringBuffer stops;
   Usage usage;
+  // Remote prefill: the prompt until blocks are reserved, on_reserved until called.
+  bool remote = false;
+  std::vector<int32_t> prompt;
+  ReservedCallback on_reserved;
+  absl::Time reserve_deadline = absl::InfiniteFuture();
+  // First-token timings: submitted -> queued_until (first scheduled, or reserved) -> kv_ready
+  // (prompt logits computed, or remote KV arrived) -> first token emitted.
+  absl::Time submitted;
+  std::optional<absl::Time> queued_until;
+  std::optional<absl::Time> kv_ready;
 };
 
 namespace {
@@ -87,6 +97,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
       tokenizer_(tokenizer),
       options_(options),
       max_model_len_(max_model_len),
+      kv_layout_(runner_->kv_layout()),
       scheduler_(MakeSchedulerConfig(*runner_, options)),
       seed_rng_(std::random_device{}()) {
   for (int id : runner_->config().eos_token_ids) eos_ids_.insert(id);
@@ -133,19 +144,50 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
 
 absl::Status Engine::Submit(GenerateRequest request) {
   RETURN_IF_ERROR(Validate(request));
+  if (request.hold_kv_after_prefill && !request.on_prefilled) {
+    return absl::InvalidArgumentError("on_prefilled: hold_kv_after_prefill needs a callback");
+  }
+  return Enqueue({std::move(request), nullptr, absl::Now()});
+}
+
+absl::Status Engine::SubmitRemotePrefill(GenerateRequest request, ReservedCallback on_reserved) {
+  RETURN_IF_ERROR(Validate(request));
+  if (!on_reserved) return absl::InvalidArgumentError("on_reserved: no callback");
+  if (request.hold_kv_after_prefill) {
+    return absl::InvalidArgumentError(
+        "hold_kv_after_prefill: a remote prefill cannot also hold its KV");
+  }
+  return Enqueue({std::move(request), std::move(on_reserved), absl::Now()});
+}
+
+absl::Status Engine::Enqueue(Incoming incoming) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("engine is shutting down");
-  if (!live_ids_.insert(request.request_id).second) {
+  if (!live_ids_.insert(incoming.request.request_id).second) {
     return absl::AlreadyExistsError(
-        absl::StrCat("request_id: '", request.request_id, "' is already running"));
+        absl::StrCat("request_id: '", incoming.request.request_id, "' is already running"));
   }
-  pending_.push_back(std::move(request));
+  pending_.push_back(std::move(incoming));
   return absl::OkStatus();
 }
 
 void Engine::Cancel(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
   if (live_ids_.contains(request_id)) cancels_.push_back(request_id);
+}
+
+void Engine::CompleteRemotePrefill(const std::string& request_id,
+                                   absl::StatusOr<RemotePrefillResult> result) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (live_ids_.contains(request_id)) {
+    completions_.push_back({request_id, std::move(result), now});
+  }
+}
+
+void Engine::ReleaseHeldKv(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (live_ids_.contains(request_id)) releases_.push_back(request_id);
 }
 
 void Engine::Shutdown(absl::Duration drain_timeout) {
@@ -176,51 +218,67 @@ void Engine::PublishStats() {
   local_stats_.blocks_used = kv.pool().NumUsed();
   local_stats_.blocks_free = kv.pool().NumAvailable();
   local_stats_.running = scheduler_.NumRunning();
-  local_stats_.waiting = scheduler_.NumWaiting();
+  local_stats_.waiting = scheduler_.NumWaiting() + static_cast<int>(reservations_.size());
+  local_stats_.awaiting_kv = scheduler_.NumAwaitingKv();
+  local_stats_.held_kv = static_cast<int>(held_.size());
   absl::MutexLock lock(&mu_);
   stats_ = local_stats_;
 }
 
 void Engine::Loop() {
   while (true) {
-    std::vector<GenerateRequest> incoming;
+    std::vector<Incoming> incoming;
     std::vector<std::string> cancels;
+    std::vector<Completion> completions;
+    std::vector<std::string> releases;
     bool stopping;
     absl::Time deadline;
     {
       absl::MutexLock lock(&mu_);
       // Wait for input when idle, or when the last step could schedule nothing (no busy loop).
+      // Reservation and lease deadlines are checked at least every idle_poll.
       if (!scheduler_.HasWork() || !last_step_ran_) {
         auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !pending_.empty() || !cancels_.empty() || stopping_;
+          return !pending_.empty() || !cancels_.empty() || !completions_.empty() ||
+                 !releases_.empty() || stopping_;
         };
         mu_.AwaitWithTimeout(absl::Condition(&has_input), options_.idle_poll);
       }
       incoming.swap(pending_);
       cancels.swap(cancels_);
+      completions.swap(completions_);
+      releases.swap(releases_);
       stopping = stopping_;
       deadline = drain_deadline_;
     }
-    for (GenerateRequest& r : incoming) Admit(std::move(r));
-    for (const std::string& id : cancels) {
-      auto it = seq_by_request_.find(id);
-      if (it != seq_by_request_.end()) {
-        FinishRequest(it->second, FinishReason::kAbort, absl::OkStatus(), {});
-      }
-    }
-    if (stopping && (!scheduler_.HasWork() || absl::Now() >= deadline)) {
+    for (Incoming& r : incoming) Admit(std::move(r));
+    for (Completion& c : completions) OnRemotePrefillDone(std::move(c));
+    for (const std::string& id : releases) ReleaseHeld(id, "");
+    for (const std::string& id : cancels) CancelRequest(id);
+    const absl::Time now = absl::Now();
+    ExpireHeldLeases(now);
+    ProcessReservations(now);
+    if (stopping && (!HasLiveWork() || now >= deadline)) {
       AbortAll();
       PublishStats();
       break;
     }
     last_step_ran_ = scheduler_.HasWork() && Step();
+    // Blocks freed by the step go to queued reservations before the next step's admissions.
+    if (last_step_ran_ && !reservations_.empty()) ProcessReservations(absl::Now());
     PublishStats();
   }
   absl::MutexLock lock(&mu_);
   loop_done_ = true;
 }
 
-void Engine::Admit(GenerateRequest request) {
+bool Engine::HasLiveWork() const {
+  return scheduler_.HasWork() || scheduler_.NumAwaitingKv() > 0 || !reservations_.empty() ||
+         !held_.empty();
+}
+
+void Engine::Admit(Incoming incoming) {
+  GenerateRequest& request = incoming.request;
   const int64_t seq = next_seq_id_++;
   const int prompt_len = static_cast<int>(request.prompt_token_ids.size());
   std::vector<int32_t> prompt = std::move(request.prompt_token_ids);
@@ -230,9 +288,135 @@ void Engine::Admit(GenerateRequest request) {
   active->seed =
       active->request.params.seed.has_value() ? *active->request.params.seed : seed_rng_();
   active->usage.prompt_tokens = prompt_len;
+  active->submitted = incoming.submitted;
   seq_by_request_[active->request.request_id] = seq;
+  if (incoming.on_reserved) {
+    active->remote = true;
+    active->prompt = std::move(prompt);
+    active->on_reserved = std::move(incoming.on_reserved);
+    active->reserve_deadline =
+        std::min(active->request.deadline, incoming.submitted + options_.reserve_timeout);
+    active_[seq] = std::move(active);
+    reservations_.push_back(seq);
+    return;
+  }
   active_[seq] = std::move(active);
   scheduler_.Add(seq, std::move(prompt));
+}
+
+void Engine::ProcessReservations(absl::Time now) {
+  std::deque<int64_t> still_waiting;
+  bool blocked = false;  // FCFS: once one does not fit, later ones wait too
+  while (!reservations_.empty()) {
+    const int64_t seq_id = reservations_.front();
+    reservations_.pop_front();
+    Active& a = *active_.at(seq_id);
+    if (!blocked && scheduler_.CanAddAwaitingKv(seq_id, a.prompt)) {
+      const KvReservation r = scheduler_.AddAwaitingKv(seq_id, std::move(a.prompt));
+      a.queued_until = now;
+      a.usage.cached_prompt_tokens = r.num_cached_tokens;
+      ReservedCallback on_reserved = std::move(a.on_reserved);
+      on_reserved(RemoteKvReservation{r.block_ids, r.num_cached_tokens});
+      continue;
+    }
+    blocked = true;
+    if (now >= a.reserve_deadline) {
+      RejectReservation(
+          seq_id, absl::ResourceExhaustedError(absl::StrCat(
+                      "no KV blocks for a ", a.prompt.size(), "-token prompt within the deadline (",
+                      scheduler_.kv().pool().NumAvailable(), " of ",
+                      scheduler_.kv().pool().num_blocks(), " blocks available)")));
+      continue;
+    }
+    still_waiting.push_back(seq_id);
+  }
+  reservations_.swap(still_waiting);
+}
+
+void Engine::RejectReservation(int64_t seq_id, absl::Status status) {
+  auto it = active_.find(seq_id);
+  CHECK(it != active_.end());
+  std::unique_ptr<Active> a = std::move(it->second);
+  active_.erase(it);
+  seq_by_request_.erase(a->request.request_id);
+  {
+    absl::MutexLock lock(&mu_);
+    live_ids_.erase(a->request.request_id);
+  }
+  a->on_reserved(std::move(status));
+}
+
+void Engine::OnRemotePrefillDone(Completion c) {
+  auto it = seq_by_request_.find(c.request_id);
+  if (it == seq_by_request_.end()) return;
+  const int64_t seq_id = it->second;
+  Active& a = *active_.at(seq_id);
+  const Sequence* seq = scheduler_.Get(seq_id);
+  if (!a.remote || seq == nullptr || seq->state != SequenceState::kAwaitingKv) {
+    LOG(WARNING) << "engine: CompleteRemotePrefill for '" << c.request_id
+                 << "', which is not awaiting its KV; ignored";
+    return;
+  }
+  absl::Status status = c.result.status();
+  std::optional<TokenLogprobs> logprobs;
+  if (status.ok()) {
+    const RemotePrefillResult& r = *c.result;
+    const bool want_logprobs = a.request.params.logprobs.has_value();
+    if (r.first_token < 0 || r.first_token >= runner_->config().vocab_size) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("first token ", r.first_token, " is outside the vocabulary"));
+    } else if (want_logprobs && (!r.first_token_logprobs.has_value() ||
+                                 r.first_token_logprobs->token != r.first_token)) {
+      status = absl::InvalidArgumentError("the first token's logprobs are missing");
+    } else if (want_logprobs) {
+      logprobs = r.first_token_logprobs;
+    }
+  }
+  if (!status.ok()) {
+    LOG(WARNING) << "engine: remote prefill of '" << c.request_id << "' failed (" << status
+                 << "); prefilling locally";
+    scheduler_.FailKv(seq_id);
+    return;
+  }
+  a.kv_ready = c.arrived;
+  scheduler_.CompleteKv(seq_id, c.result->first_token);
+  EmitToken(seq_id, c.result->first_token, std::move(logprobs));
+}
+
+void Engine::CancelRequest(const std::string& request_id) {
+  auto it = seq_by_request_.find(request_id);
+  if (it != seq_by_request_.end()) {
+    const int64_t seq_id = it->second;
+    auto pos = std::find(reservations_.begin(), reservations_.end(), seq_id);
+    if (pos != reservations_.end()) {
+      reservations_.erase(pos);
+      RejectReservation(seq_id, absl::CancelledError("cancelled before blocks were reserved"));
+    } else {
+      FinishRequest(seq_id, FinishReason::kAbort, absl::OkStatus(), {});
+    }
+    return;
+  }
+  ReleaseHeld(request_id, "");
+}
+
+void Engine::ReleaseHeld(const std::string& request_id, const char* reason) {
+  auto it = held_.find(request_id);
+  if (it == held_.end()) return;
+  if (reason[0] != '\0') {
+    LOG(WARNING) << "engine: freeing the KV held for '" << request_id << "': " << reason;
+  }
+  CHECK(scheduler_.Abort(it->second.seq_id));
+  held_.erase(it);
+  absl::MutexLock lock(&mu_);
+  live_ids_.erase(request_id);
+}
+
+void Engine::ExpireHeldLeases(absl::Time now) {
+  std::vector<std::string> expired;
+  for (const auto& [id, held] : held_) {
+    if (now >= held.expiry) expired.push_back(id);
+  }
+  for (const std::string& id : expired) ReleaseHeld(id, "lease expired before ReleaseHeldKv");
 }
 
 bool Engine::Step() {
@@ -250,8 +434,14 @@ bool Engine::Step() {
     rows += c.need_logits ? 1 : 0;
     batch.chunks.push_back(chunk);
   }
+  const absl::Time step_start = absl::Now();
+  for (const ScheduledChunk& c : plan.chunks) {
+    Active& a = *active_.at(c.seq_id);
+    if (!a.queued_until.has_value()) a.queued_until = step_start;
+  }
   ForwardOutput out;
   absl::Status status = runner_->Forward(batch, &out);
+  const absl::Time forward_done = absl::Now();
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
   if (status.ok() && (out.rows != rows || out.logits.size() != static_cast<size_t>(rows) * vocab)) {
     status = absl::InternalError(absl::StrCat("model runner returned ", out.rows, " rows and ",
@@ -271,6 +461,8 @@ bool Engine::Step() {
   size_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.need_logits) continue;
+    Active& a = *active_.at(c.seq_id);
+    if (!a.kv_ready.has_value()) a.kv_ready = forward_done;
     const std::span<const float> logits =
         std::span<const float>(out.logits).subspan(row * vocab, vocab);
     ++row;
@@ -292,22 +484,82 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const SampleResult r =
       Sample(params, logits, all.first(a.num_prompt_tokens), all.subspan(a.num_prompt_tokens),
              a.seed, static_cast<uint64_t>(seq->num_output_tokens()));
+  if (a.request.hold_kv_after_prefill) {
+    HoldAfterPrefill(seq_id, r);
+    return;
+  }
   scheduler_.AppendToken(seq_id, r.token);
+  std::optional<TokenLogprobs> logprobs;
+  if (params.logprobs.has_value()) logprobs = TokenLogprobs{r.token, r.logprob, r.top_logprobs};
+  EmitToken(seq_id, r.token, std::move(logprobs));
+}
+
+namespace {
+
+int64_t Micros(absl::Time from, absl::Time to) {
+  return std::max<int64_t>(0, absl::ToInt64Microseconds(to - from));
+}
+
+}  // namespace
+
+void Engine::HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled) {
+  Active& a = *active_.at(seq_id);
+  const Sequence* seq = scheduler_.Get(seq_id);
+  ++local_stats_.generated_tokens;
+  ++a.usage.completion_tokens;
+  a.usage.cached_prompt_tokens = std::max(0, seq->num_cached_prompt_tokens);
+  PrefilledKv kv;
+  kv.request_id = a.request.request_id;
+  const std::span<const int32_t> table = scheduler_.BlockTable(seq_id);
+  kv.block_ids.assign(table.begin(), table.end());
+  kv.num_tokens = a.num_prompt_tokens;
+  kv.first_token = sampled.token;
+  if (a.request.params.logprobs.has_value()) {
+    kv.first_token_logprobs = TokenLogprobs{sampled.token, sampled.logprob, sampled.top_logprobs};
+  }
+  kv.prefix_cached_tokens = a.usage.cached_prompt_tokens;
+  scheduler_.Hold(seq_id);
+  held_[kv.request_id] = HeldKv{seq_id, absl::Now() + options_.held_kv_lease};
+  a.request.on_prefilled(kv);
+
+  GenerationOutput out;
+  out.token_ids.push_back(sampled.token);
+  if (kv.first_token_logprobs.has_value()) out.logprobs.push_back(*kv.first_token_logprobs);
+  if (a.detok != nullptr) out.text = a.detok->Push(sampled.token) + a.detok->Flush();
+  const absl::Time now = absl::Now();
+  out.first_token_timings =
+      FirstTokenTimings{Micros(a.submitted, a.queued_until.value_or(now)),
+                        Micros(a.queued_until.value_or(now), a.kv_ready.value_or(now)),
+                        Micros(a.kv_ready.value_or(now), now)};
+  FinishRequest(seq_id, FinishReason::kLength, absl::OkStatus(), std::move(out));
+}
+
+void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprobs> logprobs) {
+  Active& a = *active_.at(seq_id);
+  const SamplingParams& params = a.request.params;
+  const Sequence* seq = scheduler_.Get(seq_id);
   ++local_stats_.generated_tokens;
   ++a.usage.completion_tokens;
   a.usage.cached_prompt_tokens = std::max(0, seq->num_cached_prompt_tokens);
 
   GenerationOutput out;
-  out.token_ids.push_back(r.token);
-  if (params.logprobs.has_value()) out.logprobs.push_back({r.token, r.logprob, r.top_logprobs});
-  const bool stop_token = (!params.ignore_eos && eos_ids_.contains(r.token)) ||
+  out.token_ids.push_back(token);
+  if (logprobs.has_value()) out.logprobs.push_back(std::move(*logprobs));
+  if (a.usage.completion_tokens == 1) {
+    const absl::Time now = absl::Now();
+    out.first_token_timings =
+        FirstTokenTimings{Micros(a.submitted, a.queued_until.value_or(now)),
+                          Micros(a.queued_until.value_or(now), a.kv_ready.value_or(now)),
+                          Micros(a.kv_ready.value_or(now), now)};
+  }
+  const bool stop_token = (!params.ignore_eos && eos_ids_.contains(token)) ||
                           std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
-                                    r.token) != params.stop_token_ids.end();
+                                    token) != params.stop_token_ids.end();
   std::optional<FinishReason> finish;
   if (stop_token) {
     finish = FinishReason::kStop;  // the stop token's text is not part of the output
   } else if (a.detok != nullptr) {
-    out.text = a.stops.Append(a.detok->Push(r.token));
+    out.text = a.stops.Append(a.detok->Push(token));
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
   if (!finish.has_value() && a.usage.completion_tokens >= a.max_tokens) {
@@ -334,16 +586,18 @@ void Engine::FinishRequest(int64_t seq_id, FinishReason reason, absl::Status err
   std::unique_ptr<Active> a = std::move(it->second);
   active_.erase(it);
   seq_by_request_.erase(a->request.request_id);
+  // A held sequence keeps its blocks and its request id until ReleaseHeld.
+  const bool held = held_.contains(a->request.request_id);
   if (const Sequence* seq = scheduler_.Get(seq_id); seq != nullptr) {
     a->usage.cached_prompt_tokens = std::max(0, seq->num_cached_prompt_tokens);
-    scheduler_.Finish(seq_id);
+    if (!held) scheduler_.Finish(seq_id);
   }
   out.request_id = a->request.request_id;
   out.finish_reason = reason;
   out.error = std::move(error);
   out.usage = a->usage;
   ++local_stats_.finished_requests;
-  {
+  if (!held) {
     absl::MutexLock lock(&mu_);
     live_ids_.erase(a->request.request_id);
   }
@@ -354,7 +608,18 @@ void Engine::AbortAll() {
   std::vector<int64_t> ids;
   for (const auto& [id, a] : active_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  for (int64_t id : ids) FinishRequest(id, FinishReason::kAbort, absl::OkStatus(), {});
+  for (int64_t id : ids) {
+    auto pos = std::find(reservations_.begin(), reservations_.end(), id);
+    if (pos != reservations_.end()) {
+      reservations_.erase(pos);
+      RejectReservation(id, absl::UnavailableError("engine is shutting down"));
+    } else {
+      FinishRequest(id, FinishReason::kAbort, absl::OkStatus(), {});
+    }
+  }
+  std::vector<std::string> held;
+  for (const auto& [request_id, h] : held_) held.push_back(request_id);
+  for (const std::string& request_id : held) ReleaseHeld(request_id, "");
 }
 
 }  // namespace tandem

@@ -3,10 +3,11 @@
 // the sampler, and runs step after step (schedule -> forward -> sample -> emit), llama.cpp
 // server-queue style.
 //
-// Threads: Submit, Cancel, Shutdown and stats may be called from any thread; they only touch the
-// request queue under `mu_` and never wait on a forward pass. Output callbacks run on the engine
-// thread, outside `mu_`: they must return quickly and must not call Shutdown (Cancel and Submit
-// are fine).
+// Threads: Submit, SubmitRemotePrefill, CompleteRemotePrefill, ReleaseHeldKv, Cancel, Shutdown,
+// stats and kv_layout may be called from any thread; they only touch the request queues under
+// `mu_` and never wait on a forward pass. Callbacks (on_output, on_reserved, on_prefilled) run on
+// the engine thread, outside `mu_`: they must return quickly and must not call Shutdown (every
+// other method is fine).
 //
 // Per request, the callback receives zero or more outputs followed by exactly one final output
 // (finish_reason set): stop (EOS, a stop token id or a stop string), length (max_tokens or the
@@ -14,8 +15,22 @@
 // A request rejected by Submit gets no callback at all.
 //
 // Ownership: the engine owns the runner; the tokenizer (optional) must outlive the engine.
+//
+// Disaggregated serving (whole-prompt KV transfer between a prefill engine P and a decode
+// engine D, see DESIGN.md "A request, end to end"):
+// - D: SubmitRemotePrefill reserves blocks for the prompt (prefix-cache hits reused) and reports
+//   them through on_reserved; somebody else writes the prompt's KV into them (kv_layout() gives
+//   the addresses) and calls CompleteRemotePrefill with the first token, or with an error, in
+//   which case D prefills the prompt itself. Until then the sequence is never scheduled, its
+//   blocks are pinned and nothing of it enters the prefix cache.
+// - P: a request with hold_kv_after_prefill computes its prompt, samples one token, reports the
+//   blocks holding the prompt's KV through on_prefilled and keeps them unchanged (never evicted,
+//   reused or written) until ReleaseHeldKv, Cancel, the lease (EngineOptions::held_kv_lease) or
+//   the end of Shutdown. Its request id stays live (Submit of the same id: AlreadyExists) until
+//   then.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -55,6 +70,21 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;  // params.logprobs entries, most likely first
 };
 
+// Where the time to the first token went, in microseconds (on the first output that carries a
+// token). Locally prefilled request: queue = Submit -> first scheduled step, prefill = first
+// scheduled step -> end of the forward pass that produced the prompt's logits (chunks and
+// preemptions included), first_decode = that -> first token emitted (sampling, callbacks of
+// earlier requests of the step). Remote prefill: queue = Submit -> blocks reserved, prefill =
+// reserved -> CompleteRemotePrefill called (the caller knows the finer split of its own side),
+// first_decode = CompleteRemotePrefill called -> first token emitted. Remote prefill that fell
+// back: queue = Submit -> reserved, prefill = reserved -> local prompt logits (the failed
+// attempt included), first_decode as for a local request.
+struct FirstTokenTimings {
+  int64_t queue_us = 0;
+  int64_t prefill_us = 0;
+  int64_t first_decode_us = 0;
+};
+
 struct GenerationOutput {
   std::string request_id;
   std::vector<int32_t> token_ids;             // tokens generated since the previous output
@@ -63,15 +93,48 @@ struct GenerationOutput {
   std::optional<FinishReason> finish_reason;  // set on the final output only
   absl::Status error;                         // why, when finish_reason is kError
   Usage usage;                                // running totals
+  std::optional<FirstTokenTimings> first_token_timings;  // on the first output with a token
 };
 
 using OutputCallback = std::function<void(const GenerationOutput&)>;
+
+// Prefill side: the prompt's KV as it sits in this engine's cache after the prefill.
+struct PrefilledKv {
+  std::string request_id;
+  std::vector<int32_t> block_ids;  // position order; ceil(num_tokens / block_size) blocks
+  int num_tokens = 0;              // = prompt length: positions [0, num_tokens) are computed
+  int32_t first_token = 0;         // sampled after the prompt with the request's params
+  std::optional<TokenLogprobs> first_token_logprobs;  // when params.logprobs is set
+  int prefix_cached_tokens = 0;  // leading prompt tokens served from this engine's prefix cache
+};
 
 struct GenerateRequest {
   std::string request_id;  // unique among the engine's live requests
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
   OutputCallback on_output;
+  // Prefill side (Submit only): compute the prompt, sample one token, call on_prefilled (engine
+  // thread) and keep the blocks until ReleaseHeldKv; then the final output (that token,
+  // finish_reason length; no stop checks) is emitted.
+  bool hold_kv_after_prefill = false;
+  std::function<void(const PrefilledKv&)> on_prefilled;
+  // SubmitRemotePrefill only: the latest time to obtain blocks (besides
+  // EngineOptions::reserve_timeout after Submit).
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// Decode side: the blocks reserved for a remote prefill.
+struct RemoteKvReservation {
+  std::vector<int32_t> block_ids;  // the prompt's blocks, position order (ceil(len / block_size))
+  int num_cached_tokens = 0;       // leading prompt tokens already present (whole blocks): the
+                                   // blocks wholly inside them must not be written
+};
+
+// Decode side: what the prefill produced besides the KV.
+struct RemotePrefillResult {
+  int32_t first_token = 0;
+  // Required when the request's params.logprobs is set (its token must be first_token).
+  std::optional<TokenLogprobs> first_token_logprobs;
 };
 
 struct EngineOptions {
@@ -82,6 +145,10 @@ struct EngineOptions {
   // Stop tokens besides the model config's eos_token_ids and the tokenizer's EOS.
   std::vector<int32_t> extra_eos_token_ids;
   absl::Duration idle_poll = absl::Milliseconds(50);  // loop wake-up when idle
+  // SubmitRemotePrefill: longest wait for enough free blocks before on_reserved(ResourceExhausted).
+  absl::Duration reserve_timeout = absl::Seconds(10);
+  // hold_kv_after_prefill: blocks not released by then are freed (with a warning).
+  absl::Duration held_kv_lease = absl::Seconds(30);
 };
 
 struct EngineStats {
@@ -93,10 +160,12 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;
   int64_t finished_requests = 0;
   int blocks_total = 0;
-  int blocks_used = 0;
+  int blocks_used = 0;  // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;  // free + cached-idle
   int running = 0;
-  int waiting = 0;
+  int waiting = 0;      // includes remote prefills waiting for blocks or for their KV
+  int awaiting_kv = 0;  // remote prefills with reserved blocks, KV not yet complete
+  int held_kv = 0;      // prefilled requests whose blocks are held for transfer
 };
 
 class Engine {
@@ -115,7 +184,31 @@ class Engine {
   // tokenizer; AlreadyExists for a live request id; Unavailable after Shutdown began.
   absl::Status Submit(GenerateRequest request);
   // Aborts a live request (its final output has finish_reason kAbort); no-op for unknown ids.
+  // A remote prefill still waiting for blocks gets on_reserved(Cancelled) instead (and no other
+  // callback); a request whose KV is held is released (as ReleaseHeldKv).
   void Cancel(const std::string& request_id);
+
+  // Decode side. Validates like Submit (plus: on_reserved set, hold_kv_after_prefill false) and
+  // enqueues; returns at once. On the engine thread: allocates blocks for the whole prompt
+  // (reusing prefix-cached ones) and calls on_reserved(reservation); when blocks are short the
+  // request waits, FCFS ahead of local admissions, until request.deadline or reserve_timeout and
+  // then gets on_reserved(ResourceExhausted) (Unavailable if the engine shuts down first) and no
+  // other callback. After a reservation the request counts as waiting until
+  // CompleteRemotePrefill; Cancel and Shutdown then free its blocks and emit kAbort.
+  absl::Status SubmitRemotePrefill(
+      GenerateRequest request,
+      std::function<void(absl::StatusOr<RemoteKvReservation>)> on_reserved);
+  // Thread-safe; no-op for an unknown, finished or cancelled id, or one not awaiting its KV. OK:
+  // the prompt's KV is in the reserved blocks; they become computed and prefix-cacheable,
+  // first_token is emitted like a sampled token (stop checks apply; max_tokens 1 finishes here)
+  // and decoding continues in the batch. Error (or a first token outside the vocabulary, or
+  // logprobs requested but missing): the engine prefills the prompt itself in the reserved
+  // blocks, transparently to the client.
+  void CompleteRemotePrefill(const std::string& request_id,
+                             absl::StatusOr<RemotePrefillResult> result);
+
+  // Prefill side. Thread-safe: frees the blocks held for `request_id`; no-op when none are held.
+  void ReleaseHeldKv(const std::string& request_id);
   // Stops accepting requests, lets live ones run for up to `drain_timeout`, aborts the rest and
   // joins the loop. Idempotent.
   void Shutdown(absl::Duration drain_timeout);
@@ -123,18 +216,51 @@ class Engine {
   EngineStats stats() const;
   int max_model_len() const { return max_model_len_; }
   const ModelConfig& config() const { return runner_->config(); }
+  // The runner's KV memory; immutable after Create, callable from any thread.
+  const KvCacheLayout& kv_layout() const { return kv_layout_; }
 
  private:
   struct Active;
   Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
          const EngineOptions& options, int max_model_len);
+  using ReservedCallback = std::function<void(absl::StatusOr<RemoteKvReservation>)>;
+  struct Incoming {
+    GenerateRequest request;
+    ReservedCallback on_reserved;  // set for SubmitRemotePrefill
+    absl::Time submitted;
+  };
+  struct Completion {
+    std::string request_id;
+    absl::StatusOr<RemotePrefillResult> result;
+    absl::Time arrived;
+  };
+  struct HeldKv {
+    int64_t seq_id = 0;
+    absl::Time expiry;
+  };
+
   absl::Status Validate(const GenerateRequest& request) const;
+  absl::Status Enqueue(Incoming incoming);
   void Loop();
-  void Admit(GenerateRequest request);
+  void Admit(Incoming incoming);
+  // Reserves blocks for queued remote prefills in FCFS order; fails those past their deadline.
+  void ProcessReservations(absl::Time now);
+  // A queued (unreserved) remote prefill ends with on_reserved(status) and no other callback.
+  void RejectReservation(int64_t seq_id, absl::Status status);
+  void OnRemotePrefillDone(Completion completion);
+  void CancelRequest(const std::string& request_id);
+  // Frees held KV; `reason` is logged when not empty.
+  void ReleaseHeld(const std::string& request_id, const char* reason);
+  void ExpireHeldLeases(absl::Time now);
+  // Whether anything is still live: schedulable work, reservations, awaiting or held KV.
+  bool HasLiveWork() const;
   // Runs one scheduled step; false when nothing could be scheduled.
   bool Step();
-  // Samples one token for `seq_id` from `logits` and emits its output; may finish the request.
+  // Samples one token for `seq_id` from `logits` and emits it (or holds the KV).
   void OnLogits(int64_t seq_id, std::span<const float> logits);
+  // Emits a token already appended to the sequence; may finish the request.
+  void EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprobs> logprobs);
+  void HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);
   void AbortAll();
   void PublishStats();
@@ -144,12 +270,15 @@ class Engine {
   const Tokenizer* const tokenizer_;
   const EngineOptions options_;
   const int max_model_len_;
+  const KvCacheLayout kv_layout_;
   absl::flat_hash_set<int32_t> eos_ids_;
 
   // Engine thread only.
   Scheduler scheduler_;
   absl::flat_hash_map<int64_t, std::unique_ptr<Active>> active_;
   absl::flat_hash_map<std::string, int64_t> seq_by_request_;
+  std::deque<int64_t> reservations_;  // remote prefills waiting for blocks, FCFS
+  absl::flat_hash_map<std::string, HeldKv> held_;
   int64_t next_seq_id_ = 0;
   std::mt19937_64 seed_rng_;
   EngineStats local_stats_;
@@ -157,8 +286,10 @@ class Engine {
 
   // Shared with callers.
   mutable absl::Mutex mu_;
-  std::vector<GenerateRequest> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Incoming> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<Completion> completions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> releases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> live_ids_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
