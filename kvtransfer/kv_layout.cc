@@ -1,0 +1,106 @@
+#include "kvtransfer/kv_layout.h"
+
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+
+namespace tandem::kvtransfer {
+
+absl::Status ValidateKvLayout(const KvLayout& layout) {
+  if (layout.num_layers <= 0 || layout.num_blocks <= 0 || layout.block_size <= 0 ||
+      layout.num_kv_heads <= 0 || layout.head_dim <= 0 || layout.elem_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout dimensions must be positive: layers=", layout.num_layers, " blocks=",
+        layout.num_blocks, " block_size=", layout.block_size, " kv_heads=", layout.num_kv_heads,
+        " head_dim=", layout.head_dim, " elem_bytes=", layout.elem_bytes));
+  }
+  const uint64_t expected =
+      static_cast<uint64_t>(layout.block_size) * static_cast<uint64_t>(layout.num_kv_heads) *
+      static_cast<uint64_t>(layout.head_dim) * static_cast<uint64_t>(layout.elem_bytes);
+  if (layout.block_bytes != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout block_bytes ", layout.block_bytes,
+                                                   " != block_size*heads*head_dim*elem_bytes ",
+                                                   expected));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block) {
+  return static_cast<uint64_t>(layer) * layout.layer_stride +
+         static_cast<uint64_t>(kv) * layout.kv_stride +
+         static_cast<uint64_t>(block) * layout.block_stride;
+}
+
+namespace {
+
+absl::Status CheckCompatible(const KvLayout& src, const KvLayout& dst) {
+  if (src.num_layers != dst.num_layers || src.block_size != dst.block_size ||
+      src.num_kv_heads != dst.num_kv_heads || src.head_dim != dst.head_dim ||
+      src.elem_bytes != dst.elem_bytes || src.block_bytes != dst.block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "incompatible KV layouts: src (layers=", src.num_layers, " block_size=", src.block_size,
+        " kv_heads=", src.num_kv_heads, " head_dim=", src.head_dim, " elem_bytes=", src.elem_bytes,
+        ") vs dst (layers=", dst.num_layers, " block_size=", dst.block_size, " kv_heads=",
+        dst.num_kv_heads, " head_dim=", dst.head_dim, " elem_bytes=", dst.elem_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIds(std::span<const int32_t> ids, size_t needed, int32_t num_blocks,
+                      const char* which) {
+  if (ids.size() < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " blocks: ", ids.size(), " ids given, ", needed, " needed"));
+  }
+  for (size_t i = 0; i < needed; ++i) {
+    if (ids[i] < 0 || ids[i] >= num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(which, " block id ", ids[i], " at position ",
+                                                     i, " is out of range [0, ", num_blocks, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const KvLayout& dst,
+                                                    std::span<const int32_t> src_blocks,
+                                                    std::span<const int32_t> dst_blocks,
+                                                    int num_tokens, int skip_tokens) {
+  RETURN_IF_ERROR(ValidateKvLayout(src));
+  RETURN_IF_ERROR(ValidateKvLayout(dst));
+  RETURN_IF_ERROR(CheckCompatible(src, dst));
+  if (num_tokens < 0 || skip_tokens < 0 || skip_tokens > num_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("need 0 <= skip_tokens (", skip_tokens, ") <= num_tokens (", num_tokens, ")"));
+  }
+  const size_t needed = (static_cast<size_t>(num_tokens) + src.block_size - 1) / src.block_size;
+  RETURN_IF_ERROR(CheckIds(src_blocks, needed, src.num_blocks, "source"));
+  RETURN_IF_ERROR(CheckIds(dst_blocks, needed, dst.num_blocks, "destination"));
+  // Block i holds tokens [i*bs, (i+1)*bs): wholly cached iff (i+1)*bs <= skip_tokens.
+  const size_t first = static_cast<size_t>(skip_tokens) / src.block_size;
+
+  std::vector<CopyOp> ops;
+  for (int layer = 0; layer < src.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = first; i < needed; ++i) {
+        const CopyOp op{.local_offset = KvBlockOffset(src, layer, kv, src_blocks[i]),
+                        .remote_offset = KvBlockOffset(dst, layer, kv, dst_blocks[i]),
+                        .length = src.block_bytes};
+        if (!ops.empty()) {
+          CopyOp& last = ops.back();
+          if (last.local_offset + last.length == op.local_offset &&
+              last.remote_offset + last.length == op.remote_offset) {
+            last.length += op.length;
+            continue;
+          }
+        }
+        ops.push_back(op);
+      }
+    }
+  }
+  return ops;
+}
+
+}  // namespace tandem::kvtransfer

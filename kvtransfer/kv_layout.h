@@ -1,0 +1,56 @@
+#pragma once
+// Layout planner: turns "the KV of these source blocks goes into those destination blocks" into
+// the CopyOps a TransferBackend moves. Pure host logic over plain data (no proto, no backend): the
+// caller converts proto KvLayout <-> KvLayout at its edge.
+//
+// Offsets (identical to proto tandem.v1.KvLayout): block b of layer l, K (kv=0) or V (kv=1),
+// starts at l * layer_stride + kv * kv_stride + b * block_stride from the region base and is
+// block_bytes long. In the returned CopyOps, local_offset is in the SOURCE layout (the initiator,
+// a prefill worker, writes its own KV) and remote_offset in the DESTINATION layout.
+//
+// Thread-safety: stateless functions, callable from any thread.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvtransfer/transfer_backend.h"
+
+namespace tandem::kvtransfer {
+
+struct KvLayout {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;  // tokens per block
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t elem_bytes = 0;
+  uint64_t block_bytes = 0;  // block_size * num_kv_heads * head_dim * elem_bytes
+  uint64_t layer_stride = 0;
+  uint64_t kv_stride = 0;
+  uint64_t block_stride = 0;
+};
+
+// InvalidArgument unless every dimension is positive and block_bytes matches the dimensions.
+absl::Status ValidateKvLayout(const KvLayout& layout);
+
+// Byte offset of (layer, kv, block) in `layout`.
+uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block);
+
+// CopyOps moving the KV of the first ceil(num_tokens / block_size) entries of `src_blocks`
+// (source layout) into the same positions of `dst_blocks` (destination layout), for every layer
+// and both K and V, skipping blocks that lie wholly inside the first `skip_tokens` tokens (a
+// partially cached block IS written). Ranges adjacent in both layouts are merged into one op.
+// Extra trailing block ids beyond those the tokens need are ignored.
+// InvalidArgument when a layout is invalid, the layouts are incompatible (num_layers, block_size,
+// num_kv_heads, head_dim, elem_bytes or block_bytes differ), a span holds too few ids, a used id
+// is out of [0, num_blocks), or num_tokens / skip_tokens are out of range
+// (0 <= skip_tokens <= num_tokens).
+absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const KvLayout& dst,
+                                                    std::span<const int32_t> src_blocks,
+                                                    std::span<const int32_t> dst_blocks,
+                                                    int num_tokens, int skip_tokens);
+
+}  // namespace tandem::kvtransfer
