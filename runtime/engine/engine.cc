@@ -421,7 +421,8 @@ void Engine::ExpireHeldLeases(absl::Time now) {
 
 bool Engine::Step() {
   SchedulerStep plan = scheduler_.Schedule();
-  if (plan.empty()) return false;
+  // A plan that only preempted (blocks pinned by awaiting or held KV) still made progress.
+  if (plan.empty()) return !plan.preempted.empty();
   ForwardBatch batch;
   int rows = 0;
   for (const ScheduledChunk& c : plan.chunks) {

@@ -169,9 +169,9 @@ SchedulerStep Scheduler::Schedule() {
     }
   }
 
-  // Ready sequences (they own their blocks), then waiting ones, FCFS, unless this step had to
-  // preempt.
-  while (step.preempted.empty() && !ready_.empty() && budget > 0 &&
+  // Ready sequences (they own their blocks, so even a step that had to preempt admits them), then
+  // waiting ones, FCFS, unless this step had to preempt.
+  while (!ready_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     const int64_t id = ready_.front();
     Sequence& seq = Mutable(id);

@@ -8,8 +8,8 @@
 // (`max_num_batched_tokens`) and a cap on running sequences (`max_num_seqs`):
 //   1. running sequences with one token left (decodes), oldest first;
 //   2. running sequences still prefilling, as chunks that fit the remaining budget;
-//   3. waiting sequences in FCFS order (prefix-cache hits skip their cached blocks), only if no
-//      sequence was preempted in this step.
+//   3. ready sequences (see below), then waiting sequences in FCFS order (prefix-cache hits skip
+//      their cached blocks), the latter only if no sequence was preempted in this step.
 // When a running sequence needs a block and none is available, the newest running sequence is
 // preempted by recompute: its blocks are freed (cached full blocks stay in the prefix cache) and
 // it goes to the front of the waiting queue with its prompt + generated tokens.

@@ -1,5 +1,6 @@
 #include "runtime/scheduler/scheduler.h"
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
@@ -222,6 +223,302 @@ TEST(SchedulerTest, RandomizedOperationsUnderTightBlockBudget) {
     EXPECT_EQ(static_cast<int64_t>(ended.size()), added);
     EXPECT_EQ(s.kv().pool().NumUsed(), 0);
     EXPECT_GT(s.num_preemptions(), 0) << "budget not tight enough to exercise preemption";
+  }
+}
+
+// Blocks that `step` writes: those covering each chunk's new positions.
+std::set<int32_t> WrittenBlocks(const Scheduler& s, const SchedulerStep& step) {
+  std::set<int32_t> written;
+  const int b = s.config().block_size;
+  for (const auto& c : step.chunks) {
+    const auto table = s.BlockTable(c.seq_id);
+    for (int pos = c.start_pos; pos < c.start_pos + c.num_tokens; ++pos) {
+      written.insert(table[pos / b]);
+    }
+  }
+  return written;
+}
+
+TEST(SchedulerTest, AwaitingKvReservesWholePromptReusesPrefixAndIsNeverScheduled) {
+  Scheduler s(Config(16, 4, 64));
+  s.Add(1, Iota(10));
+  Step(s);  // seq 1's first 2 blocks are cached
+  const std::vector<int32_t> prompt = Iota(13);
+  ASSERT_TRUE(s.CanAddAwaitingKv(2, prompt));
+  const KvReservation r = s.AddAwaitingKv(2, prompt);
+  s.CheckInvariants();
+  ASSERT_EQ(r.block_ids.size(), 4u);  // ceil(13 / 4)
+  EXPECT_EQ(r.num_cached_tokens, 8);
+  EXPECT_EQ(r.block_ids[0], s.BlockTable(1)[0]);
+  EXPECT_EQ(r.block_ids[1], s.BlockTable(1)[1]);
+  EXPECT_EQ(s.BlockTable(2).size(), 4u);  // 14 positions (prompt + first token) fit in 4 blocks
+  EXPECT_EQ(s.Get(2)->num_cached_prompt_tokens, 8);
+  EXPECT_EQ(s.Get(2)->state, SequenceState::kAwaitingKv);
+  EXPECT_EQ(s.NumAwaitingKv(), 1);
+  EXPECT_EQ(s.NumWaiting(), 1);
+  EXPECT_EQ(s.kv().counters().prefix_hit_tokens, 8);
+  // Never scheduled; its third (full) block is not published before the KV is there.
+  for (int i = 0; i < 3; ++i) {
+    SchedulerStep step = Step(s);
+    for (const auto& c : step.chunks) EXPECT_NE(c.seq_id, 2);
+  }
+  std::vector<int32_t> probe = Iota(14);
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks.size(), 2u);
+  s.CompleteKv(2, 99);
+  s.CheckInvariants();
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks.size(), 3u);
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks[2], r.block_ids[2]);
+  EXPECT_EQ(s.Get(2)->state, SequenceState::kReady);
+  EXPECT_EQ(s.Get(2)->tokens.back(), 99);
+  const int used = s.kv().pool().NumUsed();
+  SchedulerStep step = Step(s);
+  EXPECT_EQ(s.kv().pool().NumUsed(), used + 0 - 0);  // seq 1 decodes in its own blocks
+  bool found = false;
+  for (const auto& c : step.chunks) {
+    if (c.seq_id != 2) continue;
+    found = true;
+    EXPECT_EQ(c.start_pos, 13);
+    EXPECT_EQ(c.num_tokens, 1);
+    EXPECT_TRUE(c.need_logits);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(s.Get(2)->state, SequenceState::kRunning);
+  EXPECT_EQ(std::vector<int32_t>(s.BlockTable(2).begin(), s.BlockTable(2).end()), r.block_ids);
+}
+
+TEST(SchedulerTest, FailedKvPrefillsTheUncachedPartInTheReservedBlocks) {
+  Scheduler s(Config(16, 4, 64));
+  s.Add(1, Iota(10));
+  Step(s);
+  const KvReservation r = s.AddAwaitingKv(2, Iota(13));
+  s.FailKv(2);
+  s.CheckInvariants();
+  SchedulerStep step = Step(s);
+  const ScheduledChunk* chunk = nullptr;
+  for (const auto& c : step.chunks) {
+    if (c.seq_id == 2) chunk = &c;
+  }
+  ASSERT_NE(chunk, nullptr);
+  EXPECT_EQ(chunk->start_pos, 8);
+  EXPECT_EQ(chunk->num_tokens, 5);
+  EXPECT_TRUE(chunk->need_logits);
+  EXPECT_EQ(std::vector<int32_t>(s.BlockTable(2).begin(), s.BlockTable(2).end()), r.block_ids);
+  EXPECT_EQ(s.Get(2)->tokens.size(), 14u);
+}
+
+TEST(SchedulerTest, ReservationNeedsBlocksAndAbortFreesThem) {
+  Scheduler s(Config(6, 4, 64));
+  const std::vector<int32_t> a = Iota(15, 100), b = Iota(9, 200);
+  ASSERT_TRUE(s.CanAddAwaitingKv(1, a));
+  s.AddAwaitingKv(1, a);  // 16 positions: 4 blocks
+  EXPECT_FALSE(s.CanAddAwaitingKv(1, b)) << "id in use";
+  EXPECT_FALSE(s.CanAddAwaitingKv(2, b));  // needs 3 of the 2 left
+  EXPECT_EQ(s.kv().pool().NumUsed(), 4);
+  EXPECT_TRUE(s.Abort(1));
+  s.CheckInvariants();
+  EXPECT_EQ(s.kv().pool().NumUsed(), 0);
+  EXPECT_EQ(s.NumAwaitingKv(), 0);
+  EXPECT_TRUE(s.CanAddAwaitingKv(2, b));
+  // Aborting a ready sequence frees its blocks too.
+  s.AddAwaitingKv(2, b);
+  s.CompleteKv(2, 5);
+  EXPECT_TRUE(s.Abort(2));
+  s.CheckInvariants();
+  EXPECT_EQ(s.kv().pool().NumUsed(), 0);
+}
+
+// Ready sequences own their blocks, so they are admitted even when the waiting queue's head cannot
+// get blocks (no head-of-line deadlock), and they respect max_num_seqs.
+TEST(SchedulerTest, ReadySequencesAdmittedAheadOfWaitingWithoutNewBlocks) {
+  Scheduler s(Config(6, 4, 64, /*max_seqs=*/1));
+  s.AddAwaitingKv(1, Iota(8));      // 9 positions: 3 blocks
+  s.AddAwaitingKv(2, Iota(7, 50));  // 8 positions: 2 blocks
+  s.Add(3, Iota(9, 90));            // needs 3 blocks: only 1 left
+  EXPECT_TRUE(Step(s).empty());
+  s.CompleteKv(2, 1);
+  s.CompleteKv(1, 2);
+  SchedulerStep step = Step(s);
+  ASSERT_EQ(step.chunks.size(), 1u);  // max_num_seqs 1
+  EXPECT_EQ(step.chunks[0].seq_id, 2);
+  s.Finish(2);
+  step = Step(s);
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].seq_id, 1);
+  s.Finish(1);
+  step = Step(s);
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].seq_id, 3);
+}
+
+TEST(SchedulerTest, HeldBlocksAreNeverHandedOutOrWrittenUntilAbort) {
+  Scheduler s(Config(8, 2, 64));
+  s.Add(1, Iota(5));  // 3 blocks
+  Step(s);
+  const std::vector<int32_t> held(s.BlockTable(1).begin(), s.BlockTable(1).end());
+  ASSERT_EQ(held.size(), 3u);
+  s.Hold(1);
+  s.CheckInvariants();
+  EXPECT_EQ(s.NumHeld(), 1);
+  EXPECT_EQ(s.NumRunning(), 0);
+  EXPECT_FALSE(s.HasWork());
+  // Churn the other 5 blocks with sequences that share nothing with seq 1, with preemptions.
+  std::mt19937 rng(9);
+  int64_t next = 10;
+  for (int round = 0; round < 200; ++round) {
+    if (s.NumWaiting() + s.NumRunning() < 3) s.Add(next++, Iota(1 + rng() % 4, 1000 + rng() % 7));
+    SchedulerStep step = s.Schedule();
+    for (int32_t b : WrittenBlocks(s, step)) {
+      ASSERT_TRUE(std::find(held.begin(), held.end(), b) == held.end()) << "held block written";
+    }
+    for (const auto& c : step.chunks) {
+      for (int32_t b : s.BlockTable(c.seq_id)) {
+        ASSERT_TRUE(std::find(held.begin(), held.end(), b) == held.end()) << "held block reused";
+      }
+    }
+    s.OnStepComputed(step);
+    for (const auto& c : step.chunks) {
+      if (!c.need_logits) continue;
+      if (s.Get(c.seq_id)->tokens.size() > 7) {
+        s.Finish(c.seq_id);
+      } else {
+        s.AppendToken(c.seq_id, 3);
+      }
+    }
+    s.CheckInvariants();
+    EXPECT_EQ(std::vector<int32_t>(s.BlockTable(1).begin(), s.BlockTable(1).end()), held);
+  }
+  EXPECT_GT(s.num_preemptions(), 0);
+  EXPECT_TRUE(s.Abort(1));
+  s.CheckInvariants();
+  EXPECT_EQ(s.NumHeld(), 0);
+}
+
+// Random admit / reserve / complete / fail / hold / release / step / cancel operations. After
+// every one: no leaked or double-freed block, ref counts equal table references (CheckInvariants),
+// no step writes a block of an awaiting or held sequence, and at the end everything drains.
+TEST(SchedulerTest, RandomizedDisaggregationOperations) {
+  for (uint32_t seed : {5u, 6u, 7u, 8u, 9u}) {
+    std::mt19937 rng(seed);
+    const int block_size = 1 + seed % 4;
+    const int num_blocks = 14 + seed % 5;
+    const int max_len = num_blocks * block_size / 2;
+    SchedulerConfig config = Config(num_blocks, block_size, 2 + seed % 9, 1 + seed % 4);
+    Scheduler s(config);
+    std::map<int64_t, int> target_len;  // running-or-queued id -> finish length
+    std::set<int64_t> awaiting, held, hold_after_prefill;
+    int64_t next_id = 0;
+    int completed = 0, failed = 0, holds = 0;
+    auto protected_blocks = [&] {
+      std::set<int32_t> p;
+      for (int64_t id : awaiting) {
+        auto t = s.BlockTable(id);
+        // Cached prefix blocks are shared and read-only; the rest is the remote writer's.
+        const int cached = s.Get(id)->num_cached_prompt_tokens / block_size;
+        for (size_t i = cached; i < t.size(); ++i) p.insert(t[i]);
+      }
+      for (int64_t id : held) {
+        for (int32_t b : s.BlockTable(id)) p.insert(b);
+      }
+      return p;
+    };
+    auto random_prompt = [&] {
+      std::vector<int32_t> prompt(1 + rng() % max_len);
+      for (auto& t : prompt) t = rng() % 2;
+      return prompt;
+    };
+    auto run_step = [&] {
+      const std::set<int32_t> guarded = protected_blocks();
+      SchedulerStep step = s.Schedule();
+      for (int32_t b : WrittenBlocks(s, step)) {
+        ASSERT_FALSE(guarded.contains(b)) << "step writes a pinned block " << b;
+      }
+      if (s.HasWork() && awaiting.empty() && held.empty()) {
+        ASSERT_FALSE(step.empty())
+            << "no progress with work queued; preempted " << step.preempted.size() << " running "
+            << s.NumRunning() << " waiting " << s.NumWaiting();
+      }
+      s.OnStepComputed(step);
+      for (const auto& c : step.chunks) {
+        if (!c.need_logits) continue;
+        const Sequence* seq = s.Get(c.seq_id);
+        if (hold_after_prefill.contains(c.seq_id) && seq->num_output_tokens() == 0) {
+          s.Hold(c.seq_id);
+          held.insert(c.seq_id);
+          target_len.erase(c.seq_id);
+        } else if (static_cast<int>(seq->tokens.size()) + 1 >= target_len[c.seq_id]) {
+          s.Finish(c.seq_id);
+          target_len.erase(c.seq_id);
+        } else {
+          s.AppendToken(c.seq_id, rng() % 3);
+        }
+      }
+    };
+    for (int op = 0; op < 3000; ++op) {
+      const int kind = rng() % 16;
+      if (kind < 3) {  // local request, maybe holding its KV after prefill
+        std::vector<int32_t> prompt = random_prompt();
+        const int len = static_cast<int>(prompt.size());
+        target_len[next_id] = len + 1 + rng() % (max_len - len + 1);
+        if (rng() % 3 == 0) hold_after_prefill.insert(next_id);
+        s.Add(next_id++, std::move(prompt));
+      } else if (kind < 5) {  // remote prefill reservation
+        std::vector<int32_t> prompt = random_prompt();
+        if (s.CanAddAwaitingKv(next_id, prompt)) {
+          const int len = static_cast<int>(prompt.size());
+          const KvReservation r = s.AddAwaitingKv(next_id, prompt);
+          ASSERT_EQ(static_cast<int>(r.block_ids.size()), (len + block_size - 1) / block_size);
+          ASSERT_EQ(r.num_cached_tokens % block_size, 0);
+          ASSERT_LT(r.num_cached_tokens, len);
+          target_len[next_id] = len + 1 + rng() % (max_len - len + 1);
+          awaiting.insert(next_id++);
+        }
+      } else if (kind < 7 && !awaiting.empty()) {  // KV arrives, or the transfer fails
+        auto it = std::next(awaiting.begin(), rng() % awaiting.size());
+        const int64_t id = *it;
+        awaiting.erase(it);
+        if (rng() % 4 == 0) {
+          s.FailKv(id);
+          ++failed;
+        } else {
+          s.CompleteKv(id, rng() % 3);
+          ++completed;
+          if (static_cast<int>(s.Get(id)->tokens.size()) >= target_len[id]) {
+            s.Finish(id);  // max_tokens reached by the first token
+            target_len.erase(id);
+          }
+        }
+      } else if (kind < 8 && !held.empty()) {  // release held KV
+        auto it = std::next(held.begin(), rng() % held.size());
+        ASSERT_TRUE(s.Abort(*it));
+        held.erase(it);
+        ++holds;
+      } else if (kind < 15) {
+        run_step();
+        if (HasFatalFailure()) return;
+      } else if (!target_len.empty()) {  // cancel anything live (awaiting included)
+        auto it = std::next(target_len.begin(), rng() % target_len.size());
+        ASSERT_TRUE(s.Abort(it->first));
+        awaiting.erase(it->first);
+        target_len.erase(it);
+      }
+      s.CheckInvariants();
+    }
+    for (int64_t id : awaiting) s.CompleteKv(id, 1);
+    awaiting.clear();
+    for (int64_t id : held) ASSERT_TRUE(s.Abort(id));
+    held.clear();
+    hold_after_prefill.clear();
+    for (int guard = 0; s.HasWork(); ++guard) {
+      ASSERT_LT(guard, 100000) << "requests never finish";
+      run_step();
+      if (HasFatalFailure()) return;
+      s.CheckInvariants();
+    }
+    EXPECT_EQ(s.kv().pool().NumUsed(), 0);
+    EXPECT_EQ(s.kv().NumSequences(), 0);
+    EXPECT_GT(completed, 0);
+    EXPECT_GT(failed, 0);
+    EXPECT_GT(holds, 0);
   }
 }
 
