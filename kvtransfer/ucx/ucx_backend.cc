@@ -18,11 +18,12 @@ namespace {
 constexpr unsigned kNotifyAmId = 0x7d;
 constexpr uint32_t kRegionMagic = 0x314b5254;  // "TRK1"
 // Longest a bounded internal wait (endpoint close, draining released requests) may take.
-constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
+constexpr absl::Duration kDrainTimeout = absl::Milliseconds(200);
 
 // ucs_status_t -> absl::Status, keeping UCX's message.
 absl::Status UcsError(ucs_status_t status, std::string_view what) {
-  const std::string message = absl::StrCat("ucx: ", std::string(what), ": ", ucs_status_string(status));
+  const std::string message =
+      absl::StrCat("ucx: ", std::string(what), ": ", ucs_status_string(status));
   switch (status) {
     case UCS_ERR_NO_MEMORY:
     case UCS_ERR_EXCEEDS_LIMIT:
