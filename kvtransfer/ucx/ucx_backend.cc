@@ -103,13 +103,17 @@ class UcxBackend final : public TransferBackend {
   explicit UcxBackend(const BackendOptions& options) : options_(options) {}
 
   ~UcxBackend() override {
-    for (auto& [handle, transfer] : transfers_) CancelRequests(*transfer);
-    for (auto& [handle, transfer] : transfers_) zombies_.push_back(std::move(transfer));
+    for (auto& [handle, transfer] : transfers_) {
+      CancelRequests(*transfer);
+      zombies_.push_back(std::move(transfer));
+    }
     transfers_.clear();
+    // Outstanding operations must finish before their rkeys and endpoints go (bounded wait).
+    DrainUntil(absl::Now() + kDrainTimeout, [&] { return zombies_.empty(); });
     std::vector<std::string> names;
     for (const auto& [name, peer] : peers_) names.push_back(name);
     for (const std::string& name : names) ClosePeer(name);
-    DrainUntil(absl::Now() + kDrainTimeout, [&] { return zombies_.empty() && closing_.empty(); });
+    DrainUntil(absl::Now() + kDrainTimeout, [&] { return closing_.empty(); });
     for (auto& zombie : zombies_) {
       for (void* r : zombie->requests) ucp_request_free(r);
       if (zombie->notify_request != nullptr) ucp_request_free(zombie->notify_request);
@@ -593,9 +597,18 @@ class UcxBackend final : public TransferBackend {
     if (UCS_PTR_IS_PTR(result)) pending_closes_.push_back(result);
   }
 
+  // UCX wants an rkey destroyed after the operations using it finished and before its endpoint
+  // goes: released transfers to this peer get a bounded time to finish first (a forced close
+  // cancels whatever is still outstanding).
   void ClosePeer(const std::string& peer_name) {
+    if (!peers_.contains(peer_name)) return;
+    DrainUntil(absl::Now() + kDrainTimeout, [&] {
+      for (const auto& zombie : zombies_) {
+        if (zombie->peer == peer_name) return false;
+      }
+      return true;
+    });
     auto it = peers_.find(peer_name);
-    if (it == peers_.end()) return;
     CloseEndpoint(*it->second);
     // The endpoint's error callback may still fire until its close completes: keep the Peer.
     closing_.push_back(std::move(it->second));
