@@ -93,6 +93,7 @@ struct WorkerPool::Worker {
   std::string health_service ABSL_GUARDED_BY(mu);
   bool logged_no_health_service ABSL_GUARDED_BY(mu) = false;
 
+  metrics::RouterMetrics* metrics = nullptr;  // where the gauges below live (null: none)
   prometheus::Gauge* running = nullptr;
   prometheus::Gauge* waiting = nullptr;
   prometheus::Gauge* kv_used = nullptr;
@@ -100,7 +101,8 @@ struct WorkerPool::Worker {
   prometheus::Gauge* healthy = nullptr;
 };
 
-WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
+WorkerPool::WorkerPool(WorkerPoolOptions options)
+    : options_(std::move(options)), metrics_(options_.metrics) {
   health_thread_ = std::thread([this] { HealthLoop(); });
 }
 
@@ -111,6 +113,8 @@ void WorkerPool::Stop() {
   if (health_thread_.joinable()) health_thread_.join();
   SetMembers({});
 }
+
+void WorkerPool::SetMetrics(metrics::RouterMetrics* metrics) { metrics_ = metrics; }
 
 void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
   std::vector<std::shared_ptr<Worker>> removed;
@@ -135,13 +139,14 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
         absl::MutexLock wlock(&worker->mu);
         worker->stats.address = address;
       }
-      if (options_.metrics != nullptr) {
+      if (metrics::RouterMetrics* m = metrics_.load(); m != nullptr) {
         const prometheus::Labels labels = {{"worker", address}, {"role", options_.role}};
-        worker->running = &options_.metrics->worker_running.Add(labels);
-        worker->waiting = &options_.metrics->worker_waiting.Add(labels);
-        worker->kv_used = &options_.metrics->worker_kv_blocks_used.Add(labels);
-        worker->kv_total = &options_.metrics->worker_kv_blocks_total.Add(labels);
-        worker->healthy = &options_.metrics->worker_healthy.Add(labels);
+        worker->metrics = m;
+        worker->running = &m->worker_running.Add(labels);
+        worker->waiting = &m->worker_waiting.Add(labels);
+        worker->kv_used = &m->worker_kv_blocks_used.Add(labels);
+        worker->kv_total = &m->worker_kv_blocks_total.Add(labels);
+        worker->healthy = &m->worker_healthy.Add(labels);
       }
       LOG(INFO) << "router: " << options_.role << " worker " << address << " joined";
       Worker* raw = worker.get();
@@ -165,12 +170,13 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
 }
 
 void WorkerPool::RemoveMetrics(Worker& worker) {
-  if (options_.metrics == nullptr) return;
-  options_.metrics->worker_running.Remove(worker.running);
-  options_.metrics->worker_waiting.Remove(worker.waiting);
-  options_.metrics->worker_kv_blocks_used.Remove(worker.kv_used);
-  options_.metrics->worker_kv_blocks_total.Remove(worker.kv_total);
-  options_.metrics->worker_healthy.Remove(worker.healthy);
+  metrics::RouterMetrics* m = worker.metrics;
+  if (m == nullptr) return;
+  m->worker_running.Remove(worker.running);
+  m->worker_waiting.Remove(worker.waiting);
+  m->worker_kv_blocks_used.Remove(worker.kv_used);
+  m->worker_kv_blocks_total.Remove(worker.kv_total);
+  m->worker_healthy.Remove(worker.healthy);
 }
 
 bool WorkerPool::IsHealthy(Worker& worker, absl::Time now) const {
@@ -180,7 +186,7 @@ bool WorkerPool::IsHealthy(Worker& worker, absl::Time now) const {
 }
 
 void WorkerPool::Publish(Worker& worker, bool healthy) {
-  if (options_.metrics == nullptr) return;
+  if (worker.metrics == nullptr) return;
   WorkerSnapshot s;
   {
     absl::MutexLock lock(&worker.mu);

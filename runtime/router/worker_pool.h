@@ -46,7 +46,7 @@ struct WorkerPoolOptions {
   absl::Duration health_timeout = absl::Seconds(1);
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(2);
-  metrics::RouterMetrics* metrics = nullptr;  // optional; must outlive the pool
+  metrics::RouterMetrics* metrics = nullptr;  // optional (or SetMetrics); must outlive the pool
 };
 
 // One worker's channel, shared by the pool and the requests on it.
@@ -75,6 +75,9 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
+  // Publishes the per-worker gauges into `metrics` (must outlive the pool) from now on; for a
+  // pool built before the frontend that owns the RouterMetrics. Call before SetMembers.
+  void SetMetrics(metrics::RouterMetrics* metrics);
   // Replaces the membership ("host:port" list): starts consumers for new workers, removes the
   // ones not listed. Ignored after Stop.
   void SetMembers(const std::vector<std::string>& addresses);
@@ -97,6 +100,7 @@ class WorkerPool {
   void RemoveMetrics(Worker& worker);
 
   const WorkerPoolOptions options_;
+  std::atomic<metrics::RouterMetrics*> metrics_;
   absl::Notification stop_;
   std::thread health_thread_;
 

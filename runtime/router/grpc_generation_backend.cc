@@ -1,0 +1,377 @@
+#include "runtime/router/grpc_generation_backend.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "runtime/base/logging.h"
+#include "tandem/v1/decode.grpc.pb.h"
+
+namespace tandem::router {
+namespace {
+
+void SamplingToProto(const SamplingParams& p, v1::SamplingParams* out) {
+  out->set_temperature(p.temperature);
+  out->set_top_k(p.top_k > 0 ? p.top_k : 0);
+  out->set_top_p(p.top_p);
+  out->set_min_p(p.min_p);
+  out->set_has_seed(p.seed.has_value());
+  out->set_seed(p.seed.value_or(0));
+  out->set_repetition_penalty(p.repetition_penalty);
+  out->set_presence_penalty(p.presence_penalty);
+  out->set_frequency_penalty(p.frequency_penalty);
+  out->set_max_tokens(p.max_tokens.value_or(0));
+  for (int32_t id : p.stop_token_ids) out->add_stop_token_ids(id);
+  for (const std::string& s : p.stop) out->add_stop(s);
+  out->set_ignore_eos(p.ignore_eos);
+  out->set_logprobs(p.logprobs.value_or(-1));
+}
+
+BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
+  BackendChunk chunk;
+  chunk.token_ids.assign(r.token_ids().begin(), r.token_ids().end());
+  for (const v1::TokenLogprobs& lp : r.logprobs()) {
+    BackendTokenLogprobs out{lp.token_id(), lp.logprob(), {}};
+    for (const v1::TopLogprob& top : lp.top()) out.top.push_back({top.token_id(), top.logprob()});
+    chunk.logprobs.push_back(std::move(out));
+  }
+  chunk.text = r.text();
+  if (!r.finish_reason().empty()) chunk.finish_reason = r.finish_reason();
+  chunk.usage.prompt_tokens = r.usage().prompt_tokens();
+  chunk.usage.completion_tokens = r.usage().completion_tokens();
+  chunk.usage.cached_prompt_tokens = r.usage().cached_prompt_tokens();
+  if (r.has_ttft()) {
+    chunk.ttft = TtftParts{r.ttft().queue_us(), r.ttft().prefill_us(), r.ttft().transfer_us(),
+                           r.ttft().first_decode_us()};
+  }
+  return chunk;
+}
+
+// Codes that say the request itself is at fault: another worker would answer the same.
+bool IsRequestError(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::OUT_OF_RANGE ||
+         code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::UNIMPLEMENTED ||
+         code == grpc::StatusCode::PERMISSION_DENIED || code == grpc::StatusCode::UNAUTHENTICATED ||
+         code == grpc::StatusCode::ALREADY_EXISTS;
+}
+
+}  // namespace
+
+struct GrpcGenerationBackend::Stream {
+  BackendRequest request;
+  BackendEventCallback on_event;
+  bool duplicate = false;
+  BackendUsage usage;  // latest running totals
+
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  std::shared_ptr<WorkerChannel> decode ABSL_GUARDED_BY(mu);
+
+  bool is_cancelled() {
+    absl::MutexLock lock(&mu);
+    return cancelled;
+  }
+  // The final "abort" chunk of a cancelled request.
+  BackendChunk AbortChunk() const {
+    BackendChunk chunk;
+    chunk.finish_reason = "abort";
+    chunk.usage = usage;
+    return chunk;
+  }
+};
+
+GrpcGenerationBackend::GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
+                                             GrpcBackendOptions options)
+    : decode_pool_(decode_pool), prefill_pool_(prefill_pool), options_(std::move(options)) {}
+
+GrpcGenerationBackend::~GrpcGenerationBackend() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, stream] : streams_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) Cancel(id);
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* threads) { return *threads == 0; }, &threads_));
+}
+
+int GrpcGenerationBackend::active_requests() const {
+  absl::MutexLock lock(&mu_);
+  return threads_;
+}
+
+absl::Status GrpcGenerationBackend::Ready() const {
+  const int healthy = decode_pool_->HealthyCount();
+  if (healthy > 0) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("no healthy decode worker (", decode_pool_->size(), " known)"));
+}
+
+void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallback on_event) {
+  auto stream = std::make_shared<Stream>();
+  stream->usage.prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
+  stream->request = std::move(request);
+  stream->on_event = std::move(on_event);
+  {
+    absl::MutexLock lock(&mu_);
+    if (threads_ >= options_.max_streams) {
+      // Answered on the caller's thread: the one event of a request refused outright.
+      stream->on_event(absl::UnavailableError(
+          absl::StrCat("router at capacity (", options_.max_streams, " requests in flight)")));
+      return;
+    }
+    ++threads_;
+    stream->duplicate = !streams_.emplace(stream->request.request_id, stream).second;
+  }
+  std::thread([this, stream] { Run(stream); }).detach();
+}
+
+void GrpcGenerationBackend::Cancel(const std::string& request_id) {
+  std::shared_ptr<Stream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(request_id);
+    if (it == streams_.end()) return;
+    stream = it->second;
+  }
+  std::shared_ptr<WorkerChannel> decode;
+  {
+    absl::MutexLock lock(&stream->mu);
+    if (stream->cancelled) return;
+    stream->cancelled = true;
+    if (stream->context != nullptr) stream->context->TryCancel();
+    decode = stream->decode;
+  }
+  if (decode != nullptr) SendCancel(decode, request_id);
+}
+
+void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& decode,
+                                       const std::string& request_id) {
+  // Cancelling the stream already tells D; Decode.Cancel also reaches a D whose stream has not
+  // seen the cancellation yet. Fire and forget: the callback owns everything it touches.
+  struct Call {
+    std::unique_ptr<v1::Decode::Stub> stub;
+    grpc::ClientContext context;
+    v1::CancelRequest request;
+    v1::CancelResponse response;
+  };
+  auto* call = new Call;
+  call->stub = v1::Decode::NewStub(decode->channel());
+  call->request.set_request_id(request_id);
+  call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.cancel_timeout));
+  call->stub->async()->Cancel(&call->context, &call->request, &call->response,
+                              [call](grpc::Status) { delete call; });
+}
+
+std::string GrpcGenerationBackend::ChoosePrefill(int prompt_tokens) {
+  if (prefill_pool_ == nullptr ||
+      PrefillLocallyForLength(prompt_tokens, options_.local_prefill_threshold)) {
+    return "";
+  }
+  const std::vector<WorkerSnapshot> workers = prefill_pool_->Snapshot();
+  absl::MutexLock lock(&mu_);
+  const int index = PickPrefillWorker(options_.policy, workers, prefill_cursor_++);
+  if (index == kNoWorker) {
+    if (!prefill_down_logged_) {
+      prefill_down_logged_ = true;
+      LOG(WARNING) << "router: no healthy prefill worker (" << workers.size()
+                   << " known); decode workers prefill locally until one is back";
+    }
+    return "";
+  }
+  if (prefill_down_logged_) {
+    prefill_down_logged_ = false;
+    LOG(INFO) << "router: prefill worker " << workers[index].address
+              << " healthy again; disaggregated prefill resumes";
+  }
+  return workers[index].address;
+}
+
+void GrpcGenerationBackend::Run(std::shared_ptr<Stream> stream) {
+  const BackendRequest& request = stream->request;
+  const int prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
+  absl::StatusOr<BackendChunk> final_event = absl::InternalError("unset");
+  if (stream->duplicate) {
+    final_event = absl::InvalidArgumentError(
+        absl::StrCat("request id ", request.request_id, " is already in flight"));
+  } else {
+    absl::flat_hash_set<std::string> tried;
+    absl::Status last_error;
+    bool done = false;
+    for (int attempt = 0; attempt < options_.max_attempts && !done; ++attempt) {
+      if (stream->is_cancelled()) {
+        final_event = stream->AbortChunk();
+        done = true;
+        break;
+      }
+      if (absl::Now() >= request.deadline) {
+        final_event = absl::DeadlineExceededError("request deadline passed before it was sent");
+        done = true;
+        break;
+      }
+      std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
+      for (WorkerSnapshot& w : workers) {
+        if (tried.contains(w.address)) w.healthy = false;
+      }
+      int index;
+      {
+        absl::MutexLock lock(&mu_);
+        index = PickDecodeWorker(options_.policy, workers, prompt_tokens, decode_cursor_++);
+      }
+      std::shared_ptr<WorkerChannel> decode =
+          index == kNoWorker ? nullptr : decode_pool_->Get(workers[index].address);
+      if (decode == nullptr) {
+        final_event =
+            tried.empty()
+                ? absl::UnavailableError(
+                      absl::StrCat("no healthy decode worker (", workers.size(), " known)"))
+                : absl::UnavailableError(absl::StrCat(
+                      "decode worker failed before the first token and no other is healthy: ",
+                      last_error.message()));
+        done = true;
+        break;
+      }
+      tried.insert(decode->address());
+      const std::string prefill = ChoosePrefill(prompt_tokens);
+      absl::Status error;
+      decode->AddInflight(1);
+      const Outcome outcome = Attempt(*stream, decode, prefill, &error);
+      decode->AddInflight(-1);
+      if (outcome == Outcome::kDone) return;  // Attempt delivered the final event
+      LOG(WARNING) << "router: request " << request.request_id << " failed on decode worker "
+                   << decode->address() << " before its first token (" << error.message()
+                   << "); retrying elsewhere";
+      last_error = error;
+    }
+    if (!done) {
+      final_event = absl::UnavailableError(absl::StrCat(
+          "request failed on ", tried.size(), " decode workers; last: ", last_error.message()));
+    }
+  }
+  stream->on_event(std::move(final_event));
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(request.request_id);
+  if (!stream->duplicate && it != streams_.end() && it->second == stream) streams_.erase(it);
+  --threads_;
+}
+
+GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
+    Stream& stream, const std::shared_ptr<WorkerChannel>& decode, const std::string& prefill,
+    absl::Status* error) {
+  const BackendRequest& request = stream.request;
+  // Delivers the final event and releases the request; nothing touches `stream` after it.
+  const auto finish = [this, &stream](absl::StatusOr<BackendChunk> event) {
+    const std::string id = stream.request.request_id;
+    std::shared_ptr<Stream> keep;
+    stream.on_event(std::move(event));
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(id);
+    if (it != streams_.end() && it->second.get() == &stream) {
+      keep = std::move(it->second);
+      streams_.erase(it);
+    }
+    --threads_;
+  };
+
+  v1::GenerateRequest proto;
+  proto.set_request_id(request.request_id);
+  proto.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
+                                           request.prompt_token_ids.end());
+  SamplingToProto(request.params, proto.mutable_sampling());
+  proto.set_prefill_worker(prefill);
+
+  std::shared_ptr<WorkerChannel> prefill_channel =
+      prefill.empty() || prefill_pool_ == nullptr ? nullptr : prefill_pool_->Get(prefill);
+  if (prefill_channel != nullptr) prefill_channel->AddInflight(1);
+  const auto prefill_done = [&prefill_channel] {
+    if (prefill_channel != nullptr) prefill_channel->AddInflight(-1);
+    prefill_channel = nullptr;
+  };
+
+  grpc::ClientContext context;
+  if (request.deadline != absl::InfiniteFuture()) {
+    context.set_deadline(absl::ToChronoTime(request.deadline));
+  }
+  {
+    absl::MutexLock lock(&stream.mu);
+    if (stream.cancelled) {
+      prefill_done();
+      finish(stream.AbortChunk());
+      return Outcome::kDone;
+    }
+    stream.context = &context;
+    stream.decode = decode;
+  }
+  std::unique_ptr<v1::Decode::Stub> stub = v1::Decode::NewStub(decode->channel());
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&context, proto);
+
+  bool delivered = false;  // some token reached the client: no retry from here on
+  std::optional<BackendChunk> final_chunk;
+  std::string worker_error;  // an "error" finish
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    BackendChunk chunk = ChunkFromProto(response);
+    stream.usage = chunk.usage;
+    if (!chunk.token_ids.empty()) prefill_done();
+    if (response.finish_reason() == "error") {
+      worker_error = response.error_message().empty() ? "worker error" : response.error_message();
+      break;
+    }
+    if (chunk.finish_reason.has_value()) {
+      final_chunk = std::move(chunk);
+      break;
+    }
+    if (chunk.token_ids.empty() && chunk.text.empty()) continue;
+    delivered = true;
+    stream.on_event(std::move(chunk));
+  }
+  prefill_done();
+  if (final_chunk.has_value() || !worker_error.empty()) context.TryCancel();
+  const grpc::Status status = reader->Finish();
+  bool cancelled;
+  {
+    absl::MutexLock lock(&stream.mu);
+    stream.context = nullptr;
+    cancelled = stream.cancelled;
+  }
+
+  if (final_chunk.has_value()) {
+    finish(*std::move(final_chunk));
+    return Outcome::kDone;
+  }
+  if (cancelled) {
+    finish(stream.AbortChunk());
+    return Outcome::kDone;
+  }
+  const std::string where = absl::StrCat("decode worker ", decode->address());
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      absl::Now() >= request.deadline) {
+    finish(absl::DeadlineExceededError(absl::StrCat(where, ": request deadline exceeded")));
+    return Outcome::kDone;
+  }
+  if (worker_error.empty() && IsRequestError(status.error_code())) {
+    finish(
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+    return Outcome::kDone;
+  }
+  const std::string why = !worker_error.empty() ? worker_error
+                          : status.ok()
+                              ? std::string("stream ended without a finish reason")
+                              : absl::StrCat("gRPC ", static_cast<int>(status.error_code()), ": ",
+                                             status.error_message());
+  if (!delivered) {
+    *error = absl::UnavailableError(absl::StrCat(where, ": ", why));
+    return Outcome::kRetry;
+  }
+  finish(absl::InternalError(absl::StrCat(where, " failed mid-stream: ", why)));
+  return Outcome::kDone;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,76 @@
+#pragma once
+// GenerationBackend over the worker pools (DESIGN.md "A request, end to end", steps 2-3, 5-7):
+// picks a decode worker D (routing policy over the decode pool's snapshot) and a prefill worker P
+// (or none: D prefills locally when the prompt is shorter than `local_prefill_threshold` tokens or
+// the prefill pool has no healthy worker), opens Decode.Generate on D naming P, and turns each
+// GenerateResponse into a BackendChunk.
+//
+// Failures: if D fails before any token reached the client (stream broken, UNAVAILABLE, an
+// "error" finish), the request is retried on another healthy D, up to `max_attempts` workers in
+// all. After the first token a failure is a final Internal error naming D (migrating prompt plus
+// tokens so far to another D is a later refinement). INVALID_ARGUMENT and the like from D are
+// passed on with D's message. The request deadline becomes the gRPC deadline (DeadlineExceeded).
+//
+// Threading: one thread per in-flight request runs its stream (synchronous gRPC reads), at most
+// `max_streams` at once; beyond that Generate answers Unavailable. on_event is called on that
+// thread. Cancel is thread-safe: it marks the request, cancels its ClientContext and sends
+// Decode.Cancel to D; the request ends with a finish_reason "abort" chunk. Exactly one final
+// event per Generate, always.
+// Ownership: the pools are not owned and must outlive the backend. The destructor cancels every
+// request still running and waits until each has delivered its final event.
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/router/generation_backend.h"
+#include "runtime/router/routing_policy.h"
+#include "runtime/router/worker_pool.h"
+
+namespace tandem::router {
+
+struct GrpcBackendOptions {
+  RoutingPolicy policy = RoutingPolicy::kLeastLoaded;
+  int local_prefill_threshold = 0;  // prompts shorter than this prefill on D; 0: never
+  int max_attempts = 3;             // decode workers tried before the first token
+  int max_streams = 4096;           // concurrent requests
+  absl::Duration cancel_timeout = absl::Seconds(2);  // of the Decode.Cancel call
+};
+
+class GrpcGenerationBackend final : public GenerationBackend {
+ public:
+  // `prefill_pool` may be null: every prompt is prefilled on its decode worker (aggregated).
+  GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
+                        GrpcBackendOptions options);
+  ~GrpcGenerationBackend() override;
+
+  void Generate(BackendRequest request, BackendEventCallback on_event) override;
+  void Cancel(const std::string& request_id) override;
+  absl::Status Ready() const override;
+
+  int active_requests() const;
+
+ private:
+  struct Stream;
+  enum class Outcome { kDone, kRetry };
+  void Run(std::shared_ptr<Stream> stream);
+  Outcome Attempt(Stream& stream, const std::shared_ptr<WorkerChannel>& decode,
+                  const std::string& prefill_address, absl::Status* error);
+  std::string ChoosePrefill(int prompt_tokens);
+  void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id);
+
+  WorkerPool* const decode_pool_;
+  WorkerPool* const prefill_pool_;
+  const GrpcBackendOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  int threads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  bool prefill_down_logged_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tandem::router
