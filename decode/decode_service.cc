@@ -1,0 +1,306 @@
+#include "decode/decode_service.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "runtime/base/logging.h"
+#include "runtime/server/grpc_status.h"
+#include "runtime/server/proto_convert.h"
+
+namespace tandem::decode {
+namespace {
+
+// How often a waiting handler looks at its client (cancellation) and its deadlines.
+constexpr absl::Duration kSlice = absl::Milliseconds(20);
+
+grpc::Status Error(grpc::StatusCode code, std::string message) {
+  return grpc::Status(code, std::move(message));
+}
+
+}  // namespace
+
+// One Generate call's mailbox: engine callbacks and the Prefill completion write it, the handler
+// thread reads it.
+struct DecodeService::Call {
+  absl::Mutex mu;
+  std::deque<GenerationOutput> outputs ABSL_GUARDED_BY(mu);
+  std::optional<absl::StatusOr<RemoteKvReservation>> reservation ABSL_GUARDED_BY(mu);
+  bool prefill_done ABSL_GUARDED_BY(mu) = false;
+  grpc::Status prefill_status ABSL_GUARDED_BY(mu);
+  // The Prefill call's state lives here so it outlives the call even if the handler returns.
+  grpc::ClientContext prefill_context;
+  v1::PrefillRequest prefill_request;
+  v1::PrefillResponse prefill_response;
+};
+
+DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
+                             v1::KvTarget kv_target, DecodeServiceOptions options)
+    : engine_(engine),
+      metrics_(metrics),
+      kv_target_(std::move(kv_target)),
+      options_(std::move(options)) {}
+
+void DecodeService::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+}
+
+bool DecodeService::shutting_down() {
+  absl::MutexLock lock(&mu_);
+  return shutting_down_;
+}
+
+v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<v1::Prefill::Stub>& stub = stubs_[address];
+  if (stub == nullptr) {
+    stub = v1::Prefill::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  return stub.get();
+}
+
+grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) {
+  bool found;
+  {
+    absl::MutexLock lock(&mu_);
+    found = live_.contains(request->request_id());
+  }
+  if (found) engine_->Cancel(request->request_id());
+  response->set_found(found);
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeService::Generate(grpc::ServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const absl::Time arrival = absl::Now();
+  const std::string& id = request->request_id();
+  if (id.empty()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
+  if (request->prompt_token_ids().empty()) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids: must not be empty");
+  }
+  const SamplingParams params = server::SamplingParamsFromProto(request->sampling());
+  if (absl::Status s = ValidateSamplingParams(params, engine_->config().vocab_size); !s.ok()) {
+    return server::ToGrpcStatus(s);
+  }
+  const bool want_logprobs = params.logprobs.has_value();
+
+  auto call = std::make_shared<Call>();
+  GenerateRequest engine_request;
+  engine_request.request_id = id;
+  engine_request.prompt_token_ids.assign(request->prompt_token_ids().begin(),
+                                         request->prompt_token_ids().end());
+  engine_request.params = params;
+  engine_request.deadline = arrival + options_.reserve_timeout;
+  engine_request.on_output = [call](const GenerationOutput& out) {
+    absl::MutexLock lock(&call->mu);
+    call->outputs.push_back(out);
+  };
+
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return Error(grpc::StatusCode::UNAVAILABLE, "decode worker shutting down");
+    if (!live_.insert(id).second) {
+      return Error(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request_id '", id, "' is live"));
+    }
+  }
+  absl::Cleanup forget = [this, &id] {
+    absl::MutexLock lock(&mu_);
+    live_.erase(id);
+  };
+
+  const std::string& prefill_worker = request->prefill_worker();
+  enum class Phase { kReserving, kPrefilling, kStreaming };
+  Phase phase = prefill_worker.empty() ? Phase::kStreaming : Phase::kReserving;
+  absl::Status submitted =
+      prefill_worker.empty()
+          ? engine_->Submit(std::move(engine_request))
+          : engine_->SubmitRemotePrefill(std::move(engine_request),
+                                         [call](absl::StatusOr<RemoteKvReservation> r) {
+                                           absl::MutexLock lock(&call->mu);
+                                           call->reservation = std::move(r);
+                                         });
+  if (!submitted.ok()) return server::ToGrpcStatus(submitted);
+
+  // The engine answers on_reserved(ResourceExhausted) at the request's deadline; this is a
+  // backstop in case that answer never comes.
+  const absl::Time reserve_deadline = arrival + options_.reserve_timeout + absl::Seconds(5);
+  bool remote_ok = false;
+  bool first_token_sent = false;
+  absl::Time last_output = arrival;
+  // Once cancelled, the handler only waits for the engine's final output (or the Prefill call, if
+  // one is in flight: the prefill worker may still be writing into our blocks until it answers).
+  bool cancelled = false;
+  grpc::Status cancel_status;
+  absl::Time cancel_deadline = absl::InfiniteFuture();
+  auto request_cancel = [&](grpc::Status why) {
+    if (cancelled) return;
+    cancelled = true;
+    cancel_status = std::move(why);
+    cancel_deadline = absl::Now() + options_.cancel_timeout;
+    if (phase == Phase::kPrefilling) {
+      if (shutting_down()) call->prefill_context.TryCancel();
+    } else {
+      engine_->Cancel(id);
+    }
+  };
+
+  while (true) {
+    std::deque<GenerationOutput> outputs;
+    std::optional<absl::StatusOr<RemoteKvReservation>> reservation;
+    bool prefill_done = false;
+    grpc::Status prefill_status;
+    {
+      absl::MutexLock lock(&call->mu);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call->mu) {
+        return !call->outputs.empty() ||
+               (phase == Phase::kReserving && call->reservation.has_value()) ||
+               (phase == Phase::kPrefilling && call->prefill_done);
+      };
+      call->mu.AwaitWithTimeout(absl::Condition(&ready), kSlice);
+      outputs.swap(call->outputs);
+      if (phase == Phase::kReserving && call->reservation.has_value()) {
+        reservation = std::move(call->reservation);
+        call->reservation.reset();
+      }
+      if (phase == Phase::kPrefilling && call->prefill_done) {
+        prefill_done = true;
+        prefill_status = call->prefill_status;
+      }
+    }
+    const absl::Time now = absl::Now();
+
+    if (reservation.has_value()) {
+      // No other engine callback follows a failed reservation.
+      if (!reservation->ok()) return server::ToGrpcStatus(reservation->status());
+      v1::PrefillRequest& pr = call->prefill_request;
+      pr.set_request_id(id);
+      *pr.mutable_prompt_token_ids() = request->prompt_token_ids();
+      *pr.mutable_sampling() = request->sampling();
+      v1::KvTarget* target = pr.mutable_target();
+      *target = kv_target_;
+      for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
+      target->set_num_cached_tokens((*reservation)->num_cached_tokens);
+      absl::Time deadline = now + options_.prefill_timeout;
+      deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+      call->prefill_context.set_deadline(absl::ToChronoTime(deadline));
+      phase = Phase::kPrefilling;
+      PrefillStub(prefill_worker)
+          ->async()
+          ->Prefill(&call->prefill_context, &call->prefill_request, &call->prefill_response,
+                    [call](grpc::Status status) {
+                      absl::MutexLock lock(&call->mu);
+                      call->prefill_status = std::move(status);
+                      call->prefill_done = true;
+                    });
+    }
+
+    if (prefill_done) {
+      phase = Phase::kStreaming;
+      last_output = now;
+      if (cancelled) {
+        engine_->Cancel(id);  // the prefill worker is done with our blocks now
+      } else if (prefill_status.ok()) {
+        const v1::PrefillResponse& response = call->prefill_response;
+        RemotePrefillResult result;
+        result.first_token = response.first_token_id();
+        if (want_logprobs && response.has_first_token_logprobs()) {
+          result.first_token_logprobs =
+              server::TokenLogprobsFromProto(response.first_token_logprobs());
+        }
+        engine_->CompleteRemotePrefill(id, std::move(result));
+        remote_ok = true;
+        metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
+        metrics_->kv_transfers.Increment();
+      } else {
+        metrics_->kv_transfer_failures.Increment();
+        LOG(WARNING) << "request " << id << ": remote prefill on " << prefill_worker << " failed ("
+                     << prefill_status.error_message() << "); recomputing the prompt locally";
+        engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(prefill_status));
+      }
+    }
+
+    for (GenerationOutput& out : outputs) {
+      last_output = now;
+      const bool final = out.finish_reason.has_value();
+      if (final && !remote_ok) {
+        metrics_->prompt_tokens.Increment(
+            std::max(0, out.usage.prompt_tokens - out.usage.cached_prompt_tokens));
+      }
+      if (cancelled) {
+        if (final) return cancel_status;
+        continue;
+      }
+      if (out.token_ids.empty() && out.text.empty() && !final) continue;
+      v1::GenerateResponse response;
+      for (int32_t token : out.token_ids) response.add_token_ids(token);
+      if (want_logprobs) {
+        for (const TokenLogprobs& lp : out.logprobs) {
+          server::TokenLogprobsToProto(lp, response.add_logprobs());
+        }
+      }
+      response.set_text(out.text);
+      server::UsageToProto(out.usage, response.mutable_usage());
+      if (!first_token_sent && !out.token_ids.empty()) {
+        first_token_sent = true;
+        v1::TtftBreakdown* ttft = response.mutable_ttft();
+        const FirstTokenTimings timings = out.first_token_timings.value_or(FirstTokenTimings{});
+        if (remote_ok) {
+          // The engine's "prefill" spans reserved -> CompleteRemotePrefill; the prefill worker
+          // knows its compute and transfer parts, the rest (its queue, RPC) counts as queueing.
+          const v1::PrefillResponse& pr = call->prefill_response;
+          ttft->set_queue_us(
+              timings.queue_us +
+              std::max<int64_t>(0, timings.prefill_us - pr.prefill_us() - pr.transfer_us()));
+          ttft->set_prefill_us(pr.prefill_us());
+          ttft->set_transfer_us(pr.transfer_us());
+        } else {
+          ttft->set_queue_us(timings.queue_us);
+          ttft->set_prefill_us(timings.prefill_us);
+        }
+        ttft->set_first_decode_us(timings.first_decode_us);
+        response.set_prefilled_remotely(remote_ok);
+      }
+      if (final) {
+        response.set_finish_reason(FinishReasonName(*out.finish_reason));
+        if (*out.finish_reason == FinishReason::kError) {
+          response.set_error_message(std::string(out.error.message()));
+        }
+      }
+      if (!writer->Write(response)) {
+        request_cancel(Error(grpc::StatusCode::CANCELLED, "the client went away"));
+        if (final) return cancel_status;
+        continue;
+      }
+      if (final) return grpc::Status::OK;
+    }
+
+    if (!cancelled) {
+      if (context->IsCancelled()) {
+        request_cancel(Error(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      } else if (phase == Phase::kReserving && now > reserve_deadline) {
+        request_cancel(Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             absl::StrCat("no KV blocks for the prompt within ",
+                                          absl::FormatDuration(options_.reserve_timeout))));
+      } else if (phase == Phase::kStreaming && now - last_output > options_.stall_timeout) {
+        request_cancel(
+            Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                  absl::StrCat("no output for ", absl::FormatDuration(options_.stall_timeout))));
+      }
+    }
+    if (cancelled) {
+      if (phase == Phase::kReserving) return cancel_status;  // callbacks only touch `call`
+      if (phase == Phase::kPrefilling && shutting_down()) call->prefill_context.TryCancel();
+      if (phase == Phase::kStreaming && now > cancel_deadline) return cancel_status;
+    }
+  }
+}
+
+}  // namespace tandem::decode

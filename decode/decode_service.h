@@ -1,0 +1,77 @@
+#pragma once
+// Decode.Generate and Decode.Cancel: the decode worker's request edge (DESIGN.md "A request, end
+// to end", steps 3, 5-7).
+//
+// Generate validates the request, then either submits it to the engine for local prefill
+// (prefill_worker empty) or reserves KV blocks through Engine::SubmitRemotePrefill, asks the
+// named prefill worker (Prefill.Prefill) to write the prompt's KV into them, and completes the
+// remote prefill with the first token it returns. If the prefill worker fails (down, transfer
+// failure, deadline), the engine recomputes the prompt locally: the client sees the same tokens.
+// Tokens stream back as the engine emits them; a client that goes away cancels the request and
+// its blocks are freed.
+//
+// Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
+// thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
+// append to the call's queue. Calls to the prefill worker use gRPC's callback client; channels are
+// cached per address.
+// Ownership: engine and metrics are not owned and must outlive the service.
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "runtime/engine/engine.h"
+#include "runtime/metrics/metrics.h"
+#include "tandem/v1/decode.grpc.pb.h"
+#include "tandem/v1/kv.pb.h"
+#include "tandem/v1/prefill.grpc.pb.h"
+
+namespace tandem::decode {
+
+struct DecodeServiceOptions {
+  // Waiting for KV blocks for a remotely prefilled prompt.
+  absl::Duration reserve_timeout = absl::Seconds(30);
+  // Deadline of one Prefill.Prefill call (capped by the client's own deadline).
+  absl::Duration prefill_timeout = absl::Seconds(60);
+  // A request that gets no output for this long is cancelled.
+  absl::Duration stall_timeout = absl::Seconds(300);
+  // After cancelling, how long to wait for the engine's final output.
+  absl::Duration cancel_timeout = absl::Seconds(5);
+};
+
+class DecodeService final : public v1::Decode::Service {
+ public:
+  // `kv_target`: this worker's transfer identity (backend, agent name and address, exported KV
+  // region, layout); each remote prefill adds its block ids and cached-token count.
+  DecodeService(Engine* engine, metrics::WorkerMetrics* metrics, v1::KvTarget kv_target,
+                DecodeServiceOptions options);
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
+
+  // Shutdown began: in-flight Prefill calls are cancelled at once instead of awaited.
+  void BeginShutdown();
+
+ private:
+  struct Call;
+  v1::Prefill::Stub* PrefillStub(const std::string& address);
+  bool shutting_down();
+
+  Engine* const engine_;
+  metrics::WorkerMetrics* const metrics_;
+  const v1::KvTarget kv_target_;
+  const DecodeServiceOptions options_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> live_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tandem::decode

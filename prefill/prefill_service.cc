@@ -1,0 +1,307 @@
+#include "prefill/prefill_service.h"
+
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
+#include "runtime/server/grpc_status.h"
+#include "runtime/server/kv_layout_convert.h"
+#include "runtime/server/proto_convert.h"
+
+namespace tandem::prefill {
+namespace {
+
+// How often a waiting handler looks at its client (cancellation) and its deadline.
+constexpr absl::Duration kSlice = absl::Milliseconds(20);
+
+int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
+
+grpc::Status Error(grpc::StatusCode code, std::string message) {
+  return grpc::Status(code, std::move(message));
+}
+
+}  // namespace
+
+// One Prefill call, shared by the handler, the engine callbacks and the transfer thread.
+struct PrefillService::Job {
+  std::string request_id;
+  v1::KvTarget target;
+  kvtransfer::KvLayout target_layout;
+  absl::Time deadline;
+
+  absl::Mutex mu;
+  bool abandoned ABSL_GUARDED_BY(mu) = false;  // the handler gave up: release everything
+  std::optional<PrefilledKv> kv ABSL_GUARDED_BY(mu);
+  absl::Time prefilled_at ABSL_GUARDED_BY(mu);
+  std::optional<FirstTokenTimings> timings ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  int64_t bytes ABSL_GUARDED_BY(mu) = 0;
+  absl::Duration transfer_time ABSL_GUARDED_BY(mu);
+
+  bool is_abandoned() {
+    absl::MutexLock lock(&mu);
+    return abandoned;
+  }
+  // The first call wins.
+  void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration()) {
+    absl::MutexLock lock(&mu);
+    if (done) return;
+    done = true;
+    status = std::move(s);
+    bytes = written;
+    transfer_time = time;
+  }
+};
+
+PrefillService::PrefillService(Engine* engine, server::TransferThread* transfer,
+                               uint64_t local_region, metrics::WorkerMetrics* metrics,
+                               PrefillServiceOptions options)
+    : engine_(engine),
+      transfer_(transfer),
+      local_region_(local_region),
+      metrics_(metrics),
+      options_(std::move(options)),
+      layout_(server::ToTransferLayout(engine->kv_layout())),
+      dispatch_(std::make_shared<Dispatch>()) {
+  absl::MutexLock lock(&dispatch_->mu);
+  dispatch_->service = this;
+}
+
+void PrefillService::Detach() {
+  absl::MutexLock lock(&dispatch_->mu);
+  dispatch_->service = nullptr;
+}
+
+grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
+                                     const v1::PrefillRequest* request,
+                                     v1::PrefillResponse* response) {
+  const absl::Time arrival = absl::Now();
+  const std::string& id = request->request_id();
+  if (id.empty()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
+  const int num_tokens = request->prompt_token_ids_size();
+  if (num_tokens == 0) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids: must not be empty");
+  }
+  SamplingParams params = server::SamplingParamsFromProto(request->sampling());
+  if (absl::Status s = ValidateSamplingParams(params, engine_->config().vocab_size); !s.ok()) {
+    return server::ToGrpcStatus(s);
+  }
+  const v1::KvTarget& target = request->target();
+  if (target.backend() != transfer_->backend_name()) {
+    return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                 absl::StrCat("target.backend: '", target.backend(), "', but this worker uses '",
+                              transfer_->backend_name(), "'"));
+  }
+  if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("target.num_cached_tokens: ", target.num_cached_tokens(),
+                              " outside [0, ", num_tokens, "]"));
+  }
+  // The layouts must be compatible and the target's block ids must cover the prompt: plan once
+  // with stand-in source blocks (our block 0) to find out before computing anything.
+  const kvtransfer::KvLayout target_layout = server::KvLayoutFromProto(target.layout());
+  {
+    const int blocks = (num_tokens + layout_.block_size - 1) / layout_.block_size;
+    const std::vector<int32_t> stand_in(blocks, 0);
+    auto plan = kvtransfer::PlanBlockCopies(
+        layout_, target_layout, stand_in,
+        std::span<const int32_t>(target.block_ids().data(), target.block_ids_size()), num_tokens,
+        target.num_cached_tokens());
+    if (!plan.ok()) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                   absl::StrCat("target: ", plan.status().message()));
+    }
+  }
+
+  auto job = std::make_shared<Job>();
+  job->request_id = id;
+  job->target = target;
+  job->target_layout = target_layout;
+  job->deadline =
+      std::min(arrival + options_.prefill_timeout, absl::FromChrono(context->deadline()));
+
+  GenerateRequest engine_request;
+  engine_request.request_id = id;
+  engine_request.prompt_token_ids.assign(request->prompt_token_ids().begin(),
+                                         request->prompt_token_ids().end());
+  params.max_tokens = 1;  // only the first token is sampled here
+  params.stop.clear();    // stop strings act on later text, on the decode worker
+  engine_request.params = params;
+  engine_request.hold_kv_after_prefill = true;
+  Engine* engine = engine_;
+  engine_request.on_prefilled = [dispatch = dispatch_, job, engine](const PrefilledKv& kv) {
+    {
+      absl::MutexLock lock(&job->mu);
+      job->kv = kv;
+      job->prefilled_at = absl::Now();
+    }
+    absl::MutexLock lock(&dispatch->mu);
+    PrefillService* service = dispatch->service;
+    if (service == nullptr ||
+        !service->transfer_->Post([service, job](kvtransfer::TransferBackend& backend) {
+          service->StartTransfer(backend, job);
+        })) {
+      engine->ReleaseHeldKv(kv.request_id);
+      job->Finish(absl::UnavailableError("prefill worker shutting down"));
+    }
+  };
+  engine_request.on_output = [job](const GenerationOutput& out) {
+    absl::MutexLock lock(&job->mu);
+    if (out.first_token_timings.has_value()) job->timings = out.first_token_timings;
+    // A request that ends before its KV is ready (error, abort) has nothing to transfer.
+    if (out.finish_reason.has_value() && !job->kv.has_value() && !job->done) {
+      job->done = true;
+      job->status = *out.finish_reason == FinishReason::kError
+                        ? absl::InternalError(absl::StrCat("prefill failed: ", out.error.message()))
+                        : absl::AbortedError("prefill aborted");
+    }
+  };
+  if (absl::Status s = engine_->Submit(std::move(engine_request)); !s.ok()) {
+    return server::ToGrpcStatus(s);
+  }
+  const absl::Time submitted = absl::Now();
+
+  // Wait for the transfer to be acknowledged (or to fail), watching the client and the deadline.
+  absl::MutexLock lock(&job->mu);
+  while (!job->done) {
+    job->mu.AwaitWithTimeout(absl::Condition(&job->done), kSlice);
+    if (job->done) break;
+    const bool cancelled = context->IsCancelled();
+    if (cancelled || absl::Now() > job->deadline) {
+      job->abandoned = true;  // the transfer thread releases the handle and the held blocks
+      job->mu.Unlock();
+      engine_->Cancel(id);
+      job->mu.Lock();
+      return cancelled ? Error(grpc::StatusCode::CANCELLED, "cancelled by the client")
+                       : Error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                               "prefill and KV transfer did not finish in time");
+    }
+  }
+  if (!job->status.ok()) return server::ToGrpcStatus(job->status);
+  const PrefilledKv& kv = *job->kv;
+  response->set_first_token_id(kv.first_token);
+  if (params.logprobs.has_value() && kv.first_token_logprobs.has_value()) {
+    server::TokenLogprobsToProto(*kv.first_token_logprobs,
+                                 response->mutable_first_token_logprobs());
+  }
+  response->set_kv_bytes_written(job->bytes);
+  response->set_prefix_cached_tokens(kv.prefix_cached_tokens);
+  if (job->timings.has_value()) {
+    response->set_queue_us(Micros(submitted - arrival) + job->timings->queue_us);
+    response->set_prefill_us(job->timings->prefill_us);
+  } else {  // the engine's final output has not arrived yet: no finer split than ours
+    response->set_queue_us(Micros(submitted - arrival));
+    response->set_prefill_us(Micros(job->prefilled_at - submitted));
+  }
+  response->set_transfer_us(Micros(job->transfer_time));
+  metrics_->prompt_tokens.Increment(std::max(0, num_tokens - kv.prefix_cached_tokens));
+  return grpc::Status::OK;
+}
+
+void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
+                                   const std::shared_ptr<Job>& job) {
+  PrefilledKv kv;
+  bool abandoned;
+  {
+    absl::MutexLock lock(&job->mu);
+    kv = *job->kv;
+    abandoned = job->abandoned;
+  }
+  auto fail = [&](absl::Status status) {
+    engine_->ReleaseHeldKv(kv.request_id);
+    metrics_->kv_transfer_failures.Increment();
+    job->Finish(std::move(status));
+  };
+  if (abandoned) return fail(absl::CancelledError("the caller gave up"));
+
+  const std::string& peer = job->target.agent_name();
+  const std::string& address = job->target.agent_address();
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || it->second != address) {
+    if (it != peers_.end()) {
+      (void)backend.Disconnect(peer);
+      peers_.erase(it);
+    }
+    if (absl::Status s = backend.Connect(peer, address); !s.ok()) {
+      return fail(absl::UnavailableError(
+          absl::StrCat("connecting to transfer agent '", peer, "': ", s.message())));
+    }
+    peers_[peer] = address;
+  }
+  auto ops = kvtransfer::PlanBlockCopies(
+      layout_, job->target_layout, kv.block_ids,
+      std::span<const int32_t>(job->target.block_ids().data(), job->target.block_ids_size()),
+      kv.num_tokens, job->target.num_cached_tokens());
+  if (!ops.ok()) return fail(absl::FailedPreconditionError(ops.status().message()));
+  int64_t bytes = 0;
+  for (const kvtransfer::CopyOp& op : *ops) bytes += static_cast<int64_t>(op.length);
+  if (ops->empty()) {  // the target already holds every block
+    engine_->ReleaseHeldKv(kv.request_id);
+    metrics_->kv_transfers.Increment();
+    job->Finish(absl::OkStatus());
+    return;
+  }
+
+  kvtransfer::TransferRequest transfer;
+  transfer.local_region = local_region_;
+  transfer.peer = peer;
+  transfer.remote_region = job->target.region();
+  transfer.ops = std::move(*ops);
+  const absl::Time posted = absl::Now();
+  auto handle = backend.PostWrite(transfer);
+  if (!handle.ok()) {
+    // Reconnect next time: the connection may be what failed.
+    (void)backend.Disconnect(peer);
+    peers_.erase(peer);
+    return fail(absl::UnavailableError(
+        absl::StrCat("posting KV writes to '", peer, "': ", handle.status().message())));
+  }
+  const absl::Time deadline = std::min(job->deadline, posted + options_.transfer_timeout);
+  const std::string request_id = kv.request_id;
+  const bool polling =
+      transfer_->AddPoller([this, job, h = *handle, bytes, posted, deadline, request_id](
+                               kvtransfer::TransferBackend& backend, bool stopping) {
+        absl::Status failure;
+        const absl::Time now = absl::Now();
+        if (stopping) {
+          failure = absl::UnavailableError("prefill worker shutting down");
+        } else if (job->is_abandoned()) {
+          failure = absl::CancelledError("the caller gave up");
+        } else if (now > deadline) {
+          failure = absl::DeadlineExceededError("KV transfer not acknowledged in time");
+        } else {
+          absl::StatusOr<kvtransfer::TransferState> state = backend.Poll(h);
+          if (state.ok() && *state == kvtransfer::TransferState::kInProgress) return false;
+          if (!state.ok()) {
+            failure = state.status();
+          } else if (*state == kvtransfer::TransferState::kFailed) {
+            failure = absl::UnavailableError("KV transfer failed");
+          }
+        }
+        if (absl::Status released = backend.Release(h); !released.ok()) {
+          LOG(WARNING) << "request " << request_id << ": releasing its KV transfer: " << released;
+        }
+        engine_->ReleaseHeldKv(request_id);
+        if (!failure.ok()) {
+          metrics_->kv_transfer_failures.Increment();
+          job->Finish(std::move(failure));
+          return true;
+        }
+        metrics_->kv_transfer_bytes.Increment(static_cast<double>(bytes));
+        metrics_->kv_transfers.Increment();
+        metrics_->kv_transfer_latency.Observe(absl::ToDoubleSeconds(now - posted));
+        job->Finish(absl::OkStatus(), bytes, now - posted);
+        return true;
+      });
+  if (!polling) {  // stopping: nobody will poll it
+    (void)backend.Release(*handle);
+    fail(absl::UnavailableError("prefill worker shutting down"));
+  }
+}
+
+}  // namespace tandem::prefill

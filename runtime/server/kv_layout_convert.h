@@ -1,0 +1,18 @@
+#pragma once
+// KV layout conversions at the service edge: the runner's KvCacheLayout and the planner's
+// kvtransfer::KvLayout to and from proto tandem.v1.KvLayout (all three use the same offsets).
+//
+// Pure functions, thread-safe. KvLayoutFromProto only maps; kvtransfer::ValidateKvLayout and
+// PlanBlockCopies judge the values.
+
+#include "kvtransfer/kv_layout.h"
+#include "runtime/model/model_runner.h"
+#include "tandem/v1/kv.pb.h"
+
+namespace tandem::server {
+
+kvtransfer::KvLayout ToTransferLayout(const KvCacheLayout& layout);
+void KvLayoutToProto(const kvtransfer::KvLayout& layout, v1::KvLayout* proto);
+kvtransfer::KvLayout KvLayoutFromProto(const v1::KvLayout& proto);
+
+}  // namespace tandem::server

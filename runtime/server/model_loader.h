@@ -1,0 +1,38 @@
+#pragma once
+// Loads a Hugging Face model directory into a running Engine for a worker: config.json, the
+// safetensors weights (converted to the CPU runner's float32), the CPU runner with its KV cache,
+// and the tokenizer (optional: without tokenizer.json the worker streams token ids and no text).
+//
+// Ownership: LoadedModel owns the tokenizer and the engine; the engine is declared after the
+// tokenizer so it is destroyed first (it points at the tokenizer). A failure leaves nothing
+// running.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/tokenizer.h"
+
+namespace tandem::server {
+
+struct ModelLoadOptions {
+  std::string model_dir;
+  int block_size = 16;
+  int num_blocks = 0;  // 0: as many as fit in kv_cache_bytes
+  size_t kv_cache_bytes = size_t{256} << 20;
+  EngineOptions engine;
+};
+
+struct LoadedModel {
+  std::string name;  // the model directory's base name (what clients call the model)
+  std::unique_ptr<Tokenizer> tokenizer;  // may be null
+  std::unique_ptr<Engine> engine;
+};
+
+// InvalidArgument / NotFound for a bad or missing directory, config or weights (the message names
+// the file); ResourceExhausted when the KV cache cannot be allocated.
+absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options);
+
+}  // namespace tandem::server

@@ -1,0 +1,275 @@
+// Unit tests of the service-edge helpers: status and proto conversions, and the transfer thread
+// (over a fake backend that records which thread calls it).
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "runtime/server/grpc_status.h"
+#include "runtime/server/kv_layout_convert.h"
+#include "runtime/server/proto_convert.h"
+#include "runtime/server/transfer_thread.h"
+
+namespace tandem::server {
+namespace {
+
+TEST(GrpcStatusTest, CodeAndMessageSurviveBothWays) {
+  const absl::Status statuses[] = {absl::InvalidArgumentError("temperature: must be >= 0"),
+                                   absl::NotFoundError("x"),
+                                   absl::ResourceExhaustedError("no blocks"),
+                                   absl::UnavailableError("down"),
+                                   absl::DeadlineExceededError("late"),
+                                   absl::FailedPreconditionError("layout")};
+  for (const absl::Status& s : statuses) {
+    const grpc::Status g = ToGrpcStatus(s);
+    EXPECT_EQ(static_cast<int>(g.error_code()), static_cast<int>(s.code()));
+    EXPECT_EQ(g.error_message(), s.message());
+    EXPECT_EQ(FromGrpcStatus(g), s);
+  }
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
+  EXPECT_EQ(ToGrpcStatus(absl::InvalidArgumentError("a")).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(ProtoConvertTest, UnsetProtoFieldsMeanOff) {
+  v1::SamplingParams proto;
+  proto.set_logprobs(-1);
+  const SamplingParams p = SamplingParamsFromProto(proto);
+  EXPECT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.top_p, 1.0f);
+  EXPECT_EQ(p.repetition_penalty, 1.0f);
+  EXPECT_FALSE(p.max_tokens.has_value());
+  EXPECT_FALSE(p.logprobs.has_value());
+  EXPECT_FALSE(p.seed.has_value());
+  EXPECT_TRUE(ValidateSamplingParams(p, 100).ok());
+}
+
+TEST(ProtoConvertTest, SamplingParamsRoundTrip) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 5;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.seed = 1234;
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = -0.5f;
+  p.stop_token_ids = {3, 4};
+  p.stop = {"\n\n", "END"};
+  p.max_tokens = 17;
+  p.ignore_eos = true;
+  p.logprobs = 3;
+  const SamplingParams q = SamplingParamsFromProto(SamplingParamsToProto(p));
+  EXPECT_EQ(q.temperature, p.temperature);
+  EXPECT_EQ(q.top_k, p.top_k);
+  EXPECT_EQ(q.top_p, p.top_p);
+  EXPECT_EQ(q.min_p, p.min_p);
+  EXPECT_EQ(q.seed, p.seed);
+  EXPECT_EQ(q.repetition_penalty, p.repetition_penalty);
+  EXPECT_EQ(q.presence_penalty, p.presence_penalty);
+  EXPECT_EQ(q.frequency_penalty, p.frequency_penalty);
+  EXPECT_EQ(q.stop_token_ids, p.stop_token_ids);
+  EXPECT_EQ(q.stop, p.stop);
+  EXPECT_EQ(q.max_tokens, p.max_tokens);
+  EXPECT_EQ(q.ignore_eos, p.ignore_eos);
+  EXPECT_EQ(q.logprobs, p.logprobs);
+  // An out-of-range value is mapped as is, for validation to reject.
+  v1::SamplingParams bad = SamplingParamsToProto(p);
+  bad.set_temperature(-1.0f);
+  EXPECT_EQ(ValidateSamplingParams(SamplingParamsFromProto(bad), 100).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtoConvertTest, LogprobsAndUsage) {
+  TokenLogprobs lp;
+  lp.token = 42;
+  lp.logprob = -0.25f;
+  lp.top = {{42, -0.25f}, {7, -2.0f}};
+  v1::TokenLogprobs proto;
+  TokenLogprobsToProto(lp, &proto);
+  ASSERT_EQ(proto.top_size(), 2);
+  EXPECT_EQ(proto.top(1).token_id(), 7);
+  const TokenLogprobs back = TokenLogprobsFromProto(proto);
+  EXPECT_EQ(back.token, 42);
+  EXPECT_EQ(back.logprob, -0.25f);
+  ASSERT_EQ(back.top.size(), 2u);
+  EXPECT_EQ(back.top[1].token, 7);
+  EXPECT_EQ(back.top[1].logprob, -2.0f);
+
+  v1::Usage usage;
+  UsageToProto(Usage{10, 3, 4}, &usage);
+  EXPECT_EQ(usage.prompt_tokens(), 10);
+  EXPECT_EQ(usage.completion_tokens(), 3);
+  EXPECT_EQ(usage.cached_prompt_tokens(), 4);
+}
+
+TEST(KvLayoutConvertTest, RunnerLayoutToProtoAndBack) {
+  KvCacheLayout runner;
+  runner.num_layers = 2;
+  runner.num_blocks = 10;
+  runner.block_size = 4;
+  runner.num_kv_heads = 3;
+  runner.head_dim = 8;
+  runner.elem_bytes = 4;
+  runner.block_bytes = 4 * 3 * 8 * 4;
+  runner.block_stride = runner.block_bytes;
+  runner.kv_stride = 10 * runner.block_bytes;
+  runner.layer_stride = 2 * runner.kv_stride;
+  const kvtransfer::KvLayout layout = ToTransferLayout(runner);
+  EXPECT_TRUE(kvtransfer::ValidateKvLayout(layout).ok());
+  v1::KvLayout proto;
+  KvLayoutToProto(layout, &proto);
+  EXPECT_EQ(proto.layer_stride(), runner.layer_stride);
+  const kvtransfer::KvLayout back = KvLayoutFromProto(proto);
+  for (int l = 0; l < 2; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int b = 0; b < 10; ++b) {
+        EXPECT_EQ(kvtransfer::KvBlockOffset(back, l, kv, b), runner.Offset(l, kv, b));
+      }
+    }
+  }
+  EXPECT_EQ(back.num_blocks, 10);
+  EXPECT_EQ(back.head_dim, 8);
+  EXPECT_EQ(back.elem_bytes, 4);
+}
+
+// Records the threads that call it; transfers complete after `polls_to_done` polls.
+class FakeBackend final : public kvtransfer::TransferBackend {
+ public:
+  std::string_view name() const override { return "fake"; }
+  kvtransfer::Capabilities capabilities() const override { return {}; }
+  const std::string& agent_name() const override { return agent_; }
+  absl::StatusOr<std::string> LocalAddress() override { return Touch("addr"); }
+  absl::StatusOr<kvtransfer::MemoryRegion> RegisterMemory(void* base, size_t length,
+                                                          kvtransfer::MemoryKind kind) override {
+    Touch("");
+    return kvtransfer::MemoryRegion{1, kind, base, length};
+  }
+  absl::StatusOr<std::string> ExportRegion(uint64_t) override { return Touch("region"); }
+  absl::Status DeregisterMemory(uint64_t) override { return absl::OkStatus(); }
+  absl::Status Connect(const std::string&, const std::string&) override {
+    Touch("");
+    return absl::OkStatus();
+  }
+  absl::Status Disconnect(const std::string&) override { return absl::OkStatus(); }
+  absl::StatusOr<kvtransfer::TransferHandle> PostWrite(
+      const kvtransfer::TransferRequest&) override {
+    Touch("");
+    polls_left_ = 3;
+    return 7;
+  }
+  absl::StatusOr<kvtransfer::TransferState> Poll(kvtransfer::TransferHandle) override {
+    Touch("");
+    return --polls_left_ > 0 ? kvtransfer::TransferState::kInProgress
+                             : kvtransfer::TransferState::kDone;
+  }
+  absl::Status Release(kvtransfer::TransferHandle) override {
+    Touch("");
+    return absl::OkStatus();
+  }
+  void Progress() override {
+    Touch("");
+    progress_calls.fetch_add(1);
+  }
+  std::vector<kvtransfer::Notification> GetNotifications() override { return {}; }
+
+  std::string Touch(std::string value) {
+    absl::MutexLock lock(&mu);
+    threads.insert(std::this_thread::get_id());
+    return value;
+  }
+
+  absl::Mutex mu;
+  std::set<std::thread::id> threads ABSL_GUARDED_BY(mu);
+  std::atomic<int> progress_calls{0};
+
+ private:
+  std::string agent_ = "fake-agent";
+  int polls_left_ = 0;
+};
+
+TEST(TransferThreadTest, OneThreadRunsTasksPollersAndProgress) {
+  auto owned = std::make_unique<FakeBackend>();
+  FakeBackend* backend = owned.get();
+  TransferThread thread(std::move(owned), absl::Microseconds(200));
+  EXPECT_EQ(thread.backend_name(), "fake");
+
+  std::vector<int> order;
+  absl::Mutex order_mu;
+  for (int i = 0; i < 5; ++i) {
+    thread.Post([i, &order, &order_mu](kvtransfer::TransferBackend&) {
+      absl::MutexLock lock(&order_mu);
+      order.push_back(i);
+    });
+  }
+  std::string address;
+  ASSERT_TRUE(thread
+                  .Run(
+                      [&address](kvtransfer::TransferBackend& b) {
+                        auto a = b.LocalAddress();
+                        if (!a.ok()) return a.status();
+                        address = *a;
+                        return absl::OkStatus();
+                      },
+                      absl::Seconds(5))
+                  .ok());
+  EXPECT_EQ(address, "addr");
+  {
+    absl::MutexLock lock(&order_mu);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  }
+  EXPECT_EQ(thread
+                .Run([](kvtransfer::TransferBackend&) { return absl::NotFoundError("peer"); },
+                     absl::Seconds(5))
+                .code(),
+            absl::StatusCode::kNotFound);
+
+  // A transfer polled to completion by a poller.
+  absl::Notification done;
+  int polls = 0;
+  thread.Post([&](kvtransfer::TransferBackend& b) {
+    auto h = b.PostWrite({});
+    ASSERT_TRUE(h.ok());
+    const kvtransfer::TransferHandle handle = *h;
+    thread.AddPoller([&, handle](kvtransfer::TransferBackend& b, bool stopping) {
+      ++polls;
+      auto state = b.Poll(handle);
+      if (!state.ok() || *state == kvtransfer::TransferState::kInProgress) return false;
+      EXPECT_TRUE(b.Release(handle).ok());
+      done.Notify();
+      return true;
+    });
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(polls, 3);
+
+  // Progress happens while idle (the target side of a transfer needs it).
+  const int before = backend->progress_calls.load();
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GT(backend->progress_calls.load(), before);
+
+  // Stop gives a live poller its last call, then refuses new work.
+  bool stopped_poller_called = false;
+  thread.AddPoller([&](kvtransfer::TransferBackend&, bool stopping) {
+    if (stopping) stopped_poller_called = true;
+    return stopping;
+  });
+  absl::SleepFor(absl::Milliseconds(5));
+  {
+    absl::MutexLock lock(&backend->mu);
+    EXPECT_EQ(backend->threads.size(), 1u);
+  }
+  thread.Stop();
+  EXPECT_TRUE(stopped_poller_called);
+  EXPECT_FALSE(thread.Post([](kvtransfer::TransferBackend&) {}));
+  EXPECT_EQ(
+      thread.Run([](kvtransfer::TransferBackend&) { return absl::OkStatus(); }, absl::Seconds(1))
+          .code(),
+      absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace tandem::server

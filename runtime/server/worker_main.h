@@ -1,0 +1,24 @@
+#pragma once
+// What `tandem prefill` and `tandem decode` share besides their role: the transfer backend by
+// name with a unique agent name, and termination-signal handling.
+//
+// Signals: BlockTerminationSignals must run on the main thread before any other thread starts
+// (threads inherit the mask), so SIGINT/SIGTERM are only ever taken by WaitForTerminationSignal.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kvtransfer/transfer_backend.h"
+
+namespace tandem::server {
+
+// "ucx" or "loopback" (kvtransfer's factory), with agent name "<role>-<hostname>-<pid>".
+absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> CreateWorkerBackend(
+    const std::string& kind, const std::string& role, const std::string& ucx_transports);
+
+void BlockTerminationSignals();
+// Blocks until SIGINT or SIGTERM arrives; returns the signal number.
+int WaitForTerminationSignal();
+
+}  // namespace tandem::server

@@ -1,0 +1,61 @@
+#pragma once
+// A worker's Prometheus metrics (runtime/metrics WorkerMetrics) and their /metrics endpoint.
+// Engine-derived metrics (running, waiting, KV blocks, generated tokens, prefix cache) are
+// refreshed from Engine::stats() at every scrape, so they are never stale; transfer metrics and
+// prompt tokens (computed here, which only the role knows) are updated by the worker.
+//
+// Threading: metrics() may be used from any thread (prometheus-cpp metrics are thread-safe);
+// Refresh/Scrape may run concurrently (serialized inside). Serve starts prometheus-cpp's pull
+// Exposer, whose own threads scrape.
+// Ownership: `engine` is not owned and must outlive the reporter; the reporter owns the registry
+// and the exposer (stopped first on destruction).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "runtime/engine/engine.h"
+#include "runtime/metrics/metrics.h"
+
+namespace tandem::server {
+
+class WorkerMetricsReporter {
+ public:
+  explicit WorkerMetricsReporter(const Engine* engine);
+  ~WorkerMetricsReporter();
+  WorkerMetricsReporter(const WorkerMetricsReporter&) = delete;
+  WorkerMetricsReporter& operator=(const WorkerMetricsReporter&) = delete;
+
+  metrics::WorkerMetrics& metrics() { return metrics_; }
+
+  // Serves GET /metrics on host:port. InvalidArgument for port <= 0; Unavailable when the port
+  // cannot be bound. At most once.
+  absl::Status Serve(const std::string& host, int port);
+
+  // Copies the engine's stats into the metrics.
+  void Refresh();
+  // Refresh, then the Prometheus text format of every metric.
+  std::string Scrape();
+
+ private:
+  class RefreshingCollectable;
+
+  const Engine* const engine_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  metrics::WorkerMetrics metrics_;
+  std::shared_ptr<RefreshingCollectable> collectable_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  absl::Mutex mu_;  // serializes Refresh (counter deltas)
+  int64_t last_generated_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefix_query_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefix_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tandem::server
