@@ -14,9 +14,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/base/logging.h"
+#include "runtime/engine/disagg_test_util.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/fake_model_runner.h"
-#include "runtime/engine/kv_copy_test_util.h"
 
 namespace tandem {
 namespace {
@@ -25,32 +25,6 @@ using ::testing::IsEmpty;
 
 constexpr int kVocab = 64;
 constexpr int kBlock = 4;
-
-// A value set once from another thread.
-template <typename T>
-class Waitable {
- public:
-  void Set(T value) {
-    absl::MutexLock lock(&mu_);
-    value_ = std::move(value);
-    ++sets_;
-  }
-  std::optional<T> Wait(absl::Duration timeout = absl::Seconds(30)) {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return value_.has_value(); };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-    return value_;
-  }
-  int sets() {
-    absl::MutexLock lock(&mu_);
-    return sets_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::optional<T> value_ ABSL_GUARDED_BY(mu_);
-  int sets_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 struct Result {
   std::vector<int32_t> tokens;
