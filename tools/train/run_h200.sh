@@ -16,7 +16,7 @@ nvidia-smi -L || true
 python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)'
 set +e
 timeout 530 python3 tools/train/train.py --corpus gpu-data/corpus.jsonl.xz --out "$work/run" \
-  --epochs 10 --target-seconds 210 --draft-seconds 100 --tandem "$work/bundle/run.sh tandem" 2>&1 |
+  --epochs 40 --target-seconds 180 --draft-seconds 90 --tandem "$work/bundle/run.sh tandem" 2>&1 |
   tee "$out/log.txt"
 rc=${PIPESTATUS[0]}
 set -e
