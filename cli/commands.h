@@ -10,5 +10,7 @@ namespace tandem::cli {
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddTokenizeCommand(CLI::App& app, int* exit_code);
 void AddModelCommand(CLI::App& app, int* exit_code);  // `tandem model synth`
+void AddPrefillCommand(CLI::App& app, int* exit_code);
+void AddDecodeCommand(CLI::App& app, int* exit_code);
 
 }  // namespace tandem::cli

@@ -1,0 +1,113 @@
+// `tandem prefill`: a prefill worker (Prefill + Worker gRPC services, grpc.health.v1).
+//   tandem prefill --model DIR --port P [--host H] [--kv-transfer ucx|loopback]
+//                  [--num-blocks N | --kv-cache-mib M] [--block-size 16] [--metrics-port Q]
+//                  [--max-num-seqs N] [--max-num-batched-tokens N] [--ucx-transports TLS]
+//                  [--drain-seconds S]
+// Prints one line "tandem prefill: serving on HOST:PORT" to stdout once it serves (launchers wait
+// for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
+// Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "prefill/prefill_worker.h"
+#include "runtime/server/model_loader.h"
+#include "runtime/server/worker_main.h"
+
+namespace tandem::cli {
+namespace {
+
+struct PrefillFlags {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string kv_transfer = "ucx";
+  std::string ucx_transports;
+  int num_blocks = 0;
+  int kv_cache_mib = 256;
+  int block_size = 16;
+  int metrics_port = 0;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 512;
+  double drain_seconds = 5.0;
+};
+
+int Run(const PrefillFlags& flags) {
+  server::BlockTerminationSignals();
+  server::ModelLoadOptions load;
+  load.model_dir = flags.model_dir;
+  load.block_size = flags.block_size;
+  load.num_blocks = flags.num_blocks;
+  load.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mib) << 20;
+  load.engine.max_num_seqs = flags.max_num_seqs;
+  load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
+  auto model = server::LoadModel(load);
+  if (!model.ok()) {
+    std::cerr << "tandem prefill: " << model.status().message() << "\n";
+    return 1;
+  }
+  auto backend = server::CreateWorkerBackend(flags.kv_transfer, "prefill", flags.ucx_transports);
+  if (!backend.ok()) {
+    std::cerr << "tandem prefill: --kv-transfer: " << backend.status().message() << "\n";
+    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  prefill::PrefillWorkerOptions options;
+  options.host = flags.host;
+  options.port = flags.port;
+  options.model_name = model->name;
+  auto worker = prefill::PrefillWorker::Create(model->engine.get(), std::move(*backend), options);
+  if (!worker.ok()) {
+    std::cerr << "tandem prefill: " << worker.status().message() << "\n";
+    return 1;
+  }
+  if (flags.metrics_port > 0) {
+    if (absl::Status s = (*worker)->metrics().Serve(flags.host, flags.metrics_port); !s.ok()) {
+      std::cerr << "tandem prefill: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  std::cout << "tandem prefill: serving on " << flags.host << ":" << (*worker)->port() << std::endl;
+  const int signal = server::WaitForTerminationSignal();
+  std::cerr << "tandem prefill: signal " << signal << ", draining\n";
+  (*worker)->Shutdown(absl::Seconds(flags.drain_seconds));
+  model->engine->Shutdown(absl::ZeroDuration());
+  worker->reset();
+  return 0;
+}
+
+}  // namespace
+
+void AddPrefillCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<PrefillFlags>();
+  CLI::App* cmd = app.add_subcommand("prefill", "Run a prefill worker (Prefill + Worker gRPC)");
+  cmd->add_option("--model", flags->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--port", flags->port, "gRPC port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
+  cmd->add_option("--kv-transfer", flags->kv_transfer, "KV transfer backend (default ucx)")
+      ->check(CLI::IsMember({"ucx", "loopback"}));
+  cmd->add_option("--ucx-transports", flags->ucx_transports,
+                  "UCX transports, UCX_TLS syntax (default: UCX's choice)");
+  CLI::Option* blocks = cmd->add_option("--num-blocks", flags->num_blocks, "KV cache blocks")
+                            ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-mib", flags->kv_cache_mib, "KV cache size in MiB (default 256)")
+      ->check(CLI::PositiveNumber)
+      ->excludes(blocks);
+  cmd->add_option("--block-size", flags->block_size, "tokens per KV block (default 16)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--metrics-port", flags->metrics_port, "Prometheus /metrics port (0: none)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--max-num-seqs", flags->max_num_seqs, "sequences per batch (default 64)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
+                  "tokens per step (default 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--drain-seconds", flags->drain_seconds,
+                  "on SIGINT/SIGTERM, time in-flight requests get (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([flags, exit_code] { *exit_code = Run(*flags); });
+}
+
+}  // namespace tandem::cli
