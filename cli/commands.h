@@ -10,7 +10,10 @@ namespace tandem::cli {
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddTokenizeCommand(CLI::App& app, int* exit_code);
 void AddModelCommand(CLI::App& app, int* exit_code);  // `tandem model synth`
+void AddBenchCommand(CLI::App& app, int* exit_code);  // OpenAI-compatible load generator
 void AddPrefillCommand(CLI::App& app, int* exit_code);
 void AddDecodeCommand(CLI::App& app, int* exit_code);
+void AddRouterCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);  // router + workers as local processes
 
 }  // namespace tandem::cli

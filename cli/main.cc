@@ -11,8 +11,11 @@ int main(int argc, char** argv) {
   tandem::cli::AddGenerateCommand(app, &exit_code);
   tandem::cli::AddTokenizeCommand(app, &exit_code);
   tandem::cli::AddModelCommand(app, &exit_code);
+  tandem::cli::AddBenchCommand(app, &exit_code);
   tandem::cli::AddPrefillCommand(app, &exit_code);
   tandem::cli::AddDecodeCommand(app, &exit_code);
+  tandem::cli::AddRouterCommand(app, &exit_code);
+  tandem::cli::AddServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,222 @@
+// `tandem router`: the OpenAI HTTP frontend over the decode and prefill pools.
+//   tandem router --model DIR [--port 8000] [--host 0.0.0.0] [--served-model-name NAME]
+//                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
+//                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
+//                 [--routing least-loaded|round-robin] [--local-prefill-threshold N]
+// With no prefill workers every prompt is prefilled on its decode worker (aggregated serving).
+// Prints "tandem router: serving on http://HOST:PORT/v1 ..." to stdout once it accepts requests
+// (after waiting up to --wait-ready-s for a healthy decode worker), then serves until SIGINT or
+// SIGTERM, and stops cleanly. Exit status: 0 after a signal, 1 runtime error, 2 usage error.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "cli/commands.h"
+#include "prometheus/registry.h"
+#include "runtime/metrics/metrics.h"
+#include "runtime/router/discovery.h"
+#include "runtime/router/frontend.h"
+#include "runtime/router/grpc_generation_backend.h"
+#include "runtime/router/routing_policy.h"
+#include "runtime/router/worker_pool.h"
+
+namespace tandem::cli {
+namespace {
+
+struct RouterFlags {
+  std::string model_dir;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  std::string served_model_name;
+  std::string prefill_workers;
+  std::string decode_workers;
+  std::vector<std::string> prefill_dns;
+  std::vector<std::string> decode_dns;
+  double dns_refresh_s = 10;
+  std::string routing = "least-loaded";
+  int local_prefill_threshold = 0;
+  int max_model_len = 0;
+  double request_timeout_s = 0;
+  int http_threads = 4;
+  double wait_ready_s = 10;
+};
+
+// Blocks until SIGINT or SIGTERM (blocked in every thread), or `timeout` passes; true on a signal.
+bool WaitForSignal(const sigset_t& signals, absl::Duration timeout) {
+  const int64_t ns = absl::ToInt64Nanoseconds(timeout);
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  return sigtimedwait(&signals, nullptr, &ts) > 0;
+}
+
+int RunRouter(const RouterFlags& flags) {
+  const auto usage = [](const std::string& message) {
+    std::cerr << "tandem router: " << message << "\n";
+    return 2;
+  };
+  // Every thread started from here on inherits the blocked mask; the main thread takes them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto policy = router::ParseRoutingPolicy(flags.routing);
+  if (!policy.ok()) return usage(std::string(policy.status().message()));
+  auto decode_static = router::ParseWorkerList(flags.decode_workers);
+  if (!decode_static.ok()) return usage(std::string(decode_static.status().message()));
+  auto prefill_static = router::ParseWorkerList(flags.prefill_workers);
+  if (!prefill_static.ok()) return usage(std::string(prefill_static.status().message()));
+  if (decode_static->empty() && flags.decode_dns.empty()) {
+    return usage("no decode workers: give --decode-workers or --decode-dns");
+  }
+  const bool disaggregated = !prefill_static->empty() || !flags.prefill_dns.empty();
+
+  router::WorkerPool decode_pool(router::WorkerPoolOptions{.role = "decode"});
+  std::unique_ptr<router::WorkerPool> prefill_pool;
+  if (disaggregated) {
+    prefill_pool =
+        std::make_unique<router::WorkerPool>(router::WorkerPoolOptions{.role = "prefill"});
+  }
+  router::GrpcBackendOptions backend_options;
+  backend_options.policy = *policy;
+  backend_options.local_prefill_threshold = flags.local_prefill_threshold;
+  router::GrpcGenerationBackend backend(&decode_pool, prefill_pool.get(), backend_options);
+
+  prometheus::Registry registry;
+  router::RouterFrontendOptions frontend_options;
+  frontend_options.http.host = flags.host;
+  frontend_options.http.port = flags.port;
+  frontend_options.http.num_threads = flags.http_threads;
+  frontend_options.model_dir = flags.model_dir;
+  frontend_options.served_model_name = flags.served_model_name;
+  frontend_options.max_model_len = flags.max_model_len;
+  if (flags.request_timeout_s > 0) {
+    frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
+  }
+  auto frontend = router::RouterFrontend::Create(frontend_options, &backend, &registry);
+  if (!frontend.ok()) {
+    std::cerr << "tandem router: " << frontend.status().message() << "\n";
+    return 1;
+  }
+  decode_pool.SetMetrics(&(*frontend)->metrics());
+  if (prefill_pool != nullptr) prefill_pool->SetMetrics(&(*frontend)->metrics());
+
+  const auto make_discovery =
+      [&](const std::vector<std::string>& addresses, const std::vector<std::string>& dns,
+          router::WorkerPool* pool) -> absl::StatusOr<std::unique_ptr<router::Discovery>> {
+    router::Discovery::Options options;
+    options.static_workers = addresses;
+    options.dns_names = dns;
+    options.refresh = absl::Seconds(flags.dns_refresh_s);
+    return router::Discovery::Create(
+        options, [pool](const std::vector<std::string>& members) { pool->SetMembers(members); });
+  };
+  auto decode_discovery = make_discovery(*decode_static, flags.decode_dns, &decode_pool);
+  if (!decode_discovery.ok()) return usage(std::string(decode_discovery.status().message()));
+  std::unique_ptr<router::Discovery> prefill_discovery;
+  if (prefill_pool != nullptr) {
+    auto created = make_discovery(*prefill_static, flags.prefill_dns, prefill_pool.get());
+    if (!created.ok()) return usage(std::string(created.status().message()));
+    prefill_discovery = *std::move(created);
+  }
+  (*decode_discovery)->Start();
+  if (prefill_discovery != nullptr) prefill_discovery->Start();
+
+  int exit_code = 0;
+  if (absl::Status started = (*frontend)->Start(); !started.ok()) {
+    std::cerr << "tandem router: " << started.message() << "\n";
+    exit_code = 1;
+  } else {
+    // The first requests should find the workers connected: wait (bounded) for a healthy decode
+    // worker before announcing readiness.
+    bool signalled = false;
+    const absl::Time ready_deadline = absl::Now() + absl::Seconds(flags.wait_ready_s);
+    while (!backend.Ready().ok() && absl::Now() < ready_deadline && !signalled) {
+      signalled = WaitForSignal(signals, absl::Milliseconds(50));
+    }
+    if (!signalled) {
+      if (absl::Status ready = backend.Ready(); !ready.ok()) {
+        std::cerr << "tandem router: not ready yet (" << ready.message()
+                  << "); serving anyway, /health answers 503 until a decode worker is healthy\n";
+      }
+      std::cout << "tandem router: serving on http://" << flags.host << ":" << (*frontend)->port()
+                << "/v1 (model " << (*frontend)->served_model_name() << ", " << decode_pool.size()
+                << " decode + " << (prefill_pool != nullptr ? prefill_pool->size() : 0)
+                << " prefill workers, routing " << router::RoutingPolicyName(*policy)
+                << (disaggregated ? "" : ", aggregated") << ")" << std::endl;
+      while (!WaitForSignal(signals, absl::Seconds(1))) {
+      }
+    }
+    std::cerr << "tandem router: shutting down\n";
+  }
+  // In dependency order: requests end, discovery stops feeding the pools, the pools stop
+  // publishing into the frontend's metrics, then the frontend (and its metrics) go.
+  (*frontend)->Stop();
+  (*decode_discovery)->Stop();
+  if (prefill_discovery != nullptr) prefill_discovery->Stop();
+  decode_pool.Stop();
+  if (prefill_pool != nullptr) prefill_pool->Stop();
+  frontend->reset();
+  return exit_code;
+}
+
+}  // namespace
+
+void AddRouterCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<RouterFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "router", "OpenAI HTTP frontend routing requests to prefill and decode worker pools");
+  cmd->add_option("--model", flags->model_dir,
+                  "Model directory (tokenizer, chat template, config.json)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--host", flags->host, "HTTP bind address (default 0.0.0.0)");
+  cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--served-model-name", flags->served_model_name,
+                  "Model name clients use (default: the model directory's name)");
+  cmd->add_option("--decode-workers", flags->decode_workers,
+                  "Decode workers, comma-separated host:port");
+  cmd->add_option("--prefill-workers", flags->prefill_workers,
+                  "Prefill workers, comma-separated host:port (none: decode workers prefill)");
+  cmd->add_option("--decode-dns", flags->decode_dns,
+                  "DNS name:port whose A/AAAA records are decode workers (e.g. a Kubernetes "
+                  "headless Service); repeatable")
+      ->delimiter(',');
+  cmd->add_option("--prefill-dns", flags->prefill_dns,
+                  "DNS name:port whose A/AAAA records are prefill workers; repeatable")
+      ->delimiter(',');
+  cmd->add_option("--dns-refresh-s", flags->dns_refresh_s,
+                  "Seconds between DNS re-resolutions (default 10)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--routing", flags->routing,
+                  "Worker choice: least-loaded (KV headroom, then load) or round-robin")
+      ->check(CLI::IsMember({"least-loaded", "round-robin"}));
+  cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
+                  "Prompts shorter than this many tokens are prefilled on the decode worker "
+                  "(default 0: never)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-model-len", flags->max_model_len,
+                  "Context limit, prompt + output tokens (default: config.json)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--request-timeout-s", flags->request_timeout_s,
+                  "Deadline of each request in seconds (default 0: none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--http-threads", flags->http_threads, "HTTP io threads (default 4)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--wait-ready-s", flags->wait_ready_s,
+                  "At start-up, wait this long for a healthy decode worker before announcing "
+                  "readiness (default 10)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([flags, exit_code] { *exit_code = RunRouter(*flags); });
+}
+
+}  // namespace tandem::cli

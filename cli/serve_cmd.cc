@@ -1,0 +1,476 @@
+// `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
+//   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
+//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|loopback] [--device cpu]
+//                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
+// Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
+// free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
+// them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
+// stdout/stderr is forwarded line by line with a "[router]", "[prefill-0]", "[decode-0]" prefix.
+// SIGINT/SIGTERM: the router is stopped first, then the workers (SIGTERM, then SIGKILL after
+// --stop-timeout-s). A child that dies unexpectedly is reported and the rest are stopped (exit 1).
+// Children run in their own process group (a terminal's Ctrl-C reaches only serve, which stops
+// them in order) and get PR_SET_PDEATHSIG(SIGKILL): none outlives serve, even a SIGKILLed one.
+// --aggregated: no prefill workers; decode workers prefill locally (the baseline).
+// Default model: models/target when present, else a random-weight tiny model created once under
+// $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
+// Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/commands.h"
+
+namespace tandem::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ServeFlags {
+  std::string model_dir;
+  int prefill_workers = 1;
+  int decode_workers = 1;
+  int port = 8000;
+  std::string host = "127.0.0.1";
+  bool aggregated = false;
+  std::string kv_transfer = "ucx";
+  std::string device = "cpu";
+  std::string routing = "least-loaded";
+  int local_prefill_threshold = 0;
+  std::string served_model_name;
+  double startup_timeout_s = 300;
+  double stop_timeout_s = 10;
+};
+
+// One write per line so lines from different children never interleave.
+absl::Mutex output_mu;
+void WriteLine(FILE* out, const std::string& line) {
+  absl::MutexLock lock(&output_mu);
+  fwrite(line.data(), 1, line.size(), out);
+  fflush(out);
+}
+void Say(const std::string& message) { WriteLine(stderr, absl::StrCat("[serve] ", message, "\n")); }
+
+// A child process and the threads forwarding its output.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::vector<std::thread> forwarders;
+  bool reaped = false;
+  int wait_status = 0;
+
+  absl::Mutex mu;
+  bool ready ABSL_GUARDED_BY(mu) = false;
+  std::string ready_address ABSL_GUARDED_BY(mu);  // what followed "serving on "
+};
+
+// Reads `fd` line by line, writes each line to `out` with "[name] ", and marks the child ready
+// on its first "<...>: serving on <address>" line. Returns at EOF (the child exited).
+void Forward(Child* child, int fd, FILE* out) {
+  std::string pending;
+  char buf[4096];
+  const auto emit = [&](const std::string& line) {
+    WriteLine(out, absl::StrCat("[", child->name, "] ", line, "\n"));
+    const size_t at = line.find(": serving on ");
+    if (at == std::string::npos) return;
+    std::string address = line.substr(at + 13);
+    address = address.substr(0, address.find(' '));
+    absl::MutexLock lock(&child->mu);
+    if (!child->ready) {
+      child->ready = true;
+      child->ready_address = address;
+    }
+  };
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    size_t newline;
+    while ((newline = pending.find('\n')) != std::string::npos) {
+      emit(pending.substr(0, newline));
+      pending.erase(0, newline + 1);
+    }
+  }
+  if (!pending.empty()) emit(pending);
+  close(fd);
+}
+
+// Starts `exe args...` as a child whose stdout/stderr are forwarded with its name. The child gets
+// the default signal mask and dispositions, its own process group, and SIGKILL when serve dies.
+absl::StatusOr<std::unique_ptr<Child>> Spawn(const std::string& exe, const std::string& name,
+                                             const std::vector<std::string>& args) {
+  int out_pipe[2];
+  int err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(strerror(errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return absl::InternalError(strerror(errno));
+  }
+  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> argv_storage = {exe};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // serve died before prctl took effect
+    setpgid(0, 0);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);  // ignored in serve; ignored dispositions survive exec
+    execv(exe.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  auto child = std::make_unique<Child>();
+  child->name = name;
+  child->pid = pid;
+  Child* raw = child.get();
+  child->forwarders.emplace_back(Forward, raw, out_pipe[0], stdout);
+  child->forwarders.emplace_back(Forward, raw, err_pipe[0], stderr);
+  return child;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return "stopped";
+}
+
+bool Reap(Child& child, int flags) {
+  if (child.reaped) return true;
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(child.pid, &status, flags);
+  } while (r < 0 && errno == EINTR);
+  if (r == child.pid || (r < 0 && errno == ECHILD)) {
+    child.reaped = true;
+    child.wait_status = status;
+    for (std::thread& t : child.forwarders) t.join();
+    child.forwarders.clear();
+    return true;
+  }
+  return false;
+}
+
+class Supervisor {
+ public:
+  explicit Supervisor(std::string exe) : exe_(std::move(exe)) {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+  }
+  ~Supervisor() { StopAll(absl::Seconds(5)); }
+
+  // Blocks SIGINT/SIGTERM in this process (WaitForSignal takes them).
+  void BlockSignals() {
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+
+  absl::StatusOr<Child*> Start(const std::string& name, const std::vector<std::string>& args) {
+    auto child = Spawn(exe_, name, args);
+    if (!child.ok()) return child.status();
+    children_.push_back(*std::move(child));
+    return children_.back().get();
+  }
+
+  // Sleeps up to `timeout`; true when SIGINT/SIGTERM arrived.
+  bool WaitForSignal(absl::Duration timeout) {
+    const int64_t ns = absl::ToInt64Nanoseconds(timeout);
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    const int sig = sigtimedwait(&signals_, nullptr, &ts);
+    if (sig > 0) signal_ = sig;
+    return sig > 0;
+  }
+  int signal() const { return signal_; }
+
+  // A child that exited (reaped now), or nullptr.
+  Child* FindExited() {
+    for (auto& child : children_) {
+      if (!child->reaped && Reap(*child, WNOHANG)) return child.get();
+    }
+    return nullptr;
+  }
+
+  // Waits until every one of `children` is ready. Errors: a child exited, a signal came
+  // (Cancelled), or the deadline passed.
+  absl::Status WaitReady(const std::vector<Child*>& children, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      bool all = true;
+      for (Child* child : children) {
+        absl::MutexLock lock(&child->mu);
+        all = all && child->ready;
+      }
+      if (all) return absl::OkStatus();
+      if (Child* dead = FindExited(); dead != nullptr) {
+        return absl::AbortedError(
+            absl::StrCat(dead->name, " ", DescribeExit(dead->wait_status), " while starting"));
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "not ready within ", absl::FormatDuration(timeout), " (see the output above)"));
+      }
+      if (WaitForSignal(absl::Milliseconds(50))) return absl::CancelledError("signal");
+    }
+  }
+
+  // Stops the children started last first (the router before the workers it talks to): SIGTERM,
+  // wait up to `timeout`, SIGKILL, reap.
+  void StopAll(absl::Duration timeout) {
+    std::vector<Child*> router;
+    std::vector<Child*> workers;
+    for (auto& child : children_) {
+      (child->name == "router" ? router : workers).push_back(child.get());
+    }
+    StopGroup(router, timeout);
+    StopGroup(workers, timeout);
+  }
+
+ private:
+  void StopGroup(const std::vector<Child*>& group, absl::Duration timeout) {
+    for (Child* child : group) {
+      if (!child->reaped) kill(child->pid, SIGTERM);
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    for (Child* child : group) {
+      while (!Reap(*child, WNOHANG) && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      if (!child->reaped) {
+        Say(absl::StrCat(child->name, " did not stop within ", absl::FormatDuration(timeout),
+                         "; killing it"));
+        kill(child->pid, SIGKILL);
+        Reap(*child, 0);
+      }
+    }
+  }
+
+  const std::string exe_;
+  sigset_t signals_;
+  int signal_ = 0;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+std::string SelfExe() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("/proc/self/exe") : exe.string();
+}
+
+// The model to serve when --model is not given; creates the tiny model on first use.
+absl::StatusOr<std::string> DefaultModel(const std::string& exe) {
+  if (fs::exists("models/target/config.json")) return std::string("models/target");
+  fs::path dir;
+  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache != nullptr && *cache != '\0') {
+    dir = fs::path(cache) / "tandem" / "models" / "tiny";
+  } else {
+    dir = fs::path(exe).parent_path() / "models" / "tiny";
+  }
+  if (fs::exists(dir / "config.json")) return dir.string();
+  Say(absl::StrCat("no bundled model (models/target); creating a random-weight tiny model in ",
+                   dir.string(), " (its text is gibberish)"));
+  auto child = Spawn(exe, "model",
+                     {"model", "synth", "--like", "tiny", "--out", dir.string(), "--seed", "0"});
+  if (!child.ok()) return child.status();
+  Reap(**child, 0);
+  const int status = (*child)->wait_status;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat("tandem model synth ", DescribeExit(status)));
+  }
+  return dir.string();
+}
+
+// Port from "host:port" or "http://host:port/v1".
+std::string PortOf(const std::string& address) {
+  std::string rest = address;
+  if (size_t scheme = rest.find("://"); scheme != std::string::npos) rest = rest.substr(scheme + 3);
+  rest = rest.substr(0, rest.find('/'));
+  return rest.substr(rest.rfind(':') + 1);
+}
+
+int RunServe(ServeFlags flags) {
+  const std::string exe = SelfExe();
+  Supervisor supervisor(exe);
+  supervisor.BlockSignals();
+
+  if (flags.model_dir.empty()) {
+    auto model = DefaultModel(exe);
+    if (!model.ok()) {
+      std::cerr << "tandem serve: " << model.status().message() << "\n";
+      return 1;
+    }
+    flags.model_dir = *model;
+  }
+  const int num_prefill = flags.aggregated ? 0 : flags.prefill_workers;
+  Say(absl::StrCat("starting ", num_prefill, " prefill + ", flags.decode_workers,
+                   " decode workers on ", flags.model_dir, flags.aggregated ? " (aggregated)" : "",
+                   ", KV transfer ", flags.kv_transfer));
+
+  const auto stop = [&](int code) {
+    supervisor.StopAll(absl::Seconds(flags.stop_timeout_s));
+    return code;
+  };
+  std::vector<Child*> prefill;
+  std::vector<Child*> decode;
+  const std::vector<std::string> common = {"--model", flags.model_dir, "--port",
+                                           "0",       "--kv-transfer", flags.kv_transfer};
+  for (int i = 0; i < num_prefill + flags.decode_workers; ++i) {
+    const bool is_prefill = i < num_prefill;
+    std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
+    args.insert(args.end(), common.begin(), common.end());
+    const std::string name =
+        is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
+    auto child = supervisor.Start(name, args);
+    if (!child.ok()) {
+      std::cerr << "tandem serve: starting " << name << ": " << child.status().message() << "\n";
+      return stop(1);
+    }
+    (is_prefill ? prefill : decode).push_back(*child);
+  }
+  std::vector<Child*> workers = prefill;
+  workers.insert(workers.end(), decode.begin(), decode.end());
+  const absl::Duration startup = absl::Seconds(flags.startup_timeout_s);
+  if (absl::Status ready = supervisor.WaitReady(workers, startup); !ready.ok()) {
+    if (absl::IsCancelled(ready)) return stop(0);
+    std::cerr << "tandem serve: workers: " << ready.message() << "\n";
+    return stop(1);
+  }
+
+  const auto addresses = [](const std::vector<Child*>& children) {
+    std::vector<std::string> out;
+    for (Child* child : children) {
+      absl::MutexLock lock(&child->mu);
+      out.push_back(absl::StrCat("127.0.0.1:", PortOf(child->ready_address)));
+    }
+    return absl::StrJoin(out, ",");
+  };
+  std::vector<std::string> router_args = {"router",
+                                          "--model",
+                                          flags.model_dir,
+                                          "--host",
+                                          flags.host,
+                                          "--port",
+                                          std::to_string(flags.port),
+                                          "--decode-workers",
+                                          addresses(decode),
+                                          "--routing",
+                                          flags.routing,
+                                          "--local-prefill-threshold",
+                                          std::to_string(flags.local_prefill_threshold)};
+  if (!prefill.empty()) {
+    router_args.insert(router_args.end(), {"--prefill-workers", addresses(prefill)});
+  }
+  if (!flags.served_model_name.empty()) {
+    router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
+  }
+  auto router = supervisor.Start("router", router_args);
+  if (!router.ok()) {
+    std::cerr << "tandem serve: starting the router: " << router.status().message() << "\n";
+    return stop(1);
+  }
+  if (absl::Status ready = supervisor.WaitReady({*router}, startup); !ready.ok()) {
+    if (absl::IsCancelled(ready)) return stop(0);
+    std::cerr << "tandem serve: router: " << ready.message() << "\n";
+    return stop(1);
+  }
+  std::string port;
+  {
+    absl::MutexLock lock(&(*router)->mu);
+    port = PortOf((*router)->ready_address);
+  }
+  const std::string host =
+      flags.host == "0.0.0.0" || flags.host == "127.0.0.1" ? "localhost" : flags.host;
+  WriteLine(stdout, absl::StrCat("Tandem is serving ", flags.model_dir, " at http://", host, ":",
+                                 port, "/v1 (Ctrl-C to stop)\n"));
+
+  while (true) {
+    if (supervisor.WaitForSignal(absl::Milliseconds(100))) {
+      Say(absl::StrCat("signal ", supervisor.signal(), ": stopping"));
+      return stop(0);
+    }
+    if (Child* dead = supervisor.FindExited(); dead != nullptr) {
+      Say(absl::StrCat(dead->name, " ", DescribeExit(dead->wait_status),
+                       " unexpectedly; stopping the rest"));
+      return stop(1);
+    }
+  }
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Run router + prefill + decode workers as local processes (Ctrl-C stops all)");
+  cmd->add_option("--model", flags->model_dir,
+                  "Model directory (default: models/target, else a generated tiny model)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--prefill-workers", flags->prefill_workers, "Prefill workers (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-workers", flags->decode_workers, "Decode workers (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--port", flags->port, "Router HTTP port (default 8000)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--host", flags->host, "Router bind address (default 127.0.0.1)");
+  cmd->add_flag("--aggregated", flags->aggregated,
+                "No prefill workers: decode workers prefill locally (the baseline)");
+  cmd->add_option("--kv-transfer", flags->kv_transfer,
+                  "KV transfer backend: ucx (default) or loopback (one process only: across "
+                  "processes decode workers then recompute prompts locally)")
+      ->check(CLI::IsMember({"ucx", "loopback"}));
+  cmd->add_option("--device", flags->device, "Worker device (cpu)")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
+      ->check(CLI::IsMember({"least-loaded", "round-robin"}));
+  cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
+                  "Prompts shorter than this many tokens prefill on the decode worker")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--served-model-name", flags->served_model_name,
+                  "Model name clients use (default: the model directory's name)");
+  cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
+                  "Seconds each stage may take to become ready (default 300)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--stop-timeout-s", flags->stop_timeout_s,
+                  "Seconds children get to stop after SIGTERM before SIGKILL (default 10)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([flags, exit_code] { *exit_code = RunServe(*flags); });
+}
+
+}  // namespace tandem::cli

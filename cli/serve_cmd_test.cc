@@ -1,0 +1,283 @@
+// `tandem serve` as a process: it starts router + prefill + decode children, serves a completion
+// over HTTP, and leaves no process behind on SIGINT, on SIGKILL (PR_SET_PDEATHSIG), or when a
+// child dies.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One HTTP/1.1 request with Connection: close; the whole response ("" on connect failure).
+std::string HttpPost(int port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = absl::StrCat(
+      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
+      "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = write(fd, request.data() + sent, request.size() - sent);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return response;
+}
+
+// Direct children of `parent`, from /proc/*/stat.
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    pid_t pid;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close_paren = text.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(text.substr(close_paren + 2), ' ');
+    pid_t ppid;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
+      out.push_back(pid);
+    }
+  }
+  return out;
+}
+
+// Gone, or a zombie nobody has reaped yet (it runs nothing and holds no port).
+bool IsDead(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat) return true;
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close_paren = text.rfind(')');
+  return close_paren == std::string::npos || text.size() < close_paren + 3 ||
+         text[close_paren + 2] == 'Z' || text[close_paren + 2] == 'X';
+}
+
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return done();
+}
+
+// A `tandem serve` child with its output captured.
+class ServeProcess {
+ public:
+  ServeProcess(const std::vector<std::string>& args, const std::string& cache_dir) {
+    const std::string tandem = absl::StrCat(TANDEM_BUILD_DIR, "/tandem");
+    int fds[2];
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    std::vector<std::string> argv_storage = {tandem, "serve"};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string env = absl::StrCat("XDG_CACHE_HOME=", cache_dir);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      putenv(const_cast<char*>(env.c_str()));
+      execv(tandem.c_str(), argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    reader_ = std::thread([this, fd = fds[0]] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) {
+        absl::MutexLock lock(&mu_);
+        output_.append(buf, static_cast<size_t>(n));
+      }
+      close(fd);
+    });
+  }
+  ~ServeProcess() {
+    if (!exited_) {
+      kill(pid_, SIGKILL);
+      Wait(absl::Seconds(10));
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+  pid_t pid() const { return pid_; }
+  std::string output() {
+    absl::MutexLock lock(&mu_);
+    return output_;
+  }
+  bool WaitForOutput(const std::string& text, absl::Duration timeout) {
+    return WaitFor(
+        [&] {
+          absl::MutexLock lock(&mu_);
+          return output_.find(text) != std::string::npos;
+        },
+        timeout);
+  }
+  // The exit status, or -1 if it did not exit in time.
+  int Wait(absl::Duration timeout) {
+    WaitFor(
+        [&] {
+          if (exited_) return true;
+          int status;
+          if (waitpid(pid_, &status, WNOHANG) == pid_) {
+            exited_ = true;
+            status_ = status;
+          }
+          return exited_;
+        },
+        timeout);
+    return exited_ ? status_ : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::string output_;
+};
+
+class ServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_dir_ = fs::temp_directory_path() / absl::StrCat("tandem-serve-test-", getpid());
+    fs::create_directories(cache_dir_);
+  }
+  void TearDown() override { fs::remove_all(cache_dir_); }
+
+  // Starts serve and waits for its URL line; the children it started.
+  std::vector<pid_t> StartServing(ServeProcess& serve, int port, size_t expected_children = 3) {
+    const bool ready = serve.WaitForOutput(absl::StrCat("Tandem is serving"), absl::Seconds(120));
+    EXPECT_TRUE(ready) << serve.output();
+    if (!ready) return {};
+    EXPECT_NE(serve.output().find(absl::StrCat("http://localhost:", port, "/v1")),
+              std::string::npos)
+        << serve.output();
+    std::vector<pid_t> children = ChildrenOf(serve.pid());
+    EXPECT_EQ(children.size(), expected_children) << serve.output();
+    return children;
+  }
+
+  fs::path cache_dir_;
+};
+
+TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
+  const int port = FreePort();
+  ServeProcess serve(
+      {"--port", std::to_string(port), "--prefill-workers", "1", "--decode-workers", "1"},
+      cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port);
+  ASSERT_EQ(children.size(), 3u) << serve.output();
+  // The default model was created under $XDG_CACHE_HOME/tandem.
+  EXPECT_TRUE(fs::exists(cache_dir_ / "tandem" / "models" / "tiny" / "config.json"));
+  for (const char* prefix : {"[router] ", "[prefill-0] ", "[decode-0] "}) {
+    EXPECT_NE(serve.output().find(prefix), std::string::npos) << prefix;
+  }
+
+  const std::string response =
+      HttpPost(port, "/v1/completions",
+               R"({"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog", )"
+               R"("max_tokens": 5, "temperature": 0, "ignore_eos": true})");
+  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  EXPECT_NE(response.find("\"completion_tokens\":5"), std::string::npos) << response;
+  EXPECT_NE(response.find("\"finish_reason\":\"length\""), std::string::npos) << response;
+  // The prompt's KV came from the prefill worker over UCX, not a local recompute.
+  EXPECT_EQ(serve.output().find("prefilling locally"), std::string::npos) << serve.output();
+
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  const int status = serve.Wait(absl::Seconds(40));
+  ASSERT_NE(status, -1) << "serve did not exit after SIGINT\n" << serve.output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
+  for (pid_t child : children) EXPECT_TRUE(IsDead(child)) << "orphan " << child;
+  EXPECT_NE(serve.output().find("[serve] signal 2: stopping"), std::string::npos);
+}
+
+TEST_F(ServeTest, ChildrenDieWithAKilledServe) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--kv-transfer", "ucx"}, cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port);
+  ASSERT_EQ(children.size(), 3u) << serve.output();
+  ASSERT_EQ(kill(serve.pid(), SIGKILL), 0);
+  ASSERT_NE(serve.Wait(absl::Seconds(10)), -1);
+  for (pid_t child : children) {
+    EXPECT_TRUE(WaitFor([&] { return IsDead(child); }, absl::Seconds(10))) << "orphan " << child;
+  }
+}
+
+TEST_F(ServeTest, ADeadChildStopsTheRestWithAnError) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--aggregated"}, cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port, 2);
+  ASSERT_EQ(children.size(), 2u) << "router and decode-0 only";
+  // Kill the decode worker (not the router: the one whose command line says decode).
+  pid_t decode = -1;
+  for (pid_t child : children) {
+    std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
+    std::string text((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (text.find(std::string("decode\0", 7)) != std::string::npos &&
+        text.find(std::string("router\0", 7)) == std::string::npos) {
+      decode = child;
+    }
+  }
+  ASSERT_NE(decode, -1);
+  kill(decode, SIGKILL);
+  const int status = serve.Wait(absl::Seconds(40));
+  ASSERT_NE(status, -1) << serve.output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_NE(serve.output().find("decode-0 killed by signal 9 unexpectedly"), std::string::npos)
+      << serve.output();
+  for (pid_t child : children) EXPECT_TRUE(IsDead(child)) << "orphan " << child;
+}
+
+}  // namespace
