@@ -47,7 +47,10 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BOS_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 EOS_IDS = [IM_END_ID, BOS_ID]  # end of a chat turn, end of a document
 
+# Starts with the BOS, as every training document does (the router encodes the rendered chat
+# without adding special tokens, as HF does).
 CHAT_TEMPLATE = (
+    "{{ bos_token }}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
