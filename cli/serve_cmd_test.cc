@@ -128,6 +128,9 @@ class ServeProcess {
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       putenv(const_cast<char*>(env.c_str()));
+      // Away from the source tree, so the default model is the generated tiny one even when a
+      // bundled models/target exists.
+      if (chdir(cache_dir.c_str()) != 0) _exit(126);
       execv(tandem.c_str(), argv.data());
       _exit(127);
     }
