@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "runtime/base/logging.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/proto_convert.h"
 
@@ -220,9 +219,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
         metrics_->kv_transfers.Increment();
       } else {
+        // The engine logs the fallback with this status (which names what failed).
         metrics_->kv_transfer_failures.Increment();
-        LOG(WARNING) << "request " << id << ": remote prefill on " << prefill_worker << " failed ("
-                     << prefill_status.error_message() << "); recomputing the prompt locally";
         engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(prefill_status));
       }
     }

@@ -1,0 +1,207 @@
+// The real thing as separate processes: `tandem prefill` and `tandem decode` children of this
+// test, KV over UCX, driven through Decode.Generate. Greedy tokens must equal `tandem generate`
+// (a third process) and a local Engine run. Every wait has a deadline; children are killed on
+// any failure and must exit 0 on SIGTERM otherwise.
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/synth.h"
+#include "tandem/v1/decode.grpc.pb.h"
+
+extern char** environ;
+
+namespace tandem {
+namespace {
+
+// A child process with its stdout on a pipe; killed (SIGKILL) on destruction if still running.
+class Child {
+ public:
+  static std::unique_ptr<Child> Spawn(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) return nullptr;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addclose(&actions, fds[1]);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    if (rc != 0) {
+      close(fds[0]);
+      return nullptr;
+    }
+    auto child = std::unique_ptr<Child>(new Child());
+    child->pid_ = pid;
+    child->out_ = fds[0];
+    return child;
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+
+  // Reads stdout until a full line arrives or the deadline passes.
+  std::optional<std::string> ReadLine(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return std::nullopt;
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = read(out_, chunk, sizeof(chunk));
+      if (n <= 0) return std::nullopt;  // EOF: the child exited
+      buffer_.append(chunk, n);
+    }
+  }
+  // Reads all of stdout until EOF or the deadline.
+  std::string ReadAll(absl::Duration timeout) {
+    std::string all;
+    while (auto line = ReadLine(timeout)) all += *line + "\n";
+    all += buffer_;
+    return all;
+  }
+
+  // SIGTERM, then waits up to `timeout` for the exit status (nullopt: still running).
+  std::optional<int> Terminate(absl::Duration timeout) {
+    kill(pid_, SIGTERM);
+    return Wait(timeout);
+  }
+  std::optional<int> Wait(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  Child() = default;
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+// "tandem <role>: serving on HOST:PORT" -> "HOST:PORT".
+std::optional<std::string> ServingAddress(Child& child, const std::string& role) {
+  const std::string prefix = absl::StrCat("tandem ", role, ": serving on ");
+  auto line = child.ReadLine(absl::Seconds(60));
+  if (!line.has_value() || line->rfind(prefix, 0) != 0) return std::nullopt;
+  return line->substr(prefix.size());
+}
+
+TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
+  const std::string tandem = std::string(TANDEM_BUILD_DIR) + "/tandem";
+  ASSERT_TRUE(std::filesystem::exists(tandem)) << tandem;
+  const std::string dir = ::testing::TempDir() + "/disagg_process_tiny";
+  SynthOptions synth;
+  synth.like = "tiny";
+  synth.out_dir = dir;
+  synth.seed = 3;
+  synth.num_threads = 2;
+  ASSERT_TRUE(SynthesizeModel(synth, nullptr).ok());
+
+  const std::vector<std::string> common = {"--model",       dir,   "--port",       "0",
+                                           "--kv-transfer", "ucx", "--block-size", "16",
+                                           "--num-blocks",  "64"};
+  std::vector<std::string> p_args = {tandem, "prefill"};
+  p_args.insert(p_args.end(), common.begin(), common.end());
+  std::vector<std::string> d_args = {tandem, "decode"};
+  d_args.insert(d_args.end(), common.begin(), common.end());
+  auto prefill = Child::Spawn(p_args);
+  auto decode = Child::Spawn(d_args);
+  ASSERT_NE(prefill, nullptr);
+  ASSERT_NE(decode, nullptr);
+  const std::optional<std::string> p_address = ServingAddress(*prefill, "prefill");
+  const std::optional<std::string> d_address = ServingAddress(*decode, "decode");
+  ASSERT_TRUE(p_address.has_value()) << "no readiness line from tandem prefill";
+  ASSERT_TRUE(d_address.has_value()) << "no readiness line from tandem decode";
+
+  const std::vector<int32_t> prompt = {17,  42, 99, 5, 123, 200, 7,  64,  31, 88,
+                                       150, 9,  77, 3, 18,  240, 36, 101, 55, 90};
+  constexpr int kMaxTokens = 12;
+
+  // Through the two worker processes.
+  auto stub =
+      v1::Decode::NewStub(grpc::CreateChannel(*d_address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  request.set_request_id("process-test");
+  for (int32_t t : prompt) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_temperature(0.0f);
+  request.mutable_sampling()->set_max_tokens(kMaxTokens);
+  request.mutable_sampling()->set_ignore_eos(true);
+  request.mutable_sampling()->set_logprobs(-1);
+  request.set_prefill_worker(*p_address);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse message;
+  std::vector<int32_t> got;
+  bool remote = false;
+  bool first = true;
+  std::string finish;
+  while (reader->Read(&message)) {
+    if (first) remote = message.prefilled_remotely();
+    first = false;
+    got.insert(got.end(), message.token_ids().begin(), message.token_ids().end());
+    if (!message.finish_reason().empty()) finish = message.finish_reason();
+  }
+  const grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(remote) << "the decode worker fell back to local prefill";
+  EXPECT_EQ(finish, "length");
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMaxTokens));
+
+  // `tandem generate` in a third process.
+  auto generate =
+      Child::Spawn({tandem, "generate", "--model", dir, "--prompt-ids", absl::StrJoin(prompt, ","),
+                    "--max-tokens", std::to_string(kMaxTokens), "--ignore-eos", "--json"});
+  ASSERT_NE(generate, nullptr);
+  const std::string json_text = generate->ReadAll(absl::Seconds(60));
+  ASSERT_EQ(generate->Wait(absl::Seconds(30)), std::optional<int>(0));
+  const nlohmann::json json = nlohmann::json::parse(json_text, nullptr, false);
+  ASSERT_FALSE(json.is_discarded()) << json_text;
+  EXPECT_EQ(got, json["token_ids"].get<std::vector<int32_t>>());
+
+  // Both workers stop cleanly on SIGTERM.
+  EXPECT_EQ(decode->Terminate(absl::Seconds(15)), std::optional<int>(0));
+  EXPECT_EQ(prefill->Terminate(absl::Seconds(15)), std::optional<int>(0));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace tandem

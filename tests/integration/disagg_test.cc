@@ -1,0 +1,529 @@
+// Disaggregated serving in one process: a PrefillWorker and a DecodeWorker (each with its own
+// Engine over the CPU runner on a tiny synthesized Llama) on localhost gRPC, KV moving through
+// the loopback or the UCX backend. Driven through a real gRPC client of Decode.Generate.
+//
+// References are independent of the code under test: greedy tokens come from a plain local Engine
+// run of each prompt alone; expected KV bytes are computed from config.json
+// (ceil(len / block_size) blocks x 2 (K, V) x layers x block_size x kv_heads x head_dim x 4 bytes).
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "decode/decode_worker.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/fault_injecting_backend.h"
+#include "kvtransfer/transfer_backend.h"
+#include "nlohmann/json.hpp"
+#include "prefill/prefill_worker.h"
+#include "runtime/base/logging.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/synth.h"
+#include "runtime/server/model_loader.h"
+#include "tandem/v1/decode.grpc.pb.h"
+#include "tandem/v1/prefill.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+namespace {
+
+using kvtransfer::FaultInjectingBackend;
+using kvtransfer::FaultPlan;
+using kvtransfer::FaultStage;
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 96;
+constexpr int kMaxTokens = 10;
+
+std::string UniqueId(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return absl::StrCat(prefix, "-", counter.fetch_add(1));
+}
+
+struct Streamed {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::vector<v1::TokenLogprobs> logprobs;
+  std::string finish_reason;
+  bool prefilled_remotely = false;
+  bool first_has_ttft = false;
+  v1::Usage usage;
+  int messages = 0;
+};
+
+class DisaggTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(::testing::TempDir() + "/disagg_test_tiny");
+    SynthOptions options;
+    options.like = "tiny";
+    options.out_dir = *dir_;
+    options.seed = 11;
+    options.num_threads = 2;
+    absl::Status s = SynthesizeModel(options, nullptr);
+    CHECK(s.ok()) << s;
+    std::ifstream in(*dir_ + "/config.json");
+    config_ = new nlohmann::json(nlohmann::json::parse(in));
+    reference_ = NewEngine(/*prefix_caching=*/false).release();
+  }
+  static void TearDownTestSuite() {
+    reference_->engine->Shutdown(absl::ZeroDuration());
+    delete reference_;
+    delete config_;
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
+    delete dir_;
+  }
+
+  static std::unique_ptr<server::LoadedModel> NewEngine(bool prefix_caching = true) {
+    server::ModelLoadOptions options;
+    options.model_dir = *dir_;
+    options.block_size = kBlockSize;
+    options.num_blocks = kNumBlocks;
+    options.engine.enable_prefix_caching = prefix_caching;
+    auto model = server::LoadModel(options);
+    CHECK(model.ok()) << model.status();
+    return std::make_unique<server::LoadedModel>(std::move(*model));
+  }
+
+  // Bytes of KV for `tokens` prompt tokens at block granularity, from config.json alone.
+  static int64_t KvBytes(int tokens) {
+    const nlohmann::json& c = *config_;
+    const int64_t layers = c["num_hidden_layers"];
+    const int64_t heads = c["num_attention_heads"];
+    const int64_t kv_heads = c.value("num_key_value_heads", heads);
+    const int64_t head_dim = c.contains("head_dim") ? c["head_dim"].get<int64_t>()
+                                                    : c["hidden_size"].get<int64_t>() / heads;
+    const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize;
+    return blocks * 2 * layers * kBlockSize * kv_heads * head_dim * 4;
+  }
+
+  static std::vector<int32_t> Prompt(int length, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> id(3, 250);
+    std::vector<int32_t> prompt(length);
+    for (int32_t& t : prompt) t = id(rng);
+    return prompt;
+  }
+
+  // The prompt run alone through a plain local engine (greedy, EOS ignored).
+  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens,
+                                        std::vector<TokenLogprobs>* logprobs = nullptr) {
+    absl::Mutex mu;
+    std::vector<int32_t> tokens;
+    bool done = false;
+    GenerateRequest request;
+    request.request_id = UniqueId("ref");
+    request.prompt_token_ids = prompt;
+    request.params.temperature = 0.0f;
+    request.params.max_tokens = max_tokens;
+    request.params.ignore_eos = true;
+    if (logprobs != nullptr) request.params.logprobs = 2;
+    request.on_output = [&](const GenerationOutput& out) {
+      absl::MutexLock lock(&mu);
+      tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
+      if (logprobs != nullptr)
+        logprobs->insert(logprobs->end(), out.logprobs.begin(), out.logprobs.end());
+      if (out.finish_reason.has_value()) done = true;
+    };
+    CHECK(reference_->engine->Submit(std::move(request)).ok());
+    absl::MutexLock lock(&mu);
+    CHECK(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(60)));
+    return tokens;
+  }
+
+  std::unique_ptr<kvtransfer::TransferBackend> Backend(const std::string& kind,
+                                                       const std::string& role) {
+    kvtransfer::BackendOptions options;
+    options.agent_name = UniqueId(absl::StrCat(role, "-", kind));
+    options.ucx_transports = "tcp,sm,self";
+    auto backend = kvtransfer::CreateTransferBackend(kind, options);
+    CHECK(backend.ok()) << backend.status();
+    return std::move(*backend);
+  }
+
+  // Starts P and D with `kind` backends; P's backend is wrapped for fault injection.
+  void StartStack(const std::string& kind) {
+    p_model_ = NewEngine();
+    d_model_ = NewEngine();
+    auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
+    p_faults_ = faults.get();
+    auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults), {});
+    ASSERT_TRUE(p.ok()) << p.status();
+    prefill_ = std::move(*p);
+    auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"), {});
+    ASSERT_TRUE(d.ok()) << d.status();
+    decode_ = std::move(*d);
+    channel_ = grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Decode::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    stub_.reset();
+    if (decode_ != nullptr) decode_->Shutdown(absl::ZeroDuration());
+    if (prefill_ != nullptr) prefill_->Shutdown(absl::ZeroDuration());
+    decode_.reset();
+    prefill_.reset();
+    if (d_model_ != nullptr) d_model_->engine->Shutdown(absl::ZeroDuration());
+    if (p_model_ != nullptr) p_model_->engine->Shutdown(absl::ZeroDuration());
+    d_model_.reset();
+    p_model_.reset();
+  }
+
+  static v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens,
+                                     const std::string& prefill_worker) {
+    v1::GenerateRequest request;
+    request.set_request_id(UniqueId("req"));
+    for (int32_t t : prompt) request.add_prompt_token_ids(t);
+    v1::SamplingParams* s = request.mutable_sampling();
+    s->set_temperature(0.0f);
+    s->set_max_tokens(max_tokens);
+    s->set_ignore_eos(true);
+    s->set_logprobs(-1);
+    request.set_prefill_worker(prefill_worker);
+    return request;
+  }
+
+  Streamed Generate(const v1::GenerateRequest& request, int cancel_after_messages = -1) {
+    Streamed out;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto reader = stub_->Generate(&context, request);
+    v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+      if (out.messages == 0) {
+        out.prefilled_remotely = message.prefilled_remotely();
+        out.first_has_ttft = message.has_ttft();
+      }
+      ++out.messages;
+      out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
+      out.logprobs.insert(out.logprobs.end(), message.logprobs().begin(), message.logprobs().end());
+      out.usage = message.usage();
+      if (!message.finish_reason().empty()) out.finish_reason = message.finish_reason();
+      if (out.messages == cancel_after_messages) context.TryCancel();
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  double PrefillBytes() { return prefill_->metrics().metrics().kv_transfer_bytes.Value(); }
+  double DecodeBytes() { return decode_->metrics().metrics().kv_transfer_bytes.Value(); }
+
+  // Waits until D holds no blocks and runs nothing.
+  bool DecodeDrained(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      const EngineStats stats = d_model_->engine->stats();
+      if (stats.blocks_used == 0 && stats.running == 0 && stats.waiting == 0) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  static std::string* dir_;
+  static nlohmann::json* config_;
+  static server::LoadedModel* reference_;
+
+  std::unique_ptr<server::LoadedModel> p_model_;
+  std::unique_ptr<server::LoadedModel> d_model_;
+  FaultInjectingBackend* p_faults_ = nullptr;  // owned by prefill_'s transfer thread
+  std::unique_ptr<prefill::PrefillWorker> prefill_;
+  std::unique_ptr<decode::DecodeWorker> decode_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Decode::Stub> stub_;
+};
+
+std::string* DisaggTest::dir_ = nullptr;
+nlohmann::json* DisaggTest::config_ = nullptr;
+server::LoadedModel* DisaggTest::reference_ = nullptr;
+
+TEST_P(DisaggTest, RemotePrefillMatchesLocalEngineAndMovesThePromptKv) {
+  StartStack(GetParam());
+  int seed = 1;
+  for (int length : {5, 16, 17, 40}) {
+    const std::vector<int32_t> prompt = Prompt(length, seed++);
+    const double p_before = PrefillBytes();
+    const double d_before = DecodeBytes();
+    const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens)) << "prompt length " << length;
+    EXPECT_EQ(got.finish_reason, "length");
+    EXPECT_TRUE(got.prefilled_remotely);
+    EXPECT_TRUE(got.first_has_ttft);
+    EXPECT_EQ(got.usage.prompt_tokens(), length);
+    EXPECT_EQ(got.usage.completion_tokens(), kMaxTokens);
+    EXPECT_EQ(PrefillBytes() - p_before, KvBytes(length)) << "prompt length " << length;
+    EXPECT_EQ(DecodeBytes() - d_before, KvBytes(length)) << "prompt length " << length;
+  }
+  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+  EXPECT_NE(prefill_->metrics().Scrape().find("tandem_kv_transfer_bytes_total"), std::string::npos);
+}
+
+TEST_P(DisaggTest, LocalPrefillWhenNoPrefillWorkerIsNamed) {
+  StartStack(GetParam());
+  const std::vector<int32_t> prompt = Prompt(23, 99);
+  const Streamed got = Generate(Request(prompt, kMaxTokens, ""));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(PrefillBytes(), 0);
+}
+
+TEST_P(DisaggTest, FirstTokenLogprobsComeFromThePrefillWorker) {
+  StartStack(GetParam());
+  const std::vector<int32_t> prompt = Prompt(20, 5);
+  v1::GenerateRequest request = Request(prompt, 4, prefill_->address());
+  request.mutable_sampling()->set_logprobs(2);
+  const Streamed got = Generate(request);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  ASSERT_TRUE(got.prefilled_remotely);
+  std::vector<TokenLogprobs> want;
+  ASSERT_EQ(got.tokens, Reference(prompt, 4, &want));
+  ASSERT_EQ(got.logprobs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got.logprobs[i].token_id(), want[i].token);
+    EXPECT_NEAR(got.logprobs[i].logprob(), want[i].logprob, 1e-4) << "token " << i;
+    ASSERT_EQ(got.logprobs[i].top_size(), 2);
+    EXPECT_EQ(got.logprobs[i].top(0).token_id(), want[i].top[0].token);
+  }
+}
+
+TEST_P(DisaggTest, PrefixCacheHitOnDecodeTransfersFewerBytes) {
+  StartStack(GetParam());
+  const std::vector<int32_t> first = Prompt(40, 7);
+  std::vector<int32_t> second(first.begin(), first.begin() + 2 * kBlockSize);  // 2 full blocks
+  for (int32_t t : Prompt(13, 8)) second.push_back(t);
+  ASSERT_TRUE(Generate(Request(first, kMaxTokens, prefill_->address())).status.ok());
+  const double before = PrefillBytes();
+  const Streamed got = Generate(Request(second, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_TRUE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(second, kMaxTokens));
+  EXPECT_EQ(got.usage.cached_prompt_tokens(), 2 * kBlockSize);
+  // Only the blocks past the cached prefix move.
+  EXPECT_EQ(PrefillBytes() - before, KvBytes(second.size()) - KvBytes(2 * kBlockSize));
+}
+
+TEST_P(DisaggTest, SameTokensAsTheOtherBackend) {
+  // Both stacks are compared with each other directly (besides the reference in other tests).
+  const std::vector<int32_t> prompt = Prompt(37, 21);
+  StartStack(GetParam());
+  const Streamed a = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  TearDown();
+  StartStack(GetParam() == "ucx" ? "loopback" : "ucx");
+  const Streamed b = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_TRUE(a.prefilled_remotely && b.prefilled_remotely);
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+TEST_P(DisaggTest, ClientCancelMidStreamFreesDecodeBlocks) {
+  StartStack(GetParam());
+  const Streamed got = Generate(Request(Prompt(30, 3), 1200, prefill_->address()),
+                                /*cancel_after_messages=*/3);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::CANCELLED) << got.status.error_message();
+  EXPECT_LT(got.tokens.size(), 1200u);
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+  // The prefill side holds nothing either.
+  const EngineStats p = p_model_->engine->stats();
+  EXPECT_EQ(p.held_kv, 0);
+  EXPECT_EQ(p.blocks_used, 0);
+}
+
+TEST_P(DisaggTest, DecodeCancelRpcAbortsTheStream) {
+  StartStack(GetParam());
+  const v1::GenerateRequest request = Request(Prompt(12, 4), 1200, prefill_->address());
+  absl::Notification started;
+  Streamed got;
+  std::thread client([&] {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto reader = stub_->Generate(&context, request);
+    v1::GenerateResponse message;
+    while (reader->Read(&message)) {
+      if (!started.HasBeenNotified()) started.Notify();
+      got.tokens.insert(got.tokens.end(), message.token_ids().begin(), message.token_ids().end());
+      if (!message.finish_reason().empty()) got.finish_reason = message.finish_reason();
+    }
+    got.status = reader->Finish();
+  });
+  const bool streaming = started.WaitForNotificationWithTimeout(absl::Seconds(30));
+  if (!streaming) {
+    client.join();
+    FAIL() << "no message: " << got.status.error_message();
+  }
+  grpc::ClientContext context;
+  v1::CancelRequest cancel;
+  cancel.set_request_id(request.request_id());
+  v1::CancelResponse response;
+  ASSERT_TRUE(stub_->Cancel(&context, cancel, &response).ok());
+  EXPECT_TRUE(response.found());
+  client.join();
+  EXPECT_TRUE(got.status.ok());
+  EXPECT_EQ(got.finish_reason, "abort");
+  EXPECT_LT(got.tokens.size(), 1200u);
+  grpc::ClientContext context2;
+  cancel.set_request_id("no-such-request");
+  ASSERT_TRUE(stub_->Cancel(&context2, cancel, &response).ok());
+  EXPECT_FALSE(response.found());
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
+TEST_P(DisaggTest, PrefillWorkerDownFallsBackToLocalPrefill) {
+  StartStack(GetParam());
+  const std::string dead = prefill_->address();
+  prefill_->Shutdown(absl::ZeroDuration());
+  const std::vector<int32_t> prompt = Prompt(25, 6);
+  const absl::Time start = absl::Now();
+  const Streamed got = Generate(Request(prompt, kMaxTokens, dead));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
+TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
+  StartStack(GetParam());
+  v1::GenerateRequest bad = Request(Prompt(8, 1), 4, prefill_->address());
+  bad.mutable_sampling()->set_temperature(-1.0f);
+  EXPECT_EQ(Generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = Request({}, 4, "");
+  EXPECT_EQ(Generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Prefill.Prefill with a target whose layout does not match P's.
+  auto prefill_stub = v1::Prefill::NewStub(
+      grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
+  v1::PrefillRequest request;
+  request.set_request_id("bad-layout");
+  for (int32_t t : Prompt(8, 2)) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_logprobs(-1);
+  v1::KvTarget* target = request.mutable_target();
+  target->set_backend(GetParam());
+  target->add_block_ids(0);
+  v1::KvLayout* layout = target->mutable_layout();
+  layout->set_num_layers(4);
+  layout->set_num_blocks(8);
+  layout->set_block_size(8);  // P uses 16
+  layout->set_num_kv_heads(2);
+  layout->set_head_dim(32);
+  layout->set_elem_bytes(4);
+  layout->set_block_bytes(8 * 2 * 32 * 4);
+  layout->set_block_stride(8 * 2 * 32 * 4);
+  layout->set_kv_stride(8 * 8 * 2 * 32 * 4);
+  layout->set_layer_stride(2 * 8 * 8 * 2 * 32 * 4);
+  grpc::ClientContext context;
+  v1::PrefillResponse response;
+  EXPECT_EQ(prefill_stub->Prefill(&context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  target->set_backend("carrier-pigeon");
+  grpc::ClientContext context2;
+  EXPECT_EQ(prefill_stub->Prefill(&context2, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_P(DisaggTest, StreamStatsReportsTheEngine) {
+  StartStack(GetParam());
+  auto stub = v1::Worker::NewStub(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::StatsRequest request;
+  request.set_interval_ms(20);
+  auto reader = stub->StreamStats(&context, request);
+  v1::WorkerStats stats;
+  ASSERT_TRUE(reader->Read(&stats));
+  EXPECT_EQ(stats.role(), "decode");
+  EXPECT_EQ(stats.kv_blocks_total(), kNumBlocks);
+  EXPECT_EQ(stats.kv_blocks_used(), 0);
+  EXPECT_EQ(stats.block_size(), kBlockSize);
+  ASSERT_TRUE(reader->Read(&stats));  // it keeps streaming
+  context.TryCancel();
+  while (reader->Read(&stats)) {
+  }
+  reader->Finish();
+}
+
+// Every failure point of P's transfer (STYLE.md 10): the client still gets exactly the local
+// engine's tokens (D recomputes), and the next request goes through P again.
+TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
+  const struct {
+    FaultStage stage;
+    const char* name;
+    bool fails;
+  } cases[] = {{FaultStage::kConnect, "connect", true},
+               {FaultStage::kPost, "post", true},
+               {FaultStage::kMidTransfer, "mid-transfer", true},
+               {FaultStage::kRelease, "release", false}};
+  int seed = 40;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    StartStack(GetParam());
+    FaultPlan plan;
+    plan.stage = c.stage;
+    plan.once = true;
+    plan.polls_before_failure = 2;
+    p_faults_->SetPlan(plan);
+    const std::vector<int32_t> prompt = Prompt(29, seed++);
+    const std::vector<int32_t> want = Reference(prompt, kMaxTokens);
+    const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, want);
+    EXPECT_EQ(p_faults_->faults_injected(), 1);
+    EXPECT_EQ(got.prefilled_remotely, !c.fails);
+    EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), c.fails ? 1 : 0);
+    // The fault fired once; the next request is prefilled remotely again.
+    const std::vector<int32_t> next = Prompt(18, seed++);
+    const Streamed again = Generate(Request(next, kMaxTokens, prefill_->address()));
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    EXPECT_TRUE(again.prefilled_remotely);
+    EXPECT_EQ(again.tokens, Reference(next, kMaxTokens));
+    EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+    const EngineStats p = p_model_->engine->stats();
+    EXPECT_EQ(p.held_kv, 0);
+    TearDown();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DisaggTest, ::testing::Values("loopback", "ucx"),
+                         [](const auto& info) { return info.param; });
+
+TEST(DisaggSetupTest, RegistrationFailureLeavesNothingRunning) {
+  server::ModelLoadOptions options;
+  const std::string dir = ::testing::TempDir() + "/disagg_setup_tiny";
+  SynthOptions synth;
+  synth.like = "tiny";
+  synth.out_dir = dir;
+  synth.num_threads = 2;
+  ASSERT_TRUE(SynthesizeModel(synth, nullptr).ok());
+  options.model_dir = dir;
+  options.num_blocks = 8;
+  auto model = server::LoadModel(options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  kvtransfer::BackendOptions backend_options;
+  backend_options.agent_name = UniqueId("setup");
+  auto backend = kvtransfer::CreateTransferBackend("loopback", backend_options);
+  ASSERT_TRUE(backend.ok());
+  FaultPlan plan;
+  plan.stage = FaultStage::kRegister;
+  auto worker = decode::DecodeWorker::Create(
+      model->engine.get(), std::make_unique<FaultInjectingBackend>(std::move(*backend), plan), {});
+  EXPECT_EQ(worker.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(worker.status().message().find("injected fault"), std::string::npos);
+  model->engine->Shutdown(absl::ZeroDuration());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace tandem
