@@ -1,0 +1,625 @@
+#include "runtime/router/frontend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/registry.h"
+#include "runtime/base/logging.h"
+#include "runtime/metrics/metrics.h"
+#include "runtime/model/model_config.h"
+#include "runtime/router/openai_protocol.h"
+
+namespace tandem::router {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr absl::Duration kBackendDrainTimeout = absl::Seconds(5);
+constexpr absl::string_view kCompletionsPath = "/v1/completions";
+constexpr absl::string_view kChatPath = "/v1/chat/completions";
+constexpr absl::string_view kModelsPath = "/v1/models";
+
+HttpResponse JsonResponse(int status, std::string body) {
+  return HttpResponse{status, "application/json", {}, std::move(body)};
+}
+
+HttpResponse ErrorResponse(const ApiError& e) { return JsonResponse(e.http_status, ErrorJson(e)); }
+
+// Unicode code points in `s` (OpenAI text offsets count characters, not bytes).
+int CodePoints(absl::string_view s) {
+  int n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir) {
+  FrontendModel model;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromModelDir(model_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  model.tokenizer = *std::move(tokenizer);
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> tmpl = ChatTemplate::FromModelDir(model_dir);
+  if (tmpl.ok()) {
+    model.chat_template = *std::move(tmpl);
+  } else {
+    model.chat_template_error =
+        absl::StrCat("the model has no usable chat template: ", tmpl.status().message());
+  }
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status();
+  model.max_model_len = config->max_position_embeddings;
+  return model;
+}
+
+// State shared by the HTTP handler and every in-flight request (kept alive by them).
+struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core> {
+  Core(RouterFrontendOptions o, FrontendModel m, GenerationBackend* b, prometheus::Registry* r)
+      : options(std::move(o)), model(std::move(m)), backend(b), registry(r), metrics(*r) {
+    std::random_device rd;
+    id_prefix = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    created = absl::ToUnixSeconds(absl::Now());
+  }
+
+  void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange);
+  void HandleGenerate(Endpoint endpoint, const HttpRequest& request,
+                      std::shared_ptr<HttpExchange> exchange);
+  // Tokenizes and checks limits; fills prompt ids and text (for echo) and max_tokens.
+  absl::Status PreparePrompt(OpenAiRequest& req, std::vector<int32_t>* ids,
+                             std::string* text) const;
+  std::string NewId() { return absl::StrFormat("%016x%016x", id_prefix, next_id.fetch_add(1)); }
+  void CountRequest(absl::string_view endpoint, int code) {
+    WithMetrics([&](metrics::RouterMetrics& m) {
+      m.requests.Add({{"endpoint", std::string(endpoint)}, {"code", absl::StrCat(code)}})
+          .Increment();
+    });
+  }
+  void Finish(absl::string_view endpoint, HttpExchange& exchange, HttpResponse response) {
+    CountRequest(endpoint, response.status);
+    exchange.Respond(std::move(response));
+  }
+  // Runs `fn` unless the frontend stopped (the registry may then be gone).
+  template <typename F>
+  void WithMetrics(F fn) {
+    absl::ReaderMutexLock lock(&gate_mu);
+    if (!stopped) fn(metrics);
+  }
+  void CancelBackend(const std::vector<std::string>& ids) {
+    absl::ReaderMutexLock lock(&gate_mu);
+    if (stopped) return;
+    for (const std::string& id : ids) backend->Cancel(id);
+  }
+  void RequestStarted() {
+    absl::MutexLock lock(&flight_mu);
+    ++in_flight;
+  }
+  void RequestDone() {
+    absl::MutexLock lock(&flight_mu);
+    --in_flight;
+  }
+  void WaitForBackend(absl::Duration timeout) {
+    absl::MutexLock lock(&flight_mu);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu) { return in_flight == 0; };
+    if (!flight_mu.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+      LOG(WARNING) << "router frontend: " << in_flight
+                   << " backend requests still without a final event at stop";
+    }
+  }
+
+  RouterFrontendOptions options;
+  FrontendModel model;
+  GenerationBackend* backend;
+  prometheus::Registry* registry;
+  metrics::RouterMetrics metrics;
+  uint64_t id_prefix = 0;
+  std::atomic<uint64_t> next_id{0};
+  int64_t created = 0;
+
+  absl::Mutex gate_mu;
+  bool stopped ABSL_GUARDED_BY(gate_mu) = false;
+  absl::Mutex flight_mu;
+  int in_flight ABSL_GUARDED_BY(flight_mu) = 0;
+};
+
+namespace {
+
+// One generation request (n backend requests) from parse to the last byte.
+class RequestState : public std::enable_shared_from_this<RequestState> {
+ public:
+  RequestState(std::shared_ptr<RouterFrontend::Core> core, std::shared_ptr<HttpExchange> exchange,
+               const OpenAiRequest& req, ResponseMeta meta, std::string endpoint_label,
+               std::string prompt_text, int prompt_len)
+      : core_(std::move(core)),
+        exchange_(std::move(exchange)),
+        stream_(req.stream),
+        include_usage_(req.include_usage),
+        echo_(req.echo),
+        meta_(std::move(meta)),
+        endpoint_label_(std::move(endpoint_label)),
+        prompt_text_(std::move(prompt_text)),
+        prompt_len_(prompt_len),
+        start_(absl::Now()),
+        choices_(req.n),
+        remaining_(req.n) {
+    for (int i = 0; i < req.n; ++i) {
+      choices_[i].backend_id = absl::StrCat(meta_.id, "-", i);
+    }
+  }
+
+  const std::string& backend_id(int i) const { return choices_[i].backend_id; }
+
+  void OnEvent(int i, absl::StatusOr<BackendChunk> event) {
+    std::vector<std::string> to_cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      Choice& c = choices_[i];
+      if (c.done) return;
+      if (!event.ok()) {
+        c.done = true;
+        --remaining_;
+        if (!finished_) to_cancel = FailLocked(event.status());
+      } else {
+        HandleChunkLocked(i, *std::move(event));
+      }
+      if (remaining_ == 0) DoneLocked();
+    }
+    core_->CancelBackend(to_cancel);
+  }
+
+  void OnClientGone() {
+    std::vector<std::string> to_cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+      client_gone_ = true;
+      core_->CountRequest(endpoint_label_, 499);  // nginx's "client closed request"
+      for (const Choice& c : choices_) {
+        if (!c.done) to_cancel.push_back(c.backend_id);
+      }
+    }
+    core_->CancelBackend(to_cancel);
+  }
+
+ private:
+  struct Choice {
+    std::string backend_id;
+    std::string text;
+    std::vector<LogprobEntry> logprobs;
+    std::string finish_reason;
+    int text_chars = 0;  // code points of `text` (completions text_offset)
+    bool started = false;
+    bool done = false;
+    BackendUsage usage;
+    int tokens = 0;
+    absl::Time last_token;
+  };
+
+  void HandleChunkLocked(int i, BackendChunk chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[i];
+    const absl::Time now = absl::Now();
+    if (!chunk.token_ids.empty()) {
+      core_->WithMetrics([&](metrics::RouterMetrics& m) {
+        if (!first_token_seen_) {
+          m.ttft.Observe(absl::ToDoubleSeconds(now - start_));
+        } else if (c.tokens > 0) {
+          m.inter_token.Observe(absl::ToDoubleSeconds(now - c.last_token));
+        }
+        if (chunk.ttft.has_value()) {
+          m.ttft_queue.Observe(chunk.ttft->queue_us * 1e-6);
+          m.ttft_prefill.Observe(chunk.ttft->prefill_us * 1e-6);
+          m.ttft_transfer.Observe(chunk.ttft->transfer_us * 1e-6);
+          m.ttft_first_decode.Observe(chunk.ttft->first_decode_us * 1e-6);
+        }
+      });
+      first_token_seen_ = true;
+      c.last_token = now;
+      c.tokens += static_cast<int>(chunk.token_ids.size());
+    }
+    std::string text = std::move(chunk.text);
+    if (echo_ && !c.started) text = prompt_text_ + text;
+    std::vector<LogprobEntry> entries;
+    if (meta_.logprobs) {
+      const Tokenizer& tok = *core_->model.tokenizer;
+      const size_t n = std::min(chunk.token_ids.size(), chunk.logprobs.size());
+      for (size_t k = 0; k < n; ++k) {
+        const BackendTokenLogprobs& lp = chunk.logprobs[k];
+        LogprobEntry e;
+        const int32_t id = chunk.token_ids[k];
+        e.token = tok.Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+        e.logprob = lp.logprob;
+        for (const BackendTopLogprob& t : lp.top) {
+          e.top.push_back({tok.Decode(std::span<const int32_t>(&t.token_id, 1), false), t.logprob});
+        }
+        entries.push_back(std::move(e));
+      }
+    }
+    // Offsets follow the tokens' texts (which may differ from `text` at UTF-8 boundaries).
+    int offset = c.text_chars;
+    if (echo_ && !c.started) offset += CodePoints(prompt_text_);
+    for (LogprobEntry& e : entries) {
+      e.text_offset = offset;
+      offset += CodePoints(e.token);
+    }
+    c.text_chars = entries.empty() ? c.text_chars + CodePoints(text) : offset;
+    c.text += text;
+    c.logprobs.insert(c.logprobs.end(), entries.begin(), entries.end());
+    c.usage = chunk.usage;
+    const bool first = !c.started;
+    c.started = true;
+    if (chunk.finish_reason.has_value()) {
+      c.finish_reason = *chunk.finish_reason;
+      c.done = true;
+      --remaining_;
+    }
+    if (finished_) return;
+
+    if (!stream_) {
+      if (remaining_ == 0) {
+        std::vector<ChoiceResult> results;
+        for (size_t k = 0; k < choices_.size(); ++k) {
+          results.push_back({static_cast<int>(k), std::move(choices_[k].text),
+                             std::move(choices_[k].logprobs), choices_[k].finish_reason});
+        }
+        HttpResponse r = JsonResponse(200, ResponseJson(meta_, results, UsageLocked()));
+        r.headers.emplace_back("X-Request-Id", meta_.id);
+        finished_ = true;
+        core_->Finish(endpoint_label_, *exchange_, std::move(r));
+      }
+      return;
+    }
+
+    EnsureStreamLocked();
+    const bool chat = meta_.endpoint == Endpoint::kChatCompletions;
+    if (chat && first) {
+      StreamDelta d;
+      d.index = i;
+      d.role = true;
+      exchange_->WriteChunk(StreamChunkEvent(meta_, d, include_usage_));
+    }
+    if (!text.empty() || !entries.empty()) {
+      StreamDelta d;
+      d.index = i;
+      d.text = std::move(text);
+      d.logprobs = std::move(entries);
+      exchange_->WriteChunk(StreamChunkEvent(meta_, d, include_usage_));
+    }
+    if (c.done) {
+      StreamDelta d;
+      d.index = i;
+      if (!chat) d.text = "";
+      d.finish_reason = c.finish_reason;
+      exchange_->WriteChunk(StreamChunkEvent(meta_, d, include_usage_));
+    }
+    if (remaining_ == 0) {
+      if (include_usage_) exchange_->WriteChunk(UsageChunkEvent(meta_, UsageLocked()));
+      exchange_->WriteChunk(std::string(kDoneEvent));
+      exchange_->EndStream();
+      finished_ = true;
+      core_->CountRequest(endpoint_label_, 200);
+    }
+  }
+
+  // The response fails with `status`; returns the backend requests to cancel.
+  std::vector<std::string> FailLocked(const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finished_ = true;
+    ApiError e = ToApiError(status);
+    if (stream_started_) {
+      exchange_->WriteChunk(ErrorEvent(e));
+      exchange_->WriteChunk(std::string(kDoneEvent));
+      exchange_->EndStream();
+      core_->CountRequest(endpoint_label_, 200);
+    } else {
+      core_->Finish(endpoint_label_, *exchange_, ErrorResponse(e));
+    }
+    std::vector<std::string> to_cancel;
+    for (const Choice& c : choices_) {
+      if (!c.done) to_cancel.push_back(c.backend_id);
+    }
+    return to_cancel;
+  }
+
+  void EnsureStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stream_started_) return;
+    stream_started_ = true;
+    exchange_->StartStream(200, "text/event-stream", {{"X-Request-Id", meta_.id}});
+  }
+
+  Usage UsageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Usage u;
+    u.prompt_tokens = prompt_len_;
+    for (const Choice& c : choices_) {
+      u.completion_tokens += std::max(c.usage.completion_tokens, c.tokens);
+      u.cached_tokens = std::max(u.cached_tokens, c.usage.cached_prompt_tokens);
+    }
+    return u;
+  }
+
+  void DoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Usage u = UsageLocked();
+    const absl::Duration e2e = absl::Now() - start_;
+    core_->WithMetrics([&](metrics::RouterMetrics& m) {
+      m.requests_running.Decrement();
+      m.e2e.Observe(absl::ToDoubleSeconds(e2e));
+      m.prompt_tokens.Increment(static_cast<double>(prompt_len_) * choices_.size());
+      m.generation_tokens.Increment(u.completion_tokens);
+    });
+    core_->RequestDone();
+  }
+
+  const std::shared_ptr<RouterFrontend::Core> core_;
+  const std::shared_ptr<HttpExchange> exchange_;
+  const bool stream_;
+  const bool include_usage_;
+  const bool echo_;
+  const ResponseMeta meta_;
+  const std::string endpoint_label_;
+  const std::string prompt_text_;
+  const int prompt_len_;
+  const absl::Time start_;
+
+  absl::Mutex mu_;
+  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
+  int remaining_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the response is complete or abandoned
+  bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
+  const std::string& path = request.path;
+  auto method_not_allowed = [&](absl::string_view label, absl::string_view allow) {
+    HttpResponse r = ErrorResponse(
+        MakeApiError(405, absl::StrCat("method ", request.method, " is not allowed on ", path)));
+    r.headers.emplace_back("Allow", std::string(allow));
+    Finish(label, *exchange, std::move(r));
+  };
+
+  if (path == kCompletionsPath || path == kChatPath) {
+    if (request.method != "POST") return method_not_allowed(path, "POST");
+    return HandleGenerate(path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions,
+                          request, std::move(exchange));
+  }
+  if (path == kModelsPath || absl::StartsWith(path, absl::StrCat(kModelsPath, "/"))) {
+    if (request.method != "GET") return method_not_allowed(kModelsPath, "GET");
+    const json card{{"id", options.served_model_name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "tandem"},
+                    {"max_model_len", model.max_model_len}};
+    if (path == kModelsPath) {
+      return Finish(kModelsPath, *exchange,
+                    JsonResponse(200, json{{"object", "list"}, {"data", {card}}}.dump()));
+    }
+    const std::string name = path.substr(kModelsPath.size() + 1);
+    if (name != options.served_model_name) {
+      return Finish(
+          kModelsPath, *exchange,
+          ErrorResponse(MakeApiError(404, absl::StrCat("the model '", name, "' does not exist"),
+                                     "model", "model_not_found")));
+    }
+    return Finish(kModelsPath, *exchange, JsonResponse(200, card.dump()));
+  }
+  if (path == "/health") {
+    if (request.method != "GET") return method_not_allowed(path, "GET");
+    const absl::Status ready = backend->Ready();
+    if (!ready.ok()) {
+      return Finish(path, *exchange,
+                    ErrorResponse(MakeApiError(503, std::string(ready.message()))));
+    }
+    return Finish(path, *exchange, JsonResponse(200, R"({"status":"ok"})"));
+  }
+  if (path == "/metrics") {
+    if (request.method != "GET") return method_not_allowed(path, "GET");
+    std::string text;
+    {
+      absl::ReaderMutexLock lock(&gate_mu);
+      if (!stopped) text = metrics::Serialize(*registry);
+    }
+    if (options.extra_metrics) text += options.extra_metrics();
+    return Finish(path, *exchange,
+                  HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {}, text});
+  }
+  Finish(
+      "other", *exchange,
+      ErrorResponse(MakeApiError(404, absl::StrCat("no route for ", request.method, " ", path))));
+}
+
+absl::Status RouterFrontend::Core::PreparePrompt(OpenAiRequest& req, std::vector<int32_t>* ids,
+                                                 std::string* text) const {
+  const Tokenizer& tok = *model.tokenizer;
+  const bool chat = req.endpoint == Endpoint::kChatCompletions;
+  const std::string prompt_param = chat ? "messages" : "prompt";
+  if (chat) {
+    if (model.chat_template == nullptr) return InvalidParam("messages", model.chat_template_error);
+    absl::StatusOr<std::string> rendered =
+        model.chat_template->Render(req.messages, req.add_generation_prompt);
+    if (!rendered.ok()) {
+      return InvalidParam("messages", absl::StrCat("chat template: ", rendered.status().message()));
+    }
+    *ids = tok.Encode(*rendered, /*add_special_tokens=*/false);
+    *text = *std::move(rendered);
+  } else if (req.prompt_token_ids.has_value()) {
+    for (int32_t id : *req.prompt_token_ids) {
+      if (id >= tok.vocab_size()) {
+        return InvalidParam("prompt", absl::StrCat("token id ", id, " is outside the vocabulary (",
+                                                   tok.vocab_size(), " tokens)"));
+      }
+    }
+    *ids = *req.prompt_token_ids;
+    if (req.echo) *text = tok.Decode(*ids, /*skip_special_tokens=*/false);
+  } else {
+    *ids = tok.Encode(req.prompt, /*add_special_tokens=*/true);
+    *text = req.prompt;
+  }
+  if (ids->empty()) return InvalidParam(prompt_param, "the prompt is empty after tokenization");
+  const int len = static_cast<int>(ids->size());
+  const int limit = model.max_model_len;
+  if (len >= limit) {
+    return InvalidParam(
+        prompt_param,
+        absl::StrCat("this model's maximum context length is ", limit, " tokens; the prompt has ",
+                     len, " tokens, leaving no room for output"),
+        "context_length_exceeded");
+  }
+  SamplingParams& p = req.params;
+  if (p.max_tokens.has_value()) {
+    if (static_cast<int64_t>(len) + *p.max_tokens > limit) {
+      return InvalidParam(
+          prompt_param,
+          absl::StrCat("this model's maximum context length is ", limit, " tokens; the prompt has ",
+                       len, " tokens and ", *p.max_tokens, " output tokens were requested"),
+          "context_length_exceeded");
+    }
+  } else if (req.default_max_tokens.has_value()) {
+    p.max_tokens = std::min(*req.default_max_tokens, limit - len);
+  }
+  if (absl::Status s = ValidateSamplingParams(p, tok.vocab_size()); !s.ok()) {
+    // The message starts with the parameter's name ("stop_token_ids: ...").
+    const absl::string_view message = s.message();
+    return InvalidParam(message.substr(0, message.find(':')), message);
+  }
+  return absl::OkStatus();
+}
+
+void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& request,
+                                          std::shared_ptr<HttpExchange> exchange) {
+  const std::string label(endpoint == Endpoint::kChatCompletions ? kChatPath : kCompletionsPath);
+  absl::StatusOr<OpenAiRequest> parsed = endpoint == Endpoint::kChatCompletions
+                                             ? ParseChatCompletionRequest(request.body)
+                                             : ParseCompletionRequest(request.body);
+  if (!parsed.ok()) return Finish(label, *exchange, ErrorResponse(ToApiError(parsed.status())));
+  OpenAiRequest& req = *parsed;
+  if (!req.model.empty() && req.model != options.served_model_name) {
+    return Finish(label, *exchange,
+                  ErrorResponse(MakeApiError(400,
+                                             absl::StrCat("the model '", req.model,
+                                                          "' does not exist; this server serves '",
+                                                          options.served_model_name, "'"),
+                                             "model", "model_not_found")));
+  }
+  std::vector<int32_t> prompt_ids;
+  std::string prompt_text;
+  if (absl::Status s = PreparePrompt(req, &prompt_ids, &prompt_text); !s.ok()) {
+    return Finish(label, *exchange, ErrorResponse(ToApiError(s)));
+  }
+  if (absl::Status ready = backend->Ready(); !ready.ok()) {
+    return Finish(label, *exchange, ErrorResponse(MakeApiError(503, std::string(ready.message()))));
+  }
+
+  ResponseMeta meta;
+  meta.endpoint = endpoint;
+  meta.id = absl::StrCat(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-", NewId());
+  meta.created = absl::ToUnixSeconds(absl::Now());
+  meta.model = options.served_model_name;
+  meta.logprobs = req.logprobs.has_value();
+  auto state = std::make_shared<RequestState>(shared_from_this(), exchange, req, std::move(meta),
+                                              label, req.echo ? prompt_text : std::string(),
+                                              static_cast<int>(prompt_ids.size()));
+  exchange->SetCloseHandler([weak = std::weak_ptr<RequestState>(state)] {
+    if (auto s = weak.lock()) s->OnClientGone();
+  });
+  WithMetrics([](metrics::RouterMetrics& m) { m.requests_running.Increment(); });
+  RequestStarted();
+  const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + options.request_timeout;
+  for (int i = 0; i < req.n; ++i) {
+    BackendRequest br;
+    br.request_id = state->backend_id(i);
+    br.prompt_token_ids = prompt_ids;
+    br.params = req.params;
+    if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i);
+    br.deadline = deadline;
+    backend->Generate(std::move(br), [state, i](absl::StatusOr<BackendChunk> event) {
+      state->OnEvent(i, std::move(event));
+    });
+  }
+}
+
+RouterFrontend::RouterFrontend(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+RouterFrontend::~RouterFrontend() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<RouterFrontend>> RouterFrontend::Create(
+    RouterFrontendOptions options, GenerationBackend* backend, prometheus::Registry* registry) {
+  absl::StatusOr<FrontendModel> model = LoadFrontendModel(options.model_dir);
+  if (!model.ok()) return model.status();
+  return Create(std::move(options), *std::move(model), backend, registry);
+}
+
+absl::StatusOr<std::unique_ptr<RouterFrontend>> RouterFrontend::Create(
+    RouterFrontendOptions options, FrontendModel model, GenerationBackend* backend,
+    prometheus::Registry* registry) {
+  if (backend == nullptr || registry == nullptr) {
+    return absl::InvalidArgumentError("router frontend: backend and registry are required");
+  }
+  if (model.tokenizer == nullptr) {
+    return absl::InvalidArgumentError("router frontend: a tokenizer is required");
+  }
+  if (options.max_model_len > 0) model.max_model_len = options.max_model_len;
+  if (model.max_model_len <= 0) {
+    return absl::InvalidArgumentError("router frontend: the context limit must be positive");
+  }
+  if (options.served_model_name.empty()) {
+    std::filesystem::path dir(options.model_dir);
+    if (!dir.has_filename()) dir = dir.parent_path();
+    options.served_model_name = dir.filename().string();
+  }
+  if (options.served_model_name.empty()) {
+    return absl::InvalidArgumentError("router frontend: no served model name (and no model dir)");
+  }
+  return std::unique_ptr<RouterFrontend>(new RouterFrontend(
+      std::make_shared<Core>(std::move(options), std::move(model), backend, registry)));
+}
+
+absl::Status RouterFrontend::Start() {
+  if (server_ != nullptr) return absl::FailedPreconditionError("router frontend already started");
+  HttpServerOptions http = core_->options.http;
+  http.error_response = [](int status, const std::string& message) {
+    return ErrorResponse(MakeApiError(status, message));
+  };
+  std::weak_ptr<Core> weak = core_;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      std::move(http), [weak](HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
+        if (auto core = weak.lock()) core->Handle(std::move(request), std::move(exchange));
+      });
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  LOG(INFO) << "router frontend: serving '" << core_->options.served_model_name << "' on port "
+            << server_->port();
+  return absl::OkStatus();
+}
+
+int RouterFrontend::port() const { return server_ == nullptr ? 0 : server_->port(); }
+
+const std::string& RouterFrontend::served_model_name() const {
+  return core_->options.served_model_name;
+}
+
+metrics::RouterMetrics& RouterFrontend::metrics() { return core_->metrics; }
+
+void RouterFrontend::Stop() {
+  if (server_ == nullptr) return;
+  server_->Stop();
+  server_.reset();
+  core_->WaitForBackend(kBackendDrainTimeout);
+  absl::MutexLock lock(&core_->gate_mu);
+  core_->stopped = true;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,113 @@
+#pragma once
+// The router's OpenAI HTTP frontend: validates requests (openai_protocol.h), applies the chat
+// template, tokenizes, enforces the context limit, fans `n` choices out to a GenerationBackend,
+// and answers JSON or Server-Sent Events. Routes:
+//   POST /v1/completions, POST /v1/chat/completions
+//   GET  /v1/models, GET /v1/models/{name}
+//   GET  /health   200 {"status":"ok"} when backend->Ready(), else 503 with the reason
+//   GET  /metrics  Prometheus text of `registry` (RouterMetrics) plus options.extra_metrics()
+// Errors use the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 bad input
+// (unknown model: code "model_not_found"; prompt too long: code "context_length_exceeded"),
+// 404 unknown route, 405 wrong method (with Allow), 413 oversized body, 503 backend not ready or
+// Unavailable/ResourceExhausted before anything was streamed, 500 other backend errors before
+// streaming; an error after streaming started is a `data: {"error": ...}` event then `[DONE]`.
+// A client that disconnects has its backend requests cancelled (GenerationBackend::Cancel).
+//
+// Ownership: `backend` and `registry` are not owned and must outlive the frontend (and reach
+// their final events for every request before being destroyed; Stop() waits for that, bounded).
+// Threading: Create/Start/Stop/port from one controlling thread; requests are served on
+// options.http.num_threads io threads; backend callbacks may come from any thread.
+// Failure: Create fails (nothing started) on an unreadable model dir; Start fails when the port
+// cannot be bound (the frontend can then be destroyed or Start retried).
+//
+//   auto frontend = RouterFrontend::Create(options, &backend, &registry);   // StatusOr
+//   RETURN_IF_ERROR((*frontend)->Start());
+//   int port = (*frontend)->port();
+//   ...
+//   (*frontend)->Stop();
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/model/chat_template.h"
+#include "runtime/model/tokenizer.h"
+#include "runtime/router/generation_backend.h"
+#include "runtime/router/http_server.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace tandem::metrics {
+struct RouterMetrics;
+}  // namespace tandem::metrics
+
+namespace tandem::router {
+
+struct RouterFrontendOptions {
+  // host (default 0.0.0.0), port (0: a free one), num_threads, max_body_bytes (default 4 MiB),
+  // timeouts. error_response is set by the frontend (OpenAI error bodies).
+  HttpServerOptions http;
+  // tokenizer.json, tokenizer_config.json (chat template, bos/eos), config.json (context limit).
+  std::string model_dir;
+  // The name /v1/models lists and requests must use (or omit). Default: basename of model_dir.
+  std::string served_model_name;
+  // Context limit (prompt + generated tokens). 0: config.json max_position_embeddings.
+  int max_model_len = 0;
+  // Deadline given to the backend for each request.
+  absl::Duration request_timeout = absl::InfiniteDuration();
+  // Extra Prometheus text appended to /metrics (called on an io thread; may be empty).
+  std::function<std::string()> extra_metrics;
+};
+
+// What the frontend needs of the model.
+struct FrontendModel {
+  std::shared_ptr<const Tokenizer> tokenizer;  // required
+  // Null when the model has none: chat requests then get 400 with `chat_template_error`.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string chat_template_error;
+  int max_model_len = 0;  // required, > 0
+};
+
+// Loads the tokenizer, chat template and config.json context limit from `model_dir`.
+absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir);
+
+class RouterFrontend {
+ public:
+  // Loads the model files from options.model_dir.
+  static absl::StatusOr<std::unique_ptr<RouterFrontend>> Create(RouterFrontendOptions options,
+                                                                GenerationBackend* backend,
+                                                                prometheus::Registry* registry);
+  // With the model objects given (options.model_dir then only names the default served model;
+  // options.max_model_len, when set, overrides model.max_model_len).
+  static absl::StatusOr<std::unique_ptr<RouterFrontend>> Create(RouterFrontendOptions options,
+                                                                FrontendModel model,
+                                                                GenerationBackend* backend,
+                                                                prometheus::Registry* registry);
+  ~RouterFrontend();  // Stop()
+
+  // Binds and starts serving.
+  absl::Status Start();
+  // The bound port (after Start).
+  int port() const;
+  const std::string& served_model_name() const;
+  // The router metrics registered in `registry` (for the worker gauges of the pool).
+  metrics::RouterMetrics& metrics();
+  // Stops accepting, lets in-flight responses finish for http.shutdown_grace, then closes the
+  // rest and cancels their backend requests, and waits (up to 5 s) for the backend's final
+  // events. Idempotent.
+  void Stop();
+
+  struct Core;
+
+ private:
+  RouterFrontend(std::shared_ptr<Core> core);
+  std::shared_ptr<Core> core_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,847 @@
+// The router frontend over real loopback sockets and a FakeGenerationBackend.
+//
+// The test model is written here: a byte-level tokenizer whose ids 0..255 are the bytes (no
+// merges) plus three special tokens, a ChatML template, and a config.json with a 64-token
+// context. So token counts follow from byte counts by hand, and the fake backend's tokens
+// ('a' + (seed + j) % 26) give the expected texts independently of the frontend.
+#include "runtime/router/frontend.h"
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/registry.h"
+#include "runtime/router/frontend_fake_backend.h"
+#include "runtime/router/http_test_client.h"
+
+namespace tandem::router {
+namespace {
+
+using json = nlohmann::json;
+using testing::ClientResponse;
+using ::testing::ElementsAre;
+using testing::Fetch;
+using ::testing::HasSubstr;
+using testing::RawRequest;
+using testing::SseEvents;
+using testing::TestConnection;
+
+constexpr int kContext = 64;
+constexpr char kModelName[] = "tiny-chatml";
+
+// GPT-2's bytes_to_unicode: the printable character standing for each byte.
+std::string ByteChar(int b) {
+  int cp = b;
+  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) {
+      if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE))) ++n;
+    }
+    cp = 256 + n;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+std::string WriteTestModel() {
+  const std::string dir = ::testing::TempDir() + "/router_frontend_test/" + kModelName;
+  std::filesystem::create_directories(dir);
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
+  json added = json::array();
+  int id = 256;
+  for (const char* t : {"<|im_start|>", "<|im_end|>", "<|endoftext|>"}) {
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  const json tokenizer = {
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  const json config = {
+      {"chat_template",
+       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"},
+      {"eos_token", "<|endoftext|>"}};
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  const json model_config = {{"architectures", {"LlamaForCausalLM"}},
+                             {"vocab_size", 259},
+                             {"hidden_size", 16},
+                             {"intermediate_size", 32},
+                             {"num_hidden_layers", 1},
+                             {"num_attention_heads", 2},
+                             {"num_key_value_heads", 2},
+                             {"max_position_embeddings", kContext}};
+  std::ofstream(dir + "/config.json") << model_config.dump();
+  return dir;
+}
+
+// Prompt tokens of a one-message ChatML conversation: 3 specials + role + "\n" + content +
+// "\n" after <|im_end|> + "assistant\n".
+int ChatPromptTokens(const std::string& role, const std::string& content) {
+  return 3 + static_cast<int>(role.size() + 1 + content.size() + 1 + 10);
+}
+
+std::string Letters(uint64_t seed, int n) {
+  std::string s;
+  for (int j = 0; j < n; ++j) s += static_cast<char>('a' + (seed + j) % 26);
+  return s;
+}
+
+json ChatBody(const json& extra = json::object()) {
+  json j = {{"model", kModelName}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  j.update(extra);
+  return j;
+}
+
+json CompletionBody(const json& extra = json::object()) {
+  json j = {{"model", kModelName}, {"prompt", "hello"}};
+  j.update(extra);
+  return j;
+}
+
+class FrontendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_dir_ = new std::string(WriteTestModel()); }
+  static void TearDownTestSuite() { delete model_dir_; }
+
+  void SetUp() override { StartFrontend(); }
+  void TearDown() override {
+    if (frontend_ != nullptr) frontend_->Stop();
+    frontend_.reset();
+  }
+
+  void StartFrontend(absl::Duration shutdown_grace = absl::Seconds(5)) {
+    RouterFrontendOptions options;
+    options.http.host = "127.0.0.1";
+    options.http.port = 0;
+    options.http.num_threads = 4;
+    options.http.max_body_bytes = 64 << 10;
+    options.http.shutdown_grace = shutdown_grace;
+    options.model_dir = *model_dir_;
+    options.extra_metrics = [] { return std::string("tandem_test_extra_metric 1\n"); };
+    auto frontend = RouterFrontend::Create(options, &backend_, &registry_);
+    ASSERT_TRUE(frontend.ok()) << frontend.status();
+    frontend_ = *std::move(frontend);
+    ASSERT_TRUE(frontend_->Start().ok());
+    port_ = frontend_->port();
+    ASSERT_GT(port_, 0);
+  }
+
+  ClientResponse Post(const std::string& path, const json& body) {
+    auto r = Fetch(port_, "POST", path, body.dump());
+    EXPECT_TRUE(r.has_value()) << path << " " << body.dump();
+    return r.value_or(ClientResponse{});
+  }
+  static json Json(const ClientResponse& r) {
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.body;
+    return j;
+  }
+  // The parsed SSE events of a streamed response, with [DONE] as the string "[DONE]".
+  static std::vector<json> Events(const ClientResponse& r) {
+    std::vector<json> out;
+    for (const std::string& e : SseEvents(r.body)) {
+      out.push_back(e == "[DONE]" ? json("[DONE]") : json::parse(e, nullptr, false));
+    }
+    return out;
+  }
+
+  static std::string* model_dir_;
+  FakeGenerationBackend backend_;
+  prometheus::Registry registry_;
+  std::unique_ptr<RouterFrontend> frontend_;
+  int port_ = 0;
+};
+
+std::string* FrontendTest::model_dir_ = nullptr;
+
+// ---- Bad input: every row over a real socket, then a good request still works ----
+
+struct BadCase {
+  const char* name;
+  std::string method;
+  std::string path;
+  std::string body;
+  int status;
+  std::string type;
+  std::string param;  // "" = null
+  std::string code;   // "" = null
+};
+
+std::vector<BadCase> BadCases() {
+  const std::string kC = "/v1/completions";
+  const std::string kChat = "/v1/chat/completions";
+  const std::string bad = "invalid_request_error";
+  auto c = [](const json& extra) { return CompletionBody(extra).dump(); };
+  auto ch = [](const json& extra) { return ChatBody(extra).dump(); };
+  json no_prompt = CompletionBody();
+  no_prompt.erase("prompt");
+  json no_messages = ChatBody();
+  no_messages.erase("messages");
+  json seventeen = json::array();
+  for (int i = 0; i < 17; ++i) seventeen.push_back(absl::StrCat("s", i));
+  return {
+      {"bad json", "POST", kC, "{\"prompt\": ", 400, bad, "", ""},
+      {"bad json chat", "POST", kChat, "not json", 400, bad, "", ""},
+      {"body not an object", "POST", kC, "[1, 2]", 400, bad, "", ""},
+      {"missing prompt", "POST", kC, no_prompt.dump(), 400, bad, "prompt", ""},
+      {"empty prompt", "POST", kC, c({{"prompt", ""}}), 400, bad, "prompt", ""},
+      {"empty token prompt", "POST", kC, c({{"prompt", json::array()}}), 400, bad, "prompt", ""},
+      {"batched prompts", "POST", kC, c({{"prompt", {"a", "b"}}}), 400, bad, "prompt", ""},
+      {"prompt wrong type", "POST", kC, c({{"prompt", 5}}), 400, bad, "prompt", ""},
+      {"token id outside vocab", "POST", kC, c({{"prompt", {1, 100000}}}), 400, bad, "prompt", ""},
+      {"negative token id", "POST", kC, c({{"prompt", {1, -1}}}), 400, bad, "prompt", ""},
+      {"temperature type", "POST", kC, c({{"temperature", "hot"}}), 400, bad, "temperature", ""},
+      {"temperature high", "POST", kC, c({{"temperature", 2.5}}), 400, bad, "temperature", ""},
+      {"temperature negative", "POST", kChat, ch({{"temperature", -1}}), 400, bad, "temperature",
+       ""},
+      {"top_p zero", "POST", kC, c({{"top_p", 0}}), 400, bad, "top_p", ""},
+      {"top_p high", "POST", kChat, ch({{"top_p", 1.01}}), 400, bad, "top_p", ""},
+      {"top_k", "POST", kC, c({{"top_k", -5}}), 400, bad, "top_k", ""},
+      {"min_p", "POST", kC, c({{"min_p", 2}}), 400, bad, "min_p", ""},
+      {"n zero", "POST", kC, c({{"n", 0}}), 400, bad, "n", ""},
+      {"n too many", "POST", kChat, ch({{"n", 129}}), 400, bad, "n", ""},
+      {"n fractional", "POST", kC, c({{"n", 1.5}}), 400, bad, "n", ""},
+      {"logprobs high", "POST", kC, c({{"logprobs", 21}}), 400, bad, "logprobs", ""},
+      {"logprobs negative", "POST", kC, c({{"logprobs", -1}}), 400, bad, "logprobs", ""},
+      {"chat logprobs type", "POST", kChat, ch({{"logprobs", 3}}), 400, bad, "logprobs", ""},
+      {"top_logprobs high", "POST", kChat, ch({{"logprobs", true}, {"top_logprobs", 21}}), 400, bad,
+       "top_logprobs", ""},
+      {"top_logprobs without logprobs", "POST", kChat, ch({{"top_logprobs", 2}}), 400, bad,
+       "top_logprobs", ""},
+      {"presence_penalty", "POST", kC, c({{"presence_penalty", 2.5}}), 400, bad, "presence_penalty",
+       ""},
+      {"frequency_penalty", "POST", kChat, ch({{"frequency_penalty", -3}}), 400, bad,
+       "frequency_penalty", ""},
+      {"repetition_penalty zero", "POST", kC, c({{"repetition_penalty", 0}}), 400, bad,
+       "repetition_penalty", ""},
+      {"max_tokens zero", "POST", kC, c({{"max_tokens", 0}}), 400, bad, "max_tokens", ""},
+      {"max_tokens type", "POST", kChat, ch({{"max_tokens", "10"}}), 400, bad, "max_tokens", ""},
+      {"max_completion_tokens", "POST", kChat, ch({{"max_completion_tokens", -1}}), 400, bad,
+       "max_completion_tokens", ""},
+      {"seed type", "POST", kC, c({{"seed", "x"}}), 400, bad, "seed", ""},
+      {"stop type", "POST", kC, c({{"stop", 5}}), 400, bad, "stop", ""},
+      {"stop too many", "POST", kC, c({{"stop", seventeen}}), 400, bad, "stop", ""},
+      {"stop empty string", "POST", kChat, ch({{"stop", {""}}}), 400, bad, "stop", ""},
+      {"stream type", "POST", kC, c({{"stream", "yes"}}), 400, bad, "stream", ""},
+      {"stream_options without stream", "POST", kChat,
+       ch({{"stream_options", {{"include_usage", true}}}}), 400, bad, "stream_options", ""},
+      {"echo with logprobs", "POST", kC, c({{"echo", true}, {"logprobs", 1}}), 400, bad, "echo",
+       ""},
+      {"ignore_eos type", "POST", kC, c({{"ignore_eos", "yes"}}), 400, bad, "ignore_eos", ""},
+      {"tools", "POST", kChat, ch({{"tools", {{{"type", "function"}}}}}), 400, bad, "tools", ""},
+      {"unknown model", "POST", kC, c({{"model", "gpt-4"}}), 400, bad, "model", "model_not_found"},
+      {"unknown model chat", "POST", kChat, ch({{"model", "gpt-4"}}), 400, bad, "model",
+       "model_not_found"},
+      {"missing messages", "POST", kChat, no_messages.dump(), 400, bad, "messages", ""},
+      {"empty messages", "POST", kChat, ch({{"messages", json::array()}}), 400, bad, "messages",
+       ""},
+      {"messages not a list", "POST", kChat, ch({{"messages", "hi"}}), 400, bad, "messages", ""},
+      {"message without role", "POST", kChat, ch({{"messages", {{{"content", "x"}}}}}), 400, bad,
+       "messages[0].role", ""},
+      {"content wrong type", "POST", kChat,
+       ch({{"messages", {{{"role", "user"}, {"content", 5}}}}}), 400, bad, "messages[0].content",
+       ""},
+      {"image content part", "POST", kChat,
+       ch({{"messages",
+            {{{"role", "user"},
+              {"content", {{{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}}}}),
+       400, bad, "messages[0].content[0].type", ""},
+      {"prompt over context", "POST", kC, c({{"prompt", std::string(kContext, 'x')}}), 400, bad,
+       "prompt", "context_length_exceeded"},
+      {"token prompt over context", "POST", kC, c({{"prompt", std::vector<int>(kContext + 5, 65)}}),
+       400, bad, "prompt", "context_length_exceeded"},
+      {"messages over context", "POST", kChat,
+       ch({{"messages", {{{"role", "user"}, {"content", std::string(kContext, 'x')}}}}}), 400, bad,
+       "messages", "context_length_exceeded"},
+      {"prompt plus max_tokens over context", "POST", kC, c({{"max_tokens", kContext - 5 + 1}}),
+       400, bad, "prompt", "context_length_exceeded"},
+      {"messages plus max_tokens over context", "POST", kChat, ch({{"max_tokens", kContext}}), 400,
+       bad, "messages", "context_length_exceeded"},
+      {"stop token id outside vocab", "POST", kC, c({{"stop_token_ids", {100000}}}), 400, bad,
+       "stop_token_ids", ""},
+      {"unknown route", "GET", "/v1/nothing", "", 404, "not_found_error", "", ""},
+      {"unknown route post", "POST", "/foo", "{}", 404, "not_found_error", "", ""},
+      {"unknown model card", "GET", "/v1/models/gpt-4", "", 404, "not_found_error", "model",
+       "model_not_found"},
+      {"wrong method completions", "GET", kC, "", 405, bad, "", ""},
+      {"wrong method chat", "PUT", kChat, "{}", 405, bad, "", ""},
+      {"wrong method models", "POST", "/v1/models", "{}", 405, bad, "", ""},
+      {"wrong method health", "DELETE", "/health", "", 405, bad, "", ""},
+      {"body too large", "POST", kC, c({{"prompt", std::string(70 << 10, 'x')}}), 413, bad, "", ""},
+  };
+}
+
+TEST_F(FrontendTest, BadRequestsGetOpenAiErrorsAndServerKeepsServing) {
+  for (const BadCase& bc : BadCases()) {
+    SCOPED_TRACE(bc.name);
+    auto r = Fetch(port_, bc.method, bc.path, bc.body);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, bc.status) << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    const json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+    EXPECT_EQ(e["type"], bc.type);
+    EXPECT_EQ(e["param"], bc.param.empty() ? json(nullptr) : json(bc.param)) << e.dump();
+    EXPECT_EQ(e["code"], bc.code.empty() ? json(nullptr) : json(bc.code)) << e.dump();
+    if (bc.status == 405) {
+      EXPECT_FALSE(r->Header("allow").empty());
+    }
+  }
+  EXPECT_TRUE(backend_.requests().empty()) << "no bad request may reach the backend";
+  auto ok = Post("/v1/completions", CompletionBody({{"max_tokens", 2}}));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Json(ok)["choices"][0]["text"], "ab");
+}
+
+TEST_F(FrontendTest, WrongMethodNamesTheAllowedOne) {
+  auto r = Fetch(port_, "GET", "/v1/chat/completions");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->Header("allow"), "POST");
+  r = Fetch(port_, "POST", "/v1/models", "{}");
+  EXPECT_EQ(r->Header("allow"), "GET");
+}
+
+// ---- Good requests ----
+
+TEST_F(FrontendTest, CompletionNonStreaming) {
+  const int64_t before = absl::ToUnixSeconds(absl::Now());
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 5}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_THAT(r.Header("content-type"), HasSubstr("application/json"));
+  json j = Json(r);
+  EXPECT_TRUE(absl::StartsWith(j["id"].get<std::string>(), "cmpl-"));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], kModelName);
+  EXPECT_GE(j["created"].get<int64_t>(), before);
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["text"], "abcde");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);  // "hello": five byte tokens
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["usage"]["total_tokens"], 10);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  auto reqs = backend_.requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  EXPECT_EQ(reqs[0].prompt_token_ids, std::vector<int32_t>({'h', 'e', 'l', 'l', 'o'}));
+  EXPECT_EQ(reqs[0].request_id, j["id"].get<std::string>() + "-0");
+}
+
+TEST_F(FrontendTest, CompletionDefaultsTo16TokensLikeOpenAi) {
+  auto r = Post("/v1/completions", CompletionBody());
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(Json(r)["choices"][0]["text"], Letters(0, 16));
+  EXPECT_EQ(backend_.requests()[0].params.max_tokens, 16);
+  // Near the context limit the default shrinks to what is left.
+  r = Post("/v1/completions", CompletionBody({{"prompt", std::string(kContext - 3, 'x')}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(backend_.requests()[1].params.max_tokens, 3);
+}
+
+TEST_F(FrontendTest, TokenIdPromptAndCachedTokens) {
+  FakeBackendBehavior b;
+  b.cached_tokens = 2;
+  backend_.set_behavior(b);
+  auto r = Post("/v1/completions", CompletionBody({{"prompt", {72, 105, 33}}, {"max_tokens", 1}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Json(r);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+  EXPECT_EQ(backend_.requests()[0].prompt_token_ids, std::vector<int32_t>({72, 105, 33}));
+}
+
+TEST_F(FrontendTest, ChatNonStreamingAppliesTemplate) {
+  auto r = Post("/v1/chat/completions", ChatBody({{"max_completion_tokens", 3}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Json(r);
+  EXPECT_TRUE(absl::StartsWith(j["id"].get<std::string>(), "chatcmpl-"));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "abc");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ChatPromptTokens("user", "hi"));
+  // The ChatML rendering, token by token: <|im_start|>=256, <|im_end|>=257.
+  std::vector<int32_t> want = {256};
+  for (char ch : std::string("user\nhi")) want.push_back(ch);
+  want.push_back(257);
+  want.push_back('\n');
+  want.push_back(256);
+  for (char ch : std::string("assistant\n")) want.push_back(ch);
+  EXPECT_EQ(backend_.requests()[0].prompt_token_ids, want);
+}
+
+TEST_F(FrontendTest, ChatContentPartsEqualPlainString) {
+  ASSERT_EQ(Post("/v1/chat/completions", ChatBody()).status, 200);
+  json parts = ChatBody(
+      {{"messages",
+        {{{"role", "user"},
+          {"content", {{{"type", "text"}, {"text", "h"}}, {{"type", "text"}, {"text", "i"}}}}}}}});
+  ASSERT_EQ(Post("/v1/chat/completions", parts).status, 200);
+  auto reqs = backend_.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0].prompt_token_ids, reqs[1].prompt_token_ids);
+  // Unset max_tokens: the chat endpoint leaves it to the backend (up to the context limit).
+  EXPECT_FALSE(reqs[0].params.max_tokens.has_value());
+}
+
+TEST_F(FrontendTest, CompletionStreamingWithUsage) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 4},
+                                                   {"stream", true},
+                                                   {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.chunked);
+  EXPECT_EQ(r.Header("content-type"), "text/event-stream");
+  std::vector<json> events = Events(r);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json& usage_chunk = events[events.size() - 2];
+  EXPECT_EQ(usage_chunk["choices"], json::array());
+  EXPECT_EQ(usage_chunk["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(usage_chunk["usage"]["total_tokens"], 9);
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    const json& e = events[i];
+    EXPECT_EQ(e["object"], "text_completion");
+    EXPECT_TRUE(e.contains("usage") && e["usage"].is_null());
+    ASSERT_EQ(e["choices"].size(), 1u);
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, "abcd");
+  EXPECT_EQ(finish, "length");
+}
+
+TEST_F(FrontendTest, ChatStreamingWithoutUsage) {
+  auto r = Post("/v1/chat/completions", ChatBody({{"max_tokens", 3}, {"stream", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<json> events = Events(r);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(events[0]["choices"][0]["delta"], json({{"role", "assistant"}, {"content", ""}}));
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_FALSE(events[i].contains("usage"));
+    const json& delta = events[i]["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, "abc");
+  const json& last = events[events.size() - 2];
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["choices"][0]["delta"], json::object());
+}
+
+TEST_F(FrontendTest, NChoicesFanOutWithSeedPlusIndex) {
+  auto r = Post("/v1/completions", CompletionBody({{"n", 2}, {"seed", 3}, {"max_tokens", 4}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Json(r);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["text"], Letters(3, 4));
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["text"], Letters(4, 4));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  auto reqs = backend_.requests();
+  ASSERT_EQ(reqs.size(), 2u);
+  std::vector<uint64_t> seeds = {*reqs[0].params.seed, *reqs[1].params.seed};
+  std::sort(seeds.begin(), seeds.end());
+  EXPECT_THAT(seeds, ElementsAre(3u, 4u));
+  EXPECT_NE(reqs[0].request_id, reqs[1].request_id);
+}
+
+TEST_F(FrontendTest, NChoicesStreamCarryIndex) {
+  auto r = Post("/v1/chat/completions",
+                ChatBody({{"n", 2}, {"seed", 0}, {"max_tokens", 3}, {"stream", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<json> events = Events(r);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::map<int, std::string> text;
+  std::map<int, int> finishes;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json& c = events[i]["choices"][0];
+    const int index = c["index"];
+    if (c["delta"].contains("content")) text[index] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[index];
+  }
+  EXPECT_EQ(text[0], Letters(0, 3));
+  EXPECT_EQ(text[1], Letters(1, 3));
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+}
+
+TEST_F(FrontendTest, CompletionLogprobsShape) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 3}, {"logprobs", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json lp = Json(r)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"a", "b", "c"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.125, -0.25, -0.375}));
+  EXPECT_EQ(lp["top_logprobs"], json::array({{{"A", -0.5}, {"B", -1.0}},
+                                             {{"A", -0.5}, {"B", -1.0}},
+                                             {{"A", -0.5}, {"B", -1.0}}}));
+  EXPECT_EQ(lp["text_offset"], json({0, 1, 2}));
+  EXPECT_EQ(backend_.requests()[0].params.logprobs, 2);
+}
+
+TEST_F(FrontendTest, ChatLogprobsShape) {
+  auto r = Post("/v1/chat/completions",
+                ChatBody({{"max_tokens", 2}, {"logprobs", true}, {"top_logprobs", 1}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json content = Json(r)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0],
+            json({{"token", "a"},
+                  {"logprob", -0.125},
+                  {"bytes", {97}},
+                  {"top_logprobs", {{{"token", "A"}, {"logprob", -0.5}, {"bytes", {65}}}}}}));
+  EXPECT_EQ(content[1]["token"], "b");
+  EXPECT_EQ(content[1]["logprob"], -0.25);
+  // Streamed: each content chunk carries its tokens' logprobs.
+  r = Post("/v1/chat/completions",
+           ChatBody({{"max_tokens", 2}, {"logprobs", true}, {"stream", true}}));
+  int entries = 0;
+  for (const json& e : Events(r)) {
+    if (e.is_string()) continue;
+    const json& l = e["choices"][0]["logprobs"];
+    if (!l.is_null()) entries += static_cast<int>(l["content"].size());
+  }
+  EXPECT_EQ(entries, 2);
+}
+
+TEST_F(FrontendTest, EchoPrependsPrompt) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 2}, {"echo", true}}));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(Json(r)["choices"][0]["text"], "helloab");
+  r = Post("/v1/completions",
+           CompletionBody({{"max_tokens", 2}, {"echo", true}, {"stream", true}}));
+  std::string text;
+  for (const json& e : Events(r)) {
+    if (!e.is_string()) text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "helloab");
+}
+
+TEST_F(FrontendTest, SamplingParametersReachTheBackend) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 2},
+                                                   {"stop", {"xy", "z"}},
+                                                   {"temperature", 0.5},
+                                                   {"top_p", 0.75},
+                                                   {"top_k", 5},
+                                                   {"min_p", 0.25},
+                                                   {"presence_penalty", 0.5},
+                                                   {"frequency_penalty", -0.5},
+                                                   {"repetition_penalty", 1.5},
+                                                   {"ignore_eos", true},
+                                                   {"seed", 7},
+                                                   {"user", "u1"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const SamplingParams p = backend_.requests()[0].params;
+  EXPECT_THAT(p.stop, ElementsAre("xy", "z"));
+  EXPECT_FLOAT_EQ(p.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.75f);
+  EXPECT_EQ(p.top_k, 5);
+  EXPECT_FLOAT_EQ(p.min_p, 0.25f);
+  EXPECT_FLOAT_EQ(p.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.5f);
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.seed, 7u);
+  EXPECT_EQ(p.max_tokens, 2);
+  r = Post("/v1/chat/completions", ChatBody({{"stop", "end"}, {"max_tokens", 1}}));
+  ASSERT_EQ(r.status, 200);
+  EXPECT_THAT(backend_.requests()[1].params.stop, ElementsAre("end"));
+}
+
+TEST_F(FrontendTest, KeepAliveServesTwoRequestsOnOneConnection) {
+  TestConnection conn(port_);
+  ASSERT_TRUE(conn.connected());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(conn.Send(
+        RawRequest("POST", "/v1/completions", CompletionBody({{"max_tokens", 2}}).dump())));
+    auto r = conn.ReadResponse();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->Header("connection"), "keep-alive");
+  }
+  // A stream, then a plain request, still on the same connection.
+  ASSERT_TRUE(conn.Send(RawRequest("POST", "/v1/chat/completions",
+                                   ChatBody({{"max_tokens", 2}, {"stream", true}}).dump())));
+  auto s = conn.ReadResponse();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(SseEvents(s->body).back(), "[DONE]");
+  ASSERT_TRUE(conn.Send(RawRequest("GET", "/v1/models", "")));
+  auto m = conn.ReadResponse();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->status, 200);
+}
+
+TEST_F(FrontendTest, SixtyFourConcurrentStreamsAllComplete) {
+  FakeBackendBehavior b;
+  b.token_delay = absl::Milliseconds(5);
+  backend_.set_behavior(b);
+  constexpr int kClients = 64;
+  std::vector<std::string> texts(kClients);
+  std::vector<bool> done(kClients, false);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      const json body = i % 2 == 0
+                            ? CompletionBody({{"max_tokens", 10}, {"stream", true}, {"seed", i}})
+                            : ChatBody({{"max_tokens", 10}, {"stream", true}, {"seed", i}});
+      auto r = Fetch(port_, "POST", i % 2 == 0 ? "/v1/completions" : "/v1/chat/completions",
+                     body.dump());
+      if (!r.has_value() || r->status != 200) return;
+      for (const std::string& e : SseEvents(r->body)) {
+        if (e == "[DONE]") {
+          done[i] = true;
+          continue;
+        }
+        const json c = json::parse(e)["choices"][0];
+        if (c.contains("text")) texts[i] += c["text"].get<std::string>();
+        if (c.contains("delta") && c["delta"].contains("content")) {
+          texts[i] += c["delta"]["content"].get<std::string>();
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_TRUE(done[i]) << i;
+    EXPECT_EQ(texts[i], Letters(i, 10)) << i;
+  }
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(5)));
+}
+
+TEST_F(FrontendTest, ClientDisconnectMidStreamCancelsBackend) {
+  FakeBackendBehavior b;
+  b.endless = true;
+  b.token_delay = absl::Milliseconds(10);
+  backend_.set_behavior(b);
+  std::string id;
+  {
+    TestConnection conn(port_);
+    ASSERT_TRUE(conn.Send(
+        RawRequest("POST", "/v1/chat/completions", ChatBody({{"stream", true}, {"n", 2}}).dump())));
+    auto head = conn.ReadHead();
+    ASSERT_TRUE(head.has_value());
+    ASSERT_EQ(head->status, 200);
+    id = head->Header("x-request-id");
+    ASSERT_TRUE(absl::StartsWith(id, "chatcmpl-"));
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(conn.ReadChunk().has_value());
+  }  // closes the socket mid-stream
+  EXPECT_TRUE(backend_.WaitForCancel(id + "-", absl::Seconds(2), /*count=*/2))
+      << "both choices must be cancelled promptly";
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(2)));
+  backend_.set_behavior(FakeBackendBehavior{});
+  EXPECT_EQ(Post("/v1/completions", CompletionBody({{"max_tokens", 1}})).status, 200);
+}
+
+TEST_F(FrontendTest, ClientDisconnectWhileWaitingNonStreamCancelsBackend) {
+  FakeBackendBehavior b;
+  b.endless = true;
+  b.token_delay = absl::Milliseconds(10);
+  backend_.set_behavior(b);
+  {
+    TestConnection conn(port_);
+    ASSERT_TRUE(conn.Send(RawRequest("POST", "/v1/completions", CompletionBody().dump())));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(backend_.WaitForCancel("cmpl-", absl::Seconds(2)));
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(2)));
+}
+
+TEST_F(FrontendTest, BackendUnavailableBeforeFirstTokenIs503) {
+  FakeBackendBehavior b;
+  b.fail_status = absl::UnavailableError("no healthy decode worker");
+  backend_.set_behavior(b);
+  for (bool stream : {false, true}) {
+    auto r = Post("/v1/chat/completions", ChatBody({{"stream", stream}}));
+    EXPECT_EQ(r.status, 503) << r.body;
+    json j = Json(r);
+    EXPECT_EQ(j["error"]["type"], "service_unavailable_error");
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("no healthy decode worker"));
+  }
+}
+
+TEST_F(FrontendTest, OtherBackendErrorBeforeStreamingIs500) {
+  FakeBackendBehavior b;
+  b.fail_status = absl::InternalError("worker crashed");
+  backend_.set_behavior(b);
+  for (bool stream : {false, true}) {
+    auto r = Post("/v1/completions", CompletionBody({{"stream", stream}}));
+    EXPECT_EQ(r.status, 500) << r.body;
+    EXPECT_EQ(Json(r)["error"]["type"], "server_error");
+  }
+}
+
+TEST_F(FrontendTest, ErrorMidStreamIsAnSseErrorEventThenDone) {
+  FakeBackendBehavior b;
+  b.fail_status = absl::InternalError("decode worker died");
+  b.fail_after_tokens = 2;
+  backend_.set_behavior(b);
+  auto r = Post("/v1/chat/completions", ChatBody({{"stream", true}, {"max_tokens", 10}}));
+  ASSERT_EQ(r.status, 200);
+  std::vector<json> events = Events(r);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json& err = events[events.size() - 2];
+  ASSERT_TRUE(err.contains("error")) << err.dump();
+  EXPECT_EQ(err["error"]["type"], "server_error");
+  EXPECT_THAT(err["error"]["message"].get<std::string>(), HasSubstr("decode worker died"));
+  // Non-streaming, the same failure is a 500.
+  r = Post("/v1/chat/completions", ChatBody({{"max_tokens", 10}}));
+  EXPECT_EQ(r.status, 500);
+}
+
+TEST_F(FrontendTest, OneFailingChoiceCancelsTheOthers) {
+  FakeBackendBehavior b;
+  b.endless = true;
+  b.token_delay = absl::Milliseconds(5);
+  b.fail_status = absl::InternalError("boom");
+  b.fail_after_tokens = 2;
+  b.fail_only_suffix = "-1";  // only choice 1 fails
+  backend_.set_behavior(b);
+  auto r = Post("/v1/completions", CompletionBody({{"n", 3}, {"stream", true}}));
+  ASSERT_EQ(r.status, 200);
+  std::vector<json> events = Events(r);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_TRUE(events[events.size() - 2].contains("error"));
+  std::vector<std::string> cancelled = backend_.cancelled();
+  std::sort(cancelled.begin(), cancelled.end());
+  ASSERT_EQ(cancelled.size(), 2u);
+  EXPECT_TRUE(absl::EndsWith(cancelled[0], "-0"));
+  EXPECT_TRUE(absl::EndsWith(cancelled[1], "-2"));
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(2)));
+}
+
+TEST_F(FrontendTest, NotReadyIs503AndHealthReportsTheReason) {
+  auto h = Fetch(port_, "GET", "/health");
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->status, 200);
+  backend_.set_ready(absl::UnavailableError("prefill pool has no healthy worker"));
+  h = Fetch(port_, "GET", "/health");
+  EXPECT_EQ(h->status, 503);
+  EXPECT_THAT(h->body, HasSubstr("prefill pool has no healthy worker"));
+  auto r = Post("/v1/completions", CompletionBody());
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(Json(r)["error"]["type"], "service_unavailable_error");
+  EXPECT_TRUE(backend_.requests().empty());
+  backend_.set_ready(absl::OkStatus());
+  EXPECT_EQ(Post("/v1/completions", CompletionBody()).status, 200);
+}
+
+TEST_F(FrontendTest, ModelsListsTheServedModel) {
+  auto r = Fetch(port_, "GET", "/v1/models");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->status, 200);
+  json j = Json(*r);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], kModelName);  // the model dir's basename
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  r = Fetch(port_, "GET", std::string("/v1/models/") + kModelName);
+  EXPECT_EQ(r->status, 200);
+  // The model field may be omitted.
+  json body = CompletionBody({{"max_tokens", 1}});
+  body.erase("model");
+  EXPECT_EQ(Post("/v1/completions", body).status, 200);
+}
+
+TEST_F(FrontendTest, ServedModelNameIsSettable) {
+  frontend_->Stop();
+  RouterFrontendOptions options;
+  options.http.host = "127.0.0.1";
+  options.model_dir = *model_dir_;
+  options.served_model_name = "my-model";
+  auto frontend = RouterFrontend::Create(options, &backend_, &registry_);
+  ASSERT_TRUE(frontend.ok());
+  ASSERT_TRUE((*frontend)->Start().ok());
+  const int port = (*frontend)->port();
+  EXPECT_EQ(Json(*Fetch(port, "GET", "/v1/models"))["data"][0]["id"], "my-model");
+  auto r = Fetch(port, "POST", "/v1/completions",
+                 json({{"model", "my-model"}, {"prompt", "x"}, {"max_tokens", 1}}).dump());
+  EXPECT_EQ(r->status, 200);
+  r = Fetch(port, "POST", "/v1/completions", CompletionBody().dump());
+  EXPECT_EQ(r->status, 400);
+}
+
+TEST_F(FrontendTest, MetricsExposeRouterHistogramsAndExtraText) {
+  ASSERT_EQ(Post("/v1/completions", CompletionBody({{"max_tokens", 3}})).status, 200);
+  ASSERT_EQ(Post("/v1/completions", CompletionBody({{"temperature", 9}})).status, 400);
+  auto r = Fetch(port_, "GET", "/metrics");
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->status, 200);
+  const std::string& m = r->body;
+  EXPECT_THAT(m, HasSubstr("tandem_requests_total{code=\"200\",endpoint=\"/v1/completions\"} 1"));
+  EXPECT_THAT(m, HasSubstr("tandem_requests_total{code=\"400\",endpoint=\"/v1/completions\"} 1"));
+  EXPECT_THAT(m, HasSubstr("tandem_time_to_first_token_seconds_count 1"));
+  EXPECT_THAT(m, HasSubstr("tandem_inter_token_latency_seconds_count 2"));
+  EXPECT_THAT(m, HasSubstr("tandem_e2e_request_latency_seconds_count 1"));
+  EXPECT_THAT(m, HasSubstr("tandem_prompt_tokens_total 5"));
+  EXPECT_THAT(m, HasSubstr("tandem_generation_tokens_total 3"));
+  EXPECT_THAT(m, HasSubstr("tandem_ttft_prefill_seconds_sum 0.002"));
+  EXPECT_THAT(m, HasSubstr("tandem_requests_running 0"));
+  EXPECT_THAT(m, HasSubstr("tandem_test_extra_metric 1"));
+}
+
+TEST_F(FrontendTest, StopCancelsInFlightStreams) {
+  frontend_->Stop();
+  frontend_.reset();
+  StartFrontend(/*shutdown_grace=*/absl::Milliseconds(100));
+  FakeBackendBehavior b;
+  b.endless = true;
+  b.token_delay = absl::Milliseconds(10);
+  backend_.set_behavior(b);
+  TestConnection conn(port_);
+  ASSERT_TRUE(
+      conn.Send(RawRequest("POST", "/v1/completions", CompletionBody({{"stream", true}}).dump())));
+  auto head = conn.ReadHead();
+  ASSERT_TRUE(head.has_value());
+  ASSERT_TRUE(conn.ReadChunk().has_value());
+  const absl::Time start = absl::Now();
+  frontend_->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE(backend_.WaitForCancel("cmpl-", absl::Seconds(1)));
+  EXPECT_EQ(backend_.active(), 0);
+}
+
+TEST(FrontendCreateTest, BadModelDirFails) {
+  FakeGenerationBackend backend;
+  prometheus::Registry registry;
+  RouterFrontendOptions options;
+  options.model_dir = "/nonexistent/model";
+  EXPECT_FALSE(RouterFrontend::Create(options, &backend, &registry).ok());
+}
+
+}  // namespace
+}  // namespace tandem::router

@@ -1,0 +1,577 @@
+#include "runtime/router/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::router {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr absl::string_view kParamPayload = "tandem.openai/param";
+constexpr absl::string_view kCodePayload = "tandem.openai/code";
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string TypeName(const json& v) {
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number()) return "number";
+  if (v.is_string()) return "string";
+  if (v.is_array()) return "array";
+  if (v.is_object()) return "object";
+  return "null";
+}
+
+absl::Status WrongType(absl::string_view name, absl::string_view want, const json& got) {
+  return InvalidParam(name, absl::StrCat("'", name, "' must be ", want, ", got ", TypeName(got)));
+}
+
+// Field accessors: absent and null both mean "not given".
+const json* Field(const json& obj, absl::string_view name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::Status GetBool(const json& obj, absl::string_view name, bool* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_boolean()) return WrongType(name, "a boolean", *v);
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status GetString(const json& obj, absl::string_view name, std::string* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_string()) return WrongType(name, "a string", *v);
+  *out = v->get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status GetDouble(const json& obj, absl::string_view name, std::optional<double>* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return WrongType(name, "a number", *v);
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) return InvalidParam(name, absl::StrCat("'", name, "' must be finite"));
+  *out = d;
+  return absl::OkStatus();
+}
+
+// Integers; integral floats (5.0) are accepted as pydantic does.
+absl::Status GetInt64(const json& obj, absl::string_view name, std::optional<int64_t>* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is out of range"));
+    }
+    *out = v->get<int64_t>();
+    return absl::OkStatus();
+  }
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+      *out = static_cast<int64_t>(d);
+      return absl::OkStatus();
+    }
+  }
+  return WrongType(name, "an integer", *v);
+}
+
+absl::Status GetIntInRange(const json& obj, absl::string_view name, int64_t lo, int64_t hi,
+                           std::optional<int>* out) {
+  std::optional<int64_t> v;
+  if (absl::Status s = GetInt64(obj, name, &v); !s.ok()) return s;
+  if (!v.has_value()) return absl::OkStatus();
+  if (*v < lo || *v > hi) {
+    return InvalidParam(name,
+                        absl::StrCat("'", name, "' must be in [", lo, ", ", hi, "], got ", *v));
+  }
+  *out = static_cast<int>(*v);
+  return absl::OkStatus();
+}
+
+// `lo_open`: the lower bound is excluded.
+absl::Status GetFloatInRange(const json& obj, absl::string_view name, double lo, double hi,
+                             bool lo_open, float* out) {
+  std::optional<double> v;
+  if (absl::Status s = GetDouble(obj, name, &v); !s.ok()) return s;
+  if (!v.has_value()) return absl::OkStatus();
+  if ((lo_open ? *v <= lo : *v < lo) || *v > hi) {
+    return InvalidParam(name, absl::StrCat("'", name, "' must be in ", lo_open ? "(" : "[", lo,
+                                           ", ", hi, "], got ", *v));
+  }
+  *out = static_cast<float>(*v);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseBody(absl::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidParam("", "the request body is not valid JSON");
+  if (!j.is_object()) return InvalidParam("", "the request body must be a JSON object");
+  return j;
+}
+
+absl::Status RejectUnsupported(const json& j) {
+  if (const json* v = Field(j, "tools"); v != nullptr && !(v->is_array() && v->empty())) {
+    return InvalidParam("tools", "'tools' is not supported");
+  }
+  if (const json* v = Field(j, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
+    return InvalidParam("logit_bias", "'logit_bias' is not supported");
+  }
+  if (const json* v = Field(j, "response_format"); v != nullptr) {
+    if (!v->is_object() || v->value("type", json()) != "text") {
+      return InvalidParam("response_format", "only {\"type\": \"text\"} is supported");
+    }
+  }
+  if (const json* v = Field(j, "suffix"); v != nullptr) {
+    return InvalidParam("suffix", "'suffix' is not supported");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const json& j, std::vector<std::string>* out) {
+  const json* v = Field(j, "stop");
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_string()) {
+    out->push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > kMaxStopStrings) {
+      return InvalidParam("stop", absl::StrCat("at most ", kMaxStopStrings,
+                                               " stop strings are supported, got ", v->size()));
+    }
+    for (const json& s : *v) {
+      if (!s.is_string()) return WrongType("stop", "a string or a list of strings", s);
+      out->push_back(s.get<std::string>());
+    }
+  } else {
+    return WrongType("stop", "a string or a list of strings", *v);
+  }
+  for (const std::string& s : *out) {
+    if (s.empty()) return InvalidParam("stop", "stop strings must be non-empty");
+  }
+  return absl::OkStatus();
+}
+
+// Everything both endpoints share.
+absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
+  if (absl::Status s = RejectUnsupported(j); !s.ok()) return s;
+  if (const json* v = Field(j, "model"); v != nullptr) {
+    if (!v->is_string()) return WrongType("model", "a string", *v);
+    r->model = v->get<std::string>();
+  }
+  std::string user;
+  if (absl::Status s = GetString(j, "user", &user); !s.ok()) return s;
+
+  std::optional<int> n;
+  if (absl::Status s = GetIntInRange(j, "n", 1, kMaxChoices, &n); !s.ok()) return s;
+  r->n = n.value_or(1);
+  std::optional<int> best_of;
+  if (absl::Status s = GetIntInRange(j, "best_of", 1, kMaxChoices, &best_of); !s.ok()) return s;
+  if (best_of.has_value() && *best_of != r->n) {
+    return InvalidParam("best_of", "'best_of' other than n is not supported");
+  }
+
+  if (absl::Status s = GetBool(j, "stream", &r->stream); !s.ok()) return s;
+  if (const json* v = Field(j, "stream_options"); v != nullptr) {
+    if (!v->is_object()) return WrongType("stream_options", "an object", *v);
+    if (!r->stream) {
+      return InvalidParam("stream_options",
+                          "'stream_options' is only allowed when 'stream' is true");
+    }
+    if (absl::Status s = GetBool(*v, "include_usage", &r->include_usage); !s.ok()) {
+      return InvalidParam("stream_options.include_usage", s.message());
+    }
+  }
+
+  SamplingParams& p = r->params;
+  if (absl::Status s = GetFloatInRange(j, "temperature", 0, 2, false, &p.temperature); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetFloatInRange(j, "top_p", 0, 1, true, &p.top_p); !s.ok()) return s;
+  if (absl::Status s = GetFloatInRange(j, "min_p", 0, 1, false, &p.min_p); !s.ok()) return s;
+  if (absl::Status s = GetFloatInRange(j, "presence_penalty", -2, 2, false, &p.presence_penalty);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetFloatInRange(j, "frequency_penalty", -2, 2, false, &p.frequency_penalty);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          GetFloatInRange(j, "repetition_penalty", 0, 1e9, true, &p.repetition_penalty);
+      !s.ok()) {
+    return s;
+  }
+  std::optional<int> top_k;
+  if (absl::Status s = GetIntInRange(j, "top_k", -1, std::numeric_limits<int>::max(), &top_k);
+      !s.ok()) {
+    return s;
+  }
+  p.top_k = top_k.value_or(0);
+  std::optional<int64_t> seed;
+  if (absl::Status s = GetInt64(j, "seed", &seed); !s.ok()) return s;
+  if (seed.has_value()) p.seed = static_cast<uint64_t>(*seed);
+  if (absl::Status s = ParseStop(j, &p.stop); !s.ok()) return s;
+  if (const json* v = Field(j, "stop_token_ids"); v != nullptr) {
+    if (!v->is_array()) return WrongType("stop_token_ids", "a list of token ids", *v);
+    for (const json& id : *v) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return InvalidParam("stop_token_ids", "'stop_token_ids' must be non-negative integers");
+      }
+      p.stop_token_ids.push_back(id.get<int32_t>());
+    }
+  }
+  if (absl::Status s = GetBool(j, "ignore_eos", &p.ignore_eos); !s.ok()) return s;
+  if (absl::Status s = GetBool(j, "skip_special_tokens", &p.skip_special_tokens); !s.ok()) {
+    return s;
+  }
+  std::optional<int> max_tokens;
+  if (absl::Status s =
+          GetIntInRange(j, "max_tokens", 1, std::numeric_limits<int>::max(), &max_tokens);
+      !s.ok()) {
+    return s;
+  }
+  p.max_tokens = max_tokens;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& arr) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const json& id : arr) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return InvalidParam("prompt", "token ids in 'prompt' must be non-negative integers");
+    }
+    ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
+absl::Status ParsePrompt(const json& j, OpenAiRequest* r) {
+  const json* v = Field(j, "prompt");
+  if (v == nullptr) return InvalidParam("prompt", "'prompt' is required");
+  if (v->is_string()) {
+    r->prompt = v->get<std::string>();
+  } else if (v->is_array()) {
+    if (v->empty()) return InvalidParam("prompt", "'prompt' must not be empty");
+    const json& first = (*v)[0];
+    if (first.is_number()) {
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*v);
+      if (!ids.ok()) return ids.status();
+      r->prompt_token_ids = *std::move(ids);
+    } else if (first.is_string() || first.is_array()) {
+      if (v->size() > 1) return InvalidParam("prompt", "batched prompts are not supported");
+      if (first.is_string()) {
+        r->prompt = first.get<std::string>();
+      } else {
+        absl::StatusOr<std::vector<int32_t>> ids = TokenIds(first);
+        if (!ids.ok()) return ids.status();
+        r->prompt_token_ids = *std::move(ids);
+      }
+    } else {
+      return WrongType("prompt", "a string or a list of token ids", first);
+    }
+  } else {
+    return WrongType("prompt", "a string or a list of token ids", *v);
+  }
+  const bool empty =
+      r->prompt_token_ids.has_value() ? r->prompt_token_ids->empty() : r->prompt.empty();
+  if (empty) return InvalidParam("prompt", "'prompt' must not be empty");
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const json& j, OpenAiRequest* r) {
+  const json* v = Field(j, "messages");
+  if (v == nullptr) return InvalidParam("messages", "'messages' is required");
+  if (!v->is_array()) return WrongType("messages", "a list", *v);
+  if (v->empty()) return InvalidParam("messages", "'messages' must not be empty");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return WrongType(where, "an object", m);
+    ChatMessage msg;
+    const json* role = Field(m, "role");
+    if (role == nullptr) return InvalidParam(where + ".role", "'role' is required");
+    if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
+    msg.role = role->get<std::string>();
+    if (msg.role.empty()) return InvalidParam(where + ".role", "'role' must not be empty");
+    if (const json* c = Field(m, "content"); c == nullptr) {
+      if (msg.role != "assistant") {
+        return InvalidParam(where + ".content", "'content' is required");
+      }
+    } else if (c->is_string()) {
+      msg.content = c->get<std::string>();
+    } else if (c->is_array()) {
+      for (size_t k = 0; k < c->size(); ++k) {
+        const json& part = (*c)[k];
+        const std::string pwhere = absl::StrCat(where, ".content[", k, "]");
+        if (!part.is_object()) return WrongType(pwhere, "an object", part);
+        const json* type = Field(part, "type");
+        if (type == nullptr || !type->is_string()) {
+          return InvalidParam(pwhere + ".type", "'type' must be a string");
+        }
+        if (*type != "text") {
+          return InvalidParam(pwhere + ".type",
+                              absl::StrCat("content part type '", type->get<std::string>(),
+                                           "' is not supported (only 'text')"));
+        }
+        const json* text = Field(part, "text");
+        if (text == nullptr || !text->is_string()) {
+          return InvalidParam(pwhere + ".text", "'text' must be a string");
+        }
+        msg.content += text->get<std::string>();
+      }
+    } else {
+      return WrongType(where + ".content", "a string or a list of content parts", *c);
+    }
+    r->messages.push_back(std::move(msg));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> Bytes(const std::string& s) {
+  std::vector<int> out;
+  out.reserve(s.size());
+  for (char c : s) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+json LogprobsChatJson(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const LogprobEntry& e : entries) {
+    json top = json::array();
+    for (const LogprobAlternative& t : e.top) {
+      top.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", Bytes(t.token)}});
+    }
+    content.push_back({{"token", e.token},
+                       {"logprob", e.logprob},
+                       {"bytes", Bytes(e.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return json{{"content", std::move(content)}};
+}
+
+json LogprobsCompletionJson(const std::vector<LogprobEntry>& entries) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token);
+    token_logprobs.push_back(e.logprob);
+    json alts = json::object();
+    for (const LogprobAlternative& t : e.top) {
+      // Two alternatives decoding to the same text keep the larger logprob, as in vLLM.
+      if (!alts.contains(t.token) || alts[t.token].get<float>() < t.logprob) {
+        alts[t.token] = t.logprob;
+      }
+    }
+    top.push_back(alts);
+    offsets.push_back(e.text_offset);
+  }
+  return json{{"tokens", tokens},
+              {"token_logprobs", token_logprobs},
+              {"top_logprobs", top},
+              {"text_offset", offsets}};
+}
+
+json LogprobsJson(const ResponseMeta& meta, const std::vector<LogprobEntry>& entries) {
+  if (!meta.logprobs) return nullptr;
+  return meta.endpoint == Endpoint::kChatCompletions ? LogprobsChatJson(entries)
+                                                     : LogprobsCompletionJson(entries);
+}
+
+json UsageJson(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json Envelope(const ResponseMeta& meta, bool chunk) {
+  const bool chat = meta.endpoint == Endpoint::kChatCompletions;
+  return json{
+      {"id", meta.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", meta.created},
+      {"model", meta.model},
+      {"system_fingerprint", nullptr}};
+}
+
+}  // namespace
+
+absl::Status InvalidParam(absl::string_view param, absl::string_view message,
+                          absl::string_view code) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  if (!param.empty()) s.SetPayload(kParamPayload, absl::Cord(param));
+  if (!code.empty()) s.SetPayload(kCodePayload, absl::Cord(code));
+  return s;
+}
+
+ApiError MakeApiError(int http_status, std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.http_status = http_status;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  if (http_status == 503) {
+    e.type = "service_unavailable_error";
+  } else if (http_status >= 500) {
+    e.type = "server_error";
+  } else if (http_status == 404) {
+    e.type = "not_found_error";
+  } else {
+    e.type = "invalid_request_error";
+  }
+  return e;
+}
+
+ApiError ToApiError(const absl::Status& status) {
+  int http = 500;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      http = 400;
+      break;
+    case absl::StatusCode::kNotFound:
+      http = 404;
+      break;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+      http = 503;
+      break;
+    default:
+      http = 500;
+      break;
+  }
+  std::string param, code;
+  if (auto p = status.GetPayload(kParamPayload)) param = std::string(*p);
+  if (auto c = status.GetPayload(kCodePayload)) code = std::string(*c);
+  std::string message(status.message());
+  if (message.empty()) message = absl::StatusCodeToString(status.code());
+  return MakeApiError(http, std::move(message), std::move(param), std::move(code));
+}
+
+std::string ErrorJson(const ApiError& e) {
+  json err{{"message", e.message},
+           {"type", e.type},
+           {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+           {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return Dump(json{{"error", err}});
+}
+
+absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  OpenAiRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  if (absl::Status s = ParseCommon(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParsePrompt(*j, &r); !s.ok()) return s;
+  if (absl::Status s = GetBool(*j, "echo", &r.echo); !s.ok()) return s;
+  std::optional<int> logprobs;
+  if (absl::Status s = GetIntInRange(*j, "logprobs", 0, kMaxLogprobs, &logprobs); !s.ok()) {
+    return s;
+  }
+  r.logprobs = logprobs;
+  if (r.echo && r.logprobs.has_value()) {
+    return InvalidParam("echo", "'echo' together with 'logprobs' is not supported");
+  }
+  r.params.logprobs = r.logprobs;
+  r.default_max_tokens = kDefaultCompletionMaxTokens;
+  return r;
+}
+
+absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  OpenAiRequest r;
+  r.endpoint = Endpoint::kChatCompletions;
+  if (absl::Status s = ParseCommon(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParseMessages(*j, &r); !s.ok()) return s;
+  if (absl::Status s = GetBool(*j, "add_generation_prompt", &r.add_generation_prompt); !s.ok()) {
+    return s;
+  }
+  std::optional<int> max_completion_tokens;
+  if (absl::Status s = GetIntInRange(*j, "max_completion_tokens", 1,
+                                     std::numeric_limits<int>::max(), &max_completion_tokens);
+      !s.ok()) {
+    return s;
+  }
+  if (max_completion_tokens.has_value()) r.params.max_tokens = max_completion_tokens;
+  bool logprobs = false;
+  if (absl::Status s = GetBool(*j, "logprobs", &logprobs); !s.ok()) return s;
+  std::optional<int> top_logprobs;
+  if (absl::Status s = GetIntInRange(*j, "top_logprobs", 0, kMaxLogprobs, &top_logprobs); !s.ok()) {
+    return s;
+  }
+  if (top_logprobs.has_value() && !logprobs) {
+    return InvalidParam("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+  }
+  if (logprobs) r.logprobs = top_logprobs.value_or(0);
+  r.params.logprobs = r.logprobs;
+  return r;
+}
+
+std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,
+                         const Usage& usage) {
+  json j = Envelope(meta, /*chunk=*/false);
+  json arr = json::array();
+  for (const ChoiceResult& c : choices) {
+    json choice{{"index", c.index},
+                {"logprobs", LogprobsJson(meta, c.logprobs)},
+                {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+    if (meta.endpoint == Endpoint::kChatCompletions) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    arr.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(arr);
+  j["usage"] = UsageJson(usage);
+  return Dump(j);
+}
+
+std::string StreamChunkEvent(const ResponseMeta& meta, const StreamDelta& d, bool usage_null) {
+  json j = Envelope(meta, /*chunk=*/true);
+  json choice{{"index", d.index},
+              {"logprobs", d.logprobs.empty() ? json(nullptr) : LogprobsJson(meta, d.logprobs)},
+              {"finish_reason", d.finish_reason ? json(*d.finish_reason) : json(nullptr)}};
+  if (meta.endpoint == Endpoint::kChatCompletions) {
+    json delta = json::object();
+    if (d.role) {
+      delta["role"] = "assistant";
+      delta["content"] = "";
+    }
+    if (d.text.has_value()) delta["content"] = *d.text;
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = d.text.value_or("");
+  }
+  j["choices"] = json::array({std::move(choice)});
+  if (usage_null) j["usage"] = nullptr;
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+std::string UsageChunkEvent(const ResponseMeta& meta, const Usage& usage) {
+  json j = Envelope(meta, /*chunk=*/true);
+  j["choices"] = json::array();
+  j["usage"] = UsageJson(usage);
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+std::string ErrorEvent(const ApiError& error) {
+  return absl::StrCat("data: ", ErrorJson(error), "\n\n");
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,156 @@
+#pragma once
+// The OpenAI HTTP API as the router speaks it: request parsing and validation for
+// `POST /v1/completions` and `POST /v1/chat/completions`, the error body, and serialization of
+// responses and stream chunks. Pure functions over strings and plain structs; no I/O, no threads.
+//
+// Errors are absl::Status values: InvalidArgument for bad input, carrying the OpenAI `param` and
+// `code` as payloads (InvalidParam / ToApiError), so one mapping turns any status into the
+// nested OpenAI error body {"error": {"message", "type", "param", "code"}}.
+//
+// Choices made where OpenAI leaves room (documented in the parser too):
+// - Unknown fields are ignored (like vLLM); `user` is accepted and ignored. Fields that would
+//   change the output and are not supported are rejected: non-empty `tools`, `logit_bias`,
+//   `response_format` other than {"type": "text"}, `best_of` other than n, `suffix`.
+// - `model` may be omitted (the served model is used); another name is an error (the frontend
+//   checks it, 400 code "model_not_found").
+// - `stop`: a string or a list of at most kMaxStopStrings non-empty strings.
+// - `n` in [1, 128]; `logprobs` (completions) and `top_logprobs` (chat) in [0, 20].
+// - Completions: `prompt` is a string, a list of token ids, or a list holding one string or one
+//   token-id list; several prompts are rejected ("batched prompts are not supported").
+//   `max_tokens` defaults to 16 as in OpenAI (clamped to the context left); `echo` with
+//   `logprobs` is rejected (prompt logprobs are not computed).
+// - Chat: `content` is a string, null, or a list of {"type": "text", "text"} parts (joined);
+//   other part types are rejected. `max_completion_tokens` wins over `max_tokens`. Extensions
+//   (vLLM names): `add_generation_prompt`, `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+//   `skip_special_tokens`, `stop_token_ids`.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/model/chat_template.h"
+#include "runtime/sampling/sampling_params.h"
+
+namespace tandem::router {
+
+inline constexpr int kMaxChoices = 128;
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kDefaultCompletionMaxTokens = 16;
+
+// ---- Errors ----
+
+struct ApiError {
+  int http_status = 500;
+  std::string type;  // "invalid_request_error", "server_error", "service_unavailable_error"
+  std::string message;
+  std::string param;  // "" serializes as null
+  std::string code;   // "" serializes as null
+};
+
+// InvalidArgument carrying the OpenAI `param` and `code`.
+absl::Status InvalidParam(absl::string_view param, absl::string_view message,
+                          absl::string_view code = "");
+// InvalidArgument/OutOfRange/FailedPrecondition -> 400 invalid_request_error; NotFound -> 404;
+// Unavailable/ResourceExhausted -> 503 service_unavailable_error; everything else -> 500
+// server_error. `param`/`code` come from InvalidParam payloads.
+ApiError ToApiError(const absl::Status& status);
+ApiError MakeApiError(int http_status, std::string message, std::string param = "",
+                      std::string code = "");
+// {"error": {"message", "type", "param", "code"}}
+std::string ErrorJson(const ApiError& error);
+
+// ---- Requests ----
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // "" when omitted
+
+  // Completions: the prompt as text, or as token ids when given so.
+  std::string prompt;
+  std::optional<std::vector<int32_t>> prompt_token_ids;
+  bool echo = false;
+
+  // Chat.
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt = true;
+
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // Logprobs requested (completions `logprobs: k`; chat `logprobs: true` with `top_logprobs: k`):
+  // the number of alternatives per token. nullopt: none.
+  std::optional<int> logprobs;
+  // Sampling, with params.max_tokens as the client gave it (unset when omitted) and
+  // params.logprobs == logprobs. The frontend adds the context limit.
+  SamplingParams params;
+  // Used when max_tokens is omitted (completions: 16); nullopt: up to the context limit.
+  std::optional<int> default_max_tokens;
+};
+
+absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body);
+absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body);
+
+// ---- Responses ----
+
+struct LogprobAlternative {
+  std::string token;
+  float logprob = 0.0f;
+};
+
+struct LogprobEntry {
+  std::string token;  // the token's text
+  float logprob = 0.0f;
+  std::vector<LogprobAlternative> top;
+  int text_offset = 0;  // completions: offset of the token in the choice's text
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+struct ResponseMeta {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+  bool logprobs = false;  // logprobs were requested (else `logprobs: null`)
+};
+
+struct ChoiceResult {
+  int index = 0;
+  std::string text;
+  std::vector<LogprobEntry> logprobs;
+  std::string finish_reason;
+};
+
+// The whole non-streaming response body.
+std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,
+                         const Usage& usage);
+
+// One streamed choice delta. Chat: `role` sends {"role": "assistant", "content": ""}; `text`
+// sends {"content": text}; a finish chunk has an empty delta. Completions: {"text": text}.
+struct StreamDelta {
+  int index = 0;
+  bool role = false;
+  std::optional<std::string> text;
+  std::vector<LogprobEntry> logprobs;
+  std::optional<std::string> finish_reason;
+};
+
+// "data: {...}\n\n". `usage_null` adds "usage": null (stream_options.include_usage).
+std::string StreamChunkEvent(const ResponseMeta& meta, const StreamDelta& delta, bool usage_null);
+// The final usage chunk: "choices": [] and "usage".
+std::string UsageChunkEvent(const ResponseMeta& meta, const Usage& usage);
+std::string ErrorEvent(const ApiError& error);
+inline constexpr absl::string_view kDoneEvent = "data: [DONE]\n\n";
+
+}  // namespace tandem::router
