@@ -118,16 +118,21 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   stream->usage.prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
   stream->request = std::move(request);
   stream->on_event = std::move(on_event);
+  bool at_capacity = false;
   {
     absl::MutexLock lock(&mu_);
-    if (threads_ >= options_.max_streams) {
-      // Answered on the caller's thread: the one event of a request refused outright.
-      stream->on_event(absl::UnavailableError(
-          absl::StrCat("router at capacity (", options_.max_streams, " requests in flight)")));
-      return;
+    at_capacity = threads_ >= options_.max_streams;
+    if (!at_capacity) {
+      ++threads_;
+      stream->duplicate = !streams_.emplace(stream->request.request_id, stream).second;
     }
-    ++threads_;
-    stream->duplicate = !streams_.emplace(stream->request.request_id, stream).second;
+  }
+  if (at_capacity) {
+    // Answered on the caller's thread, with no lock held (the callback may call Cancel): the one
+    // event of a request refused outright.
+    stream->on_event(absl::UnavailableError(
+        absl::StrCat("router at capacity (", options_.max_streams, " requests in flight)")));
+    return;
   }
   std::thread([this, stream] { Run(stream); }).detach();
 }

@@ -12,10 +12,10 @@
 // passed on with D's message. The request deadline becomes the gRPC deadline (DeadlineExceeded).
 //
 // Threading: one thread per in-flight request runs its stream (synchronous gRPC reads), at most
-// `max_streams` at once; beyond that Generate answers Unavailable. on_event is called on that
-// thread. Cancel is thread-safe: it marks the request, cancels its ClientContext and sends
-// Decode.Cancel to D; the request ends with a finish_reason "abort" chunk. Exactly one final
-// event per Generate, always.
+// `max_streams` at once; beyond that Generate answers Unavailable at once, on the caller's thread
+// (with no backend lock held). Otherwise on_event is called on the request's thread. Cancel is
+// thread-safe: it marks the request, cancels its ClientContext and sends Decode.Cancel to D; the
+// request ends with a finish_reason "abort" chunk. Exactly one final event per Generate, always.
 // Ownership: the pools are not owned and must outlive the backend. The destructor cancels every
 // request still running and waits until each has delivered its final event.
 

@@ -484,7 +484,13 @@ TEST_F(BackendTest, AtCapacityRequestsAreRefused) {
   Collector first;
   Collector second;
   backend->Generate(Request("a"), first.callback());
-  backend->Generate(Request("b"), second.callback());
+  // The refusal may come on this thread; a callback that calls back into the backend (as the
+  // frontend cancels a request's sibling choices) must not deadlock.
+  BackendEventCallback record = second.callback();
+  backend->Generate(Request("b"), [&](absl::StatusOr<BackendChunk> event) {
+    backend->Cancel("b-sibling");
+    record(std::move(event));
+  });
   ASSERT_TRUE(second.WaitFinal());
   EXPECT_EQ(second.final_status().code(), absl::StatusCode::kUnavailable);
   backend->Cancel("a");
