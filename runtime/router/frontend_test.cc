@@ -736,6 +736,8 @@ TEST_F(FrontendTest, OneFailingChoiceCancelsTheOthers) {
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_TRUE(events[events.size() - 2].contains("error"));
+  // The others are cancelled right after the error is written.
+  EXPECT_TRUE(backend_.WaitForCancel("cmpl-", absl::Seconds(2), /*count=*/2));
   std::vector<std::string> cancelled = backend_.cancelled();
   std::sort(cancelled.begin(), cancelled.end());
   ASSERT_EQ(cancelled.size(), 2u);
@@ -832,7 +834,7 @@ TEST_F(FrontendTest, StopCancelsInFlightStreams) {
   frontend_->Stop();
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_TRUE(backend_.WaitForCancel("cmpl-", absl::Seconds(1)));
-  EXPECT_EQ(backend_.active(), 0);
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(1)));
 }
 
 TEST(FrontendCreateTest, BadModelDirFails) {
