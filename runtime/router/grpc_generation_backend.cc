@@ -69,6 +69,7 @@ struct GrpcGenerationBackend::Stream {
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
+  bool worker_lost ABSL_GUARDED_BY(mu) = false;  // the watchdog took it off an unresponsive D
   grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;
   std::shared_ptr<WorkerChannel> decode ABSL_GUARDED_BY(mu);
 
@@ -87,9 +88,13 @@ struct GrpcGenerationBackend::Stream {
 
 GrpcGenerationBackend::GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
                                              GrpcBackendOptions options)
-    : decode_pool_(decode_pool), prefill_pool_(prefill_pool), options_(std::move(options)) {}
+    : decode_pool_(decode_pool), prefill_pool_(prefill_pool), options_(std::move(options)) {
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
 
 GrpcGenerationBackend::~GrpcGenerationBackend() {
+  stop_watchdog_.Notify();
+  watchdog_.join();
   std::vector<std::string> ids;
   {
     absl::MutexLock lock(&mu_);
@@ -172,6 +177,39 @@ void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& dec
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.cancel_timeout));
   call->stub->async()->Cancel(&call->context, &call->request, &call->response,
                               [call](grpc::Status) { delete call; });
+}
+
+void GrpcGenerationBackend::Watchdog() {
+  while (!stop_watchdog_.WaitForNotificationWithTimeout(options_.watchdog_interval)) {
+    const absl::Time now = absl::Now();
+    const std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
+    absl::flat_hash_set<std::string> lost;
+    std::vector<std::shared_ptr<Stream>> streams;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::flat_hash_map<std::string, absl::Time> not_live;
+      for (const WorkerSnapshot& w : workers) {
+        if (w.live) continue;
+        auto it = not_live_since_.find(w.address);
+        const absl::Time since = it == not_live_since_.end() ? now : it->second;
+        not_live[w.address] = since;
+        if (now - since >= options_.unresponsive_timeout) lost.insert(w.address);
+      }
+      not_live_since_ = std::move(not_live);
+      if (!lost.empty()) {
+        for (const auto& [id, stream] : streams_) streams.push_back(stream);
+      }
+    }
+    for (const std::shared_ptr<Stream>& stream : streams) {
+      absl::MutexLock lock(&stream->mu);
+      if (stream->context == nullptr || stream->decode == nullptr ||
+          !lost.contains(stream->decode->address())) {
+        continue;
+      }
+      stream->worker_lost = true;
+      stream->context->TryCancel();
+    }
+  }
 }
 
 std::string GrpcGenerationBackend::ChoosePrefill(int prompt_tokens) {
@@ -312,6 +350,7 @@ GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
     }
     stream.context = &context;
     stream.decode = decode;
+    stream.worker_lost = false;
   }
   std::unique_ptr<v1::Decode::Stub> stub = v1::Decode::NewStub(decode->channel());
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
@@ -341,10 +380,12 @@ GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
   if (final_chunk.has_value() || !worker_error.empty()) context.TryCancel();
   const grpc::Status status = reader->Finish();
   bool cancelled;
+  bool worker_lost;
   {
     absl::MutexLock lock(&stream.mu);
     stream.context = nullptr;
     cancelled = stream.cancelled;
+    worker_lost = stream.worker_lost;
   }
 
   if (final_chunk.has_value()) {
@@ -356,6 +397,10 @@ GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
     return Outcome::kDone;
   }
   const std::string where = absl::StrCat("decode worker ", decode->address());
+  if (worker_lost) {
+    worker_error = absl::StrCat("unresponsive (no fresh stats) for ",
+                                absl::FormatDuration(options_.unresponsive_timeout));
+  }
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
       absl::Now() >= request.deadline) {
     finish(absl::DeadlineExceededError(absl::StrCat(where, ": request deadline exceeded")));

@@ -6,10 +6,11 @@
 // GenerateResponse into a BackendChunk.
 //
 // Failures: if D fails before any token reached the client (stream broken, UNAVAILABLE, an
-// "error" finish), the request is retried on another healthy D, up to `max_attempts` workers in
-// all. After the first token a failure is a final Internal error naming D (migrating prompt plus
-// tokens so far to another D is a later refinement). INVALID_ARGUMENT and the like from D are
-// passed on with D's message. The request deadline becomes the gRPC deadline (DeadlineExceeded).
+// "error" finish, or D unresponsive for `unresponsive_timeout` per the pool), the request is
+// retried on another healthy D, up to `max_attempts` workers in all. After the first token a
+// failure is a final Internal error naming D (migrating prompt plus tokens so far to another D is a
+// later refinement). INVALID_ARGUMENT and the like from D are passed on with D's message. The
+// request deadline becomes the gRPC deadline (DeadlineExceeded).
 //
 // Threading: one thread per in-flight request runs its stream (synchronous gRPC reads), at most
 // `max_streams` at once; beyond that Generate answers Unavailable at once, on the caller's thread
@@ -21,10 +22,12 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "runtime/router/generation_backend.h"
 #include "runtime/router/routing_policy.h"
 #include "runtime/router/worker_pool.h"
@@ -37,6 +40,11 @@ struct GrpcBackendOptions {
   int max_attempts = 3;             // decode workers tried before the first token
   int max_streams = 4096;           // concurrent requests
   absl::Duration cancel_timeout = absl::Seconds(2);  // of the Decode.Cancel call
+  // A request whose decode worker has not been live (stats stream up and fresh) for this long is
+  // taken off it: retried elsewhere before its first token, else ended with an error. Catches
+  // hung or partitioned workers, whose streams would otherwise wait for the request deadline.
+  absl::Duration unresponsive_timeout = absl::Seconds(10);
+  absl::Duration watchdog_interval = absl::Milliseconds(500);
 };
 
 class GrpcGenerationBackend final : public GenerationBackend {
@@ -60,6 +68,7 @@ class GrpcGenerationBackend final : public GenerationBackend {
                   const std::string& prefill_address, absl::Status* error);
   std::string ChoosePrefill(int prompt_tokens);
   void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id);
+  void Watchdog();
 
   WorkerPool* const decode_pool_;
   WorkerPool* const prefill_pool_;
@@ -71,6 +80,11 @@ class GrpcGenerationBackend final : public GenerationBackend {
   uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   bool prefill_down_logged_ ABSL_GUARDED_BY(mu_) = false;
+  // Since when each decode worker has not been live (absent: live, or unknown).
+  absl::flat_hash_map<std::string, absl::Time> not_live_since_ ABSL_GUARDED_BY(mu_);
+
+  absl::Notification stop_watchdog_;
+  std::thread watchdog_;
 };
 
 }  // namespace tandem::router

@@ -34,11 +34,13 @@ enum class Behavior {
   kErrorFinish,      // an "error" finish before any token
   kInvalidArgument,  // rejects the request
   kEndless,          // a token every 5 ms until cancelled
+  kHang,             // nothing at all until cancelled
 };
 
 class FakeStats final : public v1::Worker::Service {
  public:
   std::atomic<int> running{0};
+  std::atomic<bool> silent{false};  // stream open, no stats: a hung worker
   grpc::Status StreamStats(grpc::ServerContext* context, const v1::StatsRequest*,
                            grpc::ServerWriter<v1::WorkerStats>* writer) override {
     while (!context->IsCancelled()) {
@@ -47,7 +49,7 @@ class FakeStats final : public v1::Worker::Service {
       stats.set_kv_blocks_total(100);
       stats.set_kv_blocks_free(100);
       stats.set_block_size(16);
-      if (!writer->Write(stats)) break;
+      if (!silent && !writer->Write(stats)) break;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return grpc::Status::OK;
@@ -123,6 +125,9 @@ class FakeDecode final : public v1::Decode::Service {
           if (!token(i, false)) break;
           absl::SleepFor(absl::Milliseconds(5));
         }
+        return grpc::Status::CANCELLED;
+      case Behavior::kHang:
+        while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
         return grpc::Status::CANCELLED;
     }
     return grpc::Status::OK;
@@ -206,6 +211,7 @@ WorkerPoolOptions PoolOptions(const std::string& role) {
   WorkerPoolOptions options;
   options.role = role;
   options.health_interval = absl::Milliseconds(50);
+  options.stats_stale_after = absl::Milliseconds(500);
   options.reconnect_min = absl::Milliseconds(20);
   options.reconnect_max = absl::Milliseconds(100);
   return options;
@@ -338,6 +344,44 @@ TEST_F(BackendTest, RetriesOnAnotherDecodeWorkerBeforeTheFirstToken) {
   EXPECT_EQ(c.tokens(), 4);
   EXPECT_EQ(bad.decode.generate_calls, 1);
   EXPECT_EQ(good.decode.generate_calls, 1);
+}
+
+TEST_F(BackendTest, HungDecodeWorkerIsLeftAndTheRequestRetried) {
+  StartDecode(2);
+  FakeWorker& hung = *decode_workers_[0];
+  FakeWorker& good = *decode_workers_[1];
+  hung.decode.behavior = Behavior::kHang;
+  good.stats.running = 5;  // least-loaded picks the hung one first
+  absl::SleepFor(absl::Milliseconds(100));
+  GrpcBackendOptions options;
+  options.unresponsive_timeout = absl::Milliseconds(200);
+  options.watchdog_interval = absl::Milliseconds(20);
+  auto backend = MakeBackend(options);
+  Collector c;
+  backend->Generate(Request("r"), c.callback());
+  ASSERT_TRUE(WaitFor([&] { return hung.decode.generate_calls == 1; }));
+  hung.stats.silent = true;  // its stats go stale: the watchdog takes the request off it
+  ASSERT_TRUE(c.WaitFinal());
+  EXPECT_TRUE(c.final_status().ok()) << c.final_status();
+  EXPECT_EQ(c.tokens(), 4);
+  EXPECT_EQ(good.decode.generate_calls, 1);
+}
+
+TEST_F(BackendTest, DecodeWorkerHungMidStreamIsAnError) {
+  StartDecode(1);
+  FakeWorker& worker = *decode_workers_[0];
+  worker.decode.behavior = Behavior::kEndless;
+  GrpcBackendOptions options;
+  options.unresponsive_timeout = absl::Milliseconds(200);
+  options.watchdog_interval = absl::Milliseconds(20);
+  auto backend = MakeBackend(options);
+  Collector c;
+  backend->Generate(Request("r"), c.callback());
+  ASSERT_TRUE(WaitFor([&] { return c.tokens() >= 2; }));
+  worker.stats.silent = true;
+  ASSERT_TRUE(c.WaitFinal());
+  EXPECT_EQ(c.final_status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(c.final_status().message().find("unresponsive"), std::string::npos) << c.final_status();
 }
 
 TEST_F(BackendTest, ErrorFinishBeforeTheFirstTokenIsRetried) {

@@ -19,8 +19,11 @@ namespace tandem::router {
 struct WorkerSnapshot {
   std::string address;   // "host:port"
   bool healthy = false;  // stats fresh, stream live, health check serving, not draining
-  int queue_depth = 0;   // requests waiting on the worker
-  int running = 0;       // sequences in its running batch
+  // The worker answers: its stats stream is connected and fresh (a worker draining with
+  // NOT_SERVING is live but not healthy; a hung or unreachable one is neither).
+  bool live = false;
+  int queue_depth = 0;  // requests waiting on the worker
+  int running = 0;      // sequences in its running batch
   int kv_blocks_free = 0;
   int kv_blocks_total = 0;
   int block_size = 0;  // tokens per KV block (0: unknown)

@@ -335,6 +335,7 @@ std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
     absl::MutexLock lock(&worker->mu);
     WorkerSnapshot s = worker->stats;
     s.healthy = healthy;
+    s.live = worker->stream_live && now - worker->last_stats <= options_.stats_stale_after;
     s.router_inflight = worker->channel->inflight();
     out.push_back(std::move(s));
   }
