@@ -31,7 +31,7 @@ struct PrefillFlags {
   int metrics_port = 0;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
-  double drain_seconds = 5.0;
+  double drain_seconds = 2.0;
 };
 
 int Run(const PrefillFlags& flags) {
@@ -105,7 +105,7 @@ void AddPrefillCommand(CLI::App& app, int* exit_code) {
                   "tokens per step (default 512)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--drain-seconds", flags->drain_seconds,
-                  "on SIGINT/SIGTERM, time in-flight requests get (default 5)")
+                  "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([flags, exit_code] { *exit_code = Run(*flags); });
 }

@@ -2,13 +2,17 @@
 // test, KV over UCX, driven through Decode.Generate. Greedy tokens must equal `tandem generate`
 // (a third process) and a local Engine run. Every wait has a deadline; children are killed on
 // any failure and must exit 0 on SIGTERM otherwise.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -115,6 +119,56 @@ class Child {
   std::string buffer_;
 };
 
+// A port that was free a moment ago (the kernel's pick for port 0).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// GET /metrics on 127.0.0.1:port (HTTP/1.0, read to EOF, 10 s at most); "" on failure.
+std::string FetchMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char chunk[4096];
+      ssize_t n;
+      while ((n = read(fd, chunk, sizeof(chunk))) > 0) body.append(chunk, n);
+    }
+  }
+  close(fd);
+  return body;
+}
+
+// The value of an unlabelled sample `name` in a Prometheus text body (-1 when absent).
+double MetricValue(const std::string& text, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = text.find(name + " ", pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::stod(text.substr(pos + name.size() + 1));
+    pos += name.size();
+  }
+  return -1;
+}
+
 // "tandem <role>: serving on HOST:PORT" -> "HOST:PORT".
 std::optional<std::string> ServingAddress(Child& child, const std::string& role) {
   const std::string prefix = absl::StrCat("tandem ", role, ": serving on ");
@@ -126,7 +180,7 @@ std::optional<std::string> ServingAddress(Child& child, const std::string& role)
 TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   const std::string tandem = std::string(TANDEM_BUILD_DIR) + "/tandem";
   ASSERT_TRUE(std::filesystem::exists(tandem)) << tandem;
-  const std::string dir = ::testing::TempDir() + "/disagg_process_tiny";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/disagg_process_tiny_", getpid());
   SynthOptions synth;
   synth.like = "tiny";
   synth.out_dir = dir;
@@ -137,9 +191,13 @@ TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   const std::vector<std::string> common = {"--model",       dir,   "--port",       "0",
                                            "--kv-transfer", "ucx", "--block-size", "16",
                                            "--num-blocks",  "64"};
-  std::vector<std::string> p_args = {tandem, "prefill"};
+  const int p_metrics = FreePort();
+  const int d_metrics = FreePort();
+  ASSERT_TRUE(p_metrics > 0 && d_metrics > 0 && p_metrics != d_metrics);
+  std::vector<std::string> p_args = {tandem, "prefill", "--metrics-port",
+                                     std::to_string(p_metrics)};
   p_args.insert(p_args.end(), common.begin(), common.end());
-  std::vector<std::string> d_args = {tandem, "decode"};
+  std::vector<std::string> d_args = {tandem, "decode", "--metrics-port", std::to_string(d_metrics)};
   d_args.insert(d_args.end(), common.begin(), common.end());
   auto prefill = Child::Spawn(p_args);
   auto decode = Child::Spawn(d_args);
@@ -184,6 +242,27 @@ TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   EXPECT_TRUE(remote) << "the decode worker fell back to local prefill";
   EXPECT_EQ(finish, "length");
   ASSERT_EQ(got.size(), static_cast<size_t>(kMaxTokens));
+
+  // The KV really moved: P's transfer bytes equal the prompt's KV size, computed from config.json
+  // (ceil(len / 16) blocks x K and V x layers x 16 x kv_heads x head_dim x 4 bytes). D holds no
+  // blocks once the request is done.
+  std::ifstream config_file(dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  const int64_t blocks = (static_cast<int64_t>(prompt.size()) + 15) / 16;
+  const int64_t kv_bytes = blocks * 2 * config["num_hidden_layers"].get<int64_t>() * 16 *
+                           config["num_key_value_heads"].get<int64_t>() *
+                           config["head_dim"].get<int64_t>() * 4;
+  EXPECT_EQ(MetricValue(FetchMetrics(p_metrics), "tandem_kv_transfer_bytes_total"),
+            static_cast<double>(kv_bytes));
+  const absl::Time drained_by = absl::Now() + absl::Seconds(10);
+  double used = -1;
+  while (absl::Now() < drained_by) {
+    const std::string text = FetchMetrics(d_metrics);
+    used = MetricValue(text, "tandem_kv_blocks_used");
+    if (used == 0 && MetricValue(text, "tandem_requests_running") == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(used, 0);
 
   // `tandem generate` in a third process.
   auto generate =

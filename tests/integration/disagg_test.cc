@@ -5,6 +5,8 @@
 // References are independent of the code under test: greedy tokens come from a plain local Engine
 // run of each prompt alone; expected KV bytes are computed from config.json
 // (ceil(len / block_size) blocks x 2 (K, V) x layers x block_size x kv_heads x head_dim x 4 bytes).
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "decode/decode_worker.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/fault_injecting_backend.h"
@@ -64,7 +67,8 @@ struct Streamed {
 class DisaggTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/disagg_test_tiny");
+    // Per process: ctest runs the tests of this binary in parallel processes.
+    dir_ = new std::string(absl::StrCat(::testing::TempDir(), "/disagg_test_tiny_", getpid()));
     SynthOptions options;
     options.like = "tiny";
     options.out_dir = *dir_;
@@ -433,6 +437,49 @@ TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// grpc.health.v1.Health/Check for `service` on `address`, by hand-encoded messages
+// (HealthCheckRequest{service = 1}, HealthCheckResponse{status = 1}): -1 when the call fails,
+// else the status (1 SERVING).
+int HealthStatus(const std::string& address, const std::string& service) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::string bytes;
+  if (!service.empty()) {
+    bytes.push_back(0x0a);
+    bytes.push_back(static_cast<char>(service.size()));  // names here are < 128 bytes
+    bytes += service;
+  }
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string body;
+  for (const grpc::Slice& s : slices)
+    body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (body.empty()) return 0;  // proto3 default: UNKNOWN
+  return body.size() == 2 && body[0] == 0x08 ? body[1] : -1;
+}
+
+TEST_P(DisaggTest, HealthIsServingPerService) {
+  StartStack(GetParam());
+  EXPECT_EQ(HealthStatus(decode_->address(), ""), 1);
+  EXPECT_EQ(HealthStatus(decode_->address(), "tandem.v1.Decode"), 1);
+  EXPECT_EQ(HealthStatus(decode_->address(), "tandem.v1.Worker"), 1);
+  EXPECT_EQ(HealthStatus(prefill_->address(), "tandem.v1.Prefill"), 1);
+  EXPECT_EQ(HealthStatus(prefill_->address(), "tandem.v1.Decode"), -1);  // NOT_FOUND
+}
+
 TEST_P(DisaggTest, StreamStatsReportsTheEngine) {
   StartStack(GetParam());
   auto stub = v1::Worker::NewStub(channel_);
@@ -500,7 +547,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, DisaggTest, ::testing::Values("loopback", "uc
 
 TEST(DisaggSetupTest, RegistrationFailureLeavesNothingRunning) {
   server::ModelLoadOptions options;
-  const std::string dir = ::testing::TempDir() + "/disagg_setup_tiny";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/disagg_setup_tiny_", getpid());
   SynthOptions synth;
   synth.like = "tiny";
   synth.out_dir = dir;
