@@ -157,7 +157,7 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Starts P and D with `kind` backends; P's backend is wrapped for fault injection.
-  void StartStack(const std::string& kind) {
+  void StartStack(const std::string& kind, const decode::DecodeWorkerOptions& d_options = {}) {
     p_model_ = NewEngine();
     d_model_ = NewEngine();
     auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
@@ -165,7 +165,7 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
     auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults), {});
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
-    auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"), {});
+    auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"), d_options);
     ASSERT_TRUE(d.ok()) << d.status();
     decode_ = std::move(*d);
     channel_ = grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials());
@@ -272,6 +272,56 @@ TEST_P(DisaggTest, RemotePrefillMatchesLocalEngineAndMovesThePromptKv) {
   EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), 0);
   EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
   EXPECT_NE(prefill_->metrics().Scrape().find("tandem_kv_transfer_bytes_total"), std::string::npos);
+}
+
+TEST_P(DisaggTest, ConcurrentRequestsAllMatchTheLocalEngine) {
+  StartStack(GetParam());
+  constexpr int kRequests = 6;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < kRequests; ++i) prompts.push_back(Prompt(9 + 7 * i, 100 + i));
+  std::vector<Streamed> got(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      // Half go through P, half are prefilled on D, all at once.
+      got[i] = Generate(Request(prompts[i], kMaxTokens, i % 2 == 0 ? prefill_->address() : ""));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, Reference(prompts[i], kMaxTokens)) << "request " << i;
+    EXPECT_EQ(got[i].prefilled_remotely, i % 2 == 0);
+  }
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
+// P's transfer never completes; D's Prefill deadline passes. P must release the transfer and
+// its held blocks, D must fall back, and the client still gets the right tokens.
+TEST_P(DisaggTest, PrefillDeadlineReleasesEverythingOnBothSides) {
+  decode::DecodeWorkerOptions options;
+  options.service.prefill_timeout = absl::Milliseconds(400);
+  StartStack(GetParam(), options);
+  FaultPlan plan;
+  plan.stage = FaultStage::kMidTransfer;
+  plan.once = true;
+  plan.polls_before_failure = 1 << 30;
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(26, 77);
+  const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  EngineStats p = p_model_->engine->stats();
+  while ((p.held_kv != 0 || p.blocks_used != 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    p = p_model_->engine->stats();
+  }
+  EXPECT_EQ(p.held_kv, 0);
+  EXPECT_EQ(p.blocks_used, 0);
+  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), 1);
 }
 
 TEST_P(DisaggTest, LocalPrefillWhenNoPrefillWorkerIsNamed) {
