@@ -94,9 +94,12 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
     absl::ReaderMutexLock lock(&gate_mu);
     if (!stopped) fn(metrics);
   }
+  // Not under gate_mu: a backend may deliver the final event from inside Cancel.
   void CancelBackend(const std::vector<std::string>& ids) {
-    absl::ReaderMutexLock lock(&gate_mu);
-    if (stopped) return;
+    {
+      absl::ReaderMutexLock lock(&gate_mu);
+      if (stopped) return;
+    }
     for (const std::string& id : ids) backend->Cancel(id);
   }
   void RequestStarted() {
@@ -589,6 +592,10 @@ absl::StatusOr<std::unique_ptr<RouterFrontend>> RouterFrontend::Create(
 
 absl::Status RouterFrontend::Start() {
   if (server_ != nullptr) return absl::FailedPreconditionError("router frontend already started");
+  {
+    absl::ReaderMutexLock lock(&core_->gate_mu);
+    if (core_->stopped) return absl::FailedPreconditionError("router frontend was stopped");
+  }
   HttpServerOptions http = core_->options.http;
   http.error_response = [](int status, const std::string& message) {
     return ErrorResponse(MakeApiError(status, message));

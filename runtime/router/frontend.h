@@ -99,7 +99,7 @@ class RouterFrontend {
   metrics::RouterMetrics& metrics();
   // Stops accepting, lets in-flight responses finish for http.shutdown_grace, then closes the
   // rest and cancels their backend requests, and waits (up to 5 s) for the backend's final
-  // events. Idempotent.
+  // events. Idempotent; the frontend cannot be started again.
   void Stop();
 
   struct Core;

@@ -837,6 +837,24 @@ TEST_F(FrontendTest, StopCancelsInFlightStreams) {
   EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(1)));
 }
 
+TEST_F(FrontendTest, RequestTimeoutBecomesTheBackendDeadline) {
+  frontend_->Stop();
+  EXPECT_FALSE(frontend_->Start().ok()) << "a stopped frontend does not restart";
+  RouterFrontendOptions options;
+  options.http.host = "127.0.0.1";
+  options.model_dir = *model_dir_;
+  options.request_timeout = absl::Seconds(30);
+  auto frontend = RouterFrontend::Create(options, &backend_, &registry_);
+  ASSERT_TRUE(frontend.ok());
+  ASSERT_TRUE((*frontend)->Start().ok());
+  const absl::Time before = absl::Now();
+  auto r = Fetch((*frontend)->port(), "POST", "/v1/completions", CompletionBody().dump());
+  ASSERT_EQ(r->status, 200);
+  const absl::Time deadline = backend_.requests()[0].deadline;
+  EXPECT_GE(deadline, before + absl::Seconds(30));
+  EXPECT_LE(deadline, absl::Now() + absl::Seconds(30));
+}
+
 TEST(FrontendCreateTest, BadModelDirFails) {
   FakeGenerationBackend backend;
   prometheus::Registry registry;

@@ -279,19 +279,24 @@ class HttpServerImpl : public HttpServer {
 
  private:
   void DoAccept() {
-    acceptor_.async_accept(net::make_strand(ioc_),
-                           [this](beast::error_code ec, tcp::socket socket) {
-                             if (!acceptor_.is_open() || ec == net::error::operation_aborted)
-                               return;
-                             if (!ec) {
-                               beast::error_code ignored;
-                               socket.set_option(tcp::no_delay(true), ignored);
-                               std::make_shared<Session>(std::move(socket), this)->Start();
-                             } else {
-                               LOG(WARNING) << "http server: accept failed: " << ec.message();
-                             }
-                             DoAccept();
-                           });
+    acceptor_.async_accept(
+        net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+          if (!acceptor_.is_open() || ec == net::error::operation_aborted) return;
+          if (ec) {
+            // E.g. out of file descriptors: back off instead of spinning.
+            LOG(WARNING) << "http server: accept failed: " << ec.message();
+            auto timer = std::make_shared<net::steady_timer>(acceptor_.get_executor());
+            timer->expires_after(std::chrono::milliseconds(50));
+            timer->async_wait([this, timer](beast::error_code) {
+              if (acceptor_.is_open()) DoAccept();
+            });
+            return;
+          }
+          beast::error_code ignored;
+          socket.set_option(tcp::no_delay(true), ignored);
+          std::make_shared<Session>(std::move(socket), this)->Start();
+          DoAccept();
+        });
   }
 
   template <typename F>

@@ -96,7 +96,7 @@ class HttpServer {
   virtual ~HttpServer() = default;
 
   virtual int port() const = 0;  // the bound port
-  // Idempotent; blocks until the io threads are joined.
+  // Idempotent; blocks until the io threads are joined (so never call it from a handler).
   virtual void Stop() = 0;
 };
 
