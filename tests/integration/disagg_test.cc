@@ -60,6 +60,7 @@ struct Streamed {
   std::string finish_reason;
   bool prefilled_remotely = false;
   bool first_has_ttft = false;
+  v1::TtftBreakdown ttft;
   v1::Usage usage;
   int messages = 0;
 };
@@ -208,6 +209,7 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
       if (out.messages == 0) {
         out.prefilled_remotely = message.prefilled_remotely();
         out.first_has_ttft = message.has_ttft();
+        out.ttft = message.ttft();
       }
       ++out.messages;
       out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
@@ -264,6 +266,10 @@ TEST_P(DisaggTest, RemotePrefillMatchesLocalEngineAndMovesThePromptKv) {
     EXPECT_EQ(got.finish_reason, "length");
     EXPECT_TRUE(got.prefilled_remotely);
     EXPECT_TRUE(got.first_has_ttft);
+    EXPECT_GT(got.ttft.prefill_us(), 0);  // P's forward pass
+    EXPECT_GE(got.ttft.transfer_us(), 0);
+    EXPECT_GE(got.ttft.queue_us(), 0);
+    EXPECT_GE(got.ttft.first_decode_us(), 0);
     EXPECT_EQ(got.usage.prompt_tokens(), length);
     EXPECT_EQ(got.usage.completion_tokens(), kMaxTokens);
     EXPECT_EQ(PrefillBytes() - p_before, KvBytes(length)) << "prompt length " << length;
