@@ -3,7 +3,8 @@
 // router's OpenAI frontend: N io threads, keep-alive, a request body limit (413 above it, before
 // the body is read), idle/read/write timeouts, chunked streaming responses flushed per chunk, and
 // prompt notice of a client that goes away while its response is pending (the socket is watched
-// for EOF/reset while the handler works, and a failed write counts too).
+// for EOF/reset while the handler works, and a failed write counts too; so a client that
+// half-closes its sending side after the request counts as gone, as in most HTTP servers).
 //
 // Ownership and threads:
 // - The handler runs on an io thread, one request per connection at a time (a pipelined next
