@@ -173,10 +173,16 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     if (job->done) break;
     const bool cancelled = context->IsCancelled();
     if (cancelled || absl::Now() > job->deadline) {
-      job->abandoned = true;  // the transfer thread releases the handle and the held blocks
-      job->mu.Unlock();
-      engine_->Cancel(id);
-      job->mu.Lock();
+      job->abandoned = true;
+      if (!job->kv.has_value()) {
+        // Still computing: abort it. (KV that becomes ready anyway is released by the transfer
+        // thread when it sees `abandoned`.)
+        job->mu.Unlock();
+        engine_->Cancel(id);
+        job->mu.Lock();
+      }
+      // Otherwise the transfer thread releases the transfer first and then the held blocks, so
+      // they are never reused while a write may still read them.
       return cancelled ? Error(grpc::StatusCode::CANCELLED, "cancelled by the client")
                        : Error(grpc::StatusCode::DEADLINE_EXCEEDED,
                                "prefill and KV transfer did not finish in time");
