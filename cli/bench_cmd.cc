@@ -14,6 +14,7 @@
 // 130 when stopped by Ctrl-C (after printing the summary of what finished). A second Ctrl-C
 // exits at once.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -165,6 +166,15 @@ class ProgressBar {
   double next_line_s_ = 0;
 };
 
+// Each stream holds a socket: lift the soft open-file limit to the hard one (often 1024 vs more).
+void RaiseFileLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
 int Run(BenchFlags flags) {
   auto fail = [](absl::string_view message, int code) {
     std::cerr << "tandem bench: " << message << "\n";
@@ -259,6 +269,7 @@ int Run(BenchFlags flags) {
     }
   } restore{old_int, old_term};
 
+  RaiseFileLimit();
   ProgressBar bar(!flags.no_progress);
   auto on_progress = [&bar](const bench::Progress& p) { bar.Update(p); };
 

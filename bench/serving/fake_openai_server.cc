@@ -21,6 +21,8 @@
 //   truncate     half the tokens, then the end of the HTTP body without [DONE]
 //
 // Prints "fake_openai_server listening on PORT" on stdout when ready; runs until killed.
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -373,6 +375,11 @@ int main(int argc, char** argv) {
       {"truncate", FailMode::kTruncate}};
   config.fail = modes.at(fail);
 
+  rlimit lim{};  // one socket per stream: lift the soft open-file limit to the hard one
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
   asio::io_context io(threads);
   tcp::acceptor acceptor(io);
   error_code ec;

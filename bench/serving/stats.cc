@@ -143,7 +143,10 @@ Summary Summarize(const std::vector<RequestRecord>& records, double duration_s, 
   s.tpot_ms = Describe(std::move(tpot));
   s.itl_ms = Describe(std::move(itl));
   s.e2el_ms = Describe(std::move(e2el));
-  for (double v : OutputTokensPerSecond(completed, 1.0)) {
+  // One-second windows (vLLM's max_output_tokens_per_s); a shorter run uses a tenth of its
+  // length so that the peak is not a partial window.
+  const double bin_s = duration_s >= 10 ? 1.0 : std::max(duration_s / 10, 1e-3);
+  for (double v : OutputTokensPerSecond(completed, bin_s)) {
     s.max_output_tokens_per_s = std::max(s.max_output_tokens_per_s, v);
   }
   return s;

@@ -88,7 +88,7 @@ struct Summary {
   Distribution ttft_ms, tpot_ms, itl_ms, e2el_ms;
   std::map<std::string, int> errors_by_kind;  // ErrorKindName -> count (failed requests)
   std::map<int, int> http_status_counts;      // non-200 statuses seen
-  double max_output_tokens_per_s = 0;         // busiest one-second window
+  double max_output_tokens_per_s = 0;  // busiest 1 s window (duration/10 for runs under 10 s)
 };
 
 // `duration_s`: benchmark wall time (first send to last completion). Only completed requests enter

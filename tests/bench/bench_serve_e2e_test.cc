@@ -97,6 +97,24 @@ TEST(BenchServeE2eTest, ClientTotalsAgreeWithServerMetrics) {
       << *after;
   EXPECT_GT(r["total_output_tokens"].get<int>(), 0);
 
+  // With the served model's tokenizer, synthetic prompts have an exact length: the server's
+  // count for a completion prompt is that length, plus the BOS token it may add.
+  const std::string out = serve.stdout_text();
+  const size_t at = out.find("Tandem is serving ") + 18;
+  const std::string model_dir = out.substr(at, out.find(" at http", at) - at);
+  const std::string tok_json = tmp + "/bench_e2e_tok.json";
+  Subprocess exact({build + "/tandem", "bench", "--no-progress", "--url", url, "--endpoint",
+                    "completions", "--tokenizer", model_dir, "--num-prompts", "4", "--input-len",
+                    "20", "--output-len", "3", "--request-timeout", "120", "--json", tok_json},
+                   tmp + "/bench_e2e_tok");
+  ASSERT_EQ(exact.Wait(300), 0) << exact.stderr_text() << exact.stdout_text();
+  json t = json::parse(ReadAll(tok_json), nullptr, false);
+  ASSERT_TRUE(t.is_object());
+  EXPECT_EQ(t["completed"], 4) << exact.stdout_text();
+  for (const json& n : t["input_lens"]) {
+    EXPECT_TRUE(n == 20 || n == 21) << "server counted " << n << " prompt tokens";
+  }
+
   serve.Signal(SIGINT);
   EXPECT_EQ(serve.Wait(60), 0) << serve.stderr_text();
 }
