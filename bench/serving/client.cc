@@ -167,11 +167,11 @@ class Engine {
   void PutIdle(std::shared_ptr<Connection> c) {
     if (!done_) idle_.push_back(std::move(c));
   }
-  void OnFinished(RequestOp* op, const RequestRecord& r) {
+  void OnFinished(RequestOp* op, ErrorKind error) {
     active_.erase(op);
     --in_flight_;
     ++finished_;
-    if (!r.ok() && r.error != ErrorKind::kCancelled) ++failed_;
+    if (error != ErrorKind::kNone && error != ErrorKind::kCancelled) ++failed_;
     last_end_ = std::max(last_end_, Clock::now());
     Dispatch();
     MaybeDone();
@@ -549,14 +549,15 @@ void RequestOp::Finish(ErrorKind kind, std::string message) {
   r.completion_tokens = usage_completion_.value_or(chunks_);
   r.error = kind;
   r.error_message = std::move(message);
+  // OnFinished may start requests (and grow the record vector): `r` is not used after it.
   if (kind == ErrorKind::kNone) {
     // Read to the end of the HTTP message so the connection can be reused.
     state_ = State::kDraining;
-    engine_.OnFinished(this, r);
+    engine_.OnFinished(this, kind);
     if (parser_->is_done()) Release();
     return;
   }
-  engine_.OnFinished(this, r);
+  engine_.OnFinished(this, kind);
   Close();
 }
 

@@ -3,6 +3,7 @@
 // slow endpoint, every failure mode counted by kind (never a crash or hang), Ctrl-C, sweeps,
 // datasets, plots and --duration.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -31,7 +32,7 @@ std::string BuildDir() { return TANDEM_BUILD_DIR; }
 std::string Tmp(const std::string& name) {
   std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::replace(test.begin(), test.end(), '/', '_');
-  return absl::StrCat(::testing::TempDir(), "/", test, "_", name);
+  return absl::StrCat(::testing::TempDir(), "/", test, "_", getpid(), "_", name);
 }
 
 // fake_openai_server on a free port.

@@ -4,7 +4,9 @@
 // tandem_generation_tokens_total).
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,8 @@ double Metric(const std::string& text, const std::string& name,
 
 TEST(BenchServeE2eTest, ClientTotalsAgreeWithServerMetrics) {
   const std::string build = TANDEM_BUILD_DIR;
-  const std::string tmp = ::testing::TempDir();
+  const std::string tmp = absl::StrCat(::testing::TempDir(), "/bench_e2e_", getpid());
+  std::filesystem::create_directories(tmp);
   const int port = FreePort();
   Subprocess serve({build + "/tandem", "serve", "--port", std::to_string(port)},
                    tmp + "/bench_e2e_serve");
