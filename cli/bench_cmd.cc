@@ -302,7 +302,9 @@ int Run(BenchFlags flags) {
     absl::StatusOr<bench::LoadResult> result =
         bench::RunLoad(options, items, &g_interrupted, on_progress);
     bar.End();
-    if (!result.ok()) return fail(result.status().ToString(), 1);
+    if (!result.ok()) {
+      return fail(result.status().message(), absl::IsInvalidArgument(result.status()) ? 2 : 1);
+    }
     interrupted = result->interrupted;
 
     bench::RunInfo info;

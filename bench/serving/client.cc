@@ -122,6 +122,7 @@ class Engine {
         items_(items),
         stop_(stop),
         on_progress_(on_progress),
+        burst_(std::isinf(options.request_rate)),
         schedule_(options.request_rate, options.arrival, options.seed + 1),
         arrival_timer_(io_),
         poll_timer_(io_) {}
@@ -173,7 +174,11 @@ class Engine {
     ++finished_;
     if (error != ErrorKind::kNone && error != ErrorKind::kCancelled) ++failed_;
     last_end_ = std::max(last_end_, Clock::now());
-    Dispatch();
+    if (burst_ && !arrivals_done_) {
+      OnArrivals();
+    } else {
+      Dispatch();
+    }
     MaybeDone();
   }
 
@@ -190,20 +195,33 @@ class Engine {
     return options_.num_requests > 0 && due_ >= options_.num_requests;
   }
 
+  bool ArrivalsOver() const {
+    if (CountLimitReached()) return true;
+    if (!(options_.duration_s > 0)) return false;
+    // A burst is a closed loop refilled as requests finish: it ends by the clock.
+    if (burst_) return Elapsed() >= options_.duration_s;
+    return next_arrival_ >= options_.duration_s;
+  }
+
+  // Moves requests whose send time has come to `pending_` and sends what concurrency allows.
   void OnArrivals() {
     if (arrivals_done_) return;
     const double now = Elapsed();
-    while (!CountLimitReached() && next_arrival_ <= now) {
-      if (options_.duration_s > 0 && next_arrival_ >= options_.duration_s) break;
+    while (!ArrivalsOver() && next_arrival_ <= now) {
+      if (burst_ && options_.max_concurrency > 0 &&
+          in_flight_ + static_cast<int>(pending_.size()) >= options_.max_concurrency) {
+        break;  // refilled from OnFinished
+      }
       pending_.push_back(due_++);
       next_arrival_ = schedule_.Next();
     }
     Dispatch();
-    if (CountLimitReached() || (options_.duration_s > 0 && next_arrival_ >= options_.duration_s)) {
+    if (ArrivalsOver()) {
       arrivals_done_ = true;
       MaybeDone();
       return;
     }
+    if (burst_) return;
     arrival_timer_.expires_at(t0_ + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(next_arrival_)));
     arrival_timer_.async_wait([this](const error_code& ec) {
@@ -268,8 +286,14 @@ class Engine {
       MaybeDone();
       if (done_) return;
     }
-    if (options_.duration_s > 0 && !arrivals_done_ && Elapsed() >= options_.duration_s) {
+    if (burst_ && !arrivals_done_ && ArrivalsOver()) {
       arrivals_done_ = true;
+      MaybeDone();
+      if (done_) return;
+    }
+    if (options_.duration_s > 0 && Elapsed() >= options_.duration_s && !pending_.empty()) {
+      // Time is up for requests still waiting for a concurrency slot. Arrivals scheduled before
+      // the end are still sent (OnArrivals decides by schedule time, not by timer lateness).
       pending_.clear();
       MaybeDone();
       if (done_) return;
@@ -303,6 +327,7 @@ class Engine {
   std::string path_;
   std::string host_header_;
   tcp::resolver::results_type endpoints_;
+  const bool burst_;  // infinite request rate
   ArrivalSchedule schedule_;
   asio::steady_timer arrival_timer_;
   asio::steady_timer poll_timer_;
@@ -644,6 +669,11 @@ absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector
   }
   if (options.num_requests <= 0 && !(options.duration_s > 0)) {
     return absl::InvalidArgumentError("need a request count or a duration");
+  }
+  if (options.num_requests <= 0 && std::isinf(options.request_rate) &&
+      options.max_concurrency <= 0) {
+    return absl::InvalidArgumentError(
+        "a burst (request rate inf) bounded only by --duration needs --max-concurrency");
   }
   Engine engine(options, items, stop, on_progress);
   return engine.Run();

@@ -48,7 +48,10 @@ struct LoadOptions {
   uint64_t seed = 0;
   int max_concurrency = 0;  // 0: unlimited
   // Requests to send; items are used in order and cycled. With duration_s > 0, sending stops
-  // at whichever of the two comes first (num_requests 0: no count limit).
+  // at whichever of the two comes first (num_requests 0: no count limit): requests scheduled
+  // before duration_s are sent, those still waiting for a concurrency slot then are dropped.
+  // An infinite rate is a closed loop (a new request as each one finishes, max_concurrency in
+  // flight); with only a duration it needs max_concurrency.
   int num_requests = 0;
   double duration_s = 0;
   double request_timeout_s = 600;

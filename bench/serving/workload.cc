@@ -177,7 +177,7 @@ double ArrivalSchedule::Next() {
       t_ += std::exponential_distribution<double>(rate_)(rng_);
       break;
     case Arrival::kConstant:
-      t_ += 1.0 / rate_;
+      t_ = static_cast<double>(++count_) / rate_;  // k / rate exactly, no accumulated rounding
       break;
   }
   return t_;

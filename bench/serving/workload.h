@@ -62,6 +62,7 @@ class ArrivalSchedule {
   Arrival arrival_;
   std::mt19937_64 rng_;
   double t_ = 0;
+  int64_t count_ = 0;  // arrivals after the first (constant spacing)
   bool first_ = true;
 };
 

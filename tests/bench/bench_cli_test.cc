@@ -267,6 +267,22 @@ TEST(BenchCliTest, DurationBoundsTheRun) {
   EXPECT_EQ(run.result["completed"], 30);
 }
 
+TEST(BenchCliTest, BurstWithDurationIsAClosedLoop) {
+  FakeServer server({"--itl-ms", "20"});
+  ASSERT_TRUE(server.ok());
+  BenchRun run = RunBench({"--url", server.url(), "--model", "fake-model", "--duration", "1",
+                           "--max-concurrency", "4", "--input-len", "3", "--output-len", "5"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  // Each request takes about 4 x 20 ms; 4 in flight for 1 s gives about 50 requests.
+  EXPECT_EQ(run.result["max_concurrent_requests"], 4);
+  EXPECT_GE(run.result["completed"].get<int>(), 12);
+  EXPECT_LE(run.result["completed"].get<int>(), 60);
+  EXPECT_EQ(run.result["failed"], 0);
+  // Without a concurrency bound a timed burst would be unbounded.
+  run = RunBench({"--url", server.url(), "--model", "fake-model", "--duration", "1"});
+  EXPECT_EQ(run.code, 2) << run.err;
+}
+
 TEST(BenchCliTest, BadFlagsAreUsageErrors) {
   BenchRun run = RunBench({"--url", "ftp://x", "--model", "m"});
   EXPECT_EQ(run.code, 2);
