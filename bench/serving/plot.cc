@@ -130,7 +130,7 @@ std::string RenderSvg(const std::vector<RequestRecord>& records, const std::stri
     for (double g : r.itls_s) itl.push_back(g * 1e3);
     e2el.push_back(r.e2e_s * 1e3);
   }
-  const double width = 1200, height = 820;
+  const double width = 1200, height = 720;
   std::string svg = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
       "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
