@@ -92,9 +92,9 @@ struct DecodeAttentionArgs {
   int max_context_len = 0;  // host hint: >= every context_lens[s]; sets the split count
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
-// Workspace bytes LaunchPagedDecodeAttention needs for these sizes (0 when no split is used).
-// Depends on the host values only, so a caller can size one workspace for its largest batch and
-// context (the need grows with num_seqs and max_context_len).
+// Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases
+// as num_seqs or max_context_len grow, so one workspace sized for the largest batch and context
+// serves every smaller launch (0 when the context is too short to split). Host values only.
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
                                      int max_context_len);
 

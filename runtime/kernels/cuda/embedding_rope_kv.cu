@@ -1,0 +1,123 @@
+// Embedding gather, RoPE and paged KV append (contracts: model_kernels.h). All three are pure data
+// movement with a little arithmetic: 16-byte accesses where the shapes and pointers allow, a
+// scalar path otherwise.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/model_kernels_internal.h"
+
+namespace tandem::cuda::internal {
+namespace {
+
+constexpr int kCopyThreads = 256;
+constexpr int kRopeThreads = 256;
+
+// One block per row; T is the element or pack type copied.
+template <typename T>
+__global__ void __launch_bounds__(kCopyThreads)
+    EmbeddingKernel(const int32_t* __restrict__ ids, const T* __restrict__ table, int row_units,
+                    T* __restrict__ out) {
+  const size_t src = static_cast<size_t>(ids[blockIdx.x]) * row_units;
+  const size_t dst = static_cast<size_t>(blockIdx.x) * row_units;
+  for (int i = threadIdx.x; i < row_units; i += blockDim.x) out[dst + i] = table[src + i];
+}
+
+// One thread per (token, rotation pair i): computes cos/sin once and rotates that pair in every q
+// and k head of the token.
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __restrict__ positions,
+               const float* __restrict__ inv_freq, int n, int num_rotated_heads, int row_stride,
+               int head_dim) {
+  const int half = head_dim / 2;
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int token = static_cast<int>(idx / half);
+  const int i = static_cast<int>(idx % half);
+  if (token >= n) return;
+  // As cpu::RopeTables: the angle rounded to float32, then cos/sin (sincosf is accurate to a
+  // couple of float32 ulps over the whole range; no fast-math intrinsics).
+  const float angle = __fmul_rn(static_cast<float>(positions[token]), inv_freq[i]);
+  float s, c;
+  sincosf(angle, &s, &c);
+  __nv_bfloat16* row = qkv + static_cast<size_t>(token) * row_stride;
+  for (int h = 0; h < num_rotated_heads; ++h) {
+    __nv_bfloat16* lo = row + h * head_dim + i;
+    __nv_bfloat16* hi = lo + half;
+    const float x0 = __bfloat162float(*lo);
+    const float x1 = __bfloat162float(*hi);
+    *lo = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+    *hi = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+  }
+}
+
+// One block per row: copies the row's k heads and v heads (kv_units each, in units of T) to the
+// slot. k_offset: where the k heads start in the row; v heads follow them.
+template <typename T>
+__global__ void __launch_bounds__(kCopyThreads)
+    KvAppendKernel(const T* __restrict__ qkv, const int32_t* __restrict__ slot_mapping,
+                   int row_units, int k_offset, int kv_units, T* __restrict__ k_layer,
+                   T* __restrict__ v_layer) {
+  const int slot = slot_mapping[blockIdx.x];
+  if (slot < 0) return;
+  const T* k_src = qkv + static_cast<size_t>(blockIdx.x) * row_units + k_offset;
+  const T* v_src = k_src + kv_units;
+  const size_t dst = static_cast<size_t>(slot) * kv_units;
+  for (int i = threadIdx.x; i < kv_units; i += blockDim.x) {
+    k_layer[dst + i] = k_src[i];
+    v_layer[dst + i] = v_src[i];
+  }
+}
+
+int ThreadsFor(int units) {
+  const int warps = (units + kWarpSize - 1) / kWarpSize;
+  return warps * kWarpSize < kCopyThreads ? warps * kWarpSize : kCopyThreads;
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int hidden, void* out,
+                               cudaStream_t stream) {
+  if (hidden % 8 == 0 && IsAligned16(table) && IsAligned16(out)) {
+    const int units = hidden / 8;
+    EmbeddingKernel<uint4><<<n, ThreadsFor(units), 0, stream>>>(
+        ids, static_cast<const uint4*>(table), units, static_cast<uint4*>(out));
+  } else {
+    EmbeddingKernel<uint16_t><<<n, ThreadsFor(hidden), 0, stream>>>(
+        ids, static_cast<const uint16_t*>(table), hidden, static_cast<uint16_t*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
+                          int num_heads, int num_kv_heads, int head_dim, cudaStream_t stream) {
+  const long long threads = static_cast<long long>(n) * (head_dim / 2);
+  const int row_stride = (num_heads + 2 * num_kv_heads) * head_dim;
+  RopeKernel<<<CeilDiv(threads, kRopeThreads), kRopeThreads, 0, stream>>>(
+      static_cast<__nv_bfloat16*>(qkv), positions, inv_freq, n, num_heads + num_kv_heads,
+      row_stride, head_dim);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int n, int num_heads,
+                              int num_kv_heads, int head_dim, void* k_layer, void* v_layer,
+                              cudaStream_t stream) {
+  const int row = (num_heads + 2 * num_kv_heads) * head_dim;
+  const int kv = num_kv_heads * head_dim;
+  const int k_offset = num_heads * head_dim;
+  if (head_dim % 8 == 0 && IsAligned16(qkv) && IsAligned16(k_layer) && IsAligned16(v_layer)) {
+    KvAppendKernel<uint4><<<n, ThreadsFor(kv / 8), 0, stream>>>(
+        static_cast<const uint4*>(qkv), slot_mapping, row / 8, k_offset / 8, kv / 8,
+        static_cast<uint4*>(k_layer), static_cast<uint4*>(v_layer));
+  } else {
+    KvAppendKernel<uint16_t><<<n, ThreadsFor(kv), 0, stream>>>(
+        static_cast<const uint16_t*>(qkv), slot_mapping, row, k_offset, kv,
+        static_cast<uint16_t*>(k_layer), static_cast<uint16_t*>(v_layer));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda::internal

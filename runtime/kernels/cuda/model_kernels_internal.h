@@ -1,0 +1,67 @@
+#pragma once
+// Private to tandem_kernels_cuda: the raw launchers in the .cu files, which model_kernels.cc wraps
+// with argument checks and absl::Status. Kept free of absl so nvcc compiles only CUDA code.
+// Preconditions are the ones model_kernels.cc checks (non-null pointers, valid shapes, n > 0,
+// supported head dims, 16-byte aligned KV cache). Each returns cudaGetLastError() after its
+// launches.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::cuda::internal {
+
+cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int hidden, void* out,
+                               cudaStream_t stream);
+
+cudaError_t LaunchRopeRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
+                          int num_heads, int num_kv_heads, int head_dim, cudaStream_t stream);
+
+// k_layer / v_layer: the layer's cache, [num_blocks * block_size, num_kv_heads * head_dim].
+cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int n, int num_heads,
+                              int num_kv_heads, int head_dim, void* k_layer, void* v_layer,
+                              cudaStream_t stream);
+
+cudaError_t LaunchSiluMulRaw(const void* gate_up, int n, int inter, void* out, cudaStream_t stream);
+
+cudaError_t LaunchArgmaxRaw(const float* logits, int rows, int vocab, int32_t* out,
+                            cudaStream_t stream);
+
+// The attention kernels' view of one layer's paged cache and tables.
+struct PagedLayerView {
+  const void* k = nullptr;  // this layer's [num_blocks, block_size, num_kv_heads, head_dim]
+  const void* v = nullptr;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;                       // 32, 64 or 128
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+};
+
+// Tokens per decode-attention tile; a split's partition is a multiple of it.
+constexpr int kDecodeTileTokens = 128;
+
+// The split-K plan of one decode launch: a function of host values only.
+struct DecodeSplitPlan {
+  int num_splits = 1;      // context chunks per sequence (1: no merge pass)
+  int partition_size = 0;  // tokens per chunk (multiple of the kernel's tile); the last chunk
+                           // also takes any tokens beyond num_splits * partition_size
+};
+DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len);
+// Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and
+// (max, sum) pairs [num_seqs, num_heads, num_splits, 2], f32. 0 when num_splits == 1.
+size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
+                                   int head_dim);
+
+cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
+                                     const int32_t* context_lens, int num_seqs, int num_heads,
+                                     float scale, void* out, void* workspace,
+                                     const DecodeSplitPlan& plan, cudaStream_t stream);
+
+cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
+                                      const int32_t* seq_start_rows, const int32_t* start_pos,
+                                      int num_seqs, int max_new_tokens, int num_heads, float scale,
+                                      void* out, cudaStream_t stream);
+
+}  // namespace tandem::cuda::internal
