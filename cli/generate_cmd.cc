@@ -2,7 +2,7 @@
 // an interactive demo).
 //   tandem generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
 //                   [--temperature T] [--seed S] [--top-k K] [--top-p P] [--ignore-eos]
-//                   [--device cpu|cuda] [--json]
+//                   [--device cpu|cuda|cuda:N] [--json]
 // Without --json the text streams to stdout as it is generated, then a stats line goes to stderr.
 // With --json one object is printed: {"token_ids": [...], "text": "...", "finish_reason": "..."}.
 // Exit status: 0 ok, 1 runtime error (model load, engine), 2 usage error (flags, bad prompt).
@@ -27,11 +27,8 @@
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
-#include "runtime/model/cpu_model_runner.h"
-#include "runtime/model/model_config.h"
-#include "runtime/model/safetensors.h"
+#include "runtime/model/runner_factory.h"
 #include "runtime/model/tokenizer.h"
-#include "runtime/model/weights.h"
 
 namespace tandem::cli {
 namespace {
@@ -93,13 +90,9 @@ std::optional<Failure> Run(const GenerateOptions& opts) {
   if (opts.has_prompt == opts.has_prompt_ids) {
     return Failure{2, "give exactly one of --prompt TEXT or --prompt-ids 1,2,3"};
   }
-  if (opts.device == "cuda") {
-    return Failure{1,
-                   "the CUDA engine is not available in this build; use --device cpu (the CUDA "
-                   "engine lands in a later release)"};
-  }
-  if (opts.device != "cpu") {
-    return Failure{2, absl::StrCat("--device: unknown device '", opts.device, "' (cpu|cuda)")};
+  if (!ParseRunnerDevice(opts.device).ok()) {
+    return Failure{2,
+                   absl::StrCat("--device: unknown device '", opts.device, "' (cpu|cuda|cuda:N)")};
   }
   std::error_code ec;
   if (!std::filesystem::is_directory(opts.model_dir, ec)) {
@@ -124,14 +117,9 @@ std::optional<Failure> Run(const GenerateOptions& opts) {
   }
   if (opts.has_prompt) prompt = tokenizer->Encode(opts.prompt, /*add_special_tokens=*/true);
 
-  auto config = LoadModelConfig(opts.model_dir);
-  if (!config.ok()) return Failure{1, std::string(config.status().message())};
-  auto store = TensorStore::Open(opts.model_dir);
-  if (!store.ok()) return Failure{1, std::string(store.status().message())};
-  auto weights = LoadCpuWeights(*config, **store);
-  if (!weights.ok()) return Failure{1, std::string(weights.status().message())};
-  store->reset();  // weights are converted copies; release the mmaps
-  auto runner = CreateCpuModelRunner(*config, std::move(*weights), CpuRunnerOptions{});
+  RunnerOptions runner_options;
+  runner_options.progress = !opts.json_output;
+  auto runner = CreateModelRunner(opts.device, opts.model_dir, runner_options);
   if (!runner.ok()) return Failure{1, std::string(runner.status().message())};
 
   Progress progress;  // declared before the engine: its callback outlives no request
@@ -234,7 +222,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-k", opts->top_k, "sample from the K most likely tokens (0: off)");
   cmd->add_option("--top-p", opts->top_p, "nucleus sampling mass (1: off)");
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the EOS token");
-  cmd->add_option("--device", opts->device, "cpu or cuda (default cpu)");
+  cmd->add_option("--device", opts->device, "cpu, cuda or cuda:N (default cpu)");
   cmd->add_flag("--json", opts->json_output,
                 "print one JSON object {\"token_ids\": [...], \"text\": \"...\"} at the end");
   cmd->callback([opts, prompt, prompt_ids, seed, exit_code] {

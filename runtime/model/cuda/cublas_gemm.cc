@@ -1,0 +1,178 @@
+#include "runtime/model/cuda/cublas_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::cuda_runner {
+namespace {
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s));
+  switch (s) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(message);
+    case CUBLAS_STATUS_INVALID_VALUE:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return absl::InvalidArgumentError(message);
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+#define RETURN_IF_CUBLAS(expr, what)                      \
+  do {                                                    \
+    const cublasStatus_t _tandem_cublas_status = (expr);  \
+    if (_tandem_cublas_status != CUBLAS_STATUS_SUCCESS) { \
+      return CublasStatus(_tandem_cublas_status, what);   \
+    }                                                     \
+  } while (0)
+
+// Descriptors and algorithm of one GEMM shape.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void Destroy() {
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    for (cublasLtMatrixLayout_t l : {a, b, c}) {
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    }
+  }
+};
+
+using Key = std::tuple<int, int, int, bool, int>;  // m, k, n, bias, out type
+
+// Shapes cached at most; prefill token counts vary, so the cache is flushed when it fills.
+constexpr size_t kMaxPlans = 2048;
+
+}  // namespace
+
+struct CublasLtGemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  absl::flat_hash_map<Key, Plan> plans;
+
+  ~Impl() {
+    Clear();
+    if (handle != nullptr) cublasLtDestroy(handle);
+  }
+  void Clear() {
+    for (auto& [key, plan] : plans) plan.Destroy();
+    plans.clear();
+  }
+
+  absl::StatusOr<const Plan*> GetPlan(int m, int k, int n, bool bias, GemmOut out_type) {
+    const Key key{m, k, n, bias, static_cast<int>(out_type)};
+    if (auto it = plans.find(key); it != plans.end()) return &it->second;
+    if (plans.size() >= kMaxPlans) Clear();
+    Plan p;
+    absl::Status s = Build(m, k, n, bias, out_type, &p);
+    if (!s.ok()) {
+      p.Destroy();
+      return s;
+    }
+    return &plans.emplace(key, p).first->second;
+  }
+
+  // Row-major out[m, n] = x[m, k] w[n, k]^T, seen column-major: C = out as [n, m] (ld n) =
+  // op(A) B with A = w as [k, n] (ld k) transposed and B = x as [k, m] (ld k). The epilogue
+  // bias is per row of C, i.e. per output feature.
+  absl::Status Build(int m, int k, int n, bool bias, GemmOut out_type, Plan* p) {
+    const cudaDataType_t out_dt = out_type == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+    RETURN_IF_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     "cublasLtMatmulDescCreate");
+    const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+    RETURN_IF_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)),
+        "set TRANSA");
+    RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans,
+                                                    sizeof(no_trans)),
+                     "set TRANSB");
+    if (bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                      &epilogue, sizeof(epilogue)),
+                       "set EPILOGUE");
+      const cudaDataType_t bias_dt = CUDA_R_16BF;
+      RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                      &bias_dt, sizeof(bias_dt)),
+                       "set BIAS_DATA_TYPE");
+    }
+    RETURN_IF_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, n, k), "layout A");
+    RETURN_IF_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k), "layout B");
+    RETURN_IF_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, out_dt, n, m, n), "layout C");
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    RETURN_IF_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint64_t ws = workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c,
+                                                            pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    RETURN_IF_CUBLAS(s, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuBLASLt has no algorithm for bf16 GEMM m=", m, " k=", k, " n=", n, " bias=", bias));
+    }
+    p->algo = result.algo;
+    return absl::OkStatus();
+  }
+};
+
+CublasLtGemm::CublasLtGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CublasLtGemm::~CublasLtGemm() = default;
+
+absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspace,
+                                                                   size_t workspace_bytes) {
+  auto impl = std::make_unique<Impl>();
+  RETURN_IF_CUBLAS(cublasLtCreate(&impl->handle), "cublasLtCreate");
+  impl->workspace = workspace;
+  impl->workspace_bytes = workspace_bytes;
+  return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
+}
+
+absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias, int m, int k,
+                                  int n, void* out, GemmOut out_type, void* stream) {
+  if (m < 0 || k <= 0 || n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMM shape m=", m, " k=", k, " n=", n, " is not valid"));
+  }
+  if (m == 0) return absl::OkStatus();
+  if (x == nullptr || w == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("GEMM x, w and out must not be null");
+  }
+  if (bias != nullptr && out_type != GemmOut::kBf16) {
+    return absl::InvalidArgumentError("GEMM bias is supported with bf16 output only");
+  }
+  auto plan_or = impl_->GetPlan(m, k, n, bias != nullptr, out_type);
+  if (!plan_or.ok()) return plan_or.status();
+  const Plan& p = **plan_or;
+  if (bias != nullptr) {
+    RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof(bias)),
+                     "set BIAS_POINTER");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  RETURN_IF_CUBLAS(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
+                                  out, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes,
+                                  static_cast<cudaStream_t>(stream)),
+                   "cublasLtMatmul");
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda_runner

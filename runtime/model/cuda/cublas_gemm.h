@@ -1,0 +1,43 @@
+#pragma once
+// bf16 GEMMs of the CUDA model runner through cuBLASLt, in the HF Linear layout:
+//   out[m, n] = x[m, k] · w[n, k]^T (+ bias[n])
+// x, w, bias bf16; accumulation float32 (CUBLAS_COMPUTE_32F); out bf16 or float32. The bias is
+// added in the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS). No CUDA types here: `stream` is a
+// cudaStream_t passed as void*.
+//
+// Ownership: the object owns its cuBLASLt handle and a cache of matmul descriptors and algorithms
+// per shape; the workspace is caller-owned device memory that must outlive the object. Every
+// GEMM uses only that workspace, so calls may be captured into a CUDA graph.
+// Thread-safety: one thread at a time (the runner's). Failure: a status with cuBLAS's code and
+// message; nothing is queued on an error before the launch.
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::cuda_runner {
+
+enum class GemmOut { kBf16, kF32 };
+
+class CublasLtGemm {
+ public:
+  // Creates the handle on the current CUDA device. `workspace` may be null when bytes is 0.
+  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create(void* workspace,
+                                                              size_t workspace_bytes);
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Queues out = x · w^T (+ bias). m == 0 queues nothing. Pointers 16-byte aligned at least (the
+  // algorithms are chosen for 256-byte aligned buffers, which every runner buffer is).
+  absl::Status Linear(const void* x, const void* w, const void* bias, int m, int k, int n,
+                      void* out, GemmOut out_type, void* stream);
+
+ private:
+  struct Impl;
+  explicit CublasLtGemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::cuda_runner

@@ -1,0 +1,774 @@
+#include "runtime/model/cuda/cuda_model_runner.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/base/float16.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/device/cuda/cuda_status.h"
+#include "runtime/device/device.h"
+#include "runtime/device/device_factory.h"
+#include "runtime/kernels/cpu_ops.h"
+#include "runtime/kernels/cuda/model_kernels.h"
+#include "runtime/kernels/cuda/norm_kernels.h"
+#include "runtime/model/cuda/cublas_gemm.h"
+#include "runtime/model/cuda/step_plan.h"
+
+namespace tandem {
+namespace {
+
+using cuda_runner::CublasLtGemm;
+using cuda_runner::GemmOut;
+using cuda_runner::StepPlan;
+
+constexpr size_t kAlign = 256;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kStagingBytes = size_t{64} << 20;  // per half of the weight-upload double buffer
+constexpr size_t kProgressMinBytes = size_t{256} << 20;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
+      c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.max_position_embeddings <= 0) {
+    return absl::InvalidArgumentError("CUDA runner: model config has a non-positive size");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: num_heads %d is not a multiple of num_kv_heads %d",
+                        c.num_heads, c.num_kv_heads));
+  }
+  if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: head_dim %d is not supported by the attention kernels (32, 64, 128)",
+        c.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// One tensor of the checkpoint and where its bf16 copy goes in the weight allocation.
+struct UploadJob {
+  TensorView view;
+  size_t offset = 0;  // bytes into the weight buffer
+};
+
+class Runner final : public CudaModelRunner {
+ public:
+  Runner(const ModelConfig& config, const CudaRunnerOptions& options)
+      : config_(config), options_(options) {}
+
+  ~Runner() override {
+    if (device_ == nullptr) return;
+    cudaSetDevice(options_.device_ordinal);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    DropGraphs();
+    for (cudaEvent_t e : {upload_events_[0], upload_events_[1]}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_)}) {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+    gemm_.reset();
+    // The Device frees every buffer and stream it handed out.
+  }
+
+  absl::Status Init(const TensorStore& store) {
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device_ordinal), "cudaSetDevice");
+    ASSIGN_OR_RETURN(device_, CreateDevice(absl::StrCat("cuda:", options_.device_ordinal)));
+    ASSIGN_OR_RETURN(Stream s, device_->CreateStream());
+    stream_ = static_cast<cudaStream_t>(s.native);
+    RETURN_IF_ERROR(LoadWeights(store));
+    RETURN_IF_ERROR(AllocateKv());
+    RETURN_IF_ERROR(InitRope());
+    ASSIGN_OR_RETURN(cublas_ws_, device_->Allocate(kCublasWorkspaceBytes));
+    ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(cublas_ws_.data, cublas_ws_.bytes));
+    Capacity want;
+    want.rows = std::max(options_.max_batch_tokens, cuda_runner::kMaxGraphBatch);
+    want.logit_rows = cuda_runner::kMaxGraphBatch;
+    want.meta = 4096;
+    want.decode_ws = 0;
+    RETURN_IF_ERROR(Grow(want));
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "initial upload");
+    return absl::OkStatus();
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  int block_size() const override { return options_.block_size; }
+  int num_blocks() const override { return num_blocks_; }
+  KvCacheLayout kv_layout() const override { return layout_; }
+  CudaStepStats last_step_stats() const override { return stats_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+
+  absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
+    const auto start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(PlanAndUpload(batch));
+    stats_ = CudaStepStats{};
+    stats_.rows = plan_.num_rows;
+    stats_.graph_bucket = plan_.graph_bucket;
+    if (batch.chunks.empty()) {
+      out->logits.clear();
+      out->rows = 0;
+      return absl::OkStatus();
+    }
+    if (plan_.graph_bucket > 0) {
+      RETURN_IF_ERROR(RunGraphed(&stats_.graph_replayed));
+    } else {
+      RETURN_IF_ERROR(RunDevice(nullptr));
+    }
+    stats_.host_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    // Logits: contiguous runs of output rows, one copy each, straight into `out`.
+    const size_t vocab = config_.vocab_size;
+    const int rows = static_cast<int>(plan_.output_rows.size());
+    out->rows = rows;
+    out->logits.resize(static_cast<size_t>(rows) * vocab);
+    const float* logits = static_cast<const float*>(logits_.data);
+    for (int i = 0; i < rows;) {
+      int j = i + 1;
+      while (j < rows && plan_.output_rows[j] == plan_.output_rows[j - 1] + 1) ++j;
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(out->logits.data() + i * vocab, logits + plan_.output_rows[i] * vocab,
+                          (j - i) * vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "logits device->host copy");
+      i = j;
+    }
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> TimeDeviceStep(const ForwardBatch& batch, int warmup, int iters) override {
+    if (batch.chunks.empty() || iters <= 0 || warmup < 0) {
+      return absl::InvalidArgumentError("TimeDeviceStep: empty batch or bad iteration counts");
+    }
+    RETURN_IF_ERROR(PlanAndUpload(batch));
+    cudaGraphExec_t exec = nullptr;
+    if (plan_.graph_bucket > 0) {
+      bool replayed = false;
+      RETURN_IF_ERROR(RunGraphed(&replayed));  // captures when this key is new
+      auto it = graphs_.find(GraphKey());
+      if (it != graphs_.end()) exec = it->second;
+    }
+    auto run = [&]() -> absl::Status {
+      if (exec != nullptr) {
+        RETURN_IF_CUDA_ERROR(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+        return absl::OkStatus();
+      }
+      return RunDevice(nullptr);
+    };
+    for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(run());
+    cudaEvent_t begin = nullptr, end = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaEventCreate(&begin), "cudaEventCreate");
+    RETURN_IF_CUDA_ERROR(cudaEventCreate(&end), "cudaEventCreate");
+    absl::Status status = cudaEventRecord(begin, stream_) == cudaSuccess
+                              ? absl::OkStatus()
+                              : absl::InternalError("cudaEventRecord");
+    for (int i = 0; i < iters && status.ok(); ++i) status = run();
+    float ms = 0;
+    if (status.ok()) {
+      status = CudaStatus(cudaEventRecord(end, stream_), "cudaEventRecord");
+    }
+    if (status.ok()) status = CudaStatus(cudaEventSynchronize(end), "timed steps");
+    if (status.ok()) status = CudaStatus(cudaEventElapsedTime(&ms, begin, end), "elapsed");
+    cudaEventDestroy(begin);
+    cudaEventDestroy(end);
+    RETURN_IF_ERROR(status);
+    return static_cast<double>(ms) / iters;
+  }
+
+  absl::StatusOr<std::vector<OpTiming>> ProfileStep(const ForwardBatch& batch) override {
+    if (batch.chunks.empty()) return absl::InvalidArgumentError("ProfileStep: empty batch");
+    RETURN_IF_ERROR(PlanAndUpload(batch));
+    RETURN_IF_ERROR(RunDevice(nullptr));  // warm-up (cuBLASLt plans, lazy module loading)
+    Profiler prof;
+    RETURN_IF_ERROR(prof.Start(stream_));
+    absl::Status status = RunDevice(&prof);
+    if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream_), "profiled step");
+    std::vector<OpTiming> result;
+    if (status.ok()) result = prof.Collect();
+    prof.Release();
+    RETURN_IF_ERROR(status);
+    return result;
+  }
+
+ private:
+  // Events recorded after each op of an instrumented step.
+  struct Profiler {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t first = nullptr;
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    absl::Status Start(cudaStream_t s) {
+      stream = s;
+      RETURN_IF_CUDA_ERROR(cudaEventCreate(&first), "cudaEventCreate");
+      RETURN_IF_CUDA_ERROR(cudaEventRecord(first, stream), "cudaEventRecord");
+      return absl::OkStatus();
+    }
+    absl::Status Mark(const char* name) {
+      cudaEvent_t e = nullptr;
+      RETURN_IF_CUDA_ERROR(cudaEventCreate(&e), "cudaEventCreate");
+      marks.emplace_back(name, e);
+      RETURN_IF_CUDA_ERROR(cudaEventRecord(e, stream), "cudaEventRecord");
+      return absl::OkStatus();
+    }
+    std::vector<OpTiming> Collect() {
+      std::vector<OpTiming> out;
+      std::map<std::string, size_t> index;
+      cudaEvent_t prev = first;
+      for (auto& [name, e] : marks) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, prev, e);
+        prev = e;
+        auto [it, inserted] = index.emplace(name, out.size());
+        if (inserted) out.push_back(OpTiming{name, 0, 0});
+        out[it->second].ms += ms;
+        out[it->second].calls += 1;
+      }
+      return out;
+    }
+    void Release() {
+      if (first != nullptr) cudaEventDestroy(first);
+      for (auto& m : marks) cudaEventDestroy(m.second);
+      marks.clear();
+    }
+  };
+
+  struct Capacity {
+    int rows = 0;
+    int logit_rows = 0;
+    size_t meta = 0;  // int32s
+    size_t decode_ws = 0;
+  };
+
+  struct LayerPtrs {
+    const void* input_norm = nullptr;
+    const void* qkv = nullptr;       // [(heads + 2 kv_heads) * head_dim, hidden]
+    const void* qkv_bias = nullptr;  // [(heads + 2 kv_heads) * head_dim] or null
+    const void* o_proj = nullptr;
+    const void* post_norm = nullptr;
+    const void* gate_up = nullptr;  // [2 * inter, hidden]
+    const void* down = nullptr;
+  };
+
+  int QWidth() const { return config_.num_heads * config_.head_dim; }
+  int KvWidth() const { return config_.num_kv_heads * config_.head_dim; }
+  int QkvWidth() const { return QWidth() + 2 * KvWidth(); }
+
+  absl::Status LoadWeights(const TensorStore& store) {
+    const ModelConfig& c = config_;
+    const int64_t vocab = c.vocab_size, hidden = c.hidden_size, inter = c.intermediate_size;
+    const int64_t q = QWidth(), kv = KvWidth();
+    std::vector<UploadJob> jobs;
+    size_t at = 0;
+    // Tensors added back to back share one aligned region (fusion by concatenation of rows).
+    auto add = [&](const std::string& name, std::vector<int64_t> shape) -> absl::Status {
+      ASSIGN_OR_RETURN(TensorView v, store.GetWithShape(name, shape));
+      jobs.push_back(UploadJob{v, at});
+      at += static_cast<size_t>(v.numel()) * 2;
+      return absl::OkStatus();
+    };
+    auto region = [&]() {
+      at = AlignUp(at);
+      return at;
+    };
+    std::vector<size_t> embed_off(1), final_off(1), head_off(1);
+    struct LayerOffsets {
+      size_t input_norm, qkv, qkv_bias, o_proj, post_norm, gate_up, down;
+    };
+    std::vector<LayerOffsets> lo(c.num_layers);
+    embed_off[0] = region();
+    RETURN_IF_ERROR(add("model.embed_tokens.weight", {vocab, hidden}));
+    for (int i = 0; i < c.num_layers; ++i) {
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      LayerOffsets& l = lo[i];
+      l.input_norm = region();
+      RETURN_IF_ERROR(add(p + "input_layernorm.weight", {hidden}));
+      l.qkv = region();
+      RETURN_IF_ERROR(add(p + "self_attn.q_proj.weight", {q, hidden}));
+      RETURN_IF_ERROR(add(p + "self_attn.k_proj.weight", {kv, hidden}));
+      RETURN_IF_ERROR(add(p + "self_attn.v_proj.weight", {kv, hidden}));
+      l.qkv_bias = region();
+      if (c.attention_bias) {
+        RETURN_IF_ERROR(add(p + "self_attn.q_proj.bias", {q}));
+        RETURN_IF_ERROR(add(p + "self_attn.k_proj.bias", {kv}));
+        RETURN_IF_ERROR(add(p + "self_attn.v_proj.bias", {kv}));
+      }
+      l.o_proj = region();
+      RETURN_IF_ERROR(add(p + "self_attn.o_proj.weight", {hidden, q}));
+      l.post_norm = region();
+      RETURN_IF_ERROR(add(p + "post_attention_layernorm.weight", {hidden}));
+      l.gate_up = region();
+      RETURN_IF_ERROR(add(p + "mlp.gate_proj.weight", {inter, hidden}));
+      RETURN_IF_ERROR(add(p + "mlp.up_proj.weight", {inter, hidden}));
+      l.down = region();
+      RETURN_IF_ERROR(add(p + "mlp.down_proj.weight", {hidden, inter}));
+    }
+    final_off[0] = region();
+    RETURN_IF_ERROR(add("model.norm.weight", {hidden}));
+    head_off[0] = region();
+    if (!c.tie_word_embeddings) RETURN_IF_ERROR(add("lm_head.weight", {vocab, hidden}));
+    const size_t total = region();
+    weight_bytes_ = 0;
+    for (const UploadJob& j : jobs) weight_bytes_ += static_cast<size_t>(j.view.numel()) * 2;
+
+    auto buffer = device_->Allocate(total);
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat("CUDA runner: cannot allocate ", total,
+                                       " bytes of weights: ", buffer.status().message()));
+    }
+    weights_ = *buffer;
+    char* base = static_cast<char*>(weights_.data);
+    RETURN_IF_ERROR(Upload(jobs, base));
+
+    embed_ = base + embed_off[0];
+    final_norm_ = base + final_off[0];
+    lm_head_ = c.tie_word_embeddings ? embed_ : base + head_off[0];
+    layers_.resize(c.num_layers);
+    for (int i = 0; i < c.num_layers; ++i) {
+      LayerPtrs& l = layers_[i];
+      l.input_norm = base + lo[i].input_norm;
+      l.qkv = base + lo[i].qkv;
+      l.qkv_bias = c.attention_bias ? base + lo[i].qkv_bias : nullptr;
+      l.o_proj = base + lo[i].o_proj;
+      l.post_norm = base + lo[i].post_norm;
+      l.gate_up = base + lo[i].gate_up;
+      l.down = base + lo[i].down;
+    }
+    return absl::OkStatus();
+  }
+
+  // Converts each tensor to bf16 in a pinned staging half and copies it to the GPU while the
+  // other half is being filled.
+  absl::Status Upload(const std::vector<UploadJob>& jobs, char* base) {
+    for (int i = 0; i < 2; ++i) {
+      RETURN_IF_CUDA_ERROR(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault),
+                           "cudaHostAlloc (weight staging)");
+      RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&upload_events_[i], cudaEventDisableTiming),
+                           "cudaEventCreate");
+    }
+    const bool progress = options_.progress && weight_bytes_ >= kProgressMinBytes;
+    size_t done = 0;
+    int last_percent = -1;
+    int half = 0;
+    for (const UploadJob& job : jobs) {
+      const size_t elem = DTypeSize(job.view.dtype);
+      const size_t numel = static_cast<size_t>(job.view.numel());
+      const size_t per_piece = kStagingBytes / 2;  // bf16 elements per staging half
+      for (size_t first = 0; first < numel; first += per_piece) {
+        const size_t n = std::min(per_piece, numel - first);
+        RETURN_IF_CUDA_ERROR(cudaEventSynchronize(upload_events_[half]), "weight upload");
+        uint16_t* dst = static_cast<uint16_t*>(staging_[half]);
+        const char* src = static_cast<const char*>(job.view.data) + first * elem;
+        switch (job.view.dtype) {
+          case DType::kBF16:
+            std::memcpy(dst, src, n * 2);
+            break;
+          case DType::kF16:
+            for (size_t e = 0; e < n; ++e) {
+              uint16_t h;
+              std::memcpy(&h, src + e * 2, 2);
+              dst[e] = FloatToBf16(F16ToFloat(h));
+            }
+            break;
+          case DType::kF32:
+            for (size_t e = 0; e < n; ++e) {
+              float f;
+              std::memcpy(&f, src + e * 4, 4);
+              dst[e] = FloatToBf16(f);
+            }
+            break;
+        }
+        RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(base + job.offset + first * 2, dst, n * 2,
+                                             cudaMemcpyHostToDevice, stream_),
+                             "weight upload");
+        RETURN_IF_CUDA_ERROR(cudaEventRecord(upload_events_[half], stream_), "cudaEventRecord");
+        half ^= 1;
+        done += n * 2;
+        const int percent = static_cast<int>(done * 100 / std::max<size_t>(weight_bytes_, 1));
+        if (progress && percent != last_percent) {
+          last_percent = percent;
+          std::fprintf(stderr, "\rloading weights to cuda:%d: %.2f / %.2f GiB (%d%%)",
+                       options_.device_ordinal, done / 1073741824.0, weight_bytes_ / 1073741824.0,
+                       percent);
+          std::fflush(stderr);
+        }
+      }
+    }
+    if (progress) std::fprintf(stderr, "\n");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "weight upload");
+    return absl::OkStatus();
+  }
+
+  absl::Status AllocateKv() {
+    const ModelConfig& c = config_;
+    const size_t block_bytes =
+        static_cast<size_t>(options_.block_size) * c.num_kv_heads * c.head_dim * 2;
+    const size_t per_block_all_layers = 2 * block_bytes * c.num_layers;
+    int64_t blocks = options_.num_blocks;
+    if (blocks == 0) blocks = static_cast<int64_t>(options_.kv_cache_bytes / per_block_all_layers);
+    if (blocks <= 0 || blocks > (int64_t{1} << 30)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "CUDA runner: %d KV blocks (num_blocks %d, kv_cache_bytes %d, %d bytes per block)",
+          blocks, options_.num_blocks, options_.kv_cache_bytes, per_block_all_layers));
+    }
+    num_blocks_ = static_cast<int>(blocks);
+    const size_t bytes = per_block_all_layers * num_blocks_;
+    auto buffer = device_->Allocate(bytes);
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat("CUDA runner: cannot allocate a ", bytes, "-byte KV cache (",
+                                       num_blocks_, " blocks): ", buffer.status().message()));
+    }
+    kv_ = *buffer;
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(kv_.data, 0, bytes, stream_), "KV cache memset");
+    KvCacheLayout& l = layout_;
+    l.base = kv_.data;
+    l.bytes = bytes;
+    l.num_layers = c.num_layers;
+    l.num_blocks = num_blocks_;
+    l.block_size = options_.block_size;
+    l.num_kv_heads = c.num_kv_heads;
+    l.head_dim = c.head_dim;
+    l.elem_bytes = 2;
+    l.block_bytes = block_bytes;
+    l.block_stride = block_bytes;
+    l.kv_stride = block_bytes * num_blocks_;
+    l.layer_stride = 2 * l.kv_stride;
+    cache_.k = kv_.data;
+    cache_.v = static_cast<char*>(kv_.data) + l.kv_stride;
+    cache_.num_layers = c.num_layers;
+    cache_.num_blocks = num_blocks_;
+    cache_.block_size = options_.block_size;
+    cache_.num_kv_heads = c.num_kv_heads;
+    cache_.head_dim = c.head_dim;
+    cache_.layer_stride = l.layer_stride / 2;
+    return absl::OkStatus();
+  }
+
+  absl::Status InitRope() {
+    const ModelConfig& c = config_;
+    std::vector<float> inv_freq(c.head_dim / 2);
+    if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+      cpu::Llama3RopeScaling s;
+      s.factor = c.rope_scaling.factor;
+      s.low_freq_factor = c.rope_scaling.low_freq_factor;
+      s.high_freq_factor = c.rope_scaling.high_freq_factor;
+      s.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+      cpu::RopeInvFreq(c.head_dim, c.rope_theta, &s, inv_freq.data());
+    } else {
+      cpu::RopeInvFreq(c.head_dim, c.rope_theta, nullptr, inv_freq.data());
+    }
+    ASSIGN_OR_RETURN(inv_freq_, device_->Allocate(inv_freq.size() * sizeof(float)));
+    RETURN_IF_CUDA_ERROR(cudaMemcpy(inv_freq_.data, inv_freq.data(),
+                                    inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
+                         "inv_freq upload");
+    return absl::OkStatus();
+  }
+
+  // (Re)allocates whatever is below `want`, with headroom. Waits for the stream and drops every
+  // captured graph first, since graphs hold the old pointers.
+  absl::Status Grow(const Capacity& want) {
+    const bool rows = want.rows > cap_.rows, logit_rows = want.logit_rows > cap_.logit_rows;
+    const bool meta = want.meta > cap_.meta, ws = want.decode_ws > cap_.decode_ws;
+    if (!rows && !logit_rows && !meta && !ws) return absl::OkStatus();
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "workspace growth");
+    DropGraphs();
+    const ModelConfig& c = config_;
+    auto realloc = [this](DeviceBuffer* b, size_t bytes) -> absl::Status {
+      if (b->data != nullptr) RETURN_IF_ERROR(device_->Free(*b));
+      *b = DeviceBuffer{};
+      auto nb = device_->Allocate(std::max<size_t>(bytes, kAlign));
+      if (!nb.ok()) {
+        return absl::Status(nb.status().code(),
+                            absl::StrCat("CUDA runner: cannot allocate a ", bytes,
+                                         "-byte workspace: ", nb.status().message()));
+      }
+      *b = *nb;
+      return absl::OkStatus();
+    };
+    if (rows) {
+      const size_t r = std::max(want.rows, cap_.rows + cap_.rows / 2);
+      RETURN_IF_ERROR(realloc(&resid_, r * c.hidden_size * 2));
+      RETURN_IF_ERROR(realloc(&normed_, r * c.hidden_size * 2));
+      RETURN_IF_ERROR(realloc(&h_, r * c.hidden_size * 2));
+      RETURN_IF_ERROR(realloc(&qkv_, r * QkvWidth() * 2));
+      RETURN_IF_ERROR(realloc(&attn_, r * QWidth() * 2));
+      RETURN_IF_ERROR(realloc(&gate_up_, r * 2 * c.intermediate_size * 2));
+      RETURN_IF_ERROR(realloc(&act_, r * c.intermediate_size * 2));
+      cap_.rows = static_cast<int>(r);
+    }
+    if (logit_rows) {
+      const size_t r = std::max(want.logit_rows, cap_.logit_rows + cap_.logit_rows / 2);
+      RETURN_IF_ERROR(realloc(&last_, r * c.hidden_size * 2));
+      RETURN_IF_ERROR(realloc(&logits_, r * c.vocab_size * sizeof(float)));
+      cap_.logit_rows = static_cast<int>(r);
+    }
+    if (meta) {
+      const size_t n = std::max(want.meta, cap_.meta + cap_.meta / 2);
+      RETURN_IF_ERROR(realloc(&meta_, n * sizeof(int32_t)));
+      if (host_meta_ != nullptr) cudaFreeHost(host_meta_);
+      host_meta_ = nullptr;
+      RETURN_IF_CUDA_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_meta_), n * sizeof(int32_t),
+                                         cudaHostAllocDefault),
+                           "cudaHostAlloc (step metadata)");
+      cap_.meta = n;
+    }
+    if (ws) {
+      const size_t n = std::max(want.decode_ws, cap_.decode_ws + cap_.decode_ws / 2);
+      RETURN_IF_ERROR(realloc(&decode_ws_, n));
+      cap_.decode_ws = n;
+    }
+    return absl::OkStatus();
+  }
+
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+    failed_graphs_.clear();
+  }
+
+  size_t DecodeWorkspaceBytes() const {
+    if (plan_.num_decode == 0) return 0;
+    return cuda::DecodeAttentionWorkspaceBytes(plan_.num_decode, config_.num_heads,
+                                               config_.head_dim, plan_.decode_max_context);
+  }
+
+  // Plans the batch into plan_, grows the workspaces if needed and queues the metadata upload.
+  absl::Status PlanAndUpload(const ForwardBatch& batch) {
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device_ordinal), "cudaSetDevice");
+    cuda_runner::StepPlanLimits limits;
+    limits.block_size = options_.block_size;
+    limits.num_blocks = num_blocks_;
+    limits.vocab_size = config_.vocab_size;
+    limits.max_position_embeddings = config_.max_position_embeddings;
+    limits.use_graphs = options_.cuda_graphs;
+    RETURN_IF_ERROR(cuda_runner::PlanStep(batch, limits, &plan_));
+    if (plan_.num_rows == 0) return absl::OkStatus();
+    Capacity want;
+    want.rows = plan_.num_rows;
+    want.logit_rows = plan_.num_logit_rows;
+    want.meta = plan_.off.total;
+    want.decode_ws = DecodeWorkspaceBytes();
+    RETURN_IF_ERROR(Grow(want));
+    // The previous step synchronized its stream, so the pinned buffer is free to overwrite.
+    std::memcpy(host_meta_, plan_.meta.data(), plan_.off.total * sizeof(int32_t));
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_.data, host_meta_, plan_.off.total * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "step metadata upload");
+    return absl::OkStatus();
+  }
+
+  std::pair<int, int> GraphKey() const { return {plan_.graph_bucket, plan_.decode_table_width}; }
+
+  // Replays the graph of plan_'s key, or runs eagerly and captures it for next time.
+  absl::Status RunGraphed(bool* replayed) {
+    const auto key = GraphKey();
+    if (auto it = graphs_.find(key); it != graphs_.end()) {
+      RETURN_IF_CUDA_ERROR(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+      *replayed = true;
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(RunDevice(nullptr));
+    if (failed_graphs_.contains(key)) return absl::OkStatus();
+    RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                         "cudaStreamBeginCapture");
+    absl::Status captured = RunDevice(nullptr);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (captured.ok()) captured = CudaStatus(end, "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    if (captured.ok()) {
+      captured = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!captured.ok()) {
+      cudaGetLastError();
+      LOG(WARNING) << "CUDA runner: decode graph capture failed for batch bucket " << key.first
+                   << ", running it eagerly: " << captured;
+      failed_graphs_.insert(key);
+      return absl::OkStatus();
+    }
+    graphs_.emplace(key, exec);
+    return absl::OkStatus();
+  }
+
+  // Queues the whole forward pass of plan_ (metadata already on the device).
+  absl::Status RunDevice(Profiler* prof) {
+    const ModelConfig& c = config_;
+    const StepPlan& p = plan_;
+    void* s = stream_;
+    const int32_t* meta = static_cast<const int32_t*>(meta_.data);
+    const int T = p.num_rows, D = p.num_decode, hidden = c.hidden_size;
+    const int inter = c.intermediate_size, qkv_w = QkvWidth(), q_w = QWidth();
+    auto mark = [prof](const char* name) -> absl::Status {
+      return prof == nullptr ? absl::OkStatus() : prof->Mark(name);
+    };
+    auto norm = [&](const void* x, void* residual, const void* weight, int rows) {
+      cuda::RmsNormArgs a;
+      a.x = x;
+      a.residual = residual;
+      a.weight = weight;
+      a.out = normed_.data;
+      a.rows = rows;
+      a.dim = hidden;
+      a.eps = c.rms_norm_eps;
+      return cuda::LaunchRmsNorm(a, s);
+    };
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    char* qkv = static_cast<char*>(qkv_.data);
+    char* attn = static_cast<char*>(attn_.data);
+
+    RETURN_IF_ERROR(
+        cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
+    RETURN_IF_ERROR(mark("embedding"));
+    for (int li = 0; li < c.num_layers; ++li) {
+      const LayerPtrs& lw = layers_[li];
+      // The residual stream lives in resid_; h_ holds the last sublayer's output.
+      if (li == 0) {
+        RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
+      } else {
+        RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
+      }
+      RETURN_IF_ERROR(mark("rmsnorm"));
+      RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
+                                    GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("qkv_gemm"));
+      RETURN_IF_ERROR(cuda::LaunchRope(qkv, meta + p.off.positions,
+                                       static_cast<const float*>(inv_freq_.data), T, c.num_heads,
+                                       c.num_kv_heads, c.head_dim, s));
+      RETURN_IF_ERROR(mark("rope"));
+      RETURN_IF_ERROR(cuda::LaunchKvAppend(qkv, meta + p.off.slots, T, c.num_heads, cache_, li, s));
+      RETURN_IF_ERROR(mark("kv_append"));
+      if (D > 0) {
+        cuda::DecodeAttentionArgs a;
+        a.q = qkv;
+        a.q_row_stride = qkv_w;
+        a.cache = &cache_;
+        a.layer = li;
+        a.block_tables = meta + p.off.decode_tables;
+        a.max_blocks_per_seq = p.decode_table_width;
+        a.context_lens = meta + p.off.context_lens;
+        a.num_seqs = D;
+        a.num_heads = c.num_heads;
+        a.scale = scale;
+        a.out = attn;
+        a.workspace = decode_ws_.data;
+        a.workspace_bytes = cap_.decode_ws;
+        a.max_context_len = p.decode_max_context;
+        RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
+        RETURN_IF_ERROR(mark("attention_decode"));
+      }
+      if (p.num_prefill > 0) {
+        cuda::PrefillAttentionArgs a;
+        a.q = qkv + static_cast<size_t>(D) * qkv_w * 2;
+        a.q_row_stride = qkv_w;
+        a.cache = &cache_;
+        a.layer = li;
+        a.block_tables = meta + p.off.prefill_tables;
+        a.max_blocks_per_seq = p.prefill_table_width;
+        a.seq_start_rows = meta + p.off.seq_starts;
+        a.start_pos = meta + p.off.start_pos;
+        a.num_seqs = p.num_prefill;
+        a.max_new_tokens = p.prefill_max_new_tokens;
+        a.num_heads = c.num_heads;
+        a.scale = scale;
+        a.out = attn + static_cast<size_t>(D) * q_w * 2;
+        RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
+        RETURN_IF_ERROR(mark("attention_prefill"));
+      }
+      RETURN_IF_ERROR(
+          gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("o_gemm"));
+      RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
+      RETURN_IF_ERROR(mark("rmsnorm"));
+      RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.gate_up, nullptr, T, hidden, 2 * inter,
+                                    gate_up_.data, GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("gate_up_gemm"));
+      RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up_.data, T, inter, act_.data, s));
+      RETURN_IF_ERROR(mark("silu_mul"));
+      RETURN_IF_ERROR(
+          gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("down_gemm"));
+    }
+    RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
+    RETURN_IF_ERROR(mark("final_norm"));
+    const int R = p.num_logit_rows;
+    if (R > 0) {
+      // Gathering rows is an embedding lookup with the normed activations as the table.
+      RETURN_IF_ERROR(cuda::LaunchEmbedding(meta + p.off.logit_rows, normed_.data, R, hidden, T,
+                                            last_.data, s));
+      RETURN_IF_ERROR(mark("gather"));
+      RETURN_IF_ERROR(gemm_->Linear(last_.data, lm_head_, nullptr, R, hidden, c.vocab_size,
+                                    logits_.data, GemmOut::kF32, s));
+      RETURN_IF_ERROR(mark("lm_head"));
+    }
+    return absl::OkStatus();
+  }
+
+  const ModelConfig config_;
+  const CudaRunnerOptions options_;
+  std::unique_ptr<Device> device_;  // owns every DeviceBuffer below and the stream
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> gemm_;
+
+  DeviceBuffer weights_;
+  size_t weight_bytes_ = 0;
+  const void* embed_ = nullptr;
+  const void* final_norm_ = nullptr;
+  const void* lm_head_ = nullptr;
+  std::vector<LayerPtrs> layers_;
+  void* staging_[2] = {nullptr, nullptr};
+  cudaEvent_t upload_events_[2] = {nullptr, nullptr};
+
+  DeviceBuffer kv_;
+  int num_blocks_ = 0;
+  KvCacheLayout layout_;
+  cuda::PagedKvCache cache_;
+  DeviceBuffer inv_freq_;
+  DeviceBuffer cublas_ws_;
+
+  Capacity cap_;
+  DeviceBuffer resid_, normed_, h_, qkv_, attn_, gate_up_, act_;  // [cap_.rows, ...] bf16
+  DeviceBuffer last_;                                             // [cap_.logit_rows, hidden]
+  DeviceBuffer logits_;                                           // [cap_.logit_rows, vocab] f32
+  DeviceBuffer meta_;                                             // [cap_.meta] int32
+  DeviceBuffer decode_ws_;
+  int32_t* host_meta_ = nullptr;  // pinned, [cap_.meta]
+
+  StepPlan plan_;
+  CudaStepStats stats_;
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;
+  std::set<std::pair<int, int>> failed_graphs_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
+    const ModelConfig& config, const TensorStore& store, const CudaRunnerOptions& options) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (options.block_size <= 0 || options.max_batch_tokens <= 0 || options.device_ordinal < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA runner: block_size %d, max_batch_tokens %d and device %d must be "
+                        "positive (device >= 0)",
+                        options.block_size, options.max_batch_tokens, options.device_ordinal));
+  }
+  auto runner = std::make_unique<Runner>(config, options);
+  RETURN_IF_ERROR(runner->Init(store));
+  return std::unique_ptr<CudaModelRunner>(std::move(runner));
+}
+
+}  // namespace tandem

@@ -1,0 +1,90 @@
+#pragma once
+// The CUDA ModelRunner: bf16 weights and a bf16 paged KV cache in GPU memory, cuBLASLt GEMMs
+// (f32 accumulation) and the kernels of runtime/kernels/cuda/, one stream, CUDA graphs for
+// decode-only batches. No CUDA types in this header (tandem_cuda_runner keeps cudart private).
+//
+// Forward, per step: the batch is planned on the host (cuda/step_plan.h: row order, graph
+// padding, metadata), the metadata goes to the GPU in one copy through a pinned staging buffer,
+// then embedding -> per layer [fused residual RMSNorm -> QKV GEMM (+bias in the epilogue for
+// Qwen2) -> RoPE -> KV append -> decode attention (one-token chunks) and/or prefill attention
+// (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul -> down GEMM] ->
+// final norm -> gather of the rows that need logits -> LM head (f32) -> logits copied to the host.
+// A decode-only batch of at most 256 rows is padded to a bucket; its device work is captured once
+// per (bucket, block-table width) into a CUDA graph (after one eager run) and replayed afterwards.
+//
+// Memory: weights (q/k/v and gate/up fused into one matrix each), KV cache ([num_layers, 2 (K, V),
+// num_blocks, block_size, num_kv_heads, head_dim] bf16, elem_bytes 2, zero-filled, ONE
+// allocation: kv_layout()), activation workspaces sized for options.max_batch_tokens rows, the
+// cuBLASLt workspace and the metadata buffers are allocated at creation. A batch larger than the
+// workspaces grows them once (synchronizing, dropping the captured graphs); otherwise the step
+// path allocates nothing on the device.
+//
+// Validation and failure: Forward rejects the same batches as the CPU runner (InvalidArgument, KV
+// and `out` untouched). A CUDA or cuBLAS error is returned as a status naming the op; the KV of
+// the batch's positions is then unspecified and, for sticky CUDA errors, the runner unusable.
+//
+// Thread-safety: as ModelRunner, one thread at a time; the runner may be created on one thread and
+// used on another (every call binds the thread to the runner's GPU).
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_runner.h"
+#include "runtime/model/safetensors.h"
+
+namespace tandem {
+
+struct CudaRunnerOptions {
+  int device_ordinal = 0;
+  int block_size = 16;
+  int num_blocks = 0;  // 0: derive from kv_cache_bytes
+  size_t kv_cache_bytes = size_t{256} << 20;
+  int max_batch_tokens = 2048;  // rows the workspaces are sized for at creation
+  bool cuda_graphs = true;
+  bool progress = false;  // a weight-loading progress bar on stderr (models over 256 MiB)
+};
+
+// What the last Forward did, for benchmarks and tests.
+struct CudaStepStats {
+  double host_us = 0;    // host time from entry to the last launch queued (before the logits wait)
+  int rows = 0;          // device rows, padding included
+  int graph_bucket = 0;  // 0: eager
+  bool graph_replayed = false;  // a captured graph ran (false on the eager run before capture)
+};
+
+// One op of an instrumented step: total GPU time over its calls (one per layer for most ops).
+struct OpTiming {
+  std::string name;
+  double ms = 0;
+  int calls = 0;
+};
+
+class CudaModelRunner : public ModelRunner {
+ public:
+  virtual CudaStepStats last_step_stats() const = 0;
+  // Bytes of weights on the GPU (every tensor, bf16).
+  virtual size_t weight_bytes() const = 0;
+  // Benchmark hook: plans and uploads `batch` once, runs its device work `warmup` then `iters`
+  // times (graph replays when the batch is graphed, capturing first if needed) and returns the
+  // mean GPU milliseconds per step between CUDA events. Logits stay on the device. The batch's KV
+  // positions are rewritten each time (same values).
+  virtual absl::StatusOr<double> TimeDeviceStep(const ForwardBatch& batch, int warmup,
+                                                int iters) = 0;
+  // Benchmark hook: one eager step with a CUDA event after every op; per-op GPU time, in the order
+  // the ops first ran.
+  virtual absl::StatusOr<std::vector<OpTiming>> ProfileStep(const ForwardBatch& batch) = 0;
+};
+
+// Loads the weights of `store` (bf16; f16/f32 converted on the host) to GPU `device_ordinal` and
+// allocates the KV cache and workspaces. InvalidArgument for an inconsistent config, a head_dim
+// the attention kernels do not support (32, 64, 128), missing or misshapen tensors (named), or
+// options that leave no KV block; ResourceExhausted when GPU memory is short; Unavailable /
+// NotFound when there is no such GPU. Nothing stays allocated on failure.
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
+    const ModelConfig& config, const TensorStore& store, const CudaRunnerOptions& options);
+
+}  // namespace tandem

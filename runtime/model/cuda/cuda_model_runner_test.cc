@@ -1,0 +1,451 @@
+// Differential tests of the CUDA runner against the CPU reference runner on the same bf16
+// checkpoints: logits of mixed batches (prefill chunks, decodes, prefix-cache starts), KV cache
+// contents, greedy decoding, CUDA graphs on vs off. Skipped without a GPU.
+//
+// Models: `tiny` synthesized here (random weights, head_dim 32, tied embeddings), the bundled
+// trained target model (head_dim 64; $TANDEM_MODELS_DIR or <source>/models), and a small Qwen2-like
+// checkpoint written here (q/k/v biases, untied LM head, head_dim 64).
+
+#include "runtime/model/cuda/cuda_model_runner.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/base/float16.h"
+#include "runtime/device/cuda/cuda_device.h"
+#include "runtime/kernels/cpu_ops.h"
+#include "runtime/model/cpu_model_runner.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/synth.h"
+#include "runtime/model/weights.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 256;
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                              ("tandem_cuda_runner_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string ModelsDir() {
+  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
+  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/models";
+  if (std::filesystem::exists(src + "/target/config.json")) return src;
+  return "models";
+}
+
+// A small Qwen2-shaped checkpoint with q/k/v biases large enough to matter.
+std::string WriteQwenLike() {
+  const std::string dir = TempDir("qwen");
+  const int vocab = 512, hidden = 256, inter = 512, layers = 2, heads = 4, kv_heads = 2, hd = 64;
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+  std::mt19937 rng(7);
+  std::map<std::string, TensorToWrite> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::normal_distribution<float> dist(mean, stddev);
+    TensorToWrite t{DType::kBF16, shape, std::vector<uint8_t>(n * 2)};
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = FloatToBf16(dist(rng));
+      std::memcpy(t.bytes.data() + i * 2, &b, 2);
+    }
+    tensors.emplace(name, std::move(t));
+  };
+  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
+  add("lm_head.weight", {vocab, hidden}, 0, 0.05f);
+  add("model.norm.weight", {hidden}, 1, 0.1f);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
+    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
+    add(p + "self_attn.q_proj.weight", {heads * hd, hidden}, 0, 0.05f);
+    add(p + "self_attn.k_proj.weight", {kv_heads * hd, hidden}, 0, 0.05f);
+    add(p + "self_attn.v_proj.weight", {kv_heads * hd, hidden}, 0, 0.05f);
+    add(p + "self_attn.q_proj.bias", {heads * hd}, 0, 0.5f);
+    add(p + "self_attn.k_proj.bias", {kv_heads * hd}, 0, 0.5f);
+    add(p + "self_attn.v_proj.bias", {kv_heads * hd}, 0, 0.5f);
+    add(p + "self_attn.o_proj.weight", {hidden, heads * hd}, 0, 0.05f);
+    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.05f);
+    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.05f);
+    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.05f);
+  }
+  const absl::Status s = WriteSafetensors(dir + "/model.safetensors", tensors);
+  EXPECT_TRUE(s.ok()) << s;
+  return dir;
+}
+
+struct Model {
+  std::string name;
+  ModelConfig config;
+  std::unique_ptr<TensorStore> store;
+};
+
+// Logit comparison: errors relative to the row's logit scale (max |cpu logit|).
+struct Diff {
+  double max_abs = 0, max_rel = 0;
+};
+
+Diff CompareLogits(const ForwardOutput& cpu, const ForwardOutput& gpu, int vocab,
+                   const std::string& what, double rel_tol) {
+  Diff d;
+  EXPECT_EQ(cpu.rows, gpu.rows) << what;
+  if (cpu.rows != gpu.rows || gpu.logits.size() != cpu.logits.size()) return d;
+  for (int r = 0; r < cpu.rows; ++r) {
+    const float* c = cpu.logits.data() + static_cast<size_t>(r) * vocab;
+    const float* g = gpu.logits.data() + static_cast<size_t>(r) * vocab;
+    double scale = 1e-6, err = 0;
+    int worst = 0;
+    for (int v = 0; v < vocab; ++v) {
+      scale = std::max(scale, std::fabs(static_cast<double>(c[v])));
+      const double e = std::fabs(static_cast<double>(c[v]) - g[v]);
+      if (!(e <= err)) {
+        err = e;
+        worst = v;
+      }
+    }
+    d.max_abs = std::max(d.max_abs, err);
+    d.max_rel = std::max(d.max_rel, err / scale);
+    EXPECT_LE(err / scale, rel_tol)
+        << what << " row " << r << ": max |cpu - gpu| = " << err << " at token " << worst
+        << " (cpu " << c[worst] << ", gpu " << g[worst] << "), logit scale " << scale;
+  }
+  return d;
+}
+
+// Blocks handed out in order; each sequence owns its table.
+struct Seq {
+  std::vector<int32_t> tokens;  // every token so far (the KV of [0, cached) is in the cache)
+  std::vector<int32_t> table;
+  int cached = 0;
+};
+
+class CudaRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok() || *count == 0) return;
+    have_gpu_ = true;
+    SynthOptions o;
+    o.like = "tiny";
+    o.out_dir = TempDir("tiny");
+    o.seed = 1;
+    const absl::Status s = SynthesizeModel(o, nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    models_ = new std::map<std::string, std::string>{
+        {"tiny", o.out_dir}, {"target", ModelsDir() + "/target"}, {"qwen", WriteQwenLike()}};
+  }
+
+  void SetUp() override {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
+    if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
+    ASSERT_TRUE(have_gpu_ && models_ != nullptr);
+  }
+
+  Model Load(const std::string& name) {
+    Model m;
+    m.name = name;
+    const std::string dir = models_->at(name);
+    auto config = LoadModelConfig(dir);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (config.ok()) m.config = *config;
+    auto store = TensorStore::Open(dir);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (store.ok()) m.store = std::move(*store);
+    return m;
+  }
+
+  std::unique_ptr<ModelRunner> Cpu(const Model& m) {
+    auto w = LoadCpuWeights(m.config, *m.store);
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (!w.ok()) return nullptr;
+    CpuRunnerOptions o;
+    o.block_size = kBlockSize;
+    o.num_blocks = kNumBlocks;
+    auto r = CreateCpuModelRunner(m.config, std::move(*w), o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  std::unique_ptr<CudaModelRunner> Gpu(const Model& m, bool graphs) {
+    CudaRunnerOptions o;
+    o.block_size = kBlockSize;
+    o.num_blocks = kNumBlocks;
+    o.cuda_graphs = graphs;
+    o.max_batch_tokens = 64;  // small, so the mixed batches also exercise workspace growth
+    auto r = CreateCudaModelRunner(m.config, *m.store, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  // Extends seq by `tokens` and returns its chunk (block table grown to cover them).
+  SequenceChunk Chunk(Seq* s, const std::vector<int32_t>& tokens, bool logits = true) {
+    const int start = static_cast<int>(s->tokens.size());
+    s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+    while (static_cast<int>(s->table.size()) * kBlockSize < static_cast<int>(s->tokens.size())) {
+      s->table.push_back(next_block_++);
+    }
+    SequenceChunk c;
+    c.tokens = std::span<const int32_t>(s->tokens).subspan(start);
+    c.start_pos = start;
+    c.block_table = s->table;
+    c.need_logits = logits;
+    return c;
+  }
+
+  std::vector<int32_t> RandomTokens(int n, int vocab) {
+    std::vector<int32_t> t(n);
+    std::uniform_int_distribution<int32_t> d(3, vocab - 1);
+    for (auto& x : t) x = d(rng_);
+    return t;
+  }
+
+  static bool have_gpu_;
+  static std::map<std::string, std::string>* models_;
+  int next_block_ = 1;
+  std::mt19937 rng_{12345};
+};
+bool CudaRunnerTest::have_gpu_ = false;
+std::map<std::string, std::string>* CudaRunnerTest::models_ = nullptr;
+
+int Argmax(const ForwardOutput& out, int row, int vocab) {
+  return cpu::Argmax(out.logits.data() + static_cast<size_t>(row) * vocab, vocab);
+}
+
+class MixedBatchTest : public CudaRunnerTest, public ::testing::WithParamInterface<std::string> {};
+
+// Prefills, a mixed step (decode + continued prefill + new prefill + prefix-cache hit), then
+// decode-only steps (graphed: buckets 4 exact, then 3 padded to 4): logits vs the CPU runner, and
+// the KV cache contents of every used block.
+TEST_P(MixedBatchTest, LogitsAndKvMatchCpu) {
+  Model m = Load(GetParam());
+  ASSERT_FALSE(HasFailure());
+  auto cpu = Cpu(m);
+  auto gpu = Gpu(m, /*graphs=*/true);
+  ASSERT_TRUE(cpu != nullptr && gpu != nullptr);
+  const int vocab = m.config.vocab_size;
+  constexpr double kRelTol = 0.03;
+  double worst = 0;
+  auto step = [&](ForwardBatch& batch, const std::string& what) {
+    ForwardOutput co, go;
+    absl::Status cs = cpu->Forward(batch, &co);
+    absl::Status gs = gpu->Forward(batch, &go);
+    EXPECT_TRUE(cs.ok()) << what << ": " << cs;
+    EXPECT_TRUE(gs.ok()) << what << ": " << gs;
+    const Diff d = CompareLogits(co, go, vocab, m.name + " " + what, kRelTol);
+    worst = std::max(worst, d.max_rel);
+    std::printf("[%s] %-28s rows=%d max_abs_err=%.4g max_rel_err=%.4g graph_bucket=%d replay=%d\n",
+                m.name.c_str(), what.c_str(), co.rows, d.max_abs, d.max_rel,
+                gpu->last_step_stats().graph_bucket, gpu->last_step_stats().graph_replayed);
+    return co;
+  };
+
+  Seq a, b, c, d, e;
+  {
+    ForwardBatch batch;
+    batch.chunks = {Chunk(&a, RandomTokens(20, vocab)), Chunk(&b, RandomTokens(7, vocab))};
+    step(batch, "prefill 20 + 7");
+  }
+  {
+    // d shares a's first (full) block: same 16 tokens, then its own. Its KV for positions
+    // [0, 16) is already in the cache, so its chunk starts at 16.
+    d.tokens.assign(a.tokens.begin(), a.tokens.begin() + kBlockSize);
+    d.table = {a.table[0]};
+    ForwardBatch batch;
+    batch.chunks = {Chunk(&a, RandomTokens(1, vocab)), Chunk(&b, RandomTokens(5, vocab), false),
+                    Chunk(&c, RandomTokens(13, vocab)), Chunk(&d, RandomTokens(6, vocab)),
+                    Chunk(&e, RandomTokens(1, vocab))};
+    step(batch, "mixed decode+prefill+prefix");
+  }
+  std::vector<Seq*> live = {&a, &b, &c, &d};
+  for (int i = 0; i < 6; ++i) {
+    ForwardBatch batch;
+    for (Seq* s : live) batch.chunks.push_back(Chunk(s, RandomTokens(1, vocab)));
+    step(batch, "decode x4 #" + std::to_string(i));
+    if (i > 0) {
+      EXPECT_TRUE(gpu->last_step_stats().graph_replayed) << "the bucket-4 graph must replay";
+    }
+  }
+  live.pop_back();
+  for (int i = 0; i < 3; ++i) {
+    ForwardBatch batch;
+    for (Seq* s : live) batch.chunks.push_back(Chunk(s, RandomTokens(1, vocab)));
+    step(batch, "decode x3 (padded) #" + std::to_string(i));
+    EXPECT_EQ(gpu->last_step_stats().graph_bucket, 4);
+  }
+  {
+    // A long prefill after a prefix (start_pos > 0, several blocks) beside decodes.
+    ForwardBatch batch;
+    batch.chunks = {Chunk(&a, RandomTokens(70, vocab)), Chunk(&b, RandomTokens(1, vocab)),
+                    Chunk(&c, RandomTokens(1, vocab))};
+    step(batch, "prefill 70 after prefix");
+  }
+  std::printf("[%s] worst relative logit error %.4g (tolerance %.3g)\n", m.name.c_str(), worst,
+              kRelTol);
+
+  // KV: every block written so far, every layer, K and V, bf16 GPU vs f32 CPU.
+  const KvCacheLayout cl = cpu->kv_layout(), gl = gpu->kv_layout();
+  ASSERT_EQ(gl.elem_bytes, 2);
+  ASSERT_EQ(gl.num_blocks, kNumBlocks);
+  ASSERT_EQ(gl.bytes, gl.layer_stride * gl.num_layers);
+  std::vector<uint16_t> g(gl.bytes / 2);
+  ASSERT_EQ(cudaMemcpy(g.data(), gl.base, gl.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  double kv_err = 0, kv_scale = 1e-6;
+  for (int l = 0; l < cl.num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int blk = 1; blk < next_block_; ++blk) {
+        const float* cp = reinterpret_cast<const float*>(cl.BlockPtr(l, kv, blk));
+        const uint16_t* gp = g.data() + gl.Offset(l, kv, blk) / 2;
+        for (size_t i = 0; i < gl.block_bytes / 2; ++i) {
+          kv_scale = std::max(kv_scale, std::fabs(static_cast<double>(cp[i])));
+          kv_err = std::max(kv_err, std::fabs(static_cast<double>(cp[i]) - Bf16ToFloat(gp[i])));
+        }
+      }
+    }
+  }
+  std::printf("[%s] KV cache: max |cpu - gpu| = %.4g, scale %.4g\n", m.name.c_str(), kv_err,
+              kv_scale);
+  EXPECT_LE(kv_err / kv_scale, 0.03) << "KV cache contents differ from the CPU runner's";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, MixedBatchTest, ::testing::Values("tiny", "target", "qwen"));
+
+class GreedyTest : public CudaRunnerTest, public ::testing::WithParamInterface<std::string> {};
+
+// 64 greedy steps, teacher-forced with the CPU's tokens: the GPU's argmax must equal the CPU's
+// except on near-ties (CPU logit gap below 1% of the logit scale), which bf16 may flip.
+TEST_P(GreedyTest, ArgmaxMatchesCpuFor64Steps) {
+  Model m = Load(GetParam());
+  ASSERT_FALSE(HasFailure());
+  auto cpu = Cpu(m);
+  auto gpu = Gpu(m, /*graphs=*/true);
+  ASSERT_TRUE(cpu != nullptr && gpu != nullptr);
+  const int vocab = m.config.vocab_size;
+  Seq s;
+  std::vector<int32_t> next = RandomTokens(12, vocab);
+  int exact = 0, near_ties = 0;
+  for (int i = 0; i < 64; ++i) {
+    ForwardBatch batch;
+    batch.chunks = {Chunk(&s, next)};
+    ForwardOutput co, go;
+    ASSERT_TRUE(cpu->Forward(batch, &co).ok());
+    const absl::Status gs = gpu->Forward(batch, &go);
+    ASSERT_TRUE(gs.ok()) << gs;
+    ASSERT_EQ(go.rows, 1);
+    const int ct = Argmax(co, 0, vocab), gt = Argmax(go, 0, vocab);
+    if (ct == gt) {
+      ++exact;
+    } else {
+      double scale = 1e-6;
+      for (int v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(double{co.logits[v]}));
+      const double gap = co.logits[ct] - co.logits[gt];
+      EXPECT_LE(gap, 0.01 * scale) << m.name << " step " << i << ": cpu token " << ct << ", gpu "
+                                   << gt << ", cpu logit gap " << gap << " (scale " << scale << ")";
+      ++near_ties;
+    }
+    next = {ct};
+  }
+  std::printf("[%s] greedy 64 steps: %d identical argmax, %d near-tie flips\n", m.name.c_str(),
+              exact, near_ties);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GreedyTest, ::testing::Values("tiny", "target", "qwen"));
+
+// Graphs on vs off: identical logits when the batch is exactly a bucket (same kernels, same
+// arguments), and close when padding changes the GEMM shapes.
+TEST_F(CudaRunnerTest, GraphsOnAndOffGiveTheSameLogits) {
+  Model m = Load("tiny");
+  ASSERT_FALSE(HasFailure());
+  auto on = Gpu(m, true);
+  auto off = Gpu(m, false);
+  ASSERT_TRUE(on != nullptr && off != nullptr);
+  const int vocab = m.config.vocab_size;
+  std::vector<Seq> seqs(8);
+  // The same block ids for both runners: Chunk() allocates once and both runners get the chunk.
+  auto both = [&](ForwardBatch& batch, bool expect_identical, const std::string& what) {
+    ForwardOutput a, b;
+    ASSERT_TRUE(on->Forward(batch, &a).ok()) << what;
+    const CudaStepStats stats = on->last_step_stats();
+    ASSERT_TRUE(off->Forward(batch, &b).ok()) << what;
+    EXPECT_EQ(off->last_step_stats().graph_bucket, 0);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    double max_diff = 0;
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a.logits[i]) - b.logits[i]));
+    }
+    std::printf("graphs on/off %-16s bucket=%d replay=%d host_us=%.1f max |diff|=%.3g\n",
+                what.c_str(), stats.graph_bucket, stats.graph_replayed, stats.host_us, max_diff);
+    if (expect_identical) {
+      EXPECT_EQ(max_diff, 0.0) << what << ": graph replay must reproduce the eager logits";
+    } else {
+      EXPECT_LE(max_diff, 0.05) << what;
+    }
+  };
+  {
+    ForwardBatch batch;
+    for (Seq& s : seqs) batch.chunks.push_back(Chunk(&s, RandomTokens(9, vocab)));
+    both(batch, true, "prefill x8");
+  }
+  for (int n : {8, 4, 8, 4, 1, 1}) {
+    ForwardBatch batch;
+    for (int i = 0; i < n; ++i) batch.chunks.push_back(Chunk(&seqs[i], RandomTokens(1, vocab)));
+    both(batch, true, "decode x" + std::to_string(n));
+  }
+  for (int n : {3, 5, 3}) {
+    ForwardBatch batch;
+    for (int i = 0; i < n; ++i) batch.chunks.push_back(Chunk(&seqs[i], RandomTokens(1, vocab)));
+    both(batch, false, "decode x" + std::to_string(n) + " padded");
+  }
+}
+
+TEST_F(CudaRunnerTest, RejectsBadBatchesAndKeepsWorking) {
+  Model m = Load("tiny");
+  ASSERT_FALSE(HasFailure());
+  auto gpu = Gpu(m, true);
+  ASSERT_TRUE(gpu != nullptr);
+  const std::vector<int32_t> bad = {m.config.vocab_size};
+  const std::vector<int32_t> table = {1};
+  ForwardBatch batch;
+  batch.chunks = {{bad, 0, table, true}};
+  ForwardOutput out;
+  EXPECT_EQ(gpu->Forward(batch, &out).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> ok = {1, 2, 3};
+  batch.chunks = {{ok, 0, table, true}};
+  ASSERT_TRUE(gpu->Forward(batch, &out).ok());
+  EXPECT_EQ(out.rows, 1);
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(m.config.vocab_size));
+  for (float v : out.logits) ASSERT_TRUE(std::isfinite(v));
+  ForwardBatch empty;
+  ASSERT_TRUE(gpu->Forward(empty, &out).ok());
+  EXPECT_EQ(out.rows, 0);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,89 @@
+#include "runtime/model/runner_factory.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status.h"
+#include "runtime/model/cpu_model_runner.h"
+#include "runtime/model/weights.h"
+
+#if TANDEM_HAVE_CUDA
+#include "runtime/model/cuda/cuda_model_runner.h"
+#endif
+
+namespace tandem {
+namespace {
+
+[[maybe_unused]] absl::Status NoCudaRunner(int ordinal) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("device \"cuda:", ordinal,
+                   "\" requested, but this build of Tandem has no CUDA runner (configure with "
+                   "-DTANDEM_CUDA=ON and a CUDA toolkit)"));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCuda(int ordinal, const ModelConfig& config,
+                                                        const TensorStore& store,
+                                                        const RunnerOptions& options) {
+#if TANDEM_HAVE_CUDA
+  CudaRunnerOptions o;
+  o.device_ordinal = ordinal;
+  o.block_size = options.block_size;
+  o.num_blocks = options.num_blocks;
+  o.kv_cache_bytes = options.kv_cache_bytes;
+  o.max_batch_tokens = options.max_batch_tokens;
+  o.cuda_graphs = options.cuda_graphs;
+  o.progress = options.progress;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                   CreateCudaModelRunner(config, store, o));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+#else
+  return NoCudaRunner(ordinal);
+#endif
+}
+
+}  // namespace
+
+bool CudaRunnerCompiledIn() { return TANDEM_HAVE_CUDA; }
+
+absl::StatusOr<RunnerDevice> ParseRunnerDevice(std::string_view device) {
+  if (device == "cpu") return RunnerDevice{false, 0};
+  if (device == "cuda") return RunnerDevice{true, 0};
+  constexpr std::string_view kPrefix = "cuda:";
+  if (device.substr(0, kPrefix.size()) == kPrefix) {
+    const std::string_view digits = device.substr(kPrefix.size());
+    int ordinal = -1;
+    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos &&
+        absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &ordinal)) {
+      return RunnerDevice{true, ordinal};
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device \"", std::string(device), "\": expected cpu, cuda or cuda:N"));
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view device,
+                                                               const ModelConfig& config,
+                                                               const TensorStore& store,
+                                                               const RunnerOptions& options) {
+  ASSIGN_OR_RETURN(RunnerDevice d, ParseRunnerDevice(device));
+  if (d.cuda) return CreateCuda(d.ordinal, config, store, options);
+  ASSIGN_OR_RETURN(ModelWeights weights, LoadCpuWeights(config, store));
+  CpuRunnerOptions o;
+  o.block_size = options.block_size;
+  o.num_blocks = options.num_blocks;
+  o.kv_cache_bytes = options.kv_cache_bytes;
+  return CreateCpuModelRunner(config, std::move(weights), o);
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view device,
+                                                               const std::string& model_dir,
+                                                               const RunnerOptions& options) {
+  ASSIGN_OR_RETURN(RunnerDevice d, ParseRunnerDevice(device));
+  if (d.cuda && !CudaRunnerCompiledIn()) return NoCudaRunner(d.ordinal);
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(model_dir));
+  return CreateModelRunner(device, config, *store, options);
+}
+
+}  // namespace tandem
