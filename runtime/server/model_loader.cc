@@ -6,10 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
-#include "runtime/model/cpu_model_runner.h"
-#include "runtime/model/model_config.h"
-#include "runtime/model/safetensors.h"
-#include "runtime/model/weights.h"
+#include "runtime/model/runner_factory.h"
 
 namespace tandem::server {
 
@@ -29,16 +26,12 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
     LOG(WARNING) << "no usable tokenizer in " << options.model_dir << " ("
                  << tokenizer.status().message() << "); streaming token ids without text";
   }
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(options.model_dir));
-  ASSIGN_OR_RETURN(ModelWeights weights, LoadCpuWeights(config, *store));
-  store.reset();  // the weights are converted copies; release the mmaps
-  CpuRunnerOptions runner_options;
+  RunnerOptions runner_options;
   runner_options.block_size = options.block_size;
   runner_options.num_blocks = options.num_blocks;
   runner_options.kv_cache_bytes = options.kv_cache_bytes;
   ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                   CreateCpuModelRunner(config, std::move(weights), runner_options));
+                   CreateModelRunner(options.device, options.model_dir, runner_options));
   ASSIGN_OR_RETURN(model.engine,
                    Engine::Create(std::move(runner), model.tokenizer.get(), options.engine));
   return model;

@@ -1,6 +1,7 @@
 #pragma once
 // Loads a Hugging Face model directory into a running Engine for a worker: config.json, the
-// safetensors weights (converted to the CPU runner's float32), the CPU runner with its KV cache,
+// safetensors weights, the runner of `device` (runner_factory.h: the CPU runner's float32 copies
+// by default; "cuda[:N]" puts bf16 weights and the KV cache in GPU memory) with its KV cache,
 // and the tokenizer (optional: without tokenizer.json the worker streams token ids and no text).
 //
 // Ownership: LoadedModel owns the tokenizer and the engine; the engine is declared after the
@@ -19,6 +20,7 @@ namespace tandem::server {
 
 struct ModelLoadOptions {
   std::string model_dir;
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
   int block_size = 16;
   int num_blocks = 0;  // 0: as many as fit in kv_cache_bytes
   size_t kv_cache_bytes = size_t{256} << 20;
