@@ -27,7 +27,7 @@ size_t DenseLayerElements(const PagedKvCache& c) {
   return static_cast<size_t>(c.num_blocks) * c.block_size * c.num_kv_heads * c.head_dim;
 }
 
-absl::Status ValidateCache(const PagedKvCache& c, int layer, std::string_view what) {
+absl::Status ValidateCache(const PagedKvCache& c, int layer, const char* what) {
   if (c.k == nullptr || c.v == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": KV cache k and v must not be null"));
   }
@@ -63,7 +63,7 @@ void* LayerPtr(void* base, const PagedKvCache& c, int layer) {
 absl::Status ValidateAttention(const void* q, int q_row_stride, const PagedKvCache* cache,
                                int layer, const int32_t* block_tables, int max_blocks_per_seq,
                                int num_seqs, int num_heads, float scale, const void* out,
-                               std::string_view what) {
+                               const char* what) {
   if (cache == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": cache must not be null"));
   }

@@ -1,0 +1,298 @@
+// Differential tests of the CUDA paged decode and prefill attention against cpu::PagedAttention on
+// bf16-rounded inputs, at the head shapes of Llama-3-8B (32/8/128), Llama-3.2-1B (32/8/64), the
+// tiny synthetic model (8/2/32) and GQA groups of 1, 8 and 16, with random non-contiguous block
+// tables, a KvCacheLayout-style interleaved cache whose other layer is NaN (reading it fails), and
+// NaN-poisoned outputs (an element not written fails). Skipped without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/float16.h"
+#include "runtime/kernels/cpu_ops.h"
+#include "runtime/kernels/cuda/cuda_kernel_test_util.h"
+#include "runtime/kernels/cuda/model_kernels.h"
+
+namespace tandem {
+namespace {
+
+using testing_util::Bf16ToFloats;
+using testing_util::CudaKernelTest;
+using testing_util::ExpectClose;
+using testing_util::FastRng;
+using testing_util::kBf16Poison;
+using testing_util::RandomBf16;
+
+struct AttnShape {
+  const char* name;
+  int heads;
+  int kv_heads;
+  int head_dim;
+  int block_size;
+};
+
+void PrintTo(const AttnShape& s, std::ostream* os) {
+  *os << s.name << " (" << s.heads << " heads, " << s.kv_heads << " kv heads, head_dim "
+      << s.head_dim << ", block_size " << s.block_size << ")";
+}
+
+constexpr int kLayers = 2;
+constexpr int kLayer = 1;  // layer 0 is NaN
+
+// A paged cache on the host and the device, holding `tokens[s]` positions for each sequence in
+// randomly scattered blocks, plus the inputs of one attention call.
+struct PagedSetup {
+  int num_blocks = 0;
+  int max_blocks_per_seq = 0;
+  size_t layer_elems = 0;
+  std::vector<int32_t> block_tables;    // [num_seqs, max_blocks_per_seq]
+  std::vector<float> k_layer, v_layer;  // layer kLayer as float32
+  std::vector<uint16_t> qkv;            // [rows, q_stride]
+  int q_stride = 0;
+  DeviceBuffer d_cache, d_tables, d_qkv, d_out;
+  cuda::PagedKvCache cache;
+};
+
+class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInterface<AttnShape> {
+ protected:
+  // Builds the cache for sequences of the given total lengths and `rows` query rows.
+  PagedSetup Build(const std::vector<int>& tokens, int rows, float q_std, uint64_t seed) {
+    const AttnShape& sh = GetParam();
+    FastRng rng(seed);
+    PagedSetup s;
+    const int num_seqs = static_cast<int>(tokens.size());
+    int needed = 0;
+    for (const int t : tokens) {
+      const int blocks = (t + sh.block_size - 1) / sh.block_size;
+      needed += blocks;
+      s.max_blocks_per_seq = std::max(s.max_blocks_per_seq, blocks);
+    }
+    s.max_blocks_per_seq += 2;
+    s.num_blocks = needed + 3;
+    std::vector<int32_t> perm(s.num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[rng.Next() % (i + 1)]);
+    s.block_tables.assign(static_cast<size_t>(num_seqs) * s.max_blocks_per_seq, 0);
+    int next = 0;
+    for (int q = 0; q < num_seqs; ++q) {
+      const int blocks = (tokens[q] + sh.block_size - 1) / sh.block_size;
+      for (int b = 0; b < s.max_blocks_per_seq; ++b) {
+        // Entries past the sequence's blocks hold some valid id that must not be read.
+        s.block_tables[static_cast<size_t>(q) * s.max_blocks_per_seq + b] =
+            b < blocks ? perm[next++] : perm[rng.Next() % perm.size()];
+      }
+    }
+    const size_t slot = static_cast<size_t>(sh.kv_heads) * sh.head_dim;
+    s.layer_elems = static_cast<size_t>(s.num_blocks) * sh.block_size * slot;
+    // KvCacheLayout order [layer][k|v][block]; layer 0 stays NaN.
+    std::vector<uint16_t> cache(2 * kLayers * s.layer_elems, kBf16Poison);
+    const std::vector<uint16_t> k = RandomBf16(s.layer_elems, 1.0f, rng);
+    const std::vector<uint16_t> v = RandomBf16(s.layer_elems, 1.0f, rng);
+    std::copy(k.begin(), k.end(), cache.begin() + 2 * kLayer * s.layer_elems);
+    std::copy(v.begin(), v.end(), cache.begin() + (2 * kLayer + 1) * s.layer_elems);
+    s.k_layer = Bf16ToFloats(k);
+    s.v_layer = Bf16ToFloats(v);
+    s.q_stride = (sh.heads + 2 * sh.kv_heads) * sh.head_dim;
+    s.qkv = RandomBf16(static_cast<size_t>(rows) * s.q_stride, q_std, rng);
+
+    s.d_cache = Upload(cache);
+    s.d_tables = Upload(s.block_tables);
+    s.d_qkv = Upload(s.qkv);
+    s.d_out = Upload(
+        std::vector<uint16_t>(static_cast<size_t>(rows) * sh.heads * sh.head_dim, kBf16Poison));
+    s.cache.k = s.d_cache.data;
+    s.cache.v = static_cast<uint16_t*>(s.d_cache.data) + s.layer_elems;
+    s.cache.num_layers = kLayers;
+    s.cache.num_blocks = s.num_blocks;
+    s.cache.block_size = sh.block_size;
+    s.cache.num_kv_heads = sh.kv_heads;
+    s.cache.head_dim = sh.head_dim;
+    s.cache.layer_stride = 2 * s.layer_elems;
+    return s;
+  }
+
+  // cpu::PagedAttention of sequence q's `rows` queries (starting at query row `row0`) at positions
+  // [start, start + rows), into ref rows [row0, row0 + rows).
+  void Reference(const PagedSetup& s, const std::vector<float>& q, int seq, int row0, int rows,
+                 int start, std::vector<float>& ref) {
+    const AttnShape& sh = GetParam();
+    cpu::PagedKvShape shape;
+    shape.block_size = sh.block_size;
+    shape.num_kv_heads = sh.kv_heads;
+    shape.head_dim = sh.head_dim;
+    std::vector<float> scratch(start + rows);
+    cpu::PagedAttention(q.data() + static_cast<size_t>(row0) * s.q_stride, s.q_stride, rows, start,
+                        sh.heads,
+                        s.block_tables.data() + static_cast<size_t>(seq) * s.max_blocks_per_seq,
+                        shape, s.k_layer.data(), s.v_layer.data(), Scale(), scratch.data(),
+                        ref.data() + static_cast<size_t>(row0) * sh.heads * sh.head_dim);
+  }
+
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(GetParam().head_dim)); }
+
+  // Decode: one query per sequence over `contexts[s]` cached tokens (the last is its own).
+  void RunDecode(const std::vector<int>& contexts, int hint = 0, float q_std = 1.0f) {
+    const AttnShape& sh = GetParam();
+    const int num_seqs = static_cast<int>(contexts.size());
+    const int max_context = *std::max_element(contexts.begin(), contexts.end());
+    if (hint == 0) hint = max_context;
+    std::string what = absl::StrCat("decode ", sh.name, " bs=", sh.block_size, " seqs=", num_seqs,
+                                    " max_context=", max_context, " hint=", hint, " q_std=", q_std);
+    if (num_seqs <= 8) absl::StrAppend(&what, " contexts=", absl::StrJoin(contexts, ","));
+    SCOPED_TRACE(what);
+    PagedSetup s = Build(contexts, num_seqs, q_std, num_seqs * 1000003ull + max_context + hint);
+    const std::vector<float> q = Bf16ToFloats(s.qkv);
+    std::vector<float> ref(static_cast<size_t>(num_seqs) * sh.heads * sh.head_dim);
+    for (int i = 0; i < num_seqs; ++i) Reference(s, q, i, i, 1, contexts[i] - 1, ref);
+
+    DeviceBuffer d_lens = Upload(contexts);
+    const size_t ws_bytes =
+        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint);
+    DeviceBuffer d_ws = Alloc(ws_bytes);
+    cuda::DecodeAttentionArgs a;
+    a.q = s.d_qkv.data;
+    a.q_row_stride = s.q_stride;
+    a.cache = &s.cache;
+    a.layer = kLayer;
+    a.block_tables = static_cast<const int32_t*>(s.d_tables.data);
+    a.max_blocks_per_seq = s.max_blocks_per_seq;
+    a.context_lens = static_cast<const int32_t*>(d_lens.data);
+    a.num_seqs = num_seqs;
+    a.num_heads = sh.heads;
+    a.scale = Scale();
+    a.out = s.d_out.data;
+    a.workspace = ws_bytes > 0 ? d_ws.data : nullptr;
+    a.workspace_bytes = ws_bytes;
+    a.max_context_len = hint;
+    const absl::Status status = cuda::LaunchPagedDecodeAttention(a, stream());
+    ASSERT_TRUE(status.ok()) << status;
+    const std::vector<float> got = Bf16ToFloats(Download<uint16_t>(s.d_out, ref.size()));
+    // P stays float32: only the output's bf16 rounding and float32 summation order differ.
+    ExpectClose(got, ref, 1e-4, 1.0 / 128, 5e-3, what);
+    FreeAll();
+  }
+
+  // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens.
+  void RunPrefill(const std::vector<int>& new_tokens, const std::vector<int>& start_pos,
+                  float q_std = 1.0f) {
+    const AttnShape& sh = GetParam();
+    const int num_seqs = static_cast<int>(new_tokens.size());
+    const std::string what = absl::StrCat(
+        "prefill ", sh.name, " bs=", sh.block_size, " new=", absl::StrJoin(new_tokens, ","),
+        " start=", absl::StrJoin(start_pos, ","), " q_std=", q_std);
+    SCOPED_TRACE(what);
+    std::vector<int> totals(num_seqs);
+    std::vector<int32_t> starts_rows(num_seqs + 1, 0);
+    for (int i = 0; i < num_seqs; ++i) {
+      totals[i] = start_pos[i] + new_tokens[i];
+      starts_rows[i + 1] = starts_rows[i] + new_tokens[i];
+    }
+    const int rows = starts_rows[num_seqs];
+    PagedSetup s = Build(totals, rows, q_std, rows * 7919ull + totals[0]);
+    const std::vector<float> q = Bf16ToFloats(s.qkv);
+    std::vector<float> ref(static_cast<size_t>(rows) * sh.heads * sh.head_dim);
+    for (int i = 0; i < num_seqs; ++i) {
+      Reference(s, q, i, starts_rows[i], new_tokens[i], start_pos[i], ref);
+    }
+
+    DeviceBuffer d_rows = Upload(starts_rows);
+    DeviceBuffer d_start = Upload(start_pos);
+    cuda::PrefillAttentionArgs a;
+    a.q = s.d_qkv.data;
+    a.q_row_stride = s.q_stride;
+    a.cache = &s.cache;
+    a.layer = kLayer;
+    a.block_tables = static_cast<const int32_t*>(s.d_tables.data);
+    a.max_blocks_per_seq = s.max_blocks_per_seq;
+    a.seq_start_rows = static_cast<const int32_t*>(d_rows.data);
+    a.start_pos = static_cast<const int32_t*>(d_start.data);
+    a.num_seqs = num_seqs;
+    a.max_new_tokens = *std::max_element(new_tokens.begin(), new_tokens.end());
+    a.num_heads = sh.heads;
+    a.scale = Scale();
+    a.out = s.d_out.data;
+    const absl::Status status = cuda::LaunchPrefillAttention(a, stream());
+    ASSERT_TRUE(status.ok()) << status;
+    const std::vector<float> got = Bf16ToFloats(Download<uint16_t>(s.d_out, ref.size()));
+    // P is rounded to bf16 for the tensor-core P V product (as FlashAttention): each output moves
+    // by at most 2^-8 * max|v| (|v| < 1.74) on top of its own bf16 rounding.
+    ExpectClose(got, ref, 8e-3, 1.0 / 128, 1e-2, what);
+    FreeAll();
+  }
+};
+
+// Model shapes: every case.
+class ModelShapeTest : public AttentionCudaTest {};
+// Other GQA groups and block sizes: a few cases.
+class GroupShapeTest : public AttentionCudaTest {};
+
+TEST_P(ModelShapeTest, DecodeBatch1) {
+  for (const int context : {1, 17, 1000, 8192}) RunDecode({context});
+}
+
+TEST_P(ModelShapeTest, DecodeBatch8MixedContexts) {
+  RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600});
+}
+
+TEST_P(ModelShapeTest, DecodeBatch64) {
+  std::vector<int> contexts(64);
+  FastRng rng(64);
+  for (auto& c : contexts) c = rng.UniformInt(1, 600);
+  contexts[5] = 3000;
+  contexts[63] = 1;
+  RunDecode(contexts);
+}
+
+TEST_P(ModelShapeTest, DecodePeakedScores) { RunDecode({2000, 300, 5}, 0, /*q_std=*/6.0f); }
+
+// The hint is below the real context: the last split takes the rest, results stay right.
+TEST_P(ModelShapeTest, DecodeHintBelowContext) { RunDecode({8192, 50}, /*hint=*/1000); }
+
+TEST_P(ModelShapeTest, PrefillNoCache) {
+  RunPrefill({1}, {0});
+  RunPrefill({17}, {0});
+  RunPrefill({512}, {0});
+}
+
+TEST_P(ModelShapeTest, PrefillWithCachedPrefix) {
+  RunPrefill({100}, {37});
+  RunPrefill({1, 64, 200}, {0, 1000, 5});
+  RunPrefill({512, 300}, {300, 0});
+}
+
+TEST_P(ModelShapeTest, PrefillTileBoundaries) {
+  RunPrefill({65, 127, 128, 129, 63}, {63, 64, 0, 1, 200});
+}
+
+TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
+
+TEST_P(GroupShapeTest, Decode) {
+  RunDecode({8192});
+  RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600});
+}
+
+TEST_P(GroupShapeTest, Prefill) { RunPrefill({1, 64, 200}, {0, 1000, 5}); }
+
+INSTANTIATE_TEST_SUITE_P(Models, ModelShapeTest,
+                         ::testing::Values(AttnShape{"llama3_8b", 32, 8, 128, 16},
+                                           AttnShape{"llama3_2_1b", 32, 8, 64, 16},
+                                           AttnShape{"tiny", 8, 2, 32, 16}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(Groups, GroupShapeTest,
+                         ::testing::Values(AttnShape{"group16_bs7", 16, 1, 64, 7},
+                                           AttnShape{"group8_bs32", 32, 4, 128, 32},
+                                           AttnShape{"group1_bs1", 8, 8, 64, 1},
+                                           AttnShape{"group2_bs5", 4, 2, 32, 5}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,237 @@
+// Host-side checks of the model kernel launchers: argument validation (before any CUDA call, so no
+// GPU is needed) and the flash-decoding split plan and its workspace bound.
+
+#include "runtime/kernels/cuda/model_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "runtime/kernels/cuda/model_kernels_internal.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+// Fake device pointers: never dereferenced, since every call here fails validation or queues
+// nothing.
+alignas(16) uint16_t g_dummy[64];
+alignas(16) int32_t g_ids[8];
+alignas(16) float g_floats[8];
+
+PagedKvCache ValidCache() {
+  PagedKvCache c;
+  c.k = g_dummy;
+  c.v = g_dummy;
+  c.num_layers = 2;
+  c.num_blocks = 4;
+  c.block_size = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  return c;
+}
+
+TEST(ModelKernelsArgsTest, EmbeddingRejectsBadArguments) {
+  EXPECT_EQ(LaunchEmbedding(g_ids, g_dummy, -1, 8, 10, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchEmbedding(g_ids, g_dummy, 1, 0, 10, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchEmbedding(g_ids, g_dummy, 1, 8, 0, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchEmbedding(nullptr, g_dummy, 1, 8, 10, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchEmbedding(g_ids, nullptr, 1, 8, 10, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchEmbedding(g_ids, g_dummy, 1, 8, 10, nullptr, nullptr).code(), kInvalid);
+  EXPECT_TRUE(LaunchEmbedding(g_ids, g_dummy, 0, 8, 10, g_dummy, nullptr).ok());
+}
+
+TEST(ModelKernelsArgsTest, RopeRejectsBadArguments) {
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, g_floats, 1, 4, 2, 7, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, g_floats, 1, 4, 2, 0, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, g_floats, 1, 0, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, g_floats, 1, 4, 0, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, g_floats, -2, 4, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(nullptr, g_ids, g_floats, 1, 4, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, nullptr, g_floats, 1, 4, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchRope(g_dummy, g_ids, nullptr, 1, 4, 2, 8, nullptr).code(), kInvalid);
+  EXPECT_TRUE(LaunchRope(g_dummy, g_ids, g_floats, 0, 4, 2, 8, nullptr).ok());
+}
+
+TEST(ModelKernelsArgsTest, KvAppendRejectsBadArguments) {
+  PagedKvCache c = ValidCache();
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 4, c, 2, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 4, c, -1, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 0, c, 0, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchKvAppend(nullptr, g_ids, 1, 4, c, 0, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchKvAppend(g_dummy, nullptr, 1, 4, c, 0, nullptr).code(), kInvalid);
+  c.layer_stride = 100;  // less than one layer
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 4, c, 0, nullptr).code(), kInvalid);
+  c = ValidCache();
+  c.block_size = 0;
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 4, c, 0, nullptr).code(), kInvalid);
+  c = ValidCache();
+  c.v = nullptr;
+  EXPECT_EQ(LaunchKvAppend(g_dummy, g_ids, 1, 4, c, 0, nullptr).code(), kInvalid);
+  EXPECT_TRUE(LaunchKvAppend(g_dummy, g_ids, 0, 4, ValidCache(), 1, nullptr).ok());
+}
+
+TEST(ModelKernelsArgsTest, SiluMulAndArgmaxRejectBadArguments) {
+  EXPECT_EQ(LaunchSiluMul(g_dummy, 1, 0, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchSiluMul(g_dummy, -1, 8, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchSiluMul(nullptr, 1, 8, g_dummy, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchSiluMul(g_dummy, 1, 8, nullptr, nullptr).code(), kInvalid);
+  EXPECT_TRUE(LaunchSiluMul(g_dummy, 0, 8, g_dummy, nullptr).ok());
+  EXPECT_EQ(LaunchArgmax(g_floats, 1, 0, g_ids, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchArgmax(g_floats, -1, 8, g_ids, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchArgmax(nullptr, 1, 8, g_ids, nullptr).code(), kInvalid);
+  EXPECT_EQ(LaunchArgmax(g_floats, 1, 8, nullptr, nullptr).code(), kInvalid);
+  EXPECT_TRUE(LaunchArgmax(g_floats, 0, 8, g_ids, nullptr).ok());
+}
+
+DecodeAttentionArgs ValidDecode(const PagedKvCache* cache) {
+  DecodeAttentionArgs a;
+  a.q = g_dummy;
+  a.q_row_stride = 4 * 64;
+  a.cache = cache;
+  a.layer = 1;
+  a.block_tables = g_ids;
+  a.max_blocks_per_seq = 4;
+  a.context_lens = g_ids;
+  a.num_seqs = 0;  // queues nothing once valid
+  a.num_heads = 4;
+  a.scale = 0.125f;
+  a.out = g_dummy;
+  a.max_context_len = 64;
+  return a;
+}
+
+TEST(ModelKernelsArgsTest, DecodeAttentionRejectsBadArguments) {
+  const PagedKvCache cache = ValidCache();
+  EXPECT_TRUE(LaunchPagedDecodeAttention(ValidDecode(&cache), nullptr).ok());
+  auto expect_invalid = [&](auto mutate, const char* what) {
+    PagedKvCache c = cache;
+    DecodeAttentionArgs a = ValidDecode(&c);
+    mutate(a, c);
+    EXPECT_EQ(LaunchPagedDecodeAttention(a, nullptr).code(), kInvalid) << what;
+  };
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.cache = nullptr; }, "cache");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.q = nullptr; }, "q");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.out = nullptr; }, "out");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.block_tables = nullptr; },
+                 "block_tables");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.context_lens = nullptr; },
+                 "context_lens");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.layer = 2; }, "layer");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.num_heads = 3; },
+                 "heads not a multiple of kv heads");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.q_row_stride = 100; },
+                 "q_row_stride");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.num_seqs = -1; }, "num_seqs");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.max_blocks_per_seq = 0; },
+                 "max_blocks_per_seq");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.scale = NAN; }, "scale");
+  expect_invalid([](DecodeAttentionArgs&, PagedKvCache& c) { c.head_dim = 96; }, "head_dim");
+  expect_invalid(
+      [](DecodeAttentionArgs&, PagedKvCache& c) { c.k = reinterpret_cast<char*>(g_dummy) + 2; },
+      "misaligned cache");
+  expect_invalid(
+      [](DecodeAttentionArgs&, PagedKvCache& c) { c.layer_stride = 4 * 16 * 2 * 64 + 4; },
+      "misaligned layer");
+  expect_invalid(
+      [](DecodeAttentionArgs& a, PagedKvCache&) {
+        a.num_seqs = 1;
+        a.max_context_len = 0;
+      },
+      "max_context_len");
+  expect_invalid(
+      [](DecodeAttentionArgs& a, PagedKvCache&) {
+        a.num_seqs = 1;
+        a.max_context_len = 8192;  // splits: needs a workspace
+        a.workspace = nullptr;
+      },
+      "missing workspace");
+  expect_invalid(
+      [](DecodeAttentionArgs& a, PagedKvCache&) {
+        a.num_seqs = 1;
+        a.max_context_len = 8192;
+        a.workspace = g_floats;
+        a.workspace_bytes = 16;
+      },
+      "small workspace");
+}
+
+TEST(ModelKernelsArgsTest, PrefillAttentionRejectsBadArguments) {
+  const PagedKvCache cache = ValidCache();
+  auto valid = [&](const PagedKvCache* c) {
+    PrefillAttentionArgs a;
+    a.q = g_dummy;
+    a.q_row_stride = 4 * 64;
+    a.cache = c;
+    a.layer = 0;
+    a.block_tables = g_ids;
+    a.max_blocks_per_seq = 4;
+    a.seq_start_rows = g_ids;
+    a.start_pos = g_ids;
+    a.num_seqs = 0;
+    a.max_new_tokens = 8;
+    a.num_heads = 4;
+    a.scale = 0.125f;
+    a.out = g_dummy;
+    return a;
+  };
+  EXPECT_TRUE(LaunchPrefillAttention(valid(&cache), nullptr).ok());
+  PrefillAttentionArgs a = valid(&cache);
+  a.seq_start_rows = nullptr;
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+  a = valid(&cache);
+  a.start_pos = nullptr;
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+  a = valid(&cache);
+  a.num_seqs = 1;
+  a.max_new_tokens = 0;
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+  a = valid(&cache);
+  a.num_heads = 5;  // not a multiple of the 2 KV heads
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+  PagedKvCache c = cache;
+  c.head_dim = 256;
+  a = valid(&c);
+  a.q_row_stride = 4 * 256;
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+  a = valid(nullptr);
+  EXPECT_EQ(LaunchPrefillAttention(a, nullptr).code(), kInvalid);
+}
+
+TEST(DecodeSplitPlanTest, SplitsOnlyWhenTheBatchCannotFillTheGpu) {
+  // Batch 1 at long context: many splits of whole tiles covering the context.
+  internal::DecodeSplitPlan p = internal::PlanDecodeSplits(1, 32, 8192);
+  EXPECT_GT(p.num_splits, 16);
+  EXPECT_EQ(p.partition_size % internal::kDecodeTileTokens, 0);
+  EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 8192);
+  EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, 8192);
+  // Short contexts and big batches: no split.
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 100).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 100000).num_splits, 1);
+}
+
+TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
+  for (const int heads : {8, 32, 64}) {
+    for (const int head_dim : {32, 64, 128}) {
+      size_t previous_row = 0;
+      for (int seqs = 1; seqs <= 300; seqs += 7) {
+        size_t previous = 0;
+        for (int context = 1; context <= 40000; context = context * 3 / 2 + 1) {
+          const size_t bound = DecodeAttentionWorkspaceBytes(seqs, heads, head_dim, context);
+          const internal::DecodeSplitPlan plan = internal::PlanDecodeSplits(seqs, heads, context);
+          EXPECT_GE(bound, internal::DecodeWorkspaceBytesForPlan(plan, seqs, heads, head_dim))
+              << "seqs=" << seqs << " heads=" << heads << " context=" << context;
+          EXPECT_GE(bound, previous) << "grows with context";
+          previous = bound;
+        }
+        EXPECT_GE(previous, previous_row) << "grows with seqs";
+        previous_row = previous;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
