@@ -1,0 +1,406 @@
+// engine_bench: the CUDA engine's step times beside their ceilings, measured in ONE run on the GPU
+// it is given.
+//   engine_bench --model DIR [--device N] [--json FILE] [--iters 50]
+//                [--batches 1,8,64,256] [--contexts 1024,8192] [--prefill 512,2048,8192]
+// Ceilings, measured first in the same process: device copy bandwidth (cudaMemcpy D2D of 1 GiB,
+// read + write bytes / time) and cuBLASLt bf16 GEMM throughput at 8192^3 (f32 accumulation).
+// Then, with the model loaded by the CUDA runner:
+//  - decode: steady-state CUDA-graph replays (CUDA events over --iters steps) for every batch x
+//    context whose KV fits, with the KV filled with random bf16 (a "fake prefill": block tables and
+//    context lengths only); roofline = (weight bytes read + KV bytes read) / copy bandwidth;
+//  - host time of a full Forward call (planning, metadata copy, launch) on the same batches;
+//  - prefill: one sequence of N tokens, FLOPs = 2 * linear params * N + LM head on the last row +
+//    causal attention 4 * layers * heads * head_dim * N^2 / 2, against the measured GEMM peak;
+//  - a per-op GPU time breakdown (CUDA events around each op of an un-graphed step) of one decode
+//    batch and one prefill, to explain a miss.
+// Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "runtime/base/float16.h"
+#include "runtime/base/status.h"
+#include "runtime/device/cuda/cuda_status.h"
+#include "runtime/model/cuda/cublas_gemm.h"
+#include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+
+namespace tandem {
+namespace {
+
+using json = nlohmann::json;
+
+struct Flags {
+  std::string model_dir;
+  int device = 0;
+  std::string json_path;
+  int iters = 50;
+  std::vector<int> batches = {1, 8, 64, 256};
+  std::vector<int> contexts = {1024, 8192};
+  std::vector<int> prefill = {512, 2048, 8192};
+};
+
+// Times `fn` (which queues work on `stream`) over iters runs after warmup runs; ms per run.
+template <typename Fn>
+absl::StatusOr<double> TimeMs(cudaStream_t stream, int warmup, int iters, Fn fn) {
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn());
+  cudaEvent_t a, b;
+  RETURN_IF_CUDA_ERROR(cudaEventCreate(&a), "cudaEventCreate");
+  RETURN_IF_CUDA_ERROR(cudaEventCreate(&b), "cudaEventCreate");
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(a, stream), "cudaEventRecord");
+  for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(fn());
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(b, stream), "cudaEventRecord");
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(b), "timed work");
+  float ms = 0;
+  RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return static_cast<double>(ms) / iters;
+}
+
+// Device-to-device copy of 1 GiB: (read + write) bytes per second.
+absl::StatusOr<double> CopyBandwidth(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&src, bytes), "cudaMalloc 1 GiB");
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&dst, bytes), "cudaMalloc 1 GiB");
+  cudaMemsetAsync(src, 1, bytes, stream);
+  auto ms = TimeMs(stream, 3, 20, [&]() -> absl::Status {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+                         "cudaMemcpyAsync D2D");
+    return absl::OkStatus();
+  });
+  cudaFree(src);
+  cudaFree(dst);
+  if (!ms.ok()) return ms.status();
+  return 2.0 * bytes / (*ms * 1e-3);
+}
+
+// cuBLASLt bf16 GEMM 8192^3: FLOP/s.
+absl::StatusOr<double> GemmPeak(cudaStream_t stream) {
+  const int n = 8192;
+  const size_t bytes = size_t{n} * n * 2;
+  void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&a, bytes), "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&b, bytes), "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&c, bytes), "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+  // Small values (bf16 0x3c00 = 0.0078) keep the GEMM away from inf without a random fill.
+  std::vector<uint16_t> row(n, 0x3c00);
+  for (int r = 0; r < n; ++r) {
+    cudaMemcpyAsync(static_cast<char*>(a) + static_cast<size_t>(r) * n * 2, row.data(), n * 2,
+                    cudaMemcpyHostToDevice, stream);
+  }
+  cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
+  absl::StatusOr<double> result = absl::InternalError("not run");
+  {
+    auto gemm = cuda_runner::CublasLtGemm::Create(ws, ws_bytes);
+    if (!gemm.ok()) {
+      result = gemm.status();
+    } else {
+      auto ms = TimeMs(stream, 5, 20, [&]() {
+        return (*gemm)->Linear(a, b, nullptr, n, n, n, c, cuda_runner::GemmOut::kBf16, stream);
+      });
+      if (ms.ok()) {
+        result = 2.0 * n * n * static_cast<double>(n) / (*ms * 1e-3);
+      } else {
+        result = ms.status();
+      }
+    }
+  }
+  for (void* p : {a, b, c, ws}) cudaFree(p);
+  return result;
+}
+
+std::string FormatBytes(double b) {
+  return b >= 1e9 ? absl::StrFormat("%.1f GB", b / 1e9) : absl::StrFormat("%.1f MB", b / 1e6);
+}
+
+int Run(const Flags& flags) {
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "engine_bench: " << s << "\n";
+    return 1;
+  };
+  if (cudaSetDevice(flags.device) != cudaSuccess) {
+    return fail(absl::UnavailableError(absl::StrCat("no CUDA device ", flags.device)));
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, flags.device);
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  json out;
+  out["gpu"] = prop.name;
+  out["sm_count"] = prop.multiProcessorCount;
+  std::printf("GPU %d: %s, %d SMs, %.1f GiB\n", flags.device, prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / 1073741824.0);
+
+  // 1. Ceilings.
+  auto bw = CopyBandwidth(stream);
+  if (!bw.ok()) return fail(bw.status());
+  auto peak = GemmPeak(stream);
+  if (!peak.ok()) return fail(peak.status());
+  std::printf("device copy bandwidth (D2D 1 GiB, read+write): %.2f TB/s\n", *bw / 1e12);
+  std::printf("cuBLASLt bf16 GEMM 8192^3 (f32 accumulate):    %.1f TFLOP/s\n", *peak / 1e12);
+  out["copy_bandwidth_bytes_per_s"] = *bw;
+  out["gemm_peak_flops"] = *peak;
+
+  // 2. Model.
+  auto config_or = LoadModelConfig(flags.model_dir);
+  if (!config_or.ok()) return fail(config_or.status());
+  const ModelConfig c = *config_or;
+  auto store = TensorStore::Open(flags.model_dir);
+  if (!store.ok()) return fail(store.status());
+  const int bs = 16;
+  const size_t kv_per_token = size_t{2} * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+  const size_t kv_per_block = kv_per_token * bs;
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  size_t weight_estimate = 0;
+  for (const std::string& name : (*store)->Names()) {
+    auto v = (*store)->Get(name);
+    if (v.ok()) weight_estimate += static_cast<size_t>(v->numel()) * 2;
+  }
+  const size_t margin = size_t{6} << 30;  // workspaces of an 8K-token prefill, logits, cuBLASLt
+  const size_t kv_budget =
+      free_bytes > weight_estimate + margin ? free_bytes - weight_estimate - margin : 0;
+  auto blocks_for = [&](int batch, int ctx) {
+    return static_cast<int64_t>(batch) * ((ctx + bs - 1) / bs);
+  };
+  int64_t need_blocks = 0;
+  for (int n : flags.prefill) need_blocks = std::max(need_blocks, blocks_for(1, n));
+  for (int b : flags.batches) {
+    for (int ctx : flags.contexts) {
+      if (static_cast<size_t>(blocks_for(b, ctx)) * kv_per_block <= kv_budget) {
+        need_blocks = std::max(need_blocks, blocks_for(b, ctx));
+      }
+    }
+  }
+  if (need_blocks == 0 || static_cast<size_t>(need_blocks) * kv_per_block > kv_budget) {
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("not enough GPU memory for the KV cache: ", free_bytes, " free, ",
+                     weight_estimate, " of weights")));
+  }
+  CudaRunnerOptions ro;
+  ro.device_ordinal = flags.device;
+  ro.block_size = bs;
+  ro.num_blocks = static_cast<int>(need_blocks);
+  ro.max_batch_tokens = 8192;
+  ro.cuda_graphs = true;
+  ro.progress = true;
+  const auto load_start = std::chrono::steady_clock::now();
+  auto runner_or = CreateCudaModelRunner(c, **store, ro);
+  if (!runner_or.ok()) return fail(runner_or.status());
+  std::unique_ptr<CudaModelRunner> runner = std::move(*runner_or);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  store->reset();
+  const KvCacheLayout kv = runner->kv_layout();
+  std::printf(
+      "model %s: %d layers, hidden %d, %d heads / %d KV heads, vocab %d; weights %s "
+      "loaded in %.1f s; KV cache %d blocks (%s)\n",
+      flags.model_dir.c_str(), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+      c.vocab_size, FormatBytes(runner->weight_bytes()).c_str(), load_s, kv.num_blocks,
+      FormatBytes(kv.bytes).c_str());
+  out["model"] = flags.model_dir;
+  out["weight_bytes"] = runner->weight_bytes();
+  out["load_seconds"] = load_s;
+  out["kv_blocks"] = kv.num_blocks;
+
+  // Fake prefill: random bf16 in the whole KV cache (64 MiB pattern tiled on the device).
+  {
+    const size_t pattern = std::min<size_t>(kv.bytes, size_t{64} << 20);
+    std::vector<uint16_t> host(pattern / 2);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (auto& h : host) h = FloatToBf16(dist(rng));
+    char* base = static_cast<char*>(kv.base);
+    cudaMemcpy(base, host.data(), pattern, cudaMemcpyHostToDevice);
+    for (size_t at = pattern; at < kv.bytes; at += pattern) {
+      cudaMemcpy(base + at, base, std::min(pattern, kv.bytes - at), cudaMemcpyDeviceToDevice);
+    }
+    cudaDeviceSynchronize();
+  }
+
+  // Linear weights read by a decode step: everything but the embedding table (only B rows of it
+  // are read) unless the table doubles as the LM head.
+  const double embed_bytes = 2.0 * c.vocab_size * c.hidden_size;
+  const double weight_read = runner->weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes);
+  const double q = c.num_heads * c.head_dim, kvw = c.num_kv_heads * c.head_dim;
+  const double layer_params =
+      c.hidden_size * (q + 2 * kvw) + q * c.hidden_size + 3.0 * c.hidden_size * c.intermediate_size;
+
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<std::vector<int32_t>> tokens;
+  auto make_batch = [&](int batch, int ctx, int new_tokens) {
+    ForwardBatch fb;
+    tables.assign(batch, {});
+    tokens.assign(batch, std::vector<int32_t>(new_tokens, 0));
+    const int nb = (ctx + bs - 1) / bs;
+    for (int i = 0; i < batch; ++i) {
+      for (int t = 0; t < new_tokens; ++t) tokens[i][t] = (i * 7919 + t * 104729) % c.vocab_size;
+      tables[i].resize(nb);
+      for (int j = 0; j < nb; ++j) tables[i][j] = i * nb + j;
+      SequenceChunk ch;
+      ch.tokens = tokens[i];
+      ch.start_pos = ctx - new_tokens;
+      ch.block_table = tables[i];
+      fb.chunks.push_back(ch);
+    }
+    return fb;
+  };
+
+  // 3. Decode.
+  std::printf(
+      "\ndecode (CUDA graph replay, %d steps; roofline = (weights %s + KV read) / %.2f "
+      "TB/s)\n",
+      flags.iters, FormatBytes(weight_read).c_str(), *bw / 1e12);
+  std::printf("%6s %7s %10s %12s %12s %9s %10s %12s\n", "batch", "context", "ms/step", "tokens/s",
+              "roofline ms", "%roof", "host us", "Forward ms");
+  json decode = json::array();
+  for (int ctx : flags.contexts) {
+    for (int b : flags.batches) {
+      json row = {{"batch", b}, {"context", ctx}};
+      if (blocks_for(b, ctx) > kv.num_blocks) {
+        std::printf("%6d %7d  skipped: KV of %s does not fit\n", b, ctx,
+                    FormatBytes(static_cast<double>(blocks_for(b, ctx)) * kv_per_block).c_str());
+        row["skipped"] = "KV does not fit";
+        decode.push_back(row);
+        continue;
+      }
+      ForwardBatch fb = make_batch(b, ctx, 1);
+      auto ms = runner->TimeDeviceStep(fb, 5, flags.iters);
+      if (!ms.ok()) return fail(ms.status());
+      // Host side of full Forward calls (graph replay + logits to the host).
+      double host_us = 0, forward_ms = 0;
+      ForwardOutput fo;
+      const int calls = 10;
+      for (int i = 0; i < calls; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        absl::Status s = runner->Forward(fb, &fo);
+        if (!s.ok()) return fail(s);
+        forward_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        host_us += runner->last_step_stats().host_us;
+      }
+      host_us /= calls;
+      forward_ms /= calls;
+      const double kv_read = static_cast<double>(b) * ctx * kv_per_token;
+      const double roof_ms = (weight_read + kv_read) / *bw * 1e3;
+      std::printf("%6d %7d %10.3f %12.0f %12.3f %8.1f%% %10.1f %12.3f\n", b, ctx, *ms,
+                  b / (*ms * 1e-3), roof_ms, 100.0 * roof_ms / *ms, host_us, forward_ms);
+      row.update({{"ms_per_step", *ms},
+                  {"tokens_per_s", b / (*ms * 1e-3)},
+                  {"weight_bytes_read", weight_read},
+                  {"kv_bytes_read", kv_read},
+                  {"roofline_ms", roof_ms},
+                  {"pct_of_roofline", 100.0 * roof_ms / *ms},
+                  {"host_us_per_step", host_us},
+                  {"forward_call_ms", forward_ms},
+                  {"graph_bucket", runner->last_step_stats().graph_bucket}});
+      decode.push_back(row);
+    }
+  }
+  out["decode"] = decode;
+
+  // 4. Prefill.
+  std::printf("\nprefill (one sequence, eager; ceiling = FLOPs / %.1f TFLOP/s)\n", *peak / 1e12);
+  std::printf("%7s %10s %12s %10s %10s %8s\n", "tokens", "ms", "tokens/s", "TFLOP", "TFLOP/s",
+              "%peak");
+  json prefill = json::array();
+  for (int n : flags.prefill) {
+    ForwardBatch fb = make_batch(1, n, n);
+    auto ms = runner->TimeDeviceStep(fb, 2, 5);
+    if (!ms.ok()) return fail(ms.status());
+    const double flops = 2.0 * layer_params * c.num_layers * n +
+                         2.0 * c.vocab_size * c.hidden_size +
+                         4.0 * c.num_layers * c.num_heads * c.head_dim * double(n) * n / 2;
+    const double achieved = flops / (*ms * 1e-3);
+    std::printf("%7d %10.2f %12.0f %10.2f %10.1f %7.1f%%\n", n, *ms, n / (*ms * 1e-3), flops / 1e12,
+                achieved / 1e12, 100.0 * achieved / *peak);
+    prefill.push_back({{"tokens", n},
+                       {"ms", *ms},
+                       {"tokens_per_s", n / (*ms * 1e-3)},
+                       {"flops", flops},
+                       {"flops_per_s", achieved},
+                       {"pct_of_gemm_peak", 100.0 * achieved / *peak}});
+  }
+  out["prefill"] = prefill;
+
+  // 5. Per-op breakdowns.
+  auto breakdown = [&](const std::string& title, ForwardBatch fb) -> absl::StatusOr<json> {
+    ASSIGN_OR_RETURN(std::vector<OpTiming> ops, runner->ProfileStep(fb));
+    double total = 0;
+    for (const OpTiming& op : ops) total += op.ms;
+    std::printf("\nper-op GPU time, %s (un-graphed, events after each op): %.3f ms\n",
+                title.c_str(), total);
+    std::printf("%-18s %6s %10s %7s\n", "op", "calls", "ms", "%");
+    json j = json::array();
+    for (const OpTiming& op : ops) {
+      std::printf("%-18s %6d %10.3f %6.1f%%\n", op.name.c_str(), op.calls, op.ms,
+                  100.0 * op.ms / std::max(total, 1e-9));
+      j.push_back({{"op", op.name}, {"calls", op.calls}, {"ms", op.ms}});
+    }
+    return json{{"step", title}, {"total_ms", total}, {"ops", j}};
+  };
+  json profiles = json::array();
+  int pb = 64, pctx = 1024;
+  if (blocks_for(pb, pctx) > kv.num_blocks) pb = 1;
+  auto d = breakdown(absl::StrCat("decode batch ", pb, " context ", pctx), make_batch(pb, pctx, 1));
+  if (!d.ok()) return fail(d.status());
+  profiles.push_back(*d);
+  const int pn = std::min(2048, flags.prefill.empty() ? 2048 : flags.prefill.back());
+  auto p = breakdown(absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
+  if (!p.ok()) return fail(p.status());
+  profiles.push_back(*p);
+  out["profiles"] = profiles;
+
+  if (!flags.json_path.empty()) {
+    std::ofstream f(flags.json_path);
+    f << out.dump(2) << "\n";
+    if (!f) return fail(absl::InternalError("cannot write " + flags.json_path));
+    std::printf("\nwrote %s\n", flags.json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  tandem::Flags flags;
+  CLI::App app{"Tandem CUDA engine benchmark: decode and prefill beside measured ceilings"};
+  app.add_option("--model", flags.model_dir, "Hugging Face model directory")->required();
+  app.add_option("--device", flags.device, "CUDA device ordinal (default 0)");
+  app.add_option("--json", flags.json_path, "write every number to this JSON file");
+  app.add_option("--iters", flags.iters, "timed decode steps per point (default 50)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batches", flags.batches, "decode batch sizes")->delimiter(',');
+  app.add_option("--contexts", flags.contexts, "decode context lengths")->delimiter(',');
+  app.add_option("--prefill", flags.prefill, "prefill token counts")->delimiter(',');
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return tandem::Run(flags);
+}
