@@ -36,7 +36,7 @@ function(tandem_test name)
   endif()
   add_executable(${name} ${T_SRCS})
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TANDEM_WARNINGS}>)
-  target_link_libraries(${name} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_link_libraries(${name} PRIVATE ${T_DEPS} tandem_test_main GTest::gtest GTest::gmock)
   # Tests run with the source root as working directory; these name both trees explicitly.
   target_compile_definitions(${name} PRIVATE TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              TANDEM_BUILD_DIR="${PROJECT_BINARY_DIR}")
