@@ -82,14 +82,18 @@ struct DecodeAttentionArgs {
   int layer = 0;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
-  const int32_t* context_lens = nullptr;  // [num_seqs]: tokens in cache incl. the new one; >= 1
+  // [num_seqs]: tokens in cache incl. the new one; 0 (a padding row) writes zeros, reads nothing
+  const int32_t* context_lens = nullptr;
   int num_seqs = 0;
   int num_heads = 0;  // query heads; a multiple of cache->num_kv_heads
   float scale = 0.0f;
   void* out = nullptr;        // bf16 [num_seqs, num_heads * head_dim]
   void* workspace = nullptr;  // f32 scratch, DecodeAttentionWorkspaceBytes(...) bytes
   size_t workspace_bytes = 0;
-  int max_context_len = 0;  // host hint: >= every context_lens[s]; sets the split count
+  // Host hint, >= every context_lens[s]: sets the split count (a CUDA graph captured with the
+  // largest context it will see stays valid; splits past a shorter context exit at once). A
+  // smaller hint still gives right results, only fewer splits.
+  int max_context_len = 0;
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
 // Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases
