@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One GPU session for the CUDA engine: GPU tests, synthesized llama-3-8b / llama-3.2-1b models,
+# engine_bench on both, and the PyTorch peer, with every output under $OUT.
+#
+#   bench/engine/run_h200.sh [BIN_DIR]
+#
+# BIN_DIR (default gpu-out/, or $BIN) holds the binaries built with -DTANDEM_CUDA=ON:
+#   tandem engine_bench cuda_model_runner_test cuda_generate_test cuda_step_plan_test
+#   runner_factory_test, and whichever kernel GPU tests exist (rmsnorm_cuda_test,
+#   *_cuda_test). Run from the repository root (models/target is the bundled model; override with
+#   TANDEM_MODELS_DIR). OUT defaults to ./h200-out. Each step has a timeout and the whole run stays
+#   under ~9 minutes (TOTAL_S, default 530); a failing step is recorded and the run goes on.
+# Results: $OUT/summary.txt (one line per step: status, seconds), $OUT/<step>.log, JSON from the
+# benchmarks, gtest XML from the tests.
+set -u
+
+BIN="${1:-${BIN:-gpu-out}}"
+BIN="$(cd "$BIN" && pwd)" || { echo "no binary dir $BIN" >&2; exit 1; }
+OUT="${OUT:-$PWD/h200-out}"
+mkdir -p "$OUT"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+export TANDEM_MODELS_DIR="${TANDEM_MODELS_DIR:-$ROOT/models}"
+export TANDEM_BIN="$BIN/tandem"
+TOTAL_S="${TOTAL_S:-530}"
+START=$(date +%s)
+M8B=/tmp/tandem_m8b
+M1B=/tmp/tandem_m1b
+PY="${PYTHON:-python3}"
+
+remaining() { echo $((TOTAL_S - ($(date +%s) - START))); }
+
+# step NAME TIMEOUT_S CMD... : runs with min(TIMEOUT_S, time left - 5) and records the outcome.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local left=$(( $(remaining) - 5 ))
+  if (( left < 10 )); then
+    echo "$name: SKIPPED (out of time)" | tee -a "$OUT/summary.txt"
+    return
+  fi
+  (( limit > left )) && limit=$left
+  local t0=$(date +%s)
+  echo "=== $name (timeout ${limit}s): $*" | tee -a "$OUT/steps.txt"
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local status="ok"
+  (( rc == 124 || rc == 137 )) && status="TIMEOUT"
+  (( rc != 0 && rc != 124 && rc != 137 )) && status="FAILED rc=$rc"
+  echo "$name: $status ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
+  tail -n 40 "$OUT/$name.log"
+}
+
+: > "$OUT/summary.txt"
+{ nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; } > "$OUT/nvidia-smi.txt" 2>&1
+"$PY" -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())' \
+  > "$OUT/torch-version.txt" 2>&1
+
+# Synthesize the benchmark models in the background while the GPU tests run (CPU-bound).
+( timeout 200 "$BIN/tandem" model synth --like llama-3-8b --out "$M8B" > "$OUT/synth-8b.log" 2>&1
+  echo "rc=$?" >> "$OUT/synth-8b.log"
+  timeout 100 "$BIN/tandem" model synth --like llama-3.2-1b --out "$M1B" > "$OUT/synth-1b.log" 2>&1
+  echo "rc=$?" >> "$OUT/synth-1b.log" ) &
+SYNTH_PID=$!
+
+# GPU tests (each prints max errors and shapes on failure).
+for t in cuda_step_plan_test runner_factory_test cuda_model_runner_test cuda_generate_test; do
+  if [[ -x "$BIN/$t" ]]; then
+    step "$t" 150 "$BIN/$t" --gtest_output="xml:$OUT/$t.xml"
+  else
+    echo "$t: MISSING from $BIN" | tee -a "$OUT/summary.txt"
+  fi
+done
+for t in "$BIN"/*_cuda_test; do
+  [[ -x "$t" ]] || continue
+  n="$(basename "$t")"
+  step "$n" 90 "$t" --gtest_output="xml:$OUT/$n.xml"
+done
+
+step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; done; cat '$OUT/synth-8b.log' '$OUT/synth-1b.log'"
+
+if [[ -f "$M8B/config.json" ]]; then
+  step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
+  step torch_peer_8b 150 "$PY" "$ROOT/bench/engine/torch_peer.py" --model "$M8B" \
+    --batches 1,64 --context 1024 --json "$OUT/torch_peer_8b.json"
+else
+  echo "engine_bench_8b: SKIPPED (no synthesized llama-3-8b)" | tee -a "$OUT/summary.txt"
+fi
+if [[ -f "$M1B/config.json" ]]; then
+  step engine_bench_1b 120 "$BIN/engine_bench" --model "$M1B" --json "$OUT/engine_bench_1b.json"
+else
+  echo "engine_bench_1b: SKIPPED (no synthesized llama-3.2-1b)" | tee -a "$OUT/summary.txt"
+fi
+
+echo "--- summary ($(( $(date +%s) - START )) s total)"
+cat "$OUT/summary.txt"
+rm -rf "$M8B" "$M1B"
+exit 0
