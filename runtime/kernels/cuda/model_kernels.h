@@ -27,8 +27,9 @@ namespace tandem::cuda {
 // The paged KV cache of all layers. k and v are each, per layer,
 // [num_blocks][block_size][num_kv_heads][head_dim] bf16; layer l starts at k + l * layer_stride
 // (elements). A sequence's position p lives in block block_table[p / block_size], slot
-// p % block_size. With one allocation in KvCacheLayout's order ([layer][k|v][block]), use
-// k = base, v = base + kv_stride, layer_stride = layout.layer_stride / 2.
+// p % block_size. With one allocation in KvCacheLayout's order ([layer][k|v][block], strides in
+// bytes, elem_bytes 2), use k = base, v = (char*)base + kv_stride, layer_stride =
+// layout.layer_stride / 2 (elements).
 struct PagedKvCache {
   void* k = nullptr;
   void* v = nullptr;
