@@ -35,7 +35,7 @@ std::string ModelsDir() {
 }
 
 // Runs a command; returns its stdout and sets *rc.
-std::string Run(const std::string& cmd, int* rc) {
+std::string RunCommand(const std::string& cmd, int* rc) {
   std::string out;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
@@ -54,7 +54,7 @@ std::vector<int> Generate(const std::string& model, const std::string& prompt_fl
   int rc = 0;
   const std::string cmd = absl::StrCat(TandemBin(), " generate --model ", model, " ", prompt_flag,
                                        " --max-tokens 64 --ignore-eos --json --device ", device);
-  const std::string out = Run(cmd, &rc);
+  const std::string out = RunCommand(cmd, &rc);
   EXPECT_EQ(rc, 0) << cmd << "\n" << out;
   std::vector<int> ids;
   try {
@@ -98,7 +98,7 @@ TEST_F(CudaGenerateTest, SynthTinyRunsOnCudaAndReportsAgreement) {
   int rc = 0;
   const std::string synth =
       absl::StrCat(TandemBin(), " model synth --like tiny --seed 3 --out ", dir, " 2>&1");
-  const std::string log = Run(synth, &rc);
+  const std::string log = RunCommand(synth, &rc);
   ASSERT_EQ(rc, 0) << synth << "\n" << log;
   const std::string prompt = "--prompt-ids 5,17,99,23,42,7,300";
   const std::vector<int> cpu = Generate(dir, prompt, "cpu");

@@ -301,11 +301,18 @@ TEST_P(MixedBatchTest, LogitsAndKvMatchCpu) {
     EXPECT_EQ(gpu->last_step_stats().graph_bucket, 4);
   }
   {
-    // A long prefill after a prefix (start_pos > 0, several blocks) beside decodes.
+    // A long prefill after a prefix (start_pos > 0, many blocks) beside decodes; 303 rows grow
+    // the 256-row workspaces, which drops the captured graphs.
     ForwardBatch batch;
-    batch.chunks = {Chunk(&a, RandomTokens(70, vocab)), Chunk(&b, RandomTokens(1, vocab)),
+    batch.chunks = {Chunk(&a, RandomTokens(300, vocab)), Chunk(&b, RandomTokens(1, vocab)),
                     Chunk(&c, RandomTokens(1, vocab))};
-    step(batch, "prefill 70 after prefix");
+    step(batch, "prefill 300 after prefix");
+  }
+  for (int i = 0; i < 2; ++i) {
+    // Graphs are captured again over the grown workspaces.
+    ForwardBatch batch;
+    for (Seq* s : live) batch.chunks.push_back(Chunk(s, RandomTokens(1, vocab)));
+    step(batch, "decode x3 after growth #" + std::to_string(i));
   }
   std::printf("[%s] worst relative logit error %.4g (tolerance %.3g)\n", m.name.c_str(), worst,
               kRelTol);
