@@ -46,6 +46,7 @@ step() {
   local status="ok"
   (( rc == 124 || rc == 137 )) && status="TIMEOUT"
   (( rc != 0 && rc != 124 && rc != 137 )) && status="FAILED rc=$rc"
+  grep -q '^\[  SKIPPED \]' "$OUT/$name.log" && status="$status, SOME TESTS SKIPPED"
   echo "$name: $status ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"
   tail -n 40 "$OUT/$name.log"
 }
@@ -91,6 +92,9 @@ else
   echo "engine_bench_1b: SKIPPED (no synthesized llama-3.2-1b)" | tee -a "$OUT/summary.txt"
 fi
 
+# The synthesis job, if still running (it started in this script): its timeouts, then itself.
+pkill -TERM -P "$SYNTH_PID" 2>/dev/null
+kill "$SYNTH_PID" 2>/dev/null
 echo "--- summary ($(( $(date +%s) - START )) s total)"
 cat "$OUT/summary.txt"
 rm -rf "$M8B" "$M1B"
