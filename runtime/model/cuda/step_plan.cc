@@ -110,11 +110,8 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
   p.meta.assign(o.total, 0);
   int32_t* m = p.meta.data();
 
-  // Padding decode rows: token 0 at position 0, no KV write, one slot of block 0.
-  for (int r = real_decode; r < p.num_decode; ++r) {
-    m[o.slots + r] = -1;
-    m[o.context_lens + r] = 1;
-  }
+  // Padding decode rows: token 0 at position 0, no KV write (slot -1), no KV read (context 0).
+  for (int r = real_decode; r < p.num_decode; ++r) m[o.slots + r] = -1;
   p.output_rows.clear();
   int decode_row = 0, prefill_row = p.num_decode, prefill_seq = 0, logit_row = 0;
   if (p.num_prefill > 0) m[o.seq_starts] = 0;

@@ -10,8 +10,8 @@
 //
 // CUDA graphs: a batch made only of decode rows, at most kMaxGraphBatch of them, is padded to the
 // next bucket of kGraphBuckets. Padding rows read token 0 at position 0, write no KV (slot -1),
-// and attend to one slot of block 0 (context_len 1): harmless, and their logits are never
-// returned. Block tables are padded to a power-of-two width so that graphs are keyed by
+// and read none (context_len 0: the decode kernel writes zeros): harmless, and their logits are
+// never returned. Block tables are padded to a power-of-two width so that graphs are keyed by
 // (bucket, width) and a graph's pointers and scalar arguments stay valid for every batch of its
 // key. Graphed or not, decode block tables use that power-of-two width and the attention
 // split hint max_context_len = width * block_size, so graphs on and off run the same kernels with

@@ -90,7 +90,7 @@ TEST(StepPlanTest, DecodeOnlyBatchIsPaddedToABucket) {
   EXPECT_EQ(p.decode_table_width, 4) << "3 blocks round up to 4";
   EXPECT_EQ(Section(p, p.off.decode_tables, 16),
             (std::vector<int32_t>{1, 0, 0, 0, 2, 3, 4, 0, 5, 6, 0, 0, 0, 0, 0, 0}));
-  EXPECT_EQ(Section(p, p.off.context_lens, 4), (std::vector<int32_t>{3, 10, 6, 1}));
+  EXPECT_EQ(Section(p, p.off.context_lens, 4), (std::vector<int32_t>{3, 10, 6, 0}));
   EXPECT_EQ(Section(p, p.off.slots, 4), (std::vector<int32_t>{6, 17, 25, -1}));
   EXPECT_EQ(Section(p, p.off.positions, 4), (std::vector<int32_t>{2, 9, 5, 0}));
   EXPECT_EQ(Section(p, p.off.ids, 4), (std::vector<int32_t>{7, 7, 7, 0}));
