@@ -15,7 +15,9 @@ namespace tandem::cuda::internal {
 namespace {
 
 constexpr int kCopyThreads = 256;
-constexpr int kRopeThreads = 256;
+constexpr int kRopeThreads = kCopyThreads;
+// Rotated heads per RoPE block: 8 heads of 128 dims = 512 pairs, two per thread.
+constexpr int kRopeHeadsPerBlock = 8;
 
 // One block per row; T is the element or pack type copied.
 template <typename T>
@@ -27,24 +29,39 @@ __global__ void __launch_bounds__(kCopyThreads)
   for (int i = threadIdx.x; i < row_units; i += blockDim.x) out[dst + i] = table[src + i];
 }
 
-// One thread per (token, rotation pair i): computes cos/sin once and rotates that pair in every q
-// and k head of the token.
+// Grid (token, group of kRopeHeadsPerBlock rotated heads). The block computes the token's cos/sin
+// once per rotation pair i into shared memory ([half] cos then [half] sin), then rotates every
+// (head, pair) of its group, one pair per thread, consecutive threads on consecutive i
+// (coalesced).
 __global__ void __launch_bounds__(kRopeThreads)
     RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __restrict__ positions,
-               const float* __restrict__ inv_freq, int n, int num_rotated_heads, int row_stride,
+               const float* __restrict__ inv_freq, int num_rotated_heads, int row_stride,
                int head_dim) {
+  extern __shared__ float rope_cs[];
   const int half = head_dim / 2;
-  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int token = static_cast<int>(idx / half);
-  const int i = static_cast<int>(idx % half);
-  if (token >= n) return;
-  // As cpu::RopeTables: the angle rounded to float32, then cos/sin (sincosf is accurate to a
-  // couple of float32 ulps over the whole range; no fast-math intrinsics).
-  const float angle = __fmul_rn(static_cast<float>(positions[token]), inv_freq[i]);
-  float s, c;
-  sincosf(angle, &s, &c);
-  __nv_bfloat16* row = qkv + static_cast<size_t>(token) * row_stride;
-  for (int h = 0; h < num_rotated_heads; ++h) {
+  const int token = blockIdx.x;
+  float* cos_s = rope_cs;
+  float* sin_s = rope_cs + half;
+  const float pos = static_cast<float>(positions[token]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    // As cpu::RopeTables: the angle rounded to float32, then cos/sin (sincosf is accurate to a
+    // couple of float32 ulps over the whole range; no fast-math intrinsics).
+    const float angle = __fmul_rn(pos, inv_freq[i]);
+    float s, c;
+    sincosf(angle, &s, &c);
+    cos_s[i] = c;
+    sin_s[i] = s;
+  }
+  __syncthreads();
+  const int head_begin = blockIdx.y * kRopeHeadsPerBlock;
+  const int heads = min(kRopeHeadsPerBlock, num_rotated_heads - head_begin);
+  __nv_bfloat16* row =
+      qkv + static_cast<size_t>(token) * row_stride + static_cast<size_t>(head_begin) * head_dim;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half;
+    const int i = idx - h * half;
+    const float c = cos_s[i];
+    const float s = sin_s[i];
     __nv_bfloat16* lo = row + h * head_dim + i;
     __nv_bfloat16* hi = lo + half;
     const float x0 = __bfloat162float(*lo);
@@ -94,11 +111,15 @@ cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int
 
 cudaError_t LaunchRopeRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
                           int num_heads, int num_kv_heads, int head_dim, cudaStream_t stream) {
-  const long long threads = static_cast<long long>(n) * (head_dim / 2);
+  const int half = head_dim / 2;
+  const int rotated = num_heads + num_kv_heads;
   const int row_stride = (num_heads + 2 * num_kv_heads) * head_dim;
-  RopeKernel<<<CeilDiv(threads, kRopeThreads), kRopeThreads, 0, stream>>>(
-      static_cast<__nv_bfloat16*>(qkv), positions, inv_freq, n, num_heads + num_kv_heads,
-      row_stride, head_dim);
+  const int groups = (rotated + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock;
+  const int pairs = (rotated < kRopeHeadsPerBlock ? rotated : kRopeHeadsPerBlock) * half;
+  const int threads = ThreadsFor(pairs);  // at most kCopyThreads == kRopeThreads
+  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
+  RopeKernel<<<dim3(n, groups), threads, smem, stream>>>(
+      static_cast<__nv_bfloat16*>(qkv), positions, inv_freq, rotated, row_stride, head_dim);
   return cudaGetLastError();
 }
 
