@@ -11,8 +11,10 @@
 //  - host time of a full Forward call (planning, metadata copy, launch) on the same batches;
 //  - prefill: one sequence of N tokens, FLOPs = 2 * linear params * N + LM head on the last row +
 //    causal attention 4 * layers * heads * head_dim * N^2 / 2, against the measured GEMM peak;
-//  - a per-op GPU time breakdown (CUDA events around each op of an un-graphed step) of one decode
-//    batch and one prefill, to explain a miss.
+//  - a per-op GPU time breakdown (CUDA events around each op of an un-graphed step) of decode
+//    batch 1 and 64 at 1K context and one prefill, to explain a miss;
+//  - the small-M GEMV A/B: decode batch 1 and 8 at 1K with the GEMV and with cuBLASLt only (a
+//    second runner, created with TANDEM_DISABLE_GEMV flipped).
 // Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
 
 #include <cuda_runtime_api.h>
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -226,19 +229,20 @@ int Run(const Flags& flags) {
   out["kv_blocks"] = kv.num_blocks;
 
   // Fake prefill: random bf16 in the whole KV cache (64 MiB pattern tiled on the device).
-  {
-    const size_t pattern = std::min<size_t>(kv.bytes, size_t{64} << 20);
+  auto fill_kv = [](const KvCacheLayout& layout) {
+    const size_t pattern = std::min<size_t>(layout.bytes, size_t{64} << 20);
     std::vector<uint16_t> host(pattern / 2);
     std::mt19937 rng(1);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (auto& h : host) h = FloatToBf16(dist(rng));
-    char* base = static_cast<char*>(kv.base);
+    char* base = static_cast<char*>(layout.base);
     cudaMemcpy(base, host.data(), pattern, cudaMemcpyHostToDevice);
-    for (size_t at = pattern; at < kv.bytes; at += pattern) {
-      cudaMemcpy(base + at, base, std::min(pattern, kv.bytes - at), cudaMemcpyDeviceToDevice);
+    for (size_t at = pattern; at < layout.bytes; at += pattern) {
+      cudaMemcpy(base + at, base, std::min(pattern, layout.bytes - at), cudaMemcpyDeviceToDevice);
     }
     cudaDeviceSynchronize();
-  }
+  };
+  fill_kv(kv);
 
   // Linear weights read by a decode step: everything but the embedding table (only B rows of it
   // are read) unless the table doubles as the LM head.
@@ -363,16 +367,76 @@ int Run(const Flags& flags) {
     return json{{"step", title}, {"total_ms", total}, {"ops", j}};
   };
   json profiles = json::array();
-  int pb = 64, pctx = 1024;
-  if (blocks_for(pb, pctx) > kv.num_blocks) pb = 1;
-  auto d = breakdown(absl::StrCat("decode batch ", pb, " context ", pctx), make_batch(pb, pctx, 1));
-  if (!d.ok()) return fail(d.status());
-  profiles.push_back(*d);
+  const int pctx = 1024;
+  for (const int pb : {1, 64}) {
+    if (blocks_for(pb, pctx) > kv.num_blocks) continue;
+    auto d =
+        breakdown(absl::StrCat("decode batch ", pb, " context ", pctx), make_batch(pb, pctx, 1));
+    if (!d.ok()) return fail(d.status());
+    profiles.push_back(*d);
+  }
   const int pn = std::min(2048, flags.prefill.empty() ? 2048 : flags.prefill.back());
   auto p = breakdown(absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
   if (!p.ok()) return fail(p.status());
   profiles.push_back(*p);
   out["profiles"] = profiles;
+
+  // 6. GEMV A/B: decode batch 1 and 8 at 1K context (graph replay) on this runner, then on a
+  // second runner created with TANDEM_DISABLE_GEMV flipped (cuBLASLt for every projection, or the
+  // small-M GEMV if the first run had it disabled). The first runner is released first.
+  {
+    const char* prior_env = std::getenv("TANDEM_DISABLE_GEMV");
+    const std::string prior = prior_env != nullptr ? prior_env : "";
+    const bool gemv_first = prior != "1";
+    const int ab_ctx = 1024;
+    const std::vector<int> ab_batches = {1, 8};
+    auto time_all = [&](CudaModelRunner& r) -> absl::StatusOr<std::vector<double>> {
+      std::vector<double> ms;
+      for (int b : ab_batches) {
+        if (blocks_for(b, ab_ctx) > r.kv_layout().num_blocks) {
+          ms.push_back(NAN);
+          continue;
+        }
+        ASSIGN_OR_RETURN(double t, r.TimeDeviceStep(make_batch(b, ab_ctx, 1), 5, flags.iters));
+        ms.push_back(t);
+      }
+      return ms;
+    };
+    auto first = time_all(*runner);
+    if (!first.ok()) return fail(first.status());
+    runner.reset();
+    setenv("TANDEM_DISABLE_GEMV", gemv_first ? "1" : "0", 1);
+    auto store2 = TensorStore::Open(flags.model_dir);
+    if (!store2.ok()) return fail(store2.status());
+    ro.num_blocks = static_cast<int>(blocks_for(ab_batches.back(), ab_ctx));
+    ro.progress = false;
+    auto runner2 = CreateCudaModelRunner(c, **store2, ro);
+    if (prior_env != nullptr) {
+      setenv("TANDEM_DISABLE_GEMV", prior.c_str(), 1);
+    } else {
+      unsetenv("TANDEM_DISABLE_GEMV");
+    }
+    if (!runner2.ok()) return fail(runner2.status());
+    store2->reset();
+    fill_kv((*runner2)->kv_layout());
+    auto second = time_all(**runner2);
+    if (!second.ok()) return fail(second.status());
+    const std::vector<double>& gemv_ms = gemv_first ? *first : *second;
+    const std::vector<double>& cublas_ms = gemv_first ? *second : *first;
+    std::printf("\nsmall-M GEMV A/B, decode context %d (CUDA graph replay, %d steps)\n", ab_ctx,
+                flags.iters);
+    std::printf("%6s %12s %14s %9s\n", "batch", "GEMV ms", "cuBLASLt ms", "speedup");
+    json ab = json::array();
+    for (size_t i = 0; i < ab_batches.size(); ++i) {
+      std::printf("%6d %12.3f %14.3f %8.2fx\n", ab_batches[i], gemv_ms[i], cublas_ms[i],
+                  cublas_ms[i] / gemv_ms[i]);
+      ab.push_back({{"batch", ab_batches[i]},
+                    {"context", ab_ctx},
+                    {"gemv_ms", gemv_ms[i]},
+                    {"cublaslt_ms", cublas_ms[i]}});
+    }
+    out["gemv_ab"] = ab;
+  }
 
   if (!flags.json_path.empty()) {
     std::ofstream f(flags.json_path);

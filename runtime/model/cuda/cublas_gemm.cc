@@ -4,11 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/kernels/cuda/gemv_kernels.h"
 
 namespace tandem::cuda_runner {
 namespace {
@@ -62,6 +65,7 @@ struct CublasLtGemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  bool gemv_enabled = true;
   absl::flat_hash_map<Key, Plan> plans;
 
   ~Impl() {
@@ -143,6 +147,8 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   RETURN_IF_CUBLAS(cublasLtCreate(&impl->handle), "cublasLtCreate");
   impl->workspace = workspace;
   impl->workspace_bytes = workspace_bytes;
+  const char* disable = std::getenv("TANDEM_DISABLE_GEMV");
+  impl->gemv_enabled = disable == nullptr || std::strcmp(disable, "1") != 0;
   return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
 }
 
@@ -159,6 +165,18 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
   if (bias != nullptr && out_type != GemmOut::kBf16) {
     return absl::InvalidArgumentError("GEMM bias is supported with bf16 output only");
   }
+  if (UseGemv(m, k, x, w)) {
+    cuda::GemvArgs a;
+    a.x = x;
+    a.w = w;
+    a.bias = bias;
+    a.out = out;
+    a.out_f32 = out_type == GemmOut::kF32;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    return cuda::LaunchGemv(a, stream);
+  }
   auto plan_or = impl_->GetPlan(m, k, n, bias != nullptr, out_type);
   if (!plan_or.ok()) return plan_or.status();
   const Plan& p = **plan_or;
@@ -173,6 +191,10 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
                                   static_cast<cudaStream_t>(stream)),
                    "cublasLtMatmul");
   return absl::OkStatus();
+}
+
+bool CublasLtGemm::UseGemv(int m, int k, const void* x, const void* w) const {
+  return impl_->gemv_enabled && cuda::GemvSupports(m, k, x, w);
 }
 
 }  // namespace tandem::cuda_runner

@@ -4,10 +4,14 @@
 // x, w, bias bf16; accumulation float32 (CUBLAS_COMPUTE_32F); out bf16 or float32. The bias is
 // added in the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS). No CUDA types here: `stream` is a
 // cudaStream_t passed as void*.
+// Decode-sized calls (m <= kGemvMaxRows, see UseGemv) go to the hand-written GEMV of
+// runtime/kernels/cuda/gemv_kernels.h instead, same numerics contract (float32 accumulation, bias
+// added before the one bf16 rounding); the environment variable TANDEM_DISABLE_GEMV=1, read at
+// Create, forces cuBLASLt for every call (A/B measurements).
 //
 // Ownership: the object owns its cuBLASLt handle and a cache of matmul descriptors and algorithms
 // per shape; the workspace is caller-owned device memory that must outlive the object. Every
-// GEMM uses only that workspace, so calls may be captured into a CUDA graph.
+// GEMM uses only that workspace and the GEMV none, so calls may be captured into a CUDA graph.
 // Thread-safety: one thread at a time (the runner's). Failure: a status with cuBLAS's code and
 // message; nothing is queued on an error before the launch.
 
@@ -33,6 +37,10 @@ class CublasLtGemm {
   // algorithms are chosen for 256-byte aligned buffers, which every runner buffer is).
   absl::Status Linear(const void* x, const void* w, const void* bias, int m, int k, int n,
                       void* out, GemmOut out_type, void* stream);
+
+  // True when Linear runs this call as a GEMV: GEMV not disabled, m in [1, kGemvMaxRows], k a
+  // multiple of 8, x and w 16-byte aligned.
+  bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
   struct Impl;
