@@ -1,47 +1,49 @@
 #include "runtime/server/worker_metrics.h"
 
-#include <exception>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace tandem::server {
 
-// Refreshes the engine-derived metrics before the exposer collects the registry.
-class WorkerMetricsReporter::RefreshingCollectable : public prometheus::Collectable {
- public:
-  explicit RefreshingCollectable(WorkerMetricsReporter* reporter) : reporter_(reporter) {}
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    reporter_->Refresh();
-    return reporter_->registry_->Collect();
-  }
-
- private:
-  WorkerMetricsReporter* const reporter_;
-};
-
 WorkerMetricsReporter::WorkerMetricsReporter(const Engine* engine)
-    : engine_(engine),
-      registry_(std::make_shared<prometheus::Registry>()),
-      metrics_(*registry_),
-      collectable_(std::make_shared<RefreshingCollectable>(this)) {
+    : engine_(engine), registry_(std::make_shared<prometheus::Registry>()), metrics_(*registry_) {
   Refresh();
 }
 
-WorkerMetricsReporter::~WorkerMetricsReporter() { exposer_.reset(); }
+WorkerMetricsReporter::~WorkerMetricsReporter() {
+  if (http_ != nullptr) http_->Stop();
+}
 
 absl::Status WorkerMetricsReporter::Serve(const std::string& host, int port) {
   if (port <= 0) return absl::InvalidArgumentError(absl::StrCat("metrics port ", port));
-  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
-  const std::string address = absl::StrCat(host, ":", port);
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
+  if (http_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
+  router::HttpServerOptions options;
+  options.host = host;
+  options.port = port;
+  options.num_threads = 1;
+  auto server = router::HttpServer::Start(
+      options, [this](router::HttpRequest request, std::shared_ptr<router::HttpExchange> exchange) {
+        router::HttpResponse response;
+        response.content_type = "text/plain; version=0.0.4";
+        if (request.path != "/metrics") {
+          response.status = 404;
+          response.body = "not found: only GET /metrics is served here\n";
+        } else if (request.method != "GET") {
+          response.status = 405;
+          response.headers.emplace_back("Allow", "GET");
+          response.body = "method not allowed\n";
+        } else {
+          response.body = Scrape();
+        }
+        exchange->Respond(std::move(response));
+      });
+  if (!server.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+        absl::StrCat("cannot serve metrics on ", host, ":", port, ": ", server.status().message()));
   }
-  exposer_->RegisterCollectable(collectable_);
+  http_ = *std::move(server);
   return absl::OkStatus();
 }
 

@@ -5,10 +5,12 @@
 // prompt tokens (computed here, which only the role knows) are updated by the worker.
 //
 // Threading: metrics() may be used from any thread (prometheus-cpp metrics are thread-safe);
-// Refresh/Scrape may run concurrently (serialized inside). Serve starts prometheus-cpp's pull
-// Exposer, whose own threads scrape.
+// Refresh/Scrape may run concurrently (serialized inside). Serve starts a small HTTP server
+// (runtime/router/http_server.h) whose io thread scrapes. (Not prometheus-cpp's civetweb
+// Exposer: civetweb creates threads with a fixed small stack, which fails with EINVAL once
+// libraries with large static TLS, such as cuBLASLt in CUDA builds, are loaded.)
 // Ownership: `engine` is not owned and must outlive the reporter; the reporter owns the registry
-// and the exposer (stopped first on destruction).
+// and the HTTP server (stopped first on destruction).
 
 #include <cstdint>
 #include <memory>
@@ -17,11 +19,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
+#include "runtime/router/http_server.h"
 
 namespace tandem::server {
 
@@ -44,13 +45,10 @@ class WorkerMetricsReporter {
   std::string Scrape();
 
  private:
-  class RefreshingCollectable;
-
   const Engine* const engine_;
   std::shared_ptr<prometheus::Registry> registry_;
   metrics::WorkerMetrics metrics_;
-  std::shared_ptr<RefreshingCollectable> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<router::HttpServer> http_;
 
   absl::Mutex mu_;  // serializes Refresh (counter deltas)
   int64_t last_generated_tokens_ ABSL_GUARDED_BY(mu_) = 0;
