@@ -194,7 +194,11 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
 }
 
 bool CublasLtGemm::UseGemv(int m, int k, const void* x, const void* w) const {
-  return impl_->gemv_enabled && cuda::GemvSupports(m, k, x, w);
+  // Measured on an H200 (bench/RESULTS.md, 2026-11-29, Llama-3-8B decode at 1K): the GEMV is on
+  // par with cuBLASLt at one row (4.97 vs 5.04 ms/step) and much slower at eight (8.96 vs 5.26),
+  // so only single-row projections take it until the kernel stages activations in shared memory.
+  constexpr int kGemvRowsWorthIt = 1;
+  return impl_->gemv_enabled && m <= kGemvRowsWorthIt && cuda::GemvSupports(m, k, x, w);
 }
 
 }  // namespace tandem::cuda_runner
