@@ -32,6 +32,9 @@ struct DecodeService::Call {
   std::optional<absl::StatusOr<RemoteKvReservation>> reservation ABSL_GUARDED_BY(mu);
   bool prefill_done ABSL_GUARDED_BY(mu) = false;
   grpc::Status prefill_status ABSL_GUARDED_BY(mu);
+  // Set by Decode.Cancel. The handler cancels like a client disconnect: while a Prefill call is in
+  // flight it waits for its answer first (the prefill worker may still be writing our blocks).
+  bool cancel_requested ABSL_GUARDED_BY(mu) = false;
   // The Prefill call's state lives here so it outlives the call even if the handler returns.
   grpc::ClientContext prefill_context;
   v1::PrefillRequest prefill_request;
@@ -66,13 +69,17 @@ v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
 
 grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                                    v1::CancelResponse* response) {
-  bool found;
+  std::shared_ptr<Call> call;
   {
     absl::MutexLock lock(&mu_);
-    found = live_.contains(request->request_id());
+    auto it = live_.find(request->request_id());
+    if (it != live_.end()) call = it->second;
   }
-  if (found) engine_->Cancel(request->request_id());
-  response->set_found(found);
+  if (call != nullptr) {
+    absl::MutexLock lock(&call->mu);
+    call->cancel_requested = true;
+  }
+  response->set_found(call != nullptr);
   return grpc::Status::OK;
 }
 
@@ -106,7 +113,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return Error(grpc::StatusCode::UNAVAILABLE, "decode worker shutting down");
-    if (!live_.insert(id).second) {
+    if (!live_.emplace(id, call).second) {
       return Error(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("request_id '", id, "' is live"));
     }
   }
@@ -137,6 +144,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   // Once cancelled, the handler only waits for the engine's final output (or the Prefill call, if
   // one is in flight: the prefill worker may still be writing into our blocks until it answers).
   bool cancelled = false;
+  bool cancel_rpc_applied = false;  // Decode.Cancel has reached the engine
   grpc::Status cancel_status;
   absl::Time cancel_deadline = absl::InfiniteFuture();
   auto request_cancel = [&](grpc::Status why) {
@@ -156,15 +164,18 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     std::optional<absl::StatusOr<RemoteKvReservation>> reservation;
     bool prefill_done = false;
     grpc::Status prefill_status;
+    bool cancel_rpc = false;
     {
       absl::MutexLock lock(&call->mu);
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call->mu) {
         return !call->outputs.empty() ||
                (phase == Phase::kReserving && call->reservation.has_value()) ||
-               (phase == Phase::kPrefilling && call->prefill_done);
+               (phase == Phase::kPrefilling && call->prefill_done) ||
+               (call->cancel_requested && !cancel_rpc_applied && phase != Phase::kPrefilling);
       };
       call->mu.AwaitWithTimeout(absl::Condition(&ready), kSlice);
       outputs.swap(call->outputs);
+      cancel_rpc = call->cancel_requested;
       if (phase == Phase::kReserving && call->reservation.has_value()) {
         reservation = std::move(call->reservation);
         call->reservation.reset();
@@ -204,7 +215,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     if (prefill_done) {
       phase = Phase::kStreaming;
       last_output = now;
-      if (cancelled) {
+      if (cancelled || cancel_rpc) {
+        cancel_rpc_applied = cancel_rpc;
         engine_->Cancel(id);  // the prefill worker is done with our blocks now
       } else if (prefill_status.ok()) {
         const v1::PrefillResponse& response = call->prefill_response;
@@ -283,6 +295,11 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     if (!cancelled) {
       if (context->IsCancelled()) {
         request_cancel(Error(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      } else if (cancel_rpc && !cancel_rpc_applied && phase != Phase::kPrefilling) {
+        // Decode.Cancel: the stream ends with finish_reason "abort". While a Prefill call is in
+        // flight this waits for its answer (the prefill worker may still be writing our blocks).
+        cancel_rpc_applied = true;
+        engine_->Cancel(id);
       } else if (phase == Phase::kReserving && now > reserve_deadline) {
         request_cancel(Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
                              absl::StrCat("no KV blocks for the prompt within ",

@@ -70,7 +70,8 @@ class DecodeService final : public v1::Decode::Service {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::string> live_ ABSL_GUARDED_BY(mu_);
+  // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
+  absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
