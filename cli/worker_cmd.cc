@@ -1,10 +1,10 @@
-// `tandem decode`: a decode worker (Decode + Worker gRPC services, grpc.health.v1).
-//   tandem decode --model DIR --port P [--host H] [--kv-transfer ucx|loopback]
-//                 [--num-blocks N | --kv-cache-mib M] [--block-size 16] [--metrics-port Q]
-//                 [--max-num-seqs N] [--max-num-batched-tokens N] [--ucx-transports TLS]
-//                 [--drain-seconds S]
-// Prints one line "tandem decode: serving on HOST:PORT" to stdout once it serves (launchers wait
-// for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
+// `tandem prefill` and `tandem decode`: one worker role each (Prefill or Decode + Worker gRPC
+// services, grpc.health.v1), with the same flags:
+//   tandem prefill|decode --model DIR --port P [--host H] [--kv-transfer ucx|loopback]
+//       [--num-blocks N | --kv-cache-mib M] [--block-size 16] [--metrics-port Q]
+//       [--max-num-seqs N] [--max-num-batched-tokens N] [--ucx-transports TLS] [--drain-seconds S]
+// Each prints one line "tandem ROLE: serving on HOST:PORT" to stdout once it serves (launchers
+// wait for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
 // Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error.
 #include <iostream>
 #include <memory>
@@ -13,13 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "decode/decode_worker.h"
+#include "prefill/prefill_worker.h"
 #include "runtime/server/model_loader.h"
 #include "runtime/server/worker_main.h"
 
 namespace tandem::cli {
 namespace {
 
-struct DecodeFlags {
+struct WorkerFlags {
   std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 0;
@@ -34,7 +35,11 @@ struct DecodeFlags {
   double drain_seconds = 2.0;
 };
 
-int Run(const DecodeFlags& flags) {
+// Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
+// same Create/metrics/port/Shutdown shape) and serves until SIGINT/SIGTERM.
+template <typename Worker, typename WorkerOptions>
+int RunWorker(const char* role, const WorkerFlags& flags) {
+  const std::string prefix = absl::StrCat("tandem ", role, ": ");
   server::BlockTerminationSignals();
   server::ModelLoadOptions load;
   load.model_dir = flags.model_dir;
@@ -45,43 +50,42 @@ int Run(const DecodeFlags& flags) {
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
   auto model = server::LoadModel(load);
   if (!model.ok()) {
-    std::cerr << "tandem decode: " << model.status().message() << "\n";
+    std::cerr << prefix << model.status().message() << "\n";
     return 1;
   }
-  auto backend = server::CreateWorkerBackend(flags.kv_transfer, "decode", flags.ucx_transports);
+  auto backend = server::CreateWorkerBackend(flags.kv_transfer, role, flags.ucx_transports);
   if (!backend.ok()) {
-    std::cerr << "tandem decode: --kv-transfer: " << backend.status().message() << "\n";
+    std::cerr << prefix << "--kv-transfer: " << backend.status().message() << "\n";
     return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  decode::DecodeWorkerOptions options;
+  WorkerOptions options;
   options.host = flags.host;
   options.port = flags.port;
   options.model_name = model->name;
-  auto worker = decode::DecodeWorker::Create(model->engine.get(), std::move(*backend), options);
+  auto worker = Worker::Create(model->engine.get(), std::move(*backend), options);
   if (!worker.ok()) {
-    std::cerr << "tandem decode: " << worker.status().message() << "\n";
+    std::cerr << prefix << worker.status().message() << "\n";
     return 1;
   }
   if (flags.metrics_port > 0) {
     if (absl::Status s = (*worker)->metrics().Serve(flags.host, flags.metrics_port); !s.ok()) {
-      std::cerr << "tandem decode: " << s.message() << "\n";
+      std::cerr << prefix << s.message() << "\n";
       return 1;
     }
   }
-  std::cout << "tandem decode: serving on " << flags.host << ":" << (*worker)->port() << std::endl;
+  std::cout << prefix << "serving on " << flags.host << ":" << (*worker)->port() << std::endl;
   const int signal = server::WaitForTerminationSignal();
-  std::cerr << "tandem decode: signal " << signal << ", draining\n";
+  std::cerr << prefix << "signal " << signal << ", draining\n";
   (*worker)->Shutdown(absl::Seconds(flags.drain_seconds));
   model->engine->Shutdown(absl::ZeroDuration());
   worker->reset();
   return 0;
 }
 
-}  // namespace
-
-void AddDecodeCommand(CLI::App& app, int* exit_code) {
-  auto flags = std::make_shared<DecodeFlags>();
-  CLI::App* cmd = app.add_subcommand("decode", "Run a decode worker (Decode + Worker gRPC)");
+// The flags both worker roles take.
+CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* description,
+                           std::shared_ptr<WorkerFlags> flags) {
+  CLI::App* cmd = app.add_subcommand(name, description);
   cmd->add_option("--model", flags->model_dir, "Hugging Face model directory")->required();
   cmd->add_option("--port", flags->port, "gRPC port (0: any free port)")
       ->check(CLI::Range(0, 65535));
@@ -107,7 +111,26 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--drain-seconds", flags->drain_seconds,
                   "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([flags, exit_code] { *exit_code = Run(*flags); });
+  return cmd;
+}
+
+}  // namespace
+
+void AddPrefillCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<WorkerFlags>();
+  AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags)
+      ->callback([flags, exit_code] {
+        *exit_code =
+            RunWorker<prefill::PrefillWorker, prefill::PrefillWorkerOptions>("prefill", *flags);
+      });
+}
+
+void AddDecodeCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<WorkerFlags>();
+  AddWorkerCommand(app, "decode", "Run a decode worker (Decode + Worker gRPC)", flags)
+      ->callback([flags, exit_code] {
+        *exit_code = RunWorker<decode::DecodeWorker, decode::DecodeWorkerOptions>("decode", *flags);
+      });
 }
 
 }  // namespace tandem::cli
