@@ -86,6 +86,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   if (options.max_model_len < 0) return absl::InvalidArgumentError("max_model_len: must be >= 0");
   int max_len =
       options.max_model_len > 0 ? options.max_model_len : runner->config().max_position_embeddings;
+  const KvCacheLayout kv = runner->kv_layout();
+  const KvCacheLayout transfer = runner->transfer_layout();
+  if (transfer.base == nullptr || transfer.bytes != kv.bytes ||
+      transfer.num_layers != kv.num_layers || transfer.num_blocks != kv.num_blocks ||
+      transfer.block_size != kv.block_size || transfer.block_bytes != kv.block_bytes ||
+      transfer.layer_stride != kv.layer_stride || transfer.kv_stride != kv.kv_stride ||
+      transfer.block_stride != kv.block_stride) {
+    return absl::InvalidArgumentError(
+        "engine: the runner's transfer_layout() differs from kv_layout() in more than its base");
+  }
   const int kv_capacity = runner->num_blocks() * runner->block_size();
   if (max_len <= 0 || max_len > kv_capacity) max_len = kv_capacity;
   return std::unique_ptr<Engine>(new Engine(std::move(runner), tokenizer, options, max_len));
@@ -98,6 +108,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
       options_(options),
       max_model_len_(max_model_len),
       kv_layout_(runner_->kv_layout()),
+      transfer_layout_(runner_->transfer_layout()),
+      stages_kv_(transfer_layout_.base != kv_layout_.base),
       scheduler_(MakeSchedulerConfig(*runner_, options)),
       seed_rng_(std::random_device{}()) {
   for (int id : runner_->config().eos_token_ids) eos_ids_.insert(id);
@@ -378,6 +390,16 @@ void Engine::OnRemotePrefillDone(Completion c) {
     scheduler_.FailKv(seq_id);
     return;
   }
+  // The KV arrived in the transfer memory: into the KV cache before decoding reads it (the
+  // blocks wholly inside the prefix-cache hit were not written and stay as they are).
+  if (absl::Status staged = StagePromptKv(
+          seq_id, seq->num_cached_prompt_tokens / runner_->block_size(), KvStage::kFromMirror);
+      !staged.ok()) {
+    LOG(WARNING) << "engine: staging the received KV of '" << c.request_id << "' failed (" << staged
+                 << "); prefilling locally";
+    scheduler_.FailKv(seq_id);
+    return;
+  }
   a.kv_ready = c.arrived;
   scheduler_.CompleteKv(seq_id, c.result->first_token);
   EmitToken(seq_id, c.result->first_token, std::move(logprobs));
@@ -503,8 +525,29 @@ int64_t Micros(absl::Time from, absl::Time to) {
 
 }  // namespace
 
+absl::Status Engine::StagePromptKv(int64_t seq_id, int first_block, KvStage dir) {
+  if (!stages_kv_) return absl::OkStatus();
+  const Active& a = *active_.at(seq_id);
+  const int block_size = runner_->block_size();
+  const int prompt_blocks = (a.num_prompt_tokens + block_size - 1) / block_size;
+  const std::span<const int32_t> table = scheduler_.BlockTable(seq_id);
+  CHECK_GE(static_cast<int>(table.size()), prompt_blocks);
+  if (first_block >= prompt_blocks) return absl::OkStatus();
+  return runner_->StageKv(table.subspan(first_block, prompt_blocks - first_block), dir);
+}
+
 void Engine::HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled) {
   Active& a = *active_.at(seq_id);
+  // The transfer reads transfer_layout(): the prompt's KV goes there before anyone is told.
+  if (absl::Status staged = StagePromptKv(seq_id, 0, KvStage::kToMirror); !staged.ok()) {
+    LOG(ERROR) << "engine: staging the KV of '" << a.request.request_id
+               << "' for transfer failed: " << staged;
+    FinishRequest(seq_id, FinishReason::kError,
+                  absl::Status(staged.code(), absl::StrCat("staging the prompt's KV for transfer: ",
+                                                           staged.message())),
+                  {});
+    return;
+  }
   const Sequence* seq = scheduler_.Get(seq_id);
   ++local_stats_.generated_tokens;
   ++a.usage.completion_tokens;

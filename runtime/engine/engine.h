@@ -28,6 +28,17 @@
 //   reused or written) until ReleaseHeldKv, Cancel, the lease (EngineOptions::held_kv_lease) or
 //   the end of Shutdown. Its request id stays live (Submit of the same id: AlreadyExists) until
 //   then.
+// - Transfer memory: backends move bytes of transfer_layout(), which is kv_layout() for host
+//   runners and a host mirror for device runners (model_runner.h). For a mirror the engine
+//   stages on its own thread: P copies the prompt's blocks (all of them, prefix-cached ones
+//   included) device -> mirror after the forward pass and before on_prefilled; if that copy
+//   fails, the request ends with kError (no on_prefilled; its blocks are freed) so the caller
+//   reports the prefill failed and D recomputes. D copies the blocks P wrote (those not wholly
+//   inside the reservation's num_cached_tokens) mirror -> device when CompleteRemotePrefill
+//   succeeds and before the sequence joins the batch; if that copy fails D prefills the prompt
+//   itself, as for a failed remote prefill. (Two held prompts sharing a prefix-cached block on P
+//   both stage it: the second copy rewrites the bytes a transfer may be reading with the same
+//   values.) Host runners skip all of this (no call at all).
 
 #include <cstdint>
 #include <deque>
@@ -170,7 +181,9 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Starts the loop thread. `tokenizer` may be null (no text, no stop strings).
+  // Starts the loop thread. `tokenizer` may be null (no text, no stop strings). InvalidArgument
+  // for a runner with no blocks or vocabulary, bad options, or a transfer_layout() whose geometry
+  // differs from kv_layout()'s.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ModelRunner> runner,
                                                         const Tokenizer* tokenizer,
                                                         const EngineOptions& options);
@@ -218,6 +231,9 @@ class Engine {
   const ModelConfig& config() const { return runner_->config(); }
   // The runner's KV memory; immutable after Create, callable from any thread.
   const KvCacheLayout& kv_layout() const { return kv_layout_; }
+  // What a transfer backend registers and addresses (the runner's transfer_layout(): the KV
+  // cache itself, or its host mirror); immutable after Create, callable from any thread.
+  const KvCacheLayout& transfer_layout() const { return transfer_layout_; }
 
  private:
   struct Active;
@@ -261,6 +277,8 @@ class Engine {
   // Emits a token already appended to the sequence; may finish the request.
   void EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprobs> logprobs);
   void HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled);
+  // Stages the prompt blocks of `seq_id` from index `first_block` on (no-op for host runners).
+  absl::Status StagePromptKv(int64_t seq_id, int first_block, KvStage dir);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);
   void AbortAll();
   void PublishStats();
@@ -271,6 +289,8 @@ class Engine {
   const EngineOptions options_;
   const int max_model_len_;
   const KvCacheLayout kv_layout_;
+  const KvCacheLayout transfer_layout_;
+  const bool stages_kv_;  // transfer_layout_ is a mirror: StageKv around every transfer
   absl::flat_hash_set<int32_t> eos_ids_;
 
   // Engine thread only.

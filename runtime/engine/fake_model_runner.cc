@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -60,6 +61,40 @@ KvCacheLayout FakeModelRunner::kv_layout() const {
   l.kv_stride = l.block_stride * static_cast<size_t>(num_blocks_);
   l.layer_stride = 2 * l.kv_stride;
   return l;
+}
+
+KvCacheLayout FakeModelRunner::transfer_layout() const {
+  KvCacheLayout l = kv_layout();
+  if (!mirror_.empty()) l.base = const_cast<Slot*>(mirror_.data());
+  return l;
+}
+
+void FakeModelRunner::EnableTransferMirror() { mirror_.assign(slots_.size(), Slot{}); }
+
+void FakeModelRunner::FailNextStages(int count, absl::Status status) {
+  stage_fail_count_ = count;
+  stage_fail_status_ = std::move(status);
+}
+
+absl::Status FakeModelRunner::StageKv(std::span<const int32_t> blocks, KvStage dir) {
+  stage_calls_.push_back({dir, std::vector<int32_t>(blocks.begin(), blocks.end())});
+  if (mirror_.empty()) return absl::OkStatus();
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= num_blocks_) {
+      return absl::InvalidArgumentError(absl::StrCat("StageKv: block id ", b, " out of range"));
+    }
+  }
+  const bool fail = stage_fail_count_ > 0;
+  if (fail) --stage_fail_count_;
+  std::vector<Slot>& from = dir == KvStage::kToMirror ? slots_ : mirror_;
+  std::vector<Slot>& to = dir == KvStage::kToMirror ? mirror_ : slots_;
+  for (int32_t b : blocks) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t first = (static_cast<size_t>(kv) * num_blocks_ + b) * block_size_;
+      for (size_t i = first; i < first + block_size_; ++i) to[i] = fail ? Slot{} : from[i];
+    }
+  }
+  return fail ? stage_fail_status_ : absl::OkStatus();
 }
 
 std::vector<float> FakeModelRunner::ReferenceLogits(std::span<const int32_t> tokens,

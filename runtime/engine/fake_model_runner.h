@@ -16,10 +16,17 @@
 // simulated transfer) passes the check exactly when every block of both K and V was copied to
 // the right place.
 //
-// Thread-safety: like every runner, engine thread only; read counters after the engine stopped.
+// Transfer mirror (EnableTransferMirror): transfer_layout() then points at a second buffer of the
+// same geometry, standing in for a device runner's pinned host mirror, and StageKv copies blocks
+// (K and V) between the two and logs every call. Without it the runner is a host runner
+// (transfer_layout() == kv_layout(), StageKv a no-op).
+//
+// Thread-safety: like every runner, engine thread only; read counters after the engine stopped
+// (or from an engine callback, which runs on the engine thread).
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,7 +44,22 @@ class FakeModelRunner : public ModelRunner {
   int block_size() const override { return block_size_; }
   int num_blocks() const override { return num_blocks_; }
   KvCacheLayout kv_layout() const override;
+  KvCacheLayout transfer_layout() const override;
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
+  // InvalidArgument for a block id out of range (nothing copied); the injected failure of
+  // FailNextStages zero-fills the destination blocks (a torn copy) and returns its status.
+  absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) override;
+
+  // Call before handing the runner to an engine.
+  void EnableTransferMirror();
+  struct StageCall {
+    KvStage dir;
+    std::vector<int32_t> blocks;
+  };
+  // Every StageKv call, in order (failed ones included; without a mirror they do nothing).
+  const std::vector<StageCall>& stage_calls() const { return stage_calls_; }
+  // Makes the next `count` StageKv calls fail with `status`.
+  void FailNextStages(int count, absl::Status status);
 
   // The logits the model yields after `tokens`, without any cache.
   static std::vector<float> ReferenceLogits(std::span<const int32_t> tokens, int vocab_size);
@@ -77,7 +99,11 @@ class FakeModelRunner : public ModelRunner {
   ModelConfig config_;
   int num_blocks_;
   int block_size_;
-  std::vector<Slot> slots_;  // [2 (K, V), num_blocks, block_size]
+  std::vector<Slot> slots_;   // [2 (K, V), num_blocks, block_size]
+  std::vector<Slot> mirror_;  // empty, or as slots_ (EnableTransferMirror)
+  std::vector<StageCall> stage_calls_;
+  int stage_fail_count_ = 0;
+  absl::Status stage_fail_status_;
   int fail_count_ = 0;
   int nan_count_ = 0;
   std::function<void()> forward_hook_;

@@ -9,6 +9,15 @@
 //
 // Thread-safety: a runner belongs to the engine thread; none of its methods may be called
 // concurrently.
+//
+// KV transfer: transfer backends read and write HOST memory. A runner whose KV cache is host
+// memory (the CPU runner, test fakes) lets them use the cache itself: transfer_layout() ==
+// kv_layout() and StageKv does nothing. A runner with a device KV cache (the CUDA runner) gives
+// them a host mirror instead (transfer_layout(): pinned host memory with the SAME offsets and
+// strides as kv_layout(), so one block id names the same block in both) and copies blocks
+// between the two on demand (StageKv): the engine stages a prompt's blocks device -> mirror on
+// the prefill side after computing them and before handing them to the transfer, and mirror ->
+// device on the decode side after the transfer wrote them and before decoding reads them.
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +38,12 @@ struct SequenceChunk {
   std::span<const int32_t> block_table;
   // When true, logits of the chunk's last token are produced (one row of ForwardOutput).
   bool need_logits = true;
+};
+
+// Direction of StageKv.
+enum class KvStage {
+  kToMirror,    // device KV cache -> transfer mirror (prefill side, before sending)
+  kFromMirror,  // transfer mirror -> device KV cache (decode side, after receiving)
 };
 
 struct ForwardBatch {
@@ -79,6 +94,23 @@ class ModelRunner {
   // the bytes themselves belong to the engine thread except for blocks the engine has handed out
   // for transfer (held after prefill, or reserved for a remote prefill).
   virtual KvCacheLayout kv_layout() const = 0;
+  // Where transfer backends read and write this runner's KV: host memory with exactly
+  // kv_layout()'s geometry (num_blocks, strides, block_bytes; only `base` may differ). Same
+  // threading as kv_layout(); the mirror's bytes of a block belong to whoever owns the block
+  // (engine thread, or the transfer while the engine has the block handed out). Default: the
+  // KV cache itself (a host runner).
+  virtual KvCacheLayout transfer_layout() const { return kv_layout(); }
+  // Copies `blocks` (every layer, K and V) between the KV cache and transfer_layout(), in
+  // direction `dir`, and returns when the copy is complete (synchronous on the runner's stream).
+  // Engine thread only (like Forward); the caller owns the blocks (no forward pass and no
+  // transfer touches them meanwhile). Block ids outside [0, num_blocks()) are InvalidArgument and
+  // nothing is copied. On any other error (a device copy failed) the destination blocks are
+  // unspecified and the source blocks unchanged: the caller must not use the destination copy
+  // (the prefill side reports the prompt failed; the decode side recomputes it). Default (host
+  // runners, transfer_layout() == kv_layout()): OK, no work.
+  virtual absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) {
+    return absl::OkStatus();
+  }
   // Runs the batch. Writes the chunks' K/V into their blocks and fills `out`. On error the KV of
   // the chunks' new positions is unspecified (the caller recomputes or drops those sequences).
   virtual absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) = 0;
