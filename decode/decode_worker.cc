@@ -14,7 +14,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker());
   worker->engine_ = engine;
   worker->host_ = options.host;
-  const KvCacheLayout layout = engine->kv_layout();
+  // Transfers read and write the engine's transfer memory: the KV cache itself on the CPU, its
+  // pinned host mirror on a GPU (allocated now; the engine stages blocks through it).
+  ASSIGN_OR_RETURN(const KvCacheLayout layout, engine->transfer_layout());
 
   // This worker's transfer identity, filled on the transfer thread.
   v1::KvTarget target;

@@ -1,8 +1,9 @@
 #pragma once
 // The decode worker, assembled: an Engine (not owned) serving Decode and Worker over gRPC, with
-// its whole KV cache registered once with a transfer backend so prefill workers can write
-// prompts' KV into its blocks (`tandem decode` runs one; integration tests run several in one
-// process on port 0).
+// its whole KV transfer memory (Engine::transfer_layout(): the KV cache on the CPU, its pinned
+// host mirror on a GPU, from which the engine stages received blocks) registered once with a
+// transfer backend so prefill workers can write prompts' KV into its blocks (`tandem decode` runs
+// one; integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
 // (decode_service.h); one transfer thread owns the backend and keeps it progressing (UCX's
@@ -38,9 +39,9 @@ struct DecodeWorkerOptions {
 
 class DecodeWorker {
  public:
-  // Registers the engine's KV cache with `backend` (on the transfer thread) and starts serving.
-  // Errors: the backend's (register, export, address) or Unavailable when the port can't be bound;
-  // nothing is left running then.
+  // Registers the engine's transfer memory with `backend` (on the transfer thread) and starts
+  // serving. Errors: the engine's transfer_layout() (mirror allocation), the backend's (register,
+  // export, address) or Unavailable when the port can't be bound; nothing is left running then.
   static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(
       Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
       const DecodeWorkerOptions& options);

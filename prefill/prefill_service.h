@@ -43,8 +43,8 @@ struct PrefillServiceOptions {
 
 class PrefillService final : public v1::Prefill::Service {
  public:
-  // `local_region`: the id under which the engine's whole KV cache is registered with the
-  // transfer thread's backend.
+  // `local_region`: the id under which the engine's whole transfer memory (transfer_layout()) is
+  // registered with the transfer thread's backend.
   PrefillService(Engine* engine, server::TransferThread* transfer, uint64_t local_region,
                  metrics::WorkerMetrics* metrics, PrefillServiceOptions options);
 

@@ -12,7 +12,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     const PrefillWorkerOptions& options) {
   std::unique_ptr<PrefillWorker> worker(new PrefillWorker());
   worker->host_ = options.host;
-  const KvCacheLayout layout = engine->kv_layout();
+  // Transfers read and write the engine's transfer memory: the KV cache itself on the CPU, its
+  // pinned host mirror on a GPU (allocated now; the engine stages blocks through it).
+  ASSIGN_OR_RETURN(const KvCacheLayout layout, engine->transfer_layout());
   worker->transfer_ = std::make_unique<server::TransferThread>(std::move(backend));
   uint64_t region_id = 0;
   RETURN_IF_ERROR(worker->transfer_->Run(

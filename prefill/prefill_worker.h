@@ -1,8 +1,9 @@
 #pragma once
 // The prefill worker, assembled: an Engine (not owned) serving Prefill and Worker over gRPC, its
-// whole KV cache registered once with a transfer backend so it can write prompts' KV into decode
-// workers' blocks (`tandem prefill` runs one; integration tests run several in one process on
-// port 0).
+// whole KV transfer memory (Engine::transfer_layout(): the KV cache on the CPU, its pinned host
+// mirror on a GPU, into which the engine stages a prompt's blocks before reporting them)
+// registered once with a transfer backend so it can write prompts' KV into decode workers'
+// blocks (`tandem prefill` runs one; integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
 // (prefill_service.h); one transfer thread owns the backend (connect, post, poll, release).
@@ -38,9 +39,9 @@ struct PrefillWorkerOptions {
 
 class PrefillWorker {
  public:
-  // Registers the engine's KV cache with `backend` (on the transfer thread) and starts serving.
-  // Errors: the backend's registration error, or Unavailable when the port can't be bound;
-  // nothing is left running then.
+  // Registers the engine's transfer memory with `backend` (on the transfer thread) and starts
+  // serving. Errors: the engine's transfer_layout() (mirror allocation), the backend's
+  // registration error, or Unavailable when the port can't be bound; nothing is left running then.
   static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(
       Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
       const PrefillWorkerOptions& options);

@@ -86,16 +86,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   if (options.max_model_len < 0) return absl::InvalidArgumentError("max_model_len: must be >= 0");
   int max_len =
       options.max_model_len > 0 ? options.max_model_len : runner->config().max_position_embeddings;
-  const KvCacheLayout kv = runner->kv_layout();
-  const KvCacheLayout transfer = runner->transfer_layout();
-  if (transfer.base == nullptr || transfer.bytes != kv.bytes ||
-      transfer.num_layers != kv.num_layers || transfer.num_blocks != kv.num_blocks ||
-      transfer.block_size != kv.block_size || transfer.block_bytes != kv.block_bytes ||
-      transfer.layer_stride != kv.layer_stride || transfer.kv_stride != kv.kv_stride ||
-      transfer.block_stride != kv.block_stride) {
-    return absl::InvalidArgumentError(
-        "engine: the runner's transfer_layout() differs from kv_layout() in more than its base");
-  }
   const int kv_capacity = runner->num_blocks() * runner->block_size();
   if (max_len <= 0 || max_len > kv_capacity) max_len = kv_capacity;
   return std::unique_ptr<Engine>(new Engine(std::move(runner), tokenizer, options, max_len));
@@ -108,8 +98,6 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
       options_(options),
       max_model_len_(max_model_len),
       kv_layout_(runner_->kv_layout()),
-      transfer_layout_(runner_->transfer_layout()),
-      stages_kv_(transfer_layout_.base != kv_layout_.base),
       scheduler_(MakeSchedulerConfig(*runner_, options)),
       seed_rng_(std::random_device{}()) {
   for (int id : runner_->config().eos_token_ids) eos_ids_.insert(id);
@@ -152,6 +140,23 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
     return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<KvCacheLayout> Engine::transfer_layout() {
+  absl::MutexLock lock(&transfer_mu_);
+  if (transfer_layout_.has_value()) return *transfer_layout_;
+  ASSIGN_OR_RETURN(KvCacheLayout t, runner_->transfer_layout());
+  const KvCacheLayout& kv = kv_layout_;
+  if (t.base == nullptr || t.bytes != kv.bytes || t.num_layers != kv.num_layers ||
+      t.num_blocks != kv.num_blocks || t.block_size != kv.block_size ||
+      t.block_bytes != kv.block_bytes || t.layer_stride != kv.layer_stride ||
+      t.kv_stride != kv.kv_stride || t.block_stride != kv.block_stride) {
+    return absl::InvalidArgumentError(
+        "engine: the runner's transfer_layout() differs from kv_layout() in more than its base");
+  }
+  transfer_layout_ = t;
+  stages_kv_.store(t.base != kv.base, std::memory_order_release);
+  return t;
 }
 
 absl::Status Engine::Submit(GenerateRequest request) {
@@ -526,7 +531,7 @@ int64_t Micros(absl::Time from, absl::Time to) {
 }  // namespace
 
 absl::Status Engine::StagePromptKv(int64_t seq_id, int first_block, KvStage dir) {
-  if (!stages_kv_) return absl::OkStatus();
+  if (!stages_kv_.load(std::memory_order_acquire)) return absl::OkStatus();
   const Active& a = *active_.at(seq_id);
   const int block_size = runner_->block_size();
   const int prompt_blocks = (a.num_prompt_tokens + block_size - 1) / block_size;

@@ -29,17 +29,20 @@
 //   the end of Shutdown. Its request id stays live (Submit of the same id: AlreadyExists) until
 //   then.
 // - Transfer memory: backends move bytes of transfer_layout(), which is kv_layout() for host
-//   runners and a host mirror for device runners (model_runner.h). For a mirror the engine
-//   stages on its own thread: P copies the prompt's blocks (all of them, prefix-cached ones
-//   included) device -> mirror after the forward pass and before on_prefilled; if that copy
-//   fails, the request ends with kError (no on_prefilled; its blocks are freed) so the caller
-//   reports the prefill failed and D recomputes. D copies the blocks P wrote (those not wholly
-//   inside the reservation's num_cached_tokens) mirror -> device when CompleteRemotePrefill
-//   succeeds and before the sequence joins the batch; if that copy fails D prefills the prompt
-//   itself, as for a failed remote prefill. (Two held prompts sharing a prefix-cached block on P
-//   both stage it: the second copy rewrites the bytes a transfer may be reading with the same
-//   values.) Host runners skip all of this (no call at all).
+//   runners and a host mirror for device runners (model_runner.h), allocated when somebody first
+//   asks for it (a worker, before it serves). Once it was obtained, the engine stages on its own
+//   thread: P copies the prompt's blocks (all of them, prefix-cached ones included) device ->
+//   mirror after the forward pass and before on_prefilled; if that copy fails, the request ends
+//   with kError (no on_prefilled; its blocks are freed) so the caller reports the prefill failed
+//   and D recomputes. D copies the blocks P wrote (those not wholly inside the reservation's
+//   num_cached_tokens) mirror -> device when CompleteRemotePrefill succeeds and before the
+//   sequence joins the batch; if that copy fails D prefills the prompt itself, as for a failed
+//   remote prefill. (Two held prompts sharing a prefix-cached block on P both stage it: the
+//   second copy rewrites bytes a transfer may be reading with the same values.) Host runners
+//   skip all of this (no call at all), as does an engine whose transfer_layout() nobody asked
+//   for (no transfer can read the mirror then).
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -182,8 +185,7 @@ struct EngineStats {
 class Engine {
  public:
   // Starts the loop thread. `tokenizer` may be null (no text, no stop strings). InvalidArgument
-  // for a runner with no blocks or vocabulary, bad options, or a transfer_layout() whose geometry
-  // differs from kv_layout()'s.
+  // for a runner with no blocks or vocabulary, or bad options.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ModelRunner> runner,
                                                         const Tokenizer* tokenizer,
                                                         const EngineOptions& options);
@@ -231,9 +233,11 @@ class Engine {
   const ModelConfig& config() const { return runner_->config(); }
   // The runner's KV memory; immutable after Create, callable from any thread.
   const KvCacheLayout& kv_layout() const { return kv_layout_; }
-  // What a transfer backend registers and addresses (the runner's transfer_layout(): the KV
-  // cache itself, or its host mirror); immutable after Create, callable from any thread.
-  const KvCacheLayout& transfer_layout() const { return transfer_layout_; }
+  // What a transfer backend registers and addresses: the runner's transfer_layout() (the KV
+  // cache itself, or its host mirror, allocated by the first call). Thread-safe; the same layout
+  // once it succeeded. Errors: the runner's (allocation; a later call retries), or
+  // InvalidArgument when its geometry differs from kv_layout()'s.
+  absl::StatusOr<KvCacheLayout> transfer_layout();
 
  private:
   struct Active;
@@ -289,8 +293,10 @@ class Engine {
   const EngineOptions options_;
   const int max_model_len_;
   const KvCacheLayout kv_layout_;
-  const KvCacheLayout transfer_layout_;
-  const bool stages_kv_;  // transfer_layout_ is a mirror: StageKv around every transfer
+  // Set once by transfer_layout(); stages_kv_: that layout is a mirror (StageKv around transfers).
+  absl::Mutex transfer_mu_;
+  std::optional<KvCacheLayout> transfer_layout_ ABSL_GUARDED_BY(transfer_mu_);
+  std::atomic<bool> stages_kv_{false};
   absl::flat_hash_set<int32_t> eos_ids_;
 
   // Engine thread only.

@@ -66,13 +66,18 @@ class Collector {
 };
 
 struct Node {
-  explicit Node(bool mirror) {
+  explicit Node(bool mirror, bool ask_transfer_layout = true) {
     auto owned = std::make_unique<FakeModelRunner>(kVocab, kNumBlocks, kBlock, 1024);
     if (mirror) owned->EnableTransferMirror();
     runner = owned.get();
     auto created = Engine::Create(std::move(owned), nullptr, EngineOptions{});
     CHECK(created.ok()) << created.status();
     engine = std::move(*created);
+    if (!ask_transfer_layout) return;
+    // As a worker does before it serves: this turns staging on for a mirror.
+    auto layout = engine->transfer_layout();
+    CHECK(layout.ok()) << layout.status();
+    transfer = *layout;
   }
   GenerateRequest Request(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
     GenerateRequest r;
@@ -96,6 +101,7 @@ struct Node {
   FakeModelRunner* runner;
   Collector collector;
   std::unique_ptr<Engine> engine;
+  KvCacheLayout transfer;
 };
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len) {
@@ -142,8 +148,9 @@ std::optional<Prefilled> PrefillAndHold(Node& p, const std::string& id,
 
 TEST(EngineStageTest, StagesThePromptBlocksBeforeReportingAndBeforeDecoding) {
   Node p(/*mirror=*/true), d(/*mirror=*/true);
-  ASSERT_NE(p.engine->transfer_layout().base, p.engine->kv_layout().base);
-  ASSERT_NE(d.engine->transfer_layout().base, d.engine->kv_layout().base);
+  ASSERT_NE(p.transfer.base, p.engine->kv_layout().base);
+  ASSERT_NE(d.transfer.base, d.engine->kv_layout().base);
+  ASSERT_EQ(p.engine->transfer_layout()->base, p.transfer.base);  // fixed once obtained
   std::mt19937 rng(5);
   // D computes `base` itself: its first two blocks enter D's prefix cache while D's mirror never
   // holds them, so staging them from the mirror would destroy them.
@@ -176,8 +183,8 @@ TEST(EngineStageTest, StagesThePromptBlocksBeforeReportingAndBeforeDecoding) {
     EXPECT_EQ(staged.blocks.size(), prompt_blocks) << id;
 
     // The "transfer": mirror to mirror, skipping D's cached blocks.
-    CopyPromptKv(p.engine->transfer_layout(), prefilled->kv.block_ids, d.engine->transfer_layout(),
-                 reservation->block_ids, prefilled->kv.num_tokens, reservation->num_cached_tokens);
+    CopyPromptKv(p.transfer, prefilled->kv.block_ids, d.transfer, reservation->block_ids,
+                 prefilled->kv.num_tokens, reservation->num_cached_tokens);
     d.engine->CompleteRemotePrefill(id, RemotePrefillResult{prefilled->kv.first_token, {}});
     p.engine->ReleaseHeldKv(id);
     ASSERT_TRUE(d.collector.WaitFinished(++finished)) << id;
@@ -200,15 +207,15 @@ TEST(EngineStageTest, StagesThePromptBlocksBeforeReportingAndBeforeDecoding) {
 
 TEST(EngineStageTest, HostRunnersAreNeverAskedToStage) {
   Node p(/*mirror=*/false), d(/*mirror=*/false);
-  EXPECT_EQ(p.engine->transfer_layout().base, p.engine->kv_layout().base);
+  EXPECT_EQ(p.transfer.base, p.engine->kv_layout().base);
   std::mt19937 rng(6);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 10);
   auto reservation = Reserve(d, d.Request("a", prompt, 4));
   ASSERT_TRUE(reservation.ok());
   std::optional<Prefilled> prefilled = PrefillAndHold(p, "a", prompt);
   ASSERT_TRUE(prefilled.has_value());
-  CopyPromptKv(p.engine->transfer_layout(), prefilled->kv.block_ids, d.engine->transfer_layout(),
-               reservation->block_ids, prefilled->kv.num_tokens, 0);
+  CopyPromptKv(p.transfer, prefilled->kv.block_ids, d.transfer, reservation->block_ids,
+               prefilled->kv.num_tokens, 0);
   d.engine->CompleteRemotePrefill("a", RemotePrefillResult{prefilled->kv.first_token, {}});
   p.engine->ReleaseHeldKv("a");
   ASSERT_TRUE(d.collector.WaitFinished(1));
@@ -217,6 +224,15 @@ TEST(EngineStageTest, HostRunnersAreNeverAskedToStage) {
   d.ExpectNothingLeaked();
   EXPECT_THAT(p.runner->stage_calls(), IsEmpty());
   EXPECT_THAT(d.runner->stage_calls(), IsEmpty());
+}
+
+TEST(EngineStageTest, NoStagingUntilSomebodyAsksForTheTransferLayout) {
+  Node p(/*mirror=*/true, /*ask_transfer_layout=*/false);
+  std::mt19937 rng(9);
+  ASSERT_TRUE(PrefillAndHold(p, "a", RandomPrompt(rng, 7)).has_value());
+  p.engine->ReleaseHeldKv("a");
+  p.ExpectNothingLeaked();
+  EXPECT_THAT(p.runner->stage_calls(), IsEmpty());
 }
 
 TEST(EngineStageTest, PrefillStagingFailureEndsTheRequestAndDecodeRecomputes) {
@@ -269,8 +285,8 @@ TEST(EngineStageTest, DecodeStagingFailureFallsBackToLocalRecompute) {
     ASSERT_TRUE(reservation.ok());
     std::optional<Prefilled> prefilled = PrefillAndHold(p, id, prompt);
     ASSERT_TRUE(prefilled.has_value());
-    CopyPromptKv(p.engine->transfer_layout(), prefilled->kv.block_ids, d.engine->transfer_layout(),
-                 reservation->block_ids, prefilled->kv.num_tokens, reservation->num_cached_tokens);
+    CopyPromptKv(p.transfer, prefilled->kv.block_ids, d.transfer, reservation->block_ids,
+                 prefilled->kv.num_tokens, reservation->num_cached_tokens);
     p.engine->ReleaseHeldKv(id);
     // The failed copy leaves the device blocks torn (zero-filled by the fake).
     d.runner->FailNextStages(1, absl::InternalError("cudaMemcpy2DAsync: injected"));
@@ -295,18 +311,20 @@ class MismatchedMirrorRunner : public FakeModelRunner {
   MismatchedMirrorRunner() : FakeModelRunner(kVocab, kNumBlocks, kBlock, 1024) {
     EnableTransferMirror();
   }
-  KvCacheLayout transfer_layout() const override {
-    KvCacheLayout l = FakeModelRunner::transfer_layout();
-    l.block_stride *= 2;
+  absl::StatusOr<KvCacheLayout> transfer_layout() override {
+    absl::StatusOr<KvCacheLayout> l = FakeModelRunner::transfer_layout();
+    l->block_stride *= 2;
     return l;
   }
 };
 
 TEST(EngineStageTest, RejectsATransferLayoutOfAnotherGeometry) {
   auto created = Engine::Create(std::make_unique<MismatchedMirrorRunner>(), nullptr, {});
-  ASSERT_FALSE(created.ok());
-  EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(created.status().message(), HasSubstr("transfer_layout"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  const absl::StatusOr<KvCacheLayout> layout = (*created)->transfer_layout();
+  ASSERT_FALSE(layout.ok());
+  EXPECT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layout.status().message(), HasSubstr("transfer_layout"));
 }
 
 }  // namespace

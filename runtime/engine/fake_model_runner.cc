@@ -63,7 +63,7 @@ KvCacheLayout FakeModelRunner::kv_layout() const {
   return l;
 }
 
-KvCacheLayout FakeModelRunner::transfer_layout() const {
+absl::StatusOr<KvCacheLayout> FakeModelRunner::transfer_layout() {
   KvCacheLayout l = kv_layout();
   if (!mirror_.empty()) l.base = const_cast<Slot*>(mirror_.data());
   return l;

@@ -21,8 +21,9 @@
 // (K and V) between the two and logs every call. Without it the runner is a host runner
 // (transfer_layout() == kv_layout(), StageKv a no-op).
 //
-// Thread-safety: like every runner, engine thread only; read counters after the engine stopped
-// (or from an engine callback, which runs on the engine thread).
+// Thread-safety: like every runner, engine thread only (kv_layout and transfer_layout from any
+// thread); read counters after the engine stopped (or from an engine callback, which runs on the
+// engine thread).
 
 #include <cstdint>
 #include <functional>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/model/model_runner.h"
 
 namespace tandem {
@@ -44,7 +46,7 @@ class FakeModelRunner : public ModelRunner {
   int block_size() const override { return block_size_; }
   int num_blocks() const override { return num_blocks_; }
   KvCacheLayout kv_layout() const override;
-  KvCacheLayout transfer_layout() const override;
+  absl::StatusOr<KvCacheLayout> transfer_layout() override;
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   // InvalidArgument for a block id out of range (nothing copied); the injected failure of
   // FailNextStages zero-fills the destination blocks (a torn copy) and returns its status.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/model/model_config.h"
 
 namespace tandem {
@@ -95,11 +96,14 @@ class ModelRunner {
   // for transfer (held after prefill, or reserved for a remote prefill).
   virtual KvCacheLayout kv_layout() const = 0;
   // Where transfer backends read and write this runner's KV: host memory with exactly
-  // kv_layout()'s geometry (num_blocks, strides, block_bytes; only `base` may differ). Same
-  // threading as kv_layout(); the mirror's bytes of a block belong to whoever owns the block
-  // (engine thread, or the transfer while the engine has the block handed out). Default: the
-  // KV cache itself (a host runner).
-  virtual KvCacheLayout transfer_layout() const { return kv_layout(); }
+  // kv_layout()'s geometry (num_blocks, strides, block_bytes, bytes; only `base` may differ).
+  // Callable from any thread (concurrently with the engine thread's calls). A device runner may
+  // allocate its mirror on the first call (as many bytes as the KV cache, pinned): an error then
+  // (ResourceExhausted, Internal) leaves nothing allocated and a later call tries again; after a
+  // success the layout is fixed for the runner's lifetime. The mirror's bytes of a block belong
+  // to whoever owns the block (the engine thread, or a transfer while the engine has handed the
+  // block out). Default: the KV cache itself (a host runner).
+  virtual absl::StatusOr<KvCacheLayout> transfer_layout() { return kv_layout(); }
   // Copies `blocks` (every layer, K and V) between the KV cache and transfer_layout(), in
   // direction `dir`, and returns when the copy is complete (synchronous on the runner's stream).
   // Engine thread only (like Forward); the caller owns the blocks (no forward pass and no
