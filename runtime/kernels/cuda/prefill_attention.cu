@@ -1,18 +1,33 @@
 // Paged causal prefill attention on tensor cores (contract: model_kernels.h,
 // LaunchPrefillAttention). FlashAttention-2 structure with mma.sync.m16n8k16 (bf16 in, f32 out).
 //
-// Grid: (query tile of kBlockM new tokens, query head, sequence); the heaviest tiles (last rows,
-// most keys) are numbered first. A CTA of 4 warps owns kBlockM = 64 query rows, 16 per warp, and
-// walks the sequence's keys [0, last position of its rows] in tiles of kBlockN = 64, gathered
-// from the paged cache with cp.async into padded shared memory (K and V in separate buffers, so
-// loading the next K overlaps P V and loading the next V overlaps the next Q K^T). Per warp:
-//   S = Q K^T on tensor cores (Q fragments stay in registers for the whole kernel; K fragments
-//   are 32-bit shared loads, conflict-free thanks to the 16-byte row padding);
-//   causal mask, online softmax on the S accumulators in registers (base-2 exponentials);
-//   O += P V, P re-packed from the S accumulators to bf16 A fragments without shared memory,
+// Grid: (query head, sequence, query tile of kBlockM = 128 new tokens). Blocks start in linear
+// order, head fastest, and the tile index is reversed, so every head's heaviest tiles (last rows,
+// most keys) start first and the light ones fill the tail. Heads sharing a KV head are adjacent,
+// so their K/V reads meet in L2.
+//
+// A CTA of 4 warps owns 128 query rows, 32 per warp (two m16 tiles), so each K/V fragment read
+// from shared memory feeds two MMAs. It walks the keys [0, last position of its rows] in tiles
+// of kBlockN = 64 through a ring of kStages K+V buffers filled by cp.async: tile j + kStages - 1
+// is requested at the top of tile j's iteration, behind the one barrier per tile, so kStages - 1
+// tiles are in flight while tile j computes. The paged cache is gathered through slot indices
+// (block * block_size + offset) kept in shared memory: the block-table read for tile j + kStages
+// is issued during tile j and stored at its end, so loads never wait on the table. Shared rows
+// are padded by 16 bytes, which makes every ldmatrix (8 rows of one 16-byte column) and every
+// cp.async row write conflict-free.
+//
+// Per warp and tile:
+//   S = Q K^T: Q fragments stay in registers for head_dim <= 64 and are re-read with ldmatrix
+//   from the CTA's Q tile for head_dim 128 (no room for them next to the 128 O accumulators);
+//   K fragments by ldmatrix (non-transposed).
+//   Mask only where needed: a warp masks a tile only if it crosses the warp's causal diagonal or
+//   the kv_end edge, and skips a tile that none of its rows can see (equivalent to all -inf).
+//   Online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics).
+//   O += P V: P re-packed from the S accumulators to bf16 A fragments without shared memory,
 //   V fragments with ldmatrix.trans.
 // Accumulation and softmax statistics are float32; P is rounded to bf16 for the second product,
-// as FlashAttention does.
+// as FlashAttention does; the row sums use the float32 P. Rows past a sequence's new tokens read
+// zero Q and are not written; a row that sees nothing in a tile keeps exponent base 0.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,15 +41,34 @@
 namespace tandem::cuda::internal {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kBlockM = 64;  // query rows per CTA (16 per warp)
-constexpr int kBlockN = 64;  // keys per tile
-constexpr int kPad = 8;      // bf16 elements of padding per shared row (16 bytes)
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kMTiles = 2;                   // m16 tiles per warp
+constexpr int kWarpRows = 16 * kMTiles;      // query rows per warp
+constexpr int kBlockM = kWarps * kWarpRows;  // query rows per CTA
+constexpr int kBlockN = 64;                  // keys per tile
+constexpr int kPad = 8;                      // bf16 elements of padding per shared row (16 bytes)
+constexpr int kMaxGridZ = 65535;
 constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kHeadDim>
+struct Config {
+  static constexpr int kStride = kHeadDim + kPad;  // shared row stride, elements
+  static constexpr bool kQInRegs = kHeadDim <= 64;
+  // Two K+V stages for head_dim 128 keep two CTAs per SM (~102 KiB each); more for smaller dims.
+  static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
+  // Keys per softmax step: S of 64 keys for head_dim 128 would not fit next to O in registers.
+  static constexpr int kSubN = kHeadDim == 128 ? 32 : kBlockN;
+  static constexpr int kQElems = kBlockM * kStride;
+  static constexpr int kTileElems = kBlockN * kStride;
+  static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (kQElems + 2 * kStages * kTileElems);
+};
 
 struct PrefillParams {
   const __nv_bfloat16* q;
   int q_row_stride;
+  bool q_vector;    // q is 16-byte aligned and q_row_stride a multiple of 8
+  bool out_vector;  // out is 4-byte aligned
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   int block_size;
@@ -49,10 +83,13 @@ struct PrefillParams {
   __nv_bfloat16* out;
 };
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ unsigned SmemAddr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(unsigned smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_bytes)
                : "memory");
 }
@@ -73,13 +110,10 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return u;
 }
 
-__device__ __forceinline__ uint32_t PackBf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  __nv_bfloat162 v;
-  v.x = lo;
-  v.y = hi;
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // d += a * b for one m16n8k16 tile (row-major A, column-major B, f32 accumulators).
@@ -92,242 +126,377 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 bf16 matrices from shared memory, transposed: lanes 8i..8i+7 give the row addresses
-// of matrix i; r[i] receives this lane's fragment of matrix i.
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem_row) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+// Four 8x8 bf16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i;
+// r[i] receives this lane's fragment of matrix i (row lane / 4, columns 2 (lane % 4) + {0, 1};
+// transposed: of the transposed matrix).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], unsigned smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
+               : "r"(smem_row)
                : "memory");
 }
 
-// Gathers keys [key0, key0 + kBlockN) of one KV head into dst (rows past kv_end are zeros).
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], unsigned smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_row)
+               : "memory");
+}
+
+// Cache slot (block * block_size + offset) of key `key`, or -1 past kv_end.
+__device__ __forceinline__ int KeySlot(const int32_t* table, int block_size, int key, int kv_end) {
+  if (key >= kv_end) return -1;
+  return table[key / block_size] * block_size + key % block_size;
+}
+
+// Requests this thread's half of one cached row (K and V): 16-byte chunks half, half + 2, ...,
+// so the two threads of a row read whole 32-byte sectors together. An invalid row (past kv_end)
+// is filled with zeros, so the P V product never meets stale or NaN values.
 template <int kHeadDim>
-__device__ __forceinline__ void LoadKvTile(__nv_bfloat16 (*dst)[kHeadDim + kPad],
-                                           const __nv_bfloat16* layer, const int32_t* table,
-                                           int block_size, size_t slot_stride, int kv_head,
-                                           int key0, int kv_end) {
-  constexpr int kChunks = kHeadDim / 8;
-  static_assert(kBlockN * kChunks % kThreads == 0, "tile loads");
+__device__ __forceinline__ void LoadKvRow(unsigned dst_k, unsigned dst_v, const __nv_bfloat16* k,
+                                          const __nv_bfloat16* v, bool valid) {
 #pragma unroll
-  for (int it = 0; it < kBlockN * kChunks / kThreads; ++it) {
-    const int idx = it * kThreads + static_cast<int>(threadIdx.x);
-    const int r = idx / kChunks;
-    const int c = idx % kChunks;
-    const int j = key0 + r;
-    const bool valid = j < kv_end;
-    const __nv_bfloat16* src = layer;
-    if (valid) {
-      const long long block = table[j / block_size];
-      src = layer + (block * block_size + j % block_size) * slot_stride +
-            static_cast<size_t>(kv_head) * kHeadDim + c * 8;
-    }
-    CpAsync16(&dst[r][c * 8], src, valid);
+  for (int i = 0; i < kHeadDim / 16; ++i) {
+    CpAsync16(dst_k + 32 * i, k + 16 * i, valid);
+    CpAsync16(dst_v + 32 * i, v + 16 * i, valid);
   }
 }
 
 template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const PrefillParams p) {
+  using Cfg = Config<kHeadDim>;
+  constexpr int kStride = Cfg::kStride;
+  constexpr int kStages = Cfg::kStages;
   constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
-  constexpr int kSTiles = kBlockN / 8;    // n-tiles of S
-  constexpr int kOTiles = kHeadDim / 8;   // n-tiles of O
-  __shared__ __align__(16) __nv_bfloat16 s_k[kBlockN][kHeadDim + kPad];
-  __shared__ __align__(16) __nv_bfloat16 s_v[kBlockN][kHeadDim + kPad];
+  constexpr int kSubN = Cfg::kSubN;
+  constexpr int kSTiles = kSubN / 8;     // n-tiles of S
+  constexpr int kOTiles = kHeadDim / 8;  // n-tiles of O
+  static_assert(kKSteps % 2 == 0 && kOTiles % 2 == 0, "fragment pairs");
 
-  const int seq = blockIdx.z;
-  const int head = blockIdx.y;
+  static_assert(kThreads == 2 * kBlockN && kBlockM % kBlockN == 0, "two threads per tile row");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __nv_bfloat16* s_k = s_q + Cfg::kQElems;
+  __nv_bfloat16* s_v = s_k + kStages * Cfg::kTileElems;
+  // Shared addresses below are in bytes; kRowBytes per row, kTileBytes per K or V stage.
+  constexpr int kRowBytes = kStride * 2;
+  constexpr int kTileBytes = Cfg::kTileElems * 2;
+
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
   const int kv_head = head / p.group;
   const int row_begin = p.seq_start_rows[seq];
   const int num_new = p.seq_start_rows[seq + 1] - row_begin;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
   if (q0 >= num_new) return;
   const int start = p.start_pos[seq];
-  const int last_row = min(q0 + kBlockM, num_new);
-  const int kv_end = start + last_row;  // keys this CTA needs: [0, kv_end)
+  const int kv_end = start + min(q0 + kBlockM, num_new);  // keys this CTA needs: [0, kv_end)
+  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
 
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
-  const int g = lane / 4;             // mma group: row g and g + 8 of the warp's 16
-  const int t = lane % 4;             // thread in group: columns 2t, 2t + 1 (+ 8)
-  const int i0 = q0 + warp * 16 + g;  // new-token index of this thread's first row
-  const int i1 = i0 + 8;
-  const int pos0 = start + i0;
-  const int pos1 = start + i1;
+  const int g = lane / 4;                       // mma group: rows g and g + 8 of an m16 tile
+  const int t = lane % 4;                       // thread in group: columns 2t, 2t + 1 (+ 8)
+  const int warp_row0 = q0 + warp * kWarpRows;  // new-token index of the warp's first row
+  const int warp_pos0 = start + warp_row0;
+  const bool warp_has_rows = warp_row0 < num_new;
 
+  // Loads: thread tid copies half tid % 2 of tile row tid / 2 (and of Q rows tid / 2 + 64 j).
+  const int load_row = tid / 2;
+  const int load_col = (tid % 2) * 8;  // elements
   const size_t slot_stride = static_cast<size_t>(p.num_kv_heads) * kHeadDim;
+  const __nv_bfloat16* k_head = p.k + kv_head * kHeadDim + load_col;
+  const __nv_bfloat16* v_head = p.v + kv_head * kHeadDim + load_col;
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
+  const unsigned k_load_dst = SmemAddr(s_k + load_row * kStride + load_col);
+  const unsigned v_load_dst = SmemAddr(s_v + load_row * kStride + load_col);
+  // Requests tile `tile` (its row of this thread at cache slot `slot`, -1: past kv_end) into
+  // stage `stage`.
+  const auto load_kv = [&](int stage, int slot) {
+    const size_t offset = slot >= 0 ? static_cast<size_t>(slot) * slot_stride : 0;
+    LoadKvRow<kHeadDim>(k_load_dst + stage * kTileBytes, v_load_dst + stage * kTileBytes,
+                        k_head + offset, v_head + offset, slot >= 0);
+  };
+  const auto slot_of_tile = [&](int tile) {
+    return KeySlot(table, p.block_size, tile * kBlockN + load_row, kv_end);
+  };
 
-  // Start the first K and V tiles before reading Q.
-  LoadKvTile<kHeadDim>(s_k, p.k, table, p.block_size, slot_stride, kv_head, 0, kv_end);
-  CpAsyncCommit();
-  LoadKvTile<kHeadDim>(s_v, p.v, table, p.block_size, slot_stride, kv_head, 0, kv_end);
-  CpAsyncCommit();
-
-  // Q fragments (A operand, row-major 16 x kHeadDim); rows past the sequence are zeros.
-  uint32_t q_frag[kKSteps][4];
-  {
-    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    const __nv_bfloat16* q_row0 =
-        p.q + static_cast<size_t>(row_begin + i0) * p.q_row_stride + head * kHeadDim;
-    const __nv_bfloat16* q_row1 = q_row0 + static_cast<size_t>(8) * p.q_row_stride;
-    const bool valid0 = i0 < num_new;
-    const bool valid1 = i1 < num_new;
+  // Q tile (rows past the sequence are zeros), then the first kStages - 1 K/V tiles.
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      const int c = kk * 16 + 2 * t;
-      q_frag[kk][0] = PackBf16(valid0 ? q_row0[c] : zero, valid0 ? q_row0[c + 1] : zero);
-      q_frag[kk][1] = PackBf16(valid1 ? q_row1[c] : zero, valid1 ? q_row1[c + 1] : zero);
-      q_frag[kk][2] = PackBf16(valid0 ? q_row0[c + 8] : zero, valid0 ? q_row0[c + 9] : zero);
-      q_frag[kk][3] = PackBf16(valid1 ? q_row1[c + 8] : zero, valid1 ? q_row1[c + 9] : zero);
+  for (int j = 0; j < kBlockM / kBlockN; ++j) {
+    const int r = load_row + j * kBlockN;
+    const bool valid = q0 + r < num_new;
+    const __nv_bfloat16* src =
+        p.q + static_cast<size_t>(row_begin + q0 + (valid ? r : 0)) * p.q_row_stride +
+        head * kHeadDim + load_col;
+    __nv_bfloat16* dst = s_q + r * kStride + load_col;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 16; ++i) {
+      if (p.q_vector) {
+        CpAsync16(SmemAddr(dst + 16 * i), src + 16 * i, valid);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          dst[16 * i + e] = valid ? src[16 * i + e] : __float2bfloat16_rn(0.0f);
+        }
+      }
     }
   }
-
-  float o[kOTiles][4];
+  CpAsyncCommit();
 #pragma unroll
-  for (int n = 0; n < kOTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < num_tiles) load_kv(st, slot_of_tile(st));
+    CpAsyncCommit();
   }
-  float m0 = -INFINITY, m1 = -INFINITY;  // running max (log2 domain) of rows g and g + 8
-  float l0 = 0.0f, l1 = 0.0f;            // this thread's part of the running sums
+  // Slot of this thread's row of the next tile to request (tile kStages - 1 in iteration 0).
+  int ahead_slot = slot_of_tile(kStages - 1);
 
-  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int key0 = tile * kBlockN;
-    CpAsyncWait<1>();  // K of this tile (V may still be in flight)
+  // Q fragments (A operand) of m-tile mt, k-step kk: rows warp_row0 + mt * 16 + (lane % 16),
+  // columns kk * 16 + (lane / 16) * 8 give a[0..3] in mma order.
+  const unsigned q_frag_row =
+      SmemAddr(s_q + (warp * kWarpRows + lane % 16) * kStride + (lane / 16) * 8);
+  // K fragments, one k-step and two n-tiles per ldmatrix: matrices (keys +0..7, dims +0..7),
+  // (keys +0..7, dims +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15).
+  const unsigned k_frag_row =
+      SmemAddr(s_k + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
+  // V fragments, ldmatrix.trans: matrices (keys +0..7, dims +0..7), (keys +8..15, dims +0..7),
+  // (keys +0..7, dims +8..15), (keys +8..15, dims +8..15).
+  const unsigned v_frag_row =
+      SmemAddr(s_v + ((lane / 8) % 2 * 8 + lane % 8) * kStride + (lane / 16) * 8);
+  uint32_t q_frag[Cfg::kQInRegs ? kMTiles : 1][Cfg::kQInRegs ? kKSteps : 1][4];
+  if constexpr (Cfg::kQInRegs) {
+    CpAsyncWait<kStages - 1>();  // the Q group
     __syncthreads();
-
-    // S = Q K^T.
-    float s[kSTiles][4];
 #pragma unroll
-    for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        const __nv_bfloat16* krow = &s_k[n * 8 + g][kk * 16 + 2 * t];
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + 8);
-        Mma(s[n], q_frag[kk], b0, b1);
+        LdMatrixX4(q_frag[mt][kk], q_frag_row + mt * 16 * kRowBytes + kk * 32);
       }
     }
+  }
 
-    // Scale, mask (causal and past the needed keys), online softmax.
-    float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
+  float o[kMTiles][kOTiles][4];
 #pragma unroll
-    for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = key0 + n * 8 + 2 * t + e;
-        const bool out0 = j > pos0 || j >= kv_end;
-        const bool out1 = j > pos1 || j >= kv_end;
-        s[n][e] = out0 ? -INFINITY : s[n][e] * p.scale_log2;
-        s[n][e + 2] = out1 ? -INFINITY : s[n][e + 2] * p.scale_log2;
-        tile_max0 = fmaxf(tile_max0, s[n][e]);
-        tile_max1 = fmaxf(tile_max1, s[n][e + 2]);
-      }
-    }
-#pragma unroll
-    for (int offset = 1; offset < 4; offset *= 2) {
-      tile_max0 = fmaxf(tile_max0, __shfl_xor_sync(0xffffffffu, tile_max0, offset));
-      tile_max1 = fmaxf(tile_max1, __shfl_xor_sync(0xffffffffu, tile_max1, offset));
-    }
-    const float new_m0 = fmaxf(m0, tile_max0);
-    const float new_m1 = fmaxf(m1, tile_max1);
-    // A row with nothing visible yet keeps exponent base 0 (its scores are all -inf anyway).
-    const float base0 = new_m0 == -INFINITY ? 0.0f : new_m0;
-    const float base1 = new_m1 == -INFINITY ? 0.0f : new_m1;
-    const float alpha0 = exp2f(m0 - base0);
-    const float alpha1 = exp2f(m1 - base1);
-    m0 = new_m0;
-    m1 = new_m1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kSTiles; ++n) {
-      s[n][0] = exp2f(s[n][0] - base0);
-      s[n][1] = exp2f(s[n][1] - base0);
-      s[n][2] = exp2f(s[n][2] - base1);
-      s[n][3] = exp2f(s[n][3] - base1);
-      sum0 += s[n][0] + s[n][1];
-      sum1 += s[n][2] + s[n][3];
-    }
-    l0 = l0 * alpha0 + sum0;
-    l1 = l1 * alpha1 + sum1;
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) {
-      o[n][0] *= alpha0;
-      o[n][1] *= alpha0;
-      o[n][2] *= alpha1;
-      o[n][3] *= alpha1;
-    }
-
-    // Every warp is done with s_k: start the next K tile, then wait for this V tile.
-    __syncthreads();
-    if (tile + 1 < num_tiles) {
-      LoadKvTile<kHeadDim>(s_k, p.k, table, p.block_size, slot_stride, kv_head, key0 + kBlockN,
-                           kv_end);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
-    __syncthreads();
-
-    // O += P V: keys in chunks of 16 (two S n-tiles make one A fragment).
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      uint32_t a[4];
-      a[0] = PackBf16(s[2 * kc][0], s[2 * kc][1]);
-      a[1] = PackBf16(s[2 * kc][2], s[2 * kc][3]);
-      a[2] = PackBf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      a[3] = PackBf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-      // ldmatrix x4: matrices (keys +0..7, dims +0..7), (keys +8..15, dims +0..7),
-      // (keys +0..7, dims +8..15), (keys +8..15, dims +8..15).
-      const int mat = lane / 8;
-      const int key = kc * 16 + (mat % 2) * 8 + lane % 8;
+      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
+    }
+  }
+  // Running max (log2 domain) and this thread's part of the running sum of its four rows:
+  // index 2 * mt + h is row mt * 16 + g + 8 h of the warp.
+  float row_max[2 * kMTiles], row_sum[2 * kMTiles];
 #pragma unroll
-      for (int n = 0; n < kOTiles; n += 2) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, &s_v[key][n * 8 + (mat / 2) * 8]);
-        Mma(o[n], a, b[0], b[1]);
-        Mma(o[n + 1], a, b[2], b[3]);
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;
+  }
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int key0 = tile * kBlockN;
+    const int stage = tile % kStages;
+    // This tile's K and V have landed (and Q, the first time); every warp is done with the
+    // previous tile's stage, which the request below refills.
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    // Request tile + kStages - 1; start reading the table for the tile after it (its value is
+    // first used in the next iteration).
+    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+    CpAsyncCommit();
+    ahead_slot = slot_of_tile(tile + kStages);
+
+#pragma unroll
+    for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
+      // Sub-tiles of kSubN keys: rows of this warp that can see a key of the sub-tile.
+      if (warp_has_rows && key0 + sub * kSubN <= warp_pos0 + kWarpRows - 1 &&
+          key0 + sub * kSubN < kv_end) {
+        const int sub_key0 = key0 + sub * kSubN;
+        const unsigned sub_bytes = stage * kTileBytes + sub * kSubN * kRowBytes;
+
+        // S = Q K^T.
+        float s[kMTiles][kSTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
+          }
+        }
+        const unsigned k_row = k_frag_row + sub_bytes;
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          uint32_t a_smem[Cfg::kQInRegs ? 1 : kMTiles][4];
+          if constexpr (!Cfg::kQInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              LdMatrixX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < kSTiles; n += 2) {
+            uint32_t b[4];
+            LdMatrixX4(b, k_row + n * 8 * kRowBytes + kk * 32);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              if constexpr (Cfg::kQInRegs) {
+                Mma(s[mt][n], q_frag[mt][kk], b[0], b[1]);
+                Mma(s[mt][n + 1], q_frag[mt][kk], b[2], b[3]);
+              } else {
+                Mma(s[mt][n], a_smem[mt], b[0], b[1]);
+                Mma(s[mt][n + 1], a_smem[mt], b[2], b[3]);
+              }
+            }
+          }
+        }
+
+        // Scale into the log2 domain; mask keys past a row's position or past kv_end, only in
+        // tiles that cross the warp's diagonal or the kv_end edge.
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][n][e] *= p.scale_log2;
+          }
+        }
+        if (sub_key0 + kSubN - 1 > warp_pos0 || sub_key0 + kSubN > kv_end) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int pos = warp_pos0 + mt * 16 + h * 8 + g;
+              const int limit = min(pos + 1, kv_end) - sub_key0 - 2 * t;  // visible: column < limit
+#pragma unroll
+              for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  if (n * 8 + e >= limit) s[mt][n][2 * h + e] = -INFINITY;
+                }
+              }
+            }
+          }
+        }
+
+        // Online softmax; P packed to bf16 A fragments for P V (keys 16 kc .. 16 kc + 15).
+        float alpha[2 * kMTiles];
+        uint32_t pa[kMTiles][kSubN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 2 * mt + h;
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < kSTiles; ++n) {
+              tile_max = fmaxf(tile_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+            }
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float new_max = fmaxf(row_max[r], tile_max);
+            // A row with nothing visible yet keeps exponent base 0 (its scores are all -inf).
+            const float base = new_max == -INFINITY ? 0.0f : new_max;
+            alpha[r] = FastExp2(row_max[r] - base);
+            row_max[r] = new_max;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < kSTiles; ++n) {
+              s[mt][n][2 * h] = FastExp2(s[mt][n][2 * h] - base);
+              s[mt][n][2 * h + 1] = FastExp2(s[mt][n][2 * h + 1] - base);
+              sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+            }
+            row_sum[r] = row_sum[r] * alpha[r] + sum;
+          }
+#pragma unroll
+          for (int kc = 0; kc < kSubN / 16; ++kc) {
+            pa[mt][kc][0] = PackBf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+            pa[mt][kc][1] = PackBf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+            pa[mt][kc][2] = PackBf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+            pa[mt][kc][3] = PackBf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+          }
+        }
+        // Rescale O unless no row of the warp found a new maximum (alpha is exactly 1 then),
+        // as is usual once a row has seen its largest scores.
+        bool rescale = false;
+#pragma unroll
+        for (int r = 0; r < 2 * kMTiles; ++r) rescale |= alpha[r] != 1.0f;
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int n = 0; n < kOTiles; ++n) {
+              o[mt][n][0] *= alpha[2 * mt];
+              o[mt][n][1] *= alpha[2 * mt];
+              o[mt][n][2] *= alpha[2 * mt + 1];
+              o[mt][n][3] *= alpha[2 * mt + 1];
+            }
+          }
+        }
+
+        // O += P V.
+        const unsigned v_row = v_frag_row + sub_bytes;
+#pragma unroll
+        for (int kc = 0; kc < kSubN / 16; ++kc) {
+#pragma unroll
+          for (int n = 0; n < kOTiles; n += 2) {
+            uint32_t b[4];
+            LdMatrixX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              Mma(o[mt][n], pa[mt][kc], b[0], b[1]);
+              Mma(o[mt][n + 1], pa[mt][kc], b[2], b[3]);
+            }
+          }
+        }
       }
     }
-
-    // Every warp is done with s_v: start the next V tile.
-    __syncthreads();
-    if (tile + 1 < num_tiles) {
-      LoadKvTile<kHeadDim>(s_v, p.v, table, p.block_size, slot_stride, kv_head, key0 + kBlockN,
-                           kv_end);
-      CpAsyncCommit();
-    }
   }
 
-  // Full row sums over the quad, normalize, store.
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
-  }
-  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
-  const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  // Full row sums over the quad, normalize, store the valid rows.
   const size_t out_stride = static_cast<size_t>(p.num_heads) * kHeadDim;
-  __nv_bfloat16* out0 = p.out + static_cast<size_t>(row_begin + i0) * out_stride + head * kHeadDim;
-  __nv_bfloat16* out1 = out0 + 8 * out_stride;
 #pragma unroll
-  for (int n = 0; n < kOTiles; ++n) {
-    const int c = n * 8 + 2 * t;
-    if (i0 < num_new) {
-      out0[c] = __float2bfloat16_rn(o[n][0] * inv0);
-      out0[c + 1] = __float2bfloat16_rn(o[n][1] * inv0);
-    }
-    if (i1 < num_new) {
-      out1[c] = __float2bfloat16_rn(o[n][2] * inv1);
-      out1[c + 1] = __float2bfloat16_rn(o[n][3] * inv1);
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 2 * mt + h;
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int i = warp_row0 + mt * 16 + h * 8 + g;
+      if (i >= num_new) continue;
+      __nv_bfloat16* out_row =
+          p.out + static_cast<size_t>(row_begin + i) * out_stride + head * kHeadDim + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        const float x0 = o[mt][n][2 * h] * inv;
+        const float x1 = o[mt][n][2 * h + 1] * inv;
+        if (p.out_vector) {
+          *reinterpret_cast<uint32_t*>(out_row + n * 8) = PackBf16(x0, x1);
+        } else {
+          out_row[n * 8] = __float2bfloat16_rn(x0);
+          out_row[n * 8 + 1] = __float2bfloat16_rn(x1);
+        }
+      }
     }
   }
+}
+
+// Launches one instantiation, raising its dynamic shared-memory limit on first use (a plain
+// attribute call: no allocation or synchronization, so the launcher stays graph-capturable).
+template <int kHeadDim>
+cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = Config<kHeadDim>::kSmemBytes;
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(PrefillAttentionKernel<kHeadDim>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  if (attribute_status != cudaSuccess) return attribute_status;
+  PrefillAttentionKernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -336,9 +505,13 @@ cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const Pag
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
                                       void* out, cudaStream_t stream) {
+  const int q_tiles = CeilDiv(max_new_tokens, kBlockM);
+  if (q_tiles > kMaxGridZ) return cudaErrorInvalidValue;
   PrefillParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.q_row_stride = q_row_stride;
+  p.q_vector = reinterpret_cast<uintptr_t>(q) % 16 == 0 && q_row_stride % 8 == 0;
+  p.out_vector = reinterpret_cast<uintptr_t>(out) % 4 == 0;
   p.k = static_cast<const __nv_bfloat16*>(kv.k);
   p.v = static_cast<const __nv_bfloat16*>(kv.v);
   p.block_size = kv.block_size;
@@ -351,22 +524,18 @@ cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const Pag
   p.group = num_heads / kv.num_kv_heads;
   p.scale_log2 = scale * kLog2e;
   p.out = static_cast<__nv_bfloat16*>(out);
-  const dim3 grid(CeilDiv(max_new_tokens, kBlockM), static_cast<unsigned>(num_heads),
-                  static_cast<unsigned>(num_seqs));
+  const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(num_seqs),
+                  static_cast<unsigned>(q_tiles));
   switch (kv.head_dim) {
     case 32:
-      PrefillAttentionKernel<32><<<grid, kThreads, 0, stream>>>(p);
-      break;
+      return LaunchForHeadDim<32>(p, grid, stream);
     case 64:
-      PrefillAttentionKernel<64><<<grid, kThreads, 0, stream>>>(p);
-      break;
+      return LaunchForHeadDim<64>(p, grid, stream);
     case 128:
-      PrefillAttentionKernel<128><<<grid, kThreads, 0, stream>>>(p);
-      break;
+      return LaunchForHeadDim<128>(p, grid, stream);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda::internal
