@@ -129,14 +129,14 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 // Four 8x8 bf16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i;
 // r[i] receives this lane's fragment of matrix i (row lane / 4, columns 2 (lane % 4) + {0, 1};
 // transposed: of the transposed matrix).
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], unsigned smem_row) {
+__device__ __forceinline__ void LdsmX4(uint32_t (&r)[4], unsigned smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_row)
                : "memory");
 }
 
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], unsigned smem_row) {
+__device__ __forceinline__ void LdsmX4Trans(uint32_t (&r)[4], unsigned smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_row)
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        LdMatrixX4(q_frag[mt][kk], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+        LdsmX4(q_frag[mt][kk], q_frag_row + mt * 16 * kRowBytes + kk * 32);
       }
     }
   }
@@ -334,13 +334,13 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
           if constexpr (!Cfg::kQInRegs) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-              LdMatrixX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+              LdsmX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
             }
           }
 #pragma unroll
           for (int n = 0; n < kSTiles; n += 2) {
             uint32_t b[4];
-            LdMatrixX4(b, k_row + n * 8 * kRowBytes + kk * 32);
+            LdsmX4(b, k_row + n * 8 * kRowBytes + kk * 32);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
               if constexpr (Cfg::kQInRegs) {
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
 #pragma unroll
           for (int n = 0; n < kOTiles; n += 2) {
             uint32_t b[4];
-            LdMatrixX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
+            LdsmX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
               Mma(o[mt][n], pa[mt][kc], b[0], b[1]);
