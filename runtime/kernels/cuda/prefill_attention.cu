@@ -32,6 +32,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -486,15 +487,23 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   }
 }
 
-// Launches one instantiation, raising its dynamic shared-memory limit on first use (a plain
-// attribute call: no allocation or synchronization, so the launcher stays graph-capturable).
+// Launches one instantiation, raising its dynamic shared-memory limit the first time on each
+// device (a plain attribute call: no allocation or synchronization, so the launcher stays
+// graph-capturable).
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = Config<kHeadDim>::kSmemBytes;
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(PrefillAttentionKernel<kHeadDim>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-  if (attribute_status != cudaSuccess) return attribute_status;
+  static std::atomic<uint64_t> configured_devices{0};  // bit d: device d (d < 64)
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(PrefillAttentionKernel<kHeadDim>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+    if (e != cudaSuccess) return e;
+    configured_devices.fetch_or(bit, std::memory_order_release);
+  }
   PrefillAttentionKernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
