@@ -26,6 +26,7 @@
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/model/cuda/cublas_gemm.h"
+#include "runtime/model/cuda/kv_host_mirror.h"
 #include "runtime/model/cuda/step_plan.h"
 
 namespace tandem {
@@ -111,6 +112,14 @@ class Runner final : public CudaModelRunner {
   int block_size() const override { return options_.block_size; }
   int num_blocks() const override { return num_blocks_; }
   KvCacheLayout kv_layout() const override { return layout_; }
+  // KV transfer through a pinned host mirror of the KV cache (kv_host_mirror.h: as many bytes as
+  // kv_layout().bytes, allocated by the first transfer_layout() call; staged on stream_).
+  absl::StatusOr<KvCacheLayout> transfer_layout() override {
+    return mirror_.Layout(layout_, options_.device_ordinal);
+  }
+  absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) override {
+    return mirror_.Stage(blocks, dir, stream_);
+  }
   CudaStepStats last_step_stats() const override { return stats_; }
   size_t weight_bytes() const override { return weight_bytes_; }
 
@@ -737,6 +746,7 @@ class Runner final : public CudaModelRunner {
   DeviceBuffer kv_;
   int num_blocks_ = 0;
   KvCacheLayout layout_;
+  KvHostMirror mirror_;  // transfer_layout()
   cuda::PagedKvCache cache_;
   DeviceBuffer inv_freq_;
   DeviceBuffer cublas_ws_;
