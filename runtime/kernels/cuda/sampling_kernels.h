@@ -1,0 +1,82 @@
+#pragma once
+// Host launcher for token sampling on the GPU: greedy, or temperature / min_p / top_k / top_p and
+// one inverse-CDF draw, per row of float32 logits, with the semantics of tandem::Sample
+// (runtime/sampling/sampler.h) for rows without penalties. The engine keeps rows that need
+// penalties or top-logprob lists on the host.
+//
+// No CUDA types here: `stream` is a cudaStream_t passed as void* (Stream::native; null is the
+// legacy default stream). Pointers in SamplingArgs are device memory.
+// The launcher only queues one kernel: it allocates nothing and does not synchronize, so it is
+// safe to capture in a CUDA graph. Buffers are caller-owned and must stay valid until the stream
+// has run the kernel. The per-row parameters live in device memory and are not read on the host:
+// validate each row with ValidateSamplingRow before uploading it (a row that fails it gives an
+// unspecified token in [0, vocab)).
+// Failure: a bad argument returns kInvalidArgument before anything is queued; a launch failure
+// returns the CUDA error as a status (cuda_status.h) and leaves tokens/logprobs unspecified.
+// Thread-safety: reentrant; the stream's owner calls it (device.h contract).
+//
+// Agreement with the CPU sampler (same logits, parameters, seed and step): the uniform draw
+// UniformFromSeed(seed, step) is bit-identical; the rank order (probability descending, lower id
+// first on ties), the min_p / top_k / top_p rules (the token crossing top_p stays) and the CDF walk
+// in token-id order are the CPU's. Probabilities are computed in double with the CPU's formula,
+// but CUDA's exp() and the CPU's std::exp may differ in the last bit, and sums over more than
+// kSamplingExactCandidates tokens are tree sums rather than the CPU's left-to-right sums, so the
+// chosen token can differ only when the draw or a top_p/min_p threshold falls within about 1e-12
+// (relative) of a boundary. When the filtered distribution keeps at most kSamplingExactCandidates
+// tokens (and, with top_p < 1, the top_k or min_p set fits as well), the top_p walk, the
+// normalizer and the CDF walk are the CPU's left-to-right sums in the CPU's order.
+// The sampled token's logprob is the raw log-softmax (before temperature), as the CPU reports it.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tandem::cuda {
+
+inline constexpr int kSamplingMaxRows = 256;
+inline constexpr int kSamplingMaxVocab = 262144;
+// Candidate sets up to this size are sorted in shared memory and summed in the CPU's order.
+inline constexpr int kSamplingExactCandidates = 2048;
+
+// Parameters of one row, from a validated SamplingParams (runtime/sampling/sampling_params.h):
+// greedy = params.greedy(), seed = params.seed or the engine's per-request seed, step = tokens the
+// request generated so far. Plain data, copied to device memory by the caller.
+struct SamplingRow {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  float temperature = 1.0f;  // > 0 unless greedy
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1]; 0: off
+  int32_t top_k = 0;         // <= 0 or >= vocab: off
+  int32_t greedy = 0;        // nonzero: argmax, lowest id on ties (the other fields are ignored)
+  int32_t reserved = 0;      // keeps the struct 40 bytes with no implicit padding
+};
+static_assert(sizeof(SamplingRow) == 40, "SamplingRow is copied to the device as raw bytes");
+
+// Every pointer is device memory.
+struct SamplingArgs {
+  const float* logits = nullptr;        // [rows, vocab], row-major, dense
+  const SamplingRow* params = nullptr;  // [rows]
+  int rows = 0;                         // [1, kSamplingMaxRows]
+  int vocab = 0;                        // [1, kSamplingMaxVocab]
+  int32_t* tokens = nullptr;            // [rows] out: sampled token ids
+  float* logprobs = nullptr;            // [rows] out: raw log-softmax of the sampled token
+  // At least SamplingWorkspaceBytes(rows, vocab) bytes; may be null when that is 0.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Device scratch the launcher needs. The kernel keeps all its state in shared memory (it
+// recomputes probabilities rather than storing them), so this is 0 for every valid shape; callers
+// still size the workspace with it so a future kernel can use one without an API change.
+size_t SamplingWorkspaceBytes(int rows, int vocab);
+
+// kInvalidArgument naming the field when a row is outside the ranges documented on SamplingRow
+// (non-finite values included). Host only; does not touch the GPU.
+absl::Status ValidateSamplingRow(const SamplingRow& row);
+
+// Writes tokens[r] and logprobs[r] for every row r, one CTA per row.
+absl::Status LaunchSampling(const SamplingArgs& args, void* stream);
+
+}  // namespace tandem::cuda
