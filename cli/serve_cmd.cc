@@ -1,6 +1,7 @@
 // `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
 //   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
-//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|loopback] [--device cpu]
+//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|loopback]
+//                [--device cpu|cuda|cuda:N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
@@ -11,6 +12,7 @@
 // Children run in their own process group (a terminal's Ctrl-C reaches only serve, which stops
 // them in order) and get PR_SET_PDEATHSIG(SIGKILL): none outlives serve, even a SIGKILLed one.
 // --aggregated: no prefill workers; decode workers prefill locally (the baseline).
+// --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]).
 // Default model: models/target when present, else a random-weight tiny model created once under
 // $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
 // Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
@@ -41,6 +43,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/commands.h"
+#include "runtime/model/runner_factory.h"
 
 namespace tandem::cli {
 namespace {
@@ -56,6 +59,7 @@ struct ServeFlags {
   bool aggregated = false;
   std::string kv_transfer = "ucx";
   std::string device = "cpu";
+  int kv_cache_mib = 0;  // 0: the workers' default
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -327,6 +331,18 @@ std::string PortOf(const std::string& address) {
 }
 
 int RunServe(ServeFlags flags) {
+  // A device this build or name cannot give is a usage error, found before anything starts.
+  absl::StatusOr<RunnerDevice> device = ParseRunnerDevice(flags.device);
+  if (!device.ok()) {
+    std::cerr << "tandem serve: --device: " << device.status().message() << "\n";
+    return 2;
+  }
+  if (device->cuda && !CudaRunnerCompiledIn()) {
+    std::cerr << "tandem serve: --device " << flags.device
+              << ": this build of Tandem has no CUDA runner (configure with -DTANDEM_CUDA=ON and "
+                 "a CUDA toolkit)\n";
+    return 2;
+  }
   const std::string exe = SelfExe();
   Supervisor supervisor(exe);
   supervisor.BlockSignals();
@@ -342,7 +358,7 @@ int RunServe(ServeFlags flags) {
   const int num_prefill = flags.aggregated ? 0 : flags.prefill_workers;
   Say(absl::StrCat("starting ", num_prefill, " prefill + ", flags.decode_workers,
                    " decode workers on ", flags.model_dir, flags.aggregated ? " (aggregated)" : "",
-                   ", KV transfer ", flags.kv_transfer));
+                   ", device ", flags.device, ", KV transfer ", flags.kv_transfer));
 
   const auto stop = [&](int code) {
     supervisor.StopAll(absl::Seconds(flags.stop_timeout_s));
@@ -350,8 +366,11 @@ int RunServe(ServeFlags flags) {
   };
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
-  const std::vector<std::string> common = {"--model", flags.model_dir, "--port",
-                                           "0",       "--kv-transfer", flags.kv_transfer};
+  std::vector<std::string> common = {"--model",       flags.model_dir,   "--port",   "0",
+                                     "--kv-transfer", flags.kv_transfer, "--device", flags.device};
+  if (flags.kv_cache_mib > 0) {
+    common.insert(common.end(), {"--kv-cache-mib", std::to_string(flags.kv_cache_mib)});
+  }
   for (int i = 0; i < num_prefill + flags.decode_workers; ++i) {
     const bool is_prefill = i < num_prefill;
     std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
@@ -371,6 +390,13 @@ int RunServe(ServeFlags flags) {
   if (absl::Status ready = supervisor.WaitReady(workers, startup); !ready.ok()) {
     if (absl::IsCancelled(ready)) return stop(0);
     std::cerr << "tandem serve: workers: " << ready.message() << "\n";
+    // A worker's usage error (exit 2, e.g. --device cuda without a usable GPU) is ours too.
+    for (Child* worker : workers) {
+      if (worker->reaped && WIFEXITED(worker->wait_status) &&
+          WEXITSTATUS(worker->wait_status) == 2) {
+        return stop(2);
+      }
+    }
     return stop(1);
   }
 
@@ -456,7 +482,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "KV transfer backend: ucx (default) or loopback (one process only: across "
                   "processes decode workers then recompute prompts locally)")
       ->check(CLI::IsMember({"ucx", "loopback"}));
-  cmd->add_option("--device", flags->device, "Worker device (cpu)")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--device", flags->device,
+                  "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
+  cmd->add_option("--kv-cache-mib", flags->kv_cache_mib,
+                  "KV cache per worker in MiB (default: the workers' 256); with --device cuda "
+                  "as much again of pinned host memory")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
       ->check(CLI::IsMember({"least-loaded", "round-robin"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,

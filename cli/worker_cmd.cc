@@ -1,11 +1,16 @@
 // `tandem prefill` and `tandem decode`: one worker role each (Prefill or Decode + Worker gRPC
 // services, grpc.health.v1), with the same flags:
 //   tandem prefill|decode --model DIR --port P [--host H] [--kv-transfer ucx|loopback]
-//       [--num-blocks N | --kv-cache-mib M] [--block-size 16] [--metrics-port Q]
-//       [--max-num-seqs N] [--max-num-batched-tokens N] [--ucx-transports TLS] [--drain-seconds S]
+//       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
+//       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
+//       [--ucx-transports TLS] [--drain-seconds S]
+// --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU, plus a
+// pinned host mirror of the same size that the KV transfer backend reads and writes (the engine
+// copies a prompt's blocks through it; see runtime/model/cuda/kv_host_mirror.h).
 // Each prints one line "tandem ROLE: serving on HOST:PORT" to stdout once it serves (launchers
 // wait for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
-// Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error.
+// Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error (including a CUDA
+// device in a build without CUDA or on a machine without a usable GPU).
 #include <iostream>
 #include <memory>
 #include <string>
@@ -14,6 +19,7 @@
 #include "cli/commands.h"
 #include "decode/decode_worker.h"
 #include "prefill/prefill_worker.h"
+#include "runtime/model/runner_factory.h"
 #include "runtime/server/model_loader.h"
 #include "runtime/server/worker_main.h"
 
@@ -26,6 +32,7 @@ struct WorkerFlags {
   int port = 0;
   std::string kv_transfer = "ucx";
   std::string ucx_transports;
+  std::string device = "cpu";
   int num_blocks = 0;
   int kv_cache_mib = 256;
   int block_size = 16;
@@ -41,8 +48,13 @@ template <typename Worker, typename WorkerOptions>
 int RunWorker(const char* role, const WorkerFlags& flags) {
   const std::string prefix = absl::StrCat("tandem ", role, ": ");
   server::BlockTerminationSignals();
+  if (absl::Status device = ParseRunnerDevice(flags.device).status(); !device.ok()) {
+    std::cerr << prefix << "--device: " << device.message() << "\n";
+    return 2;
+  }
   server::ModelLoadOptions load;
   load.model_dir = flags.model_dir;
+  load.device = flags.device;
   load.block_size = flags.block_size;
   load.num_blocks = flags.num_blocks;
   load.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mib) << 20;
@@ -51,7 +63,12 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   auto model = server::LoadModel(load);
   if (!model.ok()) {
     std::cerr << prefix << model.status().message() << "\n";
-    return 1;
+    // No CUDA runner in this build, or no usable GPU: the command line asks for what is not here.
+    const absl::StatusCode code = model.status().code();
+    const bool no_device =
+        flags.device != "cpu" &&
+        (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnavailable);
+    return no_device ? 2 : 1;
   }
   auto backend = server::CreateWorkerBackend(flags.kv_transfer, role, flags.ucx_transports);
   if (!backend.ok()) {
@@ -92,6 +109,8 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--kv-transfer", flags->kv_transfer, "KV transfer backend (default ucx)")
       ->check(CLI::IsMember({"ucx", "loopback"}));
+  cmd->add_option("--device", flags->device,
+                  "cpu (default), cuda or cuda:N: where the weights and the KV cache live");
   cmd->add_option("--ucx-transports", flags->ucx_transports,
                   "UCX transports, UCX_TLS syntax (default: UCX's choice)");
   CLI::Option* blocks = cmd->add_option("--num-blocks", flags->num_blocks, "KV cache blocks")
