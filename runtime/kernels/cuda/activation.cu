@@ -22,6 +22,8 @@ __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + 
 __global__ void __launch_bounds__(kThreads)
     SiluMulVecKernel(const __nv_bfloat16* __restrict__ gate_up, long long total_packs,
                      int inter_packs, __nv_bfloat16* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total_packs) return;
   const long long row = idx / inter_packs;
@@ -40,6 +42,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     SiluMulScalarKernel(const __nv_bfloat16* __restrict__ gate_up, long long total, int inter,
                         __nv_bfloat16* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
   const long long row = idx / inter;
@@ -56,10 +60,12 @@ cudaError_t LaunchSiluMulRaw(const void* gate_up, int n, int inter, void* out,
   auto* o = static_cast<__nv_bfloat16*>(out);
   if (inter % 8 == 0 && IsAligned16(gate_up) && IsAligned16(out)) {
     const long long packs = static_cast<long long>(n) * (inter / 8);
-    SiluMulVecKernel<<<CeilDiv(packs, kThreads), kThreads, 0, stream>>>(in, packs, inter / 8, o);
+    LaunchKernel(SiluMulVecKernel, CeilDiv(packs, kThreads), kThreads, 0, stream, in, packs,
+                 inter / 8, o);
   } else {
     const long long total = static_cast<long long>(n) * inter;
-    SiluMulScalarKernel<<<CeilDiv(total, kThreads), kThreads, 0, stream>>>(in, total, inter, o);
+    LaunchKernel(SiluMulScalarKernel, CeilDiv(total, kThreads), kThreads, 0, stream, in, total,
+                 inter, o);
   }
   return cudaGetLastError();
 }

@@ -40,6 +40,8 @@ __device__ __forceinline__ Best WarpBest(Best b) {
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads)
     ArgmaxKernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
   const float* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
   Best best{-INFINITY, kNoIndex};
   if constexpr (kVec4) {
@@ -78,9 +80,9 @@ cudaError_t LaunchArgmaxRaw(const float* logits, int rows, int vocab, int32_t* o
   int threads = (work + kWarpSize - 1) / kWarpSize * kWarpSize;
   if (threads > kThreads) threads = kThreads;
   if (vec4) {
-    ArgmaxKernel<true><<<rows, threads, 0, stream>>>(logits, vocab, out);
+    LaunchKernel(ArgmaxKernel<true>, rows, threads, 0, stream, logits, vocab, out);
   } else {
-    ArgmaxKernel<false><<<rows, threads, 0, stream>>>(logits, vocab, out);
+    LaunchKernel(ArgmaxKernel<false>, rows, threads, 0, stream, logits, vocab, out);
   }
   return cudaGetLastError();
 }

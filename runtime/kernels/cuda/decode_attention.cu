@@ -2,25 +2,34 @@
 //
 // Grid: (KV head x query-head chunk, sequence, context split). One CTA of 4 warps reads the K and
 // V rows of one KV head over its chunk of the context exactly once, for all the query heads that
-// share that KV head (up to kMaxGroup of them; larger groups take several chunks). The chunk is
-// walked in tiles of kTile tokens:
-//   0. the tile's token -> cache offsets (block table lookups) go to shared memory;
-//   1. scores: a token's K row (head_dim bf16) is split over head_dim / 8 lanes, one 16-byte load
-//      each, several loads in flight per thread; partial dots are reduced with shuffles;
-//   2. online softmax per query head (running max and sum, base-2 exponentials);
-//   3. the same lanes load the V rows and accumulate p * v in registers (float32).
-// At the end the per-lane accumulators are reduced across token slots and warps. With one split
-// the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch alone
-// cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace, and a
-// merge kernel combines the splits.
+// share that KV head (up to 16 of them, one tensor-core row each; larger groups take several
+// chunks).
+//
+// A decode step streams every cached K/V byte once, so the kernel is built to keep HBM busy with
+// as few instructions per byte as possible:
+//   - each warp runs its own cp.async pipeline and never waits for the other warps inside the
+//     loop: the chunk is cut into warp tiles of 16 tokens, warp w takes tiles w, w + 4, ..., and
+//     keeps kStages - 1 tiles (K and V) in flight in shared memory while it computes the oldest;
+//   - both products run on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) with the
+//     group's query heads as the 16 rows of A (rows past the group are zeros): S = Q K^T with K
+//     fragments from ldmatrix, then O += P V with P re-packed from the S accumulators to bf16 A
+//     fragments (as FlashAttention does) and V fragments from ldmatrix.trans;
+//   - online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics);
+//   - block-table lookups once per token (one lane each), shared through shuffles.
+// At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
+// split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
+// alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
+// and a merge kernel combines the splits.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda::internal {
@@ -28,7 +37,11 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
-constexpr int kTile = kDecodeTileTokens;  // == kThreads (one offset per thread in phase 0)
+constexpr int kWarpTile = 16;  // tokens per warp tile (one k-step of P V)
+constexpr int kStages = 3;     // warp tiles per warp in shared memory (kStages - 1 in flight)
+constexpr int kMaxGroup = 16;  // query heads per CTA: the 16 rows of the MMA
+constexpr int kPad = 8;        // bf16 elements of padding per shared row (conflict-free ldmatrix)
+static_assert(kDecodeTileTokens == kWarps * kWarpTile, "a split partition is whole CTA tiles");
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
@@ -52,24 +65,41 @@ struct DecodeParams {
   float* partial_ml;   // [num_seqs, num_heads, num_splits, 2]
 };
 
-template <int kHeadDim, int kMaxGroup>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
-  constexpr int kLanesPerToken = kHeadDim / 8;
-  constexpr int kTokensPerWarp = kWarpSize / kLanesPerToken;
-  constexpr int kTokensPerStep = kWarps * kTokensPerWarp;
-  constexpr int kSteps = kTile / kTokensPerStep;
-  constexpr int kBatch = kSteps < 8 ? kSteps : 8;
-  static_assert(kTile == kThreads && kSteps % kBatch == 0, "tile shape");
+template <int kHeadDim>
+__host__ __device__ constexpr int RowElems() {
+  return kHeadDim + kPad;
+}
 
-  __shared__ float s_q[kMaxGroup][kHeadDim];
-  __shared__ float s_scores[kMaxGroup][kTile];
-  __shared__ long long s_offset[kTile];
-  __shared__ float s_m[kMaxGroup], s_l[kMaxGroup], s_alpha[kMaxGroup];
-  __shared__ float s_reduce[kWarps][kMaxGroup][kHeadDim];
+template <int kHeadDim>
+__host__ __device__ constexpr int StageElems() {  // one warp tile of K, then V
+  return 2 * kWarpTile * RowElems<kHeadDim>();
+}
+
+template <int kHeadDim>
+constexpr size_t DecodeSmemBytes() {
+  const size_t pipeline = size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16);
+  const size_t merge = size_t{kWarps} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
+  return pipeline > merge ? pipeline : merge;
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
+  PdlLaunchDependents();
+  PdlWait();
+  constexpr int kRow = RowElems<kHeadDim>();
+  constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
+  constexpr int kOTiles = kHeadDim / 8;                           // n-tiles of O
+  constexpr int kChunksPerRow = kHeadDim / 8;                     // 16-byte pieces of one K row
+  constexpr int kCopies = kWarpTile * kChunksPerRow / kWarpSize;  // per lane, K (and V)
+  static_assert(kCopies >= 1 && kWarpTile * kChunksPerRow % kWarpSize == 0, "tile shape");
+  static_assert(kKSteps % 2 == 0 && kOTiles % 2 == 0, "head_dim multiple of 32");
+  extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
+  const int g = lane / 4;  // MMA group: rows g and g + 8
+  const int t = lane % 4;  // thread in group: columns 2t, 2t + 1
   const int kv_head = blockIdx.x / p.head_chunks;
   const int chunk = blockIdx.x % p.head_chunks;
   const int seq = blockIdx.y;
@@ -84,182 +114,216 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   // An empty split writes nothing: the merge skips splits that start at or past the context.
   if (p.num_splits > 1 && begin >= context) return;
 
-  for (int i = tid; i < num_q * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim;
-    const int d = i % kHeadDim;
-    s_q[g][d] = __bfloat162float(p.q[static_cast<size_t>(seq) * p.q_row_stride +
-                                     static_cast<size_t>(head0 + g) * kHeadDim + d]);
-  }
-  if (tid < kMaxGroup) {
-    s_m[tid] = -INFINITY;
-    s_l[tid] = 0.0f;
-  }
-
-  const int slot_in_warp = lane / kLanesPerToken;
-  const int dim0 = (lane % kLanesPerToken) * 8;
-  const size_t slot_stride = static_cast<size_t>(p.num_kv_heads) * kHeadDim;
+  const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
+  const long long head_offset = static_cast<long long>(kv_head) * kHeadDim;
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
+  __nv_bfloat16* stages =
+      reinterpret_cast<__nv_bfloat16*>(smem) + warp * kStages * StageElems<kHeadDim>();
+
+  // Warp tiles of this warp: tokens [first_tile + i * tile_stride, + kWarpTile).
+  const int first_tile = begin + warp * kWarpTile;
+  const int tile_stride = kWarps * kWarpTile;
+  const int num_tiles = first_tile < end ? (end - first_tile + tile_stride - 1) / tile_stride : 0;
+
+  // Queues the K and V copies of warp tile i into its stage (one commit group, maybe empty).
+  auto issue = [&](int i) {
+    if (i < num_tiles) {
+      const int t0 = first_tile + i * tile_stride;
+      long long my_offset = 0;  // lane j < kWarpTile: cache offset of token t0 + j
+      if (lane < kWarpTile && t0 + lane < end) {
+        const int tok = t0 + lane;
+        const long long block = table[tok / p.block_size];
+        my_offset = (block * p.block_size + tok % p.block_size) * slot_stride + head_offset;
+      }
+      __nv_bfloat16* k_dst = stages + (i % kStages) * StageElems<kHeadDim>();
+      __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
+#pragma unroll
+      for (int c = 0; c < kCopies; ++c) {
+        const int piece = c * kWarpSize + lane;
+        const int row = piece / kChunksPerRow;
+        const int d = (piece % kChunksPerRow) * 8;
+        const long long offset = __shfl_sync(0xffffffffu, my_offset, row);
+        const bool valid = t0 + row < end;
+        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
+        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
+      }
+    }
+    CpAsyncCommitGroup();
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+  // Q as the A operand: row r = query head head0 + r (zeros past the group).
+  uint32_t q_frag[kKSteps][4];
+  {
+    const __nv_bfloat16* q_seq = p.q + static_cast<size_t>(seq) * p.q_row_stride;
+    const bool valid0 = g < num_q;
+    const bool valid1 = g + 8 < num_q;
+    const uint32_t* row0 =
+        reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g) * kHeadDim);
+    const uint32_t* row1 =
+        reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g + 8) * kHeadDim);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const int c = (kk * 16 + 2 * t) / 2;  // in bf16 pairs
+      q_frag[kk][0] = valid0 ? row0[c] : 0u;
+      q_frag[kk][1] = valid1 ? row1[c] : 0u;
+      q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
+      q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
+    }
+  }
+
+  float o[kOTiles][4];
+#pragma unroll
+  for (int n = 0; n < kOTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  }
+  float m0 = -INFINITY, m1 = -INFINITY;  // running max (log2 domain) of rows g and g + 8
+  float l0 = 0.0f, l1 = 0.0f;            // this lane's part of the running sums
+
+  // ldmatrix row addresses of this lane within a stage (see mma_utils.cuh).
+  const int mat = lane / 8;
+  const unsigned k_lane_off =
+      static_cast<unsigned>(((lane % 8) * kRow + mat * 8) * sizeof(__nv_bfloat16));
+  const unsigned v_lane_off = static_cast<unsigned>(
+      (((mat % 2) * 8 + lane % 8) * kRow + (mat / 2) * 8) * sizeof(__nv_bfloat16));
+
+  for (int i = 0; i < num_tiles; ++i) {
+    __syncwarp();  // every lane is done reading the stage the next issue overwrites
+    issue(i + kStages - 1);
+    CpAsyncWaitGroup<kStages - 1>();
+    __syncwarp();
+    const int t0 = first_tile + i * tile_stride;
+    const __nv_bfloat16* k_tile = stages + (i % kStages) * StageElems<kHeadDim>();
+    const unsigned k_base = SharedAddress(k_tile);
+    const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
+
+    // S = Q K^T: n-tile j holds tokens 8j .. 8j + 7 of the warp tile.
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; kk += 2) {
+        uint32_t b[4];  // (kk: dims +0..7, +8..15), (kk + 1: dims +0..7, +8..15)
+        LdMatrixX4(b, k_base + k_lane_off +
+                          static_cast<unsigned>((j * 8 * kRow + kk * 16) * sizeof(__nv_bfloat16)));
+        MmaBf16(s[j], q_frag[kk], b[0], b[1]);
+        MmaBf16(s[j], q_frag[kk + 1], b[2], b[3]);
+      }
+    }
+
+    // Scale, mask tokens past the chunk, online softmax (token 0 of a tile is always valid).
+    float max0 = -INFINITY, max1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = t0 + j * 8 + 2 * t + e < end;
+        s[j][e] = valid ? s[j][e] * p.scale_log2 : -INFINITY;
+        s[j][e + 2] = valid ? s[j][e + 2] * p.scale_log2 : -INFINITY;
+        max0 = fmaxf(max0, s[j][e]);
+        max1 = fmaxf(max1, s[j][e + 2]);
+      }
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset *= 2) {
+      max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, offset));
+      max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, offset));
+    }
+    const float new_m0 = fmaxf(m0, max0);
+    const float new_m1 = fmaxf(m1, max1);
+    const float alpha0 = exp2f(m0 - new_m0);
+    const float alpha1 = exp2f(m1 - new_m1);
+    m0 = new_m0;
+    m1 = new_m1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] = exp2f(s[j][0] - new_m0);
+      s[j][1] = exp2f(s[j][1] - new_m0);
+      s[j][2] = exp2f(s[j][2] - new_m1);
+      s[j][3] = exp2f(s[j][3] - new_m1);
+    }
+    l0 = l0 * alpha0 + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
+    l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
+
+    // O = O * alpha + P V.
+    uint32_t a[4];
+    a[0] = PackBf16x2(s[0][0], s[0][1]);
+    a[1] = PackBf16x2(s[0][2], s[0][3]);
+    a[2] = PackBf16x2(s[1][0], s[1][1]);
+    a[3] = PackBf16x2(s[1][2], s[1][3]);
+#pragma unroll
+    for (int n = 0; n < kOTiles; n += 2) {
+      uint32_t b[4];  // (tokens 0..7, dims n), (8..15, n), (0..7, n + 1), (8..15, n + 1)
+      LdMatrixX4Trans(b,
+                      v_base + v_lane_off + static_cast<unsigned>(n * 8 * sizeof(__nv_bfloat16)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[n + h][0] *= alpha0;
+        o[n + h][1] *= alpha0;
+        o[n + h][2] *= alpha1;
+        o[n + h][3] *= alpha1;
+      }
+      MmaBf16(o[n], a, b[0], b[1]);
+      MmaBf16(o[n + 1], a, b[2], b[3]);
+    }
+  }
+  CpAsyncWaitGroup<0>();  // no copy may land in the buffer the merge below reuses
+
+  // Row sums over the quad, then the warps' triples through shared memory.
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
+  }
+  __syncthreads();                                // every warp is done with its pipeline stages
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][kMaxGroup][kHeadDim]
+  float* s_ml = s_acc + kWarps * kMaxGroup * kHeadDim;  // [kWarps][kMaxGroup][2]
+  float* acc0 = s_acc + (warp * kMaxGroup + g) * kHeadDim;
+  float* acc1 = acc0 + 8 * kHeadDim;
+#pragma unroll
+  for (int n = 0; n < kOTiles; ++n) {
+    acc0[n * 8 + 2 * t] = o[n][0];
+    acc0[n * 8 + 2 * t + 1] = o[n][1];
+    acc1[n * 8 + 2 * t] = o[n][2];
+    acc1[n * 8 + 2 * t + 1] = o[n][3];
+  }
+  if (t == 0) {
+    s_ml[2 * (warp * kMaxGroup + g)] = m0;
+    s_ml[2 * (warp * kMaxGroup + g) + 1] = l0;
+    s_ml[2 * (warp * kMaxGroup + g + 8)] = m1;
+    s_ml[2 * (warp * kMaxGroup + g + 8) + 1] = l1;
+  }
   __syncthreads();
-  // Each lane always touches the same 8 dims, so its slice of every query head lives in registers.
-  float q_reg[kMaxGroup][8];
-  float acc[kMaxGroup][8];
+  for (int idx = tid; idx < num_q * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim;
+    const int d = idx % kHeadDim;
+    float m_all = -INFINITY;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[2 * (w * kMaxGroup + r)]);
+    float out = 0.0f, l_all = 0.0f;
+    if (m_all != -INFINITY) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      q_reg[g][k] = g < num_q ? s_q[g][dim0 + k] : 0.0f;
-      acc[g][k] = 0.0f;
-    }
-  }
-
-  for (int tile = begin; tile < end; tile += kTile) {
-    // 0. Cache offsets of the tile's tokens.
-    {
-      const int t = tile + tid;
-      if (t < end) {
-        const long long block = table[t / p.block_size];
-        s_offset[tid] = (block * p.block_size + t % p.block_size) * slot_stride +
-                        static_cast<long long>(kv_head) * kHeadDim;
+      for (int w = 0; w < kWarps; ++w) {
+        const float scale = exp2f(s_ml[2 * (w * kMaxGroup + r)] - m_all);
+        out = fmaf(s_acc[(w * kMaxGroup + r) * kHeadDim + d], scale, out);
+        l_all = fmaf(s_ml[2 * (w * kMaxGroup + r) + 1], scale, l_all);
       }
     }
-    __syncthreads();
-
-    // 1. Scores.
-#pragma unroll
-    for (int s0 = 0; s0 < kSteps; s0 += kBatch) {
-      uint4 raw[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int lt = (s0 + b) * kTokensPerStep + warp * kTokensPerWarp + slot_in_warp;
-        raw[b] = tile + lt < end ? __ldg(reinterpret_cast<const uint4*>(p.k + s_offset[lt] + dim0))
-                                 : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int lt = (s0 + b) * kTokensPerStep + warp * kTokensPerWarp + slot_in_warp;
-        Bf16x8 k8;
-        memcpy(&k8, &raw[b], sizeof(k8));
-        float kf[8];
-        Bf16x8ToFloat(k8, kf);
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < num_q) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) dot = fmaf(q_reg[g][k], kf[k], dot);
-#pragma unroll
-            for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) {
-              dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-            }
-            if (lane % kLanesPerToken == 0) {
-              s_scores[g][lt] = tile + lt < end ? dot * p.scale_log2 : -INFINITY;
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
-
-    // 2. Online softmax: warp w owns query heads w, w + kWarps, ...
-    for (int g = warp; g < num_q; g += kWarps) {
-      float tile_max = -INFINITY;
-      for (int i = lane; i < kTile; i += kWarpSize) tile_max = fmaxf(tile_max, s_scores[g][i]);
-      tile_max = WarpMax(tile_max);
-      const float m_old = s_m[g];
-      const float m_new = fmaxf(m_old, tile_max);
-      float sum = 0.0f;
-      for (int i = lane; i < kTile; i += kWarpSize) {
-        const float e = exp2f(s_scores[g][i] - m_new);
-        s_scores[g][i] = e;
-        sum += e;
-      }
-      sum = WarpSum(sum);
-      __syncwarp();
-      if (lane == 0) {
-        const float alpha = exp2f(m_old - m_new);
-        s_alpha[g] = alpha;
-        s_m[g] = m_new;
-        s_l[g] = s_l[g] * alpha + sum;
-      }
-    }
-    __syncthreads();
-
-    // 3. acc = acc * alpha + P V.
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < num_q) {
-        const float alpha = s_alpha[g];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[g][k] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int s0 = 0; s0 < kSteps; s0 += kBatch) {
-      uint4 raw[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int lt = (s0 + b) * kTokensPerStep + warp * kTokensPerWarp + slot_in_warp;
-        raw[b] = tile + lt < end ? __ldg(reinterpret_cast<const uint4*>(p.v + s_offset[lt] + dim0))
-                                 : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int lt = (s0 + b) * kTokensPerStep + warp * kTokensPerWarp + slot_in_warp;
-        Bf16x8 v8;
-        memcpy(&v8, &raw[b], sizeof(v8));
-        float vf[8];
-        Bf16x8ToFloat(v8, vf);
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < num_q) {
-            const float pr = s_scores[g][lt];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) acc[g][k] = fmaf(pr, vf[k], acc[g][k]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-
-  // Reduce over the token slots of a warp (lanes that share dim0), then over warps.
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-#pragma unroll
-      for (int offset = kLanesPerToken; offset < kWarpSize; offset *= 2) {
-        acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], offset);
-      }
-    }
-  }
-  if (slot_in_warp == 0) {
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < num_q) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) s_reduce[warp][g][dim0 + k] = acc[g][k];
-      }
-    }
-  }
-  __syncthreads();
-  for (int i = tid; i < num_q * kHeadDim; i += kThreads) {
-    const int g = i / kHeadDim;
-    const int d = i % kHeadDim;
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += s_reduce[w][g][d];
-    const int head = head0 + g;
+    const int head = head0 + r;
     if (p.num_splits == 1) {
-      const float l = s_l[g];
       p.out[(static_cast<size_t>(seq) * p.num_heads + head) * kHeadDim + d] =
-          __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
+          __float2bfloat16_rn(l_all > 0.0f ? out / l_all : 0.0f);
     } else {
       const size_t part = (static_cast<size_t>(seq) * p.num_heads + head) * p.num_splits + split;
-      p.partial_out[part * kHeadDim + d] = o;
+      p.partial_out[part * kHeadDim + d] = out;
       if (d == 0) {
-        p.partial_ml[2 * part] = s_m[g];
-        p.partial_ml[2 * part + 1] = s_l[g];
+        p.partial_ml[2 * part] = m_all;
+        p.partial_ml[2 * part + 1] = l_all;
       }
     }
   }
@@ -268,6 +332,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
 // One block per (query head, sequence), one thread per dim: combines the non-empty splits.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams p) {
+  PdlLaunchDependents();
+  PdlWait();
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int d = threadIdx.x;
@@ -288,19 +354,30 @@ __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams
 }
 
 template <int kHeadDim>
-void Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
+  // More than 48 KiB of dynamic shared memory is an opt-in attribute of the function on each
+  // device; set it once per device (a host call, allowed while a stream is being captured).
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((opted_in.load(std::memory_order_acquire) & bit) == 0) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(DecodeAttentionKernel<kHeadDim>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+    if (e != cudaSuccess) return e;
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  if (p.group <= 4) {
-    DecodeAttentionKernel<kHeadDim, 4><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    DecodeAttentionKernel<kHeadDim, 8><<<grid, kThreads, 0, stream>>>(p);
-  }
+  LaunchKernel(DecodeAttentionKernel<kHeadDim>, grid, kThreads, kSmem, stream, p);
   if (p.num_splits > 1) {
-    DecodeMergeKernel<kHeadDim>
-        <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), kHeadDim, 0,
-           stream>>>(p);
+    LaunchKernel(DecodeMergeKernel<kHeadDim>,
+                 dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)),
+                 kHeadDim, 0, stream, p);
   }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -330,22 +407,17 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      ? nullptr
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
-  const int max_group = p.group <= 4 ? 4 : 8;
-  p.head_chunks = (p.group + max_group - 1) / max_group;
+  p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
   switch (kv.head_dim) {
     case 32:
-      Dispatch<32>(p, num_seqs, stream);
-      break;
+      return Dispatch<32>(p, num_seqs, stream);
     case 64:
-      Dispatch<64>(p, num_seqs, stream);
-      break;
+      return Dispatch<64>(p, num_seqs, stream);
     case 128:
-      Dispatch<128>(p, num_seqs, stream);
-      break;
+      return Dispatch<128>(p, num_seqs, stream);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda::internal

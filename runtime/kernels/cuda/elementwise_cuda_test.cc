@@ -187,6 +187,71 @@ TEST_F(ElementwiseCudaTest, KvAppendWritesSlotsOfOneLayer) {
   }
 }
 
+// The fused RoPE + KV append must equal LaunchRope then LaunchKvAppend bit for bit, in qkv and in
+// the whole cache (both tested against the CPU reference above), padding slots included.
+TEST_F(ElementwiseCudaTest, RopeKvAppendEqualsRopeThenKvAppend) {
+  for (const HeadShape& shape :
+       {HeadShape{32, 8, 128}, HeadShape{32, 8, 64}, HeadShape{8, 2, 32}, HeadShape{4, 2, 6}}) {
+    for (const int n : {1, 19, 130}) {
+      const std::string what = absl::StrCat("rope_kv ", Name(shape), " n=", n);
+      SCOPED_TRACE(what);
+      FastRng rng(n * 7 + shape.head_dim);
+      constexpr int kLayers = 2, kLayer = 1, kBlockSize = 16;
+      const int num_blocks = (n + kBlockSize - 1) / kBlockSize + 3;
+      const size_t slot_elems = static_cast<size_t>(shape.kv_heads) * shape.head_dim;
+      const size_t layer_elems = static_cast<size_t>(num_blocks) * kBlockSize * slot_elems;
+      const std::vector<uint16_t> cache(2 * kLayers * layer_elems, kBf16Poison);
+      const int row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+      const std::vector<uint16_t> qkv = RandomBf16(static_cast<size_t>(n) * row, 2.0f, rng);
+      std::vector<int32_t> positions(n), slots(n);
+      for (int r = 0; r < n; ++r) {
+        positions[r] = rng.UniformInt(0, 100000);
+        slots[r] = r % 6 == 5 ? -1 : (r * 7919) % (num_blocks * kBlockSize);
+      }
+      std::vector<float> inv_freq(shape.head_dim / 2);
+      cpu::Llama3RopeScaling scaling;
+      cpu::RopeInvFreq(shape.head_dim, 500000.0f, &scaling, inv_freq.data());
+      const DeviceBuffer d_pos = Upload(positions);
+      const DeviceBuffer d_slots = Upload(slots);
+      const DeviceBuffer d_inv = Upload(inv_freq);
+      std::vector<uint16_t> got_qkv[2], got_cache[2];
+      for (const bool fused : {false, true}) {
+        const DeviceBuffer d_qkv = Upload(qkv);
+        const DeviceBuffer d_cache = Upload(cache);
+        cuda::PagedKvCache kv;
+        kv.k = d_cache.data;
+        kv.v = static_cast<uint16_t*>(d_cache.data) + layer_elems;
+        kv.num_layers = kLayers;
+        kv.num_blocks = num_blocks;
+        kv.block_size = kBlockSize;
+        kv.num_kv_heads = shape.kv_heads;
+        kv.head_dim = shape.head_dim;
+        kv.layer_stride = 2 * layer_elems;
+        const auto* pos = static_cast<const int32_t*>(d_pos.data);
+        const auto* slot = static_cast<const int32_t*>(d_slots.data);
+        const auto* inv = static_cast<const float*>(d_inv.data);
+        if (fused) {
+          ASSERT_TRUE(cuda::LaunchRopeKvAppend(d_qkv.data, pos, inv, slot, n, shape.heads, kv,
+                                               kLayer, stream())
+                          .ok());
+        } else {
+          ASSERT_TRUE(cuda::LaunchRope(d_qkv.data, pos, inv, n, shape.heads, shape.kv_heads,
+                                       shape.head_dim, stream())
+                          .ok());
+          ASSERT_TRUE(
+              cuda::LaunchKvAppend(d_qkv.data, slot, n, shape.heads, kv, kLayer, stream()).ok());
+        }
+        got_qkv[fused] = Download<uint16_t>(d_qkv, qkv.size());
+        got_cache[fused] = Download<uint16_t>(d_cache, cache.size());
+      }
+      EXPECT_TRUE(got_qkv[0] == got_qkv[1]) << what << ": qkv differs";
+      EXPECT_TRUE(got_cache[0] == got_cache[1]) << what << ": cache differs";
+      EXPECT_FALSE(got_cache[0] == cache) << what << ": nothing was appended";
+      FreeAll();
+    }
+  }
+}
+
 TEST_F(ElementwiseCudaTest, SiluMulMatchesCpuReference) {
   for (const auto& [n, inter] :
        std::vector<std::pair<int, int>>{{1, 14336}, {5, 8192}, {64, 14336}, {3, 77}, {2, 5632}}) {

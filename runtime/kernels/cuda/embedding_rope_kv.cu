@@ -1,6 +1,6 @@
-// Embedding gather, RoPE and paged KV append (contracts: model_kernels.h). All three are pure data
-// movement with a little arithmetic: 16-byte accesses where the shapes and pointers allow, a
-// scalar path otherwise.
+// Embedding gather, RoPE and paged KV append, separate or fused (contracts: model_kernels.h). All
+// are pure data movement with a little arithmetic: 16-byte accesses where the shapes and pointers
+// allow, a scalar path otherwise.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,29 +24,57 @@ template <typename T>
 __global__ void __launch_bounds__(kCopyThreads)
     EmbeddingKernel(const int32_t* __restrict__ ids, const T* __restrict__ table, int row_units,
                     T* __restrict__ out) {
+  PdlLaunchDependents();
+  PdlWait();
   const size_t src = static_cast<size_t>(ids[blockIdx.x]) * row_units;
   const size_t dst = static_cast<size_t>(blockIdx.x) * row_units;
   for (int i = threadIdx.x; i < row_units; i += blockDim.x) out[dst + i] = table[src + i];
 }
 
-// Grid (token, group of kRopeHeadsPerBlock rotated heads). The block computes the token's cos/sin
-// once per rotation pair i into shared memory ([half] cos then [half] sin), then rotates every
-// (head, pair) of its group, one pair per thread, consecutive threads on consecutive i
-// (coalesced).
-__global__ void __launch_bounds__(kRopeThreads)
-    RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __restrict__ positions,
-               const float* __restrict__ inv_freq, int num_rotated_heads, int row_stride,
-               int head_dim) {
+// Grid (token, group of kRopeHeadsPerBlock rotated heads [, one more group for V]). The block
+// computes the token's cos/sin once per rotation pair i into shared memory ([half] cos then [half]
+// sin), then rotates every (head, pair) of its group, one pair per thread, consecutive threads on
+// consecutive i (coalesced). With a cache (k_layer non-null) it is RoPE and KV append in one
+// launch: rotated k heads are also stored at the token's slot, and the extra group copies the v
+// heads there (a negative slot skips both stores).
+struct RopeParams {
+  __nv_bfloat16* qkv;
+  const int32_t* positions;
+  const float* inv_freq;
+  int num_heads;  // query heads; rotated heads are [0, num_heads + num_kv_heads)
+  int num_kv_heads;
+  int row_stride;
+  int head_dim;
+  int rope_groups;
+  const int32_t* slot_mapping;  // null without a cache
+  __nv_bfloat16* k_layer;       // [slots, num_kv_heads * head_dim], or null
+  __nv_bfloat16* v_layer;
+};
+
+__global__ void __launch_bounds__(kRopeThreads) RopeKernel(const RopeParams p) {
+  PdlLaunchDependents();
+  PdlWait();
   extern __shared__ float rope_cs[];
-  const int half = head_dim / 2;
+  const int half = p.head_dim / 2;
   const int token = blockIdx.x;
+  __nv_bfloat16* row = p.qkv + static_cast<size_t>(token) * p.row_stride;
+  const size_t kv_units = static_cast<size_t>(p.num_kv_heads) * p.head_dim;
+  const int slot = p.k_layer != nullptr ? p.slot_mapping[token] : -1;
+  if (static_cast<int>(blockIdx.y) == p.rope_groups) {  // the V group (cache only)
+    if (slot < 0) return;
+    const __nv_bfloat16* v_src =
+        row + static_cast<size_t>(p.num_heads + p.num_kv_heads) * p.head_dim;
+    __nv_bfloat16* v_dst = p.v_layer + static_cast<size_t>(slot) * kv_units;
+    for (size_t i = threadIdx.x; i < kv_units; i += blockDim.x) v_dst[i] = v_src[i];
+    return;
+  }
   float* cos_s = rope_cs;
   float* sin_s = rope_cs + half;
-  const float pos = static_cast<float>(positions[token]);
+  const float pos = static_cast<float>(p.positions[token]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     // As cpu::RopeTables: the angle rounded to float32, then cos/sin (sincosf is accurate to a
     // couple of float32 ulps over the whole range; no fast-math intrinsics).
-    const float angle = __fmul_rn(pos, inv_freq[i]);
+    const float angle = __fmul_rn(pos, p.inv_freq[i]);
     float s, c;
     sincosf(angle, &s, &c);
     cos_s[i] = c;
@@ -54,20 +82,27 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
   __syncthreads();
   const int head_begin = blockIdx.y * kRopeHeadsPerBlock;
-  const int heads = min(kRopeHeadsPerBlock, num_rotated_heads - head_begin);
-  __nv_bfloat16* row =
-      qkv + static_cast<size_t>(token) * row_stride + static_cast<size_t>(head_begin) * head_dim;
+  const int heads = min(kRopeHeadsPerBlock, p.num_heads + p.num_kv_heads - head_begin);
   for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
     const int h = idx / half;
     const int i = idx - h * half;
     const float c = cos_s[i];
     const float s = sin_s[i];
-    __nv_bfloat16* lo = row + h * head_dim + i;
+    const int head = head_begin + h;
+    __nv_bfloat16* lo = row + static_cast<size_t>(head) * p.head_dim + i;
     __nv_bfloat16* hi = lo + half;
     const float x0 = __bfloat162float(*lo);
     const float x1 = __bfloat162float(*hi);
-    *lo = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-    *hi = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+    const __nv_bfloat16 y0 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+    const __nv_bfloat16 y1 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+    *lo = y0;
+    *hi = y1;
+    if (slot >= 0 && head >= p.num_heads) {
+      __nv_bfloat16* k_dst = p.k_layer + static_cast<size_t>(slot) * kv_units +
+                             static_cast<size_t>(head - p.num_heads) * p.head_dim + i;
+      k_dst[0] = y0;
+      k_dst[half] = y1;
+    }
   }
 }
 
@@ -78,6 +113,8 @@ __global__ void __launch_bounds__(kCopyThreads)
     KvAppendKernel(const T* __restrict__ qkv, const int32_t* __restrict__ slot_mapping,
                    int row_units, int k_offset, int kv_units, T* __restrict__ k_layer,
                    T* __restrict__ v_layer) {
+  PdlLaunchDependents();
+  PdlWait();
   const int slot = slot_mapping[blockIdx.x];
   if (slot < 0) return;
   const T* k_src = qkv + static_cast<size_t>(blockIdx.x) * row_units + k_offset;
@@ -100,27 +137,45 @@ cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int
                                cudaStream_t stream) {
   if (hidden % 8 == 0 && IsAligned16(table) && IsAligned16(out)) {
     const int units = hidden / 8;
-    EmbeddingKernel<uint4><<<n, ThreadsFor(units), 0, stream>>>(
-        ids, static_cast<const uint4*>(table), units, static_cast<uint4*>(out));
+    LaunchKernel(EmbeddingKernel<uint4>, n, ThreadsFor(units), 0, stream, ids,
+                 static_cast<const uint4*>(table), units, static_cast<uint4*>(out));
   } else {
-    EmbeddingKernel<uint16_t><<<n, ThreadsFor(hidden), 0, stream>>>(
-        ids, static_cast<const uint16_t*>(table), hidden, static_cast<uint16_t*>(out));
+    LaunchKernel(EmbeddingKernel<uint16_t>, n, ThreadsFor(hidden), 0, stream, ids,
+                 static_cast<const uint16_t*>(table), hidden, static_cast<uint16_t*>(out));
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeKvRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
+                            int num_heads, int num_kv_heads, int head_dim,
+                            const int32_t* slot_mapping, void* k_layer, void* v_layer,
+                            cudaStream_t stream) {
+  RopeParams p;
+  p.qkv = static_cast<__nv_bfloat16*>(qkv);
+  p.positions = positions;
+  p.inv_freq = inv_freq;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.row_stride = (num_heads + 2 * num_kv_heads) * head_dim;
+  p.head_dim = head_dim;
+  const int rotated = num_heads + num_kv_heads;
+  p.rope_groups = (rotated + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock;
+  p.slot_mapping = slot_mapping;
+  p.k_layer = static_cast<__nv_bfloat16*>(k_layer);
+  p.v_layer = static_cast<__nv_bfloat16*>(v_layer);
+  const int half = head_dim / 2;
+  const int pairs = (rotated < kRopeHeadsPerBlock ? rotated : kRopeHeadsPerBlock) * half;
+  const int threads = ThreadsFor(pairs);  // at most kCopyThreads == kRopeThreads
+  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
+  const int groups = p.rope_groups + (k_layer != nullptr ? 1 : 0);
+  LaunchKernel(RopeKernel, dim3(n, groups), threads, smem, stream, p);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRopeRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
                           int num_heads, int num_kv_heads, int head_dim, cudaStream_t stream) {
-  const int half = head_dim / 2;
-  const int rotated = num_heads + num_kv_heads;
-  const int row_stride = (num_heads + 2 * num_kv_heads) * head_dim;
-  const int groups = (rotated + kRopeHeadsPerBlock - 1) / kRopeHeadsPerBlock;
-  const int pairs = (rotated < kRopeHeadsPerBlock ? rotated : kRopeHeadsPerBlock) * half;
-  const int threads = ThreadsFor(pairs);  // at most kCopyThreads == kRopeThreads
-  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
-  RopeKernel<<<dim3(n, groups), threads, smem, stream>>>(
-      static_cast<__nv_bfloat16*>(qkv), positions, inv_freq, rotated, row_stride, head_dim);
-  return cudaGetLastError();
+  return LaunchRopeKvRaw(qkv, positions, inv_freq, n, num_heads, num_kv_heads, head_dim, nullptr,
+                         nullptr, nullptr, stream);
 }
 
 cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int n, int num_heads,
@@ -130,13 +185,13 @@ cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int 
   const int kv = num_kv_heads * head_dim;
   const int k_offset = num_heads * head_dim;
   if (head_dim % 8 == 0 && IsAligned16(qkv) && IsAligned16(k_layer) && IsAligned16(v_layer)) {
-    KvAppendKernel<uint4><<<n, ThreadsFor(kv / 8), 0, stream>>>(
-        static_cast<const uint4*>(qkv), slot_mapping, row / 8, k_offset / 8, kv / 8,
-        static_cast<uint4*>(k_layer), static_cast<uint4*>(v_layer));
+    LaunchKernel(KvAppendKernel<uint4>, n, ThreadsFor(kv / 8), 0, stream,
+                 static_cast<const uint4*>(qkv), slot_mapping, row / 8, k_offset / 8, kv / 8,
+                 static_cast<uint4*>(k_layer), static_cast<uint4*>(v_layer));
   } else {
-    KvAppendKernel<uint16_t><<<n, ThreadsFor(kv), 0, stream>>>(
-        static_cast<const uint16_t*>(qkv), slot_mapping, row, k_offset, kv,
-        static_cast<uint16_t*>(k_layer), static_cast<uint16_t*>(v_layer));
+    LaunchKernel(KvAppendKernel<uint16_t>, n, ThreadsFor(kv), 0, stream,
+                 static_cast<const uint16_t*>(qkv), slot_mapping, row, k_offset, kv,
+                 static_cast<uint16_t*>(k_layer), static_cast<uint16_t*>(v_layer));
   }
   return cudaGetLastError();
 }

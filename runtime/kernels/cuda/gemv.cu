@@ -1,9 +1,17 @@
-// Small-M bf16 GEMV (contract: gemv_kernels.h). Memory-bound on the weight matrix: each warp owns
-// kRowsPerWarp output features and streams their weight rows with 16-byte loads, kUnroll loads
-// per row in flight per lane (evict-first: the weights are read once per step). The M activation
-// rows (a few KB, shared by every warp) are read through the read-only cache, one 16-byte pack
-// per weight pack. Each lane accumulates M x kRowsPerWarp partial dot products in float32; a
-// butterfly warp reduction finishes them and lane (m * kRowsPerWarp + r) writes out[m, row + r].
+// Small-M bf16 GEMV (contract: gemv_kernels.h). Memory-bound on the weight matrix, so the design
+// goal is many bytes in flight on every SM from the first to the last microsecond:
+//   - a CTA of 256 threads owns kRows consecutive output features and splits the K dimension
+//     across all its threads: thread i streams 16-byte packs i, i + 256, ... of each of its rows
+//     (kUnroll packs per row in flight, evict-first: weights are read once per step), so even a
+//     4096-row matrix makes 2048 small CTAs that fill every SM several times over;
+//   - the first batch of weight loads is issued BEFORE PdlWait(): with programmatic dependent
+//     launch the weights stream while the previous kernel (which produced x) is finishing;
+//   - the M activation rows (a few KB, shared by every CTA) are read through the read-only cache;
+//   - per-thread float32 partials are reduced with warp shuffles, then across warps in shared
+//     memory.
+// Gated mode (SiLU-and-multiply fused in): the CTA's rows are gate rows j and up rows n + j of a
+// [2n, k] matrix, and out[m, j] = silu(gate) * up, so the gate/up projection writes the MLP's
+// input directly.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -17,134 +25,165 @@
 namespace tandem::cuda::internal {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kRowsPerWarp = 2;
-constexpr int kUnroll = 4;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kRows = 2;    // output features per CTA (gated: 2 gate + 2 up weight rows)
+constexpr int kUnroll = 4;  // 16-byte packs per weight row in flight per thread
 
-template <int M>
-__global__ void __launch_bounds__(kWarps* kWarpSize)
-    GemvKernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
-               const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, bool out_f32, int n,
-               int chunks) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int row0 = (blockIdx.x * kWarps + threadIdx.x / kWarpSize) * kRowsPerWarp;
-  if (row0 >= n) return;
-  // Rows past n (odd n) re-read the last row; their results are not written.
-  const uint4* w_rows[kRowsPerWarp];
+struct GemvParams {
+  const uint4* x;  // [m, chunks]
+  const uint4* w;  // [n or 2n, chunks]
+  const __nv_bfloat16* bias;
+  void* out;
+  bool out_f32;
+  int n;       // output features
+  int chunks;  // k / 8
+};
+
+__device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
+
+template <int M, bool kGated>
+__global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
+  constexpr int kWRows = kGated ? 2 * kRows : kRows;
+  PdlLaunchDependents();
+  const int tid = threadIdx.x;
+  const int row0 = blockIdx.x * kRows;
+  // Rows past n (n not a multiple of kRows) re-read row n - 1; their results are not written.
+  const uint4* w_rows[kWRows];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int row = row0 + r < n ? row0 + r : n - 1;
-    w_rows[r] = w + static_cast<size_t>(row) * chunks;
+  for (int r = 0; r < kWRows; ++r) {
+    const int feature = row0 + r % kRows < p.n ? row0 + r % kRows : p.n - 1;
+    const int row = kGated && r >= kRows ? p.n + feature : feature;
+    w_rows[r] = p.w + static_cast<size_t>(row) * p.chunks;
   }
-  float acc[M][kRowsPerWarp];
+  float acc[M][kWRows];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) acc[m][r] = 0.0f;
+    for (int r = 0; r < kWRows; ++r) acc[m][r] = 0.0f;
   }
 
-  for (int base = lane; base < chunks; base += kWarpSize * kUnroll) {
-    uint4 wv[kUnroll][kRowsPerWarp];
+  constexpr int kStep = kThreads * kUnroll;
+  uint4 wv[kUnroll][kWRows];
+  auto load = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + u * kWarpSize;
+      const int c = base + u * kThreads;
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        wv[u][r] = c < chunks ? __ldcs(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < kWRows; ++r) {
+        wv[u][r] = c < p.chunks ? __ldcs(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
       }
     }
+  };
+  load(tid);  // weights do not depend on the previous kernel
+  PdlWait();
+  for (int base = tid; base < p.chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + u * kWarpSize;
-      if (c < chunks) {
-        float wf[kRowsPerWarp][8];
+      const int c = base + u * kThreads;
+      if (c < p.chunks) {
+        float wf[kWRows][8];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          Bf16x8 p;
-          memcpy(&p, &wv[u][r], sizeof(p));
-          Bf16x8ToFloat(p, wf[r]);
+        for (int r = 0; r < kWRows; ++r) {
+          Bf16x8 pack;
+          memcpy(&pack, &wv[u][r], sizeof(pack));
+          Bf16x8ToFloat(pack, wf[r]);
         }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xr = __ldg(x + static_cast<size_t>(m) * chunks + c);
-          Bf16x8 p;
-          memcpy(&p, &xr, sizeof(p));
+          const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
+          Bf16x8 pack;
+          memcpy(&pack, &xr, sizeof(pack));
           float xf[8];
-          Bf16x8ToFloat(p, xf);
+          Bf16x8ToFloat(pack, xf);
 #pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) {
+          for (int r = 0; r < kWRows; ++r) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(xf[j], wf[r][j], acc[m][r]);
           }
         }
       }
     }
+    if (base + kStep < p.chunks) load(base + kStep);
   }
 
+  __shared__ float s_part[kWarps][M * kWRows];
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
+    for (int r = 0; r < kWRows; ++r) {
       const float sum = WarpSum(acc[m][r]);
-      const int row = row0 + r;
-      if (lane == m * kRowsPerWarp + r && row < n) {
-        const float y = bias != nullptr ? sum + __bfloat162float(bias[row]) : sum;
-        const size_t at = static_cast<size_t>(m) * n + row;
-        if (out_f32) {
-          static_cast<float*>(out)[at] = y;
-        } else {
-          static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(y);
-        }
+      if (lane == 0) s_part[warp][m * kWRows + r] = sum;
+    }
+  }
+  __syncthreads();
+  if (tid < M * kRows) {
+    const int m = tid / kRows;
+    const int r = tid % kRows;
+    const int feature = row0 + r;
+    if (feature < p.n) {
+      float y = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) y += s_part[w][m * kWRows + r];
+      if (kGated) {
+        float up = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) up += s_part[w][m * kWRows + kRows + r];
+        y = Silu(y) * up;
+      } else if (p.bias != nullptr) {
+        y += __bfloat162float(p.bias[feature]);
+      }
+      const size_t at = static_cast<size_t>(m) * p.n + feature;
+      if (p.out_f32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
       }
     }
   }
 }
 
-static_assert(kGemvMaxRowsDevice * kRowsPerWarp <= kWarpSize, "one writing lane per output");
-
 template <int M>
-void Launch(const void* x, const void* w, const void* bias, void* out, bool out_f32, int n, int k,
-            cudaStream_t stream) {
-  constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  GemvKernel<M><<<blocks, kWarps * kWarpSize, 0, stream>>>(
-      static_cast<const uint4*>(x), static_cast<const uint4*>(w),
-      static_cast<const __nv_bfloat16*>(bias), out, out_f32, n, k / 8);
+cudaError_t Launch(const GemvParams& p, bool gated, cudaStream_t stream) {
+  const dim3 grid(CeilDiv(p.n, kRows));
+  return gated ? LaunchKernel(GemvKernel<M, true>, grid, dim3(kThreads), 0, stream, p)
+               : LaunchKernel(GemvKernel<M, false>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          int m, int n, int k, cudaStream_t stream) {
+                          bool gated_silu, int m, int n, int k, cudaStream_t stream) {
+  GemvParams p;
+  p.x = static_cast<const uint4*>(x);
+  p.w = static_cast<const uint4*>(w);
+  p.bias = static_cast<const __nv_bfloat16*>(bias);
+  p.out = out;
+  p.out_f32 = out_f32;
+  p.n = n;
+  p.chunks = k / 8;
   switch (m) {
     case 1:
-      Launch<1>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<1>(p, gated_silu, stream);
     case 2:
-      Launch<2>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<2>(p, gated_silu, stream);
     case 3:
-      Launch<3>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<3>(p, gated_silu, stream);
     case 4:
-      Launch<4>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<4>(p, gated_silu, stream);
     case 5:
-      Launch<5>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<5>(p, gated_silu, stream);
     case 6:
-      Launch<6>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<6>(p, gated_silu, stream);
     case 7:
-      Launch<7>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<7>(p, gated_silu, stream);
     case 8:
-      Launch<8>(x, w, bias, out, out_f32, n, k, stream);
-      break;
+      return Launch<8>(p, gated_silu, stream);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace tandem::cuda::internal

@@ -1,6 +1,7 @@
 // GPU differential test of the small-M GEMV (gemv_kernels.h) against a float64 CPU dot product
 // over the same bf16-rounded inputs, at the decode projection shapes of Llama-3-8B (QKV, O,
-// gate/up, down, LM head) and a small odd one. Skipped without a GPU.
+// gate/up, down, LM head) and a small odd one, plus the gated (SiLU-and-multiply) mode. Skipped
+// without a GPU.
 // Tolerance per element: float32 accumulation error, bounded by kAccTol * sum_k |x w| (a
 // dropped or repeated 8-element pack moves the result by ~sqrt(8) * |x w|, far above it), plus one
 // bf16 rounding (2^-8 * |ref|) for bf16 outputs.
@@ -36,7 +37,11 @@ struct Shape {
   int n, k;
 };
 
-class GemvCudaTest : public CudaKernelTest {};
+class GemvCudaTest : public CudaKernelTest {
+ protected:
+  void CheckGated(const Shape& s, int m, const std::vector<float>& xf,
+                  const std::vector<float>& wf, const DeviceBuffer& d_x, const DeviceBuffer& d_w);
+};
 
 std::vector<int> RowsToCheck(int n) {
   std::vector<int> rows;
@@ -49,6 +54,63 @@ std::vector<int> RowsToCheck(int n) {
     if (r < 256 || r >= n - 256 || r % stride == 0) rows.push_back(r);
   }
   return rows;
+}
+
+// Gated mode on the same matrix read as [2 * half, k]: gate rows [0, half), up rows
+// [half, 2 * half); out[i, j] = silu(gate) * up against a float64 reference. The tolerance carries
+// each dot product's accumulation bound through silu(g) * u (|silu'| <= 1.1) plus one bf16
+// rounding.
+void GemvCudaTest::CheckGated(const Shape& s, int m, const std::vector<float>& xf,
+                              const std::vector<float>& wf, const DeviceBuffer& d_x,
+                              const DeviceBuffer& d_w) {
+  const int half = s.n / 2;
+  const std::string what = absl::StrCat("gemv gated m=", m, " n=", half, " k=", s.k);
+  SCOPED_TRACE(what);
+  const size_t out_elems = static_cast<size_t>(m) * half;
+  const DeviceBuffer d_out = Upload(std::vector<uint16_t>(out_elems, testing_util::kBf16Poison));
+  cuda::GemvArgs a;
+  a.x = d_x.data;
+  a.w = d_w.data;
+  a.out = d_out.data;
+  a.gated_silu = true;
+  a.m = m;
+  a.n = half;
+  a.k = s.k;
+  const absl::Status st = cuda::LaunchGemv(a, stream());
+  ASSERT_TRUE(st.ok()) << what << ": " << st;
+  const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
+  int64_t bad = 0;
+  double max_ratio = 0.0;
+  std::string first;
+  const std::vector<int> rows = RowsToCheck(half);
+  for (int i = 0; i < m; ++i) {
+    const float* xr = &xf[static_cast<size_t>(i) * s.k];
+    for (const int r : rows) {
+      double g = 0, u = 0, g_mag = 0, u_mag = 0;
+      const float* gr = &wf[static_cast<size_t>(r) * s.k];
+      const float* ur = &wf[static_cast<size_t>(half + r) * s.k];
+      for (int kk = 0; kk < s.k; ++kk) {
+        g += static_cast<double>(xr[kk]) * gr[kk];
+        u += static_cast<double>(xr[kk]) * ur[kk];
+        g_mag += std::fabs(static_cast<double>(xr[kk]) * gr[kk]);
+        u_mag += std::fabs(static_cast<double>(xr[kk]) * ur[kk]);
+      }
+      const double silu = g / (1.0 + std::exp(-g));
+      const double ref = silu * u;
+      const double tol = 1.1 * std::fabs(u) * kAccTol * g_mag +
+                         (std::fabs(silu) + 1.1 * kAccTol * g_mag) * kAccTol * u_mag +
+                         kBf16RoundRel * std::fabs(ref) + 1e-6;
+      const double got = Bf16ToFloat(bits[static_cast<size_t>(i) * half + r]);
+      const double err = std::fabs(got - ref);
+      max_ratio = std::max(max_ratio, err / tol);
+      if (!(err <= tol) && bad++ < 5) {
+        first += absl::StrCat(" [m=", i, " n=", r, "] got ", got, " ref ", ref, " tol ", tol, ";");
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " outputs outside tolerance (or unwritten); max "
+                    << "err/tol=" << max_ratio << "; first:" << first;
+  std::printf("%s: checked %zu rows, max err/tol=%.3g\n", what.c_str(), rows.size(), max_ratio);
 }
 
 TEST_F(GemvCudaTest, MatchesCpuReference) {
@@ -145,6 +207,7 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
         std::printf("%s: checked %zu rows, max_abs_err=%.3g max err/tol=%.3g\n", what.c_str(),
                     rows.size(), max_abs, max_ratio);
       }
+      if (s.n % 2 == 0) CheckGated(s, m, xf, wf, d_x, d_w);
     }
     FreeAll();
   }

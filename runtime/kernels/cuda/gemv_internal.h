@@ -12,6 +12,6 @@ constexpr int kGemvMaxRowsDevice = 8;
 
 // m in [1, kGemvMaxRowsDevice].
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          int m, int n, int k, cudaStream_t stream);
+                          bool gated_silu, int m, int n, int k, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

@@ -31,9 +31,12 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
   if (!Aligned16(a.x) || !Aligned16(a.w)) {
     return absl::InvalidArgumentError("Gemv x and w must be 16-byte aligned");
   }
+  if (a.gated_silu && a.bias != nullptr) {
+    return absl::InvalidArgumentError("Gemv gated_silu takes no bias");
+  }
   if (a.m == 0) return absl::OkStatus();
-  return CudaStatus(internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.m, a.n, a.k,
-                                            static_cast<cudaStream_t>(stream)),
+  return CudaStatus(internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m,
+                                            a.n, a.k, static_cast<cudaStream_t>(stream)),
                     "Gemv kernel launch");
 }
 

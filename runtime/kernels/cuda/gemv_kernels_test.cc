@@ -40,6 +40,13 @@ TEST(GemvKernelsTest, RejectsBadShapes) {
   }
 }
 
+TEST(GemvKernelsTest, RejectsBiasInGatedMode) {
+  GemvArgs a = Valid();
+  a.gated_silu = true;
+  a.bias = g_w;
+  EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid);
+}
+
 TEST(GemvKernelsTest, RejectsNullAndMisalignedPointers) {
   for (const auto& mutate :
        {+[](GemvArgs& a) { a.x = nullptr; }, +[](GemvArgs& a) { a.w = nullptr; },

@@ -61,6 +61,69 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// cp.async (sm_80+): a 16-byte global -> shared copy that bypasses L1 and registers; with
+// valid == false the 16 shared bytes are zero-filled and nothing is read. Completion is tracked
+// per thread in commit groups; other threads see the bytes after a barrier.
+__device__ __forceinline__ void CpAsyncCg16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommitGroup() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWaitGroup() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Programmatic dependent launch (sm_90). A kernel launched with LaunchKernel (below) may start
+// while the previous kernel in the stream is still running; it must call PdlWait() before it
+// reads anything an earlier kernel wrote or writes anything an earlier kernel may still read, and
+// before any early return (a CTA that exits without waiting would let the kernels after it start
+// before this one's predecessors finished). PdlLaunchDependents() lets the next kernel's CTAs be
+// scheduled once every CTA of this one has called it (or exited); it publishes nothing, since the
+// dependents' PdlWait() still waits for this whole grid to finish and flush. Without the launch
+// attribute (or before sm_90) both are no-ops.
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches use programmatic dependent launch: on unless TANDEM_DISABLE_PDL is set to
+// something other than "0" (read once; for A/B benchmarks).
+bool PdlEnabled();
+
+// Launches `kernel` on `stream` with programmatic stream serialization when PdlEnabled(). Every
+// kernel launched this way must follow the PdlWait() rule above. Capturable in a CUDA graph.
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes,
+                         cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
+}
+
 inline bool IsAligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 inline unsigned CeilDiv(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

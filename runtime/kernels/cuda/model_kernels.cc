@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
@@ -123,6 +125,14 @@ internal::PagedLayerView LayerView(const PagedKvCache& c, int layer, const int32
 
 namespace internal {
 
+bool PdlEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TANDEM_DISABLE_PDL");
+    return v == nullptr || std::string_view(v) == "0";
+  }();
+  return enabled;
+}
+
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len) {
   DecodeSplitPlan plan;
   const int64_t context = std::max(max_context_len, 1);
@@ -208,6 +218,26 @@ absl::Status LaunchKvAppend(const void* qkv, const int32_t* slot_mapping, int n,
                                                 cache.head_dim, LayerPtr(cache.k, cache, layer),
                                                 LayerPtr(cache.v, cache, layer), Native(stream)),
                     "KvAppend kernel launch");
+}
+
+absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float* inv_freq,
+                                const int32_t* slot_mapping, int n, int num_heads,
+                                const PagedKvCache& cache, int layer, void* stream) {
+  if (absl::Status s = ValidateCache(cache, layer, "RopeKvAppend"); !s.ok()) return s;
+  if (n < 0 || num_heads <= 0 || cache.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("RopeKvAppend shape n=", n, " heads=", num_heads,
+                                                   " head_dim=", cache.head_dim, " is not valid"));
+  }
+  if (qkv == nullptr || positions == nullptr || inv_freq == nullptr || slot_mapping == nullptr) {
+    return absl::InvalidArgumentError(
+        "RopeKvAppend qkv, positions, inv_freq and slot_mapping must not be null");
+  }
+  if (n == 0) return absl::OkStatus();
+  return CudaStatus(
+      internal::LaunchRopeKvRaw(qkv, positions, inv_freq, n, num_heads, cache.num_kv_heads,
+                                cache.head_dim, slot_mapping, LayerPtr(cache.k, cache, layer),
+                                LayerPtr(cache.v, cache, layer), Native(stream)),
+      "RopeKvAppend kernel launch");
 }
 
 absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream) {

@@ -65,6 +65,12 @@ absl::Status LaunchRope(void* qkv, const int32_t* positions, const float* inv_fr
 absl::Status LaunchKvAppend(const void* qkv, const int32_t* slot_mapping, int n, int num_heads,
                             const PagedKvCache& cache, int layer, void* stream);
 
+// LaunchRope followed by LaunchKvAppend (same arguments, same results bit for bit in qkv and in
+// the cache) in one kernel: the decode step's per-layer launch count is what bounds small batches.
+absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float* inv_freq,
+                                const int32_t* slot_mapping, int n, int num_heads,
+                                const PagedKvCache& cache, int layer, void* stream);
+
 // out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), in float32.
 // gate_up: bf16 [n, 2 * inter], the gate half then the up half of each row; out: bf16 [n, inter].
 absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream);

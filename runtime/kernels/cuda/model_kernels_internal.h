@@ -12,11 +12,21 @@
 
 namespace tandem::cuda::internal {
 
+// Whether kernels are launched with programmatic dependent launch (kernel_utils.cuh): on unless
+// the environment sets TANDEM_DISABLE_PDL to something other than "0". Read once.
+bool PdlEnabled();
+
 cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int hidden, void* out,
                                cudaStream_t stream);
 
 cudaError_t LaunchRopeRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
                           int num_heads, int num_kv_heads, int head_dim, cudaStream_t stream);
+
+// RoPE, then (k_layer non-null) the KV append of LaunchKvAppendRaw, in one launch.
+cudaError_t LaunchRopeKvRaw(void* qkv, const int32_t* positions, const float* inv_freq, int n,
+                            int num_heads, int num_kv_heads, int head_dim,
+                            const int32_t* slot_mapping, void* k_layer, void* v_layer,
+                            cudaStream_t stream);
 
 // k_layer / v_layer: the layer's cache, [num_blocks * block_size, num_kv_heads * head_dim].
 cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int n, int num_heads,
@@ -40,7 +50,7 @@ struct PagedLayerView {
 };
 
 // Tokens per decode-attention tile; a split's partition is a multiple of it.
-constexpr int kDecodeTileTokens = 128;
+constexpr int kDecodeTileTokens = 64;
 
 // The split-K plan of one decode launch: a function of host values only.
 struct DecodeSplitPlan {

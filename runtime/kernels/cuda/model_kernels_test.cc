@@ -207,7 +207,7 @@ TEST(DecodeSplitPlanTest, SplitsOnlyWhenTheBatchCannotFillTheGpu) {
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 8192);
   EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, 8192);
   // Short contexts and big batches: no split.
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 100).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeTileTokens).num_splits, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192).num_splits, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 100000).num_splits, 1);
 }

@@ -13,12 +13,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/rmsnorm_internal.h"
 
 namespace tandem::cuda::internal {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kCachedMaxThreads = 256;
 constexpr int kLoopThreads = 1024;
 
@@ -39,14 +39,6 @@ __device__ __forceinline__ Pack<kVec> LoadPack(const Pack<kVec>* p) {
   } else {
     return *p;
   }
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
 }
 
 // Sum over the block, returned to every thread. blockDim.x must be a multiple of 32. Called once
@@ -104,6 +96,8 @@ __global__ void __launch_bounds__(kCachedMaxThreads)
     RmsNormCachedKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                         const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int dim,
                         float eps) {
+  PdlLaunchDependents();
+  PdlWait();
   using P = Pack<kVec>;
   const int num_packs = dim / kVec;
   const size_t row_offset = static_cast<size_t>(blockIdx.x) * static_cast<size_t>(dim);
@@ -146,6 +140,8 @@ __global__ void __launch_bounds__(kLoopThreads)
     RmsNormLoopKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                       const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int dim,
                       float eps) {
+  PdlLaunchDependents();
+  PdlWait();
   using P = Pack<kVec>;
   const int num_packs = dim / kVec;
   const size_t row_offset = static_cast<size_t>(blockIdx.x) * static_cast<size_t>(dim);
@@ -186,24 +182,22 @@ void Dispatch(const KernelArgs& a, cudaStream_t stream) {
   // Fewest packs per thread that fit in kCachedMaxThreads threads.
   auto threads_for = [&](int iters) { return RoundUpToWarp((num_packs + iters - 1) / iters); };
   if (threads_for(1) <= kCachedMaxThreads) {
-    RmsNormCachedKernel<kVec, 1, kResidual>
-        <<<grid, threads_for(1), 0, stream>>>(a.x, a.residual, a.weight, a.out, a.dim, a.eps);
+    LaunchKernel(RmsNormCachedKernel<kVec, 1, kResidual>, grid, threads_for(1), 0, stream, a.x,
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(2) <= kCachedMaxThreads) {
-    RmsNormCachedKernel<kVec, 2, kResidual>
-        <<<grid, threads_for(2), 0, stream>>>(a.x, a.residual, a.weight, a.out, a.dim, a.eps);
+    LaunchKernel(RmsNormCachedKernel<kVec, 2, kResidual>, grid, threads_for(2), 0, stream, a.x,
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(4) <= kCachedMaxThreads) {
-    RmsNormCachedKernel<kVec, 4, kResidual>
-        <<<grid, threads_for(4), 0, stream>>>(a.x, a.residual, a.weight, a.out, a.dim, a.eps);
+    LaunchKernel(RmsNormCachedKernel<kVec, 4, kResidual>, grid, threads_for(4), 0, stream, a.x,
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(8) <= kCachedMaxThreads) {
-    RmsNormCachedKernel<kVec, 8, kResidual>
-        <<<grid, threads_for(8), 0, stream>>>(a.x, a.residual, a.weight, a.out, a.dim, a.eps);
+    LaunchKernel(RmsNormCachedKernel<kVec, 8, kResidual>, grid, threads_for(8), 0, stream, a.x,
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else {
-    RmsNormLoopKernel<kVec, kResidual>
-        <<<grid, kLoopThreads, 0, stream>>>(a.x, a.residual, a.weight, a.out, a.dim, a.eps);
+    LaunchKernel(RmsNormLoopKernel<kVec, kResidual>, grid, kLoopThreads, 0, stream, a.x, a.residual,
+                 a.weight, a.out, a.dim, a.eps);
   }
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -216,8 +210,8 @@ cudaError_t LaunchRmsNormRaw(const void* x, void* residual, const void* weight, 
                      rows,
                      dim,
                      eps};
-  const bool vectorized = dim % 8 == 0 && Aligned16(x) && Aligned16(weight) && Aligned16(out) &&
-                          (residual == nullptr || Aligned16(residual));
+  const bool vectorized = dim % 8 == 0 && IsAligned16(x) && IsAligned16(weight) && IsAligned16(out) &&
+                          (residual == nullptr || IsAligned16(residual));
   const bool has_residual = residual != nullptr;
   if (vectorized && has_residual) {
     Dispatch<8, true>(a, stream);

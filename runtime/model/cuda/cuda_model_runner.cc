@@ -23,6 +23,7 @@
 #include "runtime/device/device.h"
 #include "runtime/device/device_factory.h"
 #include "runtime/kernels/cpu_ops.h"
+#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/model/cuda/cublas_gemm.h"
@@ -656,12 +657,10 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
                                     GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("qkv_gemm"));
-      RETURN_IF_ERROR(cuda::LaunchRope(qkv, meta + p.off.positions,
-                                       static_cast<const float*>(inv_freq_.data), T, c.num_heads,
-                                       c.num_kv_heads, c.head_dim, s));
-      RETURN_IF_ERROR(mark("rope"));
-      RETURN_IF_ERROR(cuda::LaunchKvAppend(qkv, meta + p.off.slots, T, c.num_heads, cache_, li, s));
-      RETURN_IF_ERROR(mark("kv_append"));
+      RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(qkv, meta + p.off.positions,
+                                               static_cast<const float*>(inv_freq_.data),
+                                               meta + p.off.slots, T, c.num_heads, cache_, li, s));
+      RETURN_IF_ERROR(mark("rope_kv_append"));
       if (D > 0) {
         cuda::DecodeAttentionArgs a;
         a.q = qkv;
@@ -704,11 +703,25 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(mark("o_gemm"));
       RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
       RETURN_IF_ERROR(mark("rmsnorm"));
-      RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.gate_up, nullptr, T, hidden, 2 * inter,
-                                    gate_up_.data, GemmOut::kBf16, s));
-      RETURN_IF_ERROR(mark("gate_up_gemm"));
-      RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up_.data, T, inter, act_.data, s));
-      RETURN_IF_ERROR(mark("silu_mul"));
+      if (gemm_->UseGemv(T, hidden, normed_.data, lw.gate_up)) {
+        // Decode-sized: one GEMV computes gate and up and writes silu(gate) * up.
+        cuda::GemvArgs g;
+        g.x = normed_.data;
+        g.w = lw.gate_up;
+        g.out = act_.data;
+        g.gated_silu = true;
+        g.m = T;
+        g.n = inter;
+        g.k = hidden;
+        RETURN_IF_ERROR(cuda::LaunchGemv(g, s));
+        RETURN_IF_ERROR(mark("gate_up_silu_gemv"));
+      } else {
+        RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.gate_up, nullptr, T, hidden, 2 * inter,
+                                      gate_up_.data, GemmOut::kBf16, s));
+        RETURN_IF_ERROR(mark("gate_up_gemm"));
+        RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up_.data, T, inter, act_.data, s));
+        RETURN_IF_ERROR(mark("silu_mul"));
+      }
       RETURN_IF_ERROR(
           gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("down_gemm"));

@@ -6,8 +6,9 @@
 // Forward, per step: the batch is planned on the host (cuda/step_plan.h: row order, graph
 // padding, metadata), the metadata goes to the GPU in one copy through a pinned staging buffer,
 // then embedding -> per layer [fused residual RMSNorm -> QKV GEMM (+bias in the epilogue for
-// Qwen2) -> RoPE -> KV append -> decode attention (one-token chunks) and/or prefill attention
-// (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul -> down GEMM] ->
+// Qwen2) -> RoPE + KV append (one kernel) -> decode attention (one-token chunks) and/or prefill
+// attention (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul (one
+// gated GEMV when the step runs its projections as GEMVs) -> down GEMM] ->
 // final norm -> gather of the rows that need logits -> LM head (f32) -> logits copied to the host.
 // A decode-only batch of at most 256 rows is padded to a bucket; its device work is captured once
 // per (bucket, block-table width) into a CUDA graph (after one eager run) and replayed afterwards.
