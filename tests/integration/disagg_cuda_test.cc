@@ -1,0 +1,191 @@
+// Disaggregated serving on GPUs in one process: a prefill worker and a decode worker, each over
+// an engine with its own CUDA runner (GPU 0), KV moving through the runners' pinned host mirrors
+// and the loopback backend, Decode.Generate over real gRPC. Greedy tokens must equal a local
+// CUDA engine's exactly (same kernels, same KV bytes) and a CPU engine's up to the first step
+// where the CPU's top two logprobs are within kNearTie (bf16 may flip such near-ties; the
+// comparison stops there). Models: a synthesized random `tiny` (runtime/model/synth.h) and the
+// bundled trained target model when present. Skipped without a GPU.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "runtime/base/logging.h"
+#include "runtime/device/cuda/cuda_device.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/synth.h"
+#include "runtime/server/model_loader.h"
+#include "tests/integration/disagg_stack.h"
+
+namespace tandem {
+namespace {
+
+using testing_util::DisaggStack;
+using testing_util::Streamed;
+using testing_util::UniqueId;
+using testing_util::WaitIdle;
+
+constexpr int kMaxTokens = 16;
+constexpr float kNearTie = 0.05f;  // nats between the CPU's top two candidates
+
+std::string ModelsDir() {
+  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
+  return std::string(TANDEM_SOURCE_DIR) + "/models";
+}
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
+};
+
+// Greedy (EOS ignored) through a local engine, with the top-2 logprobs of every step.
+Generated Local(Engine& engine, const std::vector<int32_t>& prompt) {
+  absl::Mutex mu;
+  Generated out;
+  bool done = false;
+  GenerateRequest r;
+  r.request_id = UniqueId("local");
+  r.prompt_token_ids = prompt;
+  r.params.temperature = 0.0f;
+  r.params.max_tokens = kMaxTokens;
+  r.params.ignore_eos = true;
+  r.params.logprobs = 2;
+  r.on_output = [&](const GenerationOutput& o) {
+    absl::MutexLock lock(&mu);
+    out.tokens.insert(out.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+    out.logprobs.insert(out.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    if (o.finish_reason.has_value()) done = true;
+  };
+  const absl::Status s = engine.Submit(std::move(r));
+  CHECK(s.ok()) << s;
+  absl::MutexLock lock(&mu);
+  CHECK(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120)));
+  return out;
+}
+
+class DisaggCudaTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok() || *count == 0) return;
+    tiny_dir_ = new std::string(absl::StrCat(::testing::TempDir(), "/disagg_cuda_tiny_", getpid()));
+    SynthOptions o;
+    o.like = "tiny";
+    o.out_dir = *tiny_dir_;
+    o.seed = 11;
+    o.num_threads = 2;
+    const absl::Status s = SynthesizeModel(o, nullptr);
+    CHECK(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    if (tiny_dir_ == nullptr) return;
+    std::error_code ec;
+    std::filesystem::remove_all(*tiny_dir_, ec);
+    delete tiny_dir_;
+    tiny_dir_ = nullptr;
+  }
+  void SetUp() override {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
+    if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
+    if (GetParam() == "tiny") {
+      model_dir_ = *tiny_dir_;
+    } else {
+      model_dir_ = ModelsDir() + "/target";
+      if (!std::filesystem::exists(model_dir_ + "/config.json")) {
+        GTEST_SKIP() << "no bundled model at " << model_dir_;
+      }
+    }
+  }
+  std::unique_ptr<server::LoadedModel> Load(const std::string& device) {
+    server::ModelLoadOptions o;
+    o.model_dir = model_dir_;
+    o.device = device;
+    o.block_size = 16;
+    o.num_blocks = 128;
+    auto m = server::LoadModel(o);
+    EXPECT_TRUE(m.ok()) << device << ": " << m.status();
+    return m.ok() ? std::make_unique<server::LoadedModel>(std::move(*m)) : nullptr;
+  }
+
+  static std::string* tiny_dir_;
+  std::string model_dir_;
+};
+std::string* DisaggCudaTest::tiny_dir_ = nullptr;
+
+TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
+  auto cpu = Load("cpu");
+  auto local = Load("cuda");
+  auto p = Load("cuda");
+  auto d = Load("cuda");
+  ASSERT_TRUE(cpu && local && p && d);
+  {
+    DisaggStack stack;
+    const absl::Status started = stack.Start(p->engine.get(), d->engine.get());
+    ASSERT_TRUE(started.ok()) << started;
+    // The workers registered the pinned mirrors, not the device caches.
+    EXPECT_NE(p->engine->transfer_layout()->base, p->engine->kv_layout().base);
+    EXPECT_NE(d->engine->transfer_layout()->base, d->engine->kv_layout().base);
+    const int vocab = p->engine->config().vocab_size;
+    int seed = 3;
+    // 5 and 17: partial last blocks; 16 and 48: whole blocks; the second 48 shares 32 tokens
+    // with the first (prefix-cache hits on P and on D: D must not stage its cached blocks).
+    std::vector<std::vector<int32_t>> prompts;
+    for (int length : {5, 16, 17, 48}) {
+      std::vector<int32_t> prompt(length);
+      for (int i = 0; i < length; ++i) prompt[i] = 3 + (seed * 7919 + i * 104729) % (vocab - 3);
+      ++seed;
+      prompts.push_back(prompt);
+    }
+    std::vector<int32_t> shared(prompts[3].begin(), prompts[3].begin() + 32);
+    for (int i = 0; i < 16; ++i) shared.push_back(3 + (i * 31) % (vocab - 3));
+    prompts.push_back(shared);
+
+    for (const std::vector<int32_t>& prompt : prompts) {
+      const std::string what = absl::StrCat(GetParam(), ", prompt of ", prompt.size());
+      const Streamed got = stack.Generate(prompt, kMaxTokens);
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
+      EXPECT_TRUE(got.prefilled_remotely) << what;
+      EXPECT_EQ(got.finish_reason, "length") << what;
+      const Generated want_gpu = Local(*local->engine, prompt);
+      EXPECT_EQ(got.tokens, want_gpu.tokens) << what << ": disaggregated vs local CUDA";
+
+      const Generated want_cpu = Local(*cpu->engine, prompt);
+      ASSERT_EQ(want_cpu.logprobs.size(), want_cpu.tokens.size());
+      int compared = 0;
+      bool flipped_near_tie = false;
+      for (size_t i = 0; i < want_cpu.tokens.size() && i < got.tokens.size(); ++i) {
+        const std::vector<TokenLogprob>& top = want_cpu.logprobs[i].top;
+        const bool near_tie = top.size() >= 2 && top[0].logprob - top[1].logprob < kNearTie;
+        if (near_tie && got.tokens[i] != want_cpu.tokens[i]) {  // bf16 may flip it
+          flipped_near_tie = true;
+          break;
+        }
+        EXPECT_EQ(got.tokens[i], want_cpu.tokens[i]) << what << ": vs CPU at step " << i;
+        if (got.tokens[i] != want_cpu.tokens[i]) break;
+        ++compared;
+      }
+      std::printf("[%s] %d of %zu tokens compared with the CPU engine\n", what.c_str(), compared,
+                  want_cpu.tokens.size());
+      EXPECT_TRUE(compared > 0 || flipped_near_tie) << what;
+    }
+    EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer_failures.Value(), 0);
+    EXPECT_GT(stack.prefill().metrics().metrics().kv_transfer_bytes.Value(), 0);
+    EXPECT_TRUE(WaitIdle(*p->engine));
+    EXPECT_TRUE(WaitIdle(*d->engine));
+    stack.Stop();
+  }
+  for (auto* m : {p.get(), d.get(), local.get(), cpu.get()})
+    m->engine->Shutdown(absl::ZeroDuration());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DisaggCudaTest, ::testing::Values("tiny", "target"));
+
+}  // namespace
+}  // namespace tandem
