@@ -12,8 +12,9 @@
 //     keeps kStages - 1 tiles (K and V) in flight in shared memory while it computes the oldest;
 //   - both products run on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate) with the
 //     group's query heads as the 16 rows of A (rows past the group are zeros): S = Q K^T with K
-//     fragments from ldmatrix, then O += P V with P re-packed from the S accumulators to bf16 A
-//     fragments (as FlashAttention does) and V fragments from ldmatrix.trans;
+//     fragments from ldmatrix, then O += P V with P re-packed from the S accumulators to A
+//     fragments (a bf16 high part and a bf16 low part, two MMAs, so P keeps ~16 bits) and V
+//     fragments from ldmatrix.trans;
 //   - online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics);
 //   - block-table lookups once per token (one lane each), shared through shuffles.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
@@ -250,12 +251,14 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     l0 = l0 * alpha0 + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
     l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
 
-    // O = O * alpha + P V.
-    uint32_t a[4];
-    a[0] = PackBf16x2(s[0][0], s[0][1]);
-    a[1] = PackBf16x2(s[0][2], s[0][3]);
-    a[2] = PackBf16x2(s[1][0], s[1][1]);
-    a[3] = PackBf16x2(s[1][2], s[1][3]);
+    // O = O * alpha + P V, with P split into bf16 high and low parts (two MMAs on the same V
+    // fragments): P keeps ~16 significant bits, so the output matches a float32 P V closely;
+    // the tensor cores have time to spare in this bandwidth-bound kernel.
+    uint32_t a[4], a_lo[4];
+    SplitBf16x2(s[0][0], s[0][1], a[0], a_lo[0]);
+    SplitBf16x2(s[0][2], s[0][3], a[1], a_lo[1]);
+    SplitBf16x2(s[1][0], s[1][1], a[2], a_lo[2]);
+    SplitBf16x2(s[1][2], s[1][3], a[3], a_lo[3]);
 #pragma unroll
     for (int n = 0; n < kOTiles; n += 2) {
       uint32_t b[4];  // (tokens 0..7, dims n), (8..15, n), (0..7, n + 1), (8..15, n + 1)
@@ -269,7 +272,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
         o[n + h][3] *= alpha1;
       }
       MmaBf16(o[n], a, b[0], b[1]);
+      MmaBf16(o[n], a_lo, b[0], b[1]);
       MmaBf16(o[n + 1], a, b[2], b[3]);
+      MmaBf16(o[n + 1], a_lo, b[2], b[3]);
     }
   }
   CpAsyncWaitGroup<0>();  // no copy may land in the buffer the merge below reuses

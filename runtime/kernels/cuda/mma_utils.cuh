@@ -26,6 +26,15 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return u;
 }
 
+// (lo, hi) split into bf16 high parts (packed into `high`) and the bf16-rounded remainders
+// (packed into `low`): high + low carries about 16 significant bits of each float.
+__device__ __forceinline__ void SplitBf16x2(float lo, float hi, uint32_t& high, uint32_t& low) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  const float2 hf = __bfloat1622float2(h);
+  memcpy(&high, &h, sizeof(high));
+  low = PackBf16x2(lo - hf.x, hi - hf.y);
+}
+
 // d += a * b for one m16n8k16 tile (row-major A, column-major B, f32 accumulators).
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,10 @@ using Key = std::tuple<int, int, int, bool, int>;  // m, k, n, bias, out type
 
 // Shapes cached at most; prefill token counts vary, so the cache is flushed when it fills.
 constexpr size_t kMaxPlans = 2048;
+// Autotuning: candidates asked of the heuristic, and the largest row count timed (decode
+// buckets; prefill chunks vary too much to time every new size).
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneMaxRows = 256;
 
 }  // namespace
 
@@ -66,6 +71,7 @@ struct CublasLtGemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool gemv_enabled = true;
+  bool autotune = true;
   absl::flat_hash_map<Key, Plan> plans;
 
   ~Impl() {
@@ -77,12 +83,20 @@ struct CublasLtGemm::Impl {
     plans.clear();
   }
 
-  absl::StatusOr<const Plan*> GetPlan(int m, int k, int n, bool bias, GemmOut out_type) {
-    const Key key{m, k, n, bias, static_cast<int>(out_type)};
+  // The plan of a shape; a new shape is built (and, see Autotune, timed on this very call's
+  // operands) on its first call.
+  absl::StatusOr<const Plan*> GetPlan(int m, int k, int n, const void* x, const void* w,
+                                      const void* bias, void* out, GemmOut out_type,
+                                      cudaStream_t stream) {
+    const Key key{m, k, n, bias != nullptr, static_cast<int>(out_type)};
     if (auto it = plans.find(key); it != plans.end()) return &it->second;
     if (plans.size() >= kMaxPlans) Clear();
     Plan p;
-    absl::Status s = Build(m, k, n, bias, out_type, &p);
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+    absl::Status s = Build(m, k, n, bias != nullptr, out_type, &p, &candidates);
+    if (s.ok() && autotune && m <= kAutotuneMaxRows && candidates.size() > 1) {
+      s = Autotune(p, candidates, x, w, bias, out, stream);
+    }
     if (!s.ok()) {
       p.Destroy();
       return s;
@@ -90,10 +104,67 @@ struct CublasLtGemm::Impl {
     return &plans.emplace(key, p).first->second;
   }
 
+  // Picks the fastest of cuBLASLt's candidate algorithms for a decode-sized shape by timing each
+  // on the call's own operands (they are rewritten by the real call right after). cuBLASLt's
+  // first heuristic choice is tuned for compute-bound shapes; at 8-256 rows the projections are
+  // weight-streaming and the best algorithm differs by up to ~30% (bench/RESULTS.md). Skipped
+  // while the stream is being captured into a CUDA graph (timing needs a synchronization): the
+  // heuristic's first choice is kept then.
+  absl::Status Autotune(Plan& p, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                        const void* x, const void* w, const void* bias, void* out,
+                        cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return absl::OkStatus();
+    }
+    if (bias != nullptr) {
+      RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias, sizeof(bias)),
+                       "set BIAS_POINTER");
+    }
+    cudaEvent_t start = nullptr, stop = nullptr;
+    if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+      if (start != nullptr) cudaEventDestroy(start);
+      cudaGetLastError();
+      return absl::OkStatus();  // keep the heuristic's choice
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    float best_ms = 0.0f;
+    for (const cublasLtMatmulHeuristicResult_t& c : candidates) {
+      constexpr int kRuns = 3;
+      bool ok = cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
+                               &c.algo, workspace, workspace_bytes,
+                               stream) == CUBLAS_STATUS_SUCCESS;  // warm-up
+      ok = ok && cudaEventRecord(start, stream) == cudaSuccess;
+      for (int r = 0; ok && r < kRuns; ++r) {
+        ok = cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
+                            &c.algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+      }
+      ok = ok && cudaEventRecord(stop, stream) == cudaSuccess &&
+           cudaEventSynchronize(stop) == cudaSuccess;
+      float ms = 0.0f;
+      ok = ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+      if (!ok) {
+        cudaGetLastError();  // a candidate that fails to run is skipped
+        continue;
+      }
+      if (best_ms == 0.0f || ms < best_ms) {
+        best_ms = ms;
+        p.algo = c.algo;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return absl::OkStatus();
+  }
+
   // Row-major out[m, n] = x[m, k] w[n, k]^T, seen column-major: C = out as [n, m] (ld n) =
   // op(A) B with A = w as [k, n] (ld k) transposed and B = x as [k, m] (ld k). The epilogue
   // bias is per row of C, i.e. per output feature.
-  absl::Status Build(int m, int k, int n, bool bias, GemmOut out_type, Plan* p) {
+  absl::Status Build(int m, int k, int n, bool bias, GemmOut out_type, Plan* p,
+                     std::vector<cublasLtMatmulHeuristicResult_t>* candidates) {
     const cudaDataType_t out_dt = out_type == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
     RETURN_IF_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                      "cublasLtMatmulDescCreate");
@@ -123,17 +194,19 @@ struct CublasLtGemm::Impl {
     const uint64_t ws = workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
-    cublasLtMatmulHeuristicResult_t result{};
+    candidates->assign(kAutotuneCandidates, cublasLtMatmulHeuristicResult_t{});
     int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c,
-                                                            pref, 1, &result, &found);
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref,
+                                       kAutotuneCandidates, candidates->data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     RETURN_IF_CUBLAS(s, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cuBLASLt has no algorithm for bf16 GEMM m=", m, " k=", k, " n=", n, " bias=", bias));
     }
-    p->algo = result.algo;
+    candidates->resize(found);
+    p->algo = candidates->front().algo;
     return absl::OkStatus();
   }
 };
@@ -149,6 +222,8 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   impl->workspace_bytes = workspace_bytes;
   const char* disable = std::getenv("TANDEM_DISABLE_GEMV");
   impl->gemv_enabled = disable == nullptr || std::strcmp(disable, "1") != 0;
+  const char* no_tune = std::getenv("TANDEM_DISABLE_GEMM_AUTOTUNE");
+  impl->autotune = no_tune == nullptr || std::strcmp(no_tune, "1") != 0;
   return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
 }
 
@@ -177,7 +252,8 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
     a.k = k;
     return cuda::LaunchGemv(a, stream);
   }
-  auto plan_or = impl_->GetPlan(m, k, n, bias != nullptr, out_type);
+  auto plan_or =
+      impl_->GetPlan(m, k, n, x, w, bias, out, out_type, static_cast<cudaStream_t>(stream));
   if (!plan_or.ok()) return plan_or.status();
   const Plan& p = **plan_or;
   if (bias != nullptr) {
