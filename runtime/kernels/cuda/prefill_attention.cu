@@ -11,23 +11,29 @@
 // of kBlockN = 64 through a ring of kStages K+V buffers filled by cp.async: tile j + kStages - 1
 // is requested at the top of tile j's iteration, behind the one barrier per tile, so kStages - 1
 // tiles are in flight while tile j computes. The paged cache is gathered through slot indices
-// (block * block_size + offset) kept in shared memory: the block-table read for tile j + kStages
-// is issued during tile j and stored at its end, so loads never wait on the table. Shared rows
-// are padded by 16 bytes, which makes every ldmatrix (8 rows of one 16-byte column) and every
-// cp.async row write conflict-free.
+// (block * block_size + offset): each thread reads the block table for its row of tile
+// j + kStages during tile j and keeps the slot in a register, so loads never wait on the table.
+// Shared rows are padded by 16 bytes, which makes every ldmatrix (8 rows of one 16-byte column)
+// and every cp.async row write conflict-free.
 //
-// Per warp and tile:
+// Per warp and step of kSubN keys (the whole 64-key tile for head_dim <= 64, two 32-key halves
+// for head_dim 128, where S of 64 keys does not fit next to the 128 O accumulators):
 //   S = Q K^T: Q fragments stay in registers for head_dim <= 64 and are re-read with ldmatrix
-//   from the CTA's Q tile for head_dim 128 (no room for them next to the 128 O accumulators);
+//   from the CTA's Q tile for head_dim 128 (no room for them next to O);
 //   K fragments by ldmatrix (non-transposed).
-//   Mask only where needed: a warp masks a tile only if it crosses the warp's causal diagonal or
-//   the kv_end edge, and skips a tile that none of its rows can see (equivalent to all -inf).
-//   Online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics).
+//   Mask only where needed: a warp masks a step only if it crosses the warp's causal diagonal or
+//   the kv_end edge, and skips a step that none of its rows can see (equivalent to all -inf).
+//   Online softmax on the S accumulators in registers: P = exp2(s * scale_log2 - base), one FFMA
+//   and one MUFU per score (the scale folded into the exponent). The exponent base of a row is
+//   its running maximum (log2 domain), but it is raised only when a step's maximum exceeds it by
+//   more than kRescaleSlack for some row of the warp; then the warp rescales O and the sums.
+//   Usually only a row's first step does, so O is rarely rescaled; P stays <= 2^kRescaleSlack.
 //   O += P V: P re-packed from the S accumulators to bf16 A fragments without shared memory,
 //   V fragments with ldmatrix.trans.
 // Accumulation and softmax statistics are float32; P is rounded to bf16 for the second product,
-// as FlashAttention does; the row sums use the float32 P. Rows past a sequence's new tokens read
-// zero Q and are not written; a row that sees nothing in a tile keeps exponent base 0.
+// as FlashAttention does (the relative rounding does not depend on the base); the row sums use
+// the float32 P. Rows past a sequence's new tokens read zero Q and are not written; a row that
+// has seen nothing yet keeps exponent base 0.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,6 +43,7 @@
 #include <cstdint>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda::internal {
@@ -51,6 +58,10 @@ constexpr int kBlockN = 64;                  // keys per tile
 constexpr int kPad = 8;                      // bf16 elements of padding per shared row (16 bytes)
 constexpr int kMaxGridZ = 65535;
 constexpr float kLog2e = 1.4426950408889634f;
+// A row's exponent base is raised to its running maximum (log2 domain) only when a tile's
+// maximum exceeds the base by more than this, so exponentials stay <= 2^kRescaleSlack and O is
+// rescaled only on such tiles (rarely after a row's first tile).
+constexpr float kRescaleSlack = 8.0f;
 
 template <int kHeadDim>
 struct Config {
@@ -58,7 +69,8 @@ struct Config {
   static constexpr bool kQInRegs = kHeadDim <= 64;
   // Two K+V stages for head_dim 128 keep two CTAs per SM (~102 KiB each); more for smaller dims.
   static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
-  // Keys per softmax step: S of 64 keys for head_dim 128 would not fit next to O in registers.
+  // Keys per softmax step: S of 64 keys for head_dim 128 does not fit next to O in registers
+  // without spills.
   static constexpr int kSubN = kHeadDim == 128 ? 32 : kBlockN;
   static constexpr int kQElems = kBlockM * kStride;
   static constexpr int kTileElems = kBlockN * kStride;
@@ -84,10 +96,6 @@ struct PrefillParams {
   __nv_bfloat16* out;
 };
 
-__device__ __forceinline__ unsigned SmemAddr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void CpAsync16(unsigned smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
@@ -104,44 +112,10 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
-
 __device__ __forceinline__ float FastExp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// d += a * b for one m16n8k16 tile (row-major A, column-major B, f32 accumulators).
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 bf16 matrices from shared memory: lanes 8i..8i+7 give the row addresses of matrix i;
-// r[i] receives this lane's fragment of matrix i (row lane / 4, columns 2 (lane % 4) + {0, 1};
-// transposed: of the transposed matrix).
-__device__ __forceinline__ void LdsmX4(uint32_t (&r)[4], unsigned smem_row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_row)
-               : "memory");
-}
-
-__device__ __forceinline__ void LdsmX4Trans(uint32_t (&r)[4], unsigned smem_row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_row)
-               : "memory");
 }
 
 // Cache slot (block * block_size + offset) of key `key`, or -1 past kv_end.
@@ -207,21 +181,23 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   // Loads: thread tid copies half tid % 2 of tile row tid / 2 (and of Q rows tid / 2 + 64 j).
   const int load_row = tid / 2;
   const int load_col = (tid % 2) * 8;  // elements
-  const size_t slot_stride = static_cast<size_t>(p.num_kv_heads) * kHeadDim;
-  const __nv_bfloat16* k_head = p.k + kv_head * kHeadDim + load_col;
-  const __nv_bfloat16* v_head = p.v + kv_head * kHeadDim + load_col;
-  const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
-  const unsigned k_load_dst = SmemAddr(s_k + load_row * kStride + load_col);
-  const unsigned v_load_dst = SmemAddr(s_v + load_row * kStride + load_col);
+  // Per-thread load state is kept small (O and S need nearly all registers for head_dim 128):
+  // K and V share offsets, the V stage is at a fixed distance from the K stage, and the kernel
+  // parameters are read at each use.
+  const int head_offset = kv_head * kHeadDim + load_col;  // elements within a cache slot
+  const int table_offset = seq * p.max_blocks_per_seq;
+  const unsigned kv_load_dst = SharedAddress(s_k + load_row * kStride + load_col);
+  constexpr unsigned kVFromK = kStages * kTileBytes;  // bytes from a K stage to its V stage
   // Requests tile `tile` (its row of this thread at cache slot `slot`, -1: past kv_end) into
   // stage `stage`.
   const auto load_kv = [&](int stage, int slot) {
-    const size_t offset = slot >= 0 ? static_cast<size_t>(slot) * slot_stride : 0;
-    LoadKvRow<kHeadDim>(k_load_dst + stage * kTileBytes, v_load_dst + stage * kTileBytes,
-                        k_head + offset, v_head + offset, slot >= 0);
+    const size_t offset =
+        (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
+    const unsigned dst = kv_load_dst + stage * kTileBytes;
+    LoadKvRow<kHeadDim>(dst, dst + kVFromK, p.k + offset, p.v + offset, slot >= 0);
   };
   const auto slot_of_tile = [&](int tile) {
-    return KeySlot(table, p.block_size, tile * kBlockN + load_row, kv_end);
+    return KeySlot(p.block_tables + table_offset, p.block_size, tile * kBlockN + load_row, kv_end);
   };
 
   // Q tile (rows past the sequence are zeros), then the first kStages - 1 K/V tiles.
@@ -236,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
 #pragma unroll
     for (int i = 0; i < kHeadDim / 16; ++i) {
       if (p.q_vector) {
-        CpAsync16(SmemAddr(dst + 16 * i), src + 16 * i, valid);
+        CpAsync16(SharedAddress(dst + 16 * i), src + 16 * i, valid);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -257,15 +233,15 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   // Q fragments (A operand) of m-tile mt, k-step kk: rows warp_row0 + mt * 16 + (lane % 16),
   // columns kk * 16 + (lane / 16) * 8 give a[0..3] in mma order.
   const unsigned q_frag_row =
-      SmemAddr(s_q + (warp * kWarpRows + lane % 16) * kStride + (lane / 16) * 8);
+      SharedAddress(s_q + (warp * kWarpRows + lane % 16) * kStride + (lane / 16) * 8);
   // K fragments, one k-step and two n-tiles per ldmatrix: matrices (keys +0..7, dims +0..7),
   // (keys +0..7, dims +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15).
   const unsigned k_frag_row =
-      SmemAddr(s_k + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
+      SharedAddress(s_k + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
   // V fragments, ldmatrix.trans: matrices (keys +0..7, dims +0..7), (keys +8..15, dims +0..7),
   // (keys +0..7, dims +8..15), (keys +8..15, dims +8..15).
   const unsigned v_frag_row =
-      SmemAddr(s_v + ((lane / 8) % 2 * 8 + lane % 8) * kStride + (lane / 16) * 8);
+      SharedAddress(s_v + ((lane / 8) % 2 * 8 + lane % 8) * kStride + (lane / 16) * 8);
   uint32_t q_frag[Cfg::kQInRegs ? kMTiles : 1][Cfg::kQInRegs ? kKSteps : 1][4];
   if constexpr (Cfg::kQInRegs) {
     CpAsyncWait<kStages - 1>();  // the Q group
@@ -274,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
-        LdsmX4(q_frag[mt][kk], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+        LdMatrixX4(q_frag[mt][kk], q_frag_row + mt * 16 * kRowBytes + kk * 32);
       }
     }
   }
@@ -288,17 +264,18 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
       for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
     }
   }
-  // Running max (log2 domain) and this thread's part of the running sum of its four rows:
-  // index 2 * mt + h is row mt * 16 + g + 8 h of the warp.
+  // Exponent base of each of this thread's four rows (log2 domain: raw score * scale_log2) and
+  // this thread's part of the row's running sum; index 2 * mt + h is row mt * 16 + g + 8 h of
+  // the warp. The base is the row's running maximum, raised lazily (see kRescaleSlack).
   float row_max[2 * kMTiles], row_sum[2 * kMTiles];
 #pragma unroll
   for (int r = 0; r < 2 * kMTiles; ++r) {
     row_max[r] = -INFINITY;
     row_sum[r] = 0.0f;
   }
+  const float scale_log2 = p.scale_log2;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    const int key0 = tile * kBlockN;
     const int stage = tile % kStages;
     // This tile's K and V have landed (and Q, the first time); every warp is done with the
     // previous tile's stage, which the request below refills.
@@ -312,145 +289,156 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
 
 #pragma unroll
     for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
-      // Sub-tiles of kSubN keys: rows of this warp that can see a key of the sub-tile.
-      if (warp_has_rows && key0 + sub * kSubN <= warp_pos0 + kWarpRows - 1 &&
-          key0 + sub * kSubN < kv_end) {
-        const int sub_key0 = key0 + sub * kSubN;
-        const unsigned sub_bytes = stage * kTileBytes + sub * kSubN * kRowBytes;
+      // Skip a sub-tile that no row of this warp can see (equivalent to all -inf).
+      const int key0 = tile * kBlockN + sub * kSubN;
+      if (!warp_has_rows || key0 > warp_pos0 + kWarpRows - 1 || key0 >= kv_end) continue;
+      const unsigned stage_bytes = stage * kTileBytes + sub * kSubN * kRowBytes;
 
-        // S = Q K^T.
-        float s[kMTiles][kSTiles][4];
+      // S = Q K^T (raw scores).
+      float s[kMTiles][kSTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-          for (int n = 0; n < kSTiles; ++n) {
+        for (int n = 0; n < kSTiles; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
-          }
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
         }
-        const unsigned k_row = k_frag_row + sub_bytes;
+      }
+      const unsigned k_row = k_frag_row + stage_bytes;
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          uint32_t a_smem[Cfg::kQInRegs ? 1 : kMTiles][4];
-          if constexpr (!Cfg::kQInRegs) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              LdsmX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
-            }
-          }
-#pragma unroll
-          for (int n = 0; n < kSTiles; n += 2) {
-            uint32_t b[4];
-            LdsmX4(b, k_row + n * 8 * kRowBytes + kk * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              if constexpr (Cfg::kQInRegs) {
-                Mma(s[mt][n], q_frag[mt][kk], b[0], b[1]);
-                Mma(s[mt][n + 1], q_frag[mt][kk], b[2], b[3]);
-              } else {
-                Mma(s[mt][n], a_smem[mt], b[0], b[1]);
-                Mma(s[mt][n + 1], a_smem[mt], b[2], b[3]);
-              }
-            }
-          }
-        }
-
-        // Scale into the log2 domain; mask keys past a row's position or past kv_end, only in
-        // tiles that cross the warp's diagonal or the kv_end edge.
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][n][e] *= p.scale_log2;
-          }
-        }
-        if (sub_key0 + kSubN - 1 > warp_pos0 || sub_key0 + kSubN > kv_end) {
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a_smem[Cfg::kQInRegs ? 1 : kMTiles][4];
+        if constexpr (!Cfg::kQInRegs) {
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
+            LdMatrixX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+          }
+        }
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int pos = warp_pos0 + mt * 16 + h * 8 + g;
-              const int limit = min(pos + 1, kv_end) - sub_key0 - 2 * t;  // visible: column < limit
+        for (int n = 0; n < kSTiles; n += 2) {
+          uint32_t b[4];
+          LdMatrixX4(b, k_row + n * 8 * kRowBytes + kk * 32);
 #pragma unroll
-              for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  if (n * 8 + e >= limit) s[mt][n][2 * h + e] = -INFINITY;
-                }
-              }
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            if constexpr (Cfg::kQInRegs) {
+              MmaBf16(s[mt][n], q_frag[mt][kk], b[0], b[1]);
+              MmaBf16(s[mt][n + 1], q_frag[mt][kk], b[2], b[3]);
+            } else {
+              MmaBf16(s[mt][n], a_smem[mt], b[0], b[1]);
+              MmaBf16(s[mt][n + 1], a_smem[mt], b[2], b[3]);
             }
           }
         }
+      }
 
-        // Online softmax; P packed to bf16 A fragments for P V (keys 16 kc .. 16 kc + 15).
-        float alpha[2 * kMTiles];
-        uint32_t pa[kMTiles][kSubN / 16][4];
+      // Mask keys past a row's position or past kv_end, only in tiles that cross the warp's
+      // diagonal or the kv_end edge.
+      if (key0 + kSubN - 1 > warp_pos0 || key0 + kSubN > kv_end) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int r = 2 * mt + h;
-            float tile_max = -INFINITY;
+            const int pos = warp_pos0 + mt * 16 + h * 8 + g;
+            const int limit = min(pos + 1, kv_end) - key0 - 2 * t;  // visible: column < limit
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
-              tile_max = fmaxf(tile_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-            }
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float new_max = fmaxf(row_max[r], tile_max);
-            // A row with nothing visible yet keeps exponent base 0 (its scores are all -inf).
-            const float base = new_max == -INFINITY ? 0.0f : new_max;
-            alpha[r] = FastExp2(row_max[r] - base);
-            row_max[r] = new_max;
-            float sum = 0.0f;
 #pragma unroll
-            for (int n = 0; n < kSTiles; ++n) {
-              s[mt][n][2 * h] = FastExp2(s[mt][n][2 * h] - base);
-              s[mt][n][2 * h + 1] = FastExp2(s[mt][n][2 * h + 1] - base);
-              sum += s[mt][n][2 * h] + s[mt][n][2 * h + 1];
+              for (int e = 0; e < 2; ++e) {
+                if (n * 8 + e >= limit) s[mt][n][2 * h + e] = -INFINITY;
+              }
             }
-            row_sum[r] = row_sum[r] * alpha[r] + sum;
-          }
-#pragma unroll
-          for (int kc = 0; kc < kSubN / 16; ++kc) {
-            pa[mt][kc][0] = PackBf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-            pa[mt][kc][1] = PackBf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-            pa[mt][kc][2] = PackBf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-            pa[mt][kc][3] = PackBf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
           }
         }
-        // Rescale O unless no row of the warp found a new maximum (alpha is exactly 1 then),
-        // as is usual once a row has seen its largest scores.
-        bool rescale = false;
+      }
+
+      // Row maxima of the tile in the log2 domain (scale_log2 > 0 commutes with the maximum, and
+      // the product is rounded once either way).
+      float tile_max[2 * kMTiles];
+      bool raise = false;
 #pragma unroll
-        for (int r = 0; r < 2 * kMTiles; ++r) rescale |= alpha[r] != 1.0f;
-        if (__any_sync(0xffffffffu, rescale)) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m = fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]);
+#pragma unroll
+          for (int n = 1; n < kSTiles; ++n) {
+            m = fmaxf(m, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+          }
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          tile_max[2 * mt + h] = m * scale_log2;
+          // A row with nothing visible so far (base -inf) that sees a key here always raises.
+          raise |= tile_max[2 * mt + h] > row_max[2 * mt + h] + kRescaleSlack;
+        }
+      }
+      // Raise the bases to the running maxima only when some row of the warp would otherwise
+      // see exponentials above 2^kRescaleSlack; then O and the sums are rescaled by alpha (O after
+      // the exponentials, when S no longer occupies registers).
+      const bool rescale = __any_sync(0xffffffffu, raise);
+      float alpha[2 * kMTiles];
+      if (rescale) {
+#pragma unroll
+        for (int r = 0; r < 2 * kMTiles; ++r) {
+          const float new_max = fmaxf(row_max[r], tile_max[r]);
+          // A row with nothing visible yet keeps exponent base 0 (its scores are all -inf).
+          alpha[r] = FastExp2(row_max[r] - (new_max == -INFINITY ? 0.0f : new_max));
+          row_max[r] = new_max;
+          row_sum[r] *= alpha[r];
+        }
+      }
+
+      // P = exp2(s * scale_log2 - base), one FFMA and one MUFU per score; P packed to bf16 A
+      // fragments for P V (keys 16 kc .. 16 kc + 15) without shared memory.
+      uint32_t pa[kMTiles][kSubN / 16][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        float neg_base[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float base = row_max[2 * mt + h];
+          neg_base[h] = base == -INFINITY ? 0.0f : -base;
+        }
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          float e[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            e[i] = FastExp2(fmaf(s[mt][n][i], scale_log2, neg_base[i / 2]));
+            sum[i / 2] += e[i];
+          }
+          // n-tile n is half n % 2 of the A fragment of keys 16 (n / 2) .. 16 (n / 2) + 15.
+          pa[mt][n / 2][2 * (n % 2)] = PackBf16x2(e[0], e[1]);
+          pa[mt][n / 2][2 * (n % 2) + 1] = PackBf16x2(e[2], e[3]);
+        }
+        row_sum[2 * mt] += sum[0];
+        row_sum[2 * mt + 1] += sum[1];
+      }
+
+      if (rescale) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int n = 0; n < kOTiles; ++n) {
+            o[mt][n][0] *= alpha[2 * mt];
+            o[mt][n][1] *= alpha[2 * mt];
+            o[mt][n][2] *= alpha[2 * mt + 1];
+            o[mt][n][3] *= alpha[2 * mt + 1];
+          }
+        }
+      }
+
+      // O += P V.
+      const unsigned v_row = v_frag_row + stage_bytes;
+#pragma unroll
+      for (int kc = 0; kc < kSubN / 16; ++kc) {
+#pragma unroll
+        for (int n = 0; n < kOTiles; n += 2) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int n = 0; n < kOTiles; ++n) {
-              o[mt][n][0] *= alpha[2 * mt];
-              o[mt][n][1] *= alpha[2 * mt];
-              o[mt][n][2] *= alpha[2 * mt + 1];
-              o[mt][n][3] *= alpha[2 * mt + 1];
-            }
-          }
-        }
-
-        // O += P V.
-        const unsigned v_row = v_frag_row + sub_bytes;
-#pragma unroll
-        for (int kc = 0; kc < kSubN / 16; ++kc) {
-#pragma unroll
-          for (int n = 0; n < kOTiles; n += 2) {
-            uint32_t b[4];
-            LdsmX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              Mma(o[mt][n], pa[mt][kc], b[0], b[1]);
-              Mma(o[mt][n + 1], pa[mt][kc], b[2], b[3]);
-            }
+            MmaBf16(o[mt][n], pa[mt][kc], b[0], b[1]);
+            MmaBf16(o[mt][n + 1], pa[mt][kc], b[2], b[3]);
           }
         }
       }
@@ -477,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
         const float x0 = o[mt][n][2 * h] * inv;
         const float x1 = o[mt][n][2 * h + 1] * inv;
         if (p.out_vector) {
-          *reinterpret_cast<uint32_t*>(out_row + n * 8) = PackBf16(x0, x1);
+          *reinterpret_cast<uint32_t*>(out_row + n * 8) = PackBf16x2(x0, x1);
         } else {
           out_row[n * 8] = __float2bfloat16_rn(x0);
           out_row[n * 8 + 1] = __float2bfloat16_rn(x1);
