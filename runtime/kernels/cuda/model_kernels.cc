@@ -17,7 +17,17 @@ namespace {
 constexpr int kMaxGridYZ = 65535;
 // Flash-decoding aims for about this many (sequence, query head, split) work items, enough CTAs
 // to fill an H100/H200 several times over whatever the GQA group.
-constexpr int64_t kTargetHeadSplits = 2048;
+// TANDEM_DECODE_SPLIT_TARGET (read once, 256..65536) overrides it for tuning experiments.
+constexpr int64_t kDefaultTargetHeadSplits = 2048;
+
+int64_t TargetHeadSplits() {
+  static const int64_t target = [] {
+    const char* v = std::getenv("TANDEM_DECODE_SPLIT_TARGET");
+    const long parsed = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
+    return parsed >= 256 && parsed <= 65536 ? int64_t{parsed} : kDefaultTargetHeadSplits;
+  }();
+  return target;
+}
 
 cudaStream_t Native(void* stream) { return static_cast<cudaStream_t>(stream); }
 
@@ -139,7 +149,7 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
   plan.partition_size = static_cast<int>(CeilDiv64(context, kDecodeTileTokens)) * kDecodeTileTokens;
   const int64_t by_length = CeilDiv64(context, kDecodeTileTokens);
   const int64_t items = std::max<int64_t>(1, int64_t{num_seqs} * num_heads);
-  const int64_t wanted = CeilDiv64(kTargetHeadSplits, items);
+  const int64_t wanted = CeilDiv64(TargetHeadSplits(), items);
   const int64_t splits = std::max<int64_t>(1, std::min(by_length, wanted));
   if (splits == 1) return plan;
   const int64_t partition =
@@ -152,8 +162,10 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
                                    int head_dim) {
   if (plan.num_splits <= 1) return 0;
-  return static_cast<size_t>(num_seqs) * num_heads * plan.num_splits * (head_dim + 2) *
-         sizeof(float);
+  // Partial outputs and (max, sum) pairs, then one arrival counter per (sequence, query head) at
+  // most (the kernel keeps one per (sequence, head chunk), fewer).
+  return static_cast<size_t>(num_seqs) * num_heads *
+         (plan.num_splits * (head_dim + 2) * sizeof(float) + sizeof(uint32_t));
 }
 
 }  // namespace internal
@@ -169,8 +181,9 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
   // max_context_len, and so does their minimum.
   const int64_t items = int64_t{num_seqs} * num_heads;
   const int64_t by_length = items * CeilDiv64(max_context_len, internal::kDecodeTileTokens);
-  const int64_t by_target = kTargetHeadSplits + items;
-  return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float);
+  const int64_t by_target = TargetHeadSplits() + items;
+  return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float) +
+         static_cast<size_t>(items) * sizeof(uint32_t);
 }
 
 absl::Status LaunchEmbedding(const int32_t* ids, const void* table, int n, int hidden, int vocab,

@@ -210,8 +210,8 @@ cudaError_t LaunchRmsNormRaw(const void* x, void* residual, const void* weight, 
                      rows,
                      dim,
                      eps};
-  const bool vectorized = dim % 8 == 0 && IsAligned16(x) && IsAligned16(weight) && IsAligned16(out) &&
-                          (residual == nullptr || IsAligned16(residual));
+  const bool vectorized = dim % 8 == 0 && IsAligned16(x) && IsAligned16(weight) &&
+                          IsAligned16(out) && (residual == nullptr || IsAligned16(residual));
   const bool has_residual = residual != nullptr;
   if (vectorized && has_residual) {
     Dispatch<8, true>(a, stream);
