@@ -7,16 +7,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "runtime/base/logging.h"
+#include "runtime/sampling/sampling_math.h"
 
 namespace tandem {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Token ids sorted by value, descending; ties by lower id.
 template <typename T>
@@ -34,8 +28,8 @@ std::vector<int32_t> SortedDesc(std::span<const T> values, size_t keep) {
 }  // namespace
 
 double UniformFromSeed(uint64_t seed, uint64_t step) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ SplitMix64(step + 0x632be59bd9b4e019ULL));
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+  return static_cast<double>(sampling_math::UniformBits(seed, step)) *
+         (1.0 / 9007199254740992.0);  // 2^-53
 }
 
 std::vector<float> LogSoftmax(std::span<const float> logits) {
@@ -78,45 +72,47 @@ void ApplyPenalties(const SamplingParams& params, std::span<const int32_t> promp
   }
 }
 
-std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const float> logits) {
+std::vector<uint64_t> FilteredWeights(const SamplingParams& params, std::span<const float> logits) {
   CHECK_GT(params.temperature, 0.0f);
+  namespace sm = sampling_math;
   const size_t vocab = logits.size();
-  std::vector<double> probs(vocab);
-  double max = -std::numeric_limits<double>::infinity();
-  for (float x : logits) max = std::max(max, static_cast<double>(x) / params.temperature);
-  double sum = 0.0;
+  const double temperature = params.temperature;
+  double max_scaled = -std::numeric_limits<double>::infinity();
+  for (float x : logits) max_scaled = std::max(max_scaled, sm::ScaledLogit(x, temperature));
+  const uint64_t min_weight = sm::MinPWeight(params.min_p);
+  std::vector<uint64_t> weights(vocab);
   for (size_t i = 0; i < vocab; ++i) {
-    probs[i] = std::exp(static_cast<double>(logits[i]) / params.temperature - max);
-    sum += probs[i];
-  }
-  for (double& p : probs) p /= sum;
-
-  if (params.min_p > 0.0f) {
-    const double max_p = *std::max_element(probs.begin(), probs.end());
-    for (double& p : probs) {
-      if (p < params.min_p * max_p) p = 0.0;
-    }
+    const uint64_t q = sm::TokenWeight(logits[i], temperature, max_scaled);
+    weights[i] = q >= min_weight ? q : 0;
   }
   const bool top_k_on = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
   if (top_k_on || params.top_p < 1.0f) {
     const size_t k = top_k_on ? static_cast<size_t>(params.top_k) : vocab;
-    std::vector<int32_t> order = SortedDesc<double>(probs, k);
+    const std::vector<int32_t> order = SortedDesc<uint64_t>(weights, k);
+    uint64_t total = 0;
+    for (int32_t id : order) total += weights[id];
+    const uint64_t target = sm::TopPTarget(params.top_p, total);
     std::vector<bool> keep(vocab, false);
-    double kept_mass = 0.0;
-    double total = 0.0;
-    for (int32_t id : order) total += probs[id];
+    uint64_t kept = 0;
     for (int32_t id : order) {
-      if (probs[id] == 0.0) break;
+      if (weights[id] == 0) break;
       keep[id] = true;
-      kept_mass += probs[id];
-      if (kept_mass >= params.top_p * total) break;
+      kept += weights[id];
+      if (kept >= target) break;
     }
     for (size_t i = 0; i < vocab; ++i) {
-      if (!keep[i]) probs[i] = 0.0;
+      if (!keep[i]) weights[i] = 0;
     }
   }
-  sum = std::accumulate(probs.begin(), probs.end(), 0.0);
-  for (double& p : probs) p /= sum;
+  return weights;
+}
+
+std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const float> logits) {
+  const std::vector<uint64_t> weights = FilteredWeights(params, logits);
+  const double total =
+      static_cast<double>(std::accumulate(weights.begin(), weights.end(), uint64_t{0}));
+  std::vector<double> probs(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) probs[i] = static_cast<double>(weights[i]) / total;
   return probs;
 }
 
@@ -132,21 +128,19 @@ SampleResult Sample(const SamplingParams& params, std::span<const float> raw_log
   if (params.greedy()) {
     result.token = SortedDesc<float>(logits, 1)[0];
   } else {
-    const std::vector<double> probs = FilteredProbs(params, logits);
-    const double u = UniformFromSeed(seed, step);
-    double cum = 0.0;
-    int32_t last_nonzero = 0;
-    result.token = -1;
-    for (size_t i = 0; i < probs.size(); ++i) {
-      if (probs[i] == 0.0) continue;
-      last_nonzero = static_cast<int32_t>(i);
-      cum += probs[i];
-      if (u < cum) {
+    const std::vector<uint64_t> weights = FilteredWeights(params, logits);
+    const uint64_t total = std::accumulate(weights.begin(), weights.end(), uint64_t{0});
+    const uint64_t threshold =
+        sampling_math::DrawThreshold(sampling_math::UniformBits(seed, step), total);
+    // The max token always has weight 2^40, so total > threshold and the walk finds a token.
+    uint64_t cum = 0;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      cum += weights[i];
+      if (cum > threshold) {
         result.token = static_cast<int32_t>(i);
         break;
       }
     }
-    if (result.token < 0) result.token = last_nonzero;  // rounding: u just below the total
   }
   result.logprob = logprobs[result.token];
   if (params.logprobs.has_value() && *params.logprobs > 0) {

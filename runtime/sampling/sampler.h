@@ -9,6 +9,14 @@
 // top_p; the token crossing the threshold stays), and one inverse-CDF draw from a uniform number
 // derived only from (seed, step), so a request's tokens do not depend on what else is batched.
 //
+// Exact arithmetic (sampling_math.h): after temperature each token gets an integer weight
+// q = llround(exp(x / T - max / T) * 2^40), i.e. probabilities at a precision of 2^-40 relative to
+// the most likely token (tokens below 2^-41 of it are never drawn). The rank order is (q
+// descending, id ascending); min_p keeps q >= ceil(min_p * 2^40); top_p compares integer prefix
+// sums with ceil(top_p * total); the draw is floor(u * total) against integer prefix sums in id
+// order. The GPU sampler (runtime/kernels/cuda/sampling_kernels.h) uses the same formulas, so the
+// two agree token for token.
+//
 // Pure functions; thread-compatible.
 
 #include <cstdint>
@@ -30,7 +38,8 @@ struct SampleResult {
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, most likely first
 };
 
-// A uniform double in [0, 1) from (seed, step) with a splitmix64-based counter RNG.
+// A uniform double in [0, 1) from (seed, step) with a splitmix64-based counter RNG: the 53 bits of
+// sampling_math::UniformBits times 2^-53.
 double UniformFromSeed(uint64_t seed, uint64_t step);
 
 // Log-softmax of `logits`.
@@ -40,8 +49,11 @@ std::vector<float> LogSoftmax(std::span<const float> logits);
 void ApplyPenalties(const SamplingParams& params, std::span<const int32_t> prompt,
                     std::span<const int32_t> output, std::span<float> logits);
 
-// Probabilities after temperature, min_p, top_k and top_p (zeros for dropped tokens, the rest
-// renormalized). Requires temperature > 0.
+// Integer weights after temperature, min_p, top_k and top_p (zeros for dropped tokens); the
+// sampled distribution is weight / sum. Requires temperature > 0.
+std::vector<uint64_t> FilteredWeights(const SamplingParams& params, std::span<const float> logits);
+
+// FilteredWeights normalized to probabilities (for tests and diagnostics).
 std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const float> logits);
 
 // Samples the next token. `step` is the number of tokens the request generated so far; `seed` is

@@ -1,9 +1,14 @@
 #include "runtime/sampling/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/sampling/sampling_math.h"
 
 namespace tandem {
 namespace {
@@ -154,6 +159,62 @@ TEST(SamplerTest, StatisticalTemperatureAndTopP) {
       const double sigma = std::sqrt(c.expected[t] * (1 - c.expected[t]) / n);
       EXPECT_NEAR(freq, c.expected[t], 5 * sigma + 1e-12)
           << "T=" << c.temperature << " top_p=" << c.top_p << " token " << t;
+    }
+  }
+}
+
+TEST(SamplingMathTest, QuantizedWeightIsExpTimes2To40) {
+  namespace sm = sampling_math;
+  EXPECT_EQ(sm::QuantizedWeight(0.0), sm::kWeightOne);
+  EXPECT_EQ(sm::QuantizedWeight(-std::numeric_limits<double>::infinity()), 0u);
+  EXPECT_EQ(sm::QuantizedWeight(-30.5), 0u);
+  double worst = 0.0;
+  for (int i = 0; i <= 300000; ++i) {
+    const double a = -30.0 * i / 300000.0;
+    const double want = std::exp(a) * 0x1p40;
+    const double got = static_cast<double>(sm::QuantizedWeight(a));
+    ASSERT_LE(std::abs(got - want), 0.5 + 1e-14 * want) << a;
+    if (want > 1e6) worst = std::max(worst, std::abs(got - want) / want);
+  }
+  EXPECT_LT(worst, 1e-6);
+}
+
+TEST(SamplingMathTest, DrawThresholdIsFloorOfUTimesTotal) {
+  namespace sm = sampling_math;
+  const uint64_t max_bits = (uint64_t{1} << 53) - 1;
+  EXPECT_EQ(sm::DrawThreshold(0, 1000), 0u);
+  EXPECT_EQ(sm::DrawThreshold(max_bits, 1000), 999u);
+  EXPECT_EQ(sm::DrawThreshold(uint64_t{1} << 52, 1001), 500u);  // u = 0.5
+  const uint64_t big = (uint64_t{1} << 58) + 12345;
+  // u = 1 - 2^-53: floor(big - big / 2^53) = big - 33 (big / 2^53 is just above 32).
+  EXPECT_EQ(sm::DrawThreshold(max_bits, big), big - 33);
+  EXPECT_EQ(sm::MinPWeight(0.0f), 1u);
+  EXPECT_EQ(sm::MinPWeight(1.0f), sm::kWeightOne);
+  EXPECT_EQ(sm::MinPWeight(0.5f), sm::kWeightOne / 2);
+  EXPECT_EQ(sm::TopPTarget(0.5f, 5000), 2500u);
+  EXPECT_EQ(sm::TopPTarget(0.5f, 5001), 2501u);
+  EXPECT_EQ(sm::TopPTarget(1.0f, 77), 77u);
+}
+
+// The case that split CPU and GPU before integer weights: all-equal logits with top_p 0.5, where
+// top_p * total lands exactly on a prefix sum. The nucleus is exactly the first half.
+TEST(SamplerTest, TopPOnExactTieKeepsExactlyTheCrossingPrefix) {
+  for (const int vocab : {2, 7, 100, 5000}) {
+    const std::vector<float> logits(vocab, 1.25f);
+    SamplingParams p = Random(1.58135f);
+    p.top_p = 0.5f;
+    const std::vector<uint64_t> w = FilteredWeights(p, logits);
+    const int kept =
+        static_cast<int>(std::count_if(w.begin(), w.end(), [](uint64_t q) { return q != 0; }));
+    EXPECT_EQ(kept, (vocab + 1) / 2) << vocab;
+    for (int i = 0; i < kept; ++i) EXPECT_EQ(w[i], sampling_math::kWeightOne);
+    // The draw is uniform over the kept ids: floor(u * kept).
+    for (uint64_t step = 0; step < 100; ++step) {
+      const int want = static_cast<int>(
+          sampling_math::DrawThreshold(sampling_math::UniformBits(5769797641725598749ULL, step),
+                                       static_cast<uint64_t>(kept) * sampling_math::kWeightOne) /
+          sampling_math::kWeightOne);
+      EXPECT_EQ(Sample(p, logits, {}, {}, 5769797641725598749ULL, step).token, want);
     }
   }
 }

@@ -1,21 +1,21 @@
 // GPU sampling (contract: sampling_kernels.h). One CTA of 1024 threads per row; everything the
-// row needs stays in shared memory and probabilities are recomputed from the logits on each pass
-// (a double exp per element is cheaper than a 1 MB scratch row per pass).
+// row needs stays in shared memory and weights are recomputed from the logits on each pass.
 //
-// Per sampled row, mirroring FilteredProbs/Sample in runtime/sampling/sampler.cc:
+// Per sampled row, mirroring FilteredWeights/Sample in runtime/sampling/sampler.cc with the shared
+// integer arithmetic of runtime/sampling/sampling_math.h:
 //   1. max logit and argmax (greedy rows stop here, after the raw log-sum for the logprob);
-//   2. S1 = sum exp(x / T - max / T) (the CPU's divisor), and the raw log-sum;
-//   3. p_i = exp(x_i / T - max / T) / S1 exactly as the CPU writes it; min_p keeps p >= min_p / S1.
-//      The rank order is (p descending, id ascending); 64-bit p bit patterns sort like p.
-//   4. top_k: a radix select on the p bits (8 bits per pass, counts per bin) finds the k-th kept
-//      token; top_p: when the top_k set has at most kCap tokens it is gathered into shared memory,
-//      bitonic-sorted in rank order and walked by one thread exactly as the CPU does; otherwise a
-//      radix select with per-bin mass finds the crossing token.
-//   5. the kept set: at most kCap tokens are sorted by id and normalized and walked by one thread
-//      left to right (the CPU's arithmetic); larger sets use a tree-summed normalizer and a
-//      block-wide prefix scan in id order.
-// Radix passes skip elements whose logit lies outside the logit range of the chosen bin (p is
-// monotone in the logit), so only the first passes pay for exp on the whole row.
+//   2. q_i = TokenWeight(x_i) in [0, 2^40]; min_p keeps q >= MinPWeight(min_p). The rank order is
+//      (q descending, id ascending).
+//   3. top_k: a radix select on q (8 bits per pass, counts per bin) finds the k-th kept token;
+//      top_p: when the top_k set has at most kCap tokens it is gathered into shared memory,
+//      bitonic-sorted in rank order and walked by one thread; otherwise a radix select with
+//      per-bin integer mass finds the crossing token.
+//   4. the draw: floor(u * total) against inclusive prefix sums in id order, by one thread over a
+//      sorted kept set of at most kCap tokens, or by a block-wide scan otherwise.
+// All sums are of integers, so the order of summation does not matter and every path equals the
+// CPU's left-to-right walk. Radix passes skip elements whose logit lies outside the logit range of
+// the chosen bin (they cannot have the bin's prefix), so only the first passes pay for exp on the
+// whole row.
 
 #include <cuda_runtime.h>
 
@@ -23,9 +23,12 @@
 #include <cstdint>
 
 #include "runtime/kernels/cuda/sampling_kernels.h"
+#include "runtime/sampling/sampling_math.h"
 
 namespace tandem::cuda::internal {
 namespace {
+
+namespace sm = ::tandem::sampling_math;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
@@ -35,54 +38,32 @@ constexpr int kDigitBits = 8;
 constexpr int kScanItems = 4;  // contiguous tokens per thread in the id-order scan
 constexpr int kNoId = 0x7fffffff;
 
-__device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Bit-identical to tandem::UniformFromSeed.
-__device__ __forceinline__ double UniformFromSeed(uint64_t seed, uint64_t step) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ SplitMix64(step + 0x632be59bd9b4e019ULL));
-  return __dmul_rn(static_cast<double>(bits >> 11), 1.0 / 9007199254740992.0);
-}
-
 // Float bits mapped so that unsigned order is float order.
 __device__ __forceinline__ uint32_t OrderKey(float x) {
   const uint32_t b = __float_as_uint(x);
   return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
 }
 
-__device__ __forceinline__ uint64_t ProbKey(double p) {
-  return static_cast<uint64_t>(__double_as_longlong(p));
-}
-
-__device__ __forceinline__ double KeyProb(uint64_t k) {
-  return __longlong_as_double(static_cast<long long>(k));
-}
-
-// The row's filtered distribution before top_k/top_p; identical in every thread.
+// The row's weights before top_k/top_p; identical in every thread.
 struct Dist {
   const float* row;
   int vocab;
   double temperature;
-  double max_scaled;  // max_i double(x_i) / T
-  double sum;         // S1
-  double min_p_threshold;
+  double max_scaled;    // sm::ScaledLogit(max logit, T)
+  uint64_t min_weight;  // sm::MinPWeight(min_p), >= 1
 
-  // The CPU's probs[i] after the division by S1 (before min_p).
-  __device__ __forceinline__ double Prob(float x) const {
-    return exp(__dsub_rn(__ddiv_rn(static_cast<double>(x), temperature), max_scaled)) / sum;
+  // The CPU's weight of a token with logit x (before min_p).
+  __device__ __forceinline__ uint64_t Weight(float x) const {
+    return sm::TokenWeight(x, temperature, max_scaled);
   }
-  // Nonzero after min_p: the CPU zeroes p < min_p * max_p (and exp may underflow to 0).
-  __device__ __forceinline__ bool Eligible(double p) const {
-    return p > 0.0 && !(p < min_p_threshold);
-  }
+  // Kept by min_p (which also drops weight 0).
+  __device__ __forceinline__ bool Eligible(uint64_t q) const { return q >= min_weight; }
 };
 
 // A prefix of the rank order among eligible tokens: token i (key k) belongs iff
-// k > key || (k == key && i <= id). Every member has OrderKey(logit) >= xlo.
+// k > key || (k == key && i <= id). Every member has OrderKey(logit) >= xlo (a bound Select
+// collects from the members themselves, so it holds even where the weight, an approximation of
+// exp, is not monotone in the logit at the last bit).
 struct Cut {
   uint64_t key;
   int id;
@@ -97,7 +78,7 @@ struct Shared {
   uint64_t keys[kCap];
   int ids[kCap];
   unsigned bin_count[kBins];
-  double bin_mass[kBins];
+  unsigned long long bin_mass[kBins];
   unsigned bin_xmin[kBins];
   unsigned bin_xmax[kBins];
   double warp_d[kWarps];
@@ -111,6 +92,7 @@ struct Shared {
   uint32_t b_lo, b_hi;
   int b_done;
   long long b_ties_needed;
+  uint32_t b_cut_xlo;
   double b_value;
   int b_int;
 };
@@ -220,26 +202,27 @@ __device__ void ArgMax(const float* row, int vocab, Shared& sh, float* max_out, 
   __syncthreads();
 }
 
-// Member test of `c` for token i with logit x; sets *p when it is a member.
-__device__ __forceinline__ bool Member(const Dist& d, const Cut& c, float x, int i, double* p) {
+// Member test of `c` for token i with logit x; sets *q when it is a member.
+__device__ __forceinline__ bool Member(const Dist& d, const Cut& c, float x, int i, uint64_t* q) {
   if (OrderKey(x) < c.xlo) return false;
-  *p = d.Prob(x);
-  return d.Eligible(*p) && InCut(ProbKey(*p), i, c);
+  *q = d.Weight(x);
+  return d.Eligible(*q) && InCut(*q, i, c);
 }
 
-// Number of members of `c` and their tree-summed mass.
-__device__ void CountMass(const Dist& d, const Cut& c, Shared& sh, long long* count, double* mass) {
+// Number of members of `c` and their total weight.
+__device__ void CountMass(const Dist& d, const Cut& c, Shared& sh, long long* count,
+                          uint64_t* mass) {
   long long n = 0;
-  double m = 0.0;
+  long long m = 0;  // < 2^59
   for (int i = threadIdx.x; i < d.vocab; i += kThreads) {
-    double p;
-    if (Member(d, c, d.row[i], i, &p)) {
+    uint64_t q;
+    if (Member(d, c, d.row[i], i, &q)) {
       ++n;
-      m += p;
+      m += static_cast<long long>(q);
     }
   }
   *count = BlockSumLL(n, sh);
-  *mass = BlockSum(m, sh);
+  *mass = static_cast<uint64_t>(BlockSumLL(m, sh));
 }
 
 // Id of the t-th (1-based) member of `c` with key `key` in id order, via a block-wide scan.
@@ -255,8 +238,8 @@ __device__ int NthTie(const Dist& d, const Cut& c, uint64_t key, uint32_t lo, ui
       const float x = d.row[i];
       const uint32_t xk = OrderKey(x);
       if (xk >= lo && xk <= hi) {
-        const double p = d.Prob(x);
-        flag = d.Eligible(p) && ProbKey(p) == key && InCut(key, i, c);
+        const uint64_t q = d.Weight(x);
+        flag = d.Eligible(q) && q == key && InCut(key, i, c);
       }
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, flag);
@@ -278,19 +261,23 @@ __device__ int NthTie(const Dist& d, const Cut& c, uint64_t key, uint32_t lo, ui
 }
 
 // The prefix of `u` (rank order) that ends at the first member where the running count reaches
-// count_target or the running mass reaches mass_target (when use_mass); `u` when neither is
-// reached. Bin masses are tree sums; within the final key the tied tokens are added one at a time
-// in id order, as the CPU walk does.
+// count_target or the running weight reaches mass_target (when use_mass); `u` when neither is
+// reached. Within the final key the tied tokens count one at a time in id order, as the CPU walk
+// does.
 __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool use_mass,
-                      double mass_target, Shared& sh) {
+                      uint64_t mass_target, Shared& sh) {
   uint64_t prefix = 0;
   uint32_t lo = u.xlo, hi = 0xffffffffu;
   long long count_above = 0;
-  double mass_above = 0.0;
-  for (int shift = 64 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+  uint64_t mass_above = 0;
+  // Thread 0: the min logit key over the tokens ranked above the chosen bins so far, so that the
+  // cut's xlo bound holds without assuming that the weight is monotone in the logit.
+  uint32_t xlo_above = 0xffffffffu;
+  // Weights are at most 2^40, so the digits above bit 47 are always 0.
+  for (int shift = 40; shift >= 0; shift -= kDigitBits) {
     for (int b = threadIdx.x; b < kBins; b += kThreads) {
       sh.bin_count[b] = 0;
-      sh.bin_mass[b] = 0.0;
+      sh.bin_mass[b] = 0;
       sh.bin_xmin[b] = 0xffffffffu;
       sh.bin_xmax[b] = 0;
     }
@@ -298,7 +285,7 @@ __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool 
     // Runs of equal bins are accumulated in registers: early passes put most tokens in one bin.
     int run_bin = -1;
     unsigned run_count = 0;
-    double run_mass = 0.0;
+    unsigned long long run_mass = 0;
     uint32_t run_min = 0xffffffffu, run_max = 0;
     auto flush = [&]() {
       if (run_bin < 0) return;
@@ -311,22 +298,21 @@ __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool 
       const float x = d.row[i];
       const uint32_t xk = OrderKey(x);
       if (xk < lo || xk > hi) continue;
-      const double p = d.Prob(x);
-      if (!d.Eligible(p)) continue;
-      const uint64_t k = ProbKey(p);
+      const uint64_t k = d.Weight(x);
+      if (!d.Eligible(k)) continue;
       if (!InCut(k, i, u)) continue;
-      if (shift + kDigitBits < 64 && (k >> (shift + kDigitBits)) != prefix) continue;
+      if ((k >> (shift + kDigitBits)) != prefix) continue;
       const int b = static_cast<int>((k >> shift) & (kBins - 1));
       if (b != run_bin) {
         flush();
         run_bin = b;
         run_count = 0;
-        run_mass = 0.0;
+        run_mass = 0;
         run_min = 0xffffffffu;
         run_max = 0;
       }
       ++run_count;
-      run_mass += p;
+      run_mass += k;
       run_min = min(run_min, xk);
       run_max = max(run_max, xk);
     }
@@ -344,6 +330,7 @@ __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool 
         }
         count_above += n;
         mass_above += sh.bin_mass[b];
+        xlo_above = min(xlo_above, sh.bin_xmin[b]);
       }
       sh.b_done = chosen < 0;
       if (chosen >= 0) {
@@ -351,22 +338,18 @@ __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool 
         sh.b_lo = sh.bin_xmin[chosen];
         sh.b_hi = sh.bin_xmax[chosen];
         if (shift == 0) {
-          // Every token in this bin has the same key: add them one at a time in id order.
+          // Every token in this bin has the same weight q > 0: the walk stops at the first of
+          // them (in id order) where the count or the weight reaches its target.
           const long long ties = sh.bin_count[chosen];
           long long need = count_target - count_above;
           if (need > ties) need = ties;
-          if (use_mass) {
-            const double p = KeyProb(sh.b_prefix);
-            double m = mass_above;
-            for (long long j = 1; j <= need; ++j) {
-              m += p;
-              if (m >= mass_target) {
-                need = j;
-                break;
-              }
-            }
+          if (use_mass && mass_target > mass_above) {
+            const uint64_t q = sh.b_prefix;
+            const uint64_t by_mass = (mass_target - mass_above + q - 1) / q;
+            if (by_mass < static_cast<uint64_t>(need)) need = static_cast<long long>(by_mass);
           }
           sh.b_ties_needed = need;
+          sh.b_cut_xlo = min(xlo_above, sh.b_lo);
         }
       }
     }
@@ -378,9 +361,10 @@ __device__ Cut Select(const Dist& d, const Cut& u, long long count_target, bool 
     __syncthreads();
   }
   const long long need = sh.b_ties_needed;
+  const uint32_t cut_xlo = sh.b_cut_xlo;
   __syncthreads();
   const int id = NthTie(d, u, prefix, lo, hi, need, sh);
-  return Cut{prefix, id, lo};
+  return Cut{prefix, id, cut_xlo};
 }
 
 // Rank order: key descending, then id ascending; the padding (key 0, id kNoId) sorts last.
@@ -427,11 +411,11 @@ __device__ int Gather(const Dist& d, const Cut& c, Shared& sh) {
   if (threadIdx.x == 0) sh.count = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < d.vocab; i += kThreads) {
-    double p;
-    if (Member(d, c, d.row[i], i, &p)) {
+    uint64_t q;
+    if (Member(d, c, d.row[i], i, &q)) {
       const int slot = atomicAdd(&sh.count, 1);
       if (slot < kCap) {
-        sh.keys[slot] = ProbKey(p);
+        sh.keys[slot] = q;
         sh.ids[slot] = i;
       }
     }
@@ -442,62 +426,63 @@ __device__ int Gather(const Dist& d, const Cut& c, Shared& sh) {
   return n;
 }
 
-// The CPU's final steps over a kept set sorted by id in sh.keys/ids[0, n): normalize by the
-// left-to-right sum and walk the CDF left to right. Thread 0 only.
-__device__ int WalkSorted(int n, double u, const Shared& sh) {
-  double sum = 0.0;
-  for (int j = 0; j < n; ++j) sum += KeyProb(sh.keys[j]);
-  double cum = 0.0;
+// The draw over a kept set sorted by id in sh.keys/ids[0, n): the first token whose inclusive
+// prefix weight exceeds floor(u * total). Thread 0 only.
+__device__ int WalkSorted(int n, uint64_t bits, const Shared& sh) {
+  uint64_t total = 0;
+  for (int j = 0; j < n; ++j) total += sh.keys[j];
+  const uint64_t threshold = sm::DrawThreshold(bits, total);
+  uint64_t cum = 0;
   for (int j = 0; j < n; ++j) {
-    cum += KeyProb(sh.keys[j]) / sum;
-    if (u < cum) return sh.ids[j];
+    cum += sh.keys[j];
+    if (cum > threshold) return sh.ids[j];
   }
-  return sh.ids[n - 1];
+  return sh.ids[n - 1];  // unreachable: cum reaches total > threshold
 }
 
-// The CDF walk in id order over a large kept set `c` with normalizer `sum`: each thread owns
+// The draw in id order over a large kept set `c` of total weight `total`: each thread owns
 // kScanItems consecutive tokens of a chunk; an exclusive block scan gives each its starting sum.
-__device__ int WalkLarge(const Dist& d, const Cut& c, double sum, double u, Shared& sh) {
+__device__ int WalkLarge(const Dist& d, const Cut& c, uint64_t total, uint64_t bits, Shared& sh) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  double base = 0.0;
-  int last = -1;
+  const uint64_t threshold = sm::DrawThreshold(bits, total);
+  unsigned long long base = 0;
   constexpr int kChunk = kThreads * kScanItems;
   for (int start = 0; start < d.vocab; start += kChunk) {
-    double q[kScanItems];
-    double local = 0.0;
+    unsigned long long q[kScanItems];
+    unsigned long long local = 0;
     const int first_id = start + threadIdx.x * kScanItems;
 #pragma unroll
     for (int j = 0; j < kScanItems; ++j) {
-      q[j] = 0.0;
+      q[j] = 0;
       const int i = first_id + j;
-      double p;
-      if (i < d.vocab && Member(d, c, d.row[i], i, &p)) {
-        q[j] = p / sum;
-        local += q[j];
-        last = i;
+      uint64_t w;
+      if (i < d.vocab && Member(d, c, d.row[i], i, &w)) {
+        q[j] = w;
+        local += w;
       }
     }
     // Exclusive scan of `local` over the block.
-    double incl = local;
+    unsigned long long incl = local;
 #pragma unroll
     for (int o = 1; o < 32; o *= 2) {
-      const double v = __shfl_up_sync(0xffffffffu, incl, o);
+      const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
       if (lane >= o) incl += v;
     }
-    if (lane == 31) sh.warp_d[warp] = incl;
+    if (lane == 31) sh.warp_ll[warp] = static_cast<long long>(incl);
     __syncthreads();
-    double warp_before = 0.0, chunk_total = 0.0;
+    unsigned long long warp_before = 0, chunk_total = 0;
     for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) warp_before += sh.warp_d[w];
-      chunk_total += sh.warp_d[w];
+      const unsigned long long t = static_cast<unsigned long long>(sh.warp_ll[w]);
+      if (w < warp) warp_before += t;
+      chunk_total += t;
     }
-    double cum = base + warp_before + (incl - local);
+    unsigned long long cum = base + warp_before + (incl - local);
     int hit = kNoId;
 #pragma unroll
     for (int j = 0; j < kScanItems; ++j) {
-      if (q[j] > 0.0 && hit == kNoId) {
+      if (q[j] > 0 && hit == kNoId) {
         cum += q[j];
-        if (u < cum) hit = first_id + j;
+        if (cum > threshold) hit = first_id + j;
       }
     }
     __syncthreads();
@@ -505,9 +490,7 @@ __device__ int WalkLarge(const Dist& d, const Cut& c, double sum, double u, Shar
     if (hit != kNoId) return hit;
     base += chunk_total;
   }
-  // u beyond the rounded total: the last kept token, as the CPU's fallback.
-  last = -BlockMinInt(-last, sh);
-  return last;
+  return 0;  // unreachable: the prefix sums reach total > threshold
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -522,52 +505,42 @@ __global__ void __launch_bounds__(kThreads, 1)
   int argmax;
   ArgMax(row, vocab, sh, &xmax, &argmax);
   const bool greedy = prm.greedy != 0 || !(prm.temperature > 0.0f);
-  const double temperature = static_cast<double>(prm.temperature);
-  const double max_scaled = greedy ? 0.0 : __ddiv_rn(static_cast<double>(xmax), temperature);
 
-  // Raw log-sum (logprob) and S1 in one pass.
-  double raw = 0.0, scaled = 0.0;
+  // Raw log-sum for the logprob.
+  double raw = 0.0;
   for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float x = row[i];
-    const double e_raw = exp(__dsub_rn(static_cast<double>(x), static_cast<double>(xmax)));
-    raw += e_raw;
-    if (!greedy) {
-      scaled += prm.temperature == 1.0f
-                    ? e_raw
-                    : exp(__dsub_rn(__ddiv_rn(static_cast<double>(x), temperature), max_scaled));
-    }
+    raw += exp(static_cast<double>(row[i]) - static_cast<double>(xmax));
   }
   const double raw_sum = BlockSum(raw, sh);
   const double log_sum = log(raw_sum) + static_cast<double>(xmax);
 
   int token = argmax;
   if (!greedy) {
-    const double s1 = BlockSum(scaled, sh);
-    Dist d{row, vocab, temperature, max_scaled, s1, 0.0};
-    if (prm.min_p > 0.0f) d.min_p_threshold = static_cast<double>(prm.min_p) * (1.0 / s1);
-    const double u = UniformFromSeed(prm.seed, prm.step);
+    const double temperature = static_cast<double>(prm.temperature);
+    const Dist d{row, vocab, temperature, sm::ScaledLogit(xmax, temperature),
+                 sm::MinPWeight(prm.min_p)};
+    const uint64_t bits = sm::UniformBits(prm.seed, prm.step);
     const Cut all{0, kNoId, 0};
     const bool top_k_on = prm.top_k > 0 && prm.top_k < vocab;
     Cut kept = all;
     bool kept_in_smem = false;  // kept set sorted by id in sh.keys/ids[0, kept_n)
     int kept_n = 0;
     if (top_k_on || prm.top_p < 1.0f) {
-      const Cut order = top_k_on ? Select(d, all, prm.top_k, false, 0.0, sh) : all;
+      const Cut order = top_k_on ? Select(d, all, prm.top_k, false, 0, sh) : all;
       long long order_n;
-      double order_mass;
+      uint64_t order_mass;
       CountMass(d, order, sh, &order_n, &order_mass);
+      const uint64_t target = sm::TopPTarget(prm.top_p, order_mass);
       if (order_n <= kCap) {
         const int n = Gather(d, order, sh);
         BitonicSort(n, /*by_id=*/false, sh);
         if (threadIdx.x == 0) {
-          double total = 0.0;
-          for (int j = 0; j < n; ++j) total += KeyProb(sh.keys[j]);
-          double kept_mass = 0.0;
+          uint64_t kept_mass = 0;
           int keep = 0;
           for (int j = 0; j < n; ++j) {
             keep = j + 1;
-            kept_mass += KeyProb(sh.keys[j]);
-            if (kept_mass >= static_cast<double>(prm.top_p) * total) break;
+            kept_mass += sh.keys[j];
+            if (kept_mass >= target) break;
           }
           sh.b_int = keep;
         }
@@ -577,25 +550,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         BitonicSort(kept_n, /*by_id=*/true, sh);
         kept_in_smem = true;
       } else {
-        kept = Select(d, order, order_n, true, static_cast<double>(prm.top_p) * order_mass, sh);
+        kept = Select(d, order, order_n, true, target, sh);
       }
     }
     if (kept_in_smem) {
-      if (threadIdx.x == 0) sh.b_int = WalkSorted(kept_n, u, sh);
+      if (threadIdx.x == 0) sh.b_int = WalkSorted(kept_n, bits, sh);
       __syncthreads();
       token = sh.b_int;
     } else {
       long long n;
-      double mass;
+      uint64_t mass;
       CountMass(d, kept, sh, &n, &mass);
       if (n <= kCap) {
         const int m = Gather(d, kept, sh);
         BitonicSort(m, /*by_id=*/true, sh);
-        if (threadIdx.x == 0) sh.b_int = WalkSorted(m, u, sh);
+        if (threadIdx.x == 0) sh.b_int = WalkSorted(m, bits, sh);
         __syncthreads();
         token = sh.b_int;
       } else {
-        token = WalkLarge(d, kept, mass, u, sh);
+        token = WalkLarge(d, kept, mass, bits, sh);
       }
     }
   }

@@ -1,8 +1,11 @@
 // Differential test of the GPU sampler against tandem::Sample (the CPU reference): thousands of
 // (row, params, seed, step) cases on random logits (normal, peaked, quantized with exact ties,
 // all equal), vocab 128256 and small vocabs, top_k 1/50/>2048/vocab, top_p 0.1..1, min_p 0..0.5,
-// temperature 0.3..2 and greedy rows mixed into one batch. Tokens must match exactly; logprobs
-// within 1e-4. Also prints the time of one 64 x 128256 launch. Skipped without a GPU.
+// temperature 0.3..2 and greedy rows mixed into one batch, plus exact-tie rows where top_p * total
+// lands on a prefix sum (all-equal and quantized logits with top_p 0.5 / 0.25 / 0.75). Tokens must
+// match exactly (both sides use the integer weights of runtime/sampling/sampling_math.h, so there
+// is no tolerance); logprobs within 1e-4. Also prints the time of one 64 x 128256 launch. Skipped
+// without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -104,7 +107,9 @@ class SamplingCudaTest : public CudaKernelTest {
  protected:
   // Samples `rounds` parameter sets on one batch of `rows` rows of `kind` logits and compares
   // every row with tandem::Sample. Returns the number of cases.
-  int Compare(LogitKind kind, int rows, int vocab, int rounds, uint64_t seed) {
+  // A positive `force_top_p` replaces top_p in every non-greedy row.
+  int Compare(LogitKind kind, int rows, int vocab, int rounds, uint64_t seed,
+              float force_top_p = 0.0f) {
     FastRng rng(seed);
     std::vector<float> logits;
     logits.reserve(static_cast<size_t>(rows) * vocab);
@@ -122,6 +127,7 @@ class SamplingCudaTest : public CudaKernelTest {
       std::vector<SamplingRow> host_rows(rows);
       for (int r = 0; r < rows; ++r) {
         params[r] = RandomParams(vocab, rng);
+        if (force_top_p > 0.0f && !params[r].greedy()) params[r].top_p = force_top_p;
         host_rows[r] = ToRow(params[r], rng.Next(), rng.Next() % 4096);
         EXPECT_TRUE(cuda::ValidateSamplingRow(host_rows[r]).ok());
       }
@@ -177,6 +183,22 @@ TEST_F(SamplingCudaTest, MatchesCpuOnSmallVocabs) {
     }
   }
   std::printf("small vocabs: %d cases\n", cases);
+}
+
+// The cases that split CPU and GPU when each side summed doubles in its own order: many exactly
+// tied tokens and a top_p that puts the cut on a tie boundary.
+TEST_F(SamplingCudaTest, MatchesCpuOnExactTopPTies) {
+  int cases = 0;
+  uint64_t seed = 500;
+  for (const int vocab : {2, 7, 1000, 2048, 2049, 4096, 5000, 10000, 128256}) {
+    for (const float top_p : {0.5f, 0.25f, 0.75f}) {
+      for (const LogitKind kind : {LogitKind::kAllEqual, LogitKind::kQuantized}) {
+        cases += Compare(kind, vocab >= 10000 ? 64 : 256, vocab, 2, ++seed, top_p);
+      }
+    }
+  }
+  std::printf("exact top_p ties: %d cases\n", cases);
+  EXPECT_GT(cases, 5000);
 }
 
 TEST_F(SamplingCudaTest, MaxShape) {

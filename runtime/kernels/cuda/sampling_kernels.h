@@ -15,16 +15,13 @@
 // returns the CUDA error as a status (cuda_status.h) and leaves tokens/logprobs unspecified.
 // Thread-safety: reentrant; the stream's owner calls it (device.h contract).
 //
-// Agreement with the CPU sampler (same logits, parameters, seed and step): the uniform draw
-// UniformFromSeed(seed, step) is bit-identical; the rank order (probability descending, lower id
-// first on ties), the min_p / top_k / top_p rules (the token crossing top_p stays) and the CDF walk
-// in token-id order are the CPU's. Probabilities are computed in double with the CPU's formula,
-// but CUDA's exp() and the CPU's std::exp may differ in the last bit, and sums over more than
-// kSamplingExactCandidates tokens are tree sums rather than the CPU's left-to-right sums, so the
-// chosen token can differ only when the draw or a top_p/min_p threshold falls within about 1e-12
-// (relative) of a boundary. When the filtered distribution keeps at most kSamplingExactCandidates
-// tokens (and, with top_p < 1, the top_k or min_p set fits as well), the top_p walk, the
-// normalizer and the CDF walk are the CPU's left-to-right sums in the CPU's order.
+// Agreement with the CPU sampler (same logits, parameters, seed and step): exact by construction.
+// Both sides use runtime/sampling/sampling_math.h: integer weights q = llround(exp(x/T - max/T) *
+// 2^40) from a portable exp built from correctly rounded double operations (so q is
+// bit-identical), the rank order (q descending, lower id first), min_p / top_k / top_p on integer
+// sums (the token crossing top_p stays) and the draw floor(u * total) against integer prefix sums
+// in id order, with u = UniformFromSeed(seed, step). Integer sums do not depend on summation order,
+// so tree sums here equal the CPU's left-to-right sums, ties included.
 // The sampled token's logprob is the raw log-softmax (before temperature), as the CPU reports it.
 
 #include <cstddef>
@@ -36,7 +33,8 @@ namespace tandem::cuda {
 
 inline constexpr int kSamplingMaxRows = 256;
 inline constexpr int kSamplingMaxVocab = 262144;
-// Candidate sets up to this size are sorted in shared memory and summed in the CPU's order.
+// Candidate sets up to this size are sorted in shared memory and walked by one thread; larger ones
+// use radix selects and block scans (same result, different speed).
 inline constexpr int kSamplingExactCandidates = 2048;
 
 // Parameters of one row, from a validated SamplingParams (runtime/sampling/sampling_params.h):
