@@ -32,28 +32,8 @@ struct GemvArgs {
   int m = 0;  // in [0, kGemvMaxRows]; 0 queues nothing
   int n = 0;  // > 0: output features
   int k = 0;  // > 0, a multiple of 8
-
-  // Decode-step fusions of the residual stream's RMSNorm (m == 1 only), which remove the
-  // standalone norm launches between projections:
-  // - norm prologue: x is read as bf16(x[j] * inv_rms[0] * norm_weight[j]) (the standalone
-  //   RMSNorm's rounding), inv_rms from an earlier launch's residual epilogue;
-  // - residual epilogue (no bias, bf16): instead of writing out, residual[j] =
-  //   bf16(bf16(y[j]) + residual[j]) in place, and once every CTA is done inv_rms_out[0] =
-  //   1 / sqrt(mean_j(residual[j]^2) + norm_eps) (summed in a fixed order: deterministic).
-  const void* norm_weight = nullptr;  // bf16 [k], or null (no prologue)
-  const float* inv_rms = nullptr;     // device float [1]; non-null iff norm_weight is
-  void* residual = nullptr;           // bf16 [n], or null (no epilogue; then out is written)
-  float* inv_rms_out = nullptr;       // device float [1]; non-null iff residual is
-  // Epilogue scratch, GemvResidualScratchBytes(n) bytes, zero-filled before its first use (every
-  // launch leaves it zeroed).
-  void* residual_scratch = nullptr;
-  size_t residual_scratch_bytes = 0;
-  float norm_eps = 0.0f;
 };
-// out must not overlap x, w or bias; residual must not overlap x or w.
-
-// Scratch bytes of the residual epilogue for n output features.
-size_t GemvResidualScratchBytes(int n);
+// out must not overlap x, w or bias.
 
 // True when LaunchGemv takes this shape and these pointers (m in [1, kGemvMaxRows], k a positive
 // multiple of 8, x and w 16-byte aligned). Callers pick GEMV or a GEMM library with it.

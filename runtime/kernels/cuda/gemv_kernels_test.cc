@@ -47,37 +47,6 @@ TEST(GemvKernelsTest, RejectsBiasInGatedMode) {
   EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid);
 }
 
-TEST(GemvKernelsTest, RejectsInconsistentNormFusions) {
-  float scalar = 0.0f;
-  for (const auto& mutate : {+[](GemvArgs& a) { a.norm_weight = g_w; },  // no inv_rms
-                             +[](GemvArgs& a) { a.residual = g_out; },   // no inv_rms_out
-                             +[](GemvArgs& a) {
-                               a.m = 2;
-                               a.residual = g_out;
-                               a.inv_rms_out = nullptr;
-                             }}) {
-    GemvArgs a = Valid();
-    mutate(a);
-    EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid);
-  }
-  // Residual epilogue: one row, no bias / f32 / gated, scratch large enough.
-  GemvArgs a = Valid();
-  a.residual = g_out;
-  a.inv_rms_out = &scalar;
-  EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid) << "no scratch";
-  a.residual_scratch = g_out;
-  a.residual_scratch_bytes = GemvResidualScratchBytes(a.n) - 1;
-  EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid) << "scratch too small";
-  a.residual_scratch_bytes = GemvResidualScratchBytes(a.n);
-  a.m = 2;
-  EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid) << "two rows";
-  a.m = 1;
-  a.bias = g_w;
-  EXPECT_EQ(LaunchGemv(a, nullptr).code(), kInvalid) << "bias";
-  EXPECT_GT(GemvResidualScratchBytes(4096), GemvResidualScratchBytes(96));
-  EXPECT_EQ(GemvResidualScratchBytes(0), 0u);
-}
-
 TEST(GemvKernelsTest, RejectsNullAndMisalignedPointers) {
   for (const auto& mutate :
        {+[](GemvArgs& a) { a.x = nullptr; }, +[](GemvArgs& a) { a.w = nullptr; },

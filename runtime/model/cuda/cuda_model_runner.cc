@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -487,14 +486,6 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_CUDA_ERROR(cudaMemcpy(inv_freq_.data, inv_freq.data(),
                                     inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
                          "inv_freq upload");
-    // Single-row steps fuse the RMSNorms into the GEMVs: the residual epilogue's scratch (zeroed
-    // once; every launch leaves it zeroed) and the inv_rms it hands to the next projection.
-    norm_scratch_bytes_ = cuda::GemvResidualScratchBytes(c.hidden_size);
-    ASSIGN_OR_RETURN(norm_scratch_, device_->Allocate(norm_scratch_bytes_ + sizeof(float)));
-    RETURN_IF_CUDA_ERROR(cudaMemset(norm_scratch_.data, 0, norm_scratch_bytes_ + sizeof(float)),
-                         "norm scratch");
-    const char* no_fusion = std::getenv("TANDEM_DISABLE_NORM_FUSION");
-    norm_fusion_ = no_fusion == nullptr || std::strcmp(no_fusion, "1") != 0;
     return absl::OkStatus();
   }
 
@@ -656,64 +647,18 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
-    // One-row steps whose projections run as GEMVs fold every RMSNorm after the first into them
-    // (gemv_kernels.h): the O and down projections add into resid_ and compute the next norm's
-    // inv_rms; the QKV and gate/up projections normalize resid_ as they read it.
-    const bool fused = norm_fusion_ && T == 1 &&
-                       gemm_->UseGemv(1, hidden, resid_.data, layers_[0].qkv) &&
-                       gemm_->UseGemv(1, q_w, attn, layers_[0].o_proj) &&
-                       gemm_->UseGemv(1, inter, act_.data, layers_[0].down);
-    float* inv_rms =
-        reinterpret_cast<float*>(static_cast<char*>(norm_scratch_.data) + norm_scratch_bytes_);
-    // A projection of one row that adds into resid_ (fused epilogue).
-    auto residual_gemv = [&](const void* x, const void* w, int k) {
-      cuda::GemvArgs g;
-      g.x = x;
-      g.w = w;
-      g.m = 1;
-      g.n = hidden;
-      g.k = k;
-      g.residual = resid_.data;
-      g.inv_rms_out = inv_rms;
-      g.residual_scratch = norm_scratch_.data;
-      g.residual_scratch_bytes = norm_scratch_bytes_;
-      g.norm_eps = c.rms_norm_eps;
-      return cuda::LaunchGemv(g, s);
-    };
-    // A projection of one row reading resid_ normalized with `norm_weight` (fused prologue).
-    auto normed_gemv = [&](const void* w, const void* bias, const void* norm_weight, int n,
-                           void* out, bool gated) {
-      cuda::GemvArgs g;
-      g.x = resid_.data;
-      g.w = w;
-      g.bias = bias;
-      g.out = out;
-      g.gated_silu = gated;
-      g.m = 1;
-      g.n = n;
-      g.k = hidden;
-      g.norm_weight = norm_weight;
-      g.inv_rms = inv_rms;
-      return cuda::LaunchGemv(g, s);
-    };
-
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerPtrs& lw = layers_[li];
       // The residual stream lives in resid_; h_ holds the last sublayer's output.
-      if (fused && li > 0) {
-        RETURN_IF_ERROR(normed_gemv(lw.qkv, lw.qkv_bias, lw.input_norm, qkv_w, qkv, false));
-        RETURN_IF_ERROR(mark("norm_qkv_gemv"));
+      if (li == 0) {
+        RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
       } else {
-        if (li == 0) {
-          RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
-        } else {
-          RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
-        }
-        RETURN_IF_ERROR(mark("rmsnorm"));
-        RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
-                                      GemmOut::kBf16, s));
-        RETURN_IF_ERROR(mark("qkv_gemm"));
+        RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
       }
+      RETURN_IF_ERROR(mark("rmsnorm"));
+      RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
+                                    GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("qkv_gemm"));
       RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(qkv, meta + p.off.positions,
                                                static_cast<const float*>(inv_freq_.data),
                                                meta + p.off.slots, T, c.num_heads, cache_, li, s));
@@ -755,15 +700,6 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
         RETURN_IF_ERROR(mark("attention_prefill"));
       }
-      if (fused) {
-        RETURN_IF_ERROR(residual_gemv(attn, lw.o_proj, q_w));
-        RETURN_IF_ERROR(mark("o_residual_gemv"));
-        RETURN_IF_ERROR(normed_gemv(lw.gate_up, nullptr, lw.post_norm, inter, act_.data, true));
-        RETURN_IF_ERROR(mark("norm_gate_up_silu_gemv"));
-        RETURN_IF_ERROR(residual_gemv(act_.data, lw.down, inter));
-        RETURN_IF_ERROR(mark("down_residual_gemv"));
-        continue;
-      }
       RETURN_IF_ERROR(
           gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("o_gemm"));
@@ -792,9 +728,7 @@ class Runner final : public CudaModelRunner {
           gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("down_gemm"));
     }
-    // Fused steps already added the last sublayer into resid_.
-    RETURN_IF_ERROR(fused ? norm(resid_.data, nullptr, final_norm_, T)
-                          : norm(h_.data, resid_.data, final_norm_, T));
+    RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
     RETURN_IF_ERROR(mark("final_norm"));
     const int R = p.num_logit_rows;
     if (R > 0) {
@@ -838,9 +772,6 @@ class Runner final : public CudaModelRunner {
   DeviceBuffer logits_;                                           // [cap_.logit_rows, vocab] f32
   DeviceBuffer meta_;                                             // [cap_.meta] int32
   DeviceBuffer decode_ws_;
-  DeviceBuffer norm_scratch_;  // GEMV residual-epilogue scratch, then the inv_rms float
-  size_t norm_scratch_bytes_ = 0;
-  bool norm_fusion_ = true;       // TANDEM_DISABLE_NORM_FUSION=1 turns it off (A/B measurements)
   int32_t* host_meta_ = nullptr;  // pinned, [cap_.meta]
 
   StepPlan plan_;
