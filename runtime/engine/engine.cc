@@ -452,6 +452,11 @@ bool Engine::Step() {
   if (plan.empty()) return !plan.preempted.empty();
   ForwardBatch batch;
   int rows = 0;
+  // Rows the runner may sample itself (model_runner.h); reserved up front so that the chunks'
+  // pointers stay valid.
+  const bool runner_samples = runner_->SupportsDeviceSampling();
+  std::vector<SampleRequest> requests;
+  requests.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence* seq = scheduler_.Get(c.seq_id);
     SequenceChunk chunk;
@@ -459,7 +464,16 @@ bool Engine::Step() {
     chunk.start_pos = c.start_pos;
     chunk.block_table = scheduler_.BlockTable(c.seq_id);
     chunk.need_logits = c.need_logits;
-    rows += c.need_logits ? 1 : 0;
+    if (c.need_logits) {
+      ++rows;
+      const Active& a = *active_.at(c.seq_id);
+      if (runner_samples && SamplesFromLogitsOnly(a.request.params)) {
+        // The same seed and step OnLogits would use.
+        requests.push_back(MakeSampleRequest(a.request.params, a.seed,
+                                             static_cast<uint64_t>(seq->num_output_tokens())));
+        chunk.sample = &requests.back();
+      }
+    }
     batch.chunks.push_back(chunk);
   }
   const absl::Time step_start = absl::Now();
@@ -471,7 +485,21 @@ bool Engine::Step() {
   absl::Status status = runner_->Forward(batch, &out);
   const absl::Time forward_done = absl::Now();
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
-  if (status.ok() && (out.rows != rows || out.logits.size() != static_cast<size_t>(rows) * vocab)) {
+  // Sampled by the runner: only allowed when every row asked for it.
+  const bool sampled = !out.tokens.empty();
+  if (status.ok() && sampled &&
+      (out.rows != rows || static_cast<int>(requests.size()) != rows ||
+       out.tokens.size() != static_cast<size_t>(rows) ||
+       out.logprobs.size() != static_cast<size_t>(rows) ||
+       std::any_of(out.tokens.begin(), out.tokens.end(),
+                   [&](int32_t t) { return t < 0 || static_cast<size_t>(t) >= vocab; }))) {
+    status = absl::InternalError(absl::StrCat(
+        "model runner returned ", out.rows, " rows and ", out.tokens.size(), " sampled tokens (",
+        out.logprobs.size(), " logprobs) for ", rows, " sequences, ", requests.size(),
+        " of which asked to be sampled, vocabulary ", vocab));
+  }
+  if (status.ok() && !sampled &&
+      (out.rows != rows || out.logits.size() != static_cast<size_t>(rows) * vocab)) {
     status = absl::InternalError(absl::StrCat("model runner returned ", out.rows, " rows and ",
                                               out.logits.size(), " logits for ", rows,
                                               " sequences of vocabulary ", vocab));
@@ -491,9 +519,18 @@ bool Engine::Step() {
     if (!c.need_logits) continue;
     Active& a = *active_.at(c.seq_id);
     if (!a.kv_ready.has_value()) a.kv_ready = forward_done;
+    const size_t r = row++;
+    if (sampled) {
+      if (std::isnan(out.logprobs[r])) {
+        FinishRequest(c.seq_id, FinishReason::kError,
+                      absl::InternalError("the model produced NaN logits"), {});
+        continue;
+      }
+      OnSampled(c.seq_id, SampleResult{out.tokens[r], out.logprobs[r], {}});
+      continue;
+    }
     const std::span<const float> logits =
-        std::span<const float>(out.logits).subspan(row * vocab, vocab);
-    ++row;
+        std::span<const float>(out.logits).subspan(r * vocab, vocab);
     if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
       FinishRequest(c.seq_id, FinishReason::kError,
                     absl::InternalError("the model produced NaN logits"), {});
@@ -509,9 +546,14 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const SamplingParams& params = a.request.params;
   const Sequence* seq = scheduler_.Get(seq_id);
   const std::span<const int32_t> all(seq->tokens);
-  const SampleResult r =
-      Sample(params, logits, all.first(a.num_prompt_tokens), all.subspan(a.num_prompt_tokens),
-             a.seed, static_cast<uint64_t>(seq->num_output_tokens()));
+  OnSampled(seq_id,
+            Sample(params, logits, all.first(a.num_prompt_tokens), all.subspan(a.num_prompt_tokens),
+                   a.seed, static_cast<uint64_t>(seq->num_output_tokens())));
+}
+
+void Engine::OnSampled(int64_t seq_id, const SampleResult& r) {
+  Active& a = *active_.at(seq_id);
+  const SamplingParams& params = a.request.params;
   if (a.request.hold_kv_after_prefill) {
     HoldAfterPrefill(seq_id, r);
     return;

@@ -14,6 +14,12 @@
 // context limit), abort (Cancel or Shutdown) or error (the forward pass failed; `error` says why).
 // A request rejected by Submit gets no callback at all.
 //
+// Sampling: rows whose params need only the logits (SamplesFromLogitsOnly: no penalties, no
+// top-logprob list) are sampled by the runner when it SupportsDeviceSampling(), so only tokens
+// leave the device when a whole step's rows qualify; the result is the same token and logprob
+// as the host sampler's (same seed and step). Other rows, and every row of a step with any other
+// row, are sampled here from the logits.
+//
 // Ownership: the engine owns the runner; the tokenizer (optional) must outlive the engine.
 //
 // Disaggregated serving (whole-prompt KV transfer between a prefill engine P and a decode
@@ -278,6 +284,8 @@ class Engine {
   bool Step();
   // Samples one token for `seq_id` from `logits` and emits it (or holds the KV).
   void OnLogits(int64_t seq_id, std::span<const float> logits);
+  // Emits the token sampled for `seq_id` (on the host or by the runner), or holds the KV.
+  void OnSampled(int64_t seq_id, const SampleResult& sampled);
   // Emits a token already appended to the sequence; may finish the request.
   void EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprobs> logprobs);
   void HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled);

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/kernels/cpu_ops.h"
+#include "runtime/sampling/sampler.h"
 
 namespace tandem {
 namespace {
@@ -156,6 +159,8 @@ class CpuModelRunner final : public ModelRunner {
 
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     RETURN_IF_ERROR(Validate(batch));
+    out->tokens.clear();
+    out->logprobs.clear();
     if (batch.chunks.empty()) {
       out->logits.clear();
       out->rows = 0;
@@ -254,10 +259,41 @@ class CpuModelRunner final : public ModelRunner {
       cpu::Linear(last_.data(), weights_.LmHead().data(), nullptr, logit_rows, hidden, c.vocab_size,
                   out->logits.data());
     }
+    if (logit_rows > 0 &&
+        std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& ch) {
+          return !ch.need_logits || ch.sample != nullptr;
+        })) {
+      SampleRows(batch, out);
+    }
     return absl::OkStatus();
   }
 
+  bool SupportsDeviceSampling() const override { return true; }
+
  private:
+  // Replaces out->logits by the sampled tokens and logprobs (model_runner.h): the CPU sampler on
+  // each row, which is what the engine would run on the same logits.
+  void SampleRows(const ForwardBatch& batch, ForwardOutput* out) const {
+    const size_t vocab = config_.vocab_size;
+    out->tokens.resize(out->rows);
+    out->logprobs.resize(out->rows);
+    int r = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      if (!ch.need_logits) continue;
+      const std::span<const float> row(out->logits.data() + r * vocab, vocab);
+      if (std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x); })) {
+        out->tokens[r] = 0;
+        out->logprobs[r] = std::numeric_limits<float>::quiet_NaN();
+      } else {
+        const SampleResult s = SampleFromRequest(*ch.sample, row);
+        out->tokens[r] = s.token;
+        out->logprobs[r] = s.logprob;
+      }
+      ++r;
+    }
+    out->logits.clear();
+  }
+
   absl::Status Validate(const ForwardBatch& batch) const {
     for (size_t i = 0; i < batch.chunks.size(); ++i) {
       const SequenceChunk& ch = batch.chunks[i];
@@ -268,6 +304,11 @@ class CpuModelRunner final : public ModelRunner {
       if (ch.start_pos < 0) {
         return absl::InvalidArgumentError(
             absl::StrFormat("chunk %d: negative start_pos %d", i, ch.start_pos));
+      }
+      if (ch.need_logits && ch.sample != nullptr) {
+        if (absl::Status s = ValidateSampleRequest(*ch.sample); !s.ok()) {
+          return absl::InvalidArgumentError(absl::StrFormat("chunk %d: %s", i, s.message()));
+        }
       }
       const int64_t end = ch.start_pos + n;
       if (end > config_.max_position_embeddings) {

@@ -10,10 +10,16 @@
 // allocate nothing but the output logits.
 //
 // Forward validates the whole batch before touching the cache: token ids outside the vocabulary,
-// empty chunks, negative start positions, positions past max_position_embeddings, block tables
-// too short for their chunk, or block ids outside [0, num_blocks) are InvalidArgument and leave the
-// KV cache and `out` unchanged. Chunks of one batch must belong to different sequences and must
-// not write the same block slots (shared prefix blocks may be read by several chunks).
+// empty chunks, negative start positions, sample requests out of range (ValidateSampleRequest),
+// positions past max_position_embeddings, block tables too short for their chunk, or block ids
+// outside [0, num_blocks) are InvalidArgument and leave the KV cache and `out` unchanged. Chunks of
+// one batch must belong to different sequences and must not write the same block slots (shared
+// prefix blocks may be read by several chunks).
+//
+// Sampling: SupportsDeviceSampling() is true. When every logits row carries a SampleRequest,
+// Forward runs tandem::SampleFromRequest on each row (a row with a NaN logit gets token 0 and a
+// NaN logprob) and returns tokens and logprobs instead of logits, like a device runner, so the
+// engine's runner-sampling path is exercised and checked on the CPU.
 //
 // Thread-safety: as ModelRunner, one thread at a time (the engine thread).
 

@@ -18,6 +18,14 @@
 // between the two on demand (StageKv): the engine stages a prompt's blocks device -> mirror on
 // the prefill side after computing them and before handing them to the transfer, and mirror ->
 // device on the decode side after the transfer wrote them and before decoding reads them.
+//
+// Sampling on the runner: a runner whose SupportsDeviceSampling() is true samples the batch's
+// rows itself when EVERY chunk with need_logits carries a `sample` request: ForwardOutput then
+// holds one token and logprob per row and no logits, so a step moves [rows] ints instead of
+// [rows, vocab] floats off the device. The result must equal tandem::Sample(params, logits, {}, {},
+// seed, step) on the row's logits (runtime/sampling/sampler.h: SampleFromRequest), which the CPU
+// and GPU samplers guarantee bit for bit. When any logits row lacks a request, or the runner does
+// not support it, the runner ignores the requests and returns logits.
 
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/model/model_config.h"
+#include "runtime/sampling/sample_request.h"
 
 namespace tandem {
 
@@ -39,6 +48,9 @@ struct SequenceChunk {
   std::span<const int32_t> block_table;
   // When true, logits of the chunk's last token are produced (one row of ForwardOutput).
   bool need_logits = true;
+  // With need_logits: sample that row on the runner (see the header comment). Null: logits.
+  // Valid for the Forward call only.
+  const SampleRequest* sample = nullptr;
 };
 
 // Direction of StageKv.
@@ -52,9 +64,14 @@ struct ForwardBatch {
 };
 
 struct ForwardOutput {
-  // [rows, vocab_size] float32, one row per chunk with need_logits, in chunk order.
+  // [rows, vocab_size] float32, one row per chunk with need_logits, in chunk order; empty when
+  // the runner sampled the rows.
   std::vector<float> logits;
   int rows = 0;
+  // Filled (rows entries each) when the runner sampled the rows, else empty: the token and its
+  // raw log-softmax logprob (NaN when the row's logits contain a NaN).
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
 };
 
 // Where the runner's KV cache lives, with the same offsets as proto tandem.v1.KvLayout: block b of
@@ -115,8 +132,12 @@ class ModelRunner {
   virtual absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) {
     return absl::OkStatus();
   }
-  // Runs the batch. Writes the chunks' K/V into their blocks and fills `out`. On error the KV of
-  // the chunks' new positions is unspecified (the caller recomputes or drops those sequences).
+  // Whether Forward samples rows that carry a SampleRequest (see the header comment). Fixed for
+  // the runner's lifetime.
+  virtual bool SupportsDeviceSampling() const { return false; }
+  // Runs the batch. Writes the chunks' K/V into their blocks and fills `out` (every field: logits
+  // or tokens/logprobs, the other cleared). On error the KV of the chunks' new positions is
+  // unspecified (the caller recomputes or drops those sequences).
   virtual absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) = 0;
 };
 

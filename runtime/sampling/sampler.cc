@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/sampling/sampling_math.h"
 
@@ -149,6 +150,50 @@ SampleResult Sample(const SamplingParams& params, std::span<const float> raw_log
     }
   }
   return result;
+}
+
+bool SamplesFromLogitsOnly(const SamplingParams& params) {
+  return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
+         params.frequency_penalty == 0.0f &&
+         (!params.logprobs.has_value() || *params.logprobs == 0);
+}
+
+SampleRequest MakeSampleRequest(const SamplingParams& params, uint64_t seed, uint64_t step) {
+  SampleRequest r;
+  r.seed = seed;
+  r.step = step;
+  r.temperature = params.temperature;
+  r.top_p = params.top_p;
+  r.min_p = params.min_p;
+  r.top_k = params.top_k;
+  r.greedy = params.greedy() ? 1 : 0;
+  return r;
+}
+
+absl::Status ValidateSampleRequest(const SampleRequest& r) {
+  if (r.greedy != 0) return absl::OkStatus();
+  if (!std::isfinite(r.temperature) || r.temperature <= 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample request: temperature ", r.temperature, " must be finite and > 0"));
+  }
+  if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample request: top_p ", r.top_p, " is not in (0, 1]"));
+  }
+  if (!(r.min_p >= 0.0f && r.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample request: min_p ", r.min_p, " is not in [0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits) {
+  SamplingParams params;
+  params.temperature = request.greedy != 0 ? 0.0f : request.temperature;
+  params.top_p = request.top_p;
+  params.min_p = request.min_p;
+  params.top_k = request.top_k;
+  return Sample(params, logits, {}, {}, request.seed, request.step);
 }
 
 }  // namespace tandem

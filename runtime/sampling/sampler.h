@@ -23,6 +23,8 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "runtime/sampling/sample_request.h"
 #include "runtime/sampling/sampling_params.h"
 
 namespace tandem {
@@ -61,5 +63,22 @@ std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const 
 SampleResult Sample(const SamplingParams& params, std::span<const float> logits,
                     std::span<const int32_t> prompt, std::span<const int32_t> output, uint64_t seed,
                     uint64_t step);
+
+// Whether Sample's result for `params` depends on the logits, seed and step only (no repetition,
+// presence or frequency penalty, no top-logprob list): such a row can be sampled where its logits
+// are (SampleRequest, model_runner.h).
+bool SamplesFromLogitsOnly(const SamplingParams& params);
+
+// The request a runner needs to reproduce Sample(params, logits, {}, {}, seed, step).
+SampleRequest MakeSampleRequest(const SamplingParams& params, uint64_t seed, uint64_t step);
+
+// InvalidArgument naming the field when a non-greedy request has a temperature that is not finite
+// and > 0, top_p outside (0, 1] or min_p outside [0, 1] (what ValidateSamplingParams guarantees
+// for the params MakeSampleRequest takes).
+absl::Status ValidateSampleRequest(const SampleRequest& request);
+
+// Sample(params, logits, {}, {}, request.seed, request.step) for the params `request` came from
+// (top_logprobs empty).
+SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits);
 
 }  // namespace tandem

@@ -219,6 +219,72 @@ TEST(SamplerTest, TopPOnExactTieKeepsExactlyTheCrossingPrefix) {
   }
 }
 
+TEST(SamplerTest, SampleFromRequestEqualsSample) {
+  std::vector<float> logits;
+  for (int i = 0; i < 500; ++i) logits.push_back(std::sin(i * 0.37f) * 4.0f);
+  const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+  const int top_ks[] = {0, 1, 7, 500};
+  const float top_ps[] = {1.0f, 0.9f, 0.3f};
+  const float min_ps[] = {0.0f, 0.1f};
+  int n = 0;
+  for (float t : temps) {
+    for (int k : top_ks) {
+      for (float tp : top_ps) {
+        for (float mp : min_ps) {
+          SamplingParams p;
+          p.temperature = t;
+          p.top_k = k;
+          p.top_p = tp;
+          p.min_p = mp;
+          ASSERT_TRUE(SamplesFromLogitsOnly(p));
+          for (uint64_t step = 0; step < 5; ++step) {
+            const SampleRequest req = MakeSampleRequest(p, 99 + n, step);
+            ASSERT_TRUE(ValidateSampleRequest(req).ok());
+            const SampleResult want = Sample(p, logits, {}, {}, 99 + n, step);
+            const SampleResult got = SampleFromRequest(req, logits);
+            EXPECT_EQ(got.token, want.token);
+            EXPECT_EQ(got.logprob, want.logprob);
+          }
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, SamplesFromLogitsOnlyExcludesPenaltiesAndTopLogprobs) {
+  SamplingParams p;
+  EXPECT_TRUE(SamplesFromLogitsOnly(p));
+  p.logprobs = 0;  // only the sampled token's logprob: still from the logits alone
+  EXPECT_TRUE(SamplesFromLogitsOnly(p));
+  p.logprobs = 1;
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+  p = SamplingParams{};
+  p.repetition_penalty = 1.1f;
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+  p = SamplingParams{};
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+  p = SamplingParams{};
+  p.frequency_penalty = -0.5f;
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+}
+
+TEST(SamplerTest, ValidateSampleRequestNamesTheField) {
+  SampleRequest r;
+  EXPECT_TRUE(ValidateSampleRequest(r).ok());
+  r.temperature = 0.0f;
+  EXPECT_THAT(std::string(ValidateSampleRequest(r).message()), HasSubstr("temperature"));
+  r.greedy = 1;  // greedy ignores the rest
+  EXPECT_TRUE(ValidateSampleRequest(r).ok());
+  r = SampleRequest{};
+  r.top_p = 0.0f;
+  EXPECT_THAT(std::string(ValidateSampleRequest(r).message()), HasSubstr("top_p"));
+  r = SampleRequest{};
+  r.min_p = NAN;
+  EXPECT_THAT(std::string(ValidateSampleRequest(r).message()), HasSubstr("min_p"));
+}
+
 TEST(SamplingParamsTest, ValidationNamesTheParameter) {
   auto check = [](auto mutate, const char* name) {
     SamplingParams p;

@@ -429,6 +429,7 @@ __device__ int Gather(const Dist& d, const Cut& c, Shared& sh) {
 // The draw over a kept set sorted by id in sh.keys/ids[0, n): the first token whose inclusive
 // prefix weight exceeds floor(u * total). Thread 0 only.
 __device__ int WalkSorted(int n, uint64_t bits, const Shared& sh) {
+  if (n == 0) return kNoId;  // no token has a weight (logits all -inf or NaN)
   uint64_t total = 0;
   for (int j = 0; j < n; ++j) total += sh.keys[j];
   const uint64_t threshold = sm::DrawThreshold(bits, total);
@@ -490,7 +491,7 @@ __device__ int WalkLarge(const Dist& d, const Cut& c, uint64_t total, uint64_t b
     if (hit != kNoId) return hit;
     base += chunk_total;
   }
-  return 0;  // unreachable: the prefix sums reach total > threshold
+  return kNoId;  // unreachable: the prefix sums reach total > threshold
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -504,6 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float xmax;
   int argmax;
   ArgMax(row, vocab, sh, &xmax, &argmax);
+  if (argmax >= vocab) argmax = 0;  // every logit NaN
   const bool greedy = prm.greedy != 0 || !(prm.temperature > 0.0f);
 
   // Raw log-sum for the logprob.
@@ -572,6 +574,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // Degenerate rows (no finite logit) fall back to the argmax; the logprob is then NaN or -inf.
+  if (token < 0 || token >= vocab) token = argmax;
   if (threadIdx.x == 0) {
     tokens[r] = token;
     logprobs[r] = static_cast<float>(static_cast<double>(row[token]) - log_sum);

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "runtime/sampling/sample_request.h"
 
 namespace tandem::cuda {
 
@@ -37,20 +38,9 @@ inline constexpr int kSamplingMaxVocab = 262144;
 // use radix selects and block scans (same result, different speed).
 inline constexpr int kSamplingExactCandidates = 2048;
 
-// Parameters of one row, from a validated SamplingParams (runtime/sampling/sampling_params.h):
-// greedy = params.greedy(), seed = params.seed or the engine's per-request seed, step = tokens the
-// request generated so far. Plain data, copied to device memory by the caller.
-struct SamplingRow {
-  uint64_t seed = 0;
-  uint64_t step = 0;
-  float temperature = 1.0f;  // > 0 unless greedy
-  float top_p = 1.0f;        // (0, 1]; 1: off
-  float min_p = 0.0f;        // [0, 1]; 0: off
-  int32_t top_k = 0;         // <= 0 or >= vocab: off
-  int32_t greedy = 0;        // nonzero: argmax, lowest id on ties (the other fields are ignored)
-  int32_t reserved = 0;      // keeps the struct 40 bytes with no implicit padding
-};
-static_assert(sizeof(SamplingRow) == 40, "SamplingRow is copied to the device as raw bytes");
+// Parameters of one row (runtime/sampling/sample_request.h; build it with MakeSampleRequest):
+// plain data, copied to device memory by the caller.
+using SamplingRow = ::tandem::SampleRequest;
 
 // Every pointer is device memory.
 struct SamplingArgs {
