@@ -6,23 +6,25 @@
 // most keys) start first and the light ones fill the tail. Heads sharing a KV head are adjacent,
 // so their K/V reads meet in L2.
 //
-// A CTA of 4 warps owns 128 query rows, 32 per warp (two m16 tiles), so each K/V fragment read
-// from shared memory feeds two MMAs. It walks the keys [0, last position of its rows] in tiles
-// of kBlockN = 64 through a ring of kStages K+V buffers filled by cp.async: tile j + kStages - 1
-// is requested at the top of tile j's iteration, behind the one barrier per tile, so kStages - 1
-// tiles are in flight while tile j computes. The paged cache is gathered through slot indices
-// (block * block_size + offset): each thread reads the block table for its row of tile
+// A CTA of 8 warps owns 128 query rows, 16 per warp (one m16 tile), so every K/V tile in shared
+// memory serves 128 rows while each thread needs at most 128 registers: two CTAs per SM give 16
+// warps (4 per scheduler) to hide the mma, ldmatrix and MUFU latencies. A CTA walks the keys
+// [0, last position of its rows] in tiles of kBlockN = 64 through a ring of kStages K+V buffers
+// (the V stages after the K stages) filled by cp.async, 4 threads per tile row: tile
+// j + kStages - 1 is requested at the top of tile j's iteration, behind the one barrier per tile,
+// so kStages - 1 tiles are in flight while tile j computes. The paged cache is gathered through
+// slot indices (block * block_size + offset): each thread reads the block table for its row of tile
 // j + kStages during tile j and keeps the slot in a register, so loads never wait on the table.
 // Shared rows are padded by 16 bytes, which makes every ldmatrix (8 rows of one 16-byte column)
 // and every cp.async row write conflict-free.
 //
-// Per warp and step of kSubN keys (the whole 64-key tile for head_dim <= 64, two 32-key halves
-// for head_dim 128, where S of 64 keys does not fit next to the 128 O accumulators):
+// Per warp and step of kSubN = 64 keys (one tile):
 //   S = Q K^T: Q fragments stay in registers for head_dim <= 64 and are re-read with ldmatrix
-//   from the CTA's Q tile for head_dim 128 (no room for them next to O);
+//   from the CTA's Q tile for head_dim 128 (no room for them next to O and S);
 //   K fragments by ldmatrix (non-transposed).
-//   Mask only where needed: a warp masks a step only if it crosses the warp's causal diagonal or
-//   the kv_end edge, and skips a step that none of its rows can see (equivalent to all -inf).
+//   Mask only where needed: a warp masks a step only if it crosses the warp's causal diagonal
+//   (which any step crossing the kv_end edge does), and skips a step that none of its rows can
+//   see (equivalent to all -inf).
 //   Online softmax on the S accumulators in registers: P = exp2(s * scale_log2 - base), one FFMA
 //   and one MUFU per score (the scale folded into the exponent). The exponent base of a row is
 //   its running maximum (log2 domain), but it is raised only when a step's maximum exceeds it by
@@ -49,13 +51,9 @@
 namespace tandem::cuda::internal {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kMTiles = 2;                   // m16 tiles per warp
-constexpr int kWarpRows = 16 * kMTiles;      // query rows per warp
-constexpr int kBlockM = kWarps * kWarpRows;  // query rows per CTA
-constexpr int kBlockN = 64;                  // keys per tile
-constexpr int kPad = 8;                      // bf16 elements of padding per shared row (16 bytes)
+constexpr int kBlockM = 128;  // query rows per CTA
+constexpr int kBlockN = 64;   // keys per tile
+constexpr int kPad = 8;       // bf16 elements of padding per shared row (16 bytes)
 constexpr int kMaxGridZ = 65535;
 constexpr float kLog2e = 1.4426950408889634f;
 // A row's exponent base is raised to its running maximum (log2 domain) only when a tile's
@@ -65,13 +63,23 @@ constexpr float kRescaleSlack = 8.0f;
 
 template <int kHeadDim>
 struct Config {
-  static constexpr int kStride = kHeadDim + kPad;  // shared row stride, elements
+  // 8 warps of one m16 tile each: at most 128 registers per thread, so two CTAs (16 warps, 4 per
+  // scheduler) share an SM and hide each other's mma, ldmatrix and MUFU latencies.
+  static constexpr int kWarps = 8;
+  static constexpr int kMinBlocks = 2;  // CTAs per SM the register budget is sized for
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kMTiles = kBlockM / (16 * kWarps);  // m16 tiles per warp
+  static constexpr int kWarpRows = 16 * kMTiles;           // query rows per warp
+  static constexpr int kLoadThreads = kThreads / kBlockN;  // threads per K/V tile row
+  static constexpr int kStride = kHeadDim + kPad;          // shared row stride, elements
+  // Q fragments (kHeadDim / 4 registers per m-tile) stay in registers where they fit next to O.
   static constexpr bool kQInRegs = kHeadDim <= 64;
   // Two K+V stages for head_dim 128 keep two CTAs per SM (~102 KiB each); more for smaller dims.
   static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
-  // Keys per softmax step: S of 64 keys for head_dim 128 does not fit next to O in registers
-  // without spills.
-  static constexpr int kSubN = kHeadDim == 128 ? 32 : kBlockN;
+  // Keys per softmax step: the whole tile. For head_dim 128, S of 64 keys (32 registers) next to
+  // O (64) fits the 128-register budget only with Q re-read from shared memory; 32-key steps
+  // (kSubN = 32) would also fit, with twice the Q reads and row reductions per tile.
+  static constexpr int kSubN = kBlockN;
   static constexpr int kQElems = kBlockM * kStride;
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (kQElems + 2 * kStages * kTileElems);
@@ -124,22 +132,29 @@ __device__ __forceinline__ int KeySlot(const int32_t* table, int block_size, int
   return table[key / block_size] * block_size + key % block_size;
 }
 
-// Requests this thread's half of one cached row (K and V): 16-byte chunks half, half + 2, ...,
-// so the two threads of a row read whole 32-byte sectors together. An invalid row (past kv_end)
-// is filled with zeros, so the P V product never meets stale or NaN values.
-template <int kHeadDim>
+// Requests this thread's part of one cached row (K and V): thread c of the kLoadThreads threads
+// of a row copies the 16-byte chunks c, c + kLoadThreads, ..., so the threads of a row read whole
+// sectors together. An invalid row (past kv_end) is filled with zeros, so the P V product never
+// meets stale or NaN values.
+template <int kHeadDim, int kLoadThreads>
 __device__ __forceinline__ void LoadKvRow(unsigned dst_k, unsigned dst_v, const __nv_bfloat16* k,
                                           const __nv_bfloat16* v, bool valid) {
+  static_assert(kHeadDim % (8 * kLoadThreads) == 0, "whole chunks per thread");
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 16; ++i) {
-    CpAsync16(dst_k + 32 * i, k + 16 * i, valid);
-    CpAsync16(dst_v + 32 * i, v + 16 * i, valid);
+  for (int i = 0; i < kHeadDim / (8 * kLoadThreads); ++i) {
+    CpAsync16(dst_k + 16 * kLoadThreads * i, k + 8 * kLoadThreads * i, valid);
+    CpAsync16(dst_v + 16 * kLoadThreads * i, v + 8 * kLoadThreads * i, valid);
   }
 }
 
 template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const PrefillParams p) {
+__global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::kMinBlocks)
+    PrefillAttentionKernel(const PrefillParams p) {
   using Cfg = Config<kHeadDim>;
+  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kMTiles = Cfg::kMTiles;
+  constexpr int kWarpRows = Cfg::kWarpRows;
+  constexpr int kLoadThreads = Cfg::kLoadThreads;
   constexpr int kStride = Cfg::kStride;
   constexpr int kStages = Cfg::kStages;
   constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
@@ -148,12 +163,12 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   constexpr int kOTiles = kHeadDim / 8;  // n-tiles of O
   static_assert(kKSteps % 2 == 0 && kOTiles % 2 == 0, "fragment pairs");
 
-  static_assert(kThreads == 2 * kBlockN && kBlockM % kBlockN == 0, "two threads per tile row");
+  static_assert(kThreads % kBlockN == 0 && kBlockM % kBlockN == 0, "whole threads per tile row");
+  static_assert(kBlockM == Cfg::kWarps * kWarpRows, "warps cover the CTA's rows");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   __nv_bfloat16* s_k = s_q + Cfg::kQElems;
-  __nv_bfloat16* s_v = s_k + kStages * Cfg::kTileElems;
   // Shared addresses below are in bytes; kRowBytes per row, kTileBytes per K or V stage.
   constexpr int kRowBytes = kStride * 2;
   constexpr int kTileBytes = Cfg::kTileElems * 2;
@@ -175,12 +190,23 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   const int g = lane / 4;                       // mma group: rows g and g + 8 of an m16 tile
   const int t = lane % 4;                       // thread in group: columns 2t, 2t + 1 (+ 8)
   const int warp_row0 = q0 + warp * kWarpRows;  // new-token index of the warp's first row
+  // Position of the warp's first row, and the keys its rows see: [0, warp_end) (empty for a warp
+  // without rows). A warp with rows has warp_pos0 < kv_end.
   const int warp_pos0 = start + warp_row0;
-  const bool warp_has_rows = warp_row0 < num_new;
+  const int warp_end = warp_row0 < num_new ? min(warp_pos0 + kWarpRows, kv_end) : 0;
+  // Per row of this thread (index 2 * mt + h: row mt * 16 + g + 8 h of the warp): the keys it
+  // sees are [0, row_limit + 2 t), so column 2 t + e of a step at key0 is visible iff
+  // e < row_limit - key0.
+  int row_limit[2 * kMTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    row_limit[r] = min(warp_pos0 + (r / 2) * 16 + (r % 2) * 8 + g + 1, kv_end) - 2 * t;
+  }
 
-  // Loads: thread tid copies half tid % 2 of tile row tid / 2 (and of Q rows tid / 2 + 64 j).
-  const int load_row = tid / 2;
-  const int load_col = (tid % 2) * 8;  // elements
+  // Loads: thread tid copies part tid % kLoadThreads of tile row tid / kLoadThreads (and of Q
+  // rows tid / kLoadThreads + 64 j).
+  const int load_row = tid / kLoadThreads;
+  const int load_col = (tid % kLoadThreads) * 8;  // elements
   // Per-thread load state is kept small (O and S need nearly all registers for head_dim 128):
   // K and V share offsets, the V stage is at a fixed distance from the K stage, and the kernel
   // parameters are read at each use.
@@ -194,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
     const size_t offset =
         (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
     const unsigned dst = kv_load_dst + stage * kTileBytes;
-    LoadKvRow<kHeadDim>(dst, dst + kVFromK, p.k + offset, p.v + offset, slot >= 0);
+    LoadKvRow<kHeadDim, kLoadThreads>(dst, dst + kVFromK, p.k + offset, p.v + offset, slot >= 0);
   };
   const auto slot_of_tile = [&](int tile) {
     return KeySlot(p.block_tables + table_offset, p.block_size, tile * kBlockN + load_row, kv_end);
@@ -210,13 +236,14 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
         head * kHeadDim + load_col;
     __nv_bfloat16* dst = s_q + r * kStride + load_col;
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 16; ++i) {
+    for (int i = 0; i < kHeadDim / (8 * kLoadThreads); ++i) {
+      const int col = 8 * kLoadThreads * i;
       if (p.q_vector) {
-        CpAsync16(SharedAddress(dst + 16 * i), src + 16 * i, valid);
+        CpAsync16(SharedAddress(dst + col), src + col, valid);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          dst[16 * i + e] = valid ? src[16 * i + e] : __float2bfloat16_rn(0.0f);
+          dst[col + e] = valid ? src[col + e] : __float2bfloat16_rn(0.0f);
         }
       }
     }
@@ -234,14 +261,13 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
   // columns kk * 16 + (lane / 16) * 8 give a[0..3] in mma order.
   const unsigned q_frag_row =
       SharedAddress(s_q + (warp * kWarpRows + lane % 16) * kStride + (lane / 16) * 8);
-  // K fragments, one k-step and two n-tiles per ldmatrix: matrices (keys +0..7, dims +0..7),
-  // (keys +0..7, dims +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15).
-  const unsigned k_frag_row =
+  // K and V fragments, one ldmatrix per 16 x 16 block: matrices (keys +0..7, dims +0..7),
+  // (keys +0..7, dims +8..15), (keys +8..15, dims +0..7), (keys +8..15, dims +8..15). For K (one
+  // k-step, two n-tiles of keys) that is b0, b1 of the first n-tile, then of the second; for V
+  // (ldmatrix.trans: one k-step of keys, two n-tiles of dims) b0, b0', b1, b1'. V uses the same
+  // lane addresses at kVFromK bytes, so one register serves both.
+  const unsigned kv_frag_row =
       SharedAddress(s_k + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
-  // V fragments, ldmatrix.trans: matrices (keys +0..7, dims +0..7), (keys +8..15, dims +0..7),
-  // (keys +0..7, dims +8..15), (keys +8..15, dims +8..15).
-  const unsigned v_frag_row =
-      SharedAddress(s_v + ((lane / 8) % 2 * 8 + lane % 8) * kStride + (lane / 16) * 8);
   uint32_t q_frag[Cfg::kQInRegs ? kMTiles : 1][Cfg::kQInRegs ? kKSteps : 1][4];
   if constexpr (Cfg::kQInRegs) {
     CpAsyncWait<kStages - 1>();  // the Q group
@@ -291,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
     for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
       // Skip a sub-tile that no row of this warp can see (equivalent to all -inf).
       const int key0 = tile * kBlockN + sub * kSubN;
-      if (!warp_has_rows || key0 > warp_pos0 + kWarpRows - 1 || key0 >= kv_end) continue;
+      if (key0 >= warp_end) continue;
       const unsigned stage_bytes = stage * kTileBytes + sub * kSubN * kRowBytes;
 
       // S = Q K^T (raw scores).
@@ -304,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
           for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
         }
       }
-      const unsigned k_row = k_frag_row + stage_bytes;
+      const unsigned k_row = kv_frag_row + stage_bytes;
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t a_smem[Cfg::kQInRegs ? 1 : kMTiles][4];
@@ -331,15 +357,14 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
         }
       }
 
-      // Mask keys past a row's position or past kv_end, only in tiles that cross the warp's
-      // diagonal or the kv_end edge.
-      if (key0 + kSubN - 1 > warp_pos0 || key0 + kSubN > kv_end) {
+      // Mask keys past a row's position or past kv_end, only in steps that cross the warp's
+      // diagonal (kv_end >= warp_pos0 + 1, so a step crossing the kv_end edge crosses it too).
+      if (key0 + kSubN - 1 > warp_pos0) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int pos = warp_pos0 + mt * 16 + h * 8 + g;
-            const int limit = min(pos + 1, kv_end) - key0 - 2 * t;  // visible: column < limit
+            const int limit = row_limit[2 * mt + h] - key0;  // visible: n * 8 + e < limit
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
 #pragma unroll
@@ -428,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
       }
 
       // O += P V.
-      const unsigned v_row = v_frag_row + stage_bytes;
+      const unsigned v_row = kv_frag_row + kVFromK + stage_bytes;
 #pragma unroll
       for (int kc = 0; kc < kSubN / 16; ++kc) {
 #pragma unroll
@@ -437,8 +462,8 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionKernel(const Pref
           LdMatrixX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            MmaBf16(o[mt][n], pa[mt][kc], b[0], b[1]);
-            MmaBf16(o[mt][n + 1], pa[mt][kc], b[2], b[3]);
+            MmaBf16(o[mt][n], pa[mt][kc], b[0], b[2]);
+            MmaBf16(o[mt][n + 1], pa[mt][kc], b[1], b[3]);
           }
         }
       }
@@ -492,7 +517,7 @@ cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t str
     if (e != cudaSuccess) return e;
     configured_devices.fetch_or(bit, std::memory_order_release);
   }
-  PrefillAttentionKernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(p);
+  PrefillAttentionKernel<kHeadDim><<<grid, Config<kHeadDim>::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
