@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
+#include "runtime/kernels/cuda/sampling_kernels.h"
 #include "runtime/model/cuda/cublas_gemm.h"
 #include "runtime/model/cuda/kv_host_mirror.h"
 #include "runtime/model/cuda/step_plan.h"
@@ -82,7 +84,7 @@ class Runner final : public CudaModelRunner {
     for (cudaEvent_t e : {upload_events_[0], upload_events_[1]}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
-    for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_)}) {
+    for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_), host_sampling_}) {
       if (p != nullptr) cudaFreeHost(p);
     }
     gemm_.reset();
@@ -121,12 +123,19 @@ class Runner final : public CudaModelRunner {
   absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) override {
     return mirror_.Stage(blocks, dir, stream_);
   }
+  // Sampling on the GPU (sampling_kernels.h) for vocabularies the kernel takes.
+  bool SupportsDeviceSampling() const override {
+    return config_.vocab_size <= cuda::kSamplingMaxVocab;
+  }
   CudaStepStats last_step_stats() const override { return stats_; }
   size_t weight_bytes() const override { return weight_bytes_; }
 
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(PlanAndUpload(batch));
+    RETURN_IF_ERROR(UploadSampling(batch));
+    out->tokens.clear();
+    out->logprobs.clear();
     stats_ = CudaStepStats{};
     stats_.rows = plan_.num_rows;
     stats_.graph_bucket = plan_.graph_bucket;
@@ -142,10 +151,31 @@ class Runner final : public CudaModelRunner {
     }
     stats_.host_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    // Logits: contiguous runs of output rows, one copy each, straight into `out`.
-    const size_t vocab = config_.vocab_size;
     const int rows = static_cast<int>(plan_.output_rows.size());
     out->rows = rows;
+    if (sample_step_) {
+      // Sampled on the GPU: tokens and logprobs of every computed-logits row, one copy.
+      const int R = plan_.num_logit_rows;
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(static_cast<char*>(host_sampling_) + sampling_out_offset_,
+                          static_cast<char*>(sampling_.data) + sampling_out_offset_,
+                          static_cast<size_t>(R) * 8, cudaMemcpyDeviceToHost, stream_),
+          "sampled tokens device->host copy");
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+      const int32_t* tokens = reinterpret_cast<const int32_t*>(
+          static_cast<const char*>(host_sampling_) + sampling_out_offset_);
+      const float* logprobs = reinterpret_cast<const float*>(tokens + R);
+      out->logits.clear();
+      out->tokens.resize(rows);
+      out->logprobs.resize(rows);
+      for (int i = 0; i < rows; ++i) {
+        out->tokens[i] = tokens[plan_.output_rows[i]];
+        out->logprobs[i] = logprobs[plan_.output_rows[i]];
+      }
+      return absl::OkStatus();
+    }
+    // Logits: contiguous runs of output rows, one copy each, straight into `out`.
+    const size_t vocab = config_.vocab_size;
     out->logits.resize(static_cast<size_t>(rows) * vocab);
     const float* logits = static_cast<const float*>(logits_.data);
     for (int i = 0; i < rows;) {
@@ -166,6 +196,7 @@ class Runner final : public CudaModelRunner {
       return absl::InvalidArgumentError("TimeDeviceStep: empty batch or bad iteration counts");
     }
     RETURN_IF_ERROR(PlanAndUpload(batch));
+    RETURN_IF_ERROR(UploadSampling(batch));
     cudaGraphExec_t exec = nullptr;
     if (plan_.graph_bucket > 0) {
       bool replayed = false;
@@ -203,6 +234,7 @@ class Runner final : public CudaModelRunner {
   absl::StatusOr<std::vector<OpTiming>> ProfileStep(const ForwardBatch& batch) override {
     if (batch.chunks.empty()) return absl::InvalidArgumentError("ProfileStep: empty batch");
     RETURN_IF_ERROR(PlanAndUpload(batch));
+    RETURN_IF_ERROR(UploadSampling(batch));
     RETURN_IF_ERROR(RunDevice(nullptr));  // warm-up (cuBLASLt plans, lazy module loading)
     Profiler prof;
     RETURN_IF_ERROR(prof.Start(stream_));
@@ -255,6 +287,9 @@ class Runner final : public CudaModelRunner {
       marks.clear();
     }
   };
+
+  // (graph bucket, decode block-table width, samples on the GPU).
+  using GraphKeyType = std::tuple<int, int, bool>;
 
   struct Capacity {
     int rows = 0;
@@ -525,6 +560,15 @@ class Runner final : public CudaModelRunner {
       const size_t r = std::max(want.logit_rows, cap_.logit_rows + cap_.logit_rows / 2);
       RETURN_IF_ERROR(realloc(&last_, r * c.hidden_size * 2));
       RETURN_IF_ERROR(realloc(&logits_, r * c.vocab_size * sizeof(float)));
+      // Sampling: [r] SamplingRow, then [r] int32 tokens and [r] float logprobs (packed for the
+      // rows of a step, see UploadSampling); the same layout in pinned host memory.
+      sampling_out_offset_ = AlignUp(r * sizeof(cuda::SamplingRow));
+      const size_t sampling_bytes = sampling_out_offset_ + r * 8;
+      RETURN_IF_ERROR(realloc(&sampling_, sampling_bytes));
+      if (host_sampling_ != nullptr) cudaFreeHost(host_sampling_);
+      host_sampling_ = nullptr;
+      RETURN_IF_CUDA_ERROR(cudaHostAlloc(&host_sampling_, sampling_bytes, cudaHostAllocDefault),
+                           "cudaHostAlloc (sampling rows)");
       cap_.logit_rows = static_cast<int>(r);
     }
     if (meta) {
@@ -584,7 +628,43 @@ class Runner final : public CudaModelRunner {
     return absl::OkStatus();
   }
 
-  std::pair<int, int> GraphKey() const { return {plan_.graph_bucket, plan_.decode_table_width}; }
+  // Graphs with and without the sampling kernel are different graphs.
+  GraphKeyType GraphKey() const {
+    return {plan_.graph_bucket, plan_.decode_table_width, sample_step_};
+  }
+
+  // Decides whether this step samples on the GPU (every output row carries a request and the
+  // runner supports it) and, if so, queues the upload of the rows' parameters: one SamplingRow
+  // per computed-logits row, padding rows greedy. InvalidArgument (nothing queued) for a request
+  // out of range.
+  absl::Status UploadSampling(const ForwardBatch& batch) {
+    sample_step_ = false;
+    const int R = plan_.num_logit_rows;
+    if (R == 0 || !SupportsDeviceSampling()) return absl::OkStatus();
+    for (size_t i = 0; i < batch.chunks.size(); ++i) {
+      const SequenceChunk& ch = batch.chunks[i];
+      if (!ch.need_logits) continue;
+      if (ch.sample == nullptr) return absl::OkStatus();
+      if (absl::Status s = cuda::ValidateSamplingRow(*ch.sample); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": ", s.message()));
+      }
+    }
+    cuda::SamplingRow* rows = static_cast<cuda::SamplingRow*>(host_sampling_);
+    for (int r = 0; r < R; ++r) {
+      rows[r] = cuda::SamplingRow{};
+      rows[r].greedy = 1;
+    }
+    int out_row = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      if (ch.need_logits) rows[plan_.output_rows[out_row++]] = *ch.sample;
+    }
+    // The previous step synchronized its stream, so the pinned buffer is free to overwrite.
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(sampling_.data, rows, R * sizeof(cuda::SamplingRow),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "sampling rows upload");
+    sample_step_ = true;
+    return absl::OkStatus();
+  }
 
   // Replays the graph of plan_'s key, or runs eagerly and captures it for next time.
   absl::Status RunGraphed(bool* replayed) {
@@ -609,8 +689,8 @@ class Runner final : public CudaModelRunner {
     if (graph != nullptr) cudaGraphDestroy(graph);
     if (!captured.ok()) {
       cudaGetLastError();
-      LOG(WARNING) << "CUDA runner: decode graph capture failed for batch bucket " << key.first
-                   << ", running it eagerly: " << captured;
+      LOG(WARNING) << "CUDA runner: decode graph capture failed for batch bucket "
+                   << std::get<0>(key) << ", running it eagerly: " << captured;
       failed_graphs_.insert(key);
       return absl::OkStatus();
     }
@@ -740,6 +820,25 @@ class Runner final : public CudaModelRunner {
                                     logits_.data, GemmOut::kF32, s));
       RETURN_IF_ERROR(mark("lm_head"));
     }
+    if (sample_step_) {
+      // Tokens and logprobs of every logits row, packed at sampling_out_offset_ as [R] int32 then
+      // [R] float (R is fixed per graph key, so captured pointers stay right).
+      const cuda::SamplingRow* rows = static_cast<const cuda::SamplingRow*>(sampling_.data);
+      int32_t* tokens =
+          reinterpret_cast<int32_t*>(static_cast<char*>(sampling_.data) + sampling_out_offset_);
+      float* logprobs = reinterpret_cast<float*>(tokens + R);
+      for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+        cuda::SamplingArgs a;
+        a.logits = static_cast<const float*>(logits_.data) + static_cast<size_t>(r0) * c.vocab_size;
+        a.params = rows + r0;
+        a.rows = std::min(cuda::kSamplingMaxRows, R - r0);
+        a.vocab = c.vocab_size;
+        a.tokens = tokens + r0;
+        a.logprobs = logprobs + r0;
+        RETURN_IF_ERROR(cuda::LaunchSampling(a, s));
+      }
+      RETURN_IF_ERROR(mark("sampling"));
+    }
     return absl::OkStatus();
   }
 
@@ -774,10 +873,17 @@ class Runner final : public CudaModelRunner {
   DeviceBuffer decode_ws_;
   int32_t* host_meta_ = nullptr;  // pinned, [cap_.meta]
 
+  // Device sampling: [cap_.logit_rows] SamplingRow, then the packed tokens/logprobs at
+  // sampling_out_offset_ (Grow); host_sampling_ is its pinned host twin.
+  DeviceBuffer sampling_;
+  void* host_sampling_ = nullptr;
+  size_t sampling_out_offset_ = 0;
+  bool sample_step_ = false;  // this step samples on the GPU (UploadSampling)
+
   StepPlan plan_;
   CudaStepStats stats_;
-  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;
-  std::set<std::pair<int, int>> failed_graphs_;
+  std::map<GraphKeyType, cudaGraphExec_t> graphs_;
+  std::set<GraphKeyType> failed_graphs_;
 };
 
 }  // namespace

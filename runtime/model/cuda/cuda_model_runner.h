@@ -9,7 +9,11 @@
 // Qwen2) -> RoPE + KV append (one kernel) -> decode attention (one-token chunks) and/or prefill
 // attention (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul (one
 // gated GEMV when the step runs its projections as GEMVs) -> down GEMM] ->
-// final norm -> gather of the rows that need logits -> LM head (f32) -> logits copied to the host.
+// final norm -> gather of the rows that need logits -> LM head (f32) -> logits copied to the host,
+// or, when every logits row carries a SampleRequest (model_runner.h; SupportsDeviceSampling() for
+// vocabularies up to cuda::kSamplingMaxVocab), the GPU sampler (sampling_kernels.h) on the logits
+// and only the tokens and logprobs copied back. The request parameters go through a pinned buffer
+// into a device buffer of fixed address, so graphs (keyed also by "samples or not") replay them.
 // A decode-only batch of at most 256 rows is padded to a bucket; its device work is captured once
 // per (bucket, block-table width) into a CUDA graph (after one eager run) and replayed afterwards.
 //

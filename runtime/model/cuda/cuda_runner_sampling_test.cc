@@ -1,0 +1,244 @@
+// The CUDA runner's sampling on the GPU (SequenceChunk::sample) against the CPU sampler on the
+// runner's own logits: every step of many sequences runs twice, once returning logits and once
+// returning sampled tokens (same batch, same KV writes), and each sampled token must be
+// SampleFromRequest on that row's logits exactly (logprob within 1e-4). Batch sizes cover the
+// CUDA-graph buckets (1, 4 padded from 3, 8, 64, 256 padded from 130) over enough decode steps for
+// graph replays, an eager batch over 256 logits rows (two sampling launches) and prefill steps.
+// The checkpoint has a 32000-token vocabulary and near-flat logits, so top-p sets exceed the
+// kernel's shared-memory path. Skipped without a GPU.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/float16.h"
+#include "runtime/device/cuda/cuda_device.h"
+#include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/sampling/sampler.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kVocab = 32000;
+constexpr int kBlockSize = 16;
+constexpr int kBlocksPerSeq = 4;  // 64 positions per sequence
+constexpr int kMaxSeqs = 300;
+
+// A small Llama-shaped bf16 checkpoint (untied LM head with small weights: near-flat logits).
+std::string WriteCheckpoint() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                                    ("tandem_cuda_sampling_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const int hidden = 128, inter = 256, layers = 2, heads = 4, kv_heads = 2, hd = 32;
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"],
+    "model_type": "llama", "vocab_size": 32000, "hidden_size": 128, "intermediate_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
+  std::mt19937 rng(3);
+  std::map<std::string, TensorToWrite> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::normal_distribution<float> dist(mean, stddev);
+    TensorToWrite t{DType::kBF16, shape, std::vector<uint8_t>(n * 2)};
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = FloatToBf16(dist(rng));
+      std::memcpy(t.bytes.data() + i * 2, &b, 2);
+    }
+    tensors.emplace(name, std::move(t));
+  };
+  add("model.embed_tokens.weight", {kVocab, hidden}, 0, 1.0f);
+  add("lm_head.weight", {kVocab, hidden}, 0, 0.08f);
+  add("model.norm.weight", {hidden}, 1, 0.1f);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
+    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
+    add(p + "self_attn.q_proj.weight", {heads * hd, hidden}, 0, 0.08f);
+    add(p + "self_attn.k_proj.weight", {kv_heads * hd, hidden}, 0, 0.08f);
+    add(p + "self_attn.v_proj.weight", {kv_heads * hd, hidden}, 0, 0.08f);
+    add(p + "self_attn.o_proj.weight", {hidden, heads * hd}, 0, 0.08f);
+    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.08f);
+    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.08f);
+    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.08f);
+  }
+  const absl::Status s = WriteSafetensors((dir / "model.safetensors").string(), tensors);
+  EXPECT_TRUE(s.ok()) << s;
+  return dir.string();
+}
+
+// Random parameters of every kind, greedy included, as the engine would build them.
+SampleRequest RandomRequest(std::mt19937_64& rng, uint64_t step) {
+  SamplingParams p;
+  std::uniform_int_distribution<int> mode(0, 7);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  switch (mode(rng)) {
+    case 0:
+      p.temperature = 0.0f;
+      break;
+    case 1:
+      p.temperature = 0.3f + 1.7f * unit(rng);
+      break;
+    case 2:
+      p.temperature = 0.8f;
+      p.top_k = 50;
+      break;
+    case 3:
+      p.temperature = 1.0f;
+      p.top_p = 0.9f;  // thousands of candidates on near-flat logits
+      break;
+    case 4:
+      p.temperature = 0.7f;
+      p.top_p = 0.5f;
+      break;
+    case 5:
+      p.temperature = 1.3f;
+      p.min_p = 0.2f + 0.6f * unit(rng);
+      break;
+    case 6:
+      p.temperature = 0.5f + unit(rng);
+      p.top_k = 3000;
+      p.top_p = 0.1f + 0.8f * unit(rng);
+      p.min_p = 0.05f;
+      break;
+    default:
+      p.temperature = 0.05f;  // nearly greedy: exp underflows for most tokens
+      p.top_k = 1 + static_cast<int>(unit(rng) * 40);
+      break;
+  }
+  return MakeSampleRequest(p, rng(), step);
+}
+
+class CudaRunnerSamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
+    if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
+  }
+};
+
+TEST_F(CudaRunnerSamplingTest, DeviceSampledTokensMatchCpuSamplerOnOwnLogits) {
+  const std::string dir = WriteCheckpoint();
+  ASSERT_FALSE(HasFailure());
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto store = TensorStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CudaRunnerOptions options;
+  options.block_size = kBlockSize;
+  options.num_blocks = kMaxSeqs * kBlocksPerSeq;
+  options.max_batch_tokens = 512;
+  auto made = CreateCudaModelRunner(*config, **store, options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaModelRunner& runner = **made;
+  ASSERT_TRUE(runner.SupportsDeviceSampling());
+
+  std::mt19937_64 rng(17);
+  int cases = 0, replayed_sampled_steps = 0, distinct_steps = 0;
+  // (sequences, decode steps): buckets 1, 4 (padded), 8, 64, 256 (padded) and eager 300.
+  const std::pair<int, int> groups[] = {{1, 8}, {3, 6}, {8, 6}, {64, 5}, {130, 4}, {300, 3}};
+  int first_seq = 0;
+  for (const auto& [num_seqs, decode_steps] : groups) {
+    struct Seq {
+      std::vector<int32_t> tokens;
+      std::vector<int32_t> table;
+      int computed = 0;
+      int generated = 0;
+    };
+    std::vector<Seq> seqs(num_seqs);
+    for (int i = 0; i < num_seqs; ++i) {
+      Seq& s = seqs[i];
+      const int len = 2 + static_cast<int>(rng() % 14);
+      for (int t = 0; t < len; ++t) s.tokens.push_back(static_cast<int32_t>(rng() % kVocab));
+      for (int b = 0; b < kBlocksPerSeq; ++b) {
+        s.table.push_back(static_cast<int32_t>(((first_seq + i) % kMaxSeqs) * kBlocksPerSeq + b));
+      }
+    }
+    first_seq += num_seqs;
+    for (int step = 0; step <= decode_steps; ++step) {
+      // Step 0 prefills every prompt; later steps decode one token per sequence.
+      std::vector<SampleRequest> requests;
+      for (int i = 0; i < num_seqs; ++i) {
+        requests.push_back(RandomRequest(rng, static_cast<uint64_t>(seqs[i].generated)));
+      }
+      auto batch_of = [&](bool sample) {
+        ForwardBatch batch;
+        for (int i = 0; i < num_seqs; ++i) {
+          const Seq& s = seqs[i];
+          SequenceChunk ch;
+          ch.tokens = std::span<const int32_t>(s.tokens).subspan(s.computed);
+          ch.start_pos = s.computed;
+          ch.block_table = s.table;
+          ch.sample = sample ? &requests[i] : nullptr;
+          batch.chunks.push_back(ch);
+        }
+        return batch;
+      };
+      const std::string what = absl::StrCat(num_seqs, " sequences, step ", step);
+      ForwardOutput logits_out, sampled_out;
+      ASSERT_TRUE(runner.Forward(batch_of(false), &logits_out).ok()) << what;
+      ASSERT_EQ(logits_out.rows, num_seqs) << what;
+      ASSERT_TRUE(logits_out.tokens.empty()) << what;
+      ASSERT_TRUE(runner.Forward(batch_of(true), &sampled_out).ok()) << what;
+      const CudaStepStats stats = runner.last_step_stats();
+      replayed_sampled_steps += stats.graph_replayed ? 1 : 0;
+      ASSERT_EQ(sampled_out.rows, num_seqs) << what;
+      ASSERT_TRUE(sampled_out.logits.empty()) << what;
+      ASSERT_EQ(sampled_out.tokens.size(), static_cast<size_t>(num_seqs)) << what;
+      ASSERT_EQ(sampled_out.logprobs.size(), static_cast<size_t>(num_seqs)) << what;
+      int mismatches = 0;
+      for (int i = 0; i < num_seqs; ++i) {
+        const std::span<const float> row(logits_out.logits.data() + static_cast<size_t>(i) * kVocab,
+                                         kVocab);
+        const SampleResult want = SampleFromRequest(requests[i], row);
+        ++cases;
+        if (sampled_out.tokens[i] != want.token) ++mismatches;
+        EXPECT_EQ(sampled_out.tokens[i], want.token)
+            << what << " row " << i << ": T=" << requests[i].temperature
+            << " top_k=" << requests[i].top_k << " top_p=" << requests[i].top_p
+            << " min_p=" << requests[i].min_p << " greedy=" << requests[i].greedy
+            << " seed=" << requests[i].seed << " step=" << requests[i].step
+            << " bucket=" << stats.graph_bucket << " replayed=" << stats.graph_replayed;
+        EXPECT_NEAR(sampled_out.logprobs[i], want.logprob, 1e-4) << what << " row " << i;
+      }
+      std::printf("%-28s bucket=%3d replayed=%d mismatches=%d\n", what.c_str(), stats.graph_bucket,
+                  stats.graph_replayed, mismatches);
+      // Continue every sequence with its sampled token.
+      int distinct = 0;
+      for (int i = 0; i < num_seqs; ++i) {
+        Seq& s = seqs[i];
+        s.computed = static_cast<int>(s.tokens.size());
+        s.tokens.push_back(sampled_out.tokens[i]);
+        ++s.generated;
+        distinct += sampled_out.tokens[i] != sampled_out.tokens[0];
+      }
+      distinct_steps += distinct > 0 ? 1 : 0;
+    }
+  }
+  std::printf("device sampling: %d cases, %d replayed sampled steps\n", cases,
+              replayed_sampled_steps);
+  EXPECT_GT(cases, 2000);
+  EXPECT_GT(replayed_sampled_steps, 5);  // graph replays of the sampling step were checked
+  EXPECT_GT(distinct_steps, 10);         // the rows do not all collapse to one token
+}
+
+}  // namespace
+}  // namespace tandem
