@@ -30,6 +30,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -325,6 +326,46 @@ int Run(const Flags& flags) {
     }
   }
   out["decode"] = decode;
+
+  // 3b. One decode step at batch 64 returning logits [64, vocab] to the host vs sampling on the
+  // GPU (SequenceChunk::sample: only 64 tokens and logprobs come back).
+  if (const int ctx = flags.contexts.front(); blocks_for(64, ctx) <= kv.num_blocks) {
+    ForwardBatch fb = make_batch(64, ctx, 1);
+    std::vector<SampleRequest> requests(64);
+    for (int i = 0; i < 64; ++i) {
+      requests[i].seed = 1000 + i;
+      requests[i].temperature = 0.8f;
+      requests[i].top_p = i % 2 == 0 ? 0.9f : 1.0f;
+      requests[i].top_k = i % 3 == 0 ? 50 : 0;
+    }
+    auto forward_ms = [&](bool sample) -> absl::StatusOr<std::pair<double, double>> {
+      for (int i = 0; i < 64; ++i) fb.chunks[i].sample = sample ? &requests[i] : nullptr;
+      ASSIGN_OR_RETURN(double gpu_ms, runner->TimeDeviceStep(fb, 5, flags.iters));
+      ForwardOutput fo;
+      double ms = 0;
+      const int calls = 20;
+      for (int i = 0; i < calls; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        RETURN_IF_ERROR(runner->Forward(fb, &fo));
+        ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+      }
+      return std::make_pair(gpu_ms, ms / calls);
+    };
+    auto copy = forward_ms(false);
+    if (!copy.ok()) return fail(copy.status());
+    auto sampled = forward_ms(true);
+    if (!sampled.ok()) return fail(sampled.status());
+    std::printf(
+        "\ndecode batch 64, context %d: logits to host %.3f ms/Forward (GPU step %.3f ms); "
+        "sampled on the GPU %.3f ms/Forward (GPU step + sampling %.3f ms)\n",
+        ctx, copy->second, copy->first, sampled->second, sampled->first);
+    out["device_sampling_b64"] = {{"context", ctx},
+                                  {"logits_forward_ms", copy->second},
+                                  {"logits_gpu_ms", copy->first},
+                                  {"sampled_forward_ms", sampled->second},
+                                  {"sampled_gpu_ms", sampled->first}};
+  }
 
   // 4. Prefill.
   std::printf("\nprefill (one sequence, eager; ceiling = FLOPs / %.1f TFLOP/s)\n", *peak / 1e12);
