@@ -179,8 +179,7 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     // P keeps ~16 bits (bf16 high + low parts): only the output's bf16 rounding and float32
     // summation order differ.
     ExpectClose(got, ref, 1e-4, 1.0 / 128, 5e-3, what);
-    // A second launch on the same workspace (as every decode step does) gives the same bits: the
-    // split-merge counters were left at zero.
+    // A second launch on the same workspace (as every decode step does) gives the same bits.
     ASSERT_TRUE(cuda::LaunchPagedDecodeAttention(a, stream()).ok());
     EXPECT_TRUE(Download<uint16_t>(s.d_out, ref.size()) == first) << what << ": relaunch differs";
     FreeAll();

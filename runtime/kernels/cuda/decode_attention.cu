@@ -20,8 +20,7 @@
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
-// and the last split of each (sequence, head chunk) to finish merges them (an arrival counter per
-// pair in the workspace, reset by the merging CTA), so decode attention is one launch per layer.
+// and a merge kernel combines the splits.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -65,9 +64,6 @@ struct DecodeParams {
   __nv_bfloat16* out;
   float* partial_out;  // [num_seqs, num_heads, num_splits, head_dim]
   float* partial_ml;   // [num_seqs, num_heads, num_splits, 2]
-  // [num_seqs, gridDim.x]: splits of each (sequence, head chunk) done so far; zero between
-  // launches (the last split to finish merges and resets its counter).
-  unsigned* arrivals;
 };
 
 template <int kHeadDim>
@@ -116,9 +112,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
-  // A split that starts past the context does nothing (the merge counts only the splits that
-  // overlap it; split 0 always runs, so an empty context still writes zeros).
-  if (split > 0 && begin >= context) return;
+  // An empty split writes nothing: the merge skips splits that start at or past the context.
+  if (p.num_splits > 1 && begin >= context) return;
 
   const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
   const long long head_offset = static_cast<long long>(kv_head) * kHeadDim;
@@ -337,39 +332,30 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       }
     }
   }
-  if (p.num_splits == 1) return;
+}
 
-  // Flash-decoding merge without a second launch: the last split of this (sequence, head chunk)
-  // to finish combines every split's partials (threadfence reduction: publish, count, and the
-  // CTA that sees the final count reads the others' partials).
-  __shared__ bool s_last;
-  __threadfence();
-  __syncthreads();
+// One block per (query head, sequence), one thread per dim: combines the non-empty splits.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams p) {
+  PdlLaunchDependents();
+  PdlWait();
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int d = threadIdx.x;
+  const int context = p.context_lens[seq];
   const int by_length = (context + p.partition_size - 1) / p.partition_size;
-  const int active = max(1, min(by_length, p.num_splits));
-  unsigned* counter = p.arrivals + static_cast<size_t>(seq) * gridDim.x + blockIdx.x;
-  if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(active - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int idx = tid; idx < num_q * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim;
-    const int d = idx % kHeadDim;
-    const size_t part0 = (static_cast<size_t>(seq) * p.num_heads + head0 + r) * p.num_splits;
-    float m = -INFINITY;
-    for (int i = 0; i < active; ++i) m = fmaxf(m, __ldcg(&p.partial_ml[2 * (part0 + i)]));
-    float l = 0.0f, o = 0.0f;
-    if (m != -INFINITY) {
-      for (int i = 0; i < active; ++i) {
-        const float w = exp2f(__ldcg(&p.partial_ml[2 * (part0 + i)]) - m);
-        l = fmaf(__ldcg(&p.partial_ml[2 * (part0 + i) + 1]), w, l);
-        o = fmaf(__ldcg(&p.partial_out[(part0 + i) * kHeadDim + d]), w, o);
-      }
-    }
-    p.out[(static_cast<size_t>(seq) * p.num_heads + head0 + r) * kHeadDim + d] =
-        __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
+  const int active = by_length < p.num_splits ? by_length : p.num_splits;
+  const size_t part0 = (static_cast<size_t>(seq) * p.num_heads + head) * p.num_splits;
+  float m = -INFINITY;
+  for (int i = 0; i < active; ++i) m = fmaxf(m, p.partial_ml[2 * (part0 + i)]);
+  float l = 0.0f, o = 0.0f;
+  for (int i = 0; i < active; ++i) {
+    const float w = exp2f(p.partial_ml[2 * (part0 + i)] - m);
+    l = fmaf(p.partial_ml[2 * (part0 + i) + 1], w, l);
+    o = fmaf(p.partial_out[(part0 + i) * kHeadDim + d], w, o);
   }
-  if (tid == 0) *counter = 0;  // ready for the next launch (kernels in a stream do not overlap)
+  p.out[(static_cast<size_t>(seq) * p.num_heads + head) * kHeadDim + d] =
+      __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
 }
 
 template <int kHeadDim>
@@ -390,7 +376,13 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  return LaunchKernel(DecodeAttentionKernel<kHeadDim>, grid, kThreads, kSmem, stream, p);
+  LaunchKernel(DecodeAttentionKernel<kHeadDim>, grid, kThreads, kSmem, stream, p);
+  if (p.num_splits > 1) {
+    LaunchKernel(DecodeMergeKernel<kHeadDim>,
+                 dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)),
+                 kHeadDim, 0, stream, p);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -421,11 +413,6 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
-  p.arrivals =
-      p.partial_ml == nullptr
-          ? nullptr
-          : reinterpret_cast<unsigned*>(p.partial_ml + static_cast<size_t>(num_seqs) * num_heads *
-                                                           plan.num_splits * 2);
   switch (kv.head_dim) {
     case 32:
       return Dispatch<32>(p, num_seqs, stream);

@@ -162,10 +162,8 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
                                    int head_dim) {
   if (plan.num_splits <= 1) return 0;
-  // Partial outputs and (max, sum) pairs, then one arrival counter per (sequence, query head) at
-  // most (the kernel keeps one per (sequence, head chunk), fewer).
-  return static_cast<size_t>(num_seqs) * num_heads *
-         (plan.num_splits * (head_dim + 2) * sizeof(float) + sizeof(uint32_t));
+  return static_cast<size_t>(num_seqs) * num_heads * plan.num_splits * (head_dim + 2) *
+         sizeof(float);
 }
 
 }  // namespace internal
@@ -182,8 +180,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
   const int64_t items = int64_t{num_seqs} * num_heads;
   const int64_t by_length = items * CeilDiv64(max_context_len, internal::kDecodeTileTokens);
   const int64_t by_target = TargetHeadSplits() + items;
-  return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float) +
-         static_cast<size_t>(items) * sizeof(uint32_t);
+  return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float);
 }
 
 absl::Status LaunchEmbedding(const int32_t* ids, const void* table, int n, int hidden, int vocab,

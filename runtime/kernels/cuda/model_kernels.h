@@ -79,7 +79,7 @@ absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, voi
 // as cpu::PagedAttention with rows = 1, start_pos = context_len - 1. GQA: query head h reads KV
 // head h / (num_heads / cache.num_kv_heads). Flash-decoding: the context is split into chunks
 // handled by separate CTAs when the batch alone does not fill the GPU, with partial results in
-// `workspace` merged by the last CTA of each sequence to finish (one launch). One CTA per
+// `workspace` merged by a second kernel. One CTA per
 // (sequence, KV head, split) reads each KV block once for all query heads of the group (up to 16;
 // larger groups take several CTAs). Attention supports head_dim 32, 64 and 128 (others
 // return kInvalidArgument) and any block_size >= 1.
@@ -95,10 +95,8 @@ struct DecodeAttentionArgs {
   int num_seqs = 0;
   int num_heads = 0;  // query heads; a multiple of cache->num_kv_heads
   float scale = 0.0f;
-  void* out = nullptr;  // bf16 [num_seqs, num_heads * head_dim]
-  // Scratch of DecodeAttentionWorkspaceBytes(...) bytes: partial results and arrival counters. It
-  // must be zero-filled before its first use; every launch leaves its counters at zero again.
-  void* workspace = nullptr;
+  void* out = nullptr;        // bf16 [num_seqs, num_heads * head_dim]
+  void* workspace = nullptr;  // f32 scratch, DecodeAttentionWorkspaceBytes(...) bytes
   size_t workspace_bytes = 0;
   // Host hint, >= every context_lens[s]: sets the split count (a CUDA graph captured with the
   // largest context it will see stays valid; splits past a shorter context exit at once). A

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
 
 namespace tandem::cuda_runner {
@@ -59,10 +60,23 @@ using Key = std::tuple<int, int, int, bool, int>;  // m, k, n, bias, out type
 
 // Shapes cached at most; prefill token counts vary, so the cache is flushed when it fills.
 constexpr size_t kMaxPlans = 2048;
-// Autotuning: candidates asked of the heuristic (each may add split-K variants), and the largest
-// row count timed (decode buckets; prefill chunks vary too much to time every new size).
+// Autotuning: candidates asked of the heuristic, and the largest row count timed (decode buckets;
+// prefill chunks vary too much to time every new size).
 constexpr int kAutotuneCandidates = 8;
 constexpr int kAutotuneMaxRows = 256;
+
+// Autotuned algorithms of the process, per (device, shape).
+using TunedKey = std::pair<int, Key>;
+
+absl::Mutex& TunedMutex() {
+  static absl::Mutex* mu = new absl::Mutex();
+  return *mu;
+}
+
+absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>& TunedAlgos() {
+  static auto* algos = new absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>();
+  return *algos;
+}
 
 }  // namespace
 
@@ -94,9 +108,8 @@ struct CublasLtGemm::Impl {
     Plan p;
     std::vector<cublasLtMatmulHeuristicResult_t> candidates;
     absl::Status s = Build(m, k, n, bias != nullptr, out_type, &p, &candidates);
-    if (s.ok() && autotune && m <= kAutotuneMaxRows) {
-      AddSplitKVariants(p, &candidates);
-      if (candidates.size() > 1) s = Autotune(p, candidates, x, w, bias, out, stream);
+    if (s.ok() && autotune && m <= kAutotuneMaxRows && candidates.size() > 1) {
+      s = Autotune(key, p, candidates, x, w, bias, out, stream);
     }
     if (!s.ok()) {
       p.Destroy();
@@ -105,52 +118,31 @@ struct CublasLtGemm::Impl {
     return &plans.emplace(key, p).first->second;
   }
 
-  // Decode-sized GEMMs have few output tiles (e.g. 64 x 4096 is 32 tiles of 128 x 64 for 132
-  // SMs), so the candidates also get split-K variants (2, 4, 8 slices of K) of every algorithm
-  // that supports split-K, when cuBLASLt accepts them with our workspace.
-  void AddSplitKVariants(const Plan& p, std::vector<cublasLtMatmulHeuristicResult_t>* candidates) {
-    const size_t base = candidates->size();
-    for (size_t i = 0; i < base; ++i) {
-      const cublasLtMatmulAlgo_t& algo = (*candidates)[i].algo;
-      int32_t split_k_support = 0;
-      size_t written = 0;
-      if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
-                                            &split_k_support, sizeof(split_k_support),
-                                            &written) != CUBLAS_STATUS_SUCCESS ||
-          split_k_support == 0) {
-        continue;
-      }
-      int32_t current = 1;
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &current,
-                                           sizeof(current), &written);
-      for (const int32_t splits : {2, 4, 8}) {
-        if (splits == current) continue;
-        cublasLtMatmulHeuristicResult_t variant = (*candidates)[i];
-        if (cublasLtMatmulAlgoConfigSetAttribute(&variant.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                 &splits,
-                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS) {
-          continue;
-        }
-        cublasLtMatmulHeuristicResult_t checked{};
-        if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &variant.algo, &checked) !=
-                CUBLAS_STATUS_SUCCESS ||
-            checked.workspaceSize > workspace_bytes) {
-          continue;
-        }
-        candidates->push_back(variant);
-      }
-    }
-  }
-
   // Picks the fastest of cuBLASLt's candidate algorithms for a decode-sized shape by timing each
   // on the call's own operands (they are rewritten by the real call right after). cuBLASLt's
   // first heuristic choice is tuned for compute-bound shapes; at 8-256 rows the projections are
   // weight-streaming and the best algorithm differs by up to ~30% (bench/RESULTS.md). Skipped
   // while the stream is being captured into a CUDA graph (timing needs a synchronization): the
   // heuristic's first choice is kept then.
-  absl::Status Autotune(Plan& p, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+  // The choice is shared by every CublasLtGemm of the process (per device and shape), so two
+  // runners of one process compute bit-identical GEMMs.
+  absl::Status Autotune(const Key& key, Plan& p,
+                        const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
                         const void* x, const void* w, const void* bias, void* out,
                         cudaStream_t stream) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::OkStatus();
+    }
+    const TunedKey tuned_key{device, key};
+    {
+      absl::MutexLock lock(&TunedMutex());
+      if (auto it = TunedAlgos().find(tuned_key); it != TunedAlgos().end()) {
+        p.algo = it->second;
+        return absl::OkStatus();
+      }
+    }
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
@@ -195,6 +187,10 @@ struct CublasLtGemm::Impl {
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    if (best_ms > 0.0f) {
+      absl::MutexLock lock(&TunedMutex());
+      p.algo = TunedAlgos().emplace(tuned_key, p.algo).first->second;  // first writer wins
+    }
     return absl::OkStatus();
   }
 

@@ -584,8 +584,6 @@ class Runner final : public CudaModelRunner {
     if (ws) {
       const size_t n = std::max(want.decode_ws, cap_.decode_ws + cap_.decode_ws / 2);
       RETURN_IF_ERROR(realloc(&decode_ws_, n));
-      // The decode attention's arrival counters must start at zero (model_kernels.h).
-      RETURN_IF_CUDA_ERROR(cudaMemsetAsync(decode_ws_.data, 0, n, stream_), "decode workspace");
       cap_.decode_ws = n;
     }
     return absl::OkStatus();
