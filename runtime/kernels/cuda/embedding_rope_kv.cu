@@ -106,6 +106,68 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const RopeParams p) {
   }
 }
 
+// Vectorized RoPE (+ KV append): one block per token. The token's cos/sin go to shared memory once;
+// then each work item (rotated head, 8-pair pack) loads the 16-byte packs at i and i + half,
+// rotates the 8 pairs with the exact arithmetic of RopeKernel, stores them back (and, for k heads,
+// into the cache slot); the v heads are copied pack by pack. Requires half % 8 == 0 and 16-byte
+// aligned rows, cache and qkv (checked by the launcher).
+__global__ void __launch_bounds__(kRopeThreads) RopeKvVecKernel(const RopeParams p) {
+  PdlLaunchDependents();
+  PdlWait();
+  extern __shared__ float rope_cs[];
+  const int half = p.head_dim / 2;
+  const int token = blockIdx.x;
+  float* cos_s = rope_cs;
+  float* sin_s = rope_cs + half;
+  const float pos = static_cast<float>(p.positions[token]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = __fmul_rn(pos, p.inv_freq[i]);
+    float s, c;
+    sincosf(angle, &s, &c);
+    cos_s[i] = c;
+    sin_s[i] = s;
+  }
+  const int slot = p.k_layer != nullptr ? p.slot_mapping[token] : -1;
+  __syncthreads();
+  __nv_bfloat16* row = p.qkv + static_cast<size_t>(token) * p.row_stride;
+  const int packs_per_half = half / 8;
+  const int rotated = p.num_heads + p.num_kv_heads;
+  const size_t kv_units = static_cast<size_t>(p.num_kv_heads) * p.head_dim;
+  for (int item = threadIdx.x; item < rotated * packs_per_half; item += blockDim.x) {
+    const int h = item / packs_per_half;
+    const int i0 = (item - h * packs_per_half) * 8;
+    __nv_bfloat16* lo = row + static_cast<size_t>(h) * p.head_dim + i0;
+    __nv_bfloat16* hi = lo + half;
+    float x0[8], x1[8], y0[8], y1[8];
+    Bf16x8ToFloat(LoadBf16x8(lo), x0);
+    Bf16x8ToFloat(LoadBf16x8(hi), x1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float c = cos_s[i0 + j];
+      const float sn = sin_s[i0 + j];
+      y0[j] = __fsub_rn(__fmul_rn(x0[j], c), __fmul_rn(x1[j], sn));
+      y1[j] = __fadd_rn(__fmul_rn(x1[j], c), __fmul_rn(x0[j], sn));
+    }
+    const Bf16x8 out0 = FloatToBf16x8(y0);
+    const Bf16x8 out1 = FloatToBf16x8(y1);
+    StoreBf16x8(lo, out0);
+    StoreBf16x8(hi, out1);
+    if (slot >= 0 && h >= p.num_heads) {
+      __nv_bfloat16* k_dst = p.k_layer + static_cast<size_t>(slot) * kv_units +
+                             static_cast<size_t>(h - p.num_heads) * p.head_dim + i0;
+      StoreBf16x8(k_dst, out0);
+      StoreBf16x8(k_dst + half, out1);
+    }
+  }
+  if (slot >= 0) {
+    const __nv_bfloat16* v_src = row + static_cast<size_t>(rotated) * p.head_dim;
+    __nv_bfloat16* v_dst = p.v_layer + static_cast<size_t>(slot) * kv_units;
+    for (size_t i = threadIdx.x * size_t{8}; i < kv_units; i += blockDim.x * size_t{8}) {
+      StoreBf16x8(v_dst + i, LoadBf16x8(v_src + i));
+    }
+  }
+}
+
 // One block per row: copies the row's k heads and v heads (kv_units each, in units of T) to the
 // slot. k_offset: where the k heads start in the row; v heads follow them.
 template <typename T>
@@ -167,8 +229,14 @@ cudaError_t LaunchRopeKvRaw(void* qkv, const int32_t* positions, const float* in
   const int pairs = (rotated < kRopeHeadsPerBlock ? rotated : kRopeHeadsPerBlock) * half;
   const int threads = ThreadsFor(pairs);  // at most kCopyThreads == kRopeThreads
   const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
-  const int groups = p.rope_groups + (k_layer != nullptr ? 1 : 0);
-  LaunchKernel(RopeKernel, dim3(n, groups), threads, smem, stream, p);
+  const bool vectorized = half % 8 == 0 && IsAligned16(qkv) && p.row_stride % 8 == 0 &&
+                          (k_layer == nullptr || (IsAligned16(k_layer) && IsAligned16(v_layer)));
+  if (vectorized) {
+    LaunchKernel(RopeKvVecKernel, dim3(n), kRopeThreads, smem, stream, p);
+  } else {
+    const int groups = p.rope_groups + (k_layer != nullptr ? 1 : 0);
+    LaunchKernel(RopeKernel, dim3(n, groups), threads, smem, stream, p);
+  }
   return cudaGetLastError();
 }
 
