@@ -60,10 +60,15 @@ using Key = std::tuple<int, int, int, bool, int>;  // m, k, n, bias, out type
 
 // Shapes cached at most; prefill token counts vary, so the cache is flushed when it fills.
 constexpr size_t kMaxPlans = 2048;
-// Autotuning: candidates asked of the heuristic, and the largest row count timed (decode buckets;
-// prefill chunks vary too much to time every new size).
+// Autotuning: candidates asked of the heuristic, and which row counts are timed (decode buckets,
+// and chunk-sized prefills; other prefill sizes vary too much to time every new one).
 constexpr int kAutotuneCandidates = 8;
 constexpr int kAutotuneMaxRows = 256;
+// Prefill chunks of a whole number of these rows (the scheduler's token budgets: 512, 2048, 8192,
+// ...) recur too, so they are timed as well (once per shape, a few hundred ms for the largest).
+constexpr int kAutotuneChunkRows = 512;
+
+bool WorthTuning(int m) { return m <= kAutotuneMaxRows || m % kAutotuneChunkRows == 0; }
 
 // Autotuned algorithms of the process, per (device, shape).
 using TunedKey = std::pair<int, Key>;
@@ -108,7 +113,7 @@ struct CublasLtGemm::Impl {
     Plan p;
     std::vector<cublasLtMatmulHeuristicResult_t> candidates;
     absl::Status s = Build(m, k, n, bias != nullptr, out_type, &p, &candidates);
-    if (s.ok() && autotune && m <= kAutotuneMaxRows && candidates.size() > 1) {
+    if (s.ok() && autotune && WorthTuning(m) && candidates.size() > 1) {
       s = Autotune(key, p, candidates, x, w, bias, out, stream);
     }
     if (!s.ok()) {
