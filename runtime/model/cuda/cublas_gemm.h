@@ -10,9 +10,11 @@
 // Create, forces cuBLASLt for every call (A/B measurements).
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
-// candidates on its own operands (a few synchronous GEMMs, once per shape and device in the
-// process: every instance then uses that choice, so two runners of one process compute identical
-// GEMMs) and keeps the fastest; other shapes take the heuristic's first choice.
+// candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
+// scratch (allocated on first use, freed with the object) so weights stream from HBM as in a step
+// (a few synchronous GEMMs, once per shape and device in the process: every instance then uses
+// that choice, so two runners of one process compute identical GEMMs), and keeps the fastest;
+// other shapes take the heuristic's first choice.
 // TANDEM_DISABLE_GEMM_AUTOTUNE=1, read at Create, turns the timing off.
 //
 // Ownership: the object owns its cuBLASLt handle and a cache of matmul descriptors and algorithms
