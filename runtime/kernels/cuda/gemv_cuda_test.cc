@@ -39,8 +39,8 @@ struct Shape {
 
 class GemvCudaTest : public CudaKernelTest {
  protected:
-  void CheckGated(const Shape& s, int m, const std::vector<float>& xf,
-                  const std::vector<float>& wf, const DeviceBuffer& d_x, const DeviceBuffer& d_w);
+  void CheckGated(const Shape& s, int m, const std::vector<float>& xf, const std::vector<float>& wf,
+                  const DeviceBuffer& d_x, const DeviceBuffer& d_w);
 };
 
 std::vector<int> RowsToCheck(int n) {
