@@ -18,13 +18,10 @@
 // Shared rows are padded by 16 bytes, which makes every ldmatrix (8 rows of one 16-byte column)
 // and every cp.async row write conflict-free.
 //
-// Per warp and step of kSubN keys (the whole 64-key tile for head_dim <= 64, each half of it for
-// head_dim 128):
-//   S = Q K^T, K fragments by ldmatrix (non-transposed). Q fragments stay in registers for
-//   head_dim <= 64; for head_dim 128 (no room for them next to O) they are re-read with ldmatrix
-//   from the CTA's Q tile, and the Q and K fragments of k-step kk + 1 are requested before the
-//   MMAs of k-step kk (two register buffers), so the ldmatrix latency overlaps the tensor-core
-//   work; 32-key steps (S in 16 registers) leave room for the second buffer.
+// Per warp and step of kSubN = 64 keys (one tile):
+//   S = Q K^T: Q fragments stay in registers for head_dim <= 64 and are re-read with ldmatrix
+//   from the CTA's Q tile for head_dim 128 (no room for them next to O and S);
+//   K fragments by ldmatrix (non-transposed).
 //   Mask only where needed: a warp masks a step only if it crosses the warp's causal diagonal
 //   (which any step crossing the kv_end edge does), and skips a step that none of its rows can
 //   see (equivalent to all -inf).
@@ -34,8 +31,7 @@
 //   more than kRescaleSlack for some row of the warp; then the warp rescales O and the sums.
 //   Usually only a row's first step does, so O is rarely rescaled; P stays <= 2^kRescaleSlack.
 //   O += P V: P re-packed from the S accumulators to bf16 A fragments without shared memory,
-//   V fragments with ldmatrix.trans, requested kVAhead fragments ahead of their MMAs (the first
-//   ones before the softmax, whose latency hides theirs).
+//   V fragments with ldmatrix.trans.
 // Accumulation and softmax statistics are float32; P is rounded to bf16 for the second product,
 // as FlashAttention does (the relative rounding does not depend on the base); the row sums use
 // the float32 P. Rows past a sequence's new tokens read zero Q and are not written; a row that
@@ -80,15 +76,10 @@ struct Config {
   static constexpr bool kQInRegs = kHeadDim <= 64;
   // Two K+V stages for head_dim 128 keep two CTAs per SM (~102 KiB each); more for smaller dims.
   static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
-  // Keys per softmax step. For head_dim 128, S of 32 keys (16 registers) next to O (64) leaves
-  // room for two buffers of one k-step's Q and K fragments (2 x 12 registers), so ldmatrix is
-  // software-pipelined, at the cost of reading Q twice per tile (about 11% more shared-memory
-  // reads) and twice the row reductions. Smaller head dims take the whole tile.
-  static constexpr int kSubN = kHeadDim == 128 ? 32 : kBlockN;
-  // V fragments of P V requested ahead of their MMAs (the first ones before the softmax). With Q
-  // in registers, head_dim 64 is at the register cap (early V loads spill there), so smaller head
-  // dims load each V fragment right before its MMAs.
-  static constexpr int kVAhead = kHeadDim == 128 ? 2 : 0;
+  // Keys per softmax step: the whole tile. For head_dim 128, S of 64 keys (32 registers) next to
+  // O (64) fits the 128-register budget only with Q re-read from shared memory; 32-key steps
+  // (kSubN = 32) would also fit, with twice the Q reads and row reductions per tile.
+  static constexpr int kSubN = kBlockN;
   static constexpr int kQElems = kBlockM * kStride;
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (kQElems + 2 * kStages * kTileElems);
@@ -171,10 +162,6 @@ __global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::
   constexpr int kSTiles = kSubN / 8;     // n-tiles of S
   constexpr int kOTiles = kHeadDim / 8;  // n-tiles of O
   static_assert(kKSteps % 2 == 0 && kOTiles % 2 == 0, "fragment pairs");
-  constexpr int kVPairs = kOTiles / 2;             // V fragments (n-tile pairs) per 16 keys
-  constexpr int kVSteps = (kSubN / 16) * kVPairs;  // V fragments per step
-  constexpr int kVAhead = Cfg::kVAhead;
-  static_assert(kVSteps >= kVAhead, "V prologue within the step");
 
   static_assert(kThreads % kBlockN == 0 && kBlockM % kBlockN == 0, "whole threads per tile row");
   static_assert(kBlockM == Cfg::kWarps * kWarpRows, "warps cover the CTA's rows");
@@ -344,62 +331,31 @@ __global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::
         }
       }
       const unsigned k_row = kv_frag_row + stage_bytes;
-      if constexpr (Cfg::kQInRegs) {
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-          for (int n = 0; n < kSTiles; n += 2) {
-            uint32_t b[4];
-            LdMatrixX4(b, k_row + n * 8 * kRowBytes + kk * 32);
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              MmaBf16(s[mt][n], q_frag[mt][kk], b[0], b[1]);
-              MmaBf16(s[mt][n + 1], q_frag[mt][kk], b[2], b[3]);
-            }
-          }
-        }
-      } else {
-        // Q and K fragments of k-step kk live in buffer kk % 2: those of k-step kk + 1 are
-        // requested before the MMAs of k-step kk, which last read that buffer's previous
-        // contents (k-step kk - 1) in the iteration before. K pair np holds the n-tiles 2 np and
-        // 2 np + 1 (keys 16 np .. 16 np + 15 of the step).
-        uint32_t qa[2][kMTiles][4];
-        uint32_t kb[2][kSTiles / 2][4];
-        const auto load_qk = [&](int kk, uint32_t(&qa_buf)[kMTiles][4],
-                                 uint32_t(&kb_buf)[kSTiles / 2][4]) {
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a_smem[Cfg::kQInRegs ? 1 : kMTiles][4];
+        if constexpr (!Cfg::kQInRegs) {
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            LdMatrixX4(qa_buf[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
+            LdMatrixX4(a_smem[mt], q_frag_row + mt * 16 * kRowBytes + kk * 32);
           }
+        }
 #pragma unroll
-          for (int np = 0; np < kSTiles / 2; ++np) {
-            LdMatrixX4(kb_buf[np], k_row + np * 16 * kRowBytes + kk * 32);
-          }
-        };
-        load_qk(0, qa[0], kb[0]);
+        for (int n = 0; n < kSTiles; n += 2) {
+          uint32_t b[4];
+          LdMatrixX4(b, k_row + n * 8 * kRowBytes + kk * 32);
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          const int cur = kk % 2;
-          if (kk + 1 < kKSteps) load_qk(kk + 1, qa[1 - cur], kb[1 - cur]);
-#pragma unroll
-          for (int np = 0; np < kSTiles / 2; ++np) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              MmaBf16(s[mt][2 * np], qa[cur][mt], kb[cur][np][0], kb[cur][np][1]);
-              MmaBf16(s[mt][2 * np + 1], qa[cur][mt], kb[cur][np][2], kb[cur][np][3]);
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            if constexpr (Cfg::kQInRegs) {
+              MmaBf16(s[mt][n], q_frag[mt][kk], b[0], b[1]);
+              MmaBf16(s[mt][n + 1], q_frag[mt][kk], b[2], b[3]);
+            } else {
+              MmaBf16(s[mt][n], a_smem[mt], b[0], b[1]);
+              MmaBf16(s[mt][n + 1], a_smem[mt], b[2], b[3]);
             }
           }
         }
       }
-
-      // Request the first V fragments of P V now: the softmax below hides their latency.
-      const unsigned v_row = kv_frag_row + kVFromK + stage_bytes;
-      const auto v_frag_addr = [&](int i) {
-        return v_row + (i / kVPairs) * 16 * kRowBytes + (i % kVPairs) * 32;
-      };
-      uint32_t vb[kVAhead + 1][4];
-#pragma unroll
-      for (int i = 0; i < kVAhead; ++i) LdMatrixX4Trans(vb[i], v_frag_addr(i));
 
       // Mask keys past a row's position or past kv_end, only in steps that cross the warp's
       // diagonal (kv_end >= warp_pos0 + 1, so a step crossing the kv_end edge crosses it too).
@@ -496,21 +452,19 @@ __global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::
         }
       }
 
-      // O += P V: fragment i (keys 16 (i / kVPairs) .., dims 16 (i % kVPairs) ..) is in buffer
-      // i % (kVAhead + 1); it was requested kVAhead fragments earlier (the first ones before the
-      // softmax), into the buffer that fragment i - 1 left.
+      // O += P V.
+      const unsigned v_row = kv_frag_row + kVFromK + stage_bytes;
 #pragma unroll
-      for (int i = 0; i < kVSteps; ++i) {
-        if (i + kVAhead < kVSteps) {
-          LdMatrixX4Trans(vb[(i + kVAhead) % (kVAhead + 1)], v_frag_addr(i + kVAhead));
-        }
-        const int kc = i / kVPairs;
-        const int n = 2 * (i % kVPairs);
-        const uint32_t(&b)[4] = vb[i % (kVAhead + 1)];
+      for (int kc = 0; kc < kSubN / 16; ++kc) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          MmaBf16(o[mt][n], pa[mt][kc], b[0], b[2]);
-          MmaBf16(o[mt][n + 1], pa[mt][kc], b[1], b[3]);
+        for (int n = 0; n < kOTiles; n += 2) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v_row + kc * 16 * kRowBytes + n * 16);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            MmaBf16(o[mt][n], pa[mt][kc], b[0], b[2]);
+            MmaBf16(o[mt][n + 1], pa[mt][kc], b[1], b[3]);
+          }
         }
       }
     }
