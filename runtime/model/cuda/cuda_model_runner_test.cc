@@ -30,6 +30,7 @@
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/model/cpu_model_runner.h"
+#include "runtime/model/cuda/random_checkpoint_for_test.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/synth.h"
@@ -58,47 +59,9 @@ std::string ModelsDir() {
 
 // A small Qwen2-shaped checkpoint with q/k/v biases large enough to matter.
 std::string WriteQwenLike() {
-  const std::string dir = TempDir("qwen");
-  const int vocab = 512, hidden = 256, inter = 512, layers = 2, heads = 4, kv_heads = 2, hd = 64;
-  std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
-  std::mt19937 rng(7);
-  std::map<std::string, TensorToWrite> tensors;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::normal_distribution<float> dist(mean, stddev);
-    TensorToWrite t{DType::kBF16, shape, std::vector<uint8_t>(n * 2)};
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t b = FloatToBf16(dist(rng));
-      std::memcpy(t.bytes.data() + i * 2, &b, 2);
-    }
-    tensors.emplace(name, std::move(t));
-  };
-  add("model.embed_tokens.weight", {vocab, hidden}, 0, 1.0f);
-  add("lm_head.weight", {vocab, hidden}, 0, 0.05f);
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "self_attn.q_proj.weight", {heads * hd, hidden}, 0, 0.05f);
-    add(p + "self_attn.k_proj.weight", {kv_heads * hd, hidden}, 0, 0.05f);
-    add(p + "self_attn.v_proj.weight", {kv_heads * hd, hidden}, 0, 0.05f);
-    add(p + "self_attn.q_proj.bias", {heads * hd}, 0, 0.5f);
-    add(p + "self_attn.k_proj.bias", {kv_heads * hd}, 0, 0.5f);
-    add(p + "self_attn.v_proj.bias", {kv_heads * hd}, 0, 0.5f);
-    add(p + "self_attn.o_proj.weight", {hidden, heads * hd}, 0, 0.05f);
-    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.05f);
-    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.05f);
-    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.05f);
-  }
-  const absl::Status s = WriteSafetensors(dir + "/model.safetensors", tensors);
-  EXPECT_TRUE(s.ok()) << s;
-  return dir;
+  testing_util::RandomCheckpoint spec;
+  spec.qwen2 = true;
+  return testing_util::WriteRandomCheckpoint(TempDir("qwen"), spec);
 }
 
 struct Model {

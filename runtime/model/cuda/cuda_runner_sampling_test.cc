@@ -27,6 +27,7 @@
 #include "runtime/base/float16.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/cuda/random_checkpoint_for_test.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/sampling/sampler.h"
@@ -45,43 +46,18 @@ std::string WriteCheckpoint() {
   const std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
                                     ("tandem_cuda_sampling_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  const int hidden = 128, inter = 256, layers = 2, heads = 4, kv_heads = 2, hd = 32;
-  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"],
-    "model_type": "llama", "vocab_size": 32000, "hidden_size": 128, "intermediate_size": 256,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})";
-  std::mt19937 rng(3);
-  std::map<std::string, TensorToWrite> tensors;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean, float stddev) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::normal_distribution<float> dist(mean, stddev);
-    TensorToWrite t{DType::kBF16, shape, std::vector<uint8_t>(n * 2)};
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t b = FloatToBf16(dist(rng));
-      std::memcpy(t.bytes.data() + i * 2, &b, 2);
-    }
-    tensors.emplace(name, std::move(t));
-  };
-  add("model.embed_tokens.weight", {kVocab, hidden}, 0, 1.0f);
-  add("lm_head.weight", {kVocab, hidden}, 0, 0.08f);
-  add("model.norm.weight", {hidden}, 1, 0.1f);
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "post_attention_layernorm.weight", {hidden}, 1, 0.1f);
-    add(p + "self_attn.q_proj.weight", {heads * hd, hidden}, 0, 0.08f);
-    add(p + "self_attn.k_proj.weight", {kv_heads * hd, hidden}, 0, 0.08f);
-    add(p + "self_attn.v_proj.weight", {kv_heads * hd, hidden}, 0, 0.08f);
-    add(p + "self_attn.o_proj.weight", {hidden, heads * hd}, 0, 0.08f);
-    add(p + "mlp.gate_proj.weight", {inter, hidden}, 0, 0.08f);
-    add(p + "mlp.up_proj.weight", {inter, hidden}, 0, 0.08f);
-    add(p + "mlp.down_proj.weight", {hidden, inter}, 0, 0.08f);
-  }
-  const absl::Status s = WriteSafetensors((dir / "model.safetensors").string(), tensors);
-  EXPECT_TRUE(s.ok()) << s;
-  return dir.string();
+  testing_util::RandomCheckpoint spec;
+  spec.vocab = kVocab;
+  spec.hidden = 128;
+  spec.inter = 256;
+  spec.head_dim = 32;
+  spec.max_positions = 2048;
+  spec.rms_norm_eps = 1e-5;
+  spec.rope_theta = 10000.0;
+  spec.lm_head_std = 0.08f;
+  spec.proj_std = 0.08f;
+  spec.seed = 3;
+  return testing_util::WriteRandomCheckpoint(dir.string(), spec);
 }
 
 // Random parameters of every kind, greedy included, as the engine would build them.
