@@ -64,6 +64,24 @@ struct HeadShape {
   int head_dim;
 };
 
+// The paged cache over one allocation in KvCacheLayout order ([layer][k|v][block]): k and v of a
+// layer interleaved, layer_stride two layers' worth of elements.
+cuda::PagedKvCache InterleavedCache(void* base, int layers, int num_blocks, int block_size,
+                                    const HeadShape& shape) {
+  const size_t layer_elems =
+      static_cast<size_t>(num_blocks) * block_size * shape.kv_heads * shape.head_dim;
+  cuda::PagedKvCache kv;
+  kv.k = base;
+  kv.v = static_cast<uint16_t*>(base) + layer_elems;
+  kv.num_layers = layers;
+  kv.num_blocks = num_blocks;
+  kv.block_size = block_size;
+  kv.num_kv_heads = shape.kv_heads;
+  kv.head_dim = shape.head_dim;
+  kv.layer_stride = 2 * layer_elems;
+  return kv;
+}
+
 std::string Name(const HeadShape& s) {
   return absl::StrCat(s.heads, "x", s.kv_heads, "x", s.head_dim);
 }
@@ -159,15 +177,8 @@ TEST_F(ElementwiseCudaTest, KvAppendWritesSlotsOfOneLayer) {
       DeviceBuffer d_cache = Upload(cache);
       DeviceBuffer d_qkv = Upload(qkv);
       DeviceBuffer d_slots = Upload(slots);
-      cuda::PagedKvCache kv;
-      kv.k = d_cache.data;
-      kv.v = static_cast<uint16_t*>(d_cache.data) + layer_elems;
-      kv.num_layers = kLayers;
-      kv.num_blocks = num_blocks;
-      kv.block_size = kBlockSize;
-      kv.num_kv_heads = shape.kv_heads;
-      kv.head_dim = shape.head_dim;
-      kv.layer_stride = 2 * layer_elems;
+      const cuda::PagedKvCache kv =
+          InterleavedCache(d_cache.data, kLayers, num_blocks, kBlockSize, shape);
       ASSERT_TRUE(cuda::LaunchKvAppend(d_qkv.data, static_cast<const int32_t*>(d_slots.data), n,
                                        shape.heads, kv, kLayer, stream())
                       .ok());
@@ -218,15 +229,8 @@ TEST_F(ElementwiseCudaTest, RopeKvAppendEqualsRopeThenKvAppend) {
       for (const bool fused : {false, true}) {
         const DeviceBuffer d_qkv = Upload(qkv);
         const DeviceBuffer d_cache = Upload(cache);
-        cuda::PagedKvCache kv;
-        kv.k = d_cache.data;
-        kv.v = static_cast<uint16_t*>(d_cache.data) + layer_elems;
-        kv.num_layers = kLayers;
-        kv.num_blocks = num_blocks;
-        kv.block_size = kBlockSize;
-        kv.num_kv_heads = shape.kv_heads;
-        kv.head_dim = shape.head_dim;
-        kv.layer_stride = 2 * layer_elems;
+        const cuda::PagedKvCache kv =
+            InterleavedCache(d_cache.data, kLayers, num_blocks, kBlockSize, shape);
         const auto* pos = static_cast<const int32_t*>(d_pos.data);
         const auto* slot = static_cast<const int32_t*>(d_slots.data);
         const auto* inv = static_cast<const float*>(d_inv.data);
