@@ -2,10 +2,10 @@
 // over the real CPU runner on a tiny synthesized Llama:
 // - the CPU runner's sampled tokens and logprobs are SampleFromRequest on its own logits, it
 //   returns logits when any row lacks a request and rejects a bad request;
-// - an engine whose runner samples produces exactly the tokens and logprobs of an engine that
-//   samples every row on the host, for a mixed batch of greedy / top-k / top-p / min-p / seeded
-//   and penalty / top-logprob requests (the latter keep the step on the host until they finish,
-//   so both paths run in one engine);
+// - an engine whose runner samples produces exactly the tokens (and the logprobs to 1e-5) of an
+//   engine that samples every row on the host, for a mixed batch of greedy / top-k / top-p / min-p
+//   / seeded and penalty / top-logprob requests (the latter keep the step on the host until they
+//   finish, so both paths run in one engine);
 // - a runner that samples rows nobody asked it to is an error, not a silent wrong token.
 #include <algorithm>
 #include <cmath>
