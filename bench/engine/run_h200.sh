@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU session for the CUDA engine: GPU tests, synthesized llama-3-8b / llama-3.2-1b models,
-# engine_bench on both, and the PyTorch peer, with every output under $OUT.
+# One GPU session for the CUDA engine: GPU tests, a serving smoke test (tandem serve --device cuda),
+# synthesized llama-3-8b / llama-3.2-1b models, engine_bench on both, and the PyTorch peer, with
+# every output under $OUT.
 #
 #   bench/engine/run_h200.sh [BIN_DIR]
 #
@@ -77,6 +78,23 @@ for t in "$BIN"/*_cuda_test; do
   n="$(basename "$t")"
   step "$n" 90 "$t" --gtest_output="xml:$OUT/$n.xml"
 done
+
+# The disaggregated stack on the GPU: tandem serve --device cuda (router, prefill and decode
+# workers, KV over UCX through the workers' pinned host mirrors) on the bundled draft model, then
+# OpenAI requests over HTTP (tests/gpu/serve_cuda_smoke.py).
+if [[ -f "$TANDEM_MODELS_DIR/draft/config.json" ]]; then
+  [[ -d "$BIN/../ucx" ]] && export UCX_MODULE_DIR="$BIN/../ucx"
+  "$BIN/tandem" serve --model "$TANDEM_MODELS_DIR/draft" --device cuda --port 18000 \
+    --kv-cache-mib 128 > "$OUT/serve_cuda.log" 2>&1 &
+  SERVE_PID=$!
+  for _ in $(seq 1 120); do grep -q "is serving" "$OUT/serve_cuda.log" && break; sleep 1; done
+  step serve_cuda_smoke 120 "$PY" "$ROOT/tests/gpu/serve_cuda_smoke.py" http://127.0.0.1:18000 \
+    draft "$BIN/tandem" "$TANDEM_MODELS_DIR/draft"
+  kill -INT "$SERVE_PID" 2>/dev/null
+  wait "$SERVE_PID"
+else
+  echo "serve_cuda_smoke: SKIPPED (no $TANDEM_MODELS_DIR/draft)" | tee -a "$OUT/summary.txt"
+fi
 
 step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; done; cat '$OUT/synth-8b.log' '$OUT/synth-1b.log'"
 
