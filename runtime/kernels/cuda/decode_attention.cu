@@ -361,18 +361,11 @@ __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams
 template <int kHeadDim>
 cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
-  // More than 48 KiB of dynamic shared memory is an opt-in attribute of the function on each
-  // device; set it once per device (a host call, allowed while a stream is being captured).
-  static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if ((opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(DecodeAttentionKernel<kHeadDim>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-    if (e != cudaSuccess) return e;
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
   }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));

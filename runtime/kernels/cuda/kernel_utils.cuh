@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace tandem::cuda::internal {
@@ -122,6 +123,23 @@ cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, s
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` (needed above 48 KiB) on the current
+// device, once per device: `configured` (one static per kernel instantiation) has bit d set once
+// device d is done; devices >= 64 set it on every call. A plain attribute call (no allocation or
+// synchronization), so launchers that use it stay capturable in a CUDA graph.
+template <typename Kernel>
+cudaError_t OptInDynamicSharedMemory(Kernel kernel, size_t bytes,
+                                     std::atomic<uint64_t>& configured) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (configured.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+  if (e == cudaSuccess) configured.fetch_or(bit, std::memory_order_release);
+  return e;
 }
 
 inline bool IsAligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

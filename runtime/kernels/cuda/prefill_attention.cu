@@ -506,16 +506,11 @@ __global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = Config<kHeadDim>::kSmemBytes;
-  static std::atomic<uint64_t> configured_devices{0};  // bit d: device d (d < 64)
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || (configured_devices.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(PrefillAttentionKernel<kHeadDim>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-    if (e != cudaSuccess) return e;
-    configured_devices.fetch_or(bit, std::memory_order_release);
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionKernel<kHeadDim>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
   }
   PrefillAttentionKernel<kHeadDim><<<grid, Config<kHeadDim>::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
