@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/base/logging.h"
@@ -492,6 +493,7 @@ TEST(EngineDisaggTest, HeldKvReleasedByReleaseCancelOrLeaseExpiry) {
 TEST(EngineDisaggTest, HeldBlocksUnchangedUnderChurn) {
   EngineOptions options;
   options.max_num_batched_tokens = 16;
+  absl::Notification all_submitted;  // outlives the engine, whose runner's hook waits on it
   Node p(16, options);
   std::mt19937 rng(3);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 10);
@@ -506,11 +508,17 @@ TEST(EngineDisaggTest, HeldBlocksUnchangedUnderChurn) {
     return bytes;
   };
   const std::string before = snapshot();
+  // The churn's first forward pass waits until all 24 requests are queued, so they compete for the
+  // cache together and preempt each other on every run (not only when the submitting thread wins
+  // the race against the engine thread).
+  p.runner->set_forward_hook(
+      [&] { all_submitted.WaitForNotificationWithTimeout(absl::Seconds(30)); });
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 24; ++i) {
     prompts.push_back(RandomPrompt(rng, 2 + rng() % 12));
     ASSERT_TRUE(p.engine->Submit(p.Request(absl::StrCat("c", i), prompts[i], Greedy(12))).ok());
   }
+  all_submitted.Notify();
   ASSERT_TRUE(p.collector.WaitFinished(25));
   for (int i = 0; i < 24; ++i) {
     EXPECT_EQ(p.collector.Get(absl::StrCat("c", i)).tokens,
