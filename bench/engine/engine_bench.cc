@@ -14,7 +14,9 @@
 //  - a per-op GPU time breakdown (CUDA events around each op of an un-graphed step) of decode
 //    batch 1 and 64 at 1K context and one prefill, to explain a miss;
 //  - the small-M GEMV A/B: decode batch 1 and 8 at 1K with the GEMV and with cuBLASLt only (a
-//    second runner, created with TANDEM_DISABLE_GEMV flipped).
+//    second runner, created with TANDEM_DISABLE_GEMV flipped);
+//  - the skinny GEMM A/B: decode batch 8 and 64 at 1K with TANDEM_SKINNY_GEMM flipped (a third
+//    runner), and that runner's per-op breakdown at batch 64.
 // Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
 
 #include <cuda_runtime_api.h>
@@ -392,8 +394,9 @@ int Run(const Flags& flags) {
   out["prefill"] = prefill;
 
   // 5. Per-op breakdowns.
-  auto breakdown = [&](const std::string& title, ForwardBatch fb) -> absl::StatusOr<json> {
-    ASSIGN_OR_RETURN(std::vector<OpTiming> ops, runner->ProfileStep(fb));
+  auto breakdown = [&](CudaModelRunner& r, const std::string& title,
+                       ForwardBatch fb) -> absl::StatusOr<json> {
+    ASSIGN_OR_RETURN(std::vector<OpTiming> ops, r.ProfileStep(fb));
     double total = 0;
     for (const OpTiming& op : ops) total += op.ms;
     std::printf("\nper-op GPU time, %s (un-graphed, events after each op): %.3f ms\n",
@@ -411,13 +414,13 @@ int Run(const Flags& flags) {
   const int pctx = 1024;
   for (const int pb : {1, 64}) {
     if (blocks_for(pb, pctx) > kv.num_blocks) continue;
-    auto d =
-        breakdown(absl::StrCat("decode batch ", pb, " context ", pctx), make_batch(pb, pctx, 1));
+    auto d = breakdown(*runner, absl::StrCat("decode batch ", pb, " context ", pctx),
+                       make_batch(pb, pctx, 1));
     if (!d.ok()) return fail(d.status());
     profiles.push_back(*d);
   }
   const int pn = std::min(2048, flags.prefill.empty() ? 2048 : flags.prefill.back());
-  auto p = breakdown(absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
+  auto p = breakdown(*runner, absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
   if (!p.ok()) return fail(p.status());
   profiles.push_back(*p);
   out["profiles"] = profiles;
@@ -477,6 +480,65 @@ int Run(const Flags& flags) {
                     {"cublaslt_ms", cublas_ms[i]}});
     }
     out["gemv_ab"] = ab;
+  }
+
+  // 7. Skinny GEMM A/B: decode batch 8 and 64 at 1K context (graph replay) on a runner created
+  // with TANDEM_SKINNY_GEMM flipped against the main run (whose numbers are the decode table's),
+  // and that runner's per-op breakdown at batch 64, so the projections can be compared op by op
+  // with section 5.
+  {
+    const char* prior_env = std::getenv("TANDEM_SKINNY_GEMM");
+    const std::string prior = prior_env != nullptr ? prior_env : "";
+    const bool skinny_main = prior == "1";
+    const int ab_ctx = 1024;
+    const std::vector<int> ab_batches = {8, 64};
+    setenv("TANDEM_SKINNY_GEMM", skinny_main ? "0" : "1", 1);
+    auto store3 = TensorStore::Open(flags.model_dir);
+    if (!store3.ok()) return fail(store3.status());
+    ro.num_blocks = static_cast<int>(blocks_for(ab_batches.back(), ab_ctx));
+    ro.progress = false;
+    auto runner3 = CreateCudaModelRunner(c, **store3, ro);
+    if (prior_env != nullptr) {
+      setenv("TANDEM_SKINNY_GEMM", prior.c_str(), 1);
+    } else {
+      unsetenv("TANDEM_SKINNY_GEMM");
+    }
+    if (!runner3.ok()) return fail(runner3.status());
+    store3->reset();
+    fill_kv((*runner3)->kv_layout());
+    std::printf("\nskinny GEMM A/B, decode context %d (CUDA graph replay, %d steps; main run %s)\n",
+                ab_ctx, flags.iters, skinny_main ? "with TANDEM_SKINNY_GEMM=1" : "cuBLASLt");
+    std::printf("%6s %14s %14s %9s %14s\n", "batch", "skinny ms", "cuBLASLt ms", "speedup",
+                "skinny %roof");
+    json ab = json::array();
+    for (const int b : ab_batches) {
+      double main_ms = NAN;
+      for (const json& row : decode) {
+        if (row["batch"] == b && row["context"] == ab_ctx && row.contains("ms_per_step")) {
+          main_ms = row["ms_per_step"].get<double>();
+        }
+      }
+      auto other = (*runner3)->TimeDeviceStep(make_batch(b, ab_ctx, 1), 5, flags.iters);
+      if (!other.ok()) return fail(other.status());
+      const double skinny_ms = skinny_main ? main_ms : *other;
+      const double cublas_ms = skinny_main ? *other : main_ms;
+      const double roof_ms =
+          (weight_read + static_cast<double>(b) * ab_ctx * kv_per_token) / *bw * 1e3;
+      std::printf("%6d %14.3f %14.3f %8.2fx %13.1f%%\n", b, skinny_ms, cublas_ms,
+                  cublas_ms / skinny_ms, 100.0 * roof_ms / skinny_ms);
+      ab.push_back({{"batch", b},
+                    {"context", ab_ctx},
+                    {"skinny_ms", skinny_ms},
+                    {"cublaslt_ms", cublas_ms},
+                    {"roofline_ms", roof_ms}});
+    }
+    out["skinny_ab"] = ab;
+    auto prof = breakdown(**runner3,
+                          absl::StrCat("decode batch 64 context ", ab_ctx,
+                                       ", TANDEM_SKINNY_GEMM=", skinny_main ? "0" : "1"),
+                          make_batch(64, ab_ctx, 1));
+    if (!prof.ok()) return fail(prof.status());
+    out["skinny_ab_profile"] = *prof;
   }
 
   if (!flags.json_path.empty()) {

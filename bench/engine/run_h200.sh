@@ -73,6 +73,13 @@ for t in cuda_step_plan_test runner_factory_test cuda_model_runner_test cuda_gen
     echo "$t: MISSING from $BIN" | tee -a "$OUT/summary.txt"
   fi
 done
+# The batched-decode runner checks again with the skinny GEMM taking the 2-64-row projections.
+if [[ -x "$BIN/cuda_model_runner_test" ]]; then
+  step cuda_model_runner_test_skinny_gemm 150 env TANDEM_SKINNY_GEMM=1 \
+    "$BIN/cuda_model_runner_test" \
+    --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
+    --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
+fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
   n="$(basename "$t")"

@@ -14,7 +14,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
+#include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
 namespace {
@@ -69,6 +71,11 @@ constexpr int kAutotuneMaxRows = 256;
 // ...) recur too, so they are timed as well (once per shape, a few hundred ms for the largest).
 constexpr int kAutotuneChunkRows = 512;
 constexpr size_t kFlushBytes = size_t{128} << 20;
+// Split-K scratch of the skinny GEMM: the largest plan of a Llama-3-8B-sized decode projection at
+// 64 rows needs 4 MiB of partials (O and down projections, 4 splits); shapes whose plan needs more
+// go to cuBLASLt.
+constexpr size_t kSkinnyPartialBytes = size_t{16} << 20;
+constexpr size_t kSkinnyCounterBytes = size_t{64} << 10;
 
 bool WorthTuning(int m) { return m <= kAutotuneMaxRows || m % kAutotuneChunkRows == 0; }
 
@@ -94,10 +101,18 @@ struct CublasLtGemm::Impl {
   bool gemv_enabled = true;
   bool autotune = true;
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
+  // Skinny GEMM (TANDEM_SKINNY_GEMM=1): the device's SM count and its split-K scratch, allocated
+  // at Create (counters zeroed there; the kernel leaves them zero).
+  bool skinny_enabled = false;
+  int num_sms = 0;
+  void* skinny_partials = nullptr;
+  void* skinny_counters = nullptr;
   absl::flat_hash_map<Key, Plan> plans;
 
   ~Impl() {
     if (flush != nullptr) cudaFree(flush);
+    if (skinny_partials != nullptr) cudaFree(skinny_partials);
+    if (skinny_counters != nullptr) cudaFree(skinny_counters);
     Clear();
     if (handle != nullptr) cublasLtDestroy(handle);
   }
@@ -277,6 +292,21 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   impl->gemv_enabled = disable == nullptr || std::strcmp(disable, "1") != 0;
   const char* no_tune = std::getenv("TANDEM_DISABLE_GEMM_AUTOTUNE");
   impl->autotune = no_tune == nullptr || std::strcmp(no_tune, "1") != 0;
+  const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
+  if (skinny != nullptr && std::strcmp(skinny, "1") == 0) {
+    int device = 0;
+    RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+    RETURN_IF_CUDA_ERROR(
+        cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute(MultiProcessorCount)");
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&impl->skinny_partials, kSkinnyPartialBytes),
+                         "cudaMalloc(skinny GEMM partials)");
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&impl->skinny_counters, kSkinnyCounterBytes),
+                         "cudaMalloc(skinny GEMM counters)");
+    RETURN_IF_CUDA_ERROR(cudaMemset(impl->skinny_counters, 0, kSkinnyCounterBytes),
+                         "cudaMemset(skinny GEMM counters)");
+    impl->skinny_enabled = true;
+  }
   return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
 }
 
@@ -292,6 +322,9 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
   }
   if (bias != nullptr && out_type != GemmOut::kBf16) {
     return absl::InvalidArgumentError("GEMM bias is supported with bf16 output only");
+  }
+  if (UseSkinny(m, n, k, x, w, /*gated_silu=*/false)) {
+    return LaunchSkinny(x, w, bias, m, k, n, out, out_type == GemmOut::kF32, false, stream);
   }
   if (UseGemv(m, k, x, w)) {
     cuda::GemvArgs a;
@@ -320,6 +353,64 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
                                   static_cast<cudaStream_t>(stream)),
                    "cublasLtMatmul");
   return absl::OkStatus();
+}
+
+absl::Status CublasLtGemm::LinearGatedSilu(const void* x, const void* w, int m, int k, int n,
+                                           void* out, void* stream) {
+  if (m < 0 || k <= 0 || n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gated GEMM shape m=", m, " k=", k, " n=", n, " is not valid"));
+  }
+  if (m == 0) return absl::OkStatus();
+  if (UseSkinny(m, n, k, x, w, /*gated_silu=*/true)) {
+    return LaunchSkinny(x, w, nullptr, m, k, n, out, false, true, stream);
+  }
+  if (UseGemv(m, k, x, w)) {
+    cuda::GemvArgs g;
+    g.x = x;
+    g.w = w;
+    g.out = out;
+    g.gated_silu = true;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    return cuda::LaunchGemv(g, stream);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("gated GEMM m=", m, " k=", k, " n=", n,
+                                                 " has no fused kernel (check FusesGatedSilu)"));
+}
+
+bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void* w) const {
+  return UseSkinny(m, n, k, x, w, /*gated_silu=*/true) || UseGemv(m, k, x, w);
+}
+
+bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
+                             bool gated_silu) const {
+  // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
+  if (!impl_->skinny_enabled || m < 2 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) return false;
+  const cuda::SkinnyGemmPlan plan = cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms);
+  return plan.partial_bytes <= kSkinnyPartialBytes && plan.counter_bytes <= kSkinnyCounterBytes;
+}
+
+absl::Status CublasLtGemm::LaunchSkinny(const void* x, const void* w, const void* bias, int m,
+                                        int k, int n, void* out, bool out_f32, bool gated_silu,
+                                        void* stream) {
+  cuda::SkinnyGemmArgs a;
+  a.x = x;
+  a.w = w;
+  a.bias = bias;
+  a.out = out;
+  a.out_f32 = out_f32;
+  a.gated_silu = gated_silu;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.num_sms = impl_->num_sms;
+  a.partials = impl_->skinny_partials;
+  a.partials_bytes = kSkinnyPartialBytes;
+  a.counters = impl_->skinny_counters;
+  a.counters_bytes = kSkinnyCounterBytes;
+  return cuda::LaunchSkinnyGemm(a, stream);
 }
 
 bool CublasLtGemm::UseGemv(int m, int k, const void* x, const void* w) const {

@@ -8,6 +8,10 @@
 // runtime/kernels/cuda/gemv_kernels.h instead, same numerics contract (float32 accumulation, bias
 // added before the one bf16 rounding); the environment variable TANDEM_DISABLE_GEMV=1, read at
 // Create, forces cuBLASLt for every call (A/B measurements).
+// With TANDEM_SKINNY_GEMM=1 (read at Create; off by default until it has been measured against
+// cuBLASLt on the GPU), calls of 2-64 rows whose k is a multiple of 64 go to the tensor-core
+// skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (same numerics contract); Create then
+// allocates its 16 MiB split-K scratch.
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
@@ -46,11 +50,24 @@ class CublasLtGemm {
   absl::Status Linear(const void* x, const void* w, const void* bias, int m, int k, int n,
                       void* out, GemmOut out_type, void* stream);
 
+  // Queues out[m, n] = silu(x · w[0:n]^T) * (x · w[n:2n]^T) in bf16 (w is [2n, k], gate rows then
+  // up rows) in one kernel, when FusesGatedSilu says one takes the call; otherwise
+  // kInvalidArgument (callers run Linear and a separate SiLU-and-multiply then).
+  absl::Status LinearGatedSilu(const void* x, const void* w, int m, int k, int n, void* out,
+                               void* stream);
+  bool FusesGatedSilu(int m, int k, int n, const void* x, const void* w) const;
+
   // True when Linear runs this call as a GEMV: GEMV not disabled, m in [1, kGemvMaxRows], k a
   // multiple of 8, x and w 16-byte aligned.
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
+  // Whether the skinny GEMM takes the call: enabled, 2 <= m <= 64, k % 64 == 0, aligned, and the
+  // plan's split-K scratch fits ours.
+  bool UseSkinny(int m, int n, int k, const void* x, const void* w, bool gated_silu) const;
+  absl::Status LaunchSkinny(const void* x, const void* w, const void* bias, int m, int k, int n,
+                            void* out, bool out_f32, bool gated_silu, void* stream);
+
   struct Impl;
   explicit CublasLtGemm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -24,7 +24,6 @@
 #include "runtime/device/device.h"
 #include "runtime/device/device_factory.h"
 #include "runtime/kernels/cpu_ops.h"
-#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
@@ -783,18 +782,12 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(mark("o_gemm"));
       RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
       RETURN_IF_ERROR(mark("rmsnorm"));
-      if (gemm_->UseGemv(T, hidden, normed_.data, lw.gate_up)) {
-        // Decode-sized: one GEMV computes gate and up and writes silu(gate) * up.
-        cuda::GemvArgs g;
-        g.x = normed_.data;
-        g.w = lw.gate_up;
-        g.out = act_.data;
-        g.gated_silu = true;
-        g.m = T;
-        g.n = inter;
-        g.k = hidden;
-        RETURN_IF_ERROR(cuda::LaunchGemv(g, s));
-        RETURN_IF_ERROR(mark("gate_up_silu_gemv"));
+      if (gemm_->FusesGatedSilu(T, hidden, inter, normed_.data, lw.gate_up)) {
+        // Decode-sized: one kernel (GEMV or skinny GEMM) computes gate and up and writes
+        // silu(gate) * up.
+        RETURN_IF_ERROR(
+            gemm_->LinearGatedSilu(normed_.data, lw.gate_up, T, hidden, inter, act_.data, s));
+        RETURN_IF_ERROR(mark("gate_up_silu_fused"));
       } else {
         RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.gate_up, nullptr, T, hidden, 2 * inter,
                                       gate_up_.data, GemmOut::kBf16, s));

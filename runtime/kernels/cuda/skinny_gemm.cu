@@ -1,0 +1,306 @@
+// Skinny bf16 GEMM on tensor cores (contract: skinny_gemm.h). out^T = w . x^T with mma.sync
+// m16n8k16: the weight rows are the MMA's 16-row A operand and the activation rows its 8-column B
+// operand, so a CTA streams a 64-row slab of the weights once for all (up to 64) activation rows.
+//   - CTA: 4 warps, one output tile of 64 weight rows (gated: gate rows j0..j0+31 and up rows
+//     n+j0..n+j0+31, so the SiLU-and-multiply epilogue has both halves in one CTA) over one K
+//     range of the plan's split. Warp (wn, wk): weight rows 32 wn .. 32 wn + 31 (two A tiles) and
+//     the k16 slices wk and wk + 2 of each 64-wide stage; the two wk halves are summed through
+//     shared memory at the end. Each weight byte is read from shared memory once, each activation
+//     byte twice.
+//   - Pipeline: kStages stages of 64 k (weights 8 KB + activations up to 8 KB) with cp.async; the
+//     first kStages - 1 weight stages are issued BEFORE PdlWait() (weights do not depend on the
+//     previous kernel), the activations after it.
+//   - Shared tiles are [rows][8 x 16-byte chunks] with the chunk index XORed by row % 8, so the
+//     8 row addresses of every ldmatrix phase and every cp.async row fall in distinct banks.
+//   - Split-K: partial tiles go to global scratch; the last CTA of a tile (atomic counter) sums
+//     them in split order, writes the output and resets the counter.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/mma_utils.cuh"
+#include "runtime/kernels/cuda/skinny_gemm_internal.h"
+
+namespace tandem::cuda::internal {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kRows = kSkinnyTileRows;   // 64 weight rows per CTA
+constexpr int kBk = kSkinnyKStepDevice;  // 64 k per stage
+constexpr int kStages = 4;
+constexpr int kPrefetch = kStages - 1;
+constexpr int kRowBytes = kBk * 2;  // 128 bytes = 8 chunks of 16 bytes
+constexpr int kWStageBytes = kRows * kRowBytes;
+
+static_assert(kBk == 64 && kRows == 64 && kThreads == 128, "the load mapping below assumes these");
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][8 chunks] tile.
+__device__ __forceinline__ int Swizzle(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
+
+template <int kM16>
+__host__ __device__ constexpr int StageBytes() {
+  return kWStageBytes + 16 * kM16 * kRowBytes;
+}
+
+template <int kM16>
+__host__ __device__ constexpr int SmemBytes() {
+  return kStages * StageBytes<kM16>();
+}
+
+template <int kM16, bool kGated>
+__global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw p) {
+  constexpr int kMp = 16 * kM16;  // activation rows, padded (MMA columns)
+  constexpr int kStageBytes = StageBytes<kM16>();
+  constexpr int kLd = kMp + 1;  // float stride of the reduction tile (odd: no conflicts)
+  static_assert(kRows * kLd * 4 <= SmemBytes<kM16>(), "reduction tile must fit the pipeline");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ bool s_last;
+  PdlLaunchDependents();
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int k0 = split * p.k_per_split;
+  const int num_steps = p.k_per_split / kBk;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+
+  // This thread's cp.async slots: chunk tid % 8 of tile rows tid / 8 + 16 i.
+  const int chunk = tid % 8;
+  const int row_in_group = tid / 8;
+  const __nv_bfloat16* w_src[4];
+  bool w_valid[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = row_in_group + 16 * i;
+    int row;
+    if constexpr (kGated) {
+      const int j = tile * (kRows / 2) + r % (kRows / 2);
+      row = j < p.n ? (r < kRows / 2 ? j : p.n + j) : -1;
+    } else {
+      row = tile * kRows + r < p.n ? tile * kRows + r : -1;
+    }
+    w_valid[i] = row >= 0;
+    w_src[i] = w + static_cast<size_t>(w_valid[i] ? row : 0) * p.k + k0 + chunk * 8;
+  }
+  auto load_w = [&](int step) {
+    if (step >= num_steps) return;
+    unsigned char* base = smem + (step % kStages) * kStageBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      CpAsyncCg16(base + Swizzle(row_in_group + 16 * i, chunk), w_src[i] + step * kBk, w_valid[i]);
+    }
+  };
+  auto load_x = [&](int step) {
+    if (step >= num_steps) return;
+    unsigned char* base = smem + (step % kStages) * kStageBytes + kWStageBytes;
+#pragma unroll
+    for (int i = 0; i < kM16; ++i) {
+      const int r = row_in_group + 16 * i;
+      const bool valid = r < p.m;
+      CpAsyncCg16(base + Swizzle(r, chunk),
+                  x + static_cast<size_t>(valid ? r : 0) * p.k + k0 + step * kBk + chunk * 8,
+                  valid);
+    }
+  };
+
+  // Prologue: kPrefetch groups; the last one also carries the activations of every prologue
+  // stage, which may only be read after the previous kernel has finished.
+#pragma unroll
+  for (int s = 0; s < kPrefetch; ++s) {
+    load_w(s);
+    if (s < kPrefetch - 1) CpAsyncCommitGroup();
+  }
+  PdlWait();
+#pragma unroll
+  for (int s = 0; s < kPrefetch; ++s) load_x(s);
+  CpAsyncCommitGroup();
+  CpAsyncWaitGroup<0>();
+  __syncthreads();
+
+  const int wn = warp % 2;
+  const int wk = warp / 2;
+  float acc[2][2 * kM16][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2 * kM16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+
+  for (int step = 0; step < num_steps; ++step) {
+    if (step > 0) {
+      // Groups committed so far: kPrefetch + step; at most kPrefetch - 1 pending means group
+      // `step` (this step's stage) has landed. The barrier also retires every warp's reads of
+      // the stage the loads below overwrite (step - 1's).
+      CpAsyncWaitGroup<kPrefetch - 1>();
+      __syncthreads();
+    }
+    load_w(step + kPrefetch);
+    load_x(step + kPrefetch);
+    CpAsyncCommitGroup();  // possibly empty: keeps the group count in step
+
+    const unsigned stage = SharedAddress(smem + (step % kStages) * kStageBytes);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int ks = wk + 2 * kk;  // k16 slice of the stage: chunks 2 ks and 2 ks + 1
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        // Lanes 0-15: rows 0-15 at chunk 2 ks; lanes 16-31: the same rows at chunk 2 ks + 1
+        // (matrices a0..a3 of the A fragment).
+        LdMatrixX4(a[i], stage + Swizzle(32 * wn + 16 * i + lane % 16, 2 * ks + lane / 16));
+      }
+#pragma unroll
+      for (int j2 = 0; j2 < kM16; ++j2) {
+        // Activation rows 16 j2 .. 16 j2 + 15 as two 8-column B tiles: matrices (rows +0, chunk
+        // 2 ks), (+0, 2 ks + 1), (+8, 2 ks), (+8, 2 ks + 1) = b0, b1 of tile 2 j2 and of 2 j2 + 1.
+        uint32_t b[4];
+        LdMatrixX4(b, stage + kWStageBytes +
+                          Swizzle(16 * j2 + (lane / 16) * 8 + lane % 8, 2 * ks + (lane / 8) % 2));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          MmaBf16(acc[i][2 * j2], a[i], b[0], b[1]);
+          MmaBf16(acc[i][2 * j2 + 1], a[i], b[2], b[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWaitGroup<0>();
+  __syncthreads();  // every warp is done with the pipeline: its memory becomes the reduction tile
+
+  // red[r][c]: output tile, weight row r (0..63) by activation row c (0..kMp-1). Accumulator
+  // element e of (i, j) is row 32 wn + 16 i + lane / 4 (+ 8 for e >= 2), column 8 j + 2 (lane % 4)
+  // (+ 1 for odd e).
+  float* red = reinterpret_cast<float*>(smem);
+  auto for_each_acc = [&](auto&& f) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2 * kM16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 32 * wn + 16 * i + lane / 4 + (e >= 2 ? 8 : 0);
+          const int c = 8 * j + 2 * (lane % 4) + (e & 1);
+          f(red[r * kLd + c], acc[i][j][e]);
+        }
+      }
+    }
+  };
+  if (wk == 1) for_each_acc([](float& slot, float v) { slot = v; });
+  __syncthreads();
+  if (wk == 0) for_each_acc([](float& slot, float v) { slot = v + slot; });
+  __syncthreads();
+
+  if (p.splits > 1) {
+    constexpr int kTileFloats = kRows * kMp;
+    float* mine = p.partials + (static_cast<size_t>(split) * gridDim.x + tile) * kTileFloats;
+    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
+      mine[idx] = red[(idx / kMp) * kLd + idx % kMp];
+    }
+    __threadfence();  // this CTA's partial is visible device-wide before it is counted
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned arrived = atomicAdd(p.counters + tile, 1u);
+      s_last = arrived == static_cast<unsigned>(p.splits - 1);
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
+      float sum = 0.0f;
+      for (int s = 0; s < p.splits; ++s) {
+        sum += __ldcg(p.partials + (static_cast<size_t>(s) * gridDim.x + tile) * kTileFloats + idx);
+      }
+      red[(idx / kMp) * kLd + idx % kMp] = sum;
+    }
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (which waits for this grid)
+    __syncthreads();
+  }
+
+  // Epilogue: consecutive threads take consecutive output features of one activation row.
+  if constexpr (kGated) {
+    constexpr int kHalf = kRows / 2;
+    for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
+      const int row = idx / kHalf;
+      const int r = idx % kHalf;
+      const int j = tile * kHalf + r;
+      if (j >= p.n) continue;
+      const float y = Silu(red[r * kLd + row]) * red[(kHalf + r) * kLd + row];
+      const size_t at = static_cast<size_t>(row) * p.n + j;
+      if (p.out_f32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
+      }
+    }
+  } else {
+    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+    for (int idx = tid; idx < p.m * kRows; idx += kThreads) {
+      const int row = idx / kRows;
+      const int r = idx % kRows;
+      const int feature = tile * kRows + r;
+      if (feature >= p.n) continue;
+      float y = red[r * kLd + row];
+      if (bias != nullptr) y += __bfloat162float(bias[feature]);
+      const size_t at = static_cast<size_t>(row) * p.n + feature;
+      if (p.out_f32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
+      }
+    }
+  }
+}
+
+template <int kM16, bool kGated>
+cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  constexpr size_t kSmem = SmemBytes<kM16>();
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(SkinnyGemmKernel<kM16, kGated>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
+  const cudaError_t e =
+      LaunchKernel(SkinnyGemmKernel<kM16, kGated>, grid, dim3(kThreads), kSmem, stream, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+template <bool kGated>
+cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  switch ((p.m + 15) / 16) {
+    case 1:
+      return LaunchTyped<1, kGated>(p, stream);
+    case 2:
+      return LaunchTyped<2, kGated>(p, stream);
+    case 3:
+      return LaunchTyped<3, kGated>(p, stream);
+    case 4:
+      return LaunchTyped<4, kGated>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  return p.gated_silu ? LaunchForRows<true>(p, stream) : LaunchForRows<false>(p, stream);
+}
+
+}  // namespace tandem::cuda::internal

@@ -1,0 +1,31 @@
+#pragma once
+// Private to tandem_kernels_cuda: the raw launcher of skinny_gemm.cu, which skinny_gemm_kernels.cc
+// wraps with argument checks and the plan (skinny_gemm.h). Returns cudaGetLastError() after the
+// launch.
+
+#include <cuda_runtime_api.h>
+
+namespace tandem::cuda::internal {
+
+// Same values as kSkinnyGemmMaxRows / kSkinnyGemmKStep (skinny_gemm.h, which nvcc does not
+// include: it pulls absl), and the kernel's tile geometry the plan is computed for.
+constexpr int kSkinnyMaxRowsDevice = 64;
+constexpr int kSkinnyKStepDevice = 64;
+constexpr int kSkinnyTileRows = 64;  // weight rows per output tile (gated: 32 gate + 32 up)
+
+struct SkinnyGemmRaw {
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* out;
+  bool out_f32;
+  bool gated_silu;
+  int m, n, k;
+  int tiles, splits, k_per_split;
+  float* partials;     // [splits][tiles][kSkinnyTileRows][m rounded up to 16], or null
+  unsigned* counters;  // [tiles], or null when splits == 1
+};
+
+cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, cudaStream_t stream);
+
+}  // namespace tandem::cuda::internal

@@ -1,0 +1,105 @@
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/device/cuda/cuda_status.h"
+#include "runtime/kernels/cuda/skinny_gemm.h"
+#include "runtime/kernels/cuda/skinny_gemm_internal.h"
+
+namespace tandem::cuda {
+namespace {
+
+static_assert(kSkinnyGemmMaxRows == internal::kSkinnyMaxRowsDevice);
+static_assert(kSkinnyGemmKStep == internal::kSkinnyKStepDevice);
+
+constexpr int kTileRows = internal::kSkinnyTileRows;
+// Aim: this many CTAs per SM (the kernel fits 3-5 per SM by shared memory; two keep every SM
+// streaming through the other's fill and drain). Splits stay at most kMaxSplits and each keeps at
+// least kMinStepsPerSplit pipeline stages of work.
+constexpr int kCtasPerSm = 2;
+constexpr int kMaxSplits = 16;
+constexpr int kMinStepsPerSplit = 4;
+
+bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+}  // namespace
+
+SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms) {
+  SkinnyGemmPlan plan;
+  const int per_tile = gated_silu ? kTileRows / 2 : kTileRows;
+  plan.tiles = (n + per_tile - 1) / per_tile;
+  const int steps = k / kSkinnyGemmKStep;
+  const int want = std::max(1, (kCtasPerSm * std::max(num_sms, 1) + plan.tiles - 1) / plan.tiles);
+  plan.splits = 1;
+  for (int d = 2; d <= std::min(want, kMaxSplits); ++d) {
+    if (steps % d == 0 && steps / d >= kMinStepsPerSplit) plan.splits = d;
+  }
+  plan.k_per_split = k / plan.splits;
+  if (plan.splits > 1) {
+    const size_t padded_rows = static_cast<size_t>((m + 15) / 16) * 16;
+    plan.partial_bytes =
+        static_cast<size_t>(plan.splits) * plan.tiles * kTileRows * padded_rows * sizeof(float);
+    plan.counter_bytes = static_cast<size_t>(plan.tiles) * sizeof(uint32_t);
+  }
+  return plan;
+}
+
+bool SkinnyGemmSupports(int m, int n, int k, const void* x, const void* w) {
+  return m >= 1 && m <= kSkinnyGemmMaxRows && n > 0 && k > 0 && k % kSkinnyGemmKStep == 0 &&
+         Aligned(x, 16) && Aligned(w, 16);
+}
+
+absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
+  if (a.m < 0 || a.m > kSkinnyGemmMaxRows || a.n <= 0 || a.k <= 0 || a.k % kSkinnyGemmKStep != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SkinnyGemm shape m=", a.m, " n=", a.n, " k=", a.k, " is not valid (m in [0, ",
+        kSkinnyGemmMaxRows, "], n > 0, k a positive multiple of ", kSkinnyGemmKStep, ")"));
+  }
+  if (a.num_sms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SkinnyGemm num_sms must be positive, got ", a.num_sms));
+  }
+  if (a.x == nullptr || a.w == nullptr || a.out == nullptr) {
+    return absl::InvalidArgumentError("SkinnyGemm x, w and out must not be null");
+  }
+  if (!Aligned(a.x, 16) || !Aligned(a.w, 16)) {
+    return absl::InvalidArgumentError("SkinnyGemm x and w must be 16-byte aligned");
+  }
+  if (a.gated_silu && a.bias != nullptr) {
+    return absl::InvalidArgumentError("SkinnyGemm gated_silu takes no bias");
+  }
+  if (a.m == 0) return absl::OkStatus();
+  const SkinnyGemmPlan plan = PlanSkinnyGemm(a.m, a.n, a.k, a.gated_silu, a.num_sms);
+  if (plan.splits > 1) {
+    if (a.partials == nullptr || a.counters == nullptr || a.partials_bytes < plan.partial_bytes ||
+        a.counters_bytes < plan.counter_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SkinnyGemm m=", a.m, " n=", a.n, " k=", a.k, " splits K ", plan.splits,
+          " ways and needs ", plan.partial_bytes, " bytes of partials and ", plan.counter_bytes,
+          " of counters; got ", a.partials_bytes, " and ", a.counters_bytes));
+    }
+    if (!Aligned(a.partials, 16) || !Aligned(a.counters, 4)) {
+      return absl::InvalidArgumentError(
+          "SkinnyGemm partials must be 16-byte and counters 4-byte aligned");
+    }
+  }
+  internal::SkinnyGemmRaw raw;
+  raw.x = a.x;
+  raw.w = a.w;
+  raw.bias = a.bias;
+  raw.out = a.out;
+  raw.out_f32 = a.out_f32;
+  raw.gated_silu = a.gated_silu;
+  raw.m = a.m;
+  raw.n = a.n;
+  raw.k = a.k;
+  raw.tiles = plan.tiles;
+  raw.splits = plan.splits;
+  raw.k_per_split = plan.k_per_split;
+  raw.partials = plan.splits > 1 ? static_cast<float*>(a.partials) : nullptr;
+  raw.counters = plan.splits > 1 ? static_cast<unsigned*>(a.counters) : nullptr;
+  return CudaStatus(internal::LaunchSkinnyGemmRaw(raw, static_cast<cudaStream_t>(stream)),
+                    "SkinnyGemm kernel launch");
+}
+
+}  // namespace tandem::cuda
