@@ -58,6 +58,23 @@ inline std::vector<float> Bf16ToFloats(const std::vector<uint16_t>& v) {
   return f;
 }
 
+// Output rows (features) a differential test checks against its CPU reference: all of them up to
+// max_rows, otherwise the first and last max_rows / 8 and every stride-th row between (about
+// max_rows in all), so edges and tiles everywhere in a large matrix are covered.
+inline std::vector<int> RowsToCheck(int n, int max_rows) {
+  std::vector<int> rows;
+  if (n <= max_rows) {
+    for (int r = 0; r < n; ++r) rows.push_back(r);
+    return rows;
+  }
+  const int edge = max_rows / 8;
+  const int stride = n / (max_rows - 2 * edge) + 1;
+  for (int r = 0; r < n; ++r) {
+    if (r < edge || r >= n - edge || r % stride == 0) rows.push_back(r);
+  }
+  return rows;
+}
+
 struct CompareResult {
   double max_abs = 0.0;
   double max_rel = 0.0;  // over elements with |ref| > atol
@@ -163,6 +180,29 @@ class CudaKernelTest : public ::testing::Test {
   }
 
   void* stream() const { return stream_.native; }
+
+  // An output buffer of `elems` bf16 or float32 values, every one NaN (kBf16Poison bytes), so an
+  // element a kernel fails to write fails the comparison.
+  DeviceBuffer PoisonedOutput(size_t elems, bool f32) {
+    return Upload(std::vector<uint16_t>(elems * (f32 ? 2 : 1), kBf16Poison));
+  }
+
+  // `elems` bf16 or float32 outputs as floats; adds a failure naming `what` if any is not finite
+  // (unwritten, i.e. still poisoned, or a NaN/inf result).
+  std::vector<float> DownloadOutput(const DeviceBuffer& b, size_t elems, bool f32,
+                                    const std::string& what) {
+    std::vector<float> got(elems);
+    if (f32) {
+      got = Download<float>(b, elems);
+    } else {
+      const std::vector<uint16_t> bits = Download<uint16_t>(b, elems);
+      for (size_t i = 0; i < elems; ++i) got[i] = Bf16ToFloat(bits[i]);
+    }
+    int64_t non_finite = 0;
+    for (const float g : got) non_finite += !std::isfinite(g);
+    EXPECT_EQ(non_finite, 0) << what << ": unwritten (poisoned) or non-finite outputs";
+    return got;
+  }
 
   std::unique_ptr<Device> device_;
   Stream stream_;

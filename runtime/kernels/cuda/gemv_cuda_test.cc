@@ -26,6 +26,7 @@ namespace {
 using testing_util::CudaKernelTest;
 using testing_util::FastRng;
 using testing_util::RandomBf16;
+using testing_util::RowsToCheck;
 
 constexpr double kAccTol = 3e-5;
 constexpr double kBf16RoundRel = 1.0 / 256;
@@ -43,19 +44,6 @@ class GemvCudaTest : public CudaKernelTest {
                   const DeviceBuffer& d_x, const DeviceBuffer& d_w);
 };
 
-std::vector<int> RowsToCheck(int n) {
-  std::vector<int> rows;
-  if (n <= kMaxCheckedRows) {
-    for (int r = 0; r < n; ++r) rows.push_back(r);
-    return rows;
-  }
-  const int stride = n / (kMaxCheckedRows - 512) + 1;
-  for (int r = 0; r < n; ++r) {
-    if (r < 256 || r >= n - 256 || r % stride == 0) rows.push_back(r);
-  }
-  return rows;
-}
-
 // Gated mode on the same matrix read as [2 * half, k]: gate rows [0, half), up rows
 // [half, 2 * half); out[i, j] = silu(gate) * up against a float64 reference. The tolerance carries
 // each dot product's accumulation bound through silu(g) * u (|silu'| <= 1.1) plus one bf16
@@ -67,7 +55,7 @@ void GemvCudaTest::CheckGated(const Shape& s, int m, const std::vector<float>& x
   const std::string what = absl::StrCat("gemv gated m=", m, " n=", half, " k=", s.k);
   SCOPED_TRACE(what);
   const size_t out_elems = static_cast<size_t>(m) * half;
-  const DeviceBuffer d_out = Upload(std::vector<uint16_t>(out_elems, testing_util::kBf16Poison));
+  const DeviceBuffer d_out = PoisonedOutput(out_elems, /*f32=*/false);
   cuda::GemvArgs a;
   a.x = d_x.data;
   a.w = d_w.data;
@@ -82,7 +70,7 @@ void GemvCudaTest::CheckGated(const Shape& s, int m, const std::vector<float>& x
   int64_t bad = 0;
   double max_ratio = 0.0;
   std::string first;
-  const std::vector<int> rows = RowsToCheck(half);
+  const std::vector<int> rows = RowsToCheck(half, kMaxCheckedRows);
   for (int i = 0; i < m; ++i) {
     const float* xr = &xf[static_cast<size_t>(i) * s.k];
     for (const int r : rows) {
@@ -128,7 +116,7 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
     const DeviceBuffer d_w = Upload(w);
     const DeviceBuffer d_x = Upload(x);
     const DeviceBuffer d_bias = Upload(bias);
-    const std::vector<int> rows = RowsToCheck(s.n);
+    const std::vector<int> rows = RowsToCheck(s.n, kMaxCheckedRows);
 
     for (const int m : {1, 2, 5, 8}) {
       // Reference dot products and their error scale, float64.
@@ -156,9 +144,7 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
                                               with_bias ? " bias" : "", out_f32 ? " f32-out" : "");
         SCOPED_TRACE(what);
         const size_t out_elems = static_cast<size_t>(m) * s.n;
-        // Poison: NaN in both output types, so an unwritten element fails.
-        const DeviceBuffer d_out =
-            Upload(std::vector<uint16_t>(out_elems * (out_f32 ? 2 : 1), testing_util::kBf16Poison));
+        const DeviceBuffer d_out = PoisonedOutput(out_elems, out_f32);
         cuda::GemvArgs a;
         a.x = d_x.data;
         a.w = d_w.data;
@@ -170,16 +156,7 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
         a.k = s.k;
         const absl::Status st = cuda::LaunchGemv(a, stream());
         ASSERT_TRUE(st.ok()) << what << ": " << st;
-        std::vector<float> got(out_elems);
-        if (out_f32) {
-          got = Download<float>(d_out, out_elems);
-        } else {
-          const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
-          for (size_t i = 0; i < out_elems; ++i) got[i] = Bf16ToFloat(bits[i]);
-        }
-        int64_t non_finite = 0;
-        for (const float g : got) non_finite += !std::isfinite(g);
-        EXPECT_EQ(non_finite, 0) << what << ": unwritten (poisoned) or non-finite outputs";
+        const std::vector<float> got = DownloadOutput(d_out, out_elems, out_f32, what);
 
         int64_t bad = 0;
         double max_abs = 0.0, max_ratio = 0.0;

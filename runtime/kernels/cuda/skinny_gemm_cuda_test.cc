@@ -30,6 +30,7 @@ namespace {
 using testing_util::CudaKernelTest;
 using testing_util::FastRng;
 using testing_util::RandomBf16;
+using testing_util::RowsToCheck;
 
 constexpr double kAccTol = 3e-5;
 constexpr double kBf16RoundRel = 1.0 / 256;
@@ -41,19 +42,6 @@ struct Shape {
   bool gated = false;
   std::vector<int> ms;  // activation row counts to run
 };
-
-std::vector<int> RowsToCheck(int n) {
-  std::vector<int> rows;
-  if (n <= kMaxCheckedRows) {
-    for (int r = 0; r < n; ++r) rows.push_back(r);
-    return rows;
-  }
-  const int stride = n / (kMaxCheckedRows - 256) + 1;
-  for (int r = 0; r < n; ++r) {
-    if (r < 128 || r >= n - 128 || r % stride == 0) rows.push_back(r);
-  }
-  return rows;
-}
 
 class SkinnyGemmCudaTest : public CudaKernelTest {
  protected:
@@ -124,7 +112,7 @@ TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
     const DeviceBuffer d_w = Upload(w);
     const DeviceBuffer d_x = Upload(x);
     const DeviceBuffer d_bias = Upload(bias);
-    const std::vector<int> rows = RowsToCheck(s.n);
+    const std::vector<int> rows = RowsToCheck(s.n, kMaxCheckedRows);
     const int max_m = *std::max_element(s.ms.begin(), s.ms.end());
 
     // Float64 dot products (and their magnitude) of every activation row with every checked
@@ -164,25 +152,14 @@ TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
                          " tiles x ", plan.splits, " splits)");
         SCOPED_TRACE(what);
         const size_t out_elems = static_cast<size_t>(m) * s.n;
-        // Poison: NaN in both output types, so an unwritten element fails.
-        const DeviceBuffer d_out =
-            Upload(std::vector<uint16_t>(out_elems * (out_f32 ? 2 : 1), testing_util::kBf16Poison));
+        const DeviceBuffer d_out = PoisonedOutput(out_elems, out_f32);
         cuda::SkinnyGemmArgs a = Args(d_x, d_w, d_out, m, s.n, s.k);
         a.bias = with_bias ? d_bias.data : nullptr;
         a.out_f32 = out_f32;
         a.gated_silu = s.gated;
         const absl::Status st = cuda::LaunchSkinnyGemm(a, stream());
         ASSERT_TRUE(st.ok()) << what << ": " << st;
-        std::vector<float> got(out_elems);
-        if (out_f32) {
-          got = Download<float>(d_out, out_elems);
-        } else {
-          const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
-          for (size_t i = 0; i < out_elems; ++i) got[i] = Bf16ToFloat(bits[i]);
-        }
-        int64_t non_finite = 0;
-        for (const float g : got) non_finite += !std::isfinite(g);
-        EXPECT_EQ(non_finite, 0) << what << ": unwritten (poisoned) or non-finite outputs";
+        const std::vector<float> got = DownloadOutput(d_out, out_elems, out_f32, what);
 
         int64_t bad = 0;
         double max_ratio = 0.0;

@@ -87,6 +87,21 @@ absl::Mutex& TunedMutex() {
   return *mu;
 }
 
+absl::Status LaunchGemvFor(const void* x, const void* w, const void* bias, int m, int k, int n,
+                           void* out, bool out_f32, bool gated_silu, void* stream) {
+  cuda::GemvArgs a;
+  a.x = x;
+  a.w = w;
+  a.bias = bias;
+  a.out = out;
+  a.out_f32 = out_f32;
+  a.gated_silu = gated_silu;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  return cuda::LaunchGemv(a, stream);
+}
+
 absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>& TunedAlgos() {
   static auto* algos = new absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>();
   return *algos;
@@ -327,16 +342,7 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
     return LaunchSkinny(x, w, bias, m, k, n, out, out_type == GemmOut::kF32, false, stream);
   }
   if (UseGemv(m, k, x, w)) {
-    cuda::GemvArgs a;
-    a.x = x;
-    a.w = w;
-    a.bias = bias;
-    a.out = out;
-    a.out_f32 = out_type == GemmOut::kF32;
-    a.m = m;
-    a.n = n;
-    a.k = k;
-    return cuda::LaunchGemv(a, stream);
+    return LaunchGemvFor(x, w, bias, m, k, n, out, out_type == GemmOut::kF32, false, stream);
   }
   auto plan_or =
       impl_->GetPlan(m, k, n, x, w, bias, out, out_type, static_cast<cudaStream_t>(stream));
@@ -362,19 +368,14 @@ absl::Status CublasLtGemm::LinearGatedSilu(const void* x, const void* w, int m, 
         absl::StrCat("gated GEMM shape m=", m, " k=", k, " n=", n, " is not valid"));
   }
   if (m == 0) return absl::OkStatus();
+  if (x == nullptr || w == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("gated GEMM x, w and out must not be null");
+  }
   if (UseSkinny(m, n, k, x, w, /*gated_silu=*/true)) {
     return LaunchSkinny(x, w, nullptr, m, k, n, out, false, true, stream);
   }
   if (UseGemv(m, k, x, w)) {
-    cuda::GemvArgs g;
-    g.x = x;
-    g.w = w;
-    g.out = out;
-    g.gated_silu = true;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    return cuda::LaunchGemv(g, stream);
+    return LaunchGemvFor(x, w, nullptr, m, k, n, out, false, true, stream);
   }
   return absl::InvalidArgumentError(absl::StrCat("gated GEMM m=", m, " k=", k, " n=", n,
                                                  " has no fused kernel (check FusesGatedSilu)"));
