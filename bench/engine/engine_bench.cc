@@ -2,6 +2,7 @@
 // it is given.
 //   engine_bench --model DIR [--device N] [--json FILE] [--iters 50]
 //                [--batches 1,8,64,256] [--contexts 1024,8192] [--prefill 512,2048,8192]
+//                [--skip sampling,prefill,profile,gemv-ab,skinny-ab]
 // Ceilings, measured first in the same process: device copy bandwidth (cudaMemcpy D2D of 1 GiB,
 // read + write bytes / time) and cuBLASLt bf16 GEMM throughput at 8192^3 (f32 accumulation).
 // Then, with the model loaded by the CUDA runner:
@@ -62,6 +63,7 @@ struct Flags {
   std::vector<int> batches = {1, 8, 64, 256};
   std::vector<int> contexts = {1024, 8192};
   std::vector<int> prefill = {512, 2048, 8192};
+  std::vector<std::string> skip;  // sections not to run (see --skip)
 };
 
 // Times `fn` (which queues work on `stream`) over iters runs after warmup runs; ms per run.
@@ -145,6 +147,9 @@ int Run(const Flags& flags) {
   auto fail = [](const absl::Status& s) {
     std::cerr << "engine_bench: " << s << "\n";
     return 1;
+  };
+  auto run = [&](const std::string& section) {
+    return std::find(flags.skip.begin(), flags.skip.end(), section) == flags.skip.end();
   };
   if (cudaSetDevice(flags.device) != cudaSuccess) {
     return fail(absl::UnavailableError(absl::StrCat("no CUDA device ", flags.device)));
@@ -331,7 +336,8 @@ int Run(const Flags& flags) {
 
   // 3b. One decode step at batch 64 returning logits [64, vocab] to the host vs sampling on the
   // GPU (SequenceChunk::sample: only 64 tokens and logprobs come back).
-  if (const int ctx = flags.contexts.front(); blocks_for(64, ctx) <= kv.num_blocks) {
+  if (const int ctx = flags.contexts.front();
+      run("sampling") && blocks_for(64, ctx) <= kv.num_blocks) {
     ForwardBatch fb = make_batch(64, ctx, 1);
     std::vector<SampleRequest> requests(64);
     for (int i = 0; i < 64; ++i) {
@@ -374,7 +380,7 @@ int Run(const Flags& flags) {
   std::printf("%7s %10s %12s %10s %10s %8s\n", "tokens", "ms", "tokens/s", "TFLOP", "TFLOP/s",
               "%peak");
   json prefill = json::array();
-  for (int n : flags.prefill) {
+  for (int n : run("prefill") ? flags.prefill : std::vector<int>{}) {
     ForwardBatch fb = make_batch(1, n, n);
     auto ms = runner->TimeDeviceStep(fb, 2, 5);
     if (!ms.ok()) return fail(ms.status());
@@ -412,23 +418,25 @@ int Run(const Flags& flags) {
   };
   json profiles = json::array();
   const int pctx = 1024;
-  for (const int pb : {1, 64}) {
+  for (const int pb : run("profile") ? std::vector<int>{1, 64} : std::vector<int>{}) {
     if (blocks_for(pb, pctx) > kv.num_blocks) continue;
     auto d = breakdown(*runner, absl::StrCat("decode batch ", pb, " context ", pctx),
                        make_batch(pb, pctx, 1));
     if (!d.ok()) return fail(d.status());
     profiles.push_back(*d);
   }
-  const int pn = std::min(2048, flags.prefill.empty() ? 2048 : flags.prefill.back());
-  auto p = breakdown(*runner, absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
-  if (!p.ok()) return fail(p.status());
-  profiles.push_back(*p);
+  if (run("profile")) {
+    const int pn = std::min(2048, flags.prefill.empty() ? 2048 : flags.prefill.back());
+    auto p = breakdown(*runner, absl::StrCat("prefill ", pn, " tokens"), make_batch(1, pn, pn));
+    if (!p.ok()) return fail(p.status());
+    profiles.push_back(*p);
+  }
   out["profiles"] = profiles;
 
   // 6. GEMV A/B: decode batch 1 and 8 at 1K context (graph replay) on this runner, then on a
   // second runner created with TANDEM_DISABLE_GEMV flipped (cuBLASLt for every projection, or the
   // small-M GEMV if the first run had it disabled). The first runner is released first.
-  {
+  if (run("gemv-ab")) {
     const char* prior_env = std::getenv("TANDEM_DISABLE_GEMV");
     const std::string prior = prior_env != nullptr ? prior_env : "";
     const bool gemv_first = prior != "1";
@@ -486,7 +494,8 @@ int Run(const Flags& flags) {
   // with TANDEM_SKINNY_GEMM flipped against the main run (whose numbers are the decode table's),
   // and that runner's per-op breakdown at batch 64, so the projections can be compared op by op
   // with section 5.
-  {
+  if (run("skinny-ab")) {
+    runner.reset();  // released already when section 6 ran
     const char* prior_env = std::getenv("TANDEM_SKINNY_GEMM");
     const std::string prior = prior_env != nullptr ? prior_env : "";
     const bool skinny_main = prior == "1";
@@ -564,6 +573,10 @@ int main(int argc, char** argv) {
   app.add_option("--batches", flags.batches, "decode batch sizes")->delimiter(',');
   app.add_option("--contexts", flags.contexts, "decode context lengths")->delimiter(',');
   app.add_option("--prefill", flags.prefill, "prefill token counts")->delimiter(',');
+  app.add_option("--skip", flags.skip,
+                 "sections not to run: sampling, prefill, profile, gemv-ab, skinny-ab")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sampling", "prefill", "profile", "gemv-ab", "skinny-ab"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,8 @@
 #   whichever *_cuda_test binaries exist (kernel tests, disagg_cuda_test). Run from the repository root (models/target is the bundled model; override with
 #   TANDEM_MODELS_DIR). OUT defaults to ./h200-out. Each step has a timeout and the whole run stays
 #   under ~9 minutes (TOTAL_S, default 530); a failing step is recorded and the run goes on.
+#   SKIP="step names" leaves those steps out, ONLY="step names" runs just those (to split one
+#   session's work over two device calls; benchmark steps need wait-synth in ONLY too).
 # Results: $OUT/summary.txt (one line per step: status, seconds), $OUT/<step>.log, JSON from the
 # benchmarks, gtest XML from the tests.
 set -u
@@ -30,10 +32,19 @@ PY="${PYTHON:-python3}"
 
 remaining() { echo $((TOTAL_S - ($(date +%s) - START))); }
 
+# wanted NAME: whether SKIP / ONLY let step NAME run.
+wanted() {
+  [[ " ${SKIP:-} " != *" $1 "* ]] && { [[ -z "${ONLY:-}" ]] || [[ " $ONLY " == *" $1 "* ]]; }
+}
+
 # step NAME TIMEOUT_S CMD... : runs with min(TIMEOUT_S, time left - 5) and records the outcome.
 step() {
   local name="$1" limit="$2"
   shift 2
+  if ! wanted "$name"; then
+    echo "$name: SKIPPED (SKIP/ONLY)" | tee -a "$OUT/summary.txt"
+    return
+  fi
   local left=$(( $(remaining) - 5 ))
   if (( left < 10 )); then
     echo "$name: SKIPPED (out of time)" | tee -a "$OUT/summary.txt"
@@ -95,7 +106,9 @@ done
 # The disaggregated stack on the GPU: tandem serve --device cuda (router, prefill and decode
 # workers, KV over UCX through the workers' pinned host mirrors) on the bundled draft model, then
 # OpenAI requests over HTTP (tests/gpu/serve_cuda_smoke.py).
-if [[ -f "$TANDEM_MODELS_DIR/draft/config.json" ]]; then
+if ! wanted serve_cuda_smoke; then
+  echo "serve_cuda_smoke: SKIPPED (SKIP/ONLY)" | tee -a "$OUT/summary.txt"
+elif [[ -f "$TANDEM_MODELS_DIR/draft/config.json" ]]; then
   [[ -d "$BIN/../ucx" ]] && export UCX_MODULE_DIR="$BIN/../ucx"
   "$BIN/tandem" serve --model "$TANDEM_MODELS_DIR/draft" --device cuda --port 18000 \
     --kv-cache-mib 128 > "$OUT/serve_cuda.log" 2>&1 &
@@ -116,7 +129,13 @@ if [[ -f "$M8B/config.json" ]]; then
   # Prefill with the 4-warp attention kernel (the variable is read once per process).
   step engine_bench_8b_prefill_4_warps 120 env TANDEM_PREFILL_ATTN_WARPS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --json "$OUT/engine_bench_8b_prefill_4_warps.json"
+    --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_4_warps.json"
+  # Fewer flash-decoding splits than the default 2048 work items (more were measured slower).
+  for st in 512 1024; do
+    step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \
+      --model "$M8B" --batches 1,64 --contexts 1024,8192 \
+      --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_split_$st.json"
+  done
   step torch_peer_8b 150 "$PY" "$ROOT/bench/engine/torch_peer.py" --model "$M8B" \
     --batches 1,64 --context 1024 --json "$OUT/torch_peer_8b.json"
 else
