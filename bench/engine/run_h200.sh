@@ -91,12 +91,6 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
-# The prefill attention cases again with the 4-warp kernel (TANDEM_PREFILL_ATTN_WARPS=4).
-if [[ -x "$BIN/attention_cuda_test" ]]; then
-  step attention_cuda_test_prefill_4_warps 90 env TANDEM_PREFILL_ATTN_WARPS=4 \
-    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_4_warps.xml"
-fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
   n="$(basename "$t")"
@@ -126,10 +120,6 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
-  # Prefill with the 4-warp attention kernel (the variable is read once per process).
-  step engine_bench_8b_prefill_4_warps 120 env TANDEM_PREFILL_ATTN_WARPS=4 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_4_warps.json"
   # Fewer flash-decoding splits than the default 2048 work items (more were measured slower).
   for st in 512 1024; do
     step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \

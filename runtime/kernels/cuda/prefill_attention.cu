@@ -43,8 +43,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -63,16 +61,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 // rescaled only on such tiles (rarely after a row's first tile).
 constexpr float kRescaleSlack = 8.0f;
 
-// kWarpsPerCta: 8 (the default) or 4 (TANDEM_PREFILL_ATTN_WARPS=4, an experiment: see
-// PrefillWarps below).
-template <int kHeadDim, int kWarpsPerCta = 8>
+template <int kHeadDim>
 struct Config {
   // 8 warps of one m16 tile each: at most 128 registers per thread, so two CTAs (16 warps, 4 per
   // scheduler) share an SM and hide each other's mma, ldmatrix and MUFU latencies.
-  // 4 warps of two m16 tiles each (FlashAttention-2's layout): every K and V fragment read from
-  // shared memory serves 32 query rows instead of 16 (half the ldmatrix traffic per mma, the
-  // 8-warp kernel's main stall), at up to 255 registers per thread and 8 warps per SM.
-  static constexpr int kWarps = kWarpsPerCta;
+  static constexpr int kWarps = 8;
   static constexpr int kMinBlocks = 2;  // CTAs per SM the register budget is sized for
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kMTiles = kBlockM / (16 * kWarps);  // m16 tiles per warp
@@ -86,9 +79,7 @@ struct Config {
   // Keys per softmax step: the whole tile. For head_dim 128, S of 64 keys (32 registers) next to
   // O (64) fits the 128-register budget only with Q re-read from shared memory; 32-key steps
   // (kSubN = 32) would also fit, with twice the Q reads and row reductions per tile.
-  // With 4 warps (two m-tiles each, O alone is 128 registers at head_dim 128), S of 64 keys
-  // spills; 32-key steps fit.
-  static constexpr int kSubN = kWarps == 4 && kHeadDim == 128 ? 32 : kBlockN;
+  static constexpr int kSubN = kBlockN;
   static constexpr int kQElems = kBlockM * kStride;
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (kQElems + 2 * kStages * kTileElems);
@@ -156,11 +147,10 @@ __device__ __forceinline__ void LoadKvRow(unsigned dst_k, unsigned dst_v, const 
   }
 }
 
-template <int kHeadDim, int kWarpsPerCta>
-__global__ void __launch_bounds__(Config<kHeadDim, kWarpsPerCta>::kThreads,
-                                  Config<kHeadDim, kWarpsPerCta>::kMinBlocks)
+template <int kHeadDim>
+__global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::kMinBlocks)
     PrefillAttentionKernel(const PrefillParams p) {
-  using Cfg = Config<kHeadDim, kWarpsPerCta>;
+  using Cfg = Config<kHeadDim>;
   constexpr int kThreads = Cfg::kThreads;
   constexpr int kMTiles = Cfg::kMTiles;
   constexpr int kWarpRows = Cfg::kWarpRows;
@@ -513,34 +503,17 @@ __global__ void __launch_bounds__(Config<kHeadDim, kWarpsPerCta>::kThreads,
 // Launches one instantiation, raising its dynamic shared-memory limit the first time on each
 // device (a plain attribute call: no allocation or synchronization, so the launcher stays
 // graph-capturable).
-template <int kHeadDim, int kWarpsPerCta>
-cudaError_t LaunchForConfig(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  using Cfg = Config<kHeadDim, kWarpsPerCta>;
-  constexpr size_t kSmem = Cfg::kSmemBytes;
+template <int kHeadDim>
+cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = Config<kHeadDim>::kSmemBytes;
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e = OptInDynamicSharedMemory(PrefillAttentionKernel<kHeadDim, kWarpsPerCta>,
-                                                     kSmem, configured);
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionKernel<kHeadDim>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
-  PrefillAttentionKernel<kHeadDim, kWarpsPerCta><<<grid, Cfg::kThreads, kSmem, stream>>>(p);
+  PrefillAttentionKernel<kHeadDim><<<grid, Config<kHeadDim>::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
-}
-
-// Warps per CTA: 8, or 4 when TANDEM_PREFILL_ATTN_WARPS=4 (read once; an A/B switch for the
-// FlashAttention-2 warp layout until it has been measured on the GPU).
-int PrefillWarps() {
-  static const int warps = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_ATTN_WARPS");
-    return env != nullptr && std::strcmp(env, "4") == 0 ? 4 : 8;
-  }();
-  return warps;
-}
-
-template <int kHeadDim>
-cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  return PrefillWarps() == 4 ? LaunchForConfig<kHeadDim, 4>(p, grid, stream)
-                             : LaunchForConfig<kHeadDim, 8>(p, grid, stream);
 }
 
 }  // namespace
