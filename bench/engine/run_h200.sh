@@ -120,6 +120,13 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
+  # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
+  for aim in 1 3 4; do
+    step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \
+      TANDEM_SKINNY_CTAS_PER_SM=$aim "$BIN/engine_bench" --model "$M8B" --batches 8,64 \
+      --contexts 1024 --skip sampling,prefill,profile,gemv-ab,skinny-ab \
+      --json "$OUT/engine_bench_8b_skinny_aim_$aim.json"
+  done
   # Fewer flash-decoding splits than the default 2048 work items (more were measured slower).
   for st in 512 1024; do
     step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \

@@ -49,9 +49,13 @@ struct SkinnyGemmPlan {
   size_t counter_bytes = 0;  // one uint32 per tile (0 when splits == 1)
 };
 
-// The plan for a supported shape (see SkinnyGemmSupports; m >= 1). Splits aim at two CTAs per SM
-// and keep at least four k-steps per split; K is split only into equal ranges.
-SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms);
+// CTAs per SM the split-K plan aims at by default (the kernel fits 3-5 per SM by shared memory).
+constexpr int kSkinnyGemmCtasPerSm = 2;
+
+// The plan for a supported shape (see SkinnyGemmSupports; m >= 1). Splits aim at ctas_per_sm CTAs
+// per SM (at least 1) and keep at least four k-steps per split; K is split only into equal ranges.
+SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
+                              int ctas_per_sm = kSkinnyGemmCtasPerSm);
 
 struct SkinnyGemmArgs {
   const void* x = nullptr;     // bf16 [m, k], dense, 16-byte aligned
@@ -64,6 +68,7 @@ struct SkinnyGemmArgs {
   int n = 0;        // > 0: output features
   int k = 0;        // a positive multiple of kSkinnyGemmKStep
   int num_sms = 0;  // > 0: the device's multiprocessor count (the plan depends on it)
+  int ctas_per_sm = kSkinnyGemmCtasPerSm;  // >= 1: the plan's aim (a tuning knob)
   // Split-K scratch (see above): at least the plan's partial_bytes and counter_bytes; may be null
   // when the plan has one split.
   void* partials = nullptr;  // 16-byte aligned

@@ -13,10 +13,8 @@ static_assert(kSkinnyGemmMaxRows == internal::kSkinnyMaxRowsDevice);
 static_assert(kSkinnyGemmKStep == internal::kSkinnyKStepDevice);
 
 constexpr int kTileRows = internal::kSkinnyTileRows;
-// Aim: this many CTAs per SM (the kernel fits 3-5 per SM by shared memory; two keep every SM
-// streaming through the other's fill and drain). Splits stay at most kMaxSplits and each keeps at
-// least kMinStepsPerSplit pipeline stages of work.
-constexpr int kCtasPerSm = 2;
+// Splits stay at most kMaxSplits and each keeps at least kMinStepsPerSplit pipeline stages of
+// work.
 constexpr int kMaxSplits = 16;
 constexpr int kMinStepsPerSplit = 4;
 
@@ -24,12 +22,13 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
-SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms) {
+SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms, int ctas_per_sm) {
   SkinnyGemmPlan plan;
   const int per_tile = gated_silu ? kTileRows / 2 : kTileRows;
   plan.tiles = (n + per_tile - 1) / per_tile;
   const int steps = k / kSkinnyGemmKStep;
-  const int want = std::max(1, (kCtasPerSm * std::max(num_sms, 1) + plan.tiles - 1) / plan.tiles);
+  const int target = std::max(ctas_per_sm, 1) * std::max(num_sms, 1);
+  const int want = std::max(1, (target + plan.tiles - 1) / plan.tiles);
   plan.splits = 1;
   for (int d = 2; d <= std::min(want, kMaxSplits); ++d) {
     if (steps % d == 0 && steps / d >= kMinStepsPerSplit) plan.splits = d;
@@ -55,9 +54,10 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
         "SkinnyGemm shape m=", a.m, " n=", a.n, " k=", a.k, " is not valid (m in [0, ",
         kSkinnyGemmMaxRows, "], n > 0, k a positive multiple of ", kSkinnyGemmKStep, ")"));
   }
-  if (a.num_sms <= 0) {
+  if (a.num_sms <= 0 || a.ctas_per_sm <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SkinnyGemm num_sms must be positive, got ", a.num_sms));
+        absl::StrCat("SkinnyGemm num_sms and ctas_per_sm must be positive, got ", a.num_sms,
+                     " and ", a.ctas_per_sm));
   }
   if (a.x == nullptr || a.w == nullptr || a.out == nullptr) {
     return absl::InvalidArgumentError("SkinnyGemm x, w and out must not be null");
@@ -69,7 +69,7 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
     return absl::InvalidArgumentError("SkinnyGemm gated_silu takes no bias");
   }
   if (a.m == 0) return absl::OkStatus();
-  const SkinnyGemmPlan plan = PlanSkinnyGemm(a.m, a.n, a.k, a.gated_silu, a.num_sms);
+  const SkinnyGemmPlan plan = PlanSkinnyGemm(a.m, a.n, a.k, a.gated_silu, a.num_sms, a.ctas_per_sm);
   if (plan.splits > 1) {
     if (a.partials == nullptr || a.counters == nullptr || a.partials_bytes < plan.partial_bytes ||
         a.counters_bytes < plan.counter_bytes) {

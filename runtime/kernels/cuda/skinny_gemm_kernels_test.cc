@@ -45,6 +45,9 @@ TEST(SkinnyGemmPlanTest, SplitsKOnlyWhenTheOutputHasFewTiles) {
   EXPECT_EQ(PlanSkinnyGemm(8, 96, 64, false, kH200Sms).splits, 1);
   // At most 16 splits.
   EXPECT_EQ(PlanSkinnyGemm(8, 64, 65536, false, kH200Sms).splits, 16);
+  // The aim is a knob: one CTA per SM splits the O projection in 2, four in 8 (64 k-steps).
+  EXPECT_EQ(PlanSkinnyGemm(64, 4096, 4096, false, kH200Sms, 1).splits, 2);
+  EXPECT_EQ(PlanSkinnyGemm(64, 4096, 4096, false, kH200Sms, 4).splits, 8);
 }
 
 TEST(SkinnyGemmPlanTest, SupportsOnlyTheKernelsShapes) {
@@ -79,6 +82,7 @@ TEST(SkinnyGemmLaunchTest, RejectsBadArgumentsBeforeTouchingTheGpu) {
   EXPECT_EQ(bad([](SkinnyGemmArgs& a) { a.n = 0; }), kInvalid);
   EXPECT_EQ(bad([](SkinnyGemmArgs& a) { a.k = 100; }), kInvalid);
   EXPECT_EQ(bad([](SkinnyGemmArgs& a) { a.num_sms = 0; }), kInvalid);
+  EXPECT_EQ(bad([](SkinnyGemmArgs& a) { a.ctas_per_sm = 0; }), kInvalid);
   EXPECT_EQ(bad([](SkinnyGemmArgs& a) { a.out = nullptr; }), kInvalid);
   EXPECT_EQ(bad([&](SkinnyGemmArgs& a) { a.x = buf + 1; }), kInvalid);
   EXPECT_EQ(bad([&](SkinnyGemmArgs& a) {

@@ -120,6 +120,7 @@ struct CublasLtGemm::Impl {
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
   int num_sms = 0;
+  int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
   void* skinny_counters = nullptr;
   absl::flat_hash_map<Key, Plan> plans;
@@ -320,6 +321,14 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
                          "cudaMalloc(skinny GEMM counters)");
     RETURN_IF_CUDA_ERROR(cudaMemset(impl->skinny_counters, 0, kSkinnyCounterBytes),
                          "cudaMemset(skinny GEMM counters)");
+    if (const char* aim = std::getenv("TANDEM_SKINNY_CTAS_PER_SM")) {
+      const int v = std::atoi(aim);
+      if (v < 1 || v > 16) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("TANDEM_SKINNY_CTAS_PER_SM must be in [1, 16], got \"", aim, "\""));
+      }
+      impl->skinny_ctas_per_sm = v;
+    }
     impl->skinny_enabled = true;
   }
   return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
@@ -389,7 +398,8 @@ bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
                              bool gated_silu) const {
   // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
   if (!impl_->skinny_enabled || m < 2 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) return false;
-  const cuda::SkinnyGemmPlan plan = cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms);
+  const cuda::SkinnyGemmPlan plan =
+      cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms, impl_->skinny_ctas_per_sm);
   return plan.partial_bytes <= kSkinnyPartialBytes && plan.counter_bytes <= kSkinnyCounterBytes;
 }
 
@@ -407,6 +417,7 @@ absl::Status CublasLtGemm::LaunchSkinny(const void* x, const void* w, const void
   a.n = n;
   a.k = k;
   a.num_sms = impl_->num_sms;
+  a.ctas_per_sm = impl_->skinny_ctas_per_sm;
   a.partials = impl_->skinny_partials;
   a.partials_bytes = kSkinnyPartialBytes;
   a.counters = impl_->skinny_counters;

@@ -11,7 +11,8 @@
 // With TANDEM_SKINNY_GEMM=1 (read at Create; off by default until it has been measured against
 // cuBLASLt on the GPU), calls of 2-64 rows whose k is a multiple of 64 go to the tensor-core
 // skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (same numerics contract); Create then
-// allocates its 16 MiB split-K scratch.
+// allocates its 16 MiB split-K scratch. TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the
+// CTAs per SM its split-K plan aims at (a tuning knob; anything else fails Create).
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
