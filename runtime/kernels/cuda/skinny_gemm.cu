@@ -25,24 +25,23 @@
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/skinny_gemm_internal.h"
+#include "runtime/kernels/cuda/skinny_gemm_layout.h"
 
 namespace tandem::cuda::internal {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kRows = kSkinnyTileRows;   // 64 weight rows per CTA
-constexpr int kBk = kSkinnyKStepDevice;  // 64 k per stage
+// Every index below comes from skinny_gemm_layout.h, which the host emulation test shares.
+namespace sl = ::tandem::cuda::skinny_layout;
+
+constexpr int kThreads = sl::kThreads;
+constexpr int kRows = sl::kRows;  // 64 weight rows per CTA
+constexpr int kBk = sl::kBk;      // 64 k per stage
 constexpr int kStages = 4;
 constexpr int kPrefetch = kStages - 1;
-constexpr int kRowBytes = kBk * 2;  // 128 bytes = 8 chunks of 16 bytes
+constexpr int kRowBytes = sl::kRowBytes;
 constexpr int kWStageBytes = kRows * kRowBytes;
 
-static_assert(kBk == 64 && kRows == 64 && kThreads == 128, "the load mapping below assumes these");
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][8 chunks] tile.
-__device__ __forceinline__ int Swizzle(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
+static_assert(kRows == kSkinnyTileRows && kBk == kSkinnyKStepDevice, "one tile geometry");
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
@@ -76,21 +75,13 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
 
-  // This thread's cp.async slots: chunk tid % 8 of tile rows tid / 8 + 16 i.
-  const int chunk = tid % 8;
-  const int row_in_group = tid / 8;
-  const __nv_bfloat16* w_src[4];
-  bool w_valid[4];
+  // This thread's cp.async slots: chunk LoadChunk(tid) of tile rows LoadRow(tid, i).
+  const int chunk = sl::LoadChunk(tid);
+  const __nv_bfloat16* w_src[sl::kWLoadsPerThread];
+  bool w_valid[sl::kWLoadsPerThread];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = row_in_group + 16 * i;
-    int row;
-    if constexpr (kGated) {
-      const int j = tile * (kRows / 2) + r % (kRows / 2);
-      row = j < p.n ? (r < kRows / 2 ? j : p.n + j) : -1;
-    } else {
-      row = tile * kRows + r < p.n ? tile * kRows + r : -1;
-    }
+  for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
+    const int row = sl::WeightRow(tile, sl::LoadRow(tid, i), p.n, kGated);
     w_valid[i] = row >= 0;
     w_src[i] = w + static_cast<size_t>(w_valid[i] ? row : 0) * p.k + k0 + chunk * 8;
   }
@@ -98,8 +89,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
     if (step >= num_steps) return;
     unsigned char* base = smem + (step % kStages) * kStageBytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      CpAsyncCg16(base + Swizzle(row_in_group + 16 * i, chunk), w_src[i] + step * kBk, w_valid[i]);
+    for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
+      CpAsyncCg16(base + sl::Swizzle(sl::LoadRow(tid, i), chunk), w_src[i] + step * kBk,
+                  w_valid[i]);
     }
   };
   auto load_x = [&](int step) {
@@ -107,9 +99,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
     unsigned char* base = smem + (step % kStages) * kStageBytes + kWStageBytes;
 #pragma unroll
     for (int i = 0; i < kM16; ++i) {
-      const int r = row_in_group + 16 * i;
+      const int r = sl::LoadRow(tid, i);
       const bool valid = r < p.m;
-      CpAsyncCg16(base + Swizzle(r, chunk),
+      CpAsyncCg16(base + sl::Swizzle(r, chunk),
                   x + static_cast<size_t>(valid ? r : 0) * p.k + k0 + step * kBk + chunk * 8,
                   valid);
     }
@@ -129,8 +121,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   CpAsyncWaitGroup<0>();
   __syncthreads();
 
-  const int wn = warp % 2;
-  const int wk = warp / 2;
+  const int wn = sl::WarpN(warp);
+  const int wk = sl::WarpK(warp);
   float acc[2][2 * kM16][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -155,22 +147,17 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
 
     const unsigned stage = SharedAddress(smem + (step % kStages) * kStageBytes);
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int ks = wk + 2 * kk;  // k16 slice of the stage: chunks 2 ks and 2 ks + 1
-      uint32_t a[2][4];
+    for (int kk = 0; kk < sl::kKSlicesPerWarp; ++kk) {
+      const int ks = sl::KSlice(wk, kk);  // k16 slice of the stage: chunks 2 ks and 2 ks + 1
+      uint32_t a[2][4];                   // A fragments of the warp's two m16 tiles of weight rows
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        // Lanes 0-15: rows 0-15 at chunk 2 ks; lanes 16-31: the same rows at chunk 2 ks + 1
-        // (matrices a0..a3 of the A fragment).
-        LdMatrixX4(a[i], stage + Swizzle(32 * wn + 16 * i + lane % 16, 2 * ks + lane / 16));
+        LdMatrixX4(a[i], stage + sl::Swizzle(sl::ARow(wn, i, lane), sl::AChunk(ks, lane)));
       }
 #pragma unroll
       for (int j2 = 0; j2 < kM16; ++j2) {
-        // Activation rows 16 j2 .. 16 j2 + 15 as two 8-column B tiles: matrices (rows +0, chunk
-        // 2 ks), (+0, 2 ks + 1), (+8, 2 ks), (+8, 2 ks + 1) = b0, b1 of tile 2 j2 and of 2 j2 + 1.
-        uint32_t b[4];
-        LdMatrixX4(b, stage + kWStageBytes +
-                          Swizzle(16 * j2 + (lane / 16) * 8 + lane % 8, 2 * ks + (lane / 8) % 2));
+        uint32_t b[4];  // b0, b1 of n8 tile 2 j2, then of n8 tile 2 j2 + 1
+        LdMatrixX4(b, stage + kWStageBytes + sl::Swizzle(sl::BRow(j2, lane), sl::BChunk(ks, lane)));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           MmaBf16(acc[i][2 * j2], a[i], b[0], b[1]);
@@ -182,9 +169,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   CpAsyncWaitGroup<0>();
   __syncthreads();  // every warp is done with the pipeline: its memory becomes the reduction tile
 
-  // red[r][c]: output tile, weight row r (0..63) by activation row c (0..kMp-1). Accumulator
-  // element e of (i, j) is row 32 wn + 16 i + lane / 4 (+ 8 for e >= 2), column 8 j + 2 (lane % 4)
-  // (+ 1 for odd e).
+  // red[r][c]: output tile, weight row r (0..63) by activation row c (0..kMp-1).
   float* red = reinterpret_cast<float*>(smem);
   auto for_each_acc = [&](auto&& f) {
 #pragma unroll
@@ -193,9 +178,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
       for (int j = 0; j < 2 * kM16; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = 32 * wn + 16 * i + lane / 4 + (e >= 2 ? 8 : 0);
-          const int c = 8 * j + 2 * (lane % 4) + (e & 1);
-          f(red[r * kLd + c], acc[i][j][e]);
+          f(red[sl::AccRow(wn, i, lane, e) * kLd + sl::AccCol(j, lane, e)], acc[i][j][e]);
         }
       }
     }
@@ -233,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
 
   // Epilogue: consecutive threads take consecutive output features of one activation row.
   if constexpr (kGated) {
-    constexpr int kHalf = kRows / 2;
+    constexpr int kHalf = sl::FeaturesPerTile(true);
     for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
       const int row = idx / kHalf;
       const int r = idx % kHalf;
