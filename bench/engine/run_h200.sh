@@ -91,6 +91,11 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
+# The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
+if [[ -x "$BIN/gemv_cuda_test" ]]; then
+  step gemv_cuda_test_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/gemv_cuda_test" \
+    --gtest_output="xml:$OUT/gemv_cuda_test_rows_4.xml"
+fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
   n="$(basename "$t")"
@@ -120,6 +125,10 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
+  # Batch 1 with the 4-row GEMV CTAs (the QKV, O and down GEMVs stream below the copy bandwidth).
+  step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
+    --model "$M8B" --batches 1 --contexts 1024,8192 \
+    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_gemv_rows_4.json"
   # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
   for aim in 1 3 4; do
     step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \

@@ -10,8 +10,10 @@ namespace tandem::cuda::internal {
 // Same value as kGemvMaxRows (gemv_kernels.h, which nvcc does not include: it pulls absl).
 constexpr int kGemvMaxRowsDevice = 8;
 
-// m in [1, kGemvMaxRowsDevice].
+// m in [1, kGemvMaxRowsDevice]; rows_per_cta: output features per CTA in the plain mode, 2 or (for
+// m <= 2) 4; anything else is 2, and the gated mode always takes 2.
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          bool gated_silu, int m, int n, int k, cudaStream_t stream);
+                          bool gated_silu, int m, int n, int k, int rows_per_cta,
+                          cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

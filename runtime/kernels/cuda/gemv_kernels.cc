@@ -1,6 +1,8 @@
 #include "runtime/kernels/cuda/gemv_kernels.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
@@ -12,6 +14,16 @@ namespace {
 static_assert(kGemvMaxRows == internal::kGemvMaxRowsDevice);
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Output features per CTA of the plain (not gated) GEMV: 4 with TANDEM_GEMV_ROWS=4 (read once; an
+// A/B switch until measured), else 2.
+int RowsPerCta() {
+  static const int rows = [] {
+    const char* env = std::getenv("TANDEM_GEMV_ROWS");
+    return env != nullptr && std::strcmp(env, "4") == 0 ? 4 : 2;
+  }();
+  return rows;
+}
 
 }  // namespace
 
@@ -35,9 +47,10 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
     return absl::InvalidArgumentError("Gemv gated_silu takes no bias");
   }
   if (a.m == 0) return absl::OkStatus();
-  return CudaStatus(internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m,
-                                            a.n, a.k, static_cast<cudaStream_t>(stream)),
-                    "Gemv kernel launch");
+  return CudaStatus(
+      internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m, a.n, a.k,
+                              RowsPerCta(), static_cast<cudaStream_t>(stream)),
+      "Gemv kernel launch");
 }
 
 }  // namespace tandem::cuda
