@@ -136,10 +136,12 @@ if [[ -f "$M8B/config.json" ]]; then
       --contexts 1024 --skip sampling,prefill,profile,gemv-ab,skinny-ab \
       --json "$OUT/engine_bench_8b_skinny_aim_$aim.json"
   done
-  # Fewer flash-decoding splits than the default 2048 work items (more were measured slower).
-  for st in 512 1024; do
+  # Fewer flash-decoding splits than the default 2048 (sequence, query head, split) work items
+  # (more were measured slower): at batch 1 and 1K, 128 / 256 / 1024 give 4 / 8 / 16 splits of the
+  # default's 16 (one 64-token tile each); at 8K 4 / 8 / 32 of 64; batch 64 has one split anyway.
+  for st in 128 256 1024; do
     step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \
-      --model "$M8B" --batches 1,64 --contexts 1024,8192 \
+      --model "$M8B" --batches 1,8 --contexts 1024,8192 \
       --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_split_$st.json"
   done
   step torch_peer_8b 150 "$PY" "$ROOT/bench/engine/torch_peer.py" --model "$M8B" \

@@ -17,14 +17,14 @@ namespace {
 constexpr int kMaxGridYZ = 65535;
 // Flash-decoding aims for about this many (sequence, query head, split) work items, enough CTAs
 // to fill an H100/H200 several times over whatever the GQA group.
-// TANDEM_DECODE_SPLIT_TARGET (read once, 256..65536) overrides it for tuning experiments.
+// TANDEM_DECODE_SPLIT_TARGET (read once, 32..65536) overrides it for tuning experiments.
 constexpr int64_t kDefaultTargetHeadSplits = 2048;
 
 int64_t TargetHeadSplits() {
   static const int64_t target = [] {
     const char* v = std::getenv("TANDEM_DECODE_SPLIT_TARGET");
     const long parsed = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
-    return parsed >= 256 && parsed <= 65536 ? int64_t{parsed} : kDefaultTargetHeadSplits;
+    return parsed >= 32 && parsed <= 65536 ? int64_t{parsed} : kDefaultTargetHeadSplits;
   }();
   return target;
 }
