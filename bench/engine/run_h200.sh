@@ -91,6 +91,12 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
+# The prefill attention cases again with the wgmma kernel for head_dim 128.
+if [[ -x "$BIN/attention_cuda_test" ]]; then
+  step attention_cuda_test_prefill_sm90 90 env TANDEM_PREFILL_ATTN_SM90=1 \
+    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
+    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90.xml"
+fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
   step gemv_cuda_test_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/gemv_cuda_test" \
@@ -125,6 +131,10 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
+  # Prefill with the wgmma attention kernel (the variable is read once per process).
+  step engine_bench_8b_prefill_sm90 120 env TANDEM_PREFILL_ATTN_SM90=1 "$BIN/engine_bench" \
+    --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
+    --skip sampling,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_sm90.json"
   # Batch 1 with the 4-row GEMV CTAs (the QKV, O and down GEMVs stream below the copy bandwidth).
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \

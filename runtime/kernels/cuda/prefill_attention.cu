@@ -43,6 +43,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -516,12 +518,40 @@ cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t str
   return cudaGetLastError();
 }
 
+// Whether head_dim-128 launches take the wgmma kernel (prefill_attention_sm90.cu):
+// TANDEM_PREFILL_ATTN_SM90=1 (read once; off by default until measured on a GPU) and the current
+// device has compute capability 9.0 (its sm_90a code runs nowhere else; cached per device).
+bool UseSm90Kernel() {
+  static const bool requested = [] {
+    const char* env = std::getenv("TANDEM_PREFILL_ATTN_SM90");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  if (!requested) return false;
+  static std::atomic<uint64_t> known{0}, hopper{0};  // bit d: device d checked / is 9.0
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
+  const uint64_t bit = uint64_t{1} << device;
+  if ((known.load(std::memory_order_acquire) & bit) == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (major == 9 && minor == 0) hopper.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_release);
+  }
+  return (hopper.load(std::memory_order_relaxed) & bit) != 0;
+}
+
 }  // namespace
 
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
                                       void* out, cudaStream_t stream) {
+  if (kv.head_dim == 128 && reinterpret_cast<uintptr_t>(q) % 16 == 0 && q_row_stride % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 4 == 0 && UseSm90Kernel()) {
+    return LaunchPrefillAttentionSm90Raw(q, q_row_stride, kv, seq_start_rows, start_pos, num_seqs,
+                                         max_new_tokens, num_heads, scale, out, stream);
+  }
   const int q_tiles = CeilDiv(max_new_tokens, kBlockM);
   if (q_tiles > kMaxGridZ) return cudaErrorInvalidValue;
   PrefillParams p;

@@ -1,0 +1,408 @@
+// Paged causal prefill attention on Hopper tensor cores (wgmma), head_dim 128: the kernel behind
+// TANDEM_PREFILL_ATTN_SM90=1 (see LaunchPrefillAttentionRaw in prefill_attention.cu, which keeps
+// the mma.sync kernel for other head dims, other GPUs and by default). Same contract and numbers
+// as that kernel: FlashAttention-2's online softmax with float32 statistics, P rounded to bf16 for
+// the second product, rows past a sequence's new tokens not written.
+//
+// Grid: (query head, sequence, query tile of kBlockM = 64 new tokens), heaviest tiles first. A CTA
+// is one warpgroup (4 warps, 16 query rows each). Per 64-key tile:
+//   S = Q K^T: 8 wgmma.m64n64k16 with Q and K read by the tensor cores straight from shared memory
+//     (no ldmatrix: the mma.sync kernel's limit was its shared-memory reads into registers);
+//   the masks (only where a tile crosses the diagonal or the end of the keys), the online softmax
+//     and the lazy rescale of the mma.sync kernel, on the S accumulators in registers;
+//   O += P V: 4 wgmma.m64n128k16 with P from registers (the S accumulators re-packed to bf16, the
+//     same fragment layout) and V from shared memory (MN-major, transposed by the instruction).
+// K/V tiles of the paged cache are gathered with cp.async through a ring of kStages stages into
+// the 128-byte-swizzled operand layout (prefill_attention_sm90_layout.h), which the descriptors
+// describe; a fence.proxy.async after each tile lands makes the generic-proxy copies visible to
+// the tensor cores' async proxy. This first version does not overlap the softmax of one tile with
+// the products of the next (FlashAttention-3's ping-pong); it is here to be measured against the
+// mma.sync kernel.
+//
+// Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/mma_utils.cuh"
+#include "runtime/kernels/cuda/model_kernels_internal.h"
+#include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
+
+namespace tandem::cuda::internal {
+namespace {
+
+namespace sa = ::tandem::cuda::sm90_attention;
+
+constexpr int kHeadDim = sa::kHeadDim;
+constexpr int kBlockM = sa::kBlockM;
+constexpr int kBlockN = sa::kBlockN;
+constexpr int kThreads = sa::kThreads;
+// K+V tile stages (32 KB each): two keep the CTA at 82 KB of shared memory, so two CTAs (two
+// warpgroups, one's softmax beside the other's products) share an SM.
+constexpr int kStages = 2;
+constexpr int kMaxGridZ = 65535;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kRescaleSlack = 8.0f;  // as the mma.sync kernel
+// Q tile, then kStages K tiles, then kStages V tiles; +1024 to align the base to an atom.
+constexpr size_t kSmemBytes = 1024 + sa::kTileBytes * (1 + 2 * kStages);
+
+struct Sm90Params {
+  const __nv_bfloat16* q;
+  int q_row_stride;
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  int block_size;
+  int num_kv_heads;
+  const int32_t* block_tables;
+  int max_blocks_per_seq;
+  const int32_t* seq_start_rows;
+  const int32_t* start_pos;
+  int num_heads;
+  int group;
+  float scale_log2;
+  __nv_bfloat16* out;
+};
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void WgmmaCommit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void WgmmaWaitAll() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// Generic-proxy writes to shared memory (cp.async, plain stores) become visible to the async
+// proxy the wgmma operands are read through.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving accumulator reads or writes across the wgmma issue/wait pairs.
+template <int N>
+__device__ __forceinline__ void FenceRegisters(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (m64n64, f32) = (scale_d ? d : 0) + A B, A and B from shared memory (K-major both).
+__device__ __forceinline__ void WgmmaSs64x64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                             int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+
+// d (m64n128, f32) += A B, A (bf16) from registers, B from shared memory (MN-major, transposed).
+__device__ __forceinline__ void WgmmaRs64x128(float (&d)[64], const uint32_t (&a)[4],
+                                              uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#endif
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const Sm90Params p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
+  const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
+  const uint32_t q_base = base;
+  const uint32_t k_base = base + sa::kTileBytes;              // stage s: + s * kTileBytes
+  const uint32_t v_base = k_base + kStages * sa::kTileBytes;  // stage s: + s * kTileBytes
+
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int kv_head = head / p.group;
+  const int row_begin = p.seq_start_rows[seq];
+  const int num_new = p.seq_start_rows[seq + 1] - row_begin;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
+  if (q0 >= num_new) return;
+  const int start = p.start_pos[seq];
+  const int kv_end = start + min(q0 + kBlockM, num_new);  // keys this CTA needs: [0, kv_end)
+  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  // This thread's rows (accumulator h = 0, 1): CTA rows 16 warp + lane / 4 (+ 8); the keys they
+  // see are [0, row_limit[h]).
+  const int warp_pos0 = start + q0 + 16 * warp;
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_limit[h] = min(warp_pos0 + lane / 4 + 8 * h + 1, kv_end);
+
+  // K/V loads: this thread copies chunks LoadChunk(tid, i) of key row LoadRow(tid) of a tile.
+  const int load_row = sa::LoadRow(tid);
+  const int table_offset = seq * p.max_blocks_per_seq;
+  const size_t head_offset = static_cast<size_t>(kv_head) * kHeadDim;
+  const auto slot_of_tile = [&](int tile) {
+    const int key = tile * kBlockN + load_row;
+    if (key >= kv_end) return -1;
+    return p.block_tables[table_offset + key / p.block_size] * p.block_size + key % p.block_size;
+  };
+  const auto load_kv = [&](int stage, int slot) {
+    const size_t offset =
+        (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
+    const uint32_t k_dst = k_base + stage * sa::kTileBytes;
+    const uint32_t v_dst = v_base + stage * sa::kTileBytes;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int chunk = sa::LoadChunk(tid, i);
+      const int at = sa::TileOffset(load_row, chunk);
+      CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
+      CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
+    }
+  };
+
+  // Q tile (rows past the sequence are zeros), then the first kStages - 1 K/V tiles.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = sa::QLoadRow(tid);
+    const int chunk = sa::QLoadChunk(tid, i);
+    const bool valid = q0 + r < num_new;
+    const __nv_bfloat16* src =
+        p.q + static_cast<size_t>(row_begin + q0 + (valid ? r : 0)) * p.q_row_stride +
+        head * kHeadDim + chunk * 8;
+    CpAsync16(q_base + sa::TileOffset(r, chunk), src, valid);
+  }
+  CpAsyncCommitGroup();
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < num_tiles) load_kv(st, slot_of_tile(st));
+    CpAsyncCommitGroup();
+  }
+  int ahead_slot = slot_of_tile(kStages - 1);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale_log2;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % kStages;
+    // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
+    // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies visible
+    // to the async proxy, and wait for every thread's (and for every warp to be done with the
+    // stage refilled below).
+    CpAsyncWaitGroup<kStages - 2>();
+    FenceProxyAsyncShared();
+    __syncthreads();
+    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+    CpAsyncCommitGroup();
+    ahead_slot = slot_of_tile(tile + kStages);
+
+    // S = Q K^T (raw scores), m64n64, K = 128 dims in 8 steps.
+    const uint32_t k_tile = k_base + stage * sa::kTileBytes;
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      WgmmaSs64x64(s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                   sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                   kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    FenceRegisters(s);
+
+    // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
+    const int key0 = tile * kBlockN;
+    if (key0 + kBlockN - 1 > warp_pos0) {
+#pragma unroll
+      for (int r = 0; r < 32; ++r) {
+        if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
+      }
+    }
+
+    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain).
+    float tile_max[2];
+    bool raise = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = fmaxf(m, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      tile_max[h] = m * scale_log2;
+      raise |= tile_max[h] > row_max[h] + kRescaleSlack;
+    }
+    const bool rescale = __any_sync(0xffffffffu, raise);
+    float alpha[2] = {1.0f, 1.0f};
+    if (rescale) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float new_max = fmaxf(row_max[h], tile_max[h]);
+        alpha[h] = FastExp2(row_max[h] - (new_max == -INFINITY ? 0.0f : new_max));
+        row_max[h] = new_max;
+        row_sum[h] *= alpha[h];
+      }
+    }
+    float neg_base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) neg_base[h] = row_max[h] == -INFINITY ? 0.0f : -row_max[h];
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 32; ++r) {
+      s[r] = FastExp2(fmaf(s[r], scale_log2, neg_base[(r % 4) / 2]));
+      sum[(r % 4) / 2] += s[r];
+    }
+    row_sum[0] += sum[0];
+    row_sum[1] += sum[1];
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int at = sa::PIndex(kc, q);
+        pa[kc][q] = PackBf16x2(s[at], s[at + 1]);
+      }
+    }
+    if (rescale) {
+#pragma unroll
+      for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
+    }
+
+    // O += P V, m64n128, K = 64 keys in 4 steps.
+    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      WgmmaRs64x128(o, pa[kc],
+                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    FenceRegisters(o);
+  }
+
+  // Full row sums over the quad, normalize, store the valid rows.
+  const size_t out_stride = static_cast<size_t>(p.num_heads) * kHeadDim;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = row_sum[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int i = q0 + sa::AccRow(warp, lane, 2 * h);
+    if (i >= num_new) continue;
+    __nv_bfloat16* out_row =
+        p.out + static_cast<size_t>(row_begin + i) * out_stride + head * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(out_row + 8 * j) =
+          PackBf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchPrefillAttentionSm90Raw(const void* q, int q_row_stride, const PagedLayerView& kv,
+                                          const int32_t* seq_start_rows, const int32_t* start_pos,
+                                          int num_seqs, int max_new_tokens, int num_heads,
+                                          float scale, void* out, cudaStream_t stream) {
+  const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
+  if (kv.head_dim != kHeadDim || q_tiles > kMaxGridZ) return cudaErrorInvalidValue;
+  Sm90Params p;
+  p.q = static_cast<const __nv_bfloat16*>(q);
+  p.q_row_stride = q_row_stride;
+  p.k = static_cast<const __nv_bfloat16*>(kv.k);
+  p.v = static_cast<const __nv_bfloat16*>(kv.v);
+  p.block_size = kv.block_size;
+  p.num_kv_heads = kv.num_kv_heads;
+  p.block_tables = kv.block_tables;
+  p.max_blocks_per_seq = kv.max_blocks_per_seq;
+  p.seq_start_rows = seq_start_rows;
+  p.start_pos = start_pos;
+  p.num_heads = num_heads;
+  p.group = num_heads / kv.num_kv_heads;
+  p.scale_log2 = scale * kLog2e;
+  p.out = static_cast<__nv_bfloat16*>(out);
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel, kSmemBytes, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(num_seqs),
+                  static_cast<unsigned>(q_tiles));
+  PrefillAttentionSm90Kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda::internal

@@ -1,0 +1,191 @@
+// Host emulation of the data paths of the wgmma prefill attention kernel
+// (prefill_attention_sm90.cu) through its index maps (prefill_attention_sm90_layout.h): the
+// cp.async copies of Q, K and V into the swizzled tiles, the shared-memory descriptors the kernel
+// builds (decoded from their bits), the tensor cores' reads as the canonical 128-byte-swizzled
+// K-major and MN-major layouts define them (Swizzle<3,4,3> on the byte address), the m64nN
+// accumulator fragments, and the re-packing of S into the register A fragments of P V. Checks
+// S = Q K^T and O = P V element by element. Runs without a GPU; attention_cuda_test then checks the
+// kernel itself on an H100/H200 (TANDEM_PREFILL_ATTN_SM90=1).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "runtime/base/float16.h"
+#include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
+
+namespace tandem::cuda::sm90_attention {
+namespace {
+
+constexpr uint32_t kBase = 0x2400;  // an atom-aligned (1024) shared address, as the kernel's
+constexpr uint16_t kUnwritten = 0xffff;
+
+struct Smem {
+  std::vector<uint16_t> bf16 = std::vector<uint16_t>(64 * 1024, kUnwritten);
+  uint16_t At(uint32_t addr) const { return bf16.at(addr / 2); }
+};
+
+struct Descriptor {
+  uint32_t start, lbo, sbo;
+  int swizzle;
+};
+
+Descriptor Decode(uint64_t d) {
+  return {static_cast<uint32_t>(d & 0x3FFF) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((d >> 32) & 0x3FFF) << 4, static_cast<int>(d >> 62)};
+}
+
+// Swizzle<3,4,3>: byte address bits 4-6 XOR bits 7-9.
+uint32_t Swizzle128(uint32_t addr) { return addr ^ (((addr >> 7) & 7) << 4); }
+
+// Element (mn, k), k < 16, of a K-major operand with 128-byte swizzling.
+float ReadKMajor(const Smem& smem, const Descriptor& d, int mn, int k) {
+  EXPECT_EQ(d.swizzle, 1);
+  const uint32_t addr = d.start + (mn / 8) * d.sbo + (mn % 8) * 128 + 2 * k;
+  return Bf16ToFloat(smem.At(Swizzle128(addr)));
+}
+
+// Element (k, n), k < 16, of an MN-major operand with 128-byte swizzling: 64-element MN groups
+// LBO apart, 8-row K groups SBO apart.
+float ReadMnMajor(const Smem& smem, const Descriptor& d, int k, int n) {
+  EXPECT_EQ(d.swizzle, 1);
+  const uint32_t addr = d.start + (n / 64) * d.lbo + (k / 8) * d.sbo + (k % 8) * 128 + 2 * (n % 64);
+  return Bf16ToFloat(smem.At(Swizzle128(addr)));
+}
+
+std::vector<uint16_t> Random(int n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) e = FloatToBf16(u(rng));
+  return v;
+}
+
+TEST(PrefillAttentionSm90LayoutTest, QkAndPvThroughTheKernelsMapsAndDescriptors) {
+  std::mt19937 rng(5);
+  // [64 rows][128 dims] each.
+  const std::vector<uint16_t> q = Random(64 * kHeadDim, rng), k = Random(64 * kHeadDim, rng),
+                              v = Random(64 * kHeadDim, rng);
+  const uint32_t q_base = kBase, k_base = kBase + kTileBytes, v_base = kBase + 2 * kTileBytes;
+  ASSERT_EQ(q_base % 1024, 0u);
+  Smem smem;
+  // The kernel's copies (16-byte chunks), each destination written once.
+  std::vector<int> hits(3 * kTileBytes / 16, 0);
+  for (int tid = 0; tid < kThreads; ++tid) {
+    for (int i = 0; i < 8; ++i) {
+      const int qr = QLoadRow(tid), qc = QLoadChunk(tid, i);
+      const int kr = LoadRow(tid), kc = LoadChunk(tid, i);
+      for (int e = 0; e < 8; ++e) {
+        smem.bf16[(q_base + TileOffset(qr, qc)) / 2 + e] = q[qr * kHeadDim + qc * 8 + e];
+        smem.bf16[(k_base + TileOffset(kr, kc)) / 2 + e] = k[kr * kHeadDim + kc * 8 + e];
+        smem.bf16[(v_base + TileOffset(kr, kc)) / 2 + e] = v[kr * kHeadDim + kc * 8 + e];
+      }
+      ++hits[TileOffset(qr, qc) / 16];
+      ++hits[(kTileBytes + TileOffset(kr, kc)) / 16];
+      ++hits[(2 * kTileBytes + TileOffset(kr, kc)) / 16];
+    }
+  }
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "chunk " << i;
+
+  // S = Q K^T: 8 wgmma.m64n64k16 (SS), accumulators per (warp, lane, register).
+  float s[4][32][32] = {};
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const Descriptor da = Decode(MakeDescriptor(q_base + QkStepOffset(kk), kKMajorLbo, kSbo));
+    const Descriptor db = Decode(MakeDescriptor(k_base + QkStepOffset(kk), kKMajorLbo, kSbo));
+    for (int w = 0; w < 4; ++w) {
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 32; ++r) {
+          const int m = AccRow(w, lane, r), n = AccCol(lane, r);
+          float acc = 0.0f;
+          for (int kx = 0; kx < 16; ++kx)
+            acc += ReadKMajor(smem, da, m, kx) * ReadKMajor(smem, db, n, kx);
+          s[w][lane][r] += acc;
+        }
+      }
+    }
+  }
+  int bad = 0;
+  for (int w = 0; w < 4; ++w) {
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int r = 0; r < 32; ++r) {
+        const int m = AccRow(w, lane, r), n = AccCol(lane, r);
+        double ref = 0;
+        for (int d = 0; d < kHeadDim; ++d) {
+          ref += double{Bf16ToFloat(q[m * kHeadDim + d])} * Bf16ToFloat(k[n * kHeadDim + d]);
+        }
+        if (!(std::fabs(s[w][lane][r] - ref) < 1e-3) && bad++ < 5) {
+          ADD_FAILURE() << "S[" << m << "][" << n << "] = " << s[w][lane][r] << ", want " << ref;
+        }
+      }
+    }
+  }
+  ASSERT_EQ(bad, 0);
+
+  // P (bf16 of S / 16) re-packed into register A fragments, O = P V: 4 wgmma.m64n128k16 (RS,
+  // V MN-major). The A fragment of k-step kc (mma.m16n8k16 layout): a0 = P[g][2t..], a1 =
+  // P[g+8][2t..], a2 = P[g][2t+8..], a3 = P[g+8][2t+8..] within the warp's rows and the step's
+  // 16 keys.
+  std::vector<float> p(64 * 64, NAN);
+  float o[4][32][64] = {};
+  for (int kc = 0; kc < 4; ++kc) {
+    const Descriptor db = Decode(MakeDescriptor(v_base + PvStepOffset(kc), kVLbo, kSbo));
+    for (int w = 0; w < 4; ++w) {
+      float a[16][16];  // this warp's A (rows 16 w .., keys 16 kc ..)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+        for (int qi = 0; qi < 4; ++qi) {
+          const int at = PIndex(kc, qi);
+          for (int half = 0; half < 2; ++half) {
+            const float pv = Bf16ToFloat(FloatToBf16(s[w][lane][at + half] / 16));
+            a[rows[qi]][cols[qi] + half] = pv;
+            // The element this register came from, as the accumulator map places it.
+            const int m = AccRow(w, lane, at + half), n = AccCol(lane, at + half);
+            ASSERT_EQ(m, 16 * w + rows[qi]) << "P row, kc " << kc << " reg " << qi;
+            ASSERT_EQ(n, 16 * kc + cols[qi] + half) << "P key, kc " << kc << " reg " << qi;
+            p[m * 64 + n] = pv;
+          }
+        }
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 64; ++r) {
+          const int m = AccRow(w, lane, r) - 16 * w, n = AccCol(lane, r);
+          float acc = 0.0f;
+          for (int kx = 0; kx < 16; ++kx) acc += a[m][kx] * ReadMnMajor(smem, db, kx, n);
+          o[w][lane][r] += acc;
+        }
+      }
+    }
+  }
+  for (int w = 0; w < 4; ++w) {
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int r = 0; r < 64; ++r) {
+        const int m = AccRow(w, lane, r), n = AccCol(lane, r);
+        double ref = 0;
+        for (int key = 0; key < 64; ++key) {
+          ref += double{p[m * 64 + key]} * Bf16ToFloat(v[key * kHeadDim + n]);
+        }
+        if (!(std::fabs(o[w][lane][r] - ref) < 1e-3) && bad++ < 5) {
+          ADD_FAILURE() << "O[" << m << "][" << n << "] = " << o[w][lane][r] << ", want " << ref;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(PrefillAttentionSm90LayoutTest, DescriptorFields) {
+  const uint64_t d = MakeDescriptor(0x12400, kVLbo, kSbo);
+  const Descriptor x = Decode(d);
+  EXPECT_EQ(x.start, 0x12400u);
+  EXPECT_EQ(x.lbo, static_cast<uint32_t>(kAtomBytes));
+  EXPECT_EQ(x.sbo, 1024u);
+  EXPECT_EQ(x.swizzle, 1);
+  EXPECT_EQ((d >> 49) & 7, 0u) << "base offset must be 0 (atoms 1024-aligned)";
+  EXPECT_EQ(Decode(MakeDescriptor(kBase, kKMajorLbo, kSbo)).lbo, 16u);
+}
+
+}  // namespace
+}  // namespace tandem::cuda::sm90_attention
