@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include "runtime/base/float16.h"
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/kernels/cuda/cuda_kernel_test_util.h"
+#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 
 namespace tandem {
@@ -252,6 +254,80 @@ TEST_F(ElementwiseCudaTest, RopeKvAppendEqualsRopeThenKvAppend) {
       EXPECT_TRUE(got_cache[0] == got_cache[1]) << what << ": cache differs";
       EXPECT_FALSE(got_cache[0] == cache) << what << ": nothing was appended";
       FreeAll();
+    }
+  }
+}
+
+// The QKV GEMV with RoPE and the KV append in its epilogue must equal the GEMV followed by the
+// fused RoPE + KV append bit for bit, in qkv and in the whole cache, with and without a bias
+// (Qwen2), for 1 to 8 tokens with a padding slot.
+TEST_F(ElementwiseCudaTest, QkvGemvRopeKvAppendEqualsGemvThenRopeKvAppend) {
+  for (const HeadShape& shape : {HeadShape{32, 8, 128}, HeadShape{8, 2, 64}, HeadShape{4, 2, 6}}) {
+    for (const int m : {1, 2, 5, 8}) {
+      for (const bool with_bias : {false, true}) {
+        const std::string what =
+            absl::StrCat("qkv_gemv_rope ", Name(shape), " m=", m, with_bias ? " bias" : "");
+        SCOPED_TRACE(what);
+        FastRng rng(m * 31 + shape.head_dim + with_bias);
+        const int hidden = shape.head_dim == 128 ? 4096 : 256;
+        constexpr int kLayers = 2, kLayer = 1, kBlockSize = 16, kNumBlocks = 4;
+        const size_t layer_elems =
+            static_cast<size_t>(kNumBlocks) * kBlockSize * shape.kv_heads * shape.head_dim;
+        const std::vector<uint16_t> cache(2 * kLayers * layer_elems, kBf16Poison);
+        const int row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
+        const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * hidden, 1.0f, rng);
+        const std::vector<uint16_t> w =
+            RandomBf16(static_cast<size_t>(row) * hidden, 1.0f / std::sqrt(float(hidden)), rng);
+        const std::vector<uint16_t> bias = RandomBf16(row, 0.5f, rng);
+        std::vector<int32_t> positions(m), slots(m);
+        for (int r = 0; r < m; ++r) {
+          positions[r] = rng.UniformInt(0, 100000);
+          slots[r] = r == 1 ? -1 : (r * 13 + 3) % (kNumBlocks * kBlockSize);
+        }
+        std::vector<float> inv_freq(shape.head_dim / 2);
+        cpu::Llama3RopeScaling scaling;
+        cpu::RopeInvFreq(shape.head_dim, 500000.0f, &scaling, inv_freq.data());
+        const DeviceBuffer d_x = Upload(x), d_w = Upload(w), d_bias = Upload(bias);
+        const DeviceBuffer d_pos = Upload(positions), d_slots = Upload(slots),
+                           d_inv = Upload(inv_freq);
+        const auto* pos = static_cast<const int32_t*>(d_pos.data);
+        const auto* slot = static_cast<const int32_t*>(d_slots.data);
+        const auto* inv = static_cast<const float*>(d_inv.data);
+        std::vector<uint16_t> got_qkv[2], got_cache[2];
+        for (const bool fused : {false, true}) {
+          const DeviceBuffer d_qkv =
+              Upload(std::vector<uint16_t>(static_cast<size_t>(m) * row, kBf16Poison));
+          const DeviceBuffer d_cache = Upload(cache);
+          const cuda::PagedKvCache kv =
+              InterleavedCache(d_cache.data, kLayers, kNumBlocks, kBlockSize, shape);
+          const void* b = with_bias ? d_bias.data : nullptr;
+          if (fused) {
+            ASSERT_TRUE(cuda::LaunchQkvGemvRopeKvAppend(d_x.data, d_w.data, b, m, hidden,
+                                                        d_qkv.data, pos, inv, slot, shape.heads, kv,
+                                                        kLayer, stream())
+                            .ok());
+          } else {
+            cuda::GemvArgs g;
+            g.x = d_x.data;
+            g.w = d_w.data;
+            g.bias = b;
+            g.out = d_qkv.data;
+            g.m = m;
+            g.n = row;
+            g.k = hidden;
+            ASSERT_TRUE(cuda::LaunchGemv(g, stream()).ok());
+            ASSERT_TRUE(cuda::LaunchRopeKvAppend(d_qkv.data, pos, inv, slot, m, shape.heads, kv,
+                                                 kLayer, stream())
+                            .ok());
+          }
+          got_qkv[fused] = Download<uint16_t>(d_qkv, static_cast<size_t>(m) * row);
+          got_cache[fused] = Download<uint16_t>(d_cache, cache.size());
+        }
+        EXPECT_TRUE(got_qkv[0] == got_qkv[1]) << what << ": qkv differs";
+        EXPECT_TRUE(got_cache[0] == got_cache[1]) << what << ": cache differs";
+        EXPECT_FALSE(got_cache[0] == cache) << what << ": nothing was appended";
+        FreeAll();
+      }
     }
   }
 }

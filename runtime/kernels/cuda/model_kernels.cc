@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
+#include "runtime/kernels/cuda/gemv_internal.h"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda {
@@ -248,6 +249,35 @@ absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float
                                 cache.head_dim, slot_mapping, LayerPtr(cache.k, cache, layer),
                                 LayerPtr(cache.v, cache, layer), Native(stream)),
       "RopeKvAppend kernel launch");
+}
+
+absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void* bias, int m,
+                                       int hidden, void* qkv, const int32_t* positions,
+                                       const float* inv_freq, const int32_t* slot_mapping,
+                                       int num_heads, const PagedKvCache& cache, int layer,
+                                       void* stream) {
+  if (absl::Status s = ValidateCache(cache, layer, "QkvGemvRopeKvAppend"); !s.ok()) return s;
+  if (m < 0 || m > internal::kGemvMaxRowsDevice || hidden <= 0 || hidden % 8 != 0 ||
+      num_heads <= 0 || cache.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QkvGemvRopeKvAppend shape m=", m, " hidden=", hidden, " heads=", num_heads,
+                     " head_dim=", cache.head_dim, " is not valid (m in [0, ",
+                     internal::kGemvMaxRowsDevice, "], hidden a positive multiple of 8)"));
+  }
+  if (x == nullptr || w == nullptr || qkv == nullptr || positions == nullptr ||
+      inv_freq == nullptr || slot_mapping == nullptr) {
+    return absl::InvalidArgumentError(
+        "QkvGemvRopeKvAppend x, w, qkv, positions, inv_freq and slot_mapping must not be null");
+  }
+  if (!Aligned16(x) || !Aligned16(w)) {
+    return absl::InvalidArgumentError("QkvGemvRopeKvAppend x and w must be 16-byte aligned");
+  }
+  if (m == 0) return absl::OkStatus();
+  return CudaStatus(internal::LaunchGemvRopeKvRaw(x, w, bias, qkv, m, hidden, positions, inv_freq,
+                                                  slot_mapping, num_heads, cache.num_kv_heads,
+                                                  cache.head_dim, LayerPtr(cache.k, cache, layer),
+                                                  LayerPtr(cache.v, cache, layer), Native(stream)),
+                    "QkvGemvRopeKvAppend kernel launch");
 }
 
 absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream) {

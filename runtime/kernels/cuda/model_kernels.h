@@ -71,6 +71,19 @@ absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float
                                 const int32_t* slot_mapping, int n, int num_heads,
                                 const PagedKvCache& cache, int layer, void* stream);
 
+// The QKV projection of one to kGemvMaxRows tokens (the GEMV of gemv_kernels.h: qkv = x · w^T
+// + bias, bf16) with the RoPE and KV append of LaunchRopeKvAppend fused into its epilogue, in one
+// launch: each CTA owns one rotation pair (i, i + head_dim / 2) of one head. Bit-identical to
+// LaunchGemv followed by LaunchRopeKvAppend (the same bf16 rounding, then the same rotation
+// arithmetic). x: bf16 [m, hidden], 16-byte aligned; w: bf16 [(num_heads + 2 * kv heads) *
+// head_dim, hidden], 16-byte aligned; bias: bf16 [that], or null; qkv: bf16 [m, that] (written
+// rotated); hidden a positive multiple of 8.
+absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void* bias, int m,
+                                       int hidden, void* qkv, const int32_t* positions,
+                                       const float* inv_freq, const int32_t* slot_mapping,
+                                       int num_heads, const PagedKvCache& cache, int layer,
+                                       void* stream);
+
 // out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), in float32.
 // gate_up: bf16 [n, 2 * inter], the gate half then the up half of each row; out: bf16 [n, inter].
 absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream);

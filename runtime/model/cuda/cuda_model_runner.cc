@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -44,6 +45,17 @@ constexpr size_t kStagingBytes = size_t{64} << 20;  // per half of the weight-up
 constexpr size_t kProgressMinBytes = size_t{256} << 20;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// TANDEM_GEMV_ROPE=1 (read once; off until measured on a GPU): single-token QKV projections run
+// as one GEMV with RoPE and the KV append in its epilogue (cuda::LaunchQkvGemvRopeKvAppend,
+// bit-identical to the two launches it replaces), one kernel fewer per layer at batch 1.
+bool FuseQkvRope() {
+  static const bool fuse = [] {
+    const char* env = std::getenv("TANDEM_GEMV_ROPE");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return fuse;
+}
 
 absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
@@ -733,13 +745,21 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
       }
       RETURN_IF_ERROR(mark("rmsnorm"));
-      RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
-                                    GemmOut::kBf16, s));
-      RETURN_IF_ERROR(mark("qkv_gemm"));
-      RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(qkv, meta + p.off.positions,
-                                               static_cast<const float*>(inv_freq_.data),
-                                               meta + p.off.slots, T, c.num_heads, cache_, li, s));
-      RETURN_IF_ERROR(mark("rope_kv_append"));
+      if (FuseQkvRope() && gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
+        RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
+            normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
+            static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
+            s));
+        RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
+      } else {
+        RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
+                                      GemmOut::kBf16, s));
+        RETURN_IF_ERROR(mark("qkv_gemm"));
+        RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(
+            qkv, meta + p.off.positions, static_cast<const float*>(inv_freq_.data),
+            meta + p.off.slots, T, c.num_heads, cache_, li, s));
+        RETURN_IF_ERROR(mark("rope_kv_append"));
+      }
       if (D > 0) {
         cuda::DecodeAttentionArgs a;
         a.q = qkv;
