@@ -91,18 +91,18 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const 
   const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
   if (q0 >= num_new) return;
   const int start = p.start_pos[seq];
-  const int kv_end = start + min(q0 + kBlockM, num_new);  // keys this CTA needs: [0, kv_end)
-  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  const int kv_end = sa::KvEnd(start, q0, num_new);  // keys this CTA needs: [0, kv_end)
+  const int num_tiles = sa::NumTiles(kv_end);
 
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   // This thread's rows (accumulator h = 0, 1): CTA rows 16 warp + lane / 4 (+ 8); the keys they
   // see are [0, row_limit[h]).
-  const int warp_pos0 = start + q0 + 16 * warp;
+  const int warp_pos0 = sa::WarpPos0(start, q0, warp);
   int row_limit[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) row_limit[h] = min(warp_pos0 + lane / 4 + 8 * h + 1, kv_end);
+  for (int h = 0; h < 2; ++h) row_limit[h] = sa::RowLimit(warp_pos0, lane, h, kv_end);
 
   // K/V loads: this thread copies chunks LoadChunk(tid, i) of key row LoadRow(tid) of a tile.
   const int load_row = sa::LoadRow(tid);
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const 
 
     // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
     const int key0 = tile * kBlockN;
-    if (key0 + kBlockN - 1 > warp_pos0) {
+    if (sa::TileNeedsMask(key0, warp_pos0)) {
 #pragma unroll
       for (int r = 0; r < 32; ++r) {
         if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;

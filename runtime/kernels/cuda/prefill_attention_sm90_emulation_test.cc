@@ -176,6 +176,43 @@ TEST(PrefillAttentionSm90LayoutTest, QkAndPvThroughTheKernelsMapsAndDescriptors)
   EXPECT_EQ(bad, 0);
 }
 
+// The kernel's causal bookkeeping (tile range, masked tiles, per-row limits) sees exactly the keys
+// k <= position of every valid row, for sequences with and without a cached prefix, at tile edges.
+TEST(PrefillAttentionSm90LayoutTest, MasksGiveExactlyTheCausalKeys) {
+  int checked = 0;
+  for (const int start : {0, 1, 63, 64, 100, 1000}) {
+    for (const int num_new : {1, 5, 16, 63, 64, 65, 127, 200}) {
+      for (int q0 = 0; q0 < num_new; q0 += kBlockM) {
+        const int kv_end = KvEnd(start, q0, num_new);
+        const int tiles = NumTiles(kv_end);
+        for (int warp = 0; warp < 4; ++warp) {
+          const int warp_pos0 = WarpPos0(start, q0, warp);
+          for (int lane = 0; lane < 32; ++lane) {
+            for (int h = 0; h < 2; ++h) {
+              const int row = AccRow(warp, lane, 2 * h);
+              if (q0 + row >= num_new) continue;  // not written
+              const int pos = start + q0 + row;
+              ASSERT_LE(pos, tiles * kBlockN - 1) << "a visible key is past the last tile";
+              const int limit = RowLimit(warp_pos0, lane, h, kv_end);
+              for (int tile = 0; tile < tiles; ++tile) {
+                const int key0 = tile * kBlockN;
+                for (int r = 2 * h; r < 32; r += (r % 2 == 0 ? 1 : 3)) {
+                  const int key = key0 + AccCol(lane, r);
+                  const bool seen = TileNeedsMask(key0, warp_pos0) ? key < limit : true;
+                  ASSERT_EQ(seen, key <= pos) << "start " << start << " num_new " << num_new
+                                              << " q0 " << q0 << " row " << row << " key " << key;
+                  ++checked;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100000);
+}
+
 TEST(PrefillAttentionSm90LayoutTest, DescriptorFields) {
   const uint64_t d = MakeDescriptor(0x12400, kVLbo, kSbo);
   const Descriptor x = Decode(d);

@@ -84,6 +84,25 @@ TANDEM_SM90_HD constexpr int PIndex(int kc, int q) {
   return 4 * (2 * kc + q / 2) + 2 * (q % 2);
 }
 
+// Causal bookkeeping of the CTA of query tile q0 (new-token index) of a sequence with `num_new`
+// new tokens after `start` cached ones: the keys it needs are [0, KvEnd), in NumTiles tiles; a
+// warp's rows start at position WarpPos0; row h (0: lane / 4, 1: + 8) of a lane sees keys
+// [0, RowLimit); a tile is masked only if TileNeedsMask for the warp (every other tile is fully
+// visible to all of the warp's rows).
+TANDEM_SM90_HD constexpr int KvEnd(int start, int q0, int num_new) {
+  return start + (q0 + kBlockM < num_new ? q0 + kBlockM : num_new);
+}
+TANDEM_SM90_HD constexpr int NumTiles(int kv_end) { return (kv_end + kBlockN - 1) / kBlockN; }
+TANDEM_SM90_HD constexpr int WarpPos0(int start, int q0, int warp) {
+  return start + q0 + 16 * warp;
+}
+TANDEM_SM90_HD constexpr int RowLimit(int warp_pos0, int lane, int h, int kv_end) {
+  return warp_pos0 + lane / 4 + 8 * h + 1 < kv_end ? warp_pos0 + lane / 4 + 8 * h + 1 : kv_end;
+}
+TANDEM_SM90_HD constexpr bool TileNeedsMask(int key0, int warp_pos0) {
+  return key0 + kBlockN - 1 > warp_pos0;
+}
+
 }  // namespace tandem::cuda::sm90_attention
 
 #undef TANDEM_SM90_HD
