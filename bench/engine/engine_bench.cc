@@ -163,6 +163,21 @@ int Run(const Flags& flags) {
   out["sm_count"] = prop.multiProcessorCount;
   std::printf("GPU %d: %s, %d SMs, %.1f GiB\n", flags.device, prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1073741824.0);
+  // The A/B switches this run was started with (read by the runtime once per process), so every
+  // table says which code paths produced it.
+  json switches = json::object();
+  std::string active;
+  for (const char* name :
+       {"TANDEM_DISABLE_GEMV", "TANDEM_DISABLE_GEMM_AUTOTUNE", "TANDEM_DISABLE_PDL",
+        "TANDEM_DECODE_SPLIT_TARGET", "TANDEM_SKINNY_GEMM", "TANDEM_SKINNY_CTAS_PER_SM",
+        "TANDEM_GEMV_ROWS", "TANDEM_GEMV_ROPE", "TANDEM_PREFILL_ATTN_SM90"}) {
+    if (const char* v = std::getenv(name)) {
+      switches[name] = v;
+      absl::StrAppend(&active, " ", name, "=", v);
+    }
+  }
+  out["switches"] = switches;
+  std::printf("switches:%s\n", active.empty() ? " none (defaults)" : active.c_str());
 
   // 1. Ceilings.
   auto bw = CopyBandwidth(stream);
