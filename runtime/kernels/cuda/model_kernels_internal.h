@@ -74,12 +74,4 @@ cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const Pag
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
                                       void* out, cudaStream_t stream);
 
-// The Hopper (wgmma, sm_90a) kernel of prefill_attention_sm90.cu, same arguments; head_dim 128
-// only, q 16-byte aligned with q_row_stride a multiple of 8, out 4-byte aligned, and a compute
-// capability 9.0 device (LaunchPrefillAttentionRaw checks all of it before calling).
-cudaError_t LaunchPrefillAttentionSm90Raw(const void* q, int q_row_stride, const PagedLayerView& kv,
-                                          const int32_t* seq_start_rows, const int32_t* start_pos,
-                                          int num_seqs, int max_new_tokens, int num_heads,
-                                          float scale, void* out, cudaStream_t stream);
-
 }  // namespace tandem::cuda::internal

@@ -49,6 +49,7 @@
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
+#include "runtime/kernels/cuda/prefill_attention_common.cuh"
 
 namespace tandem::cuda::internal {
 namespace {
@@ -57,11 +58,6 @@ constexpr int kBlockM = 128;  // query rows per CTA
 constexpr int kBlockN = 64;   // keys per tile
 constexpr int kPad = 8;       // bf16 elements of padding per shared row (16 bytes)
 constexpr int kMaxGridZ = 65535;
-constexpr float kLog2e = 1.4426950408889634f;
-// A row's exponent base is raised to its running maximum (log2 domain) only when a tile's
-// maximum exceeds the base by more than this, so exponentials stay <= 2^kRescaleSlack and O is
-// rescaled only on such tiles (rarely after a row's first tile).
-constexpr float kRescaleSlack = 8.0f;
 
 template <int kHeadDim>
 struct Config {
@@ -87,25 +83,6 @@ struct Config {
   static constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (kQElems + 2 * kStages * kTileElems);
 };
 
-struct PrefillParams {
-  const __nv_bfloat16* q;
-  int q_row_stride;
-  bool q_vector;    // q is 16-byte aligned and q_row_stride a multiple of 8
-  bool out_vector;  // out is 4-byte aligned
-  const __nv_bfloat16* k;
-  const __nv_bfloat16* v;
-  int block_size;
-  int num_kv_heads;
-  const int32_t* block_tables;
-  int max_blocks_per_seq;
-  const int32_t* seq_start_rows;
-  const int32_t* start_pos;
-  int num_heads;
-  int group;
-  float scale_log2;
-  __nv_bfloat16* out;
-};
-
 __device__ __forceinline__ void CpAsync16(unsigned smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
@@ -120,12 +97,6 @@ __device__ __forceinline__ void CpAsyncCommit() {
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Cache slot (block * block_size + offset) of key `key`, or -1 past kv_end.
@@ -547,30 +518,13 @@ cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const Pag
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
                                       void* out, cudaStream_t stream) {
-  if (kv.head_dim == 128 && reinterpret_cast<uintptr_t>(q) % 16 == 0 && q_row_stride % 8 == 0 &&
-      reinterpret_cast<uintptr_t>(out) % 4 == 0 && UseSm90Kernel()) {
-    return LaunchPrefillAttentionSm90Raw(q, q_row_stride, kv, seq_start_rows, start_pos, num_seqs,
-                                         max_new_tokens, num_heads, scale, out, stream);
+  const PrefillParams p =
+      MakePrefillParams(q, q_row_stride, kv, seq_start_rows, start_pos, num_heads, scale, out);
+  if (kv.head_dim == 128 && p.q_vector && p.out_vector && UseSm90Kernel()) {
+    return LaunchPrefillAttentionSm90(p, num_seqs, max_new_tokens, stream);
   }
   const int q_tiles = CeilDiv(max_new_tokens, kBlockM);
   if (q_tiles > kMaxGridZ) return cudaErrorInvalidValue;
-  PrefillParams p;
-  p.q = static_cast<const __nv_bfloat16*>(q);
-  p.q_row_stride = q_row_stride;
-  p.q_vector = reinterpret_cast<uintptr_t>(q) % 16 == 0 && q_row_stride % 8 == 0;
-  p.out_vector = reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  p.k = static_cast<const __nv_bfloat16*>(kv.k);
-  p.v = static_cast<const __nv_bfloat16*>(kv.v);
-  p.block_size = kv.block_size;
-  p.num_kv_heads = kv.num_kv_heads;
-  p.block_tables = kv.block_tables;
-  p.max_blocks_per_seq = kv.max_blocks_per_seq;
-  p.seq_start_rows = seq_start_rows;
-  p.start_pos = start_pos;
-  p.num_heads = num_heads;
-  p.group = num_heads / kv.num_kv_heads;
-  p.scale_log2 = scale * kLog2e;
-  p.out = static_cast<__nv_bfloat16*>(out);
   const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   switch (kv.head_dim) {

@@ -31,6 +31,7 @@
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
+#include "runtime/kernels/cuda/prefill_attention_common.cuh"
 #include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
 #include "runtime/kernels/cuda/wgmma_utils.cuh"
 
@@ -47,35 +48,10 @@ constexpr int kThreads = sa::kThreads;
 // warpgroups, one's softmax beside the other's products) share an SM.
 constexpr int kStages = 2;
 constexpr int kMaxGridZ = 65535;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kRescaleSlack = 8.0f;  // as the mma.sync kernel
 // Q tile, then kStages K tiles, then kStages V tiles; +1024 to align the base to an atom.
 constexpr size_t kSmemBytes = 1024 + sa::kTileBytes * (1 + 2 * kStages);
 
-struct Sm90Params {
-  const __nv_bfloat16* q;
-  int q_row_stride;
-  const __nv_bfloat16* k;
-  const __nv_bfloat16* v;
-  int block_size;
-  int num_kv_heads;
-  const int32_t* block_tables;
-  int max_blocks_per_seq;
-  const int32_t* seq_start_rows;
-  const int32_t* start_pos;
-  int num_heads;
-  int group;
-  float scale_log2;
-  __nv_bfloat16* out;
-};
-
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const Sm90Params p) {
+__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const PrefillParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -275,34 +251,17 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const 
 
 }  // namespace
 
-cudaError_t LaunchPrefillAttentionSm90Raw(const void* q, int q_row_stride, const PagedLayerView& kv,
-                                          const int32_t* seq_start_rows, const int32_t* start_pos,
-                                          int num_seqs, int max_new_tokens, int num_heads,
-                                          float scale, void* out, cudaStream_t stream) {
+cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int max_new_tokens,
+                                       cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
-  if (kv.head_dim != kHeadDim || q_tiles > kMaxGridZ) return cudaErrorInvalidValue;
-  Sm90Params p;
-  p.q = static_cast<const __nv_bfloat16*>(q);
-  p.q_row_stride = q_row_stride;
-  p.k = static_cast<const __nv_bfloat16*>(kv.k);
-  p.v = static_cast<const __nv_bfloat16*>(kv.v);
-  p.block_size = kv.block_size;
-  p.num_kv_heads = kv.num_kv_heads;
-  p.block_tables = kv.block_tables;
-  p.max_blocks_per_seq = kv.max_blocks_per_seq;
-  p.seq_start_rows = seq_start_rows;
-  p.start_pos = start_pos;
-  p.num_heads = num_heads;
-  p.group = num_heads / kv.num_kv_heads;
-  p.scale_log2 = scale * kLog2e;
-  p.out = static_cast<__nv_bfloat16*>(out);
+  if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
           OptInDynamicSharedMemory(PrefillAttentionSm90Kernel, kSmemBytes, configured);
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>(num_heads), static_cast<unsigned>(num_seqs),
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   PrefillAttentionSm90Kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
