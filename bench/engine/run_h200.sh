@@ -96,6 +96,9 @@ if [[ -x "$BIN/attention_cuda_test" ]]; then
   step attention_cuda_test_prefill_sm90 90 env TANDEM_PREFILL_ATTN_SM90=1 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
     --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90.xml"
+  step attention_cuda_test_prefill_sm90_3_stages 90 env TANDEM_PREFILL_ATTN_SM90=1 \
+    TANDEM_PREFILL_SM90_STAGES=3 "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
+    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_3_stages.xml"
 fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
@@ -141,6 +144,10 @@ if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b_prefill_sm90 120 env TANDEM_PREFILL_ATTN_SM90=1 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_sm90.json"
+  step engine_bench_8b_prefill_sm90_3_stages 120 env TANDEM_PREFILL_ATTN_SM90=1 \
+    TANDEM_PREFILL_SM90_STAGES=3 "$BIN/engine_bench" --model "$M8B" --batches 1 \
+    --contexts 1024 --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab \
+    --json "$OUT/engine_bench_8b_prefill_sm90_3_stages.json"
   # Batch 1 with the 4-row GEMV CTAs (the QKV, O and down GEMVs stream below the copy bandwidth).
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \

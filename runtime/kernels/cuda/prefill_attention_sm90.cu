@@ -27,6 +27,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -44,14 +46,20 @@ constexpr int kHeadDim = sa::kHeadDim;
 constexpr int kBlockM = sa::kBlockM;
 constexpr int kBlockN = sa::kBlockN;
 constexpr int kThreads = sa::kThreads;
-// K+V tile stages (32 KB each): two keep the CTA at 82 KB of shared memory, so two CTAs (two
-// warpgroups, one's softmax beside the other's products) share an SM.
-constexpr int kStages = 2;
 constexpr int kMaxGridZ = 65535;
-// Q tile, then kStages K tiles, then kStages V tiles; +1024 to align the base to an atom.
-constexpr size_t kSmemBytes = 1024 + sa::kTileBytes * (1 + 2 * kStages);
+// K+V tile stages (32 KB each): 2 keep a CTA at 82 KB of shared memory, so two CTAs (two
+// warpgroups: one's softmax beside the other's products) share an SM; 3
+// (TANDEM_PREFILL_SM90_STAGES=3, an A/B switch) give each tile load two tiles of time but one CTA
+// per SM (115 KB). Q tile, then kStages K tiles, then kStages V tiles; +1024 to align the base to
+// an atom.
+template <int kStages>
+__host__ __device__ constexpr size_t SmemBytes() {
+  return 1024 + sa::kTileBytes * (1 + 2 * kStages);
+}
 
-__global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const PrefillParams p) {
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
+    PrefillAttentionSm90Kernel(const PrefillParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -249,22 +257,32 @@ __global__ void __launch_bounds__(kThreads, 2) PrefillAttentionSm90Kernel(const 
   }
 }
 
+template <int kStages>
+cudaError_t LaunchStages(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = SmemBytes<kStages>();
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  PrefillAttentionSm90Kernel<kStages><<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int max_new_tokens,
                                        cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
-  static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel, kSmemBytes, configured);
-      e != cudaSuccess) {
-    return e;
-  }
+  static const int stages = [] {
+    const char* env = std::getenv("TANDEM_PREFILL_SM90_STAGES");
+    return env != nullptr && std::strcmp(env, "3") == 0 ? 3 : 2;
+  }();
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
-  PrefillAttentionSm90Kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return stages == 3 ? LaunchStages<3>(p, grid, stream) : LaunchStages<2>(p, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal
