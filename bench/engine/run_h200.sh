@@ -106,10 +106,10 @@ if [[ -x "$BIN/gemv_cuda_test" ]]; then
     --gtest_output="xml:$OUT/gemv_cuda_test_rows_4.xml"
 fi
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  step cuda_model_runner_test_gemv_rope 150 env TANDEM_GEMV_ROPE=1 \
+  step cuda_model_runner_test_fuse_qkv_rope 200 env TANDEM_FUSE_QKV_ROPE=1 TANDEM_SKINNY_GEMM=1 \
     "$BIN/cuda_model_runner_test" \
-    --gtest_filter='Models/GreedyTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-    --gtest_output="xml:$OUT/cuda_model_runner_test_gemv_rope.xml"
+    --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
+    --gtest_output="xml:$OUT/cuda_model_runner_test_fuse_qkv_rope.xml"
 fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
@@ -153,13 +153,17 @@ if [[ -f "$M8B/config.json" ]]; then
     --model "$M8B" --batches 1 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_gemv_rows_4.json"
   # Batch 1 with RoPE and the KV append in the QKV GEMV, alone and with the 4-row GEMV CTAs.
-  step engine_bench_8b_gemv_rope 90 env TANDEM_GEMV_ROPE=1 "$BIN/engine_bench" \
+  step engine_bench_8b_fuse_qkv_rope 90 env TANDEM_FUSE_QKV_ROPE=1 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_gemv_rope.json"
-  step engine_bench_8b_gemv_rope_rows_4 90 env TANDEM_GEMV_ROPE=1 TANDEM_GEMV_ROWS=4 \
+    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_fuse_qkv_rope.json"
+  step engine_bench_8b_fuse_qkv_rope_rows_4 90 env TANDEM_FUSE_QKV_ROPE=1 TANDEM_GEMV_ROWS=4 \
     "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_gemv_rope_rows_4.json"
+    --json "$OUT/engine_bench_8b_fuse_qkv_rope_rows_4.json"
+  # Batch 8 and 64 with the skinny GEMM and RoPE in its QKV epilogue.
+  step engine_bench_8b_skinny_fuse_qkv_rope 90 env TANDEM_SKINNY_GEMM=1 TANDEM_FUSE_QKV_ROPE=1 \
+    "$BIN/engine_bench" --model "$M8B" --batches 8,64 --contexts 1024 \
+    --skip sampling,prefill,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_skinny_fuse_qkv_rope.json"
   # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
   for aim in 1 3 4; do
     step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \

@@ -251,6 +251,14 @@ absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float
       "RopeKvAppend kernel launch");
 }
 
+void* KvCacheLayerK(const PagedKvCache& cache, int layer) {
+  return LayerPtr(cache.k, cache, layer);
+}
+
+void* KvCacheLayerV(const PagedKvCache& cache, int layer) {
+  return LayerPtr(cache.v, cache, layer);
+}
+
 absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void* bias, int m,
                                        int hidden, void* qkv, const int32_t* positions,
                                        const float* inv_freq, const int32_t* slot_mapping,

@@ -43,6 +43,10 @@ struct PagedKvCache {
   size_t layer_stride = 0;
 };
 
+// The k and v of one layer of the cache: [num_blocks * block_size, num_kv_heads, head_dim].
+void* KvCacheLayerK(const PagedKvCache& cache, int layer);
+void* KvCacheLayerV(const PagedKvCache& cache, int layer);
+
 // out[r, :] = table[ids[r], :] for r in [0, n).
 // ids: [n] in [0, vocab); table: bf16 [vocab, hidden]; out: bf16 [n, hidden].
 absl::Status LaunchEmbedding(const int32_t* ids, const void* table, int n, int hidden, int vocab,

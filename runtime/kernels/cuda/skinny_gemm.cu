@@ -55,8 +55,16 @@ __host__ __device__ constexpr int SmemBytes() {
   return kStages * StageBytes<kM16>();
 }
 
-template <int kM16, bool kGated>
+// Output modes: plain, gated (SiLU-and-multiply), rope (the QKV projection with RoPE and the KV
+// append in the epilogue).
+constexpr int kPlain = 0;
+constexpr int kGatedMode = 1;
+constexpr int kRopeMode = 2;
+
+template <int kM16, int kMode>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw p) {
+  constexpr bool kGated = kMode == kGatedMode;
+  constexpr bool kRope = kMode == kRopeMode;
   constexpr int kMp = 16 * kM16;  // activation rows, padded (MMA columns)
   constexpr int kStageBytes = StageBytes<kM16>();
   constexpr int kLd = kMp + 1;  // float stride of the reduction tile (odd: no conflicts)
@@ -81,7 +89,8 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   bool w_valid[sl::kWLoadsPerThread];
 #pragma unroll
   for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
-    const int row = sl::WeightRow(tile, sl::LoadRow(tid, i), p.n, kGated);
+    const int row = kRope ? sl::RopeWeightRow(tile, sl::LoadRow(tid, i), p.n, p.rope_head_dim)
+                          : sl::WeightRow(tile, sl::LoadRow(tid, i), p.n, kGated);
     w_valid[i] = row >= 0;
     w_src[i] = w + static_cast<size_t>(w_valid[i] ? row : 0) * p.k + k0 + chunk * 8;
   }
@@ -215,7 +224,56 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   }
 
   // Epilogue: consecutive threads take consecutive output features of one activation row.
-  if constexpr (kGated) {
+  if constexpr (kRope) {
+    // Pair r of this tile, token `row`: both projections rounded to bf16 as the plain mode writes
+    // them, then the exact rotation arithmetic of the RoPE + KV append kernel (bit-identical to
+    // the plain GEMM followed by it).
+    constexpr int kHalfTile = sl::FeaturesPerTile(true);
+    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+    const int half = p.rope_head_dim / 2;
+    const int rotated = p.rope_num_heads + p.rope_num_kv_heads;
+    const int out_n = 2 * p.n;
+    for (int idx = tid; idx < p.m * kHalfTile; idx += kThreads) {
+      const int row = idx / kHalfTile;
+      const int r = idx % kHalfTile;
+      const int pair = tile * kHalfTile + r;
+      if (pair >= p.n) continue;
+      const int head = pair / half;
+      const int i = pair % half;
+      const int f0 = head * p.rope_head_dim + i;
+      float y0 = red[r * kLd + row];
+      float y1 = red[(kHalfTile + r) * kLd + row];
+      if (bias != nullptr) {
+        y0 += __bfloat162float(bias[f0]);
+        y1 += __bfloat162float(bias[f0 + half]);
+      }
+      __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
+      __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
+      if (head < rotated) {
+        const float angle =
+            __fmul_rn(static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        const float x0 = __bfloat162float(z0);
+        const float x1 = __bfloat162float(z1);
+        z0 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn)));
+        z1 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn)));
+      }
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(row) * out_n;
+      out[f0] = z0;
+      out[f0 + half] = z1;
+      const int slot = p.rope_slots[row];
+      if (slot >= 0 && head >= p.rope_num_heads) {
+        const bool is_k = head < rotated;
+        __nv_bfloat16* dst =
+            static_cast<__nv_bfloat16*>(is_k ? p.rope_k_layer : p.rope_v_layer) +
+            static_cast<size_t>(slot) * p.rope_num_kv_heads * p.rope_head_dim +
+            static_cast<size_t>(head - (is_k ? p.rope_num_heads : rotated)) * p.rope_head_dim + i;
+        dst[0] = z0;
+        dst[half] = z1;
+      }
+    }
+  } else if constexpr (kGated) {
     constexpr int kHalf = sl::FeaturesPerTile(true);
     for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
       const int row = idx / kHalf;
@@ -249,32 +307,32 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   }
 }
 
-template <int kM16, bool kGated>
+template <int kM16, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
   constexpr size_t kSmem = SmemBytes<kM16>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmKernel<kM16, kGated>, kSmem, configured);
+          OptInDynamicSharedMemory(SkinnyGemmKernel<kM16, kMode>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
-      LaunchKernel(SkinnyGemmKernel<kM16, kGated>, grid, dim3(kThreads), kSmem, stream, p);
+      LaunchKernel(SkinnyGemmKernel<kM16, kMode>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <bool kGated>
+template <int kMode>
 cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   switch ((p.m + 15) / 16) {
     case 1:
-      return LaunchTyped<1, kGated>(p, stream);
+      return LaunchTyped<1, kMode>(p, stream);
     case 2:
-      return LaunchTyped<2, kGated>(p, stream);
+      return LaunchTyped<2, kMode>(p, stream);
     case 3:
-      return LaunchTyped<3, kGated>(p, stream);
+      return LaunchTyped<3, kMode>(p, stream);
     case 4:
-      return LaunchTyped<4, kGated>(p, stream);
+      return LaunchTyped<4, kMode>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -283,7 +341,8 @@ cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  return p.gated_silu ? LaunchForRows<true>(p, stream) : LaunchForRows<false>(p, stream);
+  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
+  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
 }
 
 }  // namespace tandem::cuda::internal

@@ -29,6 +29,7 @@
 // reentrant for distinct workspaces; the stream's owner calls it (device.h contract).
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 
@@ -57,6 +58,27 @@ constexpr int kSkinnyGemmCtasPerSm = 2;
 SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
                               int ctas_per_sm = kSkinnyGemmCtasPerSm);
 
+// Rope mode: the QKV projection (w [(num_heads + 2 num_kv_heads) head_dim, k], out the bf16 qkv
+// rows [m, n]) with RoPE and the KV append of LaunchRopeKvAppend (model_kernels.h) fused into the
+// epilogue: each tile holds 32 rotation pairs (i, i + head_dim / 2) of the heads; bit-identical to
+// the plain launch followed by LaunchRopeKvAppend (the same bf16 rounding, then the same rotation
+// arithmetic). Positions, slots (-1: no append), inv_freq and the layer's k / v cache
+// ([slots, num_kv_heads, head_dim] bf16) are device memory.
+struct SkinnyRope {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;                       // even
+  const int32_t* positions = nullptr;     // [m]
+  const float* inv_freq = nullptr;        // [head_dim / 2]
+  const int32_t* slot_mapping = nullptr;  // [m]
+  void* k_layer = nullptr;
+  void* v_layer = nullptr;
+};
+
+// The plan of a rope-mode launch of the [m, k] x [n, k]^T QKV projection.
+SkinnyGemmPlan PlanSkinnyGemmRope(int m, int n, int k, int num_sms,
+                                  int ctas_per_sm = kSkinnyGemmCtasPerSm);
+
 struct SkinnyGemmArgs {
   const void* x = nullptr;     // bf16 [m, k], dense, 16-byte aligned
   const void* w = nullptr;     // bf16 [n, k] ([2n, k] when gated_silu), dense, 16-byte aligned
@@ -75,6 +97,7 @@ struct SkinnyGemmArgs {
   size_t partials_bytes = 0;
   void* counters = nullptr;  // zeroed when allocated; 4-byte aligned
   size_t counters_bytes = 0;
+  const SkinnyRope* rope = nullptr;  // rope mode (not with gated_silu or out_f32), or null
 };
 
 // True when LaunchSkinnyGemm takes this shape and these pointers: m in [1, kSkinnyGemmMaxRows],

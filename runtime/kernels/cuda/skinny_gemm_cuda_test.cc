@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/float16.h"
 #include "runtime/kernels/cuda/cuda_kernel_test_util.h"
+#include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem {
@@ -236,6 +237,92 @@ TEST_F(SkinnyGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
     EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), plan.tiles)
         << what << ": split counters not reset";
   }
+}
+
+// Rope mode must equal the plain launch followed by LaunchRopeKvAppend bit for bit, in the qkv rows
+// and in the whole cache, with and without a bias, with one- and multi-split plans and a padding
+// slot.
+TEST_F(SkinnyGemmCudaTest, RopeModeEqualsPlainThenRopeKvAppend) {
+  AllocScratch();
+  struct Case {
+    int heads, kv_heads, head_dim, hidden, m;
+  };
+  bool saw_split = false;
+  for (const Case& c : {Case{32, 8, 128, 4096, 64}, Case{32, 8, 128, 4096, 3},
+                        Case{8, 2, 64, 512, 17}, Case{7, 1, 32, 256, 40}}) {
+    for (const bool with_bias : {false, true}) {
+      const int n = (c.heads + 2 * c.kv_heads) * c.head_dim;
+      const cuda::SkinnyGemmPlan plan = cuda::PlanSkinnyGemmRope(c.m, n, c.hidden, num_sms_);
+      saw_split |= plan.splits > 1;
+      const std::string what =
+          absl::StrCat("rope ", c.heads, "x", c.kv_heads, "x", c.head_dim, " m=", c.m,
+                       with_bias ? " bias" : "", " (", plan.tiles, " tiles x ", plan.splits, ")");
+      SCOPED_TRACE(what);
+      FastRng rng(c.m * 13 + c.head_dim + with_bias);
+      constexpr int kSlots = 128;
+      const size_t cache_elems = static_cast<size_t>(kSlots) * c.kv_heads * c.head_dim;
+      const std::vector<uint16_t> w =
+          RandomBf16(static_cast<size_t>(n) * c.hidden, 1.0f / std::sqrt(float(c.hidden)), rng);
+      const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(c.m) * c.hidden, 1.0f, rng);
+      const std::vector<uint16_t> bias = RandomBf16(n, 0.5f, rng);
+      std::vector<int32_t> positions(c.m), slots(c.m);
+      for (int r = 0; r < c.m; ++r) {
+        positions[r] = rng.UniformInt(0, 100000);
+        slots[r] = r == 1 ? -1 : (r * 37 + 5) % kSlots;
+      }
+      std::vector<float> inv_freq(c.head_dim / 2);
+      for (int i = 0; i < c.head_dim / 2; ++i) {
+        inv_freq[i] = std::pow(500000.0f, -2.0f * i / c.head_dim);
+      }
+      const DeviceBuffer d_w = Upload(w), d_x = Upload(x), d_bias = Upload(bias);
+      const DeviceBuffer d_pos = Upload(positions), d_slots = Upload(slots),
+                         d_inv = Upload(inv_freq);
+      std::vector<uint16_t> got_qkv[2], got_k[2], got_v[2];
+      for (const bool fused : {false, true}) {
+        const DeviceBuffer d_qkv =
+            Upload(std::vector<uint16_t>(static_cast<size_t>(c.m) * n, testing_util::kBf16Poison));
+        const DeviceBuffer d_k =
+            Upload(std::vector<uint16_t>(cache_elems, testing_util::kBf16Poison));
+        const DeviceBuffer d_v =
+            Upload(std::vector<uint16_t>(cache_elems, testing_util::kBf16Poison));
+        cuda::SkinnyGemmArgs a = Args(d_x, d_w, d_qkv, c.m, n, c.hidden);
+        a.bias = with_bias ? d_bias.data : nullptr;
+        cuda::SkinnyRope rope;
+        rope.num_heads = c.heads;
+        rope.num_kv_heads = c.kv_heads;
+        rope.head_dim = c.head_dim;
+        rope.positions = static_cast<const int32_t*>(d_pos.data);
+        rope.inv_freq = static_cast<const float*>(d_inv.data);
+        rope.slot_mapping = static_cast<const int32_t*>(d_slots.data);
+        rope.k_layer = d_k.data;
+        rope.v_layer = d_v.data;
+        if (fused) a.rope = &rope;
+        ASSERT_TRUE(cuda::LaunchSkinnyGemm(a, stream()).ok()) << what;
+        if (!fused) {
+          cuda::PagedKvCache cache;
+          cache.k = d_k.data;
+          cache.v = d_v.data;
+          cache.num_layers = 1;
+          cache.num_blocks = kSlots;
+          cache.block_size = 1;
+          cache.num_kv_heads = c.kv_heads;
+          cache.head_dim = c.head_dim;
+          ASSERT_TRUE(cuda::LaunchRopeKvAppend(d_qkv.data, rope.positions, rope.inv_freq,
+                                               rope.slot_mapping, c.m, c.heads, cache, 0, stream())
+                          .ok());
+        }
+        got_qkv[fused] = Download<uint16_t>(d_qkv, static_cast<size_t>(c.m) * n);
+        got_k[fused] = Download<uint16_t>(d_k, cache_elems);
+        got_v[fused] = Download<uint16_t>(d_v, cache_elems);
+      }
+      EXPECT_TRUE(got_qkv[0] == got_qkv[1]) << what << ": qkv differs";
+      EXPECT_TRUE(got_k[0] == got_k[1]) << what << ": k cache differs";
+      EXPECT_TRUE(got_v[0] == got_v[1]) << what << ": v cache differs";
+      FreeAll();
+      AllocScratch();
+    }
+  }
+  EXPECT_TRUE(saw_split) << "no rope case split K on " << num_sms_ << " SMs";
 }
 
 TEST_F(SkinnyGemmCudaTest, TooSmallScratchIsAnError) {

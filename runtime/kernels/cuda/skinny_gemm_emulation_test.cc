@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -283,6 +284,33 @@ TEST(SkinnyGemmEmulationTest, MatchesFloat64Reference) {
   }
   EXPECT_TRUE(saw_split);
   EXPECT_TRUE(saw_gated_split);
+}
+
+// Rope tiles: every row of the QKV weight appears in exactly one tile, and tile rows r and 32 + r
+// are a rotation pair (i, i + head_dim / 2) of one head, for the head dims the runner supports.
+TEST(SkinnyGemmLayoutTest, RopeTilesCoverEveryRowAsRotationPairs) {
+  for (const int head_dim : {32, 64, 128}) {
+    for (const auto& [heads, kv_heads] : {std::pair{32, 8}, std::pair{4, 2}, std::pair{7, 1}}) {
+      const int n = (heads + 2 * kv_heads) * head_dim, pairs = n / 2, half = head_dim / 2;
+      const SkinnyGemmPlan plan = PlanSkinnyGemmRope(8, n, 4096, 132);
+      std::vector<int> hits(n, 0);
+      for (int tile = 0; tile < plan.tiles; ++tile) {
+        for (int r = 0; r < sl::kRows / 2; ++r) {
+          const int a = sl::RopeWeightRow(tile, r, pairs, head_dim);
+          const int b = sl::RopeWeightRow(tile, r + sl::kRows / 2, pairs, head_dim);
+          ASSERT_EQ(a < 0, b < 0);
+          if (a < 0) continue;
+          EXPECT_EQ(b, a + half) << "head_dim " << head_dim << " tile " << tile << " r " << r;
+          EXPECT_EQ(a / head_dim, b / head_dim) << "pair split across heads";
+          EXPECT_LT(a % head_dim, half);
+          ++hits[a];
+          ++hits[b];
+        }
+      }
+      EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), static_cast<long>(n))
+          << "head_dim " << head_dim << " heads " << heads << "+" << kv_heads;
+    }
+  }
 }
 
 // Every byte of a stage's weight and activation tiles is the target of exactly one cp.async.

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace tandem::cuda::internal {
 
 // Same values as kSkinnyGemmMaxRows / kSkinnyGemmKStep (skinny_gemm.h, which nvcc does not
@@ -24,6 +26,16 @@ struct SkinnyGemmRaw {
   int tiles, splits, k_per_split;
   float* partials;     // [splits][tiles][kSkinnyTileRows][m rounded up to 16], or null
   unsigned* counters;  // [tiles], or null when splits == 1
+  // Rope mode (rope_head_dim > 0): n is the number of rotation pairs, out is the bf16 qkv buffer
+  // [m, 2 n]; see SkinnyRope in skinny_gemm.h.
+  int rope_head_dim;
+  int rope_num_heads;
+  int rope_num_kv_heads;
+  const int32_t* rope_positions;
+  const float* rope_inv_freq;
+  const int32_t* rope_slots;
+  void* rope_k_layer;
+  void* rope_v_layer;
 };
 
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, cudaStream_t stream);

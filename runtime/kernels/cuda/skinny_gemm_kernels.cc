@@ -43,6 +43,11 @@ SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
   return plan;
 }
 
+SkinnyGemmPlan PlanSkinnyGemmRope(int m, int n, int k, int num_sms, int ctas_per_sm) {
+  // Tiles of 32 rotation pairs, planned as the gated mode's tiles of 32 output features.
+  return PlanSkinnyGemm(m, n / 2, k, /*gated_silu=*/true, num_sms, ctas_per_sm);
+}
+
 bool SkinnyGemmSupports(int m, int n, int k, const void* x, const void* w) {
   return m >= 1 && m <= kSkinnyGemmMaxRows && n > 0 && k > 0 && k % kSkinnyGemmKStep == 0 &&
          Aligned(x, 16) && Aligned(w, 16);
@@ -68,8 +73,27 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
   if (a.gated_silu && a.bias != nullptr) {
     return absl::InvalidArgumentError("SkinnyGemm gated_silu takes no bias");
   }
+  if (a.rope != nullptr) {
+    const SkinnyRope& r = *a.rope;
+    if (a.gated_silu || a.out_f32) {
+      return absl::InvalidArgumentError("SkinnyGemm rope mode writes bf16 and is not gated");
+    }
+    if (r.num_heads <= 0 || r.num_kv_heads <= 0 || r.head_dim <= 0 || r.head_dim % 2 != 0 ||
+        a.n != (r.num_heads + 2 * r.num_kv_heads) * r.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("SkinnyGemm rope: n=", a.n, " is not (",
+                                                     r.num_heads, " + 2 x ", r.num_kv_heads,
+                                                     ") heads x head_dim ", r.head_dim, " (even)"));
+    }
+    if (r.positions == nullptr || r.inv_freq == nullptr || r.slot_mapping == nullptr ||
+        r.k_layer == nullptr || r.v_layer == nullptr) {
+      return absl::InvalidArgumentError(
+          "SkinnyGemm rope positions, inv_freq, slot_mapping and the cache must not be null");
+    }
+  }
   if (a.m == 0) return absl::OkStatus();
-  const SkinnyGemmPlan plan = PlanSkinnyGemm(a.m, a.n, a.k, a.gated_silu, a.num_sms, a.ctas_per_sm);
+  const SkinnyGemmPlan plan =
+      a.rope != nullptr ? PlanSkinnyGemmRope(a.m, a.n, a.k, a.num_sms, a.ctas_per_sm)
+                        : PlanSkinnyGemm(a.m, a.n, a.k, a.gated_silu, a.num_sms, a.ctas_per_sm);
   if (plan.splits > 1) {
     if (a.partials == nullptr || a.counters == nullptr || a.partials_bytes < plan.partial_bytes ||
         a.counters_bytes < plan.counter_bytes) {
@@ -83,7 +107,7 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
           "SkinnyGemm partials must be 16-byte and counters 4-byte aligned");
     }
   }
-  internal::SkinnyGemmRaw raw;
+  internal::SkinnyGemmRaw raw = {};
   raw.x = a.x;
   raw.w = a.w;
   raw.bias = a.bias;
@@ -98,6 +122,17 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
   raw.k_per_split = plan.k_per_split;
   raw.partials = plan.splits > 1 ? static_cast<float*>(a.partials) : nullptr;
   raw.counters = plan.splits > 1 ? static_cast<unsigned*>(a.counters) : nullptr;
+  if (a.rope != nullptr) {
+    raw.n = a.n / 2;  // rotation pairs
+    raw.rope_head_dim = a.rope->head_dim;
+    raw.rope_num_heads = a.rope->num_heads;
+    raw.rope_num_kv_heads = a.rope->num_kv_heads;
+    raw.rope_positions = a.rope->positions;
+    raw.rope_inv_freq = a.rope->inv_freq;
+    raw.rope_slots = a.rope->slot_mapping;
+    raw.rope_k_layer = a.rope->k_layer;
+    raw.rope_v_layer = a.rope->v_layer;
+  }
   return CudaStatus(internal::LaunchSkinnyGemmRaw(raw, static_cast<cudaStream_t>(stream)),
                     "SkinnyGemm kernel launch");
 }

@@ -46,6 +46,17 @@ TANDEM_SKINNY_HD constexpr int WeightRow(int tile, int r, int n, bool gated) {
   return row < n ? row : -1;
 }
 
+// Rope mode (the fused QKV projection with RoPE): rotation pairs are numbered p = head *
+// (head_dim / 2) + i over all q, k and v heads; tile `tile` holds pairs 32 tile .. 32 tile + 31,
+// tile row r < 32 the first element of pair 32 tile + r (feature head * head_dim + i), row 32 + r
+// its partner (+ head_dim / 2). -1 past the last pair.
+TANDEM_SKINNY_HD constexpr int RopeWeightRow(int tile, int r, int num_pairs, int head_dim) {
+  const int pair = tile * (kRows / 2) + r % (kRows / 2);
+  if (pair >= num_pairs) return -1;
+  const int half = head_dim / 2;
+  return (pair / half) * head_dim + pair % half + (r < kRows / 2 ? 0 : half);
+}
+
 // Output features per tile.
 TANDEM_SKINNY_HD constexpr int FeaturesPerTile(bool gated) { return gated ? kRows / 2 : kRows; }
 

@@ -398,14 +398,36 @@ bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
                              bool gated_silu) const {
   // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
   if (!impl_->skinny_enabled || m < 2 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) return false;
-  const cuda::SkinnyGemmPlan plan =
-      cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms, impl_->skinny_ctas_per_sm);
+  return SkinnyScratchFits(
+      cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms, impl_->skinny_ctas_per_sm));
+}
+
+bool CublasLtGemm::SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const {
   return plan.partial_bytes <= kSkinnyPartialBytes && plan.counter_bytes <= kSkinnyCounterBytes;
+}
+
+bool CublasLtGemm::FusesQkvRope(int m, int k, int n, const void* x, const void* w) const {
+  if (!impl_->skinny_enabled || m < 2 || n % 2 != 0 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
+    return false;
+  }
+  return SkinnyScratchFits(
+      cuda::PlanSkinnyGemmRope(m, n, k, impl_->num_sms, impl_->skinny_ctas_per_sm));
+}
+
+absl::Status CublasLtGemm::LinearQkvRope(const void* x, const void* w, const void* bias, int m,
+                                         int k, int n, const cuda::SkinnyRope& rope, void* out,
+                                         void* stream) {
+  if (m == 0) return absl::OkStatus();
+  if (!FusesQkvRope(m, k, n, x, w)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QKV GEMM m=", m, " k=", k, " n=", n, " has no fused RoPE kernel (check FusesQkvRope)"));
+  }
+  return LaunchSkinny(x, w, bias, m, k, n, out, false, false, stream, &rope);
 }
 
 absl::Status CublasLtGemm::LaunchSkinny(const void* x, const void* w, const void* bias, int m,
                                         int k, int n, void* out, bool out_f32, bool gated_silu,
-                                        void* stream) {
+                                        void* stream, const cuda::SkinnyRope* rope) {
   cuda::SkinnyGemmArgs a;
   a.x = x;
   a.w = w;
@@ -422,6 +444,7 @@ absl::Status CublasLtGemm::LaunchSkinny(const void* x, const void* w, const void
   a.partials_bytes = kSkinnyPartialBytes;
   a.counters = impl_->skinny_counters;
   a.counters_bytes = kSkinnyCounterBytes;
+  a.rope = rope;
   return cuda::LaunchSkinnyGemm(a, stream);
 }
 

@@ -32,6 +32,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
 
@@ -58,6 +59,14 @@ class CublasLtGemm {
                                void* stream);
   bool FusesGatedSilu(int m, int k, int n, const void* x, const void* w) const;
 
+  // Queues the QKV projection out = x · w^T (+ bias) with RoPE and the KV append of `rope` in the
+  // skinny GEMM's epilogue (rope mode of skinny_gemm.h; bit-identical to Linear followed by
+  // cuda::LaunchRopeKvAppend) when FusesQkvRope says the skinny GEMM takes the call; otherwise
+  // kInvalidArgument.
+  absl::Status LinearQkvRope(const void* x, const void* w, const void* bias, int m, int k, int n,
+                             const cuda::SkinnyRope& rope, void* out, void* stream);
+  bool FusesQkvRope(int m, int k, int n, const void* x, const void* w) const;
+
   // True when Linear runs this call as a GEMV: GEMV not disabled, m in [1, kGemvMaxRows], k a
   // multiple of 8, x and w 16-byte aligned.
   bool UseGemv(int m, int k, const void* x, const void* w) const;
@@ -67,7 +76,10 @@ class CublasLtGemm {
   // plan's split-K scratch fits ours.
   bool UseSkinny(int m, int n, int k, const void* x, const void* w, bool gated_silu) const;
   absl::Status LaunchSkinny(const void* x, const void* w, const void* bias, int m, int k, int n,
-                            void* out, bool out_f32, bool gated_silu, void* stream);
+                            void* out, bool out_f32, bool gated_silu, void* stream,
+                            const cuda::SkinnyRope* rope = nullptr);
+  // Whether the skinny GEMM's split-K scratch holds this plan.
+  bool SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const;
 
   struct Impl;
   explicit CublasLtGemm(std::unique_ptr<Impl> impl);

@@ -46,12 +46,13 @@ constexpr size_t kProgressMinBytes = size_t{256} << 20;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// TANDEM_GEMV_ROPE=1 (read once; off until measured on a GPU): single-token QKV projections run
-// as one GEMV with RoPE and the KV append in its epilogue (cuda::LaunchQkvGemvRopeKvAppend,
-// bit-identical to the two launches it replaces), one kernel fewer per layer at batch 1.
+// TANDEM_FUSE_QKV_ROPE=1 (read once; off until measured on a GPU): the QKV projection runs with
+// RoPE and the KV append in its epilogue where its kernel is ours (the single-token GEMV,
+// cuda::LaunchQkvGemvRopeKvAppend; the 2-64-row skinny GEMM with TANDEM_SKINNY_GEMM=1), each
+// bit-identical to the two launches it replaces: one kernel fewer per layer.
 bool FuseQkvRope() {
   static const bool fuse = [] {
-    const char* env = std::getenv("TANDEM_GEMV_ROPE");
+    const char* env = std::getenv("TANDEM_FUSE_QKV_ROPE");
     return env != nullptr && std::strcmp(env, "1") == 0;
   }();
   return fuse;
@@ -751,6 +752,19 @@ class Runner final : public CudaModelRunner {
             static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
             s));
         RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
+      } else if (FuseQkvRope() && gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv)) {
+        cuda::SkinnyRope rope;
+        rope.num_heads = c.num_heads;
+        rope.num_kv_heads = c.num_kv_heads;
+        rope.head_dim = c.head_dim;
+        rope.positions = meta + p.off.positions;
+        rope.inv_freq = static_cast<const float*>(inv_freq_.data);
+        rope.slot_mapping = meta + p.off.slots;
+        rope.k_layer = cuda::KvCacheLayerK(cache_, li);
+        rope.v_layer = cuda::KvCacheLayerV(cache_, li);
+        RETURN_IF_ERROR(gemm_->LinearQkvRope(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w,
+                                             rope, qkv, s));
+        RETURN_IF_ERROR(mark("qkv_gemm_rope_kv"));
       } else {
         RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
                                       GemmOut::kBf16, s));
