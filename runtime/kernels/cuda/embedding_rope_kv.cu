@@ -72,13 +72,7 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const RopeParams p) {
   float* sin_s = rope_cs + half;
   const float pos = static_cast<float>(p.positions[token]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // As cpu::RopeTables: the angle rounded to float32, then cos/sin (sincosf is accurate to a
-    // couple of float32 ulps over the whole range; no fast-math intrinsics).
-    const float angle = __fmul_rn(pos, p.inv_freq[i]);
-    float s, c;
-    sincosf(angle, &s, &c);
-    cos_s[i] = c;
-    sin_s[i] = s;
+    RopeCosSin(pos, p.inv_freq[i], cos_s[i], sin_s[i]);
   }
   __syncthreads();
   const int head_begin = blockIdx.y * kRopeHeadsPerBlock;
@@ -91,10 +85,10 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const RopeParams p) {
     const int head = head_begin + h;
     __nv_bfloat16* lo = row + static_cast<size_t>(head) * p.head_dim + i;
     __nv_bfloat16* hi = lo + half;
-    const float x0 = __bfloat162float(*lo);
-    const float x1 = __bfloat162float(*hi);
-    const __nv_bfloat16 y0 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-    const __nv_bfloat16 y1 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+    float r0, r1;
+    RopeRotate(__bfloat162float(*lo), __bfloat162float(*hi), c, s, r0, r1);
+    const __nv_bfloat16 y0 = __float2bfloat16_rn(r0);
+    const __nv_bfloat16 y1 = __float2bfloat16_rn(r1);
     *lo = y0;
     *hi = y1;
     if (slot >= 0 && head >= p.num_heads) {
@@ -121,11 +115,7 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKvVecKernel(const RopeParams
   float* sin_s = rope_cs + half;
   const float pos = static_cast<float>(p.positions[token]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = __fmul_rn(pos, p.inv_freq[i]);
-    float s, c;
-    sincosf(angle, &s, &c);
-    cos_s[i] = c;
-    sin_s[i] = s;
+    RopeCosSin(pos, p.inv_freq[i], cos_s[i], sin_s[i]);
   }
   const int slot = p.k_layer != nullptr ? p.slot_mapping[token] : -1;
   __syncthreads();
@@ -143,10 +133,7 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKvVecKernel(const RopeParams
     Bf16x8ToFloat(LoadBf16x8(hi), x1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float c = cos_s[i0 + j];
-      const float sn = sin_s[i0 + j];
-      y0[j] = __fsub_rn(__fmul_rn(x0[j], c), __fmul_rn(x1[j], sn));
-      y1[j] = __fadd_rn(__fmul_rn(x1[j], c), __fmul_rn(x0[j], sn));
+      RopeRotate(x0[j], x1[j], cos_s[i0 + j], sin_s[i0 + j], y0[j], y1[j]);
     }
     const Bf16x8 out0 = FloatToBf16x8(y0);
     const Bf16x8 out1 = FloatToBf16x8(y1);

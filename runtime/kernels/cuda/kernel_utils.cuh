@@ -62,6 +62,31 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+// RoPE, neox style (HF rotate_half), in the one arithmetic every rotating kernel uses, so the fused
+// paths (QKV projection epilogues) are bit-identical to the RoPE kernels. As cpu::RopeTables: the
+// angle pos * inv_freq rounded to float32, then sincosf (accurate to a couple of float32 ulps over
+// the whole range; no fast-math intrinsics).
+__device__ __forceinline__ void RopeCosSin(float pos, float inv_freq, float& c, float& s) {
+  sincosf(__fmul_rn(pos, inv_freq), &s, &c);
+}
+
+// The pair (x0 at i, x1 at i + head_dim / 2) rotated by (c, s), each product rounded on its own.
+__device__ __forceinline__ void RopeRotate(float x0, float x1, float c, float s, float& y0,
+                                           float& y1) {
+  y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+// A bf16 pair rotated in place at position `pos`.
+__device__ __forceinline__ void RopeRotateBf16(__nv_bfloat16& z0, __nv_bfloat16& z1, float pos,
+                                               float inv_freq) {
+  float c, s, y0, y1;
+  RopeCosSin(pos, inv_freq, c, s);
+  RopeRotate(__bfloat162float(z0), __bfloat162float(z1), c, s, y0, y1);
+  z0 = __float2bfloat16_rn(y0);
+  z1 = __float2bfloat16_rn(y1);
+}
+
 // cp.async (sm_80+): a 16-byte global -> shared copy that bypasses L1 and registers; with
 // valid == false the 16 shared bytes are zero-filled and nothing is read. Completion is tracked
 // per thread in commit groups; other threads see the bytes after a barrier.

@@ -250,14 +250,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
       __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
       __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
       if (head < rotated) {
-        const float angle =
-            __fmul_rn(static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
-        float sn, cs;
-        sincosf(angle, &sn, &cs);
-        const float x0 = __bfloat162float(z0);
-        const float x1 = __bfloat162float(z1);
-        z0 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn)));
-        z1 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn)));
+        RopeRotateBf16(z0, z1, static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
       }
       __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(row) * out_n;
       out[f0] = z0;
