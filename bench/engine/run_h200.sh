@@ -13,6 +13,7 @@
 #   under ~9 minutes (TOTAL_S, default 530); a failing step is recorded and the run goes on.
 #   SKIP="step names" leaves those steps out, ONLY="step names" runs just those (to split one
 #   session's work over two device calls; benchmark steps need wait-synth in ONLY too).
+#   KEEP_MODELS=1 keeps the synthesized models in /tmp for the next call on the same machine.
 # Results: $OUT/summary.txt (one line per step: status, seconds), $OUT/<step>.log, JSON from the
 # benchmarks, gtest XML from the tests.
 set -u
@@ -69,10 +70,13 @@ step() {
   > "$OUT/torch-version.txt" 2>&1
 
 # Synthesize the benchmark models in the background while the GPU tests run (CPU-bound).
-( timeout 200 "$BIN/tandem" model synth --like llama-3-8b --out "$M8B" > "$OUT/synth-8b.log" 2>&1
-  echo "rc=$?" >> "$OUT/synth-8b.log"
-  timeout 100 "$BIN/tandem" model synth --like llama-3.2-1b --out "$M1B" > "$OUT/synth-1b.log" 2>&1
-  echo "rc=$?" >> "$OUT/synth-1b.log" ) &
+# A model left by an earlier call with KEEP_MODELS=1 is reused.
+( if [[ -f "$M8B/config.json" ]]; then echo "reusing $M8B" > "$OUT/synth-8b.log"; else
+    timeout 200 "$BIN/tandem" model synth --like llama-3-8b --out "$M8B" > "$OUT/synth-8b.log" 2>&1
+    echo "rc=$?" >> "$OUT/synth-8b.log"; fi
+  if [[ -f "$M1B/config.json" ]]; then echo "reusing $M1B" > "$OUT/synth-1b.log"; else
+    timeout 100 "$BIN/tandem" model synth --like llama-3.2-1b --out "$M1B" > "$OUT/synth-1b.log" 2>&1
+    echo "rc=$?" >> "$OUT/synth-1b.log"; fi ) &
 SYNTH_PID=$!
 
 # GPU tests (each prints max errors and shapes on failure).
@@ -195,5 +199,5 @@ pkill -TERM -P "$SYNTH_PID" 2>/dev/null
 kill "$SYNTH_PID" 2>/dev/null
 echo "--- summary ($(( $(date +%s) - START )) s total)"
 cat "$OUT/summary.txt"
-rm -rf "$M8B" "$M1B"
+[[ "${KEEP_MODELS:-0}" == 1 ]] || rm -rf "$M8B" "$M1B"
 exit 0
