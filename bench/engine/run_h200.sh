@@ -95,13 +95,14 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
-# The prefill attention cases again with the wgmma kernel for head_dim 128.
+# The prefill attention cases again with the portable mma.sync kernel (head_dim 128 takes the
+# wgmma kernel on an H100/H200 by default) and with the wgmma kernel's 3-stage variant.
 if [[ -x "$BIN/attention_cuda_test" ]]; then
-  step attention_cuda_test_prefill_sm90 90 env TANDEM_PREFILL_ATTN_SM90=1 \
+  step attention_cuda_test_prefill_mma_sync 90 env TANDEM_PREFILL_ATTN_SM90=0 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90.xml"
-  step attention_cuda_test_prefill_sm90_3_stages 90 env TANDEM_PREFILL_ATTN_SM90=1 \
-    TANDEM_PREFILL_SM90_STAGES=3 "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
+    --gtest_output="xml:$OUT/attention_cuda_test_prefill_mma_sync.xml"
+  step attention_cuda_test_prefill_sm90_3_stages 90 env TANDEM_PREFILL_SM90_STAGES=3 \
+    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
     --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_3_stages.xml"
 fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
@@ -109,11 +110,17 @@ if [[ -x "$BIN/gemv_cuda_test" ]]; then
   step gemv_cuda_test_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/gemv_cuda_test" \
     --gtest_output="xml:$OUT/gemv_cuda_test_rows_4.xml"
 fi
+# The runner again with RoPE and the KV append as their own kernel, and with the batch-1 RMSNorms
+# as their own kernels (both fused by default).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  step cuda_model_runner_test_fuse_qkv_rope 200 env TANDEM_FUSE_QKV_ROPE=1 TANDEM_SKINNY_GEMM=1 \
+  step cuda_model_runner_test_unfused_qkv_rope 200 env TANDEM_FUSE_QKV_ROPE=0 \
     "$BIN/cuda_model_runner_test" \
     --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-    --gtest_output="xml:$OUT/cuda_model_runner_test_fuse_qkv_rope.xml"
+    --gtest_output="xml:$OUT/cuda_model_runner_test_unfused_qkv_rope.xml"
+  step cuda_model_runner_test_unfused_norm 200 env TANDEM_FUSE_NORM_GEMV=0 \
+    "$BIN/cuda_model_runner_test" \
+    --gtest_filter='Models/GreedyTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
+    --gtest_output="xml:$OUT/cuda_model_runner_test_unfused_norm.xml"
 fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
@@ -144,43 +151,37 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
-  # Prefill with the wgmma attention kernel (the variable is read once per process).
-  step engine_bench_8b_prefill_sm90 120 env TANDEM_PREFILL_ATTN_SM90=1 "$BIN/engine_bench" \
+  # A/B of the defaults: each fused or Hopper-only path turned off in turn.
+  step engine_bench_8b_unfused_norm 90 env TANDEM_FUSE_NORM_GEMV=0 "$BIN/engine_bench" \
+    --model "$M8B" --batches 1 --contexts 1024,8192 \
+    --skip sampling,prefill,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_unfused_norm.json"
+  step engine_bench_8b_unfused_qkv_rope 90 env TANDEM_FUSE_QKV_ROPE=0 "$BIN/engine_bench" \
+    --model "$M8B" --batches 1 --contexts 1024,8192 \
+    --skip sampling,prefill,profile,gemv-ab,skinny-ab \
+    --json "$OUT/engine_bench_8b_unfused_qkv_rope.json"
+  step engine_bench_8b_prefill_mma_sync 120 env TANDEM_PREFILL_ATTN_SM90=0 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_sm90.json"
-  step engine_bench_8b_prefill_sm90_3_stages 120 env TANDEM_PREFILL_ATTN_SM90=1 \
-    TANDEM_PREFILL_SM90_STAGES=3 "$BIN/engine_bench" --model "$M8B" --batches 1 \
-    --contexts 1024 --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab \
+    --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_mma_sync.json"
+  step engine_bench_8b_prefill_sm90_3_stages 120 env TANDEM_PREFILL_SM90_STAGES=3 \
+    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
+    --skip sampling,profile,gemv-ab,skinny-ab \
     --json "$OUT/engine_bench_8b_prefill_sm90_3_stages.json"
-  # Batch 1 with the 4-row GEMV CTAs (the QKV, O and down GEMVs stream below the copy bandwidth).
+  # Batch 1 with the 4-row GEMV CTAs.
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_gemv_rows_4.json"
-  # Batch 1 with RoPE and the KV append in the QKV GEMV, alone and with the 4-row GEMV CTAs.
-  step engine_bench_8b_fuse_qkv_rope 90 env TANDEM_FUSE_QKV_ROPE=1 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_fuse_qkv_rope.json"
-  step engine_bench_8b_fuse_qkv_rope_rows_4 90 env TANDEM_FUSE_QKV_ROPE=1 TANDEM_GEMV_ROWS=4 \
-    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_fuse_qkv_rope_rows_4.json"
-  # Batch 8 and 64 with the skinny GEMM and RoPE in its QKV epilogue.
-  step engine_bench_8b_skinny_fuse_qkv_rope 90 env TANDEM_SKINNY_GEMM=1 TANDEM_FUSE_QKV_ROPE=1 \
-    "$BIN/engine_bench" --model "$M8B" --batches 8,64 --contexts 1024 \
-    --skip sampling,prefill,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_skinny_fuse_qkv_rope.json"
   # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
-  for aim in 1 3 4; do
+  for aim in 1 4; do
     step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \
       TANDEM_SKINNY_CTAS_PER_SM=$aim "$BIN/engine_bench" --model "$M8B" --batches 8,64 \
       --contexts 1024 --skip sampling,prefill,profile,gemv-ab,skinny-ab \
       --json "$OUT/engine_bench_8b_skinny_aim_$aim.json"
   done
-  # Fewer flash-decoding splits than the default 2048 (sequence, query head, split) work items
-  # (more were measured slower): at batch 1 and 1K, 128 / 256 / 1024 give 4 / 8 / 16 splits of the
-  # default's 16 (one 64-token tile each); at 8K 4 / 8 / 32 of 64; batch 64 has one split anyway.
-  for st in 128 256 1024; do
+  # Flash-decoding work-item targets around the default 2048 (splits are also at least 256
+  # tokens long: model_kernels_internal.h).
+  for st in 1024 4096; do
     step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \
-      --model "$M8B" --batches 1,8 --contexts 1024,8192 \
+      --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
       --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_split_$st.json"
   done
   step torch_peer_8b 150 "$PY" "$ROOT/bench/engine/torch_peer.py" --model "$M8B" \

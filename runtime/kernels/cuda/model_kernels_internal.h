@@ -51,6 +51,11 @@ struct PagedLayerView {
 
 // Tokens per decode-attention tile; a split's partition is a multiple of it.
 constexpr int kDecodeTileTokens = 64;
+// A split covers at least this many tokens: shorter ones cost more in the merge and in per-CTA
+// start-up than they gain in parallelism (H200, Llama-3-8B shape: batch 1 at 8K is 4.62 ms with
+// 32 splits of 256 tokens against 4.83 with 64 of 128; batch 1 and 8 at 1K are faster with
+// 4-8 splits than with 8-16 of one tile; bench/RESULTS.md).
+constexpr int kDecodeMinSplitTokens = 4 * kDecodeTileTokens;
 
 // The split-K plan of one decode launch: a function of host values only.
 struct DecodeSplitPlan {
@@ -58,6 +63,8 @@ struct DecodeSplitPlan {
   int partition_size = 0;  // tokens per chunk (multiple of the kernel's tile); the last chunk
                            // also takes any tokens beyond num_splits * partition_size
 };
+// Splits = min(ceil(target work items / (num_seqs * num_heads)),
+//              ceil(max_context_len / kDecodeMinSplitTokens)), at least 1.
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len);
 // Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and
 // (max, sum) pairs [num_seqs, num_heads, num_splits, 2], f32. 0 when num_splits == 1.

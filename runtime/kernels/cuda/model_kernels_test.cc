@@ -208,6 +208,13 @@ TEST(DecodeSplitPlanTest, SplitsOnlyWhenTheBatchCannotFillTheGpu) {
   EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, 8192);
   // Short contexts and big batches: no split.
   EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeTileTokens).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeMinSplitTokens).num_splits, 1);
+  // No split shorter than kDecodeMinSplitTokens: batch 1 at 1K gets 4 splits of 256 tokens.
+  p = internal::PlanDecodeSplits(1, 32, 1024);
+  EXPECT_EQ(p.num_splits, 1024 / internal::kDecodeMinSplitTokens);
+  EXPECT_EQ(p.partition_size, internal::kDecodeMinSplitTokens);
+  p = internal::PlanDecodeSplits(1, 32, 8192);
+  EXPECT_EQ(p.num_splits, 8192 / internal::kDecodeMinSplitTokens);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192).num_splits, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 100000).num_splits, 1);
 }
