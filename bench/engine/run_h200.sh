@@ -110,17 +110,12 @@ if [[ -x "$BIN/gemv_cuda_test" ]]; then
   step gemv_cuda_test_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/gemv_cuda_test" \
     --gtest_output="xml:$OUT/gemv_cuda_test_rows_4.xml"
 fi
-# The runner again with RoPE and the KV append as their own kernel, and with the batch-1 RMSNorms
-# as their own kernels (both fused by default).
+# The runner again with RoPE and the KV append as their own kernel (fused by default).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
   step cuda_model_runner_test_unfused_qkv_rope 200 env TANDEM_FUSE_QKV_ROPE=0 \
     "$BIN/cuda_model_runner_test" \
     --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_unfused_qkv_rope.xml"
-  step cuda_model_runner_test_unfused_norm 200 env TANDEM_FUSE_NORM_GEMV=0 \
-    "$BIN/cuda_model_runner_test" \
-    --gtest_filter='Models/GreedyTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-    --gtest_output="xml:$OUT/cuda_model_runner_test_unfused_norm.xml"
 fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
@@ -152,9 +147,6 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
   # A/B of the defaults: each fused or Hopper-only path turned off in turn.
-  step engine_bench_8b_unfused_norm 90 env TANDEM_FUSE_NORM_GEMV=0 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_unfused_norm.json"
   step engine_bench_8b_unfused_qkv_rope 90 env TANDEM_FUSE_QKV_ROPE=0 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab \

@@ -18,7 +18,6 @@
 #include "runtime/kernels/cuda/cuda_kernel_test_util.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
-#include "runtime/kernels/cuda/norm_kernels.h"
 
 namespace tandem {
 namespace {
@@ -329,71 +328,6 @@ TEST_F(ElementwiseCudaTest, QkvGemvRopeKvAppendEqualsGemvThenRopeKvAppend) {
         EXPECT_FALSE(got_cache[0] == cache) << what << ": nothing was appended";
         FreeAll();
       }
-    }
-  }
-}
-
-// With the RMSNorm prologue the fused QKV projection takes the raw residual stream and must equal
-// LaunchRmsNorm followed by the fused projection bit for bit (qkv and cache), with and without a
-// bias, at one token (the prologue's only row count).
-TEST_F(ElementwiseCudaTest, QkvGemvWithNormPrologueEqualsRmsNormThenQkvGemv) {
-  constexpr float kEps = 1e-5f;
-  for (const HeadShape& shape : {HeadShape{32, 8, 128}, HeadShape{8, 2, 64}, HeadShape{4, 2, 6}}) {
-    for (const bool with_bias : {false, true}) {
-      const std::string what =
-          absl::StrCat("norm_qkv_gemv_rope ", Name(shape), with_bias ? " bias" : "");
-      SCOPED_TRACE(what);
-      FastRng rng(shape.head_dim * 7 + with_bias);
-      const int hidden = shape.head_dim == 128 ? 4096 : 256;
-      constexpr int kLayers = 2, kLayer = 1, kBlockSize = 16, kNumBlocks = 4;
-      const size_t layer_elems =
-          static_cast<size_t>(kNumBlocks) * kBlockSize * shape.kv_heads * shape.head_dim;
-      const std::vector<uint16_t> cache(2 * kLayers * layer_elems, kBf16Poison);
-      const int row = (shape.heads + 2 * shape.kv_heads) * shape.head_dim;
-      const std::vector<uint16_t> x = RandomBf16(hidden, 3.0f, rng);
-      std::vector<uint16_t> norm_w(hidden);
-      for (auto& e : norm_w) e = FloatToBf16(rng.Uniform(0.5f, 1.5f));
-      const std::vector<uint16_t> w =
-          RandomBf16(static_cast<size_t>(row) * hidden, 1.0f / std::sqrt(float(hidden)), rng);
-      const std::vector<uint16_t> bias = RandomBf16(row, 0.5f, rng);
-      const std::vector<int32_t> positions = {rng.UniformInt(0, 100000)};
-      const std::vector<int32_t> slots = {37};
-      std::vector<float> inv_freq(shape.head_dim / 2);
-      cpu::Llama3RopeScaling scaling;
-      cpu::RopeInvFreq(shape.head_dim, 500000.0f, &scaling, inv_freq.data());
-      const DeviceBuffer d_x = Upload(x), d_norm = Upload(norm_w), d_w = Upload(w),
-                         d_bias = Upload(bias);
-      const DeviceBuffer d_pos = Upload(positions), d_slots = Upload(slots),
-                         d_inv = Upload(inv_freq);
-      const DeviceBuffer d_normed = Upload(std::vector<uint16_t>(hidden, kBf16Poison));
-      cuda::RmsNormArgs rn;
-      rn.x = d_x.data;
-      rn.weight = d_norm.data;
-      rn.out = d_normed.data;
-      rn.rows = 1;
-      rn.dim = hidden;
-      rn.eps = kEps;
-      ASSERT_TRUE(cuda::LaunchRmsNorm(rn, stream()).ok());
-      std::vector<uint16_t> got_qkv[2], got_cache[2];
-      for (const bool fused : {false, true}) {
-        const DeviceBuffer d_qkv = Upload(std::vector<uint16_t>(row, kBf16Poison));
-        const DeviceBuffer d_cache = Upload(cache);
-        const cuda::PagedKvCache kv =
-            InterleavedCache(d_cache.data, kLayers, kNumBlocks, kBlockSize, shape);
-        const absl::Status st = cuda::LaunchQkvGemvRopeKvAppend(
-            fused ? d_x.data : d_normed.data, d_w.data, with_bias ? d_bias.data : nullptr, 1,
-            hidden, d_qkv.data, static_cast<const int32_t*>(d_pos.data),
-            static_cast<const float*>(d_inv.data), static_cast<const int32_t*>(d_slots.data),
-            shape.heads, kv, kLayer, stream(), fused ? d_norm.data : nullptr, kEps);
-        ASSERT_TRUE(st.ok()) << what << ": " << st;
-        got_qkv[fused] = Download<uint16_t>(d_qkv, row);
-        got_cache[fused] = Download<uint16_t>(d_cache, cache.size());
-      }
-      EXPECT_TRUE(got_qkv[0] == got_qkv[1]) << what << ": qkv differs";
-      EXPECT_TRUE(got_cache[0] == got_cache[1]) << what << ": cache differs";
-      EXPECT_FALSE(got_cache[0] == cache) << what << ": nothing was appended";
-      EXPECT_EQ(std::count(got_qkv[1].begin(), got_qkv[1].end(), kBf16Poison), 0) << what;
-      FreeAll();
     }
   }
 }

@@ -12,11 +12,6 @@
 // Gated mode (SiLU-and-multiply fused in): the CTA's rows are gate rows j and up rows n + j of a
 // [2n, k] matrix, and out[m, j] = silu(gate) * up, so the gate/up projection writes the MLP's
 // input directly.
-// RMSNorm prologue (kNorm, one row of x): after the PDL wait every CTA normalizes x itself (8 KB at
-// hidden 4096, from L2) into shared memory with the RMSNorm kernel's own arithmetic and thread
-// mapping (rmsnorm_row.cuh), and the product reads x from there: the decode step's RMSNorm
-// launches disappear. Residual epilogue (add_to_out): out = bf16(bf16(y) + out), the residual add
-// that RMSNorm would otherwise do, in place (each element is read and written by one thread).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,8 +21,6 @@
 
 #include "runtime/kernels/cuda/gemv_internal.h"
 #include "runtime/kernels/cuda/kernel_utils.cuh"
-#include "runtime/kernels/cuda/rmsnorm_internal.h"
-#include "runtime/kernels/cuda/rmsnorm_row.cuh"
 
 namespace tandem::cuda::internal {
 namespace {
@@ -48,12 +41,6 @@ struct GemvParams {
   bool out_f32;
   int n;       // output features
   int chunks;  // k / 8
-  // RMSNorm prologue (kNorm) and residual epilogue.
-  const uint4* norm_weight;  // [chunks]
-  float norm_eps;
-  int norm_threads;  // the RMSNorm kernel's mapping for k / 8 packs (rmsnorm_internal.h)
-  int norm_iters;
-  bool add_to_out;
   // RoPE + KV append mode only (see LaunchGemvRopeKvRaw).
   const int32_t* positions;
   const float* inv_freq;
@@ -74,9 +61,7 @@ constexpr int kRopeMode = 2;
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// kNorm: x is the raw residual stream and the product takes rmsnorm(x) (dynamic shared memory:
-// M * k bf16).
-template <int M, int kMode, int kRows, bool kNorm>
+template <int M, int kMode, int kRows>
 __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
@@ -123,30 +108,6 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   };
   load(tid);  // weights do not depend on the previous kernel
   PdlWait();
-  extern __shared__ uint4 s_x[];  // kNorm: the normalized rows of x, [M, chunks]
-  if constexpr (kNorm) {
-    using P = Pack<8>;
-    __shared__ float warp_sums[kWarpSize];
-    const P* norm_w = reinterpret_cast<const P*>(p.norm_weight);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const P* row = reinterpret_cast<const P*>(p.x + static_cast<size_t>(m) * p.chunks);
-      float sum_squares = 0.0f;
-      if (tid < p.norm_threads) {
-        for (int it = 0; it < p.norm_iters; ++it) {
-          const int i = tid + it * p.norm_threads;
-          if (i < p.chunks) sum_squares += SumSquares(LoadPack(row + i));
-        }
-      }
-      if (m > 0) __syncthreads();  // warp_sums of the previous row have been read
-      const float inv_rms = InvRms(BlockSum(sum_squares, warp_sums), p.chunks * 8, p.norm_eps);
-      for (int i = tid; i < p.chunks; i += kThreads) {
-        const P o = Normalize(LoadPack(row + i), LoadPack(norm_w + i), inv_rms);
-        memcpy(&s_x[static_cast<size_t>(m) * p.chunks + i], &o, sizeof(o));
-      }
-    }
-    __syncthreads();
-  }
   for (int base = tid; base < p.chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -161,8 +122,7 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
         }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xr = kNorm ? s_x[static_cast<size_t>(m) * p.chunks + c]
-                                 : __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
+          const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
           Bf16x8 pack;
           memcpy(&pack, &xr, sizeof(pack));
           float xf[8];
@@ -247,11 +207,7 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
         y += __bfloat162float(p.bias[feature]);
       }
       const size_t at = static_cast<size_t>(m) * p.n + feature;
-      if (p.add_to_out) {
-        __nv_bfloat16* o = static_cast<__nv_bfloat16*>(p.out) + at;
-        const float rounded = __bfloat162float(__float2bfloat16_rn(y));
-        *o = __float2bfloat16_rn(rounded + __bfloat162float(*o));
-      } else if (p.out_f32) {
+      if (p.out_f32) {
         static_cast<float*>(p.out)[at] = y;
       } else {
         static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
@@ -260,21 +216,14 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   }
 }
 
-template <int M, int kMode, int kRows, bool kNorm = false>
+template <int M, int kMode, int kRows>
 cudaError_t LaunchRows(const GemvParams& p, cudaStream_t stream) {
-  const size_t smem = kNorm ? sizeof(uint4) * M * p.chunks : 0;
-  return LaunchKernel(GemvKernel<M, kMode, kRows, kNorm>, dim3(CeilDiv(p.n, kRows)), dim3(kThreads),
-                      smem, stream, p);
+  return LaunchKernel(GemvKernel<M, kMode, kRows>, dim3(CeilDiv(p.n, kRows)), dim3(kThreads), 0,
+                      stream, p);
 }
 
 template <int M>
 cudaError_t Launch(const GemvParams& p, bool gated, int rows_per_cta, cudaStream_t stream) {
-  if constexpr (M == 1) {
-    if (p.norm_weight != nullptr) {
-      return gated ? LaunchRows<M, kGatedMode, 2, true>(p, stream)
-                   : LaunchRows<M, kPlain, 2, true>(p, stream);
-    }
-  }
   if (gated) return LaunchRows<M, kGatedMode, 2>(p, stream);
   // 4 rows per CTA only where the registers allow it (80 at one row of x, 100 at two).
   if constexpr (M <= 2) {
@@ -285,26 +234,14 @@ cudaError_t Launch(const GemvParams& p, bool gated, int rows_per_cta, cudaStream
 
 template <int M>
 cudaError_t LaunchRope(const GemvParams& p, cudaStream_t stream) {
-  if constexpr (M == 1) {
-    if (p.norm_weight != nullptr) return LaunchRows<M, kRopeMode, 2, true>(p, stream);
-  }
   return LaunchRows<M, kRopeMode, 2>(p, stream);  // n / 2 CTAs: one rotation pair each
-}
-
-// The fusion fields of GemvParams.
-void SetFusion(const GemvFusion& f, GemvParams& p) {
-  p.norm_weight = static_cast<const uint4*>(f.norm_weight);
-  p.norm_eps = f.norm_eps;
-  p.norm_iters = RmsNormCachedIters(p.chunks);
-  p.norm_threads = RmsNormCachedThreads(p.chunks, p.norm_iters);
-  p.add_to_out = f.add_to_out;
 }
 
 }  // namespace
 
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
                           bool gated_silu, int m, int n, int k, int rows_per_cta,
-                          const GemvFusion& fusion, cudaStream_t stream) {
+                          cudaStream_t stream) {
   GemvParams p = {};
   p.x = static_cast<const uint4*>(x);
   p.w = static_cast<const uint4*>(w);
@@ -313,8 +250,6 @@ cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* 
   p.out_f32 = out_f32;
   p.n = n;
   p.chunks = k / 8;
-  SetFusion(fusion, p);
-  if (p.norm_weight != nullptr && (m != 1 || p.norm_iters == 0)) return cudaErrorInvalidValue;
   switch (m) {
     case 1:
       return Launch<1>(p, gated_silu, rows_per_cta, stream);
@@ -340,8 +275,7 @@ cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* 
 cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
                                 int k, const int32_t* positions, const float* inv_freq,
                                 const int32_t* slot_mapping, int num_heads, int num_kv_heads,
-                                int head_dim, void* k_layer, void* v_layer,
-                                const GemvFusion& fusion, cudaStream_t stream) {
+                                int head_dim, void* k_layer, void* v_layer, cudaStream_t stream) {
   GemvParams p = {};
   p.x = static_cast<const uint4*>(x);
   p.w = static_cast<const uint4*>(w);
@@ -358,10 +292,6 @@ cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, 
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
-  SetFusion(fusion, p);
-  if (p.add_to_out || (p.norm_weight != nullptr && (m != 1 || p.norm_iters == 0))) {
-    return cudaErrorInvalidValue;
-  }
   switch (m) {
     case 1:
       return LaunchRope<1>(p, stream);

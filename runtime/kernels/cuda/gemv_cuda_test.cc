@@ -19,7 +19,6 @@
 #include "runtime/base/float16.h"
 #include "runtime/kernels/cuda/cuda_kernel_test_util.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
-#include "runtime/kernels/cuda/norm_kernels.h"
 
 namespace tandem {
 namespace {
@@ -188,103 +187,6 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
       if (s.n % 2 == 0) CheckGated(s, m, xf, wf, d_x, d_w);
     }
     FreeAll();
-  }
-}
-
-// The RMSNorm prologue must equal LaunchRmsNorm followed by the GEMV bit for bit (plain, with a
-// bias, gated), and the residual epilogue the GEMV followed by LaunchRmsNorm's residual add, at
-// row lengths that take each of the RMSNorm kernel's thread mappings (32 packs on one warp, 300
-// packs at 2 per thread on 160 threads, 512 at 2 on 256, 1024 at 4 on 256).
-TEST_F(GemvCudaTest, NormPrologueAndResidualEpilogueEqualTheSeparateKernels) {
-  constexpr float kEps = 1e-5f;
-  for (const int k : {256, 2400, 4096, cuda::kGemvNormMaxK}) {
-    for (const int n : {96, 1024}) {
-      const std::string what = absl::StrCat("gemv fusions n=", n, " k=", k);
-      SCOPED_TRACE(what);
-      FastRng rng(n * 131 + k);
-      // A residual stream of scale ~3, a norm weight around 1, a bias.
-      const std::vector<uint16_t> x = RandomBf16(k, 3.0f, rng);
-      std::vector<uint16_t> norm_w(k);
-      for (auto& e : norm_w) e = FloatToBf16(rng.Uniform(0.5f, 1.5f));
-      const std::vector<uint16_t> w =
-          RandomBf16(static_cast<size_t>(2 * n) * k, 1.0f / std::sqrt(static_cast<float>(k)), rng);
-      const std::vector<uint16_t> bias = RandomBf16(2 * n, 1.0f, rng);
-      const std::vector<uint16_t> residual = RandomBf16(n, 3.0f, rng);
-      const DeviceBuffer d_x = Upload(x), d_norm = Upload(norm_w), d_w = Upload(w),
-                         d_bias = Upload(bias);
-      const DeviceBuffer d_normed = PoisonedOutput(k, /*f32=*/false);
-      cuda::RmsNormArgs rn;
-      rn.x = d_x.data;
-      rn.weight = d_norm.data;
-      rn.out = d_normed.data;
-      rn.rows = 1;
-      rn.dim = k;
-      rn.eps = kEps;
-      ASSERT_TRUE(cuda::LaunchRmsNorm(rn, stream()).ok());
-
-      // Prologue: plain, bias, gated.
-      for (const int variant : {0, 1, 2}) {
-        const bool gated = variant == 2;
-        const int out_n = gated ? n : 2 * n;
-        std::vector<uint16_t> got[2];
-        for (const bool fused : {false, true}) {
-          const DeviceBuffer d_out = PoisonedOutput(out_n, /*f32=*/false);
-          cuda::GemvArgs a;
-          a.x = fused ? d_x.data : d_normed.data;
-          a.w = d_w.data;
-          a.bias = variant == 1 ? d_bias.data : nullptr;
-          a.out = d_out.data;
-          a.gated_silu = gated;
-          a.m = 1;
-          a.n = out_n;
-          a.k = k;
-          if (fused) {
-            a.norm_weight = d_norm.data;
-            a.norm_eps = kEps;
-          }
-          const absl::Status st = cuda::LaunchGemv(a, stream());
-          ASSERT_TRUE(st.ok()) << what << ": " << st;
-          got[fused] = Download<uint16_t>(d_out, out_n);
-        }
-        EXPECT_TRUE(got[0] == got[1]) << what << " variant " << variant << ": prologue differs";
-        EXPECT_EQ(std::count(got[1].begin(), got[1].end(), testing_util::kBf16Poison), 0)
-            << what << " variant " << variant << ": unwritten outputs";
-      }
-
-      // Epilogue: y = normed . w^T (+ bias) added into the residual, against the GEMV into h
-      // followed by the RMSNorm kernel's residual add.
-      for (const bool with_bias : {false, true}) {
-        const DeviceBuffer d_h = PoisonedOutput(n, /*f32=*/false);
-        const DeviceBuffer d_res_ref = Upload(residual), d_res = Upload(residual);
-        const DeviceBuffer d_scratch = PoisonedOutput(n, /*f32=*/false);
-        cuda::GemvArgs a;
-        a.x = d_normed.data;
-        a.w = d_w.data;
-        a.bias = with_bias ? d_bias.data : nullptr;
-        a.out = d_h.data;
-        a.m = 1;
-        a.n = n;
-        a.k = k;
-        ASSERT_TRUE(cuda::LaunchGemv(a, stream()).ok());
-        cuda::RmsNormArgs add;
-        add.x = d_h.data;
-        add.residual = d_res_ref.data;
-        add.weight = d_norm.data;
-        add.out = d_scratch.data;
-        add.rows = 1;
-        add.dim = n;
-        add.eps = kEps;
-        ASSERT_TRUE(cuda::LaunchRmsNorm(add, stream()).ok());
-        a.out = d_res.data;
-        a.add_to_out = true;
-        ASSERT_TRUE(cuda::LaunchGemv(a, stream()).ok());
-        const std::vector<uint16_t> want = Download<uint16_t>(d_res_ref, n);
-        const std::vector<uint16_t> got = Download<uint16_t>(d_res, n);
-        EXPECT_TRUE(got == want) << what << (with_bias ? " bias" : "") << ": epilogue differs";
-        EXPECT_FALSE(got == residual) << what << ": nothing was added";
-      }
-      FreeAll();
-    }
   }
 }
 

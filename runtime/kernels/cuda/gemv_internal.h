@@ -12,29 +12,17 @@ namespace tandem::cuda::internal {
 // Same value as kGemvMaxRows (gemv_kernels.h, which nvcc does not include: it pulls absl).
 constexpr int kGemvMaxRowsDevice = 8;
 
-// Same value as kGemvNormMaxK (gemv_kernels.h): the RMSNorm prologue's largest k.
-constexpr int kGemvNormMaxKDevice = 8192;
-
-// What the GEMV fuses around its product (gemv_kernels.h: GemvArgs's fields of the same names).
-// norm_weight needs m == 1 and k <= kGemvNormMaxKDevice; add_to_out the plain mode, bf16 out.
-struct GemvFusion {
-  const void* norm_weight = nullptr;
-  float norm_eps = 0.0f;
-  bool add_to_out = false;
-};
-
 // m in [1, kGemvMaxRowsDevice]; rows_per_cta: output features per CTA in the plain mode, 2 or (for
 // m <= 2) 4; anything else is 2, and the gated mode always takes 2.
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
                           bool gated_silu, int m, int n, int k, int rows_per_cta,
-                          const GemvFusion& fusion, cudaStream_t stream);
+                          cudaStream_t stream);
 
 // The fused QKV projection of model_kernels.h (LaunchQkvGemvRopeKvAppend): m in [1,
 // kGemvMaxRowsDevice], k % 8 == 0, head_dim even; k_layer / v_layer the layer's cache.
 cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
                                 int k, const int32_t* positions, const float* inv_freq,
                                 const int32_t* slot_mapping, int num_heads, int num_kv_heads,
-                                int head_dim, void* k_layer, void* v_layer,
-                                const GemvFusion& fusion, cudaStream_t stream);
+                                int head_dim, void* k_layer, void* v_layer, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

@@ -1,6 +1,5 @@
 #include "runtime/kernels/cuda/gemv_kernels.h"
 
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,23 +27,6 @@ int RowsPerCta() {
 
 }  // namespace
 
-absl::Status ValidateGemvNorm(const void* norm_weight, float norm_eps, int m, int k,
-                              const char* what) {
-  if (norm_weight == nullptr) return absl::OkStatus();
-  if (m > 1 || k > kGemvNormMaxK) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " RMSNorm prologue takes m <= 1 and k <= ",
-                                                   kGemvNormMaxK, ", not m=", m, " k=", k));
-  }
-  if (!Aligned16(norm_weight)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " norm_weight must be 16-byte aligned"));
-  }
-  if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " norm_eps ", norm_eps, " is not a positive finite number"));
-  }
-  return absl::OkStatus();
-}
-
 bool GemvSupports(int m, int k, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w);
 }
@@ -64,20 +46,10 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
   if (a.gated_silu && a.bias != nullptr) {
     return absl::InvalidArgumentError("Gemv gated_silu takes no bias");
   }
-  if (absl::Status s = ValidateGemvNorm(a.norm_weight, a.norm_eps, a.m, a.k, "Gemv"); !s.ok()) {
-    return s;
-  }
-  if (a.add_to_out && (a.out_f32 || a.gated_silu)) {
-    return absl::InvalidArgumentError("Gemv add_to_out needs bf16 output and no gated_silu");
-  }
   if (a.m == 0) return absl::OkStatus();
-  internal::GemvFusion fusion;
-  fusion.norm_weight = a.norm_weight;
-  fusion.norm_eps = a.norm_eps;
-  fusion.add_to_out = a.add_to_out;
   return CudaStatus(
       internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m, a.n, a.k,
-                              RowsPerCta(), fusion, static_cast<cudaStream_t>(stream)),
+                              RowsPerCta(), static_cast<cudaStream_t>(stream)),
       "Gemv kernel launch");
 }
 

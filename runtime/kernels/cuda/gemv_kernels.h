@@ -24,8 +24,6 @@ namespace tandem::cuda {
 
 // Rows of x one launch takes at most (decode batch sizes); larger m belongs to a GEMM library.
 constexpr int kGemvMaxRows = 8;
-// The largest k the RMSNorm prologue takes (the normalized row lives in shared memory).
-constexpr int kGemvNormMaxK = 8192;
 
 struct GemvArgs {
   const void* x = nullptr;     // bf16 [m, k], dense, 16-byte aligned
@@ -37,28 +35,13 @@ struct GemvArgs {
   int m = 0;  // in [0, kGemvMaxRows]; 0 queues nothing
   int n = 0;  // > 0: output features
   int k = 0;  // > 0, a multiple of 8
-  // RMSNorm prologue: when set, the product takes rmsnorm(x) = bf16(x / sqrt(mean(x^2) + eps) *
-  // norm_weight) instead of x, computed by every CTA exactly as LaunchRmsNorm (residual null)
-  // computes it, so the result is bit-identical to LaunchRmsNorm followed by LaunchGemv, in one
-  // launch. bf16 [k], 16-byte aligned; needs m <= 1 and k <= kGemvNormMaxK.
-  const void* norm_weight = nullptr;
-  float norm_eps = 0.0f;  // > 0 with norm_weight
-  // Residual epilogue: out[m, f] = bf16(bf16(y) + out[m, f]) in place (y the product plus bias),
-  // bit-identical to writing y as bf16 and then LaunchRmsNorm's residual add into `out`. bf16 out,
-  // not gated.
-  bool add_to_out = false;
 };
-// out must not overlap x, w, bias or norm_weight.
+// out must not overlap x, w or bias.
 
 // True when LaunchGemv takes this shape and these pointers (m in [1, kGemvMaxRows], k a positive
 // multiple of 8, x and w 16-byte aligned). Callers pick GEMV or a GEMM library with it.
 bool GemvSupports(int m, int k, const void* x, const void* w);
 
 absl::Status LaunchGemv(const GemvArgs& args, void* stream);
-
-// The RMSNorm prologue's preconditions (above), shared with the fused QKV projection of
-// model_kernels.h; OK when norm_weight is null. `what` names the caller in the message.
-absl::Status ValidateGemvNorm(const void* norm_weight, float norm_eps, int m, int k,
-                              const char* what);
 
 }  // namespace tandem::cuda

@@ -25,7 +25,6 @@
 #include "runtime/device/device.h"
 #include "runtime/device/device_factory.h"
 #include "runtime/kernels/cpu_ops.h"
-#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
@@ -55,19 +54,6 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 bool FuseQkvRope() {
   static const bool fuse = [] {
     const char* env = std::getenv("TANDEM_FUSE_QKV_ROPE");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return fuse;
-}
-
-// Single-token steps, whose projections all run on the GEMV, fold the RMSNorms into the GEMVs:
-// the QKV and gate/up GEMVs normalize the residual stream in their prologue, the O and down GEMVs
-// add into it in their epilogue (gemv_kernels.h; bit-identical to the separate kernels), which
-// takes the 64 RMSNorm launches of a Llama-3-8B step off the critical path.
-// TANDEM_FUSE_NORM_GEMV=0 (read once) turns it off.
-bool FuseNormGemv() {
-  static const bool fuse = [] {
-    const char* env = std::getenv("TANDEM_FUSE_NORM_GEMV");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   return fuse;
@@ -338,19 +324,6 @@ class Runner final : public CudaModelRunner {
   int QWidth() const { return config_.num_heads * config_.head_dim; }
   int KvWidth() const { return config_.num_kv_heads * config_.head_dim; }
   int QkvWidth() const { return QWidth() + 2 * KvWidth(); }
-
-  // Whether a step of `rows` rows runs every projection on the GEMV with the RMSNorm prologue and
-  // residual epilogue (FuseNormGemv): one row, and the GEMV takes all four projections (the weights
-  // of every layer share the first layer's alignment).
-  bool NormFusesIntoGemvs(int rows) const {
-    const ModelConfig& c = config_;
-    const LayerPtrs& lw = layers_[0];
-    return rows == 1 && c.hidden_size <= cuda::kGemvNormMaxK &&
-           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.qkv) &&
-           gemm_->UseGemv(rows, QWidth(), attn_.data, lw.o_proj) &&
-           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.gate_up) &&
-           gemm_->UseGemv(rows, c.intermediate_size, act_.data, lw.down);
-  }
 
   absl::Status LoadWeights(const TensorStore& store) {
     const ModelConfig& c = config_;
@@ -761,64 +734,25 @@ class Runner final : public CudaModelRunner {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     char* qkv = static_cast<char*>(qkv_.data);
     char* attn = static_cast<char*>(attn_.data);
-    // The GEMV with the RMSNorm prologue (norm_weight) or the residual epilogue (add_to_out).
-    auto gemv = [&](const void* x, const void* w, int k, int n, void* out, bool gated,
-                    const void* norm_weight, bool add_to_out) {
-      cuda::GemvArgs a;
-      a.x = x;
-      a.w = w;
-      a.out = out;
-      a.gated_silu = gated;
-      a.m = T;
-      a.n = n;
-      a.k = k;
-      a.norm_weight = norm_weight;
-      a.norm_eps = c.rms_norm_eps;
-      a.add_to_out = add_to_out;
-      return cuda::LaunchGemv(a, s);
-    };
-    const bool fuse_norm = FuseNormGemv() && NormFusesIntoGemvs(T);
 
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerPtrs& lw = layers_[li];
-      // The residual stream lives in resid_; h_ holds the last sublayer's output (with fuse_norm
-      // the O and down GEMVs add into resid_ themselves).
-      if (fuse_norm) {
-        // The QKV GEMV normalizes resid_ itself.
-      } else if (li == 0) {
+      // The residual stream lives in resid_; h_ holds the last sublayer's output.
+      if (li == 0) {
         RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
       } else {
         RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
       }
-      if (!fuse_norm) RETURN_IF_ERROR(mark("rmsnorm"));
-      const void* qkv_in = fuse_norm ? resid_.data : normed_.data;
-      const void* qkv_norm = fuse_norm ? lw.input_norm : nullptr;
-      if (FuseQkvRope() && gemm_->UseGemv(T, hidden, qkv_in, lw.qkv)) {
+      RETURN_IF_ERROR(mark("rmsnorm"));
+      if (FuseQkvRope() && gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
         RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
-            qkv_in, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
+            normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
             static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
-            s, qkv_norm, c.rms_norm_eps));
-        RETURN_IF_ERROR(mark(fuse_norm ? "norm_qkv_gemv_rope_kv" : "qkv_gemv_rope_kv"));
-      } else if (fuse_norm) {
-        cuda::GemvArgs a;
-        a.x = qkv_in;
-        a.w = lw.qkv;
-        a.bias = lw.qkv_bias;
-        a.out = qkv;
-        a.m = T;
-        a.n = qkv_w;
-        a.k = hidden;
-        a.norm_weight = qkv_norm;
-        a.norm_eps = c.rms_norm_eps;
-        RETURN_IF_ERROR(cuda::LaunchGemv(a, s));
-        RETURN_IF_ERROR(mark("norm_qkv_gemv"));
-        RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(
-            qkv, meta + p.off.positions, static_cast<const float*>(inv_freq_.data),
-            meta + p.off.slots, T, c.num_heads, cache_, li, s));
-        RETURN_IF_ERROR(mark("rope_kv_append"));
+            s));
+        RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
       } else if (FuseQkvRope() && gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv)) {
         cuda::SkinnyRope rope;
         rope.num_heads = c.num_heads;
@@ -878,16 +812,6 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
         RETURN_IF_ERROR(mark("attention_prefill"));
       }
-      if (fuse_norm) {
-        RETURN_IF_ERROR(gemv(attn, lw.o_proj, q_w, hidden, resid_.data, false, nullptr, true));
-        RETURN_IF_ERROR(mark("o_gemv_residual"));
-        RETURN_IF_ERROR(
-            gemv(resid_.data, lw.gate_up, hidden, inter, act_.data, true, lw.post_norm, false));
-        RETURN_IF_ERROR(mark("norm_gate_up_silu_gemv"));
-        RETURN_IF_ERROR(gemv(act_.data, lw.down, inter, hidden, resid_.data, false, nullptr, true));
-        RETURN_IF_ERROR(mark("down_gemv_residual"));
-        continue;
-      }
       RETURN_IF_ERROR(
           gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("o_gemm"));
@@ -910,11 +834,7 @@ class Runner final : public CudaModelRunner {
           gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("down_gemm"));
     }
-    if (fuse_norm) {
-      RETURN_IF_ERROR(norm(resid_.data, nullptr, final_norm_, T));
-    } else {
-      RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
-    }
+    RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
     RETURN_IF_ERROR(mark("final_norm"));
     const int R = p.num_logit_rows;
     if (R > 0) {
