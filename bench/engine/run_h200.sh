@@ -101,6 +101,9 @@ if [[ -x "$BIN/attention_cuda_test" ]]; then
   step attention_cuda_test_prefill_mma_sync 90 env TANDEM_PREFILL_ATTN_SM90=0 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
     --gtest_output="xml:$OUT/attention_cuda_test_prefill_mma_sync.xml"
+  step attention_cuda_test_prefill_sm90_1_head 90 env TANDEM_PREFILL_SM90_HEADS=1 \
+    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
+    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_1_head.xml"
   step attention_cuda_test_prefill_sm90_3_stages 90 env TANDEM_PREFILL_SM90_STAGES=3 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
     --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_3_stages.xml"
@@ -154,6 +157,10 @@ if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b_prefill_mma_sync 120 env TANDEM_PREFILL_ATTN_SM90=0 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_mma_sync.json"
+  step engine_bench_8b_prefill_sm90_1_head 120 env TANDEM_PREFILL_SM90_HEADS=1 \
+    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
+    --skip sampling,profile,gemv-ab,skinny-ab \
+    --json "$OUT/engine_bench_8b_prefill_sm90_1_head.json"
   step engine_bench_8b_prefill_sm90_3_stages 120 env TANDEM_PREFILL_SM90_STAGES=3 \
     "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab \

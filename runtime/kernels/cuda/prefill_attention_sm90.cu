@@ -1,11 +1,12 @@
-// Paged causal prefill attention on Hopper tensor cores (wgmma), head_dim 128: the kernel behind
-// TANDEM_PREFILL_ATTN_SM90=1 (see LaunchPrefillAttentionRaw in prefill_attention.cu, which keeps
-// the mma.sync kernel for other head dims, other GPUs and by default). Same contract and numbers
-// as that kernel: FlashAttention-2's online softmax with float32 statistics, P rounded to bf16 for
-// the second product, rows past a sequence's new tokens not written.
+// Paged causal prefill attention on Hopper tensor cores (wgmma), head_dim 128: what
+// LaunchPrefillAttentionRaw (prefill_attention.cu) runs on compute capability 9.0 unless
+// TANDEM_PREFILL_ATTN_SM90=0; other head dims and GPUs keep the mma.sync kernel. Same contract
+// and numbers as that kernel: FlashAttention-2's online softmax with float32 statistics, P rounded
+// to bf16 for the second product, rows past a sequence's new tokens not written.
 //
-// Grid: (query head, sequence, query tile of kBlockM = 64 new tokens), heaviest tiles first. A CTA
-// is one warpgroup (4 warps, 16 query rows each). Per 64-key tile:
+// Grid: (query head pair, sequence, query tile of kBlockM = 64 new tokens), heaviest tiles first.
+// A CTA is one warpgroup (4 warps, 16 query rows each) per query head, two heads of one KV head
+// (one where the GQA group is odd). Per 64-key tile:
 //   S = Q K^T: 8 wgmma.m64n64k16 with Q and K read by the tensor cores straight from shared memory
 //     (no ldmatrix: the mma.sync kernel's limit was its shared-memory reads into registers);
 //   the masks (only where a tile crosses the diagonal or the end of the keys), the online softmax
@@ -15,9 +16,9 @@
 // K/V tiles of the paged cache are gathered with cp.async through a ring of kStages stages into
 // the 128-byte-swizzled operand layout (prefill_attention_sm90_layout.h), which the descriptors
 // describe; a fence.proxy.async after each tile lands makes the generic-proxy copies visible to
-// the tensor cores' async proxy. This first version does not overlap the softmax of one tile with
-// the products of the next (FlashAttention-3's ping-pong); it is here to be measured against the
-// mma.sync kernel.
+// the tensor cores' async proxy. The softmax of one tile does not overlap the products of the next
+// within a warpgroup (FlashAttention-3's intra-warpgroup pipelining); the other warpgroup's work
+// fills those gaps.
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
@@ -47,27 +48,34 @@ constexpr int kBlockM = sa::kBlockM;
 constexpr int kBlockN = sa::kBlockN;
 constexpr int kThreads = sa::kThreads;
 constexpr int kMaxGridZ = 65535;
-// K+V tile stages (32 KB each): 2 keep a CTA at 82 KB of shared memory, so two CTAs (two
-// warpgroups: one's softmax beside the other's products) share an SM; 3
-// (TANDEM_PREFILL_SM90_STAGES=3, an A/B switch) give each tile load two tiles of time but one CTA
-// per SM (115 KB). Q tile, then kStages K tiles, then kStages V tiles; +1024 to align the base to
-// an atom.
-template <int kStages>
+// kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
+// K/V bytes the tiles pull from L2 halve (Nsight, one head per CTA at 8K: L2 74.7% busy, the
+// tensor pipes 32%; the K/V of a sequence is re-read by each of its 64-row query tiles).
+// K+V tile stages (32 KB each): with one head, 2 keep a CTA at 82 KB of shared memory, so two
+// CTAs (two warpgroups: one's softmax beside the other's products) share an SM; 3
+// (TANDEM_PREFILL_SM90_STAGES=3) give each tile load two tiles of time at one CTA per SM. Two
+// heads are one CTA per SM either way (registers). Layout: kHeads Q tiles, kStages K tiles,
+// kStages V tiles; +1024 to align the base to an atom.
+template <int kStages, int kHeads>
 __host__ __device__ constexpr size_t SmemBytes() {
-  return 1024 + sa::kTileBytes * (1 + 2 * kStages);
+  return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
 }
 
-template <int kStages>
-__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
+template <int kStages, int kHeads>
+__global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 ? 2 : 1)
     PrefillAttentionSm90Kernel(const PrefillParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
-  const uint32_t q_base = base;
-  const uint32_t k_base = base + sa::kTileBytes;              // stage s: + s * kTileBytes
+  // Warpgroup wg owns query head blockIdx.x * kHeads + wg; wtid is its thread index in the
+  // warpgroup, which every layout map of sa:: takes.
+  const int wg = threadIdx.x / kThreads;
+  const int wtid = threadIdx.x % kThreads;
+  const uint32_t q_base = base + wg * sa::kTileBytes;
+  const uint32_t k_base = base + kHeads * sa::kTileBytes;     // stage s: + s * kTileBytes
   const uint32_t v_base = k_base + kStages * sa::kTileBytes;  // stage s: + s * kTileBytes
 
-  const int head = blockIdx.x;
+  const int head = blockIdx.x * kHeads + wg;
   const int seq = blockIdx.y;
   const int kv_head = head / p.group;
   const int row_begin = p.seq_start_rows[seq];
@@ -78,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   const int kv_end = sa::KvEnd(start, q0, num_new);  // keys this CTA needs: [0, kv_end)
   const int num_tiles = sa::NumTiles(kv_end);
 
-  const int tid = threadIdx.x;
+  const int tid = wtid;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   // This thread's rows (accumulator h = 0, 1): CTA rows 16 warp + lane / 4 (+ 8); the keys they
@@ -88,7 +96,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_limit[h] = sa::RowLimit(warp_pos0, lane, h, kv_end);
 
-  // K/V loads: this thread copies chunks LoadChunk(tid, i) of key row LoadRow(tid) of a tile.
+  // K/V loads: this thread copies chunks LoadChunk(tid, i) of key row LoadRow(tid) of a tile, of
+  // K and V with one head per CTA, else of K (warpgroup 0) or V (warpgroup 1).
   const int load_row = sa::LoadRow(tid);
   const int table_offset = seq * p.max_blocks_per_seq;
   const size_t head_offset = static_cast<size_t>(kv_head) * kHeadDim;
@@ -106,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     for (int i = 0; i < 8; ++i) {
       const int chunk = sa::LoadChunk(tid, i);
       const int at = sa::TileOffset(load_row, chunk);
-      CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
-      CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
+      if (kHeads == 1 || wg == 0) CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
+      if (kHeads == 1 || wg == 1) CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
     }
   };
 
@@ -257,17 +266,28 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   }
 }
 
-template <int kStages>
-cudaError_t LaunchStages(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kStages>();
+template <int kStages, int kHeads>
+cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = SmemBytes<kStages, kHeads>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages>, kSmem, configured);
+          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages, kHeads>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
-  PrefillAttentionSm90Kernel<kStages><<<grid, kThreads, kSmem, stream>>>(p);
+  grid.x /= kHeads;
+  PrefillAttentionSm90Kernel<kStages, kHeads><<<grid, kThreads * kHeads, kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// TANDEM_PREFILL_SM90_STAGES=3 / =2 and TANDEM_PREFILL_SM90_HEADS=1 / =2 (read once) pick the
+// K/V stages and the heads per CTA; two heads need an even GQA group.
+int EnvChoice(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
+  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+  if (env != nullptr && std::strcmp(env, "3") == 0) return 3;
+  return fallback;
 }
 
 }  // namespace
@@ -276,13 +296,15 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
                                        cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
-  static const int stages = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_SM90_STAGES");
-    return env != nullptr && std::strcmp(env, "3") == 0 ? 3 : 2;
-  }();
+  static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES", 2) == 3 ? 3 : 2;
+  static const int heads_wanted = EnvChoice("TANDEM_PREFILL_SM90_HEADS", 2) == 1 ? 1 : 2;
+  const int heads = p.group % 2 == 0 ? heads_wanted : 1;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
-  return stages == 3 ? LaunchStages<3>(p, grid, stream) : LaunchStages<2>(p, grid, stream);
+  if (heads == 2) {
+    return stages == 3 ? LaunchShape<3, 2>(p, grid, stream) : LaunchShape<2, 2>(p, grid, stream);
+  }
+  return stages == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal
