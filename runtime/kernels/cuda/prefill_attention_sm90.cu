@@ -61,9 +61,14 @@ __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
 }
 
-template <int kStages, int kHeads>
+// kPipelined (three stages): tile j's S = Q K^T is issued together with tile j - 1's O += P V, and
+// tile j's softmax runs while that product is in flight (FlashAttention-3's intra-warpgroup
+// overlap); O's rescale waits for the product. Tile j + 1 loads meanwhile into the stage tile j - 2
+// used. The operations on O are the same, in the same order, as without it.
+template <int kStages, int kHeads, bool kPipelined>
 __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 ? 2 : 1)
     PrefillAttentionSm90Kernel(const PrefillParams p) {
+  static_assert(!kPipelined || kStages == 3, "the pipelined loop keeps three K/V stages");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -137,7 +142,6 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
     if (st < num_tiles) load_kv(st, slot_of_tile(st));
     CpAsyncCommitGroup();
   }
-  int ahead_slot = slot_of_tile(kStages - 1);
 
   float o[64];
 #pragma unroll
@@ -146,25 +150,10 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile % kStages;
-    // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
-    // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies visible
-    // to the async proxy, and wait for every thread's (and for every warp to be done with the
-    // stage refilled below).
-    CpAsyncWaitGroup<kStages - 2>();
-    FenceProxyAsyncShared();
-    __syncthreads();
-    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
-    CpAsyncCommitGroup();
-    ahead_slot = slot_of_tile(tile + kStages);
-
-    // S = Q K^T (raw scores), m64n64, K = 128 dims in 8 steps.
+  // S = Q K^T (raw scores) of the tile in `stage`, m64n64, K = 128 dims in 8 steps; committed as
+  // one group.
+  const auto issue_qk = [&](int stage, float(&s)[32]) {
     const uint32_t k_tile = k_base + stage * sa::kTileBytes;
-    float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       WgmmaSs64x64(s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
@@ -172,10 +161,21 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
                    kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-    WgmmaWaitAll();
-    FenceRegisters(s);
-
-    // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
+  };
+  // O += P V of the tile in `stage`, m64n128, K = 64 keys in 4 steps; one group.
+  const auto issue_pv = [&](int stage, const uint32_t(&pa)[4][4]) {
+    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      WgmmaRs64x128(o, pa[kc],
+                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
+    }
+    WgmmaCommit();
+  };
+  // Masks (only where the tile crosses the warp's diagonal; a tile crossing kv_end does too), then
+  // the online softmax with the lazy rescale of the mma.sync kernel (log2 domain): updates the row
+  // statistics, writes P as bf16 A fragments, and returns whether O must be scaled by alpha.
+  const auto softmax = [&](int tile, float(&s)[32], uint32_t(&pa)[4][4], float(&alpha)[2]) {
     const int key0 = tile * kBlockN;
     if (sa::TileNeedsMask(key0, warp_pos0)) {
 #pragma unroll
@@ -183,8 +183,6 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
         if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
       }
     }
-
-    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain).
     float tile_max[2];
     bool raise = false;
 #pragma unroll
@@ -198,7 +196,7 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
       raise |= tile_max[h] > row_max[h] + kRescaleSlack;
     }
     const bool rescale = __any_sync(0xffffffffu, raise);
-    float alpha[2] = {1.0f, 1.0f};
+    alpha[0] = alpha[1] = 1.0f;
     if (rescale) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -219,7 +217,6 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
     }
     row_sum[0] += sum[0];
     row_sum[1] += sum[1];
-    uint32_t pa[4][4];
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) {
 #pragma unroll
@@ -228,22 +225,91 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
         pa[kc][q] = PackBf16x2(s[at], s[at + 1]);
       }
     }
-    if (rescale) {
+    return rescale;
+  };
+  const auto scale_o = [&](const float(&alpha)[2]) {
 #pragma unroll
-      for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
-    }
+    for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
+  };
 
-    // O += P V, m64n128, K = 64 keys in 4 steps.
-    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
-    WgmmaFence();
+  if constexpr (kPipelined) {
+    // Tile 0: its K/V (and Q) landed; tile 1 may still be in flight.
+    CpAsyncWaitGroup<kStages - 2>();
+    FenceProxyAsyncShared();
+    __syncthreads();
+    float s[32];
+    uint32_t pa[4][4];
+    float alpha[2];
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      WgmmaRs64x128(o, pa[kc],
-                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    WgmmaFence();
+    issue_qk(0, s);
+    WgmmaWait<0>();
+    FenceRegisters(s);
+    softmax(0, s, pa, alpha);  // O is still zero: no rescale to apply
+    int ahead_slot = slot_of_tile(2);
+    for (int tile = 1; tile < num_tiles; ++tile) {
+      // Tile `tile` landed (the only group in flight); every warpgroup is past its use of the
+      // stage refilled below (tile - 2's, whose O += P V completed in the previous iteration).
+      CpAsyncWaitGroup<0>();
+      FenceProxyAsyncShared();
+      __syncthreads();
+      if (tile + 1 < num_tiles) load_kv((tile + 1) % kStages, ahead_slot);
+      CpAsyncCommitGroup();
+      ahead_slot = slot_of_tile(tile + 2);
+
+      WgmmaFence();
+      issue_qk(tile % kStages, s);
+      issue_pv((tile - 1) % kStages, pa);
+      WgmmaWait<1>();  // S of this tile; the product of the previous one is still running
+      FenceRegisters(s);
+      uint32_t pa_next[4][4];
+      const bool rescale = softmax(tile, s, pa_next, alpha);
+      WgmmaWait<0>();
+      FenceRegisters(o);
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) FenceRegisters(pa[kc]);
+      if (rescale) scale_o(alpha);
+#pragma unroll
+      for (int kc = 0; kc < 4; ++kc) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) pa[kc][q] = pa_next[kc][q];
+      }
     }
-    WgmmaCommit();
-    WgmmaWaitAll();
+    WgmmaFence();
+    issue_pv((num_tiles - 1) % kStages, pa);
+    WgmmaWait<0>();
     FenceRegisters(o);
+  } else {
+    int ahead_slot = slot_of_tile(kStages - 1);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
+      // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies
+      // visible to the async proxy, and wait for every thread's (and for every warp to be done
+      // with the stage refilled below).
+      CpAsyncWaitGroup<kStages - 2>();
+      FenceProxyAsyncShared();
+      __syncthreads();
+      if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+      CpAsyncCommitGroup();
+      ahead_slot = slot_of_tile(tile + kStages);
+
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      WgmmaFence();
+      issue_qk(stage, s);
+      WgmmaWait<0>();
+      FenceRegisters(s);
+      uint32_t pa[4][4];
+      float alpha[2];
+      if (softmax(tile, s, pa, alpha)) scale_o(alpha);
+      WgmmaFence();
+      issue_pv(stage, pa);
+      WgmmaWait<0>();
+      FenceRegisters(o);
+    }
   }
 
   // Full row sums over the quad, normalize, store the valid rows.
@@ -266,22 +332,22 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
   }
 }
 
-template <int kStages, int kHeads>
+template <int kStages, int kHeads, bool kPipelined = false>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads>();
+  constexpr auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kPipelined>;
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages, kHeads>, kSmem, configured);
-      e != cudaSuccess) {
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  PrefillAttentionSm90Kernel<kStages, kHeads><<<grid, kThreads * kHeads, kSmem, stream>>>(p);
+  kernel<<<grid, kThreads * kHeads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=3 / =2 and TANDEM_PREFILL_SM90_HEADS=1 / =2 (read once) pick the
-// K/V stages and the heads per CTA; two heads need an even GQA group.
+// Read once: TANDEM_PREFILL_SM90_PIPELINE=0 turns the pipelined loop off (on by default; three
+// stages), and then TANDEM_PREFILL_SM90_STAGES=3 / =2 picks the stages; TANDEM_PREFILL_SM90_HEADS=1
+// / =2 the heads per CTA (two need an even GQA group).
 int EnvChoice(const char* name, int fallback) {
   const char* env = std::getenv(name);
   if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
@@ -298,9 +364,17 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES", 2) == 3 ? 3 : 2;
   static const int heads_wanted = EnvChoice("TANDEM_PREFILL_SM90_HEADS", 2) == 1 ? 1 : 2;
+  static const bool pipelined = [] {
+    const char* env = std::getenv("TANDEM_PREFILL_SM90_PIPELINE");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
   const int heads = p.group % 2 == 0 ? heads_wanted : 1;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
+  if (pipelined) {
+    return heads == 2 ? LaunchShape<3, 2, true>(p, grid, stream)
+                      : LaunchShape<3, 1, true>(p, grid, stream);
+  }
   if (heads == 2) {
     return stages == 3 ? LaunchShape<3, 2>(p, grid, stream) : LaunchShape<2, 2>(p, grid, stream);
   }
