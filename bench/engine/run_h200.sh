@@ -161,10 +161,19 @@ if [[ -f "$M8B/config.json" ]]; then
     "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab \
     --json "$OUT/engine_bench_8b_prefill_sm90_1_head.json"
-  step engine_bench_8b_prefill_sm90_unpipelined 120 env TANDEM_PREFILL_SM90_PIPELINE=0 \
-    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_prefill_sm90_unpipelined.json"
+  # The wgmma kernel's K/V stages (prefetch depth), pipelined (default 4) and plain (default 3).
+  for st in 3 5 6; do
+    step "engine_bench_8b_prefill_sm90_stages_$st" 120 env TANDEM_PREFILL_SM90_STAGES=$st \
+      "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
+      --skip sampling,profile,gemv-ab,skinny-ab \
+      --json "$OUT/engine_bench_8b_prefill_sm90_stages_$st.json"
+  done
+  for st in 3 6; do
+    step "engine_bench_8b_prefill_sm90_unpipelined_$st" 120 env TANDEM_PREFILL_SM90_PIPELINE=0 \
+      TANDEM_PREFILL_SM90_STAGES=$st "$BIN/engine_bench" --model "$M8B" --batches 1 \
+      --contexts 1024 --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab \
+      --json "$OUT/engine_bench_8b_prefill_sm90_unpipelined_$st.json"
+  done
   # Batch 1 with the 4-row GEMV CTAs.
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \

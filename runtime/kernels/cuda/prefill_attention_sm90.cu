@@ -61,14 +61,15 @@ __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
 }
 
-// kPipelined (three stages): tile j's S = Q K^T is issued together with tile j - 1's O += P V, and
-// tile j's softmax runs while that product is in flight (FlashAttention-3's intra-warpgroup
-// overlap); O's rescale waits for the product. Tile j + 1 loads meanwhile into the stage tile j - 2
-// used. The operations on O are the same, in the same order, as without it.
+// kPipelined (three or more stages): tile j's S = Q K^T is issued together with tile j - 1's
+// O += P V, and tile j's softmax runs while that product is in flight (FlashAttention-3's
+// intra-warpgroup overlap); O's rescale waits for the product. Tile j + kStages - 2 loads
+// meanwhile into the stage tile j - 2 used. The operations on O are the same, in the same order,
+// as without it.
 template <int kStages, int kHeads, bool kPipelined>
 __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 ? 2 : 1)
     PrefillAttentionSm90Kernel(const PrefillParams p) {
-  static_assert(!kPipelined || kStages == 3, "the pipelined loop keeps three K/V stages");
+  static_assert(!kPipelined || kStages >= 3, "the pipelined loop keeps at least three stages");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -247,16 +248,17 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
     WgmmaWait<0>();
     FenceRegisters(s);
     softmax(0, s, pa, alpha);  // O is still zero: no rescale to apply
-    int ahead_slot = slot_of_tile(2);
+    int ahead_slot = slot_of_tile(kStages - 1);
     for (int tile = 1; tile < num_tiles; ++tile) {
-      // Tile `tile` landed (the only group in flight); every warpgroup is past its use of the
-      // stage refilled below (tile - 2's, whose O += P V completed in the previous iteration).
-      CpAsyncWaitGroup<0>();
+      // Tile `tile` landed (the kStages - 3 later ones may be in flight); every warpgroup is past
+      // its use of the stage refilled below (tile - 2's, whose O += P V completed in the previous
+      // iteration), which takes tile + kStages - 2.
+      CpAsyncWaitGroup<kStages - 3>();
       FenceProxyAsyncShared();
       __syncthreads();
-      if (tile + 1 < num_tiles) load_kv((tile + 1) % kStages, ahead_slot);
+      if (tile + kStages - 2 < num_tiles) load_kv((tile + kStages - 2) % kStages, ahead_slot);
       CpAsyncCommitGroup();
-      ahead_slot = slot_of_tile(tile + 2);
+      ahead_slot = slot_of_tile(tile + kStages - 1);
 
       WgmmaFence();
       issue_qk(tile % kStages, s);
@@ -345,15 +347,43 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-// Read once: TANDEM_PREFILL_SM90_PIPELINE=0 turns the pipelined loop off (on by default; three
-// stages), and then TANDEM_PREFILL_SM90_STAGES=3 / =2 picks the stages; TANDEM_PREFILL_SM90_HEADS=1
-// / =2 the heads per CTA (two need an even GQA group).
-int EnvChoice(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
-  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
-  if (env != nullptr && std::strcmp(env, "3") == 0) return 3;
-  return fallback;
+// TANDEM_PREFILL_SM90_STAGES=N (read once): K/V stages, where the shape has that variant.
+int StagesWanted() {
+  static const int stages = [] {
+    const char* env = std::getenv("TANDEM_PREFILL_SM90_STAGES");
+    return env == nullptr ? 0 : static_cast<int>(std::strtol(env, nullptr, 10));
+  }();
+  return stages;
+}
+
+// Two heads per CTA (one CTA per SM): the pipelined loop at 3-6 stages (default kDefaultStages),
+// the plain one at 2-6 (default 3). One head: pipelined at 3, plain at 2 (default; two CTAs per
+// SM) or 3.
+constexpr int kDefaultStages = 4;
+
+template <int kHeads, bool kPipelined>
+cudaError_t LaunchVariant(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+  const int s = StagesWanted();
+  if constexpr (kHeads == 1) {
+    if constexpr (kPipelined) return LaunchShape<3, 1, true>(p, grid, stream);
+    return s == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
+  } else {
+    switch (s) {
+      case 2:
+        if constexpr (!kPipelined) return LaunchShape<2, 2>(p, grid, stream);
+        break;
+      case 3:
+        return LaunchShape<3, 2, kPipelined>(p, grid, stream);
+      case 5:
+        return LaunchShape<5, 2, kPipelined>(p, grid, stream);
+      case 6:
+        return LaunchShape<6, 2, kPipelined>(p, grid, stream);
+      default:
+        break;
+    }
+    if constexpr (kPipelined) return LaunchShape<kDefaultStages, 2, true>(p, grid, stream);
+    return LaunchShape<3, 2>(p, grid, stream);
+  }
 }
 
 }  // namespace
@@ -362,23 +392,24 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
                                        cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
-  static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES", 2) == 3 ? 3 : 2;
-  static const int heads_wanted = EnvChoice("TANDEM_PREFILL_SM90_HEADS", 2) == 1 ? 1 : 2;
+  // Read once: TANDEM_PREFILL_SM90_PIPELINE=0 turns the pipelined loop off,
+  // TANDEM_PREFILL_SM90_HEADS=1 pairs no heads (two need an even GQA group).
   static const bool pipelined = [] {
     const char* env = std::getenv("TANDEM_PREFILL_SM90_PIPELINE");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
-  const int heads = p.group % 2 == 0 ? heads_wanted : 1;
+  static const bool pair_heads = [] {
+    const char* env = std::getenv("TANDEM_PREFILL_SM90_HEADS");
+    return env == nullptr || std::strcmp(env, "1") != 0;
+  }();
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
-  if (pipelined) {
-    return heads == 2 ? LaunchShape<3, 2, true>(p, grid, stream)
-                      : LaunchShape<3, 1, true>(p, grid, stream);
+  if (pair_heads && p.group % 2 == 0) {
+    return pipelined ? LaunchVariant<2, true>(p, grid, stream)
+                     : LaunchVariant<2, false>(p, grid, stream);
   }
-  if (heads == 2) {
-    return stages == 3 ? LaunchShape<3, 2>(p, grid, stream) : LaunchShape<2, 2>(p, grid, stream);
-  }
-  return stages == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
+  return pipelined ? LaunchVariant<1, true>(p, grid, stream)
+                   : LaunchVariant<1, false>(p, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal
