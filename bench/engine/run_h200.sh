@@ -104,9 +104,9 @@ if [[ -x "$BIN/attention_cuda_test" ]]; then
   step attention_cuda_test_prefill_sm90_1_head 90 env TANDEM_PREFILL_SM90_HEADS=1 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
     --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_1_head.xml"
-  step attention_cuda_test_prefill_sm90_unpipelined 90 env TANDEM_PREFILL_SM90_PIPELINE=0 \
+  step attention_cuda_test_prefill_sm90_2_stages 90 env TANDEM_PREFILL_SM90_STAGES=2 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_unpipelined.xml"
+    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_2_stages.xml"
 fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
@@ -161,19 +161,10 @@ if [[ -f "$M8B/config.json" ]]; then
     "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab \
     --json "$OUT/engine_bench_8b_prefill_sm90_1_head.json"
-  # The wgmma kernel's K/V stages (prefetch depth), pipelined (default 4) and plain (default 3).
-  for st in 3 5 6; do
-    step "engine_bench_8b_prefill_sm90_stages_$st" 120 env TANDEM_PREFILL_SM90_STAGES=$st \
-      "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-      --skip sampling,profile,gemv-ab,skinny-ab \
-      --json "$OUT/engine_bench_8b_prefill_sm90_stages_$st.json"
-  done
-  for st in 3 6; do
-    step "engine_bench_8b_prefill_sm90_unpipelined_$st" 120 env TANDEM_PREFILL_SM90_PIPELINE=0 \
-      TANDEM_PREFILL_SM90_STAGES=$st "$BIN/engine_bench" --model "$M8B" --batches 1 \
-      --contexts 1024 --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab \
-      --json "$OUT/engine_bench_8b_prefill_sm90_unpipelined_$st.json"
-  done
+  step engine_bench_8b_prefill_sm90_2_stages 120 env TANDEM_PREFILL_SM90_STAGES=2 \
+    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
+    --skip sampling,profile,gemv-ab,skinny-ab \
+    --json "$OUT/engine_bench_8b_prefill_sm90_2_stages.json"
   # Batch 1 with the 4-row GEMV CTAs.
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \

@@ -17,8 +17,9 @@
 // the 128-byte-swizzled operand layout (prefill_attention_sm90_layout.h), which the descriptors
 // describe; a fence.proxy.async after each tile lands makes the generic-proxy copies visible to
 // the tensor cores' async proxy. The softmax of one tile does not overlap the products of the next
-// within a warpgroup (FlashAttention-3's intra-warpgroup pipelining); the other warpgroup's work
-// fills those gaps.
+// within a warpgroup: FlashAttention-3's intra-warpgroup pipelining (QK^T of tile j issued with PV
+// of tile j - 1) and 3-6 K/V stages were built and measured no faster on the H200 (bench/
+// RESULTS.md); the other warpgroup's work fills those gaps.
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
@@ -49,27 +50,21 @@ constexpr int kBlockN = sa::kBlockN;
 constexpr int kThreads = sa::kThreads;
 constexpr int kMaxGridZ = 65535;
 // kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
-// K/V bytes the tiles pull from L2 halve (Nsight, one head per CTA at 8K: L2 74.7% busy, the
-// tensor pipes 32%; the K/V of a sequence is re-read by each of its 64-row query tiles).
-// K+V tile stages (32 KB each): with one head, 2 keep a CTA at 82 KB of shared memory, so two
-// CTAs (two warpgroups: one's softmax beside the other's products) share an SM; 3
-// (TANDEM_PREFILL_SM90_STAGES=3) give each tile load two tiles of time at one CTA per SM. Two
-// heads are one CTA per SM either way (registers). Layout: kHeads Q tiles, kStages K tiles,
-// kStages V tiles; +1024 to align the base to an atom.
+// K/V bytes the tiles pull from L2 halve (Nsight, Llama-3-8B shape at 8K: L2 74.7% busy with one
+// head per CTA, 38% with two; the K/V of a sequence is re-read by each of its 64-row query
+// tiles). K+V tile stages (32 KB each): with one head, 2 keep a CTA at 82 KB of shared memory, so
+// two CTAs (two warpgroups: one's softmax beside the other's products) share an SM; two heads are
+// one CTA per SM either way (registers) and take 3 (each tile load gets two tiles of time).
+// TANDEM_PREFILL_SM90_STAGES=2 / =3 overrides. Layout: kHeads Q tiles, kStages K tiles, kStages V
+// tiles; +1024 to align the base to an atom.
 template <int kStages, int kHeads>
 __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
 }
 
-// kPipelined (three or more stages): tile j's S = Q K^T is issued together with tile j - 1's
-// O += P V, and tile j's softmax runs while that product is in flight (FlashAttention-3's
-// intra-warpgroup overlap); O's rescale waits for the product. Tile j + kStages - 2 loads
-// meanwhile into the stage tile j - 2 used. The operations on O are the same, in the same order,
-// as without it.
-template <int kStages, int kHeads, bool kPipelined>
+template <int kStages, int kHeads>
 __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 ? 2 : 1)
     PrefillAttentionSm90Kernel(const PrefillParams p) {
-  static_assert(!kPipelined || kStages >= 3, "the pipelined loop keeps at least three stages");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -143,6 +138,7 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
     if (st < num_tiles) load_kv(st, slot_of_tile(st));
     CpAsyncCommitGroup();
   }
+  int ahead_slot = slot_of_tile(kStages - 1);
 
   float o[64];
 #pragma unroll
@@ -151,10 +147,25 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
 
-  // S = Q K^T (raw scores) of the tile in `stage`, m64n64, K = 128 dims in 8 steps; committed as
-  // one group.
-  const auto issue_qk = [&](int stage, float(&s)[32]) {
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % kStages;
+    // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
+    // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies visible
+    // to the async proxy, and wait for every thread's (and for every warp to be done with the
+    // stage refilled below).
+    CpAsyncWaitGroup<kStages - 2>();
+    FenceProxyAsyncShared();
+    __syncthreads();
+    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+    CpAsyncCommitGroup();
+    ahead_slot = slot_of_tile(tile + kStages);
+
+    // S = Q K^T (raw scores), m64n64, K = 128 dims in 8 steps.
     const uint32_t k_tile = k_base + stage * sa::kTileBytes;
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       WgmmaSs64x64(s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
@@ -162,21 +173,10 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
                    kk > 0 ? 1 : 0);
     }
     WgmmaCommit();
-  };
-  // O += P V of the tile in `stage`, m64n128, K = 64 keys in 4 steps; one group.
-  const auto issue_pv = [&](int stage, const uint32_t(&pa)[4][4]) {
-    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
-#pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      WgmmaRs64x128(o, pa[kc],
-                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
-    }
-    WgmmaCommit();
-  };
-  // Masks (only where the tile crosses the warp's diagonal; a tile crossing kv_end does too), then
-  // the online softmax with the lazy rescale of the mma.sync kernel (log2 domain): updates the row
-  // statistics, writes P as bf16 A fragments, and returns whether O must be scaled by alpha.
-  const auto softmax = [&](int tile, float(&s)[32], uint32_t(&pa)[4][4], float(&alpha)[2]) {
+    WgmmaWaitAll();
+    FenceRegisters(s);
+
+    // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
     const int key0 = tile * kBlockN;
     if (sa::TileNeedsMask(key0, warp_pos0)) {
 #pragma unroll
@@ -184,6 +184,8 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
         if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
       }
     }
+
+    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain).
     float tile_max[2];
     bool raise = false;
 #pragma unroll
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
       raise |= tile_max[h] > row_max[h] + kRescaleSlack;
     }
     const bool rescale = __any_sync(0xffffffffu, raise);
-    alpha[0] = alpha[1] = 1.0f;
+    float alpha[2] = {1.0f, 1.0f};
     if (rescale) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -218,6 +220,7 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
     }
     row_sum[0] += sum[0];
     row_sum[1] += sum[1];
+    uint32_t pa[4][4];
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) {
 #pragma unroll
@@ -226,92 +229,22 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
         pa[kc][q] = PackBf16x2(s[at], s[at + 1]);
       }
     }
-    return rescale;
-  };
-  const auto scale_o = [&](const float(&alpha)[2]) {
+    if (rescale) {
 #pragma unroll
-    for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
-  };
-
-  if constexpr (kPipelined) {
-    // Tile 0: its K/V (and Q) landed; tile 1 may still be in flight.
-    CpAsyncWaitGroup<kStages - 2>();
-    FenceProxyAsyncShared();
-    __syncthreads();
-    float s[32];
-    uint32_t pa[4][4];
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    WgmmaFence();
-    issue_qk(0, s);
-    WgmmaWait<0>();
-    FenceRegisters(s);
-    softmax(0, s, pa, alpha);  // O is still zero: no rescale to apply
-    int ahead_slot = slot_of_tile(kStages - 1);
-    for (int tile = 1; tile < num_tiles; ++tile) {
-      // Tile `tile` landed (the kStages - 3 later ones may be in flight); every warpgroup is past
-      // its use of the stage refilled below (tile - 2's, whose O += P V completed in the previous
-      // iteration), which takes tile + kStages - 2.
-      CpAsyncWaitGroup<kStages - 3>();
-      FenceProxyAsyncShared();
-      __syncthreads();
-      if (tile + kStages - 2 < num_tiles) load_kv((tile + kStages - 2) % kStages, ahead_slot);
-      CpAsyncCommitGroup();
-      ahead_slot = slot_of_tile(tile + kStages - 1);
-
-      WgmmaFence();
-      issue_qk(tile % kStages, s);
-      issue_pv((tile - 1) % kStages, pa);
-      WgmmaWait<1>();  // S of this tile; the product of the previous one is still running
-      FenceRegisters(s);
-      uint32_t pa_next[4][4];
-      const bool rescale = softmax(tile, s, pa_next, alpha);
-      WgmmaWait<0>();
-      FenceRegisters(o);
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) FenceRegisters(pa[kc]);
-      if (rescale) scale_o(alpha);
-#pragma unroll
-      for (int kc = 0; kc < 4; ++kc) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) pa[kc][q] = pa_next[kc][q];
-      }
+      for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
     }
+
+    // O += P V, m64n128, K = 64 keys in 4 steps.
+    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
     WgmmaFence();
-    issue_pv((num_tiles - 1) % kStages, pa);
-    WgmmaWait<0>();
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      WgmmaRs64x128(o, pa[kc],
+                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
     FenceRegisters(o);
-  } else {
-    int ahead_slot = slot_of_tile(kStages - 1);
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
-      // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies
-      // visible to the async proxy, and wait for every thread's (and for every warp to be done
-      // with the stage refilled below).
-      CpAsyncWaitGroup<kStages - 2>();
-      FenceProxyAsyncShared();
-      __syncthreads();
-      if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
-      CpAsyncCommitGroup();
-      ahead_slot = slot_of_tile(tile + kStages);
-
-      float s[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-      WgmmaFence();
-      issue_qk(stage, s);
-      WgmmaWait<0>();
-      FenceRegisters(s);
-      uint32_t pa[4][4];
-      float alpha[2];
-      if (softmax(tile, s, pa, alpha)) scale_o(alpha);
-      WgmmaFence();
-      issue_pv(stage, pa);
-      WgmmaWait<0>();
-      FenceRegisters(o);
-    }
   }
 
   // Full row sums over the quad, normalize, store the valid rows.
@@ -334,56 +267,28 @@ __global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 
   }
 }
 
-template <int kStages, int kHeads, bool kPipelined = false>
+template <int kStages, int kHeads>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads>();
-  constexpr auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kPipelined>;
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages, kHeads>, kSmem, configured);
+      e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  kernel<<<grid, kThreads * kHeads, kSmem, stream>>>(p);
+  PrefillAttentionSm90Kernel<kStages, kHeads><<<grid, kThreads * kHeads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=N (read once): K/V stages, where the shape has that variant.
-int StagesWanted() {
-  static const int stages = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_SM90_STAGES");
-    return env == nullptr ? 0 : static_cast<int>(std::strtol(env, nullptr, 10));
-  }();
-  return stages;
-}
-
-// Two heads per CTA (one CTA per SM): the pipelined loop at 3-6 stages (default kDefaultStages),
-// the plain one at 2-6 (default 3). One head: pipelined at 3, plain at 2 (default; two CTAs per
-// SM) or 3.
-constexpr int kDefaultStages = 4;
-
-template <int kHeads, bool kPipelined>
-cudaError_t LaunchVariant(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  const int s = StagesWanted();
-  if constexpr (kHeads == 1) {
-    if constexpr (kPipelined) return LaunchShape<3, 1, true>(p, grid, stream);
-    return s == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
-  } else {
-    switch (s) {
-      case 2:
-        if constexpr (!kPipelined) return LaunchShape<2, 2>(p, grid, stream);
-        break;
-      case 3:
-        return LaunchShape<3, 2, kPipelined>(p, grid, stream);
-      case 5:
-        return LaunchShape<5, 2, kPipelined>(p, grid, stream);
-      case 6:
-        return LaunchShape<6, 2, kPipelined>(p, grid, stream);
-      default:
-        break;
-    }
-    if constexpr (kPipelined) return LaunchShape<kDefaultStages, 2, true>(p, grid, stream);
-    return LaunchShape<3, 2>(p, grid, stream);
-  }
+// TANDEM_PREFILL_SM90_STAGES=2 / =3 and TANDEM_PREFILL_SM90_HEADS=1 / =2 (read once) pick the
+// K/V stages and the heads per CTA (two need an even GQA group); 0 where unset or other values.
+int EnvChoice(const char* name) {
+  const char* env = std::getenv(name);
+  if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
+  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+  if (env != nullptr && std::strcmp(env, "3") == 0) return 3;
+  return 0;
 }
 
 }  // namespace
@@ -392,24 +297,14 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
                                        cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
-  // Read once: TANDEM_PREFILL_SM90_PIPELINE=0 turns the pipelined loop off,
-  // TANDEM_PREFILL_SM90_HEADS=1 pairs no heads (two need an even GQA group).
-  static const bool pipelined = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_SM90_PIPELINE");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  static const bool pair_heads = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_SM90_HEADS");
-    return env == nullptr || std::strcmp(env, "1") != 0;
-  }();
+  static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
+  static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0) {
-    return pipelined ? LaunchVariant<2, true>(p, grid, stream)
-                     : LaunchVariant<2, false>(p, grid, stream);
+    return stages == 2 ? LaunchShape<2, 2>(p, grid, stream) : LaunchShape<3, 2>(p, grid, stream);
   }
-  return pipelined ? LaunchVariant<1, true>(p, grid, stream)
-                   : LaunchVariant<1, false>(p, grid, stream);
+  return stages == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal

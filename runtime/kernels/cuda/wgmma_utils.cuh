@@ -29,15 +29,6 @@ __device__ __forceinline__ void WgmmaWaitAll() {
 #endif
 }
 
-// Waits until at most kPending of this warpgroup's committed wgmma groups are still in flight
-// (groups complete in order).
-template <int kPending>
-__device__ __forceinline__ void WgmmaWait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
 // Generic-proxy writes to shared memory (cp.async, plain stores) become visible to the async
 // proxy the wgmma operands are read through.
 __device__ __forceinline__ void FenceProxyAsyncShared() {
@@ -51,13 +42,6 @@ template <int N>
 __device__ __forceinline__ void FenceRegisters(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// The same for register A fragments, which must stay unchanged until their wgmma completed.
-template <int N>
-__device__ __forceinline__ void FenceRegisters(uint32_t (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // d (m64n64, f32) = (scale_d ? d : 0) + A B, A and B from shared memory (K-major both).
