@@ -10,7 +10,7 @@
 // passed as void* (Stream::native from runtime/device/device.h).
 //
 // TANDEM_GEMV_ROWS=4 (read once) gives the plain mode at m <= 2 CTAs of 4 output features instead
-// of 2 (an A/B switch until measured).
+// of 2 (an A/B switch; measured slower on the H200, bench/RESULTS.md).
 //
 // The launcher only queues work: it allocates nothing and does not synchronize, so it is safe to
 // capture in a CUDA graph. Buffers are caller-owned device memory and must stay valid until the

@@ -5,7 +5,7 @@
 // K-major and MN-major layouts define them (Swizzle<3,4,3> on the byte address), the m64nN
 // accumulator fragments, and the re-packing of S into the register A fragments of P V. Checks
 // S = Q K^T and O = P V element by element. Runs without a GPU; attention_cuda_test then checks the
-// kernel itself on an H100/H200 (TANDEM_PREFILL_ATTN_SM90=1).
+// kernel itself on an H100/H200 (its default there).
 
 #include <gtest/gtest.h>
 
