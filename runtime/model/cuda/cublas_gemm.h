@@ -9,10 +9,10 @@
 // added before the one bf16 rounding); the environment variable TANDEM_DISABLE_GEMV=1, read at
 // Create, forces cuBLASLt for every call (A/B measurements).
 // With TANDEM_SKINNY_GEMM=1 (read at Create; off by default: on the H200 it measured 10-30% slower
-// than cuBLASLt at 8-64 rows, bench/RESULTS.md), calls of 2-64 rows whose k is a multiple of 64 go to the tensor-core
-// skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (same numerics contract); Create then
-// allocates its 16 MiB split-K scratch. TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the
-// CTAs per SM its split-K plan aims at (a tuning knob; anything else fails Create).
+// than cuBLASLt at 8-64 rows, bench/RESULTS.md), calls of 2-64 rows whose k is a multiple of 64 go
+// to the tensor-core skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (same numerics contract);
+// Create then allocates its 16 MiB split-K scratch. TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2)
+// sets the CTAs per SM its split-K plan aims at (a tuning knob; anything else fails Create).
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
