@@ -96,7 +96,8 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
 # The prefill attention cases again with the portable mma.sync kernel (head_dim 128 takes the
-# wgmma kernel on an H100/H200 by default) and with the wgmma kernel's 3-stage variant.
+# wgmma kernel on an H100/H200 by default), and with the wgmma kernel's one-head and two-stage
+# variants.
 if [[ -x "$BIN/attention_cuda_test" ]]; then
   step attention_cuda_test_prefill_mma_sync 90 env TANDEM_PREFILL_ATTN_SM90=0 \
     "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \

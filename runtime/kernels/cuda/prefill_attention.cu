@@ -492,7 +492,8 @@ cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t str
 // Whether head_dim-128 launches take the wgmma kernel (prefill_attention_sm90.cu):
 // the current device has compute capability 9.0 (its sm_90a code runs nowhere else; cached per
 // device) and TANDEM_PREFILL_ATTN_SM90=0 (read once) does not turn it off. H200, Llama-3-8B
-// shape: prefill 8K 237.2 against 246.4 ms, 2K 48.1 against 49.8 ms (bench/RESULTS.md).
+// shape: prefill 8K 234.7-242.3 ms against 244.8-252.0 with the mma.sync kernel
+// (bench/RESULTS.md).
 bool UseSm90Kernel() {
   static const bool requested = [] {
     const char* env = std::getenv("TANDEM_PREFILL_ATTN_SM90");

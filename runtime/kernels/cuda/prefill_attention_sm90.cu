@@ -63,7 +63,7 @@ __host__ __device__ constexpr size_t SmemBytes() {
 }
 
 template <int kStages, int kHeads>
-__global__ void __launch_bounds__(kThreads* kHeads, kStages == 2 && kHeads == 1 ? 2 : 1)
+__global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads == 1 ? 2 : 1))
     PrefillAttentionSm90Kernel(const PrefillParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
