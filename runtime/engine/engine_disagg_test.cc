@@ -17,6 +17,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/engine/disagg_test_util.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/fake_model_runner.h"
 
 namespace tandem {
@@ -27,57 +28,8 @@ using ::testing::IsEmpty;
 constexpr int kVocab = 64;
 constexpr int kBlock = 4;
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;
-  std::optional<FinishReason> finish;
-  Usage usage;
-  int outputs = 0;
-  int outputs_after_finish = 0;
-  std::optional<FirstTokenTimings> timings;
-  int outputs_with_timings = 0;
-};
-
-class Collector {
- public:
-  OutputCallback Callback() {
-    return [this](const GenerationOutput& out) {
-      absl::MutexLock lock(&mu_);
-      Result& r = results_[out.request_id];
-      if (r.finish.has_value()) ++r.outputs_after_finish;
-      ++r.outputs;
-      r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-      r.usage = out.usage;
-      if (out.first_token_timings.has_value()) {
-        r.timings = out.first_token_timings;
-        ++r.outputs_with_timings;
-      }
-      if (out.finish_reason.has_value()) {
-        r.finish = out.finish_reason;
-        ++finished_;
-      }
-    };
-  }
-  bool WaitFinished(int n, absl::Duration timeout = absl::Seconds(30)) {
-    absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-  }
-  Result Get(const std::string& id) {
-    absl::MutexLock lock(&mu_);
-    return results_[id];
-  }
-  int finished() {
-    absl::MutexLock lock(&mu_);
-    return finished_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, Result> results_ ABSL_GUARDED_BY(mu_);
-  int finished_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using Collector = OutputCollector;
+using Result = OutputCollector::Result;
 
 struct Node {
   explicit Node(int num_blocks, EngineOptions options = {}, std::vector<int> eos = {}) {

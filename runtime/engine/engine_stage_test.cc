@@ -16,6 +16,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/engine/disagg_test_util.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/fake_model_runner.h"
 
 namespace tandem {
@@ -29,41 +30,8 @@ constexpr int kVocab = 64;
 constexpr int kBlock = 4;
 constexpr int kNumBlocks = 48;
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::optional<FinishReason> finish;
-  absl::Status error;
-};
-
-class Collector {
- public:
-  OutputCallback Callback() {
-    return [this](const GenerationOutput& out) {
-      absl::MutexLock lock(&mu_);
-      Result& r = results_[out.request_id];
-      r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      if (out.finish_reason.has_value()) {
-        r.finish = out.finish_reason;
-        r.error = out.error;
-        ++finished_;
-      }
-    };
-  }
-  bool WaitFinished(int n, absl::Duration timeout = absl::Seconds(30)) {
-    absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-  }
-  Result Get(const std::string& id) {
-    absl::MutexLock lock(&mu_);
-    return results_[id];
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, Result> results_ ABSL_GUARDED_BY(mu_);
-  int finished_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using Collector = OutputCollector;
+using Result = OutputCollector::Result;
 
 struct Node {
   explicit Node(bool mirror, bool ask_transfer_layout = true) {

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/base/logging.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/fake_model_runner.h"
 
 namespace tandem {
@@ -51,54 +52,8 @@ class FakeTokenizer : public Tokenizer {
   std::string eos_token() const override { return ""; }
 };
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;
-  std::string text;
-  std::optional<FinishReason> finish;
-  absl::Status error;
-  Usage usage;
-  int outputs_after_finish = 0;
-};
-
-// Collects outputs of many requests; thread-safe.
-class Collector {
- public:
-  OutputCallback Callback() {
-    return [this](const GenerationOutput& out) {
-      absl::MutexLock lock(&mu_);
-      Result& r = results_[out.request_id];
-      if (r.finish.has_value()) ++r.outputs_after_finish;
-      r.tokens.insert(r.tokens.end(), out.token_ids.begin(), out.token_ids.end());
-      r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-      r.text += out.text;
-      r.usage = out.usage;
-      if (out.finish_reason.has_value()) {
-        r.finish = out.finish_reason;
-        r.error = out.error;
-        ++finished_;
-      }
-    };
-  }
-  bool WaitFinished(int n, absl::Duration timeout = absl::Seconds(30)) {
-    absl::MutexLock lock(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-  }
-  std::map<std::string, Result> results() {
-    absl::MutexLock lock(&mu_);
-    return results_;
-  }
-  int finished() {
-    absl::MutexLock lock(&mu_);
-    return finished_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, Result> results_ ABSL_GUARDED_BY(mu_);
-  int finished_ ABSL_GUARDED_BY(mu_) = 0;
-};
+using Collector = OutputCollector;
+using Result = OutputCollector::Result;
 
 std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int alphabet = kVocab) {
   std::vector<int32_t> p(len);
