@@ -107,17 +107,20 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const RopeParams p) {
 // aligned rows, cache and qkv (checked by the launcher).
 __global__ void __launch_bounds__(kRopeThreads) RopeKvVecKernel(const RopeParams p) {
   PdlLaunchDependents();
-  PdlWait();
   extern __shared__ float rope_cs[];
   const int half = p.head_dim / 2;
   const int token = blockIdx.x;
   float* cos_s = rope_cs;
   float* sin_s = rope_cs + half;
+  // Positions, slots and inv_freq are step metadata and constants that no kernel of the step
+  // writes (they are copied in before its first kernel), so the angles are computed while the
+  // previous kernel (the QKV projection) finishes.
   const float pos = static_cast<float>(p.positions[token]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     RopeCosSin(pos, p.inv_freq[i], cos_s[i], sin_s[i]);
   }
   const int slot = p.k_layer != nullptr ? p.slot_mapping[token] : -1;
+  PdlWait();
   __syncthreads();
   __nv_bfloat16* row = p.qkv + static_cast<size_t>(token) * p.row_stride;
   const int packs_per_half = half / 8;
