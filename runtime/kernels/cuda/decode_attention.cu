@@ -15,8 +15,15 @@
 //     fragments from ldmatrix, then O += P V with P re-packed from the S accumulators to A
 //     fragments (a bf16 high part and a bf16 low part, two MMAs, so P keeps ~16 bits) and V
 //     fragments from ldmatrix.trans;
-//   - online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics);
-//   - block-table lookups once per token (one lane each), shared through shuffles.
+//   - when the group has at most 8 query heads (Llama-3: 4), rows 8-15 of A carry P's low part
+//     instead of zeros, so one MMA per V fragment does the work of two (the two halves of O are
+//     summed once at the end) and rows 8-15 need no softmax;
+//   - online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics),
+//     rescaling O only when some row's maximum grew (warp-uniform test);
+//   - block-table lookups once per token (one lane each), shared through shuffles, loaded one
+//     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
+//     context length and the first lookups (step metadata, written before the step's first
+//     kernel) are read before the PDL wait.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
@@ -28,6 +35,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -83,10 +92,10 @@ constexpr size_t DecodeSmemBytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
-template <int kHeadDim>
+// kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
+template <int kHeadDim, bool kPackLo>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
-  PdlWait();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
   constexpr int kOTiles = kHeadDim / 8;                           // n-tiles of O
@@ -109,11 +118,16 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int rest = p.group - chunk * kMaxGroup;
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
 
+  // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
+  // written by none, so it is read before PdlWait(); Q and the cache are read after it.
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
   // An empty split writes nothing: the merge skips splits that start at or past the context.
-  if (p.num_splits > 1 && begin >= context) return;
+  if (p.num_splits > 1 && begin >= context) {
+    PdlWait();
+    return;
+  }
 
   const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
   const long long head_offset = static_cast<long long>(kv_head) * kHeadDim;
@@ -126,16 +140,19 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int tile_stride = kWarps * kWarpTile;
   const int num_tiles = first_tile < end ? (end - first_tile + tile_stride - 1) / tile_stride : 0;
 
-  // Queues the K and V copies of warp tile i into its stage (one commit group, maybe empty).
-  auto issue = [&](int i) {
+  // Lane j < kWarpTile: the cache block of token j of warp tile i (0 past the tile or chunk). Only
+  // the load; the slot arithmetic waits for issue(), one warp tile later.
+  auto load_block = [&](int i) -> int {
+    const int tok = first_tile + i * tile_stride + lane;
+    return i < num_tiles && lane < kWarpTile && tok < end ? __ldg(table + tok / p.block_size) : 0;
+  };
+  // Queues the K and V copies of warp tile i, whose blocks load_block(i) returned, into its stage
+  // (one commit group, maybe empty).
+  auto issue = [&](int i, int block) {
     if (i < num_tiles) {
       const int t0 = first_tile + i * tile_stride;
-      long long my_offset = 0;  // lane j < kWarpTile: cache offset of token t0 + j
-      if (lane < kWarpTile && t0 + lane < end) {
-        const int tok = t0 + lane;
-        const long long block = table[tok / p.block_size];
-        my_offset = (block * p.block_size + tok % p.block_size) * slot_stride + head_offset;
-      }
+      // Lane j < kWarpTile: cache slot of token t0 + j (garbage, never used, past the chunk).
+      const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
       __nv_bfloat16* k_dst = stages + (i % kStages) * StageElems<kHeadDim>();
       __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
 #pragma unroll
@@ -143,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
         const int piece = c * kWarpSize + lane;
         const int row = piece / kChunksPerRow;
         const int d = (piece % kChunksPerRow) * 8;
-        const long long offset = __shfl_sync(0xffffffffu, my_offset, row);
+        const int slot = __shfl_sync(0xffffffffu, my_slot, row);
+        const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
         const bool valid = t0 + row < end;
         CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
         CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
@@ -152,8 +170,13 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     CpAsyncCommitGroup();
   };
 
+  int first_blocks[kStages];
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  for (int i = 0; i < kStages; ++i) first_blocks[i] = load_block(i);
+  PdlWait();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i, first_blocks[i]);
+  int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
   // Q as the A operand: row r = query head head0 + r (zeros past the group).
   uint32_t q_frag[kKSteps][4];
@@ -193,7 +216,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
 
   for (int i = 0; i < num_tiles; ++i) {
     __syncwarp();  // every lane is done reading the stage the next issue overwrites
-    issue(i + kStages - 1);
+    const int block = next_block;
+    next_block = load_block(i + kStages);  // consumed next iteration: its latency hides here
+    issue(i + kStages - 1, block);
     CpAsyncWaitGroup<kStages - 1>();
     __syncwarp();
     const int t0 = first_tile + i * tile_stride;
@@ -218,6 +243,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     }
 
     // Scale, mask tokens past the chunk, online softmax (token 0 of a tile is always valid).
+    // With kPackLo rows 8-15 hold no query head: their statistics stay (-inf, 0).
     float max0 = -INFINITY, max1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -225,59 +251,86 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       for (int e = 0; e < 2; ++e) {
         const bool valid = t0 + j * 8 + 2 * t + e < end;
         s[j][e] = valid ? s[j][e] * p.scale_log2 : -INFINITY;
-        s[j][e + 2] = valid ? s[j][e + 2] * p.scale_log2 : -INFINITY;
         max0 = fmaxf(max0, s[j][e]);
-        max1 = fmaxf(max1, s[j][e + 2]);
+        if constexpr (!kPackLo) {
+          s[j][e + 2] = valid ? s[j][e + 2] * p.scale_log2 : -INFINITY;
+          max1 = fmaxf(max1, s[j][e + 2]);
+        }
       }
     }
 #pragma unroll
     for (int offset = 1; offset < 4; offset *= 2) {
       max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, offset));
-      max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, offset));
+      if constexpr (!kPackLo) max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, offset));
     }
     const float new_m0 = fmaxf(m0, max0);
-    const float new_m1 = fmaxf(m1, max1);
-    const float alpha0 = exp2f(m0 - new_m0);
-    const float alpha1 = exp2f(m1 - new_m1);
+    const float alpha0 = exp2f(m0 - new_m0);  // exactly 1 when the maximum did not grow
+    bool grew = new_m0 > m0;
     m0 = new_m0;
-    m1 = new_m1;
+    float alpha1 = alpha0;  // kPackLo: rows 8-15 accumulate rows 0-7's low parts
+    if constexpr (!kPackLo) {
+      const float new_m1 = fmaxf(m1, max1);
+      alpha1 = exp2f(m1 - new_m1);
+      grew = grew || new_m1 > m1;
+      m1 = new_m1;
+    }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[j][0] = exp2f(s[j][0] - new_m0);
-      s[j][1] = exp2f(s[j][1] - new_m0);
-      s[j][2] = exp2f(s[j][2] - new_m1);
-      s[j][3] = exp2f(s[j][3] - new_m1);
+      s[j][0] = exp2f(s[j][0] - m0);
+      s[j][1] = exp2f(s[j][1] - m0);
+      if constexpr (!kPackLo) {
+        s[j][2] = exp2f(s[j][2] - m1);
+        s[j][3] = exp2f(s[j][3] - m1);
+      }
     }
     l0 = l0 * alpha0 + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
-    l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
+    if constexpr (!kPackLo) l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
 
-    // O = O * alpha + P V, with P split into bf16 high and low parts (two MMAs on the same V
-    // fragments): P keeps ~16 significant bits, so the output matches a float32 P V closely;
-    // the tensor cores have time to spare in this bandwidth-bound kernel.
+    // O = O * alpha + P V, with P split into bf16 high and low parts: P keeps ~16 significant
+    // bits, so the output matches a float32 P V closely. kPackLo: the low parts ride in rows
+    // 8-15 of the same A fragment (one MMA per V fragment); otherwise two MMAs on the same V
+    // fragments. The tensor cores have time to spare in this bandwidth-bound kernel.
     uint32_t a[4], a_lo[4];
-    SplitBf16x2(s[0][0], s[0][1], a[0], a_lo[0]);
-    SplitBf16x2(s[0][2], s[0][3], a[1], a_lo[1]);
-    SplitBf16x2(s[1][0], s[1][1], a[2], a_lo[2]);
-    SplitBf16x2(s[1][2], s[1][3], a[3], a_lo[3]);
+    if constexpr (kPackLo) {
+      SplitBf16x2(s[0][0], s[0][1], a[0], a[1]);
+      SplitBf16x2(s[1][0], s[1][1], a[2], a[3]);
+    } else {
+      SplitBf16x2(s[0][0], s[0][1], a[0], a_lo[0]);
+      SplitBf16x2(s[0][2], s[0][3], a[1], a_lo[1]);
+      SplitBf16x2(s[1][0], s[1][1], a[2], a_lo[2]);
+      SplitBf16x2(s[1][2], s[1][3], a[3], a_lo[3]);
+    }
+    // Rescale only when some row's maximum grew (alpha == 1 otherwise, so skipping is exact).
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][0] *= alpha0;
+        o[n][1] *= alpha0;
+        o[n][2] *= alpha1;
+        o[n][3] *= alpha1;
+      }
+    }
 #pragma unroll
     for (int n = 0; n < kOTiles; n += 2) {
       uint32_t b[4];  // (tokens 0..7, dims n), (8..15, n), (0..7, n + 1), (8..15, n + 1)
       LdMatrixX4Trans(b,
                       v_base + v_lane_off + static_cast<unsigned>(n * 8 * sizeof(__nv_bfloat16)));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        o[n + h][0] *= alpha0;
-        o[n + h][1] *= alpha0;
-        o[n + h][2] *= alpha1;
-        o[n + h][3] *= alpha1;
-      }
       MmaBf16(o[n], a, b[0], b[1]);
-      MmaBf16(o[n], a_lo, b[0], b[1]);
       MmaBf16(o[n + 1], a, b[2], b[3]);
-      MmaBf16(o[n + 1], a_lo, b[2], b[3]);
+      if constexpr (!kPackLo) {
+        MmaBf16(o[n], a_lo, b[0], b[1]);
+        MmaBf16(o[n + 1], a_lo, b[2], b[3]);
+      }
     }
   }
   CpAsyncWaitGroup<0>();  // no copy may land in the buffer the merge below reuses
+  if constexpr (kPackLo) {  // fold the low parts (rows 8-15) into rows 0-7
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      o[n][0] += o[n][2];
+      o[n][1] += o[n][3];
+    }
+  }
 
   // Row sums over the quad, then the warps' triples through shared memory.
 #pragma unroll
@@ -358,18 +411,37 @@ __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams
       __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
 }
 
-template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+// Whether groups of at most 8 query heads take the packed-low-part kernel: on unless
+// TANDEM_DECODE_PACK_LO=0 (read once; the A/B switch and its ctest variant).
+bool PackLoEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TANDEM_DECODE_PACK_LO");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled;
+}
+
+template <int kHeadDim, bool kPackLo>
+cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim>, kSmem, configured);
+          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim, kPackLo>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
+  return cudaSuccess;
+}
+
+template <int kHeadDim>
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  LaunchKernel(DecodeAttentionKernel<kHeadDim>, grid, kThreads, kSmem, stream, p);
+  const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
+                            ? LaunchMain<kHeadDim, true>(p, grid, stream)
+                            : LaunchMain<kHeadDim, false>(p, grid, stream);
+  if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
                  dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)),
