@@ -26,14 +26,10 @@
 //     kernel) are read before the PDL wait.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
-// alone cannot fill the GPU) the splits of one (KV head, sequence) are combined either by the CTAs
-// themselves, as one thread-block cluster (2-8 splits: each CTA leaves its triple in shared memory
-// and, after a cluster barrier, normalizes a slice of the output from every CTA's through
-// distributed shared memory; no second kernel), or, with more splits, by writing unnormalized
-// partials and (max, sum) to the workspace for a merge kernel.
+// alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
+// and a merge kernel combines the splits.
 
 #include <cuda_bf16.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -89,21 +85,15 @@ __host__ __device__ constexpr int StageElems() {  // one warp tile of K, then V
   return 2 * kWarpTile * RowElems<kHeadDim>();
 }
 
-// Shared memory: the warps' pipelines; after the loop, the warps' triples for the merge, then the
-// CTA's merged triple (read by the other CTAs of a cluster).
 template <int kHeadDim>
 constexpr size_t DecodeSmemBytes() {
   const size_t pipeline = size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16);
-  const size_t merge = size_t{kWarps + 1} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
+  const size_t merge = size_t{kWarps} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
   return pipeline > merge ? pipeline : merge;
 }
 
-// Splits per (KV head, sequence) that merge inside one cluster (a portable cluster size).
-constexpr int kMaxClusterSplits = 8;
-
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
-// kCluster: launched in clusters of num_splits CTAs along z, which merge the splits themselves.
-template <int kHeadDim, bool kPackLo, bool kCluster>
+template <int kHeadDim, bool kPackLo>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
@@ -133,9 +123,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
-  // An empty split writes nothing: the merge skips splits that start at or past the context. In a
-  // cluster it stays (no tiles; its triple is (-inf, 0, 0)) for the cluster barriers.
-  if (!kCluster && p.num_splits > 1 && begin >= context) {
+  // An empty split writes nothing: the merge skips splits that start at or past the context.
+  if (p.num_splits > 1 && begin >= context) {
     PdlWait();
     return;
   }
@@ -352,8 +341,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   __syncthreads();                                // every warp is done with its pipeline stages
   float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][kMaxGroup][kHeadDim]
   float* s_ml = s_acc + kWarps * kMaxGroup * kHeadDim;  // [kWarps][kMaxGroup][2]
-  float* s_res = s_ml + kWarps * kMaxGroup * 2;         // the CTA's: [kMaxGroup][kHeadDim]
-  float* s_res_ml = s_res + kMaxGroup * kHeadDim;       // [kMaxGroup][2]
   float* acc0 = s_acc + (warp * kMaxGroup + g) * kHeadDim;
   float* acc1 = acc0 + 8 * kHeadDim;
 #pragma unroll
@@ -389,12 +376,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     if (p.num_splits == 1) {
       p.out[(static_cast<size_t>(seq) * p.num_heads + head) * kHeadDim + d] =
           __float2bfloat16_rn(l_all > 0.0f ? out / l_all : 0.0f);
-    } else if constexpr (kCluster) {
-      s_res[r * kHeadDim + d] = out;
-      if (d == 0) {
-        s_res_ml[2 * r] = m_all;
-        s_res_ml[2 * r + 1] = l_all;
-      }
     } else {
       const size_t part = (static_cast<size_t>(seq) * p.num_heads + head) * p.num_splits + split;
       p.partial_out[part * kHeadDim + d] = out;
@@ -403,36 +384,6 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
         p.partial_ml[2 * part + 1] = l_all;
       }
     }
-  }
-  if constexpr (kCluster) {
-    // Every CTA's triple is in its shared memory after the barrier; CTA c of the cluster then
-    // normalizes outputs c * kThreads + tid, + num_splits * kThreads, ... The second barrier
-    // keeps each CTA's shared memory alive until every other CTA has read it.
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const int ranks = p.num_splits;
-    const int rank = static_cast<int>(cluster.block_rank());
-    for (int idx = rank * kThreads + tid; idx < num_q * kHeadDim; idx += ranks * kThreads) {
-      const int r = idx / kHeadDim;
-      const int d = idx % kHeadDim;
-      float m_all = -INFINITY;
-      for (int c = 0; c < ranks; ++c) {
-        m_all = fmaxf(m_all, cluster.map_shared_rank(s_res_ml, c)[2 * r]);
-      }
-      float out = 0.0f, l_all = 0.0f;
-      if (m_all != -INFINITY) {
-        for (int c = 0; c < ranks; ++c) {
-          const float* ml = cluster.map_shared_rank(s_res_ml, c);
-          const float w = exp2f(ml[2 * r] - m_all);
-          l_all = fmaf(ml[2 * r + 1], w, l_all);
-          out = fmaf(cluster.map_shared_rank(s_res, c)[r * kHeadDim + d], w, out);
-        }
-      }
-      p.out[(static_cast<size_t>(seq) * p.num_heads + head0 + r) * kHeadDim + d] =
-          __float2bfloat16_rn(l_all > 0.0f ? out / l_all : 0.0f);
-    }
-    cluster.sync();
   }
 }
 
@@ -460,60 +411,38 @@ __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams
       __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
 }
 
-// An A/B switch read once from the environment: on unless it is set to "0".
-bool SwitchOn(const char* name) {
-  const char* env = std::getenv(name);
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
-// Whether groups of at most 8 query heads take the packed-low-part kernel
-// (TANDEM_DECODE_PACK_LO=0: off; the A/B switch and its ctest variant).
+// Whether groups of at most 8 query heads take the packed-low-part kernel: on unless
+// TANDEM_DECODE_PACK_LO=0 (read once; the A/B switch and its ctest variant).
 bool PackLoEnabled() {
-  static const bool enabled = SwitchOn("TANDEM_DECODE_PACK_LO");
+  static const bool enabled = [] {
+    const char* env = std::getenv("TANDEM_DECODE_PACK_LO");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
   return enabled;
-}
-
-// Whether 2-8 splits merge inside a cluster instead of in the merge kernel
-// (TANDEM_DECODE_CLUSTER_MERGE=0: off; the A/B switch and its ctest variant).
-bool ClusterMergeEnabled() {
-  static const bool enabled = SwitchOn("TANDEM_DECODE_CLUSTER_MERGE");
-  return enabled;
-}
-
-template <int kHeadDim, bool kPackLo, bool kCluster>
-cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
-  static std::atomic<uint64_t> configured{0};
-  const auto kernel = DecodeAttentionKernel<kHeadDim, kPackLo, kCluster>;
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured);
-      e != cudaSuccess) {
-    return e;
-  }
-  if constexpr (kCluster) {
-    return LaunchKernelInClusters(kernel, grid, dim3(1, 1, grid.z), kThreads, kSmem, stream, p);
-  } else {
-    return LaunchKernel(kernel, grid, kThreads, kSmem, stream, p);
-  }
 }
 
 template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, bool cluster,
-                       cudaStream_t stream) {
-  return cluster ? LaunchMain<kHeadDim, kPackLo, true>(p, grid, stream)
-                 : LaunchMain<kHeadDim, kPackLo, false>(p, grid, stream);
+cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
+  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim, kPackLo>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
+  return cudaSuccess;
 }
 
 template <int kHeadDim>
 cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  const bool cluster =
-      p.num_splits > 1 && p.num_splits <= kMaxClusterSplits && ClusterMergeEnabled();
   const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
-                            ? LaunchMain<kHeadDim, true>(p, grid, cluster, stream)
-                            : LaunchMain<kHeadDim, false>(p, grid, cluster, stream);
+                            ? LaunchMain<kHeadDim, true>(p, grid, stream)
+                            : LaunchMain<kHeadDim, false>(p, grid, stream);
   if (e != cudaSuccess) return e;
-  if (p.num_splits > 1 && !cluster) {
+  if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
                  dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)),
                  kHeadDim, 0, stream, p);

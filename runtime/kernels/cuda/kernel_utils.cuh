@@ -150,29 +150,6 @@ cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, s
   return cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
 }
 
-// LaunchKernel in thread-block clusters of `cluster` CTAs (grid a multiple of it; at most 8 CTAs
-// for a portable size). sm_90 only.
-template <typename... KernelArgs, typename... Args>
-cudaError_t LaunchKernelInClusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 cluster,
-                                   dim3 block, size_t smem_bytes, cudaStream_t stream,
-                                   Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
-  attribute[1].id = cudaLaunchAttributeClusterDimension;
-  attribute[1].val.clusterDim.x = cluster.x;
-  attribute[1].val.clusterDim.y = cluster.y;
-  attribute[1].val.clusterDim.z = cluster.z;
-  config.attrs = attribute;
-  config.numAttrs = 2;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);
-}
-
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` (needed above 48 KiB) on the current
 // device, once per device: `configured` (one static per kernel instantiation) has bit d set once
 // device d is done; devices >= 64 set it on every call. A plain attribute call (no allocation or

@@ -62,13 +62,9 @@ __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
 }
 
-template <int kStages, int kHeads, bool kPingPong>
+template <int kStages, int kHeads>
 __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads == 1 ? 2 : 1))
     PrefillAttentionSm90Kernel(const PrefillParams p) {
-  static_assert(!kPingPong || (kHeads == 2 && kStages >= 3), "ping-pong: two warpgroups");
-  // Tiles a K/V load runs ahead of the tile both warpgroups start on at the barrier: ping-pong
-  // keeps one more stage busy (warpgroup 1 still reads the previous tile's V after it).
-  constexpr int kAhead = kPingPong ? kStages - 2 : kStages - 1;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -125,7 +121,7 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     }
   };
 
-  // Q tile (rows past the sequence are zeros), then the first kAhead K/V tiles.
+  // Q tile (rows past the sequence are zeros), then the first kStages - 1 K/V tiles.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = sa::QLoadRow(tid);
@@ -138,11 +134,11 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   }
   CpAsyncCommitGroup();
 #pragma unroll
-  for (int st = 0; st < kAhead; ++st) {
+  for (int st = 0; st < kStages - 1; ++st) {
     if (st < num_tiles) load_kv(st, slot_of_tile(st));
     CpAsyncCommitGroup();
   }
-  int ahead_slot = slot_of_tile(kAhead);
+  int ahead_slot = slot_of_tile(kStages - 1);
 
   float o[64];
 #pragma unroll
@@ -151,10 +147,22 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
 
-  // S = Q K^T (raw scores) of a tile, m64n64, K = 128 dims in 8 steps.
-  float s[32];
-  const auto scores = [&](int tile) {
-    const uint32_t k_tile = k_base + (tile % kStages) * sa::kTileBytes;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % kStages;
+    // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
+    // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies visible
+    // to the async proxy, and wait for every thread's (and for every warp to be done with the
+    // stage refilled below).
+    CpAsyncWaitGroup<kStages - 2>();
+    FenceProxyAsyncShared();
+    __syncthreads();
+    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+    CpAsyncCommitGroup();
+    ahead_slot = slot_of_tile(tile + kStages);
+
+    // S = Q K^T (raw scores), m64n64, K = 128 dims in 8 steps.
+    const uint32_t k_tile = k_base + stage * sa::kTileBytes;
+    float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     WgmmaFence();
@@ -167,10 +175,7 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     WgmmaCommit();
     WgmmaWaitAll();
     FenceRegisters(s);
-  };
 
-  // The masks, the online softmax and O += P V of a tile whose scores are in s.
-  const auto accumulate = [&](int tile) {
     // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
     const int key0 = tile * kBlockN;
     if (sa::TileNeedsMask(key0, warp_pos0)) {
@@ -230,7 +235,7 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     }
 
     // O += P V, m64n128, K = 64 keys in 4 steps.
-    const uint32_t v_tile = v_base + (tile % kStages) * sa::kTileBytes;
+    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
     WgmmaFence();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc) {
@@ -240,35 +245,7 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     WgmmaCommit();
     WgmmaWaitAll();
     FenceRegisters(o);
-  };
-
-  // Ping-pong (FlashAttention-3's inter-warpgroup overlap, with the one CTA barrier per tile
-  // as the scheduler): warpgroup 1 runs half a tile behind warpgroup 0, so after the barrier of
-  // tile t warpgroup 0's QK^T(t) meets warpgroup 1's softmax(t - 1), and warpgroup 0's
-  // softmax(t) meets warpgroup 1's P V(t - 1) and QK^T(t): one warpgroup's softmax always has the
-  // other's products beside it. Warpgroup 1 reads tile t - 1's V after the barrier of tile t,
-  // so the load issued there fills the stage of tile t - 2 (kAhead = kStages - 2).
-  const bool lagging = kPingPong && wg == 1;
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    // Groups so far: Q, kAhead prologue tiles, one per earlier iteration; at most kAhead - 1
-    // pending means this tile (and Q) landed. Then make this thread's copies visible to the async
-    // proxy, and wait for every thread's (and for every warp to be done with the stage refilled
-    // below).
-    CpAsyncWaitGroup<kAhead - 1>();
-    FenceProxyAsyncShared();
-    __syncthreads();
-    if (tile + kAhead < num_tiles) load_kv((tile + kAhead) % kStages, ahead_slot);
-    CpAsyncCommitGroup();
-    ahead_slot = slot_of_tile(tile + kAhead + 1);
-    if (lagging) {
-      if (tile > 0) accumulate(tile - 1);
-      scores(tile);
-    } else {
-      scores(tile);
-      accumulate(tile);
-    }
   }
-  if (lagging && num_tiles > 0) accumulate(num_tiles - 1);
 
   // Full row sums over the quad, normalize, store the valid rows.
   const size_t out_stride = static_cast<size_t>(p.num_heads) * kHeadDim;
@@ -290,28 +267,28 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   }
 }
 
-template <int kStages, int kHeads, bool kPingPong = false>
+template <int kStages, int kHeads>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads>();
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e = OptInDynamicSharedMemory(
-          PrefillAttentionSm90Kernel<kStages, kHeads, kPingPong>, kSmem, configured);
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages, kHeads>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  PrefillAttentionSm90Kernel<kStages, kHeads, kPingPong>
-      <<<grid, kThreads * kHeads, kSmem, stream>>>(p);
+  PrefillAttentionSm90Kernel<kStages, kHeads><<<grid, kThreads * kHeads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=2 / 3 / 4, TANDEM_PREFILL_SM90_HEADS=1 / 2 and
-// TANDEM_PREFILL_SM90_PINGPONG=0 / 1 (read once) pick the K/V stages, the heads per CTA (two
-// need an even GQA group) and the warpgroup schedule; -1 where unset or another value.
+// TANDEM_PREFILL_SM90_STAGES=2 / =3 and TANDEM_PREFILL_SM90_HEADS=1 / =2 (read once) pick the
+// K/V stages and the heads per CTA (two need an even GQA group); 0 where unset or other values.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
-  if (env == nullptr || env[0] < '0' || env[0] > '4' || env[1] != '\0') return -1;
-  return env[0] - '0';
+  if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
+  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+  if (env != nullptr && std::strcmp(env, "3") == 0) return 3;
+  return 0;
 }
 
 }  // namespace
@@ -322,14 +299,9 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
-  static const bool ping_pong = EnvChoice("TANDEM_PREFILL_SM90_PINGPONG") != 0;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0) {
-    if (ping_pong && stages != 2) {  // ping-pong needs a stage more than the lockstep kernel
-      return stages == 3 ? LaunchShape<3, 2, true>(p, grid, stream)
-                         : LaunchShape<4, 2, true>(p, grid, stream);
-    }
     return stages == 2 ? LaunchShape<2, 2>(p, grid, stream) : LaunchShape<3, 2>(p, grid, stream);
   }
   return stages == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
