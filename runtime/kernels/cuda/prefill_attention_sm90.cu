@@ -46,7 +46,6 @@ namespace sa = ::tandem::cuda::sm90_attention;
 
 constexpr int kHeadDim = sa::kHeadDim;
 constexpr int kBlockM = sa::kBlockM;
-constexpr int kBlockN = sa::kBlockN;
 constexpr int kThreads = sa::kThreads;
 constexpr int kMaxGridZ = 65535;
 // kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
@@ -57,14 +56,22 @@ constexpr int kMaxGridZ = 65535;
 // one CTA per SM either way (registers) and take 3 (each tile load gets two tiles of time).
 // TANDEM_PREFILL_SM90_STAGES=2 / =3 overrides. Layout: kHeads Q tiles, kStages K tiles, kStages V
 // tiles; +1024 to align the base to an atom.
-template <int kStages, int kHeads>
+template <int kStages, int kHeads, int kBlockN>
 __host__ __device__ constexpr size_t SmemBytes() {
-  return 1024 + sa::kTileBytes * (kHeads + 2 * kStages);
+  return 1024 + size_t{sa::kTileBytes} * kHeads + size_t{sa::TileBytes(kBlockN)} * 2 * kStages;
 }
 
-template <int kStages, int kHeads>
-__global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads == 1 ? 2 : 1))
+// kBlockN keys per K/V tile: 64 (S = m64n64 per warpgroup) or 128 (m64n128: half the tiles, so
+// half the per-tile barriers, waits, row-max shuffles and descriptor set-up per key).
+template <int kStages, int kHeads, int kBlockN>
+__global__ void __launch_bounds__((kThreads * kHeads),
+                                  (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
     PrefillAttentionSm90Kernel(const PrefillParams p) {
+  static_assert(kBlockN == 64 || kBlockN == 128, "64- or 128-key tiles");
+  constexpr int kKvTileBytes = sa::TileBytes(kBlockN);
+  constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread (m64nN)
+  constexpr int kPSteps = kBlockN / 16;   // k-steps of P V
+  constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -73,8 +80,8 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   const int wg = threadIdx.x / kThreads;
   const int wtid = threadIdx.x % kThreads;
   const uint32_t q_base = base + wg * sa::kTileBytes;
-  const uint32_t k_base = base + kHeads * sa::kTileBytes;     // stage s: + s * kTileBytes
-  const uint32_t v_base = k_base + kStages * sa::kTileBytes;  // stage s: + s * kTileBytes
+  const uint32_t k_base = base + kHeads * sa::kTileBytes;   // stage s: + s * kKvTileBytes
+  const uint32_t v_base = k_base + kStages * kKvTileBytes;  // stage s: + s * kKvTileBytes
 
   const int head = blockIdx.x * kHeads + wg;
   const int seq = blockIdx.y;
@@ -85,7 +92,7 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   if (q0 >= num_new) return;
   const int start = p.start_pos[seq];
   const int kv_end = sa::KvEnd(start, q0, num_new);  // keys this CTA needs: [0, kv_end)
-  const int num_tiles = sa::NumTiles(kv_end);
+  const int num_tiles = sa::NumTiles(kv_end, kBlockN);
 
   const int tid = wtid;
   const int lane = tid % kWarpSize;
@@ -97,27 +104,40 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_limit[h] = sa::RowLimit(warp_pos0, lane, h, kv_end);
 
-  // K/V loads: this thread copies chunks LoadChunk(tid, i) of key row LoadRow(tid) of a tile, of
-  // K and V with one head per CTA, else of K (warpgroup 0) or V (warpgroup 1).
-  const int load_row = sa::LoadRow(tid);
+  // K/V loads: this thread copies chunks KvLoadChunk(tid, i) of key rows KvLoadRow(tid, i) of a
+  // tile (kRowsPerThread rows), of K and V with one head per CTA, else of K (warpgroup 0) or V
+  // (warpgroup 1). Slots are cache rows (-1: past kv_end, zero-filled).
   const int table_offset = seq * p.max_blocks_per_seq;
   const size_t head_offset = static_cast<size_t>(kv_head) * kHeadDim;
-  const auto slot_of_tile = [&](int tile) {
-    const int key = tile * kBlockN + load_row;
-    if (key >= kv_end) return -1;
-    return p.block_tables[table_offset + key / p.block_size] * p.block_size + key % p.block_size;
+  struct Slots {
+    int row[kRowsPerThread];
   };
-  const auto load_kv = [&](int stage, int slot) {
-    const size_t offset =
-        (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
-    const uint32_t k_dst = k_base + stage * sa::kTileBytes;
-    const uint32_t v_dst = v_base + stage * sa::kTileBytes;
+  const auto slots_of_tile = [&](int tile) {
+    Slots sl;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int chunk = sa::LoadChunk(tid, i);
-      const int at = sa::TileOffset(load_row, chunk);
-      if (kHeads == 1 || wg == 0) CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
-      if (kHeads == 1 || wg == 1) CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int key = tile * kBlockN + sa::KvLoadRow(tid, 8 * j);
+      sl.row[j] = key >= kv_end ? -1
+                                : p.block_tables[table_offset + key / p.block_size] * p.block_size +
+                                      key % p.block_size;
+    }
+    return sl;
+  };
+  const auto load_kv = [&](int stage, const Slots& sl) {
+    const uint32_t k_dst = k_base + stage * kKvTileBytes;
+    const uint32_t v_dst = v_base + stage * kKvTileBytes;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int slot = sl.row[j];
+      const size_t offset =
+          (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
+#pragma unroll
+      for (int i = 8 * j; i < 8 * j + 8; ++i) {
+        const int chunk = sa::KvLoadChunk(tid, i);
+        const int at = sa::TileOffset(sa::KvLoadRow(tid, i), chunk, kBlockN);
+        if (kHeads == 1 || wg == 0) CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
+        if (kHeads == 1 || wg == 1) CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
+      }
     }
   };
 
@@ -135,10 +155,10 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   CpAsyncCommitGroup();
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < num_tiles) load_kv(st, slot_of_tile(st));
+    if (st < num_tiles) load_kv(st, slots_of_tile(st));
     CpAsyncCommitGroup();
   }
-  int ahead_slot = slot_of_tile(kStages - 1);
+  Slots ahead = slots_of_tile(kStages - 1);
 
   float o[64];
 #pragma unroll
@@ -156,21 +176,36 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     CpAsyncWaitGroup<kStages - 2>();
     FenceProxyAsyncShared();
     __syncthreads();
-    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead_slot);
+    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead);
     CpAsyncCommitGroup();
-    ahead_slot = slot_of_tile(tile + kStages);
+    ahead = slots_of_tile(tile + kStages);
 
-    // S = Q K^T (raw scores), m64n64, K = 128 dims in 8 steps.
-    const uint32_t k_tile = k_base + stage * sa::kTileBytes;
-    float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    // S = Q K^T (raw scores), m64nN, K = 128 dims in 8 steps.
+    const uint32_t k_tile = k_base + stage * kKvTileBytes;
+    float s[kSRegs];
     WgmmaFence();
+    if constexpr (kBlockN == 64) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      WgmmaSs64x64(s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-                   sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-                   kk > 0 ? 1 : 0);
+      for (int i = 0; i < kSRegs; ++i) s[i] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        WgmmaSs64x64(
+            s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+            kk > 0 ? 1 : 0);
+      }
+    } else {
+      // The first k-step only writes S: no zeroing moves.
+      WgmmaSs64x128<false>(
+          s, sa::MakeDescriptor(q_base + sa::QkStepOffset(0), sa::kKMajorLbo, sa::kSbo),
+          sa::MakeDescriptor(k_tile + sa::QkStepOffset(0, kBlockN), sa::kKMajorLbo, sa::kSbo));
+#pragma unroll
+      for (int kk = 1; kk < kHeadDim / 16; ++kk) {
+        WgmmaSs64x128<true>(
+            s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo,
+                               sa::kSbo));
+      }
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -178,9 +213,9 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
 
     // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
     const int key0 = tile * kBlockN;
-    if (sa::TileNeedsMask(key0, warp_pos0)) {
+    if (sa::TileNeedsMask(key0, warp_pos0, kBlockN)) {
 #pragma unroll
-      for (int r = 0; r < 32; ++r) {
+      for (int r = 0; r < kSRegs; ++r) {
         if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
       }
     }
@@ -192,7 +227,9 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     for (int h = 0; h < 2; ++h) {
       float m = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) m = fmaxf(m, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      for (int i = 0; i < kSRegs / 4; ++i) {
+        m = fmaxf(m, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      }
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       tile_max[h] = m * scale_log2;
@@ -214,15 +251,15 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
     for (int h = 0; h < 2; ++h) neg_base[h] = row_max[h] == -INFINITY ? 0.0f : -row_max[h];
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 32; ++r) {
+    for (int r = 0; r < kSRegs; ++r) {
       s[r] = FastExp2(fmaf(s[r], scale_log2, neg_base[(r % 4) / 2]));
       sum[(r % 4) / 2] += s[r];
     }
     row_sum[0] += sum[0];
     row_sum[1] += sum[1];
-    uint32_t pa[4][4];
+    uint32_t pa[kPSteps][4];
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
+    for (int kc = 0; kc < kPSteps; ++kc) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int at = sa::PIndex(kc, q);
@@ -234,13 +271,13 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
       for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
     }
 
-    // O += P V, m64n128, K = 64 keys in 4 steps.
-    const uint32_t v_tile = v_base + stage * sa::kTileBytes;
+    // O += P V, m64n128, K = kBlockN keys in kPSteps steps.
+    const uint32_t v_tile = v_base + stage * kKvTileBytes;
     WgmmaFence();
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+    for (int kc = 0; kc < kPSteps; ++kc) {
       WgmmaRs64x128(o, pa[kc],
-                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::kVLbo, sa::kSbo));
+                    sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
     }
     WgmmaCommit();
     WgmmaWaitAll();
@@ -267,17 +304,18 @@ __global__ void __launch_bounds__((kThreads * kHeads), (kStages == 2 && kHeads =
   }
 }
 
-template <int kStages, int kHeads>
+template <int kStages, int kHeads, int kBlockN = 64>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kStages, kHeads>();
+  constexpr size_t kSmem = SmemBytes<kStages, kHeads, kBlockN>();
+  static_assert(kSmem <= 227 * 1024, "shared memory per CTA");
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(PrefillAttentionSm90Kernel<kStages, kHeads>, kSmem, configured);
+  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN>;
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  PrefillAttentionSm90Kernel<kStages, kHeads><<<grid, kThreads * kHeads, kSmem, stream>>>(p);
+  kernel<<<grid, kThreads * kHeads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -285,10 +323,8 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
 // K/V stages and the heads per CTA (two need an even GQA group); 0 where unset or other values.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
-  if (env != nullptr && std::strcmp(env, "1") == 0) return 1;
-  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
-  if (env != nullptr && std::strcmp(env, "3") == 0) return 3;
-  return 0;
+  if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
+  return env[0] - '0';
 }
 
 }  // namespace
@@ -299,8 +335,13 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
+  static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
+  if (pair_heads && p.group % 2 == 0 && wide_tiles) {
+    return stages == 3 ? LaunchShape<3, 2, 128>(p, grid, stream)
+                       : LaunchShape<2, 2, 128>(p, grid, stream);
+  }
   if (pair_heads && p.group % 2 == 0) {
     return stages == 2 ? LaunchShape<2, 2>(p, grid, stream) : LaunchShape<3, 2>(p, grid, stream);
   }
