@@ -6,20 +6,23 @@
 //
 // Grid: (query head pair, sequence, query tile of kBlockM = 64 new tokens), heaviest tiles first.
 // A CTA is one warpgroup (4 warps, 16 query rows each) per query head, two heads of one KV head
-// (one where the GQA group is odd). Per 64-key tile:
-//   S = Q K^T: 8 wgmma.m64n64k16 with Q and K read by the tensor cores straight from shared memory
-//     (no ldmatrix: the mma.sync kernel's limit was its shared-memory reads into registers);
+// (one where the GQA group is odd). Per K/V tile of kBlockN keys (128 by default, 64 with
+// TANDEM_PREFILL_SM90_WIDE=0):
+//   S = Q K^T: 8 wgmma.m64nNk16 with Q and K read by the tensor cores straight from shared memory
+//     (no ldmatrix: the mma.sync kernel's limit was its shared-memory reads into registers); the
+//     first k-step writes S without reading it (no zeroing moves);
 //   the masks (only where a tile crosses the diagonal or the end of the keys), the online softmax
-//     and the lazy rescale of the mma.sync kernel, on the S accumulators in registers;
-//   O += P V: 4 wgmma.m64n128k16 with P from registers (the S accumulators re-packed to bf16, the
-//     same fragment layout) and V from shared memory (MN-major, transposed by the instruction).
+//     (row max and sum as four independent chains) and the lazy rescale of the mma.sync kernel,
+//     on the S accumulators in registers;
+//   O += P V: kBlockN / 16 wgmma.m64n128k16 with P from registers (the S accumulators re-packed
+//     to bf16, the same fragment layout) and V from shared memory (MN-major, transposed by the
+//     instruction).
 // K/V tiles of the paged cache are gathered with cp.async through a ring of kStages stages into
 // the 128-byte-swizzled operand layout (prefill_attention_sm90_layout.h), which the descriptors
 // describe; a fence.proxy.async after each tile lands makes the generic-proxy copies visible to
-// the tensor cores' async proxy. The softmax of one tile does not overlap the products of the next
-// within a warpgroup: FlashAttention-3's intra-warpgroup pipelining (QK^T of tile j issued with PV
-// of tile j - 1) and 3-6 K/V stages were built and measured no faster on the H200 (bench/
-// RESULTS.md); the other warpgroup's work fills those gaps.
+// the tensor cores' async proxy. Measured on the H200 and not kept (bench/RESULTS.md): overlapping
+// the softmax of one tile with the products of the next inside a warpgroup (FlashAttention-3's
+// intra-warpgroup pipelining), the two warpgroups half a tile apart (its ping-pong), 4-6 stages.
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
@@ -51,11 +54,12 @@ constexpr int kMaxGridZ = 65535;
 // kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
 // K/V bytes the tiles pull from L2 halve (Nsight, Llama-3-8B shape at 8K: L2 74.7% busy with one
 // head per CTA, 38% with two; the K/V of a sequence is re-read by each of its 64-row query
-// tiles). K+V tile stages (32 KB each): with one head, 2 keep a CTA at 82 KB of shared memory, so
-// two CTAs (two warpgroups: one's softmax beside the other's products) share an SM; two heads are
-// one CTA per SM either way (registers) and take 3 (each tile load gets two tiles of time).
-// TANDEM_PREFILL_SM90_STAGES=2 / =3 overrides. Layout: kHeads Q tiles, kStages K tiles, kStages V
-// tiles; +1024 to align the base to an atom.
+// tiles). K+V tile stages (32 KB each at 64 keys, 64 KB at 128): with one head (64-key tiles), 2
+// keep a CTA at 82 KB of shared memory, so two CTAs (two warpgroups: one's softmax beside the
+// other's products) share an SM; two heads are one CTA per SM either way (registers) and take 3
+// (each tile load gets two tiles of time; 225 KB at 128 keys). TANDEM_PREFILL_SM90_STAGES=2 / =3
+// overrides. Layout: kHeads Q tiles, kStages K tiles, kStages V tiles; +1024 to align the base to
+// an atom.
 template <int kStages, int kHeads, int kBlockN>
 __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + size_t{sa::kTileBytes} * kHeads + size_t{sa::TileBytes(kBlockN)} * 2 * kStages;
@@ -220,16 +224,22 @@ __global__ void __launch_bounds__((kThreads * kHeads),
       }
     }
 
-    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain).
+    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain). The row max and
+    // sum run as kChains independent chains each (a warp has few neighbours on its scheduler to
+    // hide a serial chain's latency behind; Nsight: 2 warps per scheduler, 0.5 eligible).
+    constexpr int kChains = 4;
     float tile_max[2];
     bool raise = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m = -INFINITY;
+      float mc[kChains];
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) mc[c] = -INFINITY;
 #pragma unroll
       for (int i = 0; i < kSRegs / 4; ++i) {
-        m = fmaxf(m, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+        mc[i % kChains] = fmaxf(mc[i % kChains], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
       }
+      float m = fmaxf(fmaxf(mc[0], mc[1]), fmaxf(mc[2], mc[3]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       tile_max[h] = m * scale_log2;
@@ -249,14 +259,14 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     float neg_base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) neg_base[h] = row_max[h] == -INFINITY ? 0.0f : -row_max[h];
-    float sum[2] = {0.0f, 0.0f};
+    float sum[2][kChains] = {};
 #pragma unroll
     for (int r = 0; r < kSRegs; ++r) {
       s[r] = FastExp2(fmaf(s[r], scale_log2, neg_base[(r % 4) / 2]));
-      sum[(r % 4) / 2] += s[r];
+      sum[(r % 4) / 2][(r / 4) % kChains] += s[r];
     }
-    row_sum[0] += sum[0];
-    row_sum[1] += sum[1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_sum[h] += (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
     uint32_t pa[kPSteps][4];
 #pragma unroll
     for (int kc = 0; kc < kPSteps; ++kc) {
@@ -319,8 +329,10 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=2 / =3 and TANDEM_PREFILL_SM90_HEADS=1 / =2 (read once) pick the
-// K/V stages and the heads per CTA (two need an even GQA group); 0 where unset or other values.
+// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2 and TANDEM_PREFILL_SM90_WIDE=0 /
+// 1 (read once) pick the K/V stages, the heads per CTA (two need an even GQA group) and 128-key
+// tiles (paired heads only); -1 where unset or another value. Defaults, the fastest measured on
+// the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
   if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
@@ -339,8 +351,8 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
-    return stages == 3 ? LaunchShape<3, 2, 128>(p, grid, stream)
-                       : LaunchShape<2, 2, 128>(p, grid, stream);
+    return stages == 2 ? LaunchShape<2, 2, 128>(p, grid, stream)
+                       : LaunchShape<3, 2, 128>(p, grid, stream);
   }
   if (pair_heads && p.group % 2 == 0) {
     return stages == 2 ? LaunchShape<2, 2>(p, grid, stream) : LaunchShape<3, 2>(p, grid, stream);
