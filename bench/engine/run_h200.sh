@@ -95,19 +95,22 @@ if [[ -x "$BIN/cuda_model_runner_test" ]]; then
     --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
     --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
 fi
-# The prefill attention cases again with the portable mma.sync kernel (head_dim 128 takes the
-# wgmma kernel on an H100/H200 by default), and with the wgmma kernel's one-head and two-stage
-# variants.
+# The attention cases again with each switch the ctest variants set (runtime/kernels/cuda/
+# CMakeLists.txt): the portable mma.sync prefill kernel (head_dim 128 takes the wgmma kernel on an
+# H100/H200 by default), the wgmma kernel's one-head, 64-key-tile and 2-stage shapes, and the
+# two-MMA decode kernel.
 if [[ -x "$BIN/attention_cuda_test" ]]; then
-  step attention_cuda_test_prefill_mma_sync 90 env TANDEM_PREFILL_ATTN_SM90=0 \
-    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_mma_sync.xml"
-  step attention_cuda_test_prefill_sm90_1_head 90 env TANDEM_PREFILL_SM90_HEADS=1 \
-    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_1_head.xml"
-  step attention_cuda_test_prefill_sm90_2_stages 90 env TANDEM_PREFILL_SM90_STAGES=2 \
-    "$BIN/attention_cuda_test" --gtest_filter='*Prefill*' \
-    --gtest_output="xml:$OUT/attention_cuda_test_prefill_sm90_2_stages.xml"
+  while read -r name filter envs; do
+    step "attention_cuda_test_$name" 90 env ${envs//,/ } "$BIN/attention_cuda_test" \
+      --gtest_filter="$filter" --gtest_output="xml:$OUT/attention_cuda_test_$name.xml"
+  done <<'VARIANTS'
+prefill_mma_sync *Prefill* TANDEM_PREFILL_ATTN_SM90=0
+prefill_sm90_1_head *Prefill* TANDEM_PREFILL_SM90_HEADS=1
+prefill_sm90_narrow *Prefill* TANDEM_PREFILL_SM90_WIDE=0
+prefill_sm90_narrow_2_stages *Prefill* TANDEM_PREFILL_SM90_WIDE=0,TANDEM_PREFILL_SM90_STAGES=2
+prefill_sm90_wide_2_stages *Prefill* TANDEM_PREFILL_SM90_STAGES=2
+decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
+VARIANTS
 fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
@@ -158,14 +161,15 @@ if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b_prefill_mma_sync 120 env TANDEM_PREFILL_ATTN_SM90=0 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_mma_sync.json"
-  step engine_bench_8b_prefill_sm90_1_head 120 env TANDEM_PREFILL_SM90_HEADS=1 \
-    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_prefill_sm90_1_head.json"
-  step engine_bench_8b_prefill_sm90_2_stages 120 env TANDEM_PREFILL_SM90_STAGES=2 \
-    "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_prefill_sm90_2_stages.json"
+  for sw in TANDEM_PREFILL_SM90_HEADS=1 TANDEM_PREFILL_SM90_WIDE=0 TANDEM_PREFILL_SM90_STAGES=2; do
+    name="engine_bench_8b_prefill_$(echo "${sw#TANDEM_PREFILL_}" | tr 'A-Z=' 'a-z_')"
+    step "$name" 120 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 \
+      --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"
+  done
+  # Decode with the two-MMA decode attention kernel (P's low parts in a second MMA).
+  step engine_bench_8b_decode_unpacked 90 env TANDEM_DECODE_PACK_LO=0 "$BIN/engine_bench" \
+    --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
+    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_decode_unpacked.json"
   # Batch 1 with the 4-row GEMV CTAs.
   step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
     --model "$M8B" --batches 1 --contexts 1024,8192 \
