@@ -26,6 +26,7 @@ struct PrefillParams {
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   int block_size;
+  int block_shift;  // log2(block_size) when it is a power of two, else -1
   int num_kv_heads;
   const int32_t* block_tables;
   int max_blocks_per_seq;
@@ -48,6 +49,10 @@ inline PrefillParams MakePrefillParams(const void* q, int q_row_stride, const Pa
   p.k = static_cast<const __nv_bfloat16*>(kv.k);
   p.v = static_cast<const __nv_bfloat16*>(kv.v);
   p.block_size = kv.block_size;
+  p.block_shift = -1;
+  for (int shift = 0; shift < 31; ++shift) {
+    if ((1 << shift) == kv.block_size) p.block_shift = shift;
+  }
   p.num_kv_heads = kv.num_kv_heads;
   p.block_tables = kv.block_tables;
   p.max_blocks_per_seq = kv.max_blocks_per_seq;

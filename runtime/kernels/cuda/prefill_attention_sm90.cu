@@ -73,8 +73,8 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     PrefillAttentionSm90Kernel(const PrefillParams p) {
   static_assert(kBlockN == 64 || kBlockN == 128, "64- or 128-key tiles");
   constexpr int kKvTileBytes = sa::TileBytes(kBlockN);
-  constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread (m64nN)
-  constexpr int kPSteps = kBlockN / 16;   // k-steps of P V
+  constexpr int kSRegs = kBlockN / 2;           // S accumulators per thread (m64nN)
+  constexpr int kPSteps = kBlockN / 16;         // k-steps of P V
   constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
@@ -121,26 +121,52 @@ __global__ void __launch_bounds__((kThreads * kHeads),
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int key = tile * kBlockN + sa::KvLoadRow(tid, 8 * j);
-      sl.row[j] = key >= kv_end ? -1
-                                : p.block_tables[table_offset + key / p.block_size] * p.block_size +
-                                      key % p.block_size;
+      if (key >= kv_end) {
+        sl.row[j] = -1;
+      } else if (p.block_shift >= 0) {  // power-of-two blocks: no integer division
+        sl.row[j] = (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
+                    (key & (p.block_size - 1));
+      } else {
+        sl.row[j] =
+            p.block_tables[table_offset + key / p.block_size] * p.block_size + key % p.block_size;
+      }
     }
     return sl;
   };
+  // The copy loop in registers plus immediates (layout header: KvRowBase, KvSwizzle): chunk
+  // 2 k + 8 a of this thread's rows lands at row_base + swizzle[k] + a * atom (+ 8 groups for the
+  // second row), from element 8 (tid % 2) + 16 k + 64 a of the row.
+  const uint32_t row_base = static_cast<uint32_t>(sa::KvRowBase(tid));
+  uint32_t swizzle[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) swizzle[k] = static_cast<uint32_t>(sa::KvSwizzle(tid, k));
+  // Paired heads: warpgroup 0 copies K, warpgroup 1 V (`mine`); one head: this thread copies both.
+  const __nv_bfloat16* const k_src = p.k + head_offset + 8 * (tid % 2);
+  const __nv_bfloat16* const v_src = p.v + head_offset + 8 * (tid % 2);
+  const __nv_bfloat16* const mine_src = wg == 0 ? k_src : v_src;
+  const uint32_t mine_base = (wg == 0 ? k_base : v_base) + row_base;
   const auto load_kv = [&](int stage, const Slots& sl) {
-    const uint32_t k_dst = k_base + stage * kKvTileBytes;
-    const uint32_t v_dst = v_base + stage * kKvTileBytes;
+    const uint32_t k_dst = k_base + stage * kKvTileBytes + row_base;
+    const uint32_t v_dst = v_base + stage * kKvTileBytes + row_base;
+    const uint32_t mine_dst = mine_base + stage * kKvTileBytes;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int slot = sl.row[j];
-      const size_t offset =
-          (slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0) + head_offset;
+      const size_t row_offset =
+          slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0;
 #pragma unroll
-      for (int i = 8 * j; i < 8 * j + 8; ++i) {
-        const int chunk = sa::KvLoadChunk(tid, i);
-        const int at = sa::TileOffset(sa::KvLoadRow(tid, i), chunk, kBlockN);
-        if (kHeads == 1 || wg == 0) CpAsync16(k_dst + at, p.k + offset + chunk * 8, slot >= 0);
-        if (kHeads == 1 || wg == 1) CpAsync16(v_dst + at, p.v + offset + chunk * 8, slot >= 0);
+      for (int a = 0; a < 2; ++a) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t at = swizzle[k] + a * sa::AtomBytes(kBlockN) + j * 8 * sa::kGroupBytes;
+          const int elem = 16 * k + 64 * a;
+          if constexpr (kHeads == 1) {
+            CpAsync16(k_dst + at, k_src + row_offset + elem, slot >= 0);
+            CpAsync16(v_dst + at, v_src + row_offset + elem, slot >= 0);
+          } else {
+            CpAsync16(mine_dst + at, mine_src + row_offset + elem, slot >= 0);
+          }
+        }
       }
     }
   };
@@ -193,10 +219,9 @@ __global__ void __launch_bounds__((kThreads * kHeads),
       for (int i = 0; i < kSRegs; ++i) s[i] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        WgmmaSs64x64(
-            s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-            kk > 0 ? 1 : 0);
+        WgmmaSs64x64(s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                     sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                     kk > 0 ? 1 : 0);
       }
     } else {
       // The first k-step only writes S: no zeroing moves.
@@ -207,8 +232,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
       for (int kk = 1; kk < kHeadDim / 16; ++kk) {
         WgmmaSs64x128<true>(
             s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo,
-                               sa::kSbo));
+            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo, sa::kSbo));
       }
     }
     WgmmaCommit();
@@ -320,8 +344,7 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA");
   static std::atomic<uint64_t> configured{0};
   const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN>;
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured);
-      e != cudaSuccess) {
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
@@ -329,8 +352,8 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2 and TANDEM_PREFILL_SM90_WIDE=0 /
-// 1 (read once) pick the K/V stages, the heads per CTA (two need an even GQA group) and 128-key
+// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2 and TANDEM_PREFILL_SM90_WIDE=0
+// / 1 (read once) pick the K/V stages, the heads per CTA (two need an even GQA group) and 128-key
 // tiles (paired heads only); -1 where unset or another value. Defaults, the fastest measured on
 // the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages.
 int EnvChoice(const char* name) {

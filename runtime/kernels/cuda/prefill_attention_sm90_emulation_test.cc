@@ -94,6 +94,11 @@ TEST_P(QkPvTest, QkAndPvThroughTheKernelsMapsAndDescriptors) {
         ASSERT_EQ(kc, LoadChunk(tid, i));
       }
       const int at = TileOffset(kr, kc, kv_rows);
+      // The kernel's copy loop: per-thread registers plus immediates.
+      ASSERT_EQ(at, KvRowBase(tid) + KvSwizzle(tid, i % 4) + (i / 4 % 2) * AtomBytes(kv_rows) +
+                        (i / 8) * 8 * kGroupBytes)
+          << "tid " << tid << " i " << i;
+      ASSERT_EQ(kc * 8, 8 * (tid % 2) + 16 * (i % 4) + 64 * (i / 4 % 2));
       for (int e = 0; e < 8; ++e) {
         smem.bf16[(k_base + at) / 2 + e] = k[kr * kHeadDim + kc * 8 + e];
         smem.bf16[(v_base + at) / 2 + e] = v[kr * kHeadDim + kc * 8 + e];

@@ -78,6 +78,17 @@ TANDEM_SM90_HD constexpr int LoadChunk(int tid, int i) { return tid % 2 + 2 * i;
 // KvLoadChunk(tid, i) (two threads per row, rows tid / 2 and tid / 2 + 64).
 TANDEM_SM90_HD constexpr int KvLoadRow(int tid, int i) { return tid / 2 + 64 * (i / 8); }
 TANDEM_SM90_HD constexpr int KvLoadChunk(int tid, int i) { return tid % 2 + 2 * (i % 8); }
+// The same copies decomposed the way the kernel's copy loop issues them (per-thread registers
+// plus immediates): TileOffset(KvLoadRow(tid, i), KvLoadChunk(tid, i), rows) ==
+// KvRowBase(tid) + KvSwizzle(tid, i % 4) + (i / 4 % 2) * AtomBytes(rows) + (i / 8) * 8 *
+// kGroupBytes, and the global element offset of chunk KvLoadChunk(tid, i) in its row is 8 * (tid %
+// 2) + 16 * (i % 4) + 64 * (i / 4 % 2).
+TANDEM_SM90_HD constexpr int KvRowBase(int tid) {
+  return (tid / 2 / 8) * kGroupBytes + (tid / 2 % 8) * 128;
+}
+TANDEM_SM90_HD constexpr int KvSwizzle(int tid, int k) {
+  return (((tid % 2 + 2 * k) % 8) ^ (tid / 2 % 8)) << 4;
+}
 TANDEM_SM90_HD constexpr int QLoadRow(int tid) { return tid / 2; }
 TANDEM_SM90_HD constexpr int QLoadChunk(int tid, int i) { return tid % 2 + 2 * i; }
 
@@ -97,11 +108,11 @@ TANDEM_SM90_HD constexpr int PIndex(int kc, int q) {
   return 4 * (2 * kc + q / 2) + 2 * (q % 2);
 }
 
-// Causal bookkeeping (tiles of block_n keys) of the CTA of query tile q0 (new-token index) of a sequence with `num_new`
-// new tokens after `start` cached ones: the keys it needs are [0, KvEnd), in NumTiles tiles; a
-// warp's rows start at position WarpPos0; row h (0: lane / 4, 1: + 8) of a lane sees keys
-// [0, RowLimit); a tile is masked only if TileNeedsMask for the warp (every other tile is fully
-// visible to all of the warp's rows).
+// Causal bookkeeping (tiles of block_n keys) of the CTA of query tile q0 (new-token index) of a
+// sequence with `num_new` new tokens after `start` cached ones: the keys it needs are [0, KvEnd),
+// in NumTiles tiles; a warp's rows start at position WarpPos0; row h (0: lane / 4, 1: + 8) of a
+// lane sees keys [0, RowLimit); a tile is masked only if TileNeedsMask for the warp (every other
+// tile is fully visible to all of the warp's rows).
 TANDEM_SM90_HD constexpr int KvEnd(int start, int q0, int num_new) {
   return start + (q0 + kBlockM < num_new ? q0 + kBlockM : num_new);
 }
