@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       }
     }
   }
-  CpAsyncWaitGroup<0>();  // no copy may land in the buffer the merge below reuses
+  CpAsyncWaitGroup<0>();    // no copy may land in the buffer the merge below reuses
   if constexpr (kPackLo) {  // fold the low parts (rows 8-15) into rows 0-7
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) {
