@@ -193,6 +193,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  const bool copy_late = p.copy_late;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
@@ -206,9 +207,15 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     CpAsyncWaitGroup<kStages - 2>();
     FenceProxyAsyncShared();
     __syncthreads();
-    if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead);
-    CpAsyncCommitGroup();
-    ahead = slots_of_tile(tile + kStages);
+    // The next tile's copies, into the stage the barrier just freed: issued while QK^T runs on the
+    // tensor cores (copy_late), not in a burst before it (Nsight at 8K: warps stalled on the
+    // LSU queue, lg_throttle, 1.6 cycles per instruction, with every warp's 16 copies at once).
+    const auto copy_next = [&] {
+      if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead);
+      CpAsyncCommitGroup();
+      ahead = slots_of_tile(tile + kStages);
+    };
+    if (!copy_late) copy_next();
 
     // S = Q K^T (raw scores), m64nN, K = 128 dims in 8 steps.
     const uint32_t k_tile = k_base + stage * kKvTileBytes;
@@ -236,6 +243,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
       }
     }
     WgmmaCommit();
+    if (copy_late) copy_next();
     WgmmaWaitAll();
     FenceRegisters(s);
 
@@ -371,16 +379,19 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
   static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
+  static const bool copy_late = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE") != 0;
+  PrefillParams q = p;
+  q.copy_late = copy_late;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
-    return stages == 2 ? LaunchShape<2, 2, 128>(p, grid, stream)
-                       : LaunchShape<3, 2, 128>(p, grid, stream);
+    return stages == 2 ? LaunchShape<2, 2, 128>(q, grid, stream)
+                       : LaunchShape<3, 2, 128>(q, grid, stream);
   }
   if (pair_heads && p.group % 2 == 0) {
-    return stages == 2 ? LaunchShape<2, 2>(p, grid, stream) : LaunchShape<3, 2>(p, grid, stream);
+    return stages == 2 ? LaunchShape<2, 2>(q, grid, stream) : LaunchShape<3, 2>(q, grid, stream);
   }
-  return stages == 3 ? LaunchShape<3, 1>(p, grid, stream) : LaunchShape<2, 1>(p, grid, stream);
+  return stages == 3 ? LaunchShape<3, 1>(q, grid, stream) : LaunchShape<2, 1>(q, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal
