@@ -145,12 +145,14 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   const __nv_bfloat16* const v_src = p.v + head_offset + 8 * (tid % 2);
   const __nv_bfloat16* const mine_src = wg == 0 ? k_src : v_src;
   const uint32_t mine_base = (wg == 0 ? k_base : v_base) + row_base;
-  const auto load_kv = [&](int stage, const Slots& sl) {
+  // Copies rows j0 .. j1 - 1 of this thread's kRowsPerThread rows of a tile.
+  const auto load_kv = [&](int stage, const Slots& sl, int j0, int j1) {
     const uint32_t k_dst = k_base + stage * kKvTileBytes + row_base;
     const uint32_t v_dst = v_base + stage * kKvTileBytes + row_base;
     const uint32_t mine_dst = mine_base + stage * kKvTileBytes;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
+      if (j < j0 || j >= j1) continue;
       const int slot = sl.row[j];
       const size_t row_offset =
           slot >= 0 ? static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim : 0;
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   CpAsyncCommitGroup();
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < num_tiles) load_kv(st, slots_of_tile(st));
+    if (st < num_tiles) load_kv(st, slots_of_tile(st), 0, kRowsPerThread);
     CpAsyncCommitGroup();
   }
   Slots ahead = slots_of_tile(kStages - 1);
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  const bool copy_late = p.copy_late;
+  const int copy_mode = p.copy_mode;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
@@ -207,15 +209,20 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     CpAsyncWaitGroup<kStages - 2>();
     FenceProxyAsyncShared();
     __syncthreads();
-    // The next tile's copies, into the stage the barrier just freed: issued while QK^T runs on the
-    // tensor cores (copy_late), not in a burst before it (Nsight at 8K: warps stalled on the
-    // LSU queue, lg_throttle, 1.6 cycles per instruction, with every warp's 16 copies at once).
-    const auto copy_next = [&] {
-      if (tile + kStages - 1 < num_tiles) load_kv((tile + kStages - 1) % kStages, ahead);
-      CpAsyncCommitGroup();
-      ahead = slots_of_tile(tile + kStages);
+    // The next tile's copies, into the stage the barrier just freed (one commit group per
+    // iteration). copy_mode 0: all before QK^T, in one burst of every warp (Nsight at 8K: warps
+    // stalled on the LSU queue, lg_throttle, 1.6 cycles per instruction); 1: all while QK^T runs
+    // on the tensor cores; 2: the first row while QK^T runs, the second while P V does.
+    const Slots next = ahead;
+    const bool has_next = tile + kStages - 1 < num_tiles;
+    const int next_stage = (tile + kStages - 1) % kStages;
+    ahead = slots_of_tile(tile + kStages);
+    const auto copy_rows = [&](int j0, int j1, bool commit) {
+      if (has_next) load_kv(next_stage, next, j0, j1);
+      if (commit) CpAsyncCommitGroup();
     };
-    if (!copy_late) copy_next();
+    const bool split = copy_mode == 2 && kRowsPerThread > 1;
+    if (copy_mode == 0) copy_rows(0, kRowsPerThread, true);
 
     // S = Q K^T (raw scores), m64nN, K = 128 dims in 8 steps.
     const uint32_t k_tile = k_base + stage * kKvTileBytes;
@@ -243,7 +250,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
       }
     }
     WgmmaCommit();
-    if (copy_late) copy_next();
+    if (copy_mode != 0) copy_rows(0, split ? 1 : kRowsPerThread, !split);
     WgmmaWaitAll();
     FenceRegisters(s);
 
@@ -322,6 +329,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
                     sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
     }
     WgmmaCommit();
+    if (split) copy_rows(1, kRowsPerThread, true);
     WgmmaWaitAll();
     FenceRegisters(o);
   }
@@ -360,10 +368,11 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2 and TANDEM_PREFILL_SM90_WIDE=0
-// / 1 (read once) pick the K/V stages, the heads per CTA (two need an even GQA group) and 128-key
-// tiles (paired heads only); -1 where unset or another value. Defaults, the fastest measured on
-// the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages.
+// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2, TANDEM_PREFILL_SM90_WIDE=0 / 1
+// and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
+// (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
+// issued (the kernel's copy_mode); -1 where unset or another value. Defaults, the fastest
+// measured on the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages, copy_mode 1.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
   if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
@@ -379,9 +388,9 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
   static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
-  static const bool copy_late = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE") != 0;
+  static const int copy_mode = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE");
   PrefillParams q = p;
-  q.copy_late = copy_late;
+  q.copy_mode = copy_mode < 0 ? 1 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
