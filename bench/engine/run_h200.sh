@@ -110,6 +110,7 @@ prefill_sm90_narrow *Prefill* TANDEM_PREFILL_SM90_WIDE=0
 prefill_sm90_narrow_2_stages *Prefill* TANDEM_PREFILL_SM90_WIDE=0,TANDEM_PREFILL_SM90_STAGES=2
 prefill_sm90_wide_2_stages *Prefill* TANDEM_PREFILL_SM90_STAGES=2
 prefill_sm90_copy_early *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=0
+prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
 VARIANTS
 fi
@@ -163,7 +164,7 @@ if [[ -f "$M8B/config.json" ]]; then
     --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
     --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_mma_sync.json"
   for sw in TANDEM_PREFILL_SM90_HEADS=1 TANDEM_PREFILL_SM90_WIDE=0 TANDEM_PREFILL_SM90_STAGES=2 \
-            TANDEM_PREFILL_SM90_COPY_LATE=0; do
+            TANDEM_PREFILL_SM90_COPY_LATE=0 TANDEM_PREFILL_SM90_COPY_LATE=1; do
     name="engine_bench_8b_prefill_$(echo "${sw#TANDEM_PREFILL_}" | tr 'A-Z=' 'a-z_')"
     step "$name" 120 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 \
       --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"

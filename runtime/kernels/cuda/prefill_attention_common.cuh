@@ -36,7 +36,7 @@ struct PrefillParams {
   int group;
   float scale_log2;
   __nv_bfloat16* out;
-  int copy_mode = 1;  // wgmma kernel: where the next tile's copies are issued (see there)
+  int copy_mode = 2;  // wgmma kernel: where the next tile's copies are issued (see there)
 };
 
 inline PrefillParams MakePrefillParams(const void* q, int q_row_stride, const PagedLayerView& kv,

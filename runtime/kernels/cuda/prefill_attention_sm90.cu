@@ -372,7 +372,7 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
 // and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
 // (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
 // issued (the kernel's copy_mode); -1 where unset or another value. Defaults, the fastest
-// measured on the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages, copy_mode 1.
+// measured on the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages, copy_mode 2.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
   if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
@@ -390,7 +390,7 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
   static const int copy_mode = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE");
   PrefillParams q = p;
-  q.copy_mode = copy_mode < 0 ? 1 : copy_mode;
+  q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
