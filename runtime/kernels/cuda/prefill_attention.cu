@@ -147,13 +147,11 @@ __global__ void __launch_bounds__(Config<kHeadDim>::kThreads, Config<kHeadDim>::
   constexpr int kTileBytes = Cfg::kTileElems * 2;
 
   const int head = blockIdx.x;
-  const int seq = blockIdx.y;
   const int kv_head = head / p.group;
-  const int row_begin = p.seq_start_rows[seq];
-  const int num_new = p.seq_start_rows[seq + 1] - row_begin;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
-  if (q0 >= num_new) return;
-  const int start = p.start_pos[seq];
+  PrefillTile cta;
+  if (!LocatePrefillTile(p, kBlockM, cta)) return;
+  const int seq = cta.seq, row_begin = cta.row_begin, num_new = cta.num_new, q0 = cta.q0;
+  const int start = cta.start;
   const int kv_end = start + min(q0 + kBlockM, num_new);  // keys this CTA needs: [0, kv_end)
   const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
 

@@ -39,6 +39,27 @@ struct PrefillParams {
   int copy_mode = 2;  // wgmma kernel: where the next tile's copies are issued (see there)
 };
 
+// The query tile a prefill CTA owns: grid (head or head group, sequence, query tile), heaviest
+// tiles (the last, with the most keys) first. False when the tile starts past the sequence's new
+// tokens (the CTA has nothing to do).
+struct PrefillTile {
+  int seq;
+  int row_begin;  // the sequence's first row in q / out
+  int num_new;    // its new tokens
+  int q0;         // the tile's first new token
+  int start;      // cached tokens before the new ones
+};
+__device__ __forceinline__ bool LocatePrefillTile(const PrefillParams& p, int block_m,
+                                                  PrefillTile& t) {
+  t.seq = blockIdx.y;
+  t.row_begin = p.seq_start_rows[t.seq];
+  t.num_new = p.seq_start_rows[t.seq + 1] - t.row_begin;
+  t.q0 = (gridDim.z - 1 - blockIdx.z) * block_m;
+  if (t.q0 >= t.num_new) return false;
+  t.start = p.start_pos[t.seq];
+  return true;
+}
+
 inline PrefillParams MakePrefillParams(const void* q, int q_row_stride, const PagedLayerView& kv,
                                        const int32_t* seq_start_rows, const int32_t* start_pos,
                                        int num_heads, float scale, void* out) {

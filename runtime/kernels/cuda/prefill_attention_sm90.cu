@@ -88,13 +88,11 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   const uint32_t v_base = k_base + kStages * kKvTileBytes;  // stage s: + s * kKvTileBytes
 
   const int head = blockIdx.x * kHeads + wg;
-  const int seq = blockIdx.y;
   const int kv_head = head / p.group;
-  const int row_begin = p.seq_start_rows[seq];
-  const int num_new = p.seq_start_rows[seq + 1] - row_begin;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * kBlockM;
-  if (q0 >= num_new) return;
-  const int start = p.start_pos[seq];
+  PrefillTile cta;
+  if (!LocatePrefillTile(p, kBlockM, cta)) return;
+  const int seq = cta.seq, row_begin = cta.row_begin, num_new = cta.num_new, q0 = cta.q0;
+  const int start = cta.start;
   const int kv_end = sa::KvEnd(start, q0, num_new);  // keys this CTA needs: [0, kv_end)
   const int num_tiles = sa::NumTiles(kv_end, kBlockN);
 
