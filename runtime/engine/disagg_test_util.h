@@ -9,15 +9,23 @@
 // them meanwhile).
 //
 // Waitable<T>: a value set once from another thread (an engine callback), awaited by the test.
+//
+// ReserveRemotePrefill submits a remote prefill on a decode-side engine and waits (with
+// Waitable's deadline) for its reservation; RandomPrompt draws prompt tokens.
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <random>
 #include <span>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/base/logging.h"
+#include "runtime/engine/engine.h"
 #include "runtime/model/model_runner.h"
 
 namespace tandem {
@@ -47,6 +55,26 @@ class Waitable {
   std::optional<T> value_ ABSL_GUARDED_BY(mu_);
   int sets_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The reservation of a remote prefill submitted on `engine`, or the error (DeadlineExceeded when
+// on_reserved never came).
+inline absl::StatusOr<RemoteKvReservation> ReserveRemotePrefill(Engine& engine,
+                                                                GenerateRequest request) {
+  auto slot = std::make_shared<Waitable<absl::StatusOr<RemoteKvReservation>>>();
+  absl::Status s = engine.SubmitRemotePrefill(
+      std::move(request), [slot](absl::StatusOr<RemoteKvReservation> r) { slot->Set(r); });
+  if (!s.ok()) return s;
+  auto r = slot->Wait();
+  if (!r.has_value()) return absl::DeadlineExceededError("no on_reserved");
+  return *r;
+}
+
+// `len` tokens drawn uniformly from [0, vocab).
+inline std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int vocab) {
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
+  return p;
+}
 
 // Returns the number of blocks copied (each over every layer, K and V).
 inline int CopyPromptKv(const KvCacheLayout& src, std::span<const int32_t> src_blocks,

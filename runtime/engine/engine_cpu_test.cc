@@ -14,6 +14,7 @@
 #include "runtime/base/status.h"
 #include "runtime/engine/disagg_test_util.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/tiny_model_test_util.h"
 #include "runtime/model/cpu_model_runner.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -46,21 +47,8 @@ class GatedRunner : public ModelRunner {
 
 class EngineCpuTest : public ::testing::Test {
  public:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/engine_cpu_test_tiny");
-    SynthOptions options;
-    options.like = "tiny";
-    options.out_dir = *dir_;
-    options.seed = 7;
-    options.num_threads = 2;
-    absl::Status s = SynthesizeModel(options, nullptr);
-    CHECK(s.ok()) << s;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    std::filesystem::remove_all(*dir_, ec);
-    delete dir_;
-  }
+  static void SetUpTestSuite() { model_ = new TinyModel("engine_cpu_test_tiny", /*seed=*/7); }
+  static void TearDownTestSuite() { delete model_; }
 
   struct Generated {
     std::vector<int32_t> tokens;
@@ -69,18 +57,7 @@ class EngineCpuTest : public ::testing::Test {
 
   // A CPU runner over the tiny model with blocks of 4 tokens.
   static std::unique_ptr<ModelRunner> MakeRunner(int num_blocks) {
-    auto config = LoadModelConfig(*dir_);
-    CHECK(config.ok()) << config.status();
-    auto store = TensorStore::Open(*dir_);
-    CHECK(store.ok()) << store.status();
-    auto weights = LoadCpuWeights(*config, **store);
-    CHECK(weights.ok()) << weights.status();
-    CpuRunnerOptions runner_options;
-    runner_options.block_size = 4;
-    runner_options.num_blocks = num_blocks;
-    auto runner = CreateCpuModelRunner(*config, std::move(*weights), runner_options);
-    CHECK(runner.ok()) << runner.status();
-    return *std::move(runner);
+    return model_->MakeCpuRunner(num_blocks);
   }
 
   // Runs `prompts`, all submitted at once, and returns what each generated, by index.
@@ -126,13 +103,13 @@ class EngineCpuTest : public ::testing::Test {
     return out;
   }
 
-  static std::string* dir_;
+  static TinyModel* model_;
 };
 
-std::string* EngineCpuTest::dir_ = nullptr;
+TinyModel* EngineCpuTest::model_ = nullptr;
 
 TEST_F(EngineCpuTest, BatchedPrefixCachedPreemptedMatchesSequential) {
-  auto tokenizer = Tokenizer::FromModelDir(*dir_);
+  auto tokenizer = Tokenizer::FromModelDir(model_->dir());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::string shared = "The quick brown fox jumps over the lazy dog. ";
   std::vector<std::vector<int32_t>> prompts;
@@ -257,7 +234,7 @@ absl::StatusOr<RemoteKvReservation> Reserve(Engine& d, GenerateRequest request) 
 // equal a plain local engine's greedy tokens and logprobs, while local requests run on D at the
 // same time.
 TEST_F(EngineCpuTest, RemotePrefillBetweenTwoEnginesMatchesLocalGreedy) {
-  auto tokenizer = Tokenizer::FromModelDir(*dir_);
+  auto tokenizer = Tokenizer::FromModelDir(model_->dir());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::string shared = "The quick brown fox jumps over the lazy dog. ";
   std::vector<std::vector<int32_t>> remote, local;
@@ -353,7 +330,7 @@ TEST_F(EngineCpuTest, RemotePrefillBetweenTwoEnginesMatchesLocalGreedy) {
 // A failed transfer (after garbage landed in the reserved blocks) falls back to a local prefill
 // with exactly the local tokens.
 TEST_F(EngineCpuTest, FailedRemotePrefillFallsBackToIdenticalLocalTokens) {
-  auto tokenizer = Tokenizer::FromModelDir(*dir_);
+  auto tokenizer = Tokenizer::FromModelDir(model_->dir());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   const std::vector<int32_t> prompt =
       (*tokenizer)->Encode("The quick brown fox jumps over the lazy dog. Twice", true);

@@ -69,23 +69,6 @@ SamplingParams Greedy(int max_tokens) {
   return p;
 }
 
-std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len) {
-  std::vector<int32_t> p(len);
-  for (auto& t : p) t = rng() % kVocab;
-  return p;
-}
-
-// Submits a remote prefill on D and returns its reservation (or the error).
-absl::StatusOr<RemoteKvReservation> Reserve(Node& d, GenerateRequest request) {
-  auto slot = std::make_shared<Waitable<absl::StatusOr<RemoteKvReservation>>>();
-  absl::Status s = d.engine->SubmitRemotePrefill(
-      std::move(request), [slot](absl::StatusOr<RemoteKvReservation> r) { slot->Set(r); });
-  if (!s.ok()) return s;
-  auto r = slot->Wait();
-  if (!r.has_value()) return absl::DeadlineExceededError("no on_reserved");
-  return *r;
-}
-
 // Prefills `prompt` on P with held KV; returns what on_prefilled reported.
 PrefilledKv PrefillAndHold(Node& p, const std::string& id, std::vector<int32_t> prompt,
                            SamplingParams params) {
@@ -110,7 +93,7 @@ struct RemoteRun {
 RemoteRun RunRemote(Node& p, Node& d, const std::string& id, const std::vector<int32_t>& prompt,
                     const SamplingParams& params) {
   RemoteRun run;
-  auto reservation = Reserve(d, d.Request(id, prompt, params));
+  auto reservation = ReserveRemotePrefill(*d.engine, d.Request(id, prompt, params));
   CHECK(reservation.ok()) << reservation.status();
   run.reservation = *reservation;
   run.prefilled = PrefillAndHold(p, id, prompt, params);
@@ -130,12 +113,12 @@ TEST(EngineDisaggTest, RemotePrefillBetweenTwoEnginesMatchesReference) {
   // Local requests on D run throughout.
   std::vector<std::vector<int32_t>> local;
   for (int i = 0; i < 4; ++i) {
-    local.push_back(RandomPrompt(rng, 3 + rng() % 20));
+    local.push_back(RandomPrompt(rng, 3 + rng() % 20, kVocab));
     ASSERT_TRUE(d.engine->Submit(d.Request(absl::StrCat("local", i), local[i], Greedy(30))).ok());
   }
   std::vector<std::vector<int32_t>> remote;
-  remote.push_back(RandomPrompt(rng, 12));
-  for (int i = 1; i < 5; ++i) remote.push_back(RandomPrompt(rng, 1 + rng() % 25));
+  remote.push_back(RandomPrompt(rng, 12, kVocab));
+  for (int i = 1; i < 5; ++i) remote.push_back(RandomPrompt(rng, 1 + rng() % 25, kVocab));
   SamplingParams with_logprobs = Greedy(12);
   with_logprobs.logprobs = 3;
   for (int i = 0; i < 5; ++i) {
@@ -192,7 +175,7 @@ TEST(EngineDisaggTest, RemotePrefillBetweenTwoEnginesMatchesReference) {
 TEST(EngineDisaggTest, IncompleteCopyIsDetected) {
   Node p(32), d(32);
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  auto reservation = Reserve(d, d.Request("x", prompt, Greedy(4)));
+  auto reservation = ReserveRemotePrefill(*d.engine, d.Request("x", prompt, Greedy(4)));
   ASSERT_TRUE(reservation.ok());
   const PrefilledKv kv = PrefillAndHold(p, "x", prompt, Greedy(4));
   // Copy blocks 0 and 2 only.
@@ -210,11 +193,11 @@ TEST(EngineDisaggTest, FailedRemotePrefillFallsBackToLocalPrefill) {
   Node d(32);
   std::mt19937 rng(2);
   // Seed D's prefix cache so that the fallback also starts after a cached prefix.
-  const std::vector<int32_t> base = RandomPrompt(rng, 9);
+  const std::vector<int32_t> base = RandomPrompt(rng, 9, kVocab);
   ASSERT_TRUE(d.engine->Submit(d.Request("base", base, Greedy(1))).ok());
   ASSERT_TRUE(d.collector.WaitFinished(1));
   std::vector<int32_t> prompt(base.begin(), base.begin() + 8);
-  for (int32_t t : RandomPrompt(rng, 7)) prompt.push_back(t);
+  for (int32_t t : RandomPrompt(rng, 7, kVocab)) prompt.push_back(t);
 
   SamplingParams lp = Greedy(6);
   lp.logprobs = 2;
@@ -225,7 +208,7 @@ TEST(EngineDisaggTest, FailedRemotePrefillFallsBackToLocalPrefill) {
   };
   int finished = 1;
   for (const auto& [id, result] : failures) {
-    auto reservation = Reserve(d, d.Request(id, prompt, lp));
+    auto reservation = ReserveRemotePrefill(*d.engine, d.Request(id, prompt, lp));
     ASSERT_TRUE(reservation.ok()) << reservation.status();
     // 8 from "base"; later ones also hit the third block, computed by the first fallback.
     const int cached = reservation->num_cached_tokens;
@@ -253,7 +236,8 @@ TEST(EngineDisaggTest, FailedRemotePrefillFallsBackToLocalPrefill) {
 
 TEST(EngineDisaggTest, CancelOrShutdownWhileAwaitingKvFreesBlocks) {
   Node d(32);
-  auto reservation = Reserve(d, d.Request("a", {1, 2, 3, 4, 5, 6, 7, 8, 9}, Greedy(5)));
+  auto reservation =
+      ReserveRemotePrefill(*d.engine, d.Request("a", {1, 2, 3, 4, 5, 6, 7, 8, 9}, Greedy(5)));
   ASSERT_TRUE(reservation.ok());
   ASSERT_TRUE(d.WaitStats([](const EngineStats& s) { return s.awaiting_kv == 1; }));
   EngineStats stats = d.engine->stats();
@@ -274,7 +258,7 @@ TEST(EngineDisaggTest, CancelOrShutdownWhileAwaitingKvFreesBlocks) {
   EXPECT_EQ(d.collector.Get("a").outputs, 1);
   EXPECT_EQ(d.collector.Get("nobody").outputs, 0);
   // The id is free again.
-  auto again = Reserve(d, d.Request("a", {1, 2, 3}, Greedy(5)));
+  auto again = ReserveRemotePrefill(*d.engine, d.Request("a", {1, 2, 3}, Greedy(5)));
   ASSERT_TRUE(again.ok());
   d.engine->Shutdown(absl::ZeroDuration());
   EXPECT_EQ(d.collector.finished(), 3);
@@ -289,7 +273,7 @@ TEST(EngineDisaggTest, ReservationWaitsForBlocksThenSucceedsOrTimesOut) {
   options.reserve_timeout = absl::Milliseconds(300);
   Node d(8, options);
   std::vector<int32_t> big(20, 3), mid(10, 4), huge(25, 5), small = {7, 8};
-  auto first = Reserve(d, d.Request("big", big, Greedy(3)));  // 6 blocks
+  auto first = ReserveRemotePrefill(*d.engine, d.Request("big", big, Greedy(3)));  // 6 blocks
   ASSERT_TRUE(first.ok());
   // mid needs 3 blocks, 2 are free: it waits, FCFS ahead of later reservations.
   auto mid_slot = std::make_shared<Waitable<absl::StatusOr<RemoteKvReservation>>>();
@@ -312,13 +296,14 @@ TEST(EngineDisaggTest, ReservationWaitsForBlocksThenSucceedsOrTimesOut) {
   ASSERT_TRUE(small_slot->Wait().has_value());
   // huge (7 blocks) cannot be had while mid and small hold 4: ResourceExhausted after the timeout.
   const absl::Time start = absl::Now();
-  auto huge_r = Reserve(d, d.Request("huge", huge, Greedy(3)));
+  auto huge_r = ReserveRemotePrefill(*d.engine, d.Request("huge", huge, Greedy(3)));
   EXPECT_EQ(huge_r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
   // The request's own deadline, when earlier, wins.
   GenerateRequest soon = d.Request("soon", huge, Greedy(3));
   soon.deadline = absl::Now() + absl::Milliseconds(20);
-  EXPECT_EQ(Reserve(d, std::move(soon)).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ReserveRemotePrefill(*d.engine, std::move(soon)).status().code(),
+            absl::StatusCode::kResourceExhausted);
   // Cancel while still queued: on_reserved(Cancelled), nothing else.
   auto queued = std::make_shared<Waitable<absl::StatusOr<RemoteKvReservation>>>();
   ASSERT_TRUE(d.engine
@@ -353,7 +338,7 @@ TEST(EngineDisaggTest, FirstTokenAppliesStopChecksAndPublishesThePrefix) {
   const std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 3, kVocab);
   Node d(32, EngineOptions{}, /*eos=*/{63});
   // max_tokens 1: finished by the first token itself.
-  auto r1 = Reserve(d, d.Request("one", prompt, Greedy(1)));
+  auto r1 = ReserveRemotePrefill(*d.engine, d.Request("one", prompt, Greedy(1)));
   ASSERT_TRUE(r1.ok());
   d.engine->CompleteRemotePrefill("one", RemotePrefillResult{ref[0], std::nullopt});
   ASSERT_TRUE(d.collector.WaitFinished(1));
@@ -363,7 +348,7 @@ TEST(EngineDisaggTest, FirstTokenAppliesStopChecksAndPublishesThePrefix) {
   EXPECT_EQ(one.outputs, 1);
   EXPECT_EQ(one.outputs_with_timings, 1);
   // EOS as the first token: stop.
-  auto r2 = Reserve(d, d.Request("eos", {4, 4, 4}, Greedy(5)));
+  auto r2 = ReserveRemotePrefill(*d.engine, d.Request("eos", {4, 4, 4}, Greedy(5)));
   ASSERT_TRUE(r2.ok());
   d.engine->CompleteRemotePrefill("eos", RemotePrefillResult{63, std::nullopt});
   ASSERT_TRUE(d.collector.WaitFinished(2));
@@ -448,7 +433,7 @@ TEST(EngineDisaggTest, HeldBlocksUnchangedUnderChurn) {
   absl::Notification all_submitted;  // outlives the engine, whose runner's hook waits on it
   Node p(16, options);
   std::mt19937 rng(3);
-  const std::vector<int32_t> prompt = RandomPrompt(rng, 10);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 10, kVocab);
   const PrefilledKv kv = PrefillAndHold(p, "held", prompt, Greedy(1));
   ASSERT_TRUE(p.collector.WaitFinished(1));
   const KvCacheLayout layout = p.engine->kv_layout();
@@ -467,7 +452,7 @@ TEST(EngineDisaggTest, HeldBlocksUnchangedUnderChurn) {
       [&] { all_submitted.WaitForNotificationWithTimeout(absl::Seconds(30)); });
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 24; ++i) {
-    prompts.push_back(RandomPrompt(rng, 2 + rng() % 12));
+    prompts.push_back(RandomPrompt(rng, 2 + rng() % 12, kVocab));
     ASSERT_TRUE(p.engine->Submit(p.Request(absl::StrCat("c", i), prompts[i], Greedy(12))).ok());
   }
   all_submitted.Notify();

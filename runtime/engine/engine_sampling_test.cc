@@ -22,6 +22,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/tiny_model_test_util.h"
 #include "runtime/model/cpu_model_runner.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -95,36 +96,10 @@ struct Generated {
 
 class EngineSamplingTest : public ::testing::Test {
  public:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/engine_sampling_test_tiny");
-    SynthOptions options;
-    options.like = "tiny";
-    options.out_dir = *dir_;
-    options.seed = 11;
-    options.num_threads = 2;
-    absl::Status s = SynthesizeModel(options, nullptr);
-    CHECK(s.ok()) << s;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    std::filesystem::remove_all(*dir_, ec);
-    delete dir_;
-  }
+  static void SetUpTestSuite() { model_ = new TinyModel("engine_sampling_test_tiny", /*seed=*/11); }
+  static void TearDownTestSuite() { delete model_; }
 
-  static std::unique_ptr<ModelRunner> MakeRunner() {
-    auto config = LoadModelConfig(*dir_);
-    CHECK(config.ok()) << config.status();
-    auto store = TensorStore::Open(*dir_);
-    CHECK(store.ok()) << store.status();
-    auto weights = LoadCpuWeights(*config, **store);
-    CHECK(weights.ok()) << weights.status();
-    CpuRunnerOptions runner_options;
-    runner_options.block_size = 4;
-    runner_options.num_blocks = 512;
-    auto runner = CreateCpuModelRunner(*config, std::move(*weights), runner_options);
-    CHECK(runner.ok()) << runner.status();
-    return *std::move(runner);
-  }
+  static std::unique_ptr<ModelRunner> MakeRunner() { return model_->MakeCpuRunner(512); }
 
   // Submits every request before the first step and waits for all of them.
   static std::map<std::string, Generated> Run(std::unique_ptr<ModelRunner> runner,
@@ -162,10 +137,10 @@ class EngineSamplingTest : public ::testing::Test {
     return generated;
   }
 
-  static std::string* dir_;
+  static TinyModel* model_;
 };
 
-std::string* EngineSamplingTest::dir_ = nullptr;
+TinyModel* EngineSamplingTest::model_ = nullptr;
 
 std::vector<int32_t> Prompt(int n, int salt, int vocab) {
   std::vector<int32_t> p;

@@ -72,22 +72,6 @@ struct Node {
   KvCacheLayout transfer;
 };
 
-std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len) {
-  std::vector<int32_t> p(len);
-  for (auto& t : p) t = rng() % kVocab;
-  return p;
-}
-
-absl::StatusOr<RemoteKvReservation> Reserve(Node& d, GenerateRequest request) {
-  auto slot = std::make_shared<Waitable<absl::StatusOr<RemoteKvReservation>>>();
-  absl::Status s = d.engine->SubmitRemotePrefill(
-      std::move(request), [slot](absl::StatusOr<RemoteKvReservation> r) { slot->Set(r); });
-  if (!s.ok()) return s;
-  auto r = slot->Wait();
-  if (!r.has_value()) return absl::DeadlineExceededError("no on_reserved");
-  return *r;
-}
-
 // What P's on_prefilled saw: the KV report and how many StageKv calls had happened by then.
 struct Prefilled {
   PrefilledKv kv;
@@ -122,21 +106,22 @@ TEST(EngineStageTest, StagesThePromptBlocksBeforeReportingAndBeforeDecoding) {
   std::mt19937 rng(5);
   // D computes `base` itself: its first two blocks enter D's prefix cache while D's mirror never
   // holds them, so staging them from the mirror would destroy them.
-  const std::vector<int32_t> base = RandomPrompt(rng, 9);
+  const std::vector<int32_t> base = RandomPrompt(rng, 9, kVocab);
   ASSERT_TRUE(d.engine->Submit(d.Request("base", base, 1)).ok());
   ASSERT_TRUE(d.collector.WaitFinished(1));
   ASSERT_THAT(d.runner->stage_calls(), IsEmpty());  // local requests stage nothing
 
   std::vector<int32_t> with_prefix(base.begin(), base.begin() + 8);
-  for (int32_t t : RandomPrompt(rng, 6)) with_prefix.push_back(t);
-  const std::vector<std::vector<int32_t>> prompts = {RandomPrompt(rng, 3), RandomPrompt(rng, 8),
-                                                     RandomPrompt(rng, 13), with_prefix};
+  for (int32_t t : RandomPrompt(rng, 6, kVocab)) with_prefix.push_back(t);
+  const std::vector<std::vector<int32_t>> prompts = {RandomPrompt(rng, 3, kVocab),
+                                                     RandomPrompt(rng, 8, kVocab),
+                                                     RandomPrompt(rng, 13, kVocab), with_prefix};
   int finished = 1;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string id = absl::StrCat("r", i);
     const std::vector<int32_t>& prompt = prompts[i];
     const size_t prompt_blocks = (prompt.size() + kBlock - 1) / kBlock;
-    auto reservation = Reserve(d, d.Request(id, prompt, 7));
+    auto reservation = ReserveRemotePrefill(*d.engine, d.Request(id, prompt, 7));
     ASSERT_TRUE(reservation.ok()) << reservation.status();
     EXPECT_EQ(reservation->num_cached_tokens, i == 3 ? 8 : 0);
 
@@ -177,8 +162,8 @@ TEST(EngineStageTest, HostRunnersAreNeverAskedToStage) {
   Node p(/*mirror=*/false), d(/*mirror=*/false);
   EXPECT_EQ(p.transfer.base, p.engine->kv_layout().base);
   std::mt19937 rng(6);
-  const std::vector<int32_t> prompt = RandomPrompt(rng, 10);
-  auto reservation = Reserve(d, d.Request("a", prompt, 4));
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 10, kVocab);
+  auto reservation = ReserveRemotePrefill(*d.engine, d.Request("a", prompt, 4));
   ASSERT_TRUE(reservation.ok());
   std::optional<Prefilled> prefilled = PrefillAndHold(p, "a", prompt);
   ASSERT_TRUE(prefilled.has_value());
@@ -197,7 +182,7 @@ TEST(EngineStageTest, HostRunnersAreNeverAskedToStage) {
 TEST(EngineStageTest, NoStagingUntilSomebodyAsksForTheTransferLayout) {
   Node p(/*mirror=*/true, /*ask_transfer_layout=*/false);
   std::mt19937 rng(9);
-  ASSERT_TRUE(PrefillAndHold(p, "a", RandomPrompt(rng, 7)).has_value());
+  ASSERT_TRUE(PrefillAndHold(p, "a", RandomPrompt(rng, 7, kVocab)).has_value());
   p.engine->ReleaseHeldKv("a");
   p.ExpectNothingLeaked();
   EXPECT_THAT(p.runner->stage_calls(), IsEmpty());
@@ -206,8 +191,8 @@ TEST(EngineStageTest, NoStagingUntilSomebodyAsksForTheTransferLayout) {
 TEST(EngineStageTest, PrefillStagingFailureEndsTheRequestAndDecodeRecomputes) {
   Node p(/*mirror=*/true), d(/*mirror=*/true);
   std::mt19937 rng(7);
-  const std::vector<int32_t> prompt = RandomPrompt(rng, 11);
-  auto reservation = Reserve(d, d.Request("a", prompt, 6));
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 11, kVocab);
+  auto reservation = ReserveRemotePrefill(*d.engine, d.Request("a", prompt, 6));
   ASSERT_TRUE(reservation.ok());
 
   p.runner->FailNextStages(1, absl::InternalError("cudaMemcpy2DAsync: injected"));
@@ -248,8 +233,8 @@ TEST(EngineStageTest, DecodeStagingFailureFallsBackToLocalRecompute) {
   std::mt19937 rng(8);
   for (int len : {6, 12}) {
     const std::string id = absl::StrCat("len", len);
-    const std::vector<int32_t> prompt = RandomPrompt(rng, len);
-    auto reservation = Reserve(d, d.Request(id, prompt, 5));
+    const std::vector<int32_t> prompt = RandomPrompt(rng, len, kVocab);
+    auto reservation = ReserveRemotePrefill(*d.engine, d.Request(id, prompt, 5));
     ASSERT_TRUE(reservation.ok());
     std::optional<Prefilled> prefilled = PrefillAndHold(p, id, prompt);
     ASSERT_TRUE(prefilled.has_value());
