@@ -172,7 +172,7 @@ int Run(const Flags& flags) {
         "TANDEM_DECODE_SPLIT_TARGET", "TANDEM_SKINNY_GEMM", "TANDEM_SKINNY_CTAS_PER_SM",
         "TANDEM_GEMV_ROWS", "TANDEM_FUSE_QKV_ROPE", "TANDEM_PREFILL_ATTN_SM90",
         "TANDEM_PREFILL_SM90_STAGES", "TANDEM_PREFILL_SM90_HEADS", "TANDEM_PREFILL_SM90_WIDE",
-        "TANDEM_PREFILL_SM90_COPY_LATE", "TANDEM_DECODE_PACK_LO", "TANDEM_DECODE_STAGES"}) {
+        "TANDEM_PREFILL_SM90_COPY_LATE", "TANDEM_DECODE_PACK_LO"}) {
     if (const char* v = std::getenv(name)) {
       switches[name] = v;
       absl::StrAppend(&active, " ", name, "=", v);

@@ -112,7 +112,6 @@ prefill_sm90_wide_2_stages *Prefill* TANDEM_PREFILL_SM90_STAGES=2
 prefill_sm90_copy_early *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=0
 prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
-decode_2_stages *Decode* TANDEM_DECODE_STAGES=2
 VARIANTS
 fi
 # The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).

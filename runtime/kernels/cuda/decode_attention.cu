@@ -20,9 +20,8 @@
 //     summed once at the end) and rows 8-15 need no softmax;
 //   - online softmax on the S accumulators in registers (base-2 exponentials, f32 statistics),
 //     rescaling O only when some row's maximum grew (warp-uniform test);
-//   - block-table lookups once per warp tile when the block size is a multiple of 16 (else once
-//     per token, one lane each, shared through shuffles), loaded one warp tile ahead of their use
-//     so the table's round trip never stalls the pipeline; the
+//   - block-table lookups once per token (one lane each), shared through shuffles, loaded one
+//     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
@@ -49,8 +48,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kWarpTile = 16;  // tokens per warp tile (one k-step of P V)
-// kStages: warp tiles per warp in shared memory (kStages - 1 in flight); 3 by default, 2 with
-// TANDEM_DECODE_STAGES=2 (70 KB per CTA at head_dim 128, so three CTAs fit an SM).
+constexpr int kStages = 3;     // warp tiles per warp in shared memory (kStages - 1 in flight)
 constexpr int kMaxGroup = 16;  // query heads per CTA: the 16 rows of the MMA
 constexpr int kPad = 8;        // bf16 elements of padding per shared row (conflict-free ldmatrix)
 static_assert(kDecodeTileTokens == kWarps * kWarpTile, "a split partition is whole CTA tiles");
@@ -87,7 +85,7 @@ __host__ __device__ constexpr int StageElems() {  // one warp tile of K, then V
   return 2 * kWarpTile * RowElems<kHeadDim>();
 }
 
-template <int kHeadDim, int kStages>
+template <int kHeadDim>
 constexpr size_t DecodeSmemBytes() {
   const size_t pipeline = size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16);
   const size_t merge = size_t{kWarps} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
@@ -95,9 +93,8 @@ constexpr size_t DecodeSmemBytes() {
 }
 
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
-template <int kHeadDim, bool kPackLo, int kStages>
-__global__ void __launch_bounds__(kThreads, kStages == 2 ? 3 : 1)
-    DecodeAttentionKernel(const DecodeParams p) {
+template <int kHeadDim, bool kPackLo>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
@@ -145,14 +142,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 3 : 1)
 
   // Lane j < kWarpTile: the cache block of token j of warp tile i (0 past the tile or chunk). Only
   // the load; the slot arithmetic waits for issue(), one warp tile later.
-  // Warp tiles start on multiples of kWarpTile, so when the block size is a multiple of it, a
-  // tile's tokens are consecutive slots of one block: one table entry per tile, the same on every
-  // lane, and no shuffles.
-  const bool one_block_per_tile = p.block_size % kWarpTile == 0;
   auto load_block = [&](int i) -> int {
-    const int t0 = first_tile + i * tile_stride;
-    if (one_block_per_tile) return i < num_tiles ? __ldg(table + t0 / p.block_size) : 0;
-    const int tok = t0 + lane;
+    const int tok = first_tile + i * tile_stride + lane;
     return i < num_tiles && lane < kWarpTile && tok < end ? __ldg(table + tok / p.block_size) : 0;
   };
   // Queues the K and V copies of warp tile i, whose blocks load_block(i) returned, into its stage
@@ -160,9 +151,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 3 : 1)
   auto issue = [&](int i, int block) {
     if (i < num_tiles) {
       const int t0 = first_tile + i * tile_stride;
-      // One block: the tile's first slot. Otherwise lane j < kWarpTile: cache slot of token t0 + j
-      // (garbage, never used, past the chunk).
-      const int tile_slot = block * p.block_size + t0 % p.block_size;
+      // Lane j < kWarpTile: cache slot of token t0 + j (garbage, never used, past the chunk).
       const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
       __nv_bfloat16* k_dst = stages + (i % kStages) * StageElems<kHeadDim>();
       __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
@@ -171,8 +160,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 3 : 1)
         const int piece = c * kWarpSize + lane;
         const int row = piece / kChunksPerRow;
         const int d = (piece % kChunksPerRow) * 8;
-        const int slot =
-            one_block_per_tile ? tile_slot + row : __shfl_sync(0xffffffffu, my_slot, row);
+        const int slot = __shfl_sync(0xffffffffu, my_slot, row);
         const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
         const bool valid = t0 + row < end;
         CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
@@ -433,31 +421,17 @@ bool PackLoEnabled() {
   return enabled;
 }
 
-// Whether TANDEM_DECODE_STAGES=2 asks for two pipeline stages per warp (read once).
-bool TwoStages() {
-  static const bool two = [] {
-    const char* env = std::getenv("TANDEM_DECODE_STAGES");
-    return env != nullptr && std::strcmp(env, "2") == 0;
-  }();
-  return two;
-}
-
-template <int kHeadDim, bool kPackLo, int kStages>
-cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim, kStages>();
-  static std::atomic<uint64_t> configured{0};
-  const auto kernel = DecodeAttentionKernel<kHeadDim, kPackLo, kStages>;
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
-    return e;
-  }
-  LaunchKernel(kernel, grid, kThreads, kSmem, stream, p);
-  return cudaSuccess;
-}
-
 template <int kHeadDim, bool kPackLo>
 cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
-  return TwoStages() ? LaunchMain<kHeadDim, kPackLo, 2>(p, grid, stream)
-                     : LaunchMain<kHeadDim, kPackLo, 3>(p, grid, stream);
+  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim, kPackLo>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
+  return cudaSuccess;
 }
 
 template <int kHeadDim>
