@@ -79,10 +79,10 @@ TANDEM_SM90_HD constexpr int LoadChunk(int tid, int i) { return tid % 2 + 2 * i;
 TANDEM_SM90_HD constexpr int KvLoadRow(int tid, int i) { return tid / 2 + 64 * (i / 8); }
 TANDEM_SM90_HD constexpr int KvLoadChunk(int tid, int i) { return tid % 2 + 2 * (i % 8); }
 // The same copies decomposed the way the kernel's copy loop issues them (per-thread registers
-// plus immediates): TileOffset(KvLoadRow(tid, i), KvLoadChunk(tid, i), rows) ==
-// KvRowBase(tid) + KvSwizzle(tid, i % 4) + (i / 4 % 2) * AtomBytes(rows) + (i / 8) * 8 *
-// kGroupBytes, and the global element offset of chunk KvLoadChunk(tid, i) in its row is 8 * (tid %
-// 2) + 16 * (i % 4) + 64 * (i / 4 % 2).
+// plus immediates). With k = i % 4, a = i / 4 % 2 (the atom) and j = i / 8 (the row):
+//   TileOffset(KvLoadRow(tid, i), KvLoadChunk(tid, i), rows)
+//       == KvRowBase(tid) + KvSwizzle(tid, k) + a * AtomBytes(rows) + j * 8 * kGroupBytes,
+// and chunk KvLoadChunk(tid, i) starts at element 8 (tid % 2) + 16 k + 64 a of its row.
 TANDEM_SM90_HD constexpr int KvRowBase(int tid) {
   return (tid / 2 / 8) * kGroupBytes + (tid / 2 % 8) * 128;
 }
