@@ -9,15 +9,17 @@
 # VARIANT is NAME=BINARY[,VAR=VALUE...]: BINARY in BIN_DIR, run with those environment variables,
 # e.g. base=engine_bench_base new=engine_bench early=engine_bench,TANDEM_PREFILL_SM90_COPY_LATE=0
 # (tools/gpu-pack --base REV packs engine_bench_base). Each run writes OUT_DIR/NAME_R.txt and
-# NAME_R.json and has a 120 s timeout; a failing run is reported and the others go on.
+# NAME_R.json (ARGS must not name --json) and has a 120 s timeout; a failing run is reported and
+# the others go on.
 set -u
 if (( $# < 5 )); then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 fi
 out="$1" repeats="$2" bin="$3" args="$4"
 shift 4
 [[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "ab.sh: REPEATS must be a positive number" >&2; exit 2; }
+[[ " $args " != *" --json "* ]] || { echo "ab.sh: ARGS must not name --json (ab.sh does)" >&2; exit 2; }
 mkdir -p "$out"
 names=()
 for spec in "$@"; do

@@ -87,6 +87,10 @@ class AbTest(unittest.TestCase):
         r = self.run_ab("x=missing_binary")
         self.assertEqual(r.returncode, 2)
         self.assertIn("no executable", r.stderr)
+        r = subprocess.run(["bash", AB, self.out, "1", self.bin, "--json x", "a=bench_a"],
+                           env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("must not name --json", r.stderr)
 
     def test_summary_of_an_empty_directory_is_an_error(self):
         os.makedirs(self.out)
