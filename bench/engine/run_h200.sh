@@ -114,17 +114,21 @@ prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
 VARIANTS
 fi
-# The GEMV again with 4 output features per CTA (TANDEM_GEMV_ROWS=4).
+# The GEMV again with at most 2 and at most 4 packs per weight row in flight (TANDEM_GEMV_UNROLL).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
-  step gemv_cuda_test_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/gemv_cuda_test" \
-    --gtest_output="xml:$OUT/gemv_cuda_test_rows_4.xml"
+  for unroll in 2 4; do
+    step "gemv_cuda_test_unroll_$unroll" 90 env TANDEM_GEMV_UNROLL=$unroll "$BIN/gemv_cuda_test" \
+      --gtest_output="xml:$OUT/gemv_cuda_test_unroll_$unroll.xml"
+  done
 fi
-# The runner again with RoPE and the KV append as their own kernel (fused by default).
+# The runner again with RoPE and the KV append as their own kernel, and with the single-token
+# RMSNorms as their own kernels (both fused by default).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  step cuda_model_runner_test_unfused_qkv_rope 200 env TANDEM_FUSE_QKV_ROPE=0 \
-    "$BIN/cuda_model_runner_test" \
-    --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-    --gtest_output="xml:$OUT/cuda_model_runner_test_unfused_qkv_rope.xml"
+  for sw in TANDEM_FUSE_QKV_ROPE=0:unfused_qkv_rope TANDEM_FUSE_NORM_GEMV=0:unfused_norm; do
+    step "cuda_model_runner_test_${sw#*:}" 200 env "${sw%%:*}" "$BIN/cuda_model_runner_test" \
+      --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
+      --gtest_output="xml:$OUT/cuda_model_runner_test_${sw#*:}.xml"
+  done
 fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
@@ -173,10 +177,12 @@ if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b_decode_unpacked 90 env TANDEM_DECODE_PACK_LO=0 "$BIN/engine_bench" \
     --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_decode_unpacked.json"
-  # Batch 1 with the 4-row GEMV CTAs.
-  step engine_bench_8b_gemv_rows_4 90 env TANDEM_GEMV_ROWS=4 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_gemv_rows_4.json"
+  # Batch 1 with the RMSNorms as their own kernels, and with fewer GEMV loads in flight.
+  for sw in TANDEM_FUSE_NORM_GEMV=0 TANDEM_GEMV_UNROLL=4; do
+    name="engine_bench_8b_$(echo "${sw#TANDEM_}" | tr 'A-Z=' 'a-z_')"
+    step "$name" 90 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 \
+      --contexts 1024,8192 --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"
+  done
   # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
   for aim in 1 4; do
     step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \

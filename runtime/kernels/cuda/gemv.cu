@@ -1,17 +1,28 @@
 // Small-M bf16 GEMV (contract: gemv_kernels.h). Memory-bound on the weight matrix, so the design
 // goal is many bytes in flight on every SM from the first to the last microsecond:
-//   - a CTA of 256 threads owns kRows consecutive output features and splits the K dimension
+//   - a CTA of 256 threads owns kRows = 2 consecutive output features and splits the K dimension
 //     across all its threads: thread i streams 16-byte packs i, i + 256, ... of each of its rows
 //     (kUnroll packs per row in flight, evict-first: weights are read once per step), so even a
-//     4096-row matrix makes 2048 small CTAs that fill every SM several times over;
+//     4096-row matrix makes 2048 small CTAs that fill every SM several times over. kUnroll is
+//     picked per shape (the packs a thread needs, rounded up to 2, 4 or 8): the k = 4096
+//     projections hold only the registers they use, and the down projection (k = 14336, 7 packs
+//     per thread) has all its loads in flight at once instead of in two dependent rounds;
 //   - the first batch of weight loads is issued BEFORE PdlWait(): with programmatic dependent
-//     launch the weights stream while the previous kernel (which produced x) is finishing;
+//     launch the weights stream while the previous kernel (which produced x) is finishing; so are
+//     the other inputs no kernel of the step writes (bias, RMSNorm weights, the RoPE angle and KV
+//     slot from the step metadata), and the value the residual epilogue adds to is read right
+//     after the wait, so no epilogue waits on a dependent load;
 //   - the M activation rows (a few KB, shared by every CTA) are read through the read-only cache;
 //   - per-thread float32 partials are reduced with warp shuffles, then across warps in shared
 //     memory.
 // Gated mode (SiLU-and-multiply fused in): the CTA's rows are gate rows j and up rows n + j of a
 // [2n, k] matrix, and out[m, j] = silu(gate) * up, so the gate/up projection writes the MLP's
 // input directly.
+// RMSNorm folded in (kNorm): x is the raw residual stream; the product runs on x * norm_weight
+// and every thread also sums its packs' squares, which ride the same cross-warp reduction as the
+// dot products, so each CTA knows inv_rms at its epilogue without any extra pass or barrier and
+// scales its (float32) dot products by it. Every CTA sums the same packs in the same order, so all
+// agree on inv_rms bit for bit.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -27,11 +38,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
-// Output features per CTA (kRows): 2 (gated: 2 gate + 2 up weight rows); the plain mode at one or
-// two rows of x also has a 4-row instantiation (LaunchGemvRaw's rows_per_cta): half the CTAs, twice
-// the bytes each (as the gated mode, which streams at the copy bandwidth), so the smaller decode
-// matrices take one wave.
-constexpr int kUnroll = 4;  // 16-byte packs per weight row in flight per thread
+constexpr int kRows = 2;  // output features per CTA (gated: 2 gate + 2 up weight rows)
 
 struct GemvParams {
   const uint4* x;  // [m, chunks]
@@ -39,6 +46,9 @@ struct GemvParams {
   const __nv_bfloat16* bias;
   void* out;
   bool out_f32;
+  bool add_to_out;           // residual epilogue (plain mode, bf16 out)
+  const uint4* norm_weight;  // [chunks]; kNorm only
+  float norm_eps;
   int n;       // output features
   int chunks;  // k / 8
   // RoPE + KV append mode only (see LaunchGemvRopeKvRaw).
@@ -61,12 +71,14 @@ constexpr int kRopeMode = 2;
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-template <int M, int kMode, int kRows>
+template <int M, int kMode, int kUnroll, bool kNorm>
 __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
-  static_assert(!kRope || kRows == 2, "a rope CTA owns one rotation pair");
   constexpr int kWRows = kGated ? 2 * kRows : kRows;
+  // Values per row of x reduced across warps: the weight rows' dot products, then (kNorm) the sum
+  // of squares of x.
+  constexpr int kParts = kWRows + (kNorm ? 1 : 0);
   PdlLaunchDependents();
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * kRows;
@@ -74,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   const int half = kRope ? p.head_dim / 2 : 1;
   const int rope_head = kRope ? static_cast<int>(blockIdx.x) / half : 0;
   const int rope_i = kRope ? static_cast<int>(blockIdx.x) % half : 0;
-  // Rows past n (n not a multiple of kRows) re-read row n - 1; their results are not written.
+  // Rows past n (n odd) re-read row n - 1; their results are not written.
   const uint4* w_rows[kWRows];
 #pragma unroll
   for (int r = 0; r < kWRows; ++r) {
@@ -88,14 +100,17 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
     w_rows[r] = p.w + static_cast<size_t>(row) * p.chunks;
   }
   float acc[M][kWRows];
+  float sum_sq[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
+    sum_sq[m] = 0.0f;
 #pragma unroll
     for (int r = 0; r < kWRows; ++r) acc[m][r] = 0.0f;
   }
 
   constexpr int kStep = kThreads * kUnroll;
   uint4 wv[kUnroll][kWRows];
+  uint4 gv[kNorm ? kUnroll : 1];
   auto load = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -104,10 +119,45 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
       for (int r = 0; r < kWRows; ++r) {
         wv[u][r] = c < p.chunks ? __ldcs(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
       }
+      if constexpr (kNorm) gv[u] = c < p.chunks ? __ldg(p.norm_weight + c) : make_uint4(0, 0, 0, 0);
     }
   };
   load(tid);  // weights do not depend on the previous kernel
+
+  // Epilogue inputs no kernel of this step writes, read before the wait: the bias, and in the rope
+  // mode the angle and KV slot of token tid (step metadata, uploaded before the step's first
+  // kernel).
+  const int epi_m = kRope ? tid : tid / kRows;
+  const int epi_r = kRope ? 0 : tid % kRows;
+  const bool epi_thread = kRope ? tid < M : tid < M * kRows && row0 + epi_r < p.n;
+  float bias0 = 0.0f, bias1 = 0.0f;
+  float rope_cos = 1.0f, rope_sin = 0.0f;
+  int rope_slot = -1;
+  const bool rope_rotates = kRope && rope_head < p.num_heads + p.num_kv_heads;
+  if (epi_thread) {
+    if constexpr (kRope) {
+      const int f0 = rope_head * p.head_dim + rope_i;
+      if (p.bias != nullptr) {
+        bias0 = __bfloat162float(p.bias[f0]);
+        bias1 = __bfloat162float(p.bias[f0 + half]);
+      }
+      rope_slot = p.slot_mapping[epi_m];
+      if (rope_rotates) {
+        RopeCosSin(static_cast<float>(p.positions[epi_m]), p.inv_freq[rope_i], rope_cos, rope_sin);
+      }
+    } else if (!kGated && p.bias != nullptr) {
+      bias0 = __bfloat162float(p.bias[row0 + epi_r]);
+    }
+  }
   PdlWait();
+  // Residual epilogue: the value to add to (an earlier kernel's output), read now so its latency
+  // hides under the product's.
+  float residual = 0.0f;
+  if (!kGated && !kRope && p.add_to_out && epi_thread) {
+    residual = __bfloat162float(static_cast<const __nv_bfloat16*>(
+        p.out)[static_cast<size_t>(epi_m) * p.n + row0 + epi_r]);
+  }
+
   for (int base = tid; base < p.chunks; base += kStep) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -120,6 +170,12 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
           memcpy(&pack, &wv[u][r], sizeof(pack));
           Bf16x8ToFloat(pack, wf[r]);
         }
+        float gf[8];
+        if constexpr (kNorm) {
+          Bf16x8 pack;
+          memcpy(&pack, &gv[u], sizeof(pack));
+          Bf16x8ToFloat(pack, gf);
+        }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
@@ -127,6 +183,13 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
           memcpy(&pack, &xr, sizeof(pack));
           float xf[8];
           Bf16x8ToFloat(pack, xf);
+          if constexpr (kNorm) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              sum_sq[m] = fmaf(xf[j], xf[j], sum_sq[m]);
+              xf[j] *= gf[j];
+            }
+          }
 #pragma unroll
           for (int r = 0; r < kWRows; ++r) {
 #pragma unroll
@@ -138,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
     if (base + kStep < p.chunks) load(base + kStep);
   }
 
-  __shared__ float s_part[kWarps][M * kWRows];
+  __shared__ float s_part[kWarps][M * kParts];
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
 #pragma unroll
@@ -146,144 +209,169 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
 #pragma unroll
     for (int r = 0; r < kWRows; ++r) {
       const float sum = WarpSum(acc[m][r]);
-      if (lane == 0) s_part[warp][m * kWRows + r] = sum;
+      if (lane == 0) s_part[warp][m * kParts + r] = sum;
+    }
+    if constexpr (kNorm) {
+      const float sum = WarpSum(sum_sq[m]);
+      if (lane == 0) s_part[warp][m * kParts + kWRows] = sum;
     }
   }
   __syncthreads();
-  if constexpr (kRope) {
-    // Token m: the two projections rounded to bf16 as the plain mode writes them, then the exact
-    // rotation arithmetic of RopeKvVecKernel on those bf16 values (bit-identical to the GEMV
-    // followed by the RoPE + KV append kernel).
-    if (tid < M) {
-      const int m = tid;
-      const int f0 = rope_head * p.head_dim + rope_i;
-      const int f1 = f0 + half;
-      float y0 = 0.0f, y1 = 0.0f;
+  if (!epi_thread) return;
+  auto total = [&](int part) {
+    float y = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        y0 += s_part[w][m * kWRows];
-        y1 += s_part[w][m * kWRows + 1];
-      }
-      if (p.bias != nullptr) {
-        y0 += __bfloat162float(p.bias[f0]);
-        y1 += __bfloat162float(p.bias[f1]);
-      }
-      __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
-      __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
-      const int rotated = p.num_heads + p.num_kv_heads;
-      if (rope_head < rotated) {
-        RopeRotateBf16(z0, z1, static_cast<float>(p.positions[m]), p.inv_freq[rope_i]);
-      }
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(m) * p.n;
-      out[f0] = z0;
-      out[f1] = z1;
-      const int slot = p.slot_mapping[m];
-      if (slot >= 0 && rope_head >= p.num_heads) {
-        const bool is_k = rope_head < rotated;
-        __nv_bfloat16* dst =
-            (is_k ? p.k_layer : p.v_layer) +
-            static_cast<size_t>(slot) * p.num_kv_heads * p.head_dim +
-            static_cast<size_t>(rope_head - (is_k ? p.num_heads : rotated)) * p.head_dim + rope_i;
-        dst[0] = z0;
-        dst[half] = z1;
-      }
+    for (int w = 0; w < kWarps; ++w) y += s_part[w][epi_m * kParts + part];
+    return y;
+  };
+  // The RMSNorm scale of row epi_m of x, as LaunchRmsNorm computes it.
+  float inv_rms = 1.0f;
+  if constexpr (kNorm) {
+    inv_rms = rsqrtf(total(kWRows) / static_cast<float>(p.chunks * 8) + p.norm_eps);
+  }
+  if constexpr (kRope) {
+    // Token m = tid: the two projections rounded to bf16 as the plain mode writes them, then the
+    // exact rotation arithmetic of RopeKvVecKernel on those bf16 values (bit-identical to the
+    // GEMV followed by the RoPE + KV append kernel).
+    const int m = epi_m;
+    const int f0 = rope_head * p.head_dim + rope_i;
+    const int f1 = f0 + half;
+    __nv_bfloat16 z0 = __float2bfloat16_rn(total(0) * inv_rms + bias0);
+    __nv_bfloat16 z1 = __float2bfloat16_rn(total(1) * inv_rms + bias1);
+    if (rope_rotates) {
+      float y0, y1;
+      RopeRotate(__bfloat162float(z0), __bfloat162float(z1), rope_cos, rope_sin, y0, y1);
+      z0 = __float2bfloat16_rn(y0);
+      z1 = __float2bfloat16_rn(y1);
+    }
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(m) * p.n;
+    out[f0] = z0;
+    out[f1] = z1;
+    if (rope_slot >= 0 && rope_head >= p.num_heads) {
+      const bool is_k = rope_rotates;
+      __nv_bfloat16* dst =
+          (is_k ? p.k_layer : p.v_layer) +
+          static_cast<size_t>(rope_slot) * p.num_kv_heads * p.head_dim +
+          static_cast<size_t>(rope_head - (is_k ? p.num_heads : p.num_heads + p.num_kv_heads)) *
+              p.head_dim +
+          rope_i;
+      dst[0] = z0;
+      dst[half] = z1;
     }
     return;
   }
-  if (tid < M * kRows) {
-    const int m = tid / kRows;
-    const int r = tid % kRows;
-    const int feature = row0 + r;
-    if (feature < p.n) {
-      float y = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) y += s_part[w][m * kWRows + r];
-      if (kGated) {
-        float up = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) up += s_part[w][m * kWRows + kRows + r];
-        y = Silu(y) * up;
-      } else if (p.bias != nullptr) {
-        y += __bfloat162float(p.bias[feature]);
-      }
-      const size_t at = static_cast<size_t>(m) * p.n + feature;
-      if (p.out_f32) {
-        static_cast<float*>(p.out)[at] = y;
-      } else {
-        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-      }
-    }
+  float y = total(epi_r) * inv_rms;
+  if constexpr (kGated) {
+    y = Silu(y) * (total(kRows + epi_r) * inv_rms);
+  } else {
+    y += bias0;
+  }
+  const size_t at = static_cast<size_t>(epi_m) * p.n + row0 + epi_r;
+  if (p.out_f32) {
+    static_cast<float*>(p.out)[at] = y;
+  } else if (!kGated && p.add_to_out) {
+    const float rounded = __bfloat162float(__float2bfloat16_rn(y));
+    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(rounded + residual);
+  } else {
+    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
   }
 }
 
-template <int M, int kMode, int kRows>
-cudaError_t LaunchRows(const GemvParams& p, cudaStream_t stream) {
-  return LaunchKernel(GemvKernel<M, kMode, kRows>, dim3(CeilDiv(p.n, kRows)), dim3(kThreads), 0,
-                      stream, p);
+template <int M, int kMode, int kUnroll, bool kNorm>
+cudaError_t LaunchConfigured(const GemvParams& p, cudaStream_t stream) {
+  return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm>, dim3(CeilDiv(p.n, kRows)),
+                      dim3(kThreads), 0, stream, p);
 }
 
-template <int M>
-cudaError_t Launch(const GemvParams& p, bool gated, int rows_per_cta, cudaStream_t stream) {
-  if (gated) return LaunchRows<M, kGatedMode, 2>(p, stream);
-  // 4 rows per CTA only where the registers allow it (80 at one row of x, 100 at two).
+// kUnroll: the packs per weight row a thread needs (chunks / 256, rounded up to 2, 4 or 8), at
+// most max_unroll; 8 only at one or two rows of x (registers).
+template <int M, int kMode, bool kNorm>
+cudaError_t LaunchUnrolled(const GemvParams& p, int max_unroll, cudaStream_t stream) {
+  const int needed = CeilDiv(p.chunks, kThreads);
+  const int unroll = needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
+  const int chosen = unroll < max_unroll ? unroll : max_unroll;
+  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, stream);
   if constexpr (M <= 2) {
-    if (rows_per_cta == 4) return LaunchRows<M, kPlain, 4>(p, stream);
+    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, stream);
   }
-  return LaunchRows<M, kPlain, 2>(p, stream);
+  return LaunchConfigured<M, kMode, 4, kNorm>(p, stream);
 }
 
 template <int M>
-cudaError_t LaunchRope(const GemvParams& p, cudaStream_t stream) {
-  return LaunchRows<M, kRopeMode, 2>(p, stream);  // n / 2 CTAs: one rotation pair each
+cudaError_t Launch(const GemvParams& p, int mode, int max_unroll, cudaStream_t stream) {
+  const bool norm = p.norm_weight != nullptr;
+  switch (mode) {
+    case kGatedMode:
+      return norm ? LaunchUnrolled<M, kGatedMode, true>(p, max_unroll, stream)
+                  : LaunchUnrolled<M, kGatedMode, false>(p, max_unroll, stream);
+    case kRopeMode:
+      return norm ? LaunchUnrolled<M, kRopeMode, true>(p, max_unroll, stream)
+                  : LaunchUnrolled<M, kRopeMode, false>(p, max_unroll, stream);
+    default:
+      return norm ? LaunchUnrolled<M, kPlain, true>(p, max_unroll, stream)
+                  : LaunchUnrolled<M, kPlain, false>(p, max_unroll, stream);
+  }
 }
 
-}  // namespace
-
-cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          bool gated_silu, int m, int n, int k, int rows_per_cta,
-                          cudaStream_t stream) {
-  GemvParams p = {};
-  p.x = static_cast<const uint4*>(x);
-  p.w = static_cast<const uint4*>(w);
-  p.bias = static_cast<const __nv_bfloat16*>(bias);
-  p.out = out;
-  p.out_f32 = out_f32;
-  p.n = n;
-  p.chunks = k / 8;
+cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, int max_unroll,
+                       cudaStream_t stream) {
   switch (m) {
     case 1:
-      return Launch<1>(p, gated_silu, rows_per_cta, stream);
+      return Launch<1>(p, mode, max_unroll, stream);
     case 2:
-      return Launch<2>(p, gated_silu, rows_per_cta, stream);
+      return Launch<2>(p, mode, max_unroll, stream);
     case 3:
-      return Launch<3>(p, gated_silu, rows_per_cta, stream);
+      return Launch<3>(p, mode, max_unroll, stream);
     case 4:
-      return Launch<4>(p, gated_silu, rows_per_cta, stream);
+      return Launch<4>(p, mode, max_unroll, stream);
     case 5:
-      return Launch<5>(p, gated_silu, rows_per_cta, stream);
+      return Launch<5>(p, mode, max_unroll, stream);
     case 6:
-      return Launch<6>(p, gated_silu, rows_per_cta, stream);
+      return Launch<6>(p, mode, max_unroll, stream);
     case 7:
-      return Launch<7>(p, gated_silu, rows_per_cta, stream);
+      return Launch<7>(p, mode, max_unroll, stream);
     case 8:
-      return Launch<8>(p, gated_silu, rows_per_cta, stream);
+      return Launch<8>(p, mode, max_unroll, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
-                                int k, const int32_t* positions, const float* inv_freq,
-                                const int32_t* slot_mapping, int num_heads, int num_kv_heads,
-                                int head_dim, void* k_layer, void* v_layer, cudaStream_t stream) {
+// The fields shared by both launchers.
+GemvParams CommonParams(const void* x, const void* w, const void* bias, void* out, int n, int k,
+                        const GemvFusion& fusion) {
   GemvParams p = {};
   p.x = static_cast<const uint4*>(x);
   p.w = static_cast<const uint4*>(w);
   p.bias = static_cast<const __nv_bfloat16*>(bias);
-  p.out = qkv;
-  p.out_f32 = false;
-  p.n = (num_heads + 2 * num_kv_heads) * head_dim;
+  p.out = out;
+  p.n = n;
   p.chunks = k / 8;
+  p.norm_weight = static_cast<const uint4*>(fusion.norm_weight);
+  p.norm_eps = fusion.norm_eps;
+  p.add_to_out = fusion.add_to_out;
+  return p;
+}
+
+}  // namespace
+
+cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
+                          bool gated_silu, int m, int n, int k, const GemvFusion& fusion,
+                          int max_unroll, cudaStream_t stream) {
+  if (fusion.add_to_out && (gated_silu || out_f32)) return cudaErrorInvalidValue;
+  GemvParams p = CommonParams(x, w, bias, out, n, k, fusion);
+  p.out_f32 = out_f32;
+  return LaunchAnyM(p, m, gated_silu ? kGatedMode : kPlain, max_unroll, stream);
+}
+
+cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
+                                int k, const int32_t* positions, const float* inv_freq,
+                                const int32_t* slot_mapping, int num_heads, int num_kv_heads,
+                                int head_dim, void* k_layer, void* v_layer,
+                                const GemvFusion& fusion, int max_unroll, cudaStream_t stream) {
+  if (fusion.add_to_out) return cudaErrorInvalidValue;
+  GemvParams p =
+      CommonParams(x, w, bias, qkv, (num_heads + 2 * num_kv_heads) * head_dim, k, fusion);
   p.positions = positions;
   p.inv_freq = inv_freq;
   p.slot_mapping = slot_mapping;
@@ -292,26 +380,7 @@ cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, 
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
-  switch (m) {
-    case 1:
-      return LaunchRope<1>(p, stream);
-    case 2:
-      return LaunchRope<2>(p, stream);
-    case 3:
-      return LaunchRope<3>(p, stream);
-    case 4:
-      return LaunchRope<4>(p, stream);
-    case 5:
-      return LaunchRope<5>(p, stream);
-    case 6:
-      return LaunchRope<6>(p, stream);
-    case 7:
-      return LaunchRope<7>(p, stream);
-    case 8:
-      return LaunchRope<8>(p, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return LaunchAnyM(p, m, kRopeMode, max_unroll, stream);
 }
 
 }  // namespace tandem::cuda::internal

@@ -1,7 +1,8 @@
 #pragma once
-// Private to tandem_kernels_cuda: the raw GEMV launcher of gemv.cu, which gemv_kernels.cc wraps
-// with argument checks (gemv_kernels.h preconditions: 1 <= m <= kGemvMaxRows, k % 8 == 0, x and w
-// 16-byte aligned, non-null pointers). Returns cudaGetLastError() after the launch.
+// Private to tandem_kernels_cuda: the raw GEMV launchers of gemv.cu, which gemv_kernels.cc and
+// model_kernels.cc wrap with argument checks (gemv_kernels.h preconditions: 1 <= m <= kGemvMaxRows,
+// k % 8 == 0, x, w and norm_weight 16-byte aligned, non-null pointers). Return cudaGetLastError()
+// after the launch, or cudaErrorInvalidValue for a combination the kernels do not take.
 
 #include <cuda_runtime_api.h>
 
@@ -12,17 +13,30 @@ namespace tandem::cuda::internal {
 // Same value as kGemvMaxRows (gemv_kernels.h, which nvcc does not include: it pulls absl).
 constexpr int kGemvMaxRowsDevice = 8;
 
-// m in [1, kGemvMaxRowsDevice]; rows_per_cta: output features per CTA in the plain mode, 2 or (for
-// m <= 2) 4; anything else is 2, and the gated mode always takes 2.
+// The fusions of gemv_kernels.h's GemvArgs: RMSNorm folded in (norm_weight non-null) and the
+// residual epilogue (add_to_out: plain mode with bf16 output only).
+struct GemvFusion {
+  const void* norm_weight = nullptr;
+  float norm_eps = 0.0f;
+  bool add_to_out = false;
+};
+
+// The most 16-byte packs per weight row a thread keeps in flight (2, 4 or 8; 8 applies at one or
+// two rows of x only): 8 unless TANDEM_GEMV_UNROLL (read once) says 2 or 4. An A/B switch.
+int GemvMaxUnroll();
+
+// m in [1, kGemvMaxRowsDevice].
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          bool gated_silu, int m, int n, int k, int rows_per_cta,
-                          cudaStream_t stream);
+                          bool gated_silu, int m, int n, int k, const GemvFusion& fusion,
+                          int max_unroll, cudaStream_t stream);
 
 // The fused QKV projection of model_kernels.h (LaunchQkvGemvRopeKvAppend): m in [1,
-// kGemvMaxRowsDevice], k % 8 == 0, head_dim even; k_layer / v_layer the layer's cache.
+// kGemvMaxRowsDevice], k % 8 == 0, head_dim even; k_layer / v_layer the layer's cache; no
+// residual epilogue.
 cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
                                 int k, const int32_t* positions, const float* inv_freq,
                                 const int32_t* slot_mapping, int num_heads, int num_kv_heads,
-                                int head_dim, void* k_layer, void* v_layer, cudaStream_t stream);
+                                int head_dim, void* k_layer, void* v_layer,
+                                const GemvFusion& fusion, int max_unroll, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

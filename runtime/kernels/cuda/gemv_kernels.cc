@@ -15,17 +15,21 @@ static_assert(kGemvMaxRows == internal::kGemvMaxRowsDevice);
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Output features per CTA of the plain (not gated) GEMV: 4 with TANDEM_GEMV_ROWS=4 (read once; an
-// A/B switch, measured slower on the H200), else 2.
-int RowsPerCta() {
-  static const int rows = [] {
-    const char* env = std::getenv("TANDEM_GEMV_ROWS");
-    return env != nullptr && std::strcmp(env, "4") == 0 ? 4 : 2;
+}  // namespace
+
+namespace internal {
+
+int GemvMaxUnroll() {
+  static const int unroll = [] {
+    const char* env = std::getenv("TANDEM_GEMV_UNROLL");
+    if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+    if (env != nullptr && std::strcmp(env, "4") == 0) return 4;
+    return 8;
   }();
-  return rows;
+  return unroll;
 }
 
-}  // namespace
+}  // namespace internal
 
 bool GemvSupports(int m, int k, const void* x, const void* w) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w);
@@ -46,11 +50,31 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
   if (a.gated_silu && a.bias != nullptr) {
     return absl::InvalidArgumentError("Gemv gated_silu takes no bias");
   }
+  if (absl::Status s = ValidateGemvNorm(a.norm_weight, a.norm_eps, "Gemv"); !s.ok()) return s;
+  if (a.add_to_out && (a.gated_silu || a.out_f32)) {
+    return absl::InvalidArgumentError("Gemv add_to_out needs a bf16 output and no gated_silu");
+  }
   if (a.m == 0) return absl::OkStatus();
+  internal::GemvFusion fusion;
+  fusion.norm_weight = a.norm_weight;
+  fusion.norm_eps = a.norm_eps;
+  fusion.add_to_out = a.add_to_out;
   return CudaStatus(
       internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m, a.n, a.k,
-                              RowsPerCta(), static_cast<cudaStream_t>(stream)),
+                              fusion, internal::GemvMaxUnroll(), static_cast<cudaStream_t>(stream)),
       "Gemv kernel launch");
+}
+
+absl::Status ValidateGemvNorm(const void* norm_weight, float norm_eps, const char* what) {
+  if (norm_weight == nullptr) return absl::OkStatus();
+  if (!Aligned16(norm_weight)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " norm_weight must be 16-byte aligned"));
+  }
+  if (!(norm_eps > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " norm_eps must be positive with norm_weight, got ", norm_eps));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::cuda

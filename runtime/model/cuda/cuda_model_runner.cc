@@ -25,6 +25,7 @@
 #include "runtime/device/device.h"
 #include "runtime/device/device_factory.h"
 #include "runtime/kernels/cpu_ops.h"
+#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
@@ -54,6 +55,21 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 bool FuseQkvRope() {
   static const bool fuse = [] {
     const char* env = std::getenv("TANDEM_FUSE_QKV_ROPE");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return fuse;
+}
+
+// Steps whose four projections all run on the GEMV fold the RMSNorms into them: the QKV and
+// gate/up GEMVs take the raw residual stream and normalize inside their product, the O and down
+// GEMVs add into the residual stream in their epilogue (gemv_kernels.h), which takes the 64
+// RMSNorm launches of a Llama-3-8B step off the critical path. The normalized row is not rounded
+// to bf16 before the product (the scale applies to the float32 dot product), so the result is
+// within that rounding of the unfused path, not bit-identical. TANDEM_FUSE_NORM_GEMV=0 (read once)
+// turns it off.
+bool FuseNormGemv() {
+  static const bool fuse = [] {
+    const char* env = std::getenv("TANDEM_FUSE_NORM_GEMV");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   return fuse;
@@ -324,6 +340,19 @@ class Runner final : public CudaModelRunner {
   int QWidth() const { return config_.num_heads * config_.head_dim; }
   int KvWidth() const { return config_.num_kv_heads * config_.head_dim; }
   int QkvWidth() const { return QWidth() + 2 * KvWidth(); }
+
+  // Whether a step of `rows` rows folds its RMSNorms into the GEMVs (FuseNormGemv): the GEMV takes
+  // all four projections (every layer's weights share the first layer's alignment) and the QKV
+  // projection runs with its RoPE epilogue.
+  bool NormFusesIntoGemvs(int rows) const {
+    const ModelConfig& c = config_;
+    const LayerPtrs& lw = layers_[0];
+    return FuseNormGemv() && FuseQkvRope() &&
+           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.qkv) &&
+           gemm_->UseGemv(rows, QWidth(), attn_.data, lw.o_proj) &&
+           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.gate_up) &&
+           gemm_->UseGemv(rows, c.intermediate_size, act_.data, lw.down);
+  }
 
   absl::Status LoadWeights(const TensorStore& store) {
     const ModelConfig& c = config_;
@@ -734,20 +763,48 @@ class Runner final : public CudaModelRunner {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     char* qkv = static_cast<char*>(qkv_.data);
     char* attn = static_cast<char*>(attn_.data);
+    // The GEMV with the RMSNorm folded in (norm_weight) or the residual epilogue (add_to_out).
+    auto gemv = [&](const void* x, const void* w, int k, int n, void* out, bool gated,
+                    const void* norm_weight, bool add_to_out) {
+      cuda::GemvArgs a;
+      a.x = x;
+      a.w = w;
+      a.out = out;
+      a.gated_silu = gated;
+      a.m = T;
+      a.n = n;
+      a.k = k;
+      a.norm_weight = norm_weight;
+      a.norm_eps = c.rms_norm_eps;
+      a.add_to_out = add_to_out;
+      return cuda::LaunchGemv(a, s);
+    };
+    const bool fuse_norm = NormFusesIntoGemvs(T);
 
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerPtrs& lw = layers_[li];
-      // The residual stream lives in resid_; h_ holds the last sublayer's output.
-      if (li == 0) {
-        RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
+      // The residual stream lives in resid_; h_ holds the last sublayer's output (with fuse_norm
+      // the O and down GEMVs add into resid_ themselves, and the QKV and gate/up GEMVs normalize).
+      if (fuse_norm) {
+        RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
+            resid_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
+            static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
+            s, lw.input_norm, c.rms_norm_eps));
+        RETURN_IF_ERROR(mark("norm_qkv_gemv_rope_kv"));
       } else {
-        RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
+        if (li == 0) {
+          RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
+        } else {
+          RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
+        }
+        RETURN_IF_ERROR(mark("rmsnorm"));
       }
-      RETURN_IF_ERROR(mark("rmsnorm"));
-      if (FuseQkvRope() && gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
+      if (fuse_norm) {
+        // The QKV projection ran above.
+      } else if (FuseQkvRope() && gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
         RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
             normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
             static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
@@ -812,6 +869,16 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
         RETURN_IF_ERROR(mark("attention_prefill"));
       }
+      if (fuse_norm) {
+        RETURN_IF_ERROR(gemv(attn, lw.o_proj, q_w, hidden, resid_.data, false, nullptr, true));
+        RETURN_IF_ERROR(mark("o_gemv_residual"));
+        RETURN_IF_ERROR(
+            gemv(resid_.data, lw.gate_up, hidden, inter, act_.data, true, lw.post_norm, false));
+        RETURN_IF_ERROR(mark("norm_gate_up_silu_gemv"));
+        RETURN_IF_ERROR(gemv(act_.data, lw.down, inter, hidden, resid_.data, false, nullptr, true));
+        RETURN_IF_ERROR(mark("down_gemv_residual"));
+        continue;
+      }
       RETURN_IF_ERROR(
           gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("o_gemm"));
@@ -834,7 +901,11 @@ class Runner final : public CudaModelRunner {
           gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("down_gemm"));
     }
-    RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
+    if (fuse_norm) {
+      RETURN_IF_ERROR(norm(resid_.data, nullptr, final_norm_, T));
+    } else {
+      RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
+    }
     RETURN_IF_ERROR(mark("final_norm"));
     const int R = p.num_logit_rows;
     if (R > 0) {
