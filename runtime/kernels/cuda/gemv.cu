@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   // hides under the product's.
   float residual = 0.0f;
   if (!kGated && !kRope && p.add_to_out && epi_thread) {
-    residual = __bfloat162float(static_cast<const __nv_bfloat16*>(
-        p.out)[static_cast<size_t>(epi_m) * p.n + row0 + epi_r]);
+    residual = __bfloat162float(
+        static_cast<const __nv_bfloat16*>(p.out)[static_cast<size_t>(epi_m) * p.n + row0 + epi_r]);
   }
 
   for (int base = tid; base < p.chunks; base += kStep) {
@@ -313,8 +313,7 @@ cudaError_t Launch(const GemvParams& p, int mode, int max_unroll, cudaStream_t s
   }
 }
 
-cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, int max_unroll,
-                       cudaStream_t stream) {
+cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, int max_unroll, cudaStream_t stream) {
   switch (m) {
     case 1:
       return Launch<1>(p, mode, max_unroll, stream);

@@ -103,9 +103,9 @@ void GemvCudaTest::CheckGated(const Shape& s, int m, const std::vector<float>& x
 }
 
 TEST_F(GemvCudaTest, MatchesCpuReference) {
-  for (const Shape& s : {Shape{96, 256}, Shape{98, 192}, Shape{6144, 4096}, Shape{4096, 4096},
-                         Shape{4096, 14336}, Shape{28672, 4096}, Shape{128256, 4096},
-                         Shape{64, 36864}}) {
+  for (const Shape& s :
+       {Shape{96, 256}, Shape{98, 192}, Shape{6144, 4096}, Shape{4096, 4096}, Shape{4096, 14336},
+        Shape{28672, 4096}, Shape{128256, 4096}, Shape{64, 36864}}) {
     FastRng rng(s.n * 7 + s.k);
     const std::vector<uint16_t> w =
         RandomBf16(static_cast<size_t>(s.n) * s.k, 1.0f / std::sqrt(static_cast<float>(s.k)), rng);

@@ -61,18 +61,17 @@ TEST(GemvKernelsTest, RejectsNullAndMisalignedPointers) {
 
 TEST(GemvKernelsTest, RejectsBadFusions) {
   alignas(16) static uint16_t norm_weight[16];
-  for (const auto& mutate :
-       {+[](GemvArgs& a) { a.norm_weight = norm_weight + 1; },  // misaligned
-        +[](GemvArgs& a) { a.norm_eps = 0.0f; },                // no epsilon
-        +[](GemvArgs& a) { a.norm_eps = -1e-5f; },
-        +[](GemvArgs& a) {  // the residual epilogue writes bf16 only
-          a.add_to_out = true;
-          a.out_f32 = true;
-        },
-        +[](GemvArgs& a) {  // ... and not the gated mode
-          a.add_to_out = true;
-          a.gated_silu = true;
-        }}) {
+  for (const auto& mutate : {+[](GemvArgs& a) { a.norm_weight = norm_weight + 1; },  // misaligned
+                             +[](GemvArgs& a) { a.norm_eps = 0.0f; },                // no epsilon
+                             +[](GemvArgs& a) { a.norm_eps = -1e-5f; },
+                             +[](GemvArgs& a) {  // the residual epilogue writes bf16 only
+                               a.add_to_out = true;
+                               a.out_f32 = true;
+                             },
+                             +[](GemvArgs& a) {  // ... and not the gated mode
+                               a.add_to_out = true;
+                               a.gated_silu = true;
+                             }}) {
     GemvArgs a = Valid();
     a.norm_weight = norm_weight;
     a.norm_eps = 1e-5f;

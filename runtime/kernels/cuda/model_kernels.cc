@@ -288,12 +288,12 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
   internal::GemvFusion fusion;
   fusion.norm_weight = norm_weight;
   fusion.norm_eps = norm_eps;
-  return CudaStatus(
-      internal::LaunchGemvRopeKvRaw(x, w, bias, qkv, m, hidden, positions, inv_freq, slot_mapping,
-                                    num_heads, cache.num_kv_heads, cache.head_dim,
-                                    LayerPtr(cache.k, cache, layer), LayerPtr(cache.v, cache, layer),
-                                    fusion, internal::GemvMaxUnroll(), Native(stream)),
-      "QkvGemvRopeKvAppend kernel launch");
+  return CudaStatus(internal::LaunchGemvRopeKvRaw(x, w, bias, qkv, m, hidden, positions, inv_freq,
+                                                  slot_mapping, num_heads, cache.num_kv_heads,
+                                                  cache.head_dim, LayerPtr(cache.k, cache, layer),
+                                                  LayerPtr(cache.v, cache, layer), fusion,
+                                                  internal::GemvMaxUnroll(), Native(stream)),
+                    "QkvGemvRopeKvAppend kernel launch");
 }
 
 absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream) {
