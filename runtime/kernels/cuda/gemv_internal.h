@@ -21,14 +21,24 @@ struct GemvFusion {
   bool add_to_out = false;
 };
 
-// The most 16-byte packs per weight row a thread keeps in flight (2, 4 or 8; 8 applies at one or
-// two rows of x only): 8 unless TANDEM_GEMV_UNROLL (read once) says 2 or 4. An A/B switch.
-int GemvMaxUnroll();
+// Launch shape knobs (A/B switches, read once from the environment by GemvTuningFromEnv):
+//   max_unroll: the most 16-byte packs per weight row a thread keeps in flight (2, 4 or 8; 8
+//     applies at one or two rows of x only; the kernel takes what the shape needs up to this):
+//     TANDEM_GEMV_UNROLL=2 or 4, default 4;
+//   waves: 0 for one work item (feature pair) per CTA; N > 0 for CTAs that take several
+//     consecutive items each (one row of x only; more rows always take one item per CTA), so that the grid is about N times what the device holds at once
+//     (each CTA's next item's loads go out before the current item's reduction):
+//     TANDEM_GEMV_WAVES=0..8, default 0.
+struct GemvTuning {
+  int max_unroll = 4;
+  int waves = 0;
+};
+GemvTuning GemvTuningFromEnv();
 
 // m in [1, kGemvMaxRowsDevice].
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
                           bool gated_silu, int m, int n, int k, const GemvFusion& fusion,
-                          int max_unroll, cudaStream_t stream);
+                          const GemvTuning& tuning, cudaStream_t stream);
 
 // The fused QKV projection of model_kernels.h (LaunchQkvGemvRopeKvAppend): m in [1,
 // kGemvMaxRowsDevice], k % 8 == 0, head_dim even; k_layer / v_layer the layer's cache; no
@@ -37,6 +47,7 @@ cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, 
                                 int k, const int32_t* positions, const float* inv_freq,
                                 const int32_t* slot_mapping, int num_heads, int num_kv_heads,
                                 int head_dim, void* k_layer, void* v_layer,
-                                const GemvFusion& fusion, int max_unroll, cudaStream_t stream);
+                                const GemvFusion& fusion, const GemvTuning& tuning,
+                                cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

@@ -19,14 +19,20 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 namespace internal {
 
-int GemvMaxUnroll() {
-  static const int unroll = [] {
-    const char* env = std::getenv("TANDEM_GEMV_UNROLL");
-    if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
-    if (env != nullptr && std::strcmp(env, "4") == 0) return 4;
-    return 8;
+GemvTuning GemvTuningFromEnv() {
+  static const GemvTuning tuning = [] {
+    GemvTuning t;
+    if (const char* env = std::getenv("TANDEM_GEMV_UNROLL")) {
+      const long v = std::strtol(env, nullptr, 10);
+      if (v == 2 || v == 4 || v == 8) t.max_unroll = static_cast<int>(v);
+    }
+    if (const char* env = std::getenv("TANDEM_GEMV_WAVES")) {
+      const long v = std::strtol(env, nullptr, 10);
+      if (v >= 0 && v <= 8) t.waves = static_cast<int>(v);
+    }
+    return t;
   }();
-  return unroll;
+  return tuning;
 }
 
 }  // namespace internal
@@ -61,7 +67,7 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
   fusion.add_to_out = a.add_to_out;
   return CudaStatus(
       internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m, a.n, a.k,
-                              fusion, internal::GemvMaxUnroll(), static_cast<cudaStream_t>(stream)),
+                              fusion, internal::GemvTuningFromEnv(), static_cast<cudaStream_t>(stream)),
       "Gemv kernel launch");
 }
 

@@ -292,7 +292,7 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
                                                   slot_mapping, num_heads, cache.num_kv_heads,
                                                   cache.head_dim, LayerPtr(cache.k, cache, layer),
                                                   LayerPtr(cache.v, cache, layer), fusion,
-                                                  internal::GemvMaxUnroll(), Native(stream)),
+                                                  internal::GemvTuningFromEnv(), Native(stream)),
                     "QkvGemvRopeKvAppend kernel launch");
 }
 

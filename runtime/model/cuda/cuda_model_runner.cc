@@ -60,17 +60,19 @@ bool FuseQkvRope() {
   return fuse;
 }
 
-// Steps whose four projections all run on the GEMV fold the RMSNorms into them: the QKV and
-// gate/up GEMVs take the raw residual stream and normalize inside their product, the O and down
-// GEMVs add into the residual stream in their epilogue (gemv_kernels.h), which takes the 64
-// RMSNorm launches of a Llama-3-8B step off the critical path. The normalized row is not rounded
-// to bf16 before the product (the scale applies to the float32 dot product), so the result is
-// within that rounding of the unfused path, not bit-identical. TANDEM_FUSE_NORM_GEMV=0 (read once)
-// turns it off.
+// TANDEM_FUSE_NORM_GEMV=1 (read once; off: measured slower, bench/RESULTS.md): steps whose four
+// projections all run on the GEMV fold the RMSNorms into them: the QKV and gate/up GEMVs take the
+// raw residual stream and normalize inside their product, the O and down GEMVs add into the
+// residual stream in their epilogue (gemv_kernels.h), 64 fewer launches per Llama-3-8B step. The
+// normalized row is not rounded to bf16 before the product (the scale applies to the float32 dot
+// product), so the result is within that rounding of the unfused path, not bit-identical. In a
+// CUDA graph with programmatic dependent launch the RMSNorm kernels cost almost nothing (the next
+// GEMV's weights stream under them), so the launches saved do not pay for the work moved into
+// every GEMV CTA.
 bool FuseNormGemv() {
   static const bool fuse = [] {
     const char* env = std::getenv("TANDEM_FUSE_NORM_GEMV");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    return env != nullptr && std::strcmp(env, "1") == 0;
   }();
   return fuse;
 }
