@@ -26,9 +26,9 @@ struct GemvFusion {
 //     applies at one or two rows of x only; the kernel takes what the shape needs up to this):
 //     TANDEM_GEMV_UNROLL=2 or 4, default 4;
 //   waves: 0 for one work item (feature pair) per CTA; N > 0 for CTAs that take several
-//     consecutive items each (one row of x only; more rows always take one item per CTA), so that the grid is about N times what the device holds at once
-//     (each CTA's next item's loads go out before the current item's reduction):
-//     TANDEM_GEMV_WAVES=0..8, default 0.
+//     consecutive items each (one row of x only; more rows always take one item per CTA), so that
+//     the grid is about N times what the device holds at once (each CTA's next item's loads go out
+//     before the current item's reduction): TANDEM_GEMV_WAVES=0..8, default 0.
 struct GemvTuning {
   int max_unroll = 4;
   int waves = 0;

@@ -65,10 +65,10 @@ absl::Status LaunchGemv(const GemvArgs& a, void* stream) {
   fusion.norm_weight = a.norm_weight;
   fusion.norm_eps = a.norm_eps;
   fusion.add_to_out = a.add_to_out;
-  return CudaStatus(
-      internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m, a.n, a.k,
-                              fusion, internal::GemvTuningFromEnv(), static_cast<cudaStream_t>(stream)),
-      "Gemv kernel launch");
+  return CudaStatus(internal::LaunchGemvRaw(a.x, a.w, a.bias, a.out, a.out_f32, a.gated_silu, a.m,
+                                            a.n, a.k, fusion, internal::GemvTuningFromEnv(),
+                                            static_cast<cudaStream_t>(stream)),
+                    "Gemv kernel launch");
 }
 
 absl::Status ValidateGemvNorm(const void* norm_weight, float norm_eps, const char* what) {
