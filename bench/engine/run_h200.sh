@@ -114,15 +114,12 @@ prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
 VARIANTS
 fi
-# The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_WAVES).
+# The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_MIN_CTAS).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
-  for sw in UNROLL=2 UNROLL=8 WAVES=1 WAVES=2; do
+  for sw in UNROLL=2 UNROLL=8 MIN_CTAS=6 MIN_CTAS=8; do
     name="gemv_cuda_test_$(echo "$sw" | tr 'A-Z=' 'a-z_')"
     step "$name" 90 env "TANDEM_GEMV_$sw" "$BIN/gemv_cuda_test" --gtest_output="xml:$OUT/$name.xml"
   done
-  step elementwise_cuda_test_gemv_waves_1 90 env TANDEM_GEMV_WAVES=1 \
-    "$BIN/elementwise_cuda_test" --gtest_filter='*QkvGemv*' \
-    --gtest_output="xml:$OUT/elementwise_cuda_test_gemv_waves_1.xml"
 fi
 # The runner again with RoPE and the KV append as their own kernel (fused by default), and with
 # the single-token RMSNorms folded into the GEMVs (their own kernels by default).
@@ -181,7 +178,7 @@ if [[ -f "$M8B/config.json" ]]; then
     --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
     --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_decode_unpacked.json"
   # Batch 1 with the RMSNorms folded into the GEMVs, and the GEMV's other launch shapes.
-  for sw in TANDEM_FUSE_NORM_GEMV=1 TANDEM_GEMV_UNROLL=2 TANDEM_GEMV_UNROLL=8 TANDEM_GEMV_WAVES=1; do
+  for sw in TANDEM_FUSE_NORM_GEMV=1 TANDEM_GEMV_UNROLL=2 TANDEM_GEMV_UNROLL=8 TANDEM_GEMV_MIN_CTAS=6; do
     name="engine_bench_8b_$(echo "${sw#TANDEM_}" | tr 'A-Z=' 'a-z_')"
     step "$name" 90 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 \
       --contexts 1024,8192 --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"

@@ -49,10 +49,8 @@ struct GemvParams {
   bool add_to_out;           // residual epilogue (plain mode, bf16 out)
   const uint4* norm_weight;  // [chunks]; kNorm only
   float norm_eps;
-  int n;          // output features
-  int chunks;     // k / 8
-  int num_pairs;  // CTA work items: feature pairs (rope: rotation pairs), CeilDiv(n, kRows)
-  int groups;     // consecutive work items per CTA (CTA c takes [c * groups, (c + 1) * groups))
+  int n;       // output features
+  int chunks;  // k / 8
   // RoPE + KV append mode only (see LaunchGemvRopeKvRaw).
   const int32_t* positions;
   const float* inv_freq;
@@ -73,9 +71,11 @@ constexpr int kRopeMode = 2;
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// kMulti: CTAs take p.groups work items each (else one, and the grid is one CTA per item).
-template <int M, int kMode, int kUnroll, bool kNorm, bool kMulti>
-__global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
+// kMinCtas > 0 asks ptxas for registers that fit kMinCtas CTAs per SM (one row of x and two
+// packs per weight row only: the k = 4096 projections).
+template <int M, int kMode, int kUnroll, bool kNorm, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
+    GemvKernel(const GemvParams p) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
   constexpr int kWRows = kGated ? 2 * kRows : kRows;
@@ -84,26 +84,32 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
   constexpr int kParts = kWRows + (kNorm ? 1 : 0);
   PdlLaunchDependents();
   const int tid = threadIdx.x;
-  const int item_begin = kMulti ? blockIdx.x * p.groups : blockIdx.x;
-  const int item_end = kMulti ? min(item_begin + p.groups, p.num_pairs) : item_begin + 1;
-  // Rope: work item c owns features (head h, i) and (h, i + half) for h = c / half, i = c % half.
+  const int row0 = blockIdx.x * kRows;
+  // Rope: CTA c owns features (head h, i) and (h, i + half) for h = c / half, i = c % half.
   const int half = kRope ? p.head_dim / 2 : 1;
-  // The weight rows of work item c. Rows past n (n odd) re-read row n - 1; their results are not
-  // written.
+  const int rope_head = kRope ? static_cast<int>(blockIdx.x) / half : 0;
+  const int rope_i = kRope ? static_cast<int>(blockIdx.x) % half : 0;
+  // Rows past n (n odd) re-read row n - 1; their results are not written.
   const uint4* w_rows[kWRows];
-  auto set_rows = [&](int c) {
 #pragma unroll
-    for (int r = 0; r < kWRows; ++r) {
-      int row;
-      if constexpr (kRope) {
-        row = (c / half) * p.head_dim + c % half + r * half;
-      } else {
-        const int feature = c * kRows + r % kRows < p.n ? c * kRows + r % kRows : p.n - 1;
-        row = kGated && r >= kRows ? p.n + feature : feature;
-      }
-      w_rows[r] = p.w + static_cast<size_t>(row) * p.chunks;
+  for (int r = 0; r < kWRows; ++r) {
+    int row;
+    if constexpr (kRope) {
+      row = rope_head * p.head_dim + rope_i + r * half;
+    } else {
+      const int feature = row0 + r % kRows < p.n ? row0 + r % kRows : p.n - 1;
+      row = kGated && r >= kRows ? p.n + feature : feature;
     }
-  };
+    w_rows[r] = p.w + static_cast<size_t>(row) * p.chunks;
+  }
+  float acc[M][kWRows];
+  float sum_sq[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    sum_sq[m] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kWRows; ++r) acc[m][r] = 0.0f;
+  }
 
   constexpr int kStep = kThreads * kUnroll;
   uint4 wv[kUnroll][kWRows];
@@ -119,219 +125,177 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const GemvParams p) {
       if constexpr (kNorm) gv[u] = c < p.chunks ? __ldg(p.norm_weight + c) : make_uint4(0, 0, 0, 0);
     }
   };
-  set_rows(item_begin);
   load(tid);  // weights do not depend on the previous kernel
 
-  // The epilogue's inputs of work item c that no kernel of this step writes: the bias, and in the
-  // rope mode the angle and KV slot of token tid (step metadata, uploaded before the step's first
-  // kernel). The first item's are read before the wait, later items' at their start.
+  // Epilogue inputs no kernel of this step writes, read before the wait: the bias, and in the rope
+  // mode the angle and KV slot of token tid (step metadata, uploaded before the step's first
+  // kernel).
   const int epi_m = kRope ? tid : tid / kRows;
   const int epi_r = kRope ? 0 : tid % kRows;
+  const bool epi_thread = kRope ? tid < M : tid < M * kRows && row0 + epi_r < p.n;
   float bias0 = 0.0f, bias1 = 0.0f;
   float rope_cos = 1.0f, rope_sin = 0.0f;
   int rope_slot = -1;
-  auto epi_thread = [&](int c) {
-    return kRope ? tid < M : tid < M * kRows && c * kRows + epi_r < p.n;
-  };
-  auto rotates = [&](int c) { return kRope && c / half < p.num_heads + p.num_kv_heads; };
-  auto load_epilogue_inputs = [&](int c) {
-    if (!epi_thread(c)) return;
+  const bool rope_rotates = kRope && rope_head < p.num_heads + p.num_kv_heads;
+  if (epi_thread) {
     if constexpr (kRope) {
-      const int f0 = (c / half) * p.head_dim + c % half;
+      const int f0 = rope_head * p.head_dim + rope_i;
       if (p.bias != nullptr) {
         bias0 = __bfloat162float(p.bias[f0]);
         bias1 = __bfloat162float(p.bias[f0 + half]);
       }
       rope_slot = p.slot_mapping[epi_m];
-      if (rotates(c)) {
-        RopeCosSin(static_cast<float>(p.positions[epi_m]), p.inv_freq[c % half], rope_cos,
-                   rope_sin);
+      if (rope_rotates) {
+        RopeCosSin(static_cast<float>(p.positions[epi_m]), p.inv_freq[rope_i], rope_cos, rope_sin);
       }
     } else if (!kGated && p.bias != nullptr) {
-      bias0 = __bfloat162float(p.bias[c * kRows + epi_r]);
+      bias0 = __bfloat162float(p.bias[row0 + epi_r]);
     }
-  };
-  load_epilogue_inputs(item_begin);
+  }
   PdlWait();
+  // Residual epilogue: the value to add to (an earlier kernel's output), read now so its latency
+  // hides under the product's.
+  float residual = 0.0f;
+  if (!kGated && !kRope && p.add_to_out && epi_thread) {
+    residual = __bfloat162float(
+        static_cast<const __nv_bfloat16*>(p.out)[static_cast<size_t>(epi_m) * p.n + row0 + epi_r]);
+  }
 
-  // By item parity: one barrier per item.
-  __shared__ float s_part[kMulti ? 2 : 1][kWarps][M * kParts];
-  const int lane = tid % kWarpSize;
-  const int warp = tid / kWarpSize;
-  for (int c = item_begin; c < item_end; ++c) {
-    if (c != item_begin) load_epilogue_inputs(c);
-    // Residual epilogue: the value to add to (an earlier kernel's output), read now so its latency
-    // hides under the product's.
-    float residual = 0.0f;
-    if (!kGated && !kRope && p.add_to_out && epi_thread(c)) {
-      residual = __bfloat162float(static_cast<const __nv_bfloat16*>(
-          p.out)[static_cast<size_t>(epi_m) * p.n + c * kRows + epi_r]);
-    }
-    float acc[M][kWRows];
-    float sum_sq[M];
+  for (int base = tid; base < p.chunks; base += kStep) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      sum_sq[m] = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = base + u * kThreads;
+      if (c < p.chunks) {
+        float wf[kWRows][8];
 #pragma unroll
-      for (int r = 0; r < kWRows; ++r) acc[m][r] = 0.0f;
-    }
-    for (int base = tid; base < p.chunks; base += kStep) {
+        for (int r = 0; r < kWRows; ++r) {
+          Bf16x8 pack;
+          memcpy(&pack, &wv[u][r], sizeof(pack));
+          Bf16x8ToFloat(pack, wf[r]);
+        }
+        float gf[8];
+        if constexpr (kNorm) {
+          Bf16x8 pack;
+          memcpy(&pack, &gv[u], sizeof(pack));
+          Bf16x8ToFloat(pack, gf);
+        }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int k8 = base + u * kThreads;
-        if (k8 < p.chunks) {
-          float wf[kWRows][8];
+        for (int m = 0; m < M; ++m) {
+          const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
+          Bf16x8 pack;
+          memcpy(&pack, &xr, sizeof(pack));
+          float xf[8];
+          Bf16x8ToFloat(pack, xf);
+          if constexpr (kNorm) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              sum_sq[m] = fmaf(xf[j], xf[j], sum_sq[m]);
+              xf[j] *= gf[j];
+            }
+          }
 #pragma unroll
           for (int r = 0; r < kWRows; ++r) {
-            Bf16x8 pack;
-            memcpy(&pack, &wv[u][r], sizeof(pack));
-            Bf16x8ToFloat(pack, wf[r]);
-          }
-          float gf[8];
-          if constexpr (kNorm) {
-            Bf16x8 pack;
-            memcpy(&pack, &gv[u], sizeof(pack));
-            Bf16x8ToFloat(pack, gf);
-          }
 #pragma unroll
-          for (int m = 0; m < M; ++m) {
-            const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + k8);
-            Bf16x8 pack;
-            memcpy(&pack, &xr, sizeof(pack));
-            float xf[8];
-            Bf16x8ToFloat(pack, xf);
-            if constexpr (kNorm) {
-#pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                sum_sq[m] = fmaf(xf[j], xf[j], sum_sq[m]);
-                xf[j] *= gf[j];
-              }
-            }
-#pragma unroll
-            for (int r = 0; r < kWRows; ++r) {
-#pragma unroll
-              for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(xf[j], wf[r][j], acc[m][r]);
-            }
+            for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(xf[j], wf[r][j], acc[m][r]);
           }
         }
       }
-      if (base + kStep < p.chunks) {
-        load(base + kStep);
-      } else if (kMulti && c + 1 < item_end) {
-        // The next item's first loads go out before this item's reduction and epilogue.
-        set_rows(c + 1);
-        load(tid);
-      }
     }
+    if (base + kStep < p.chunks) load(base + kStep);
+  }
 
-    float(*part)[M * kParts] = s_part[kMulti ? c & 1 : 0];
+  __shared__ float s_part[kWarps][M * kParts];
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
+  for (int m = 0; m < M; ++m) {
 #pragma unroll
-      for (int r = 0; r < kWRows; ++r) {
-        const float sum = WarpSum(acc[m][r]);
-        if (lane == 0) part[warp][m * kParts + r] = sum;
-      }
-      if constexpr (kNorm) {
-        const float sum = WarpSum(sum_sq[m]);
-        if (lane == 0) part[warp][m * kParts + kWRows] = sum;
-      }
+    for (int r = 0; r < kWRows; ++r) {
+      const float sum = WarpSum(acc[m][r]);
+      if (lane == 0) s_part[warp][m * kParts + r] = sum;
     }
-    __syncthreads();
-    if (!epi_thread(c)) continue;
-    auto total = [&](int i) {
-      float y = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) y += part[w][epi_m * kParts + i];
-      return y;
-    };
-    // The RMSNorm scale of row epi_m of x, as LaunchRmsNorm computes it.
-    float inv_rms = 1.0f;
     if constexpr (kNorm) {
-      inv_rms = rsqrtf(total(kWRows) / static_cast<float>(p.chunks * 8) + p.norm_eps);
+      const float sum = WarpSum(sum_sq[m]);
+      if (lane == 0) s_part[warp][m * kParts + kWRows] = sum;
     }
-    if constexpr (kRope) {
-      // Token m = tid: the two projections rounded to bf16 as the plain mode writes them, then the
-      // exact rotation arithmetic of RopeKvVecKernel on those bf16 values (bit-identical to the
-      // GEMV followed by the RoPE + KV append kernel).
-      const int head = c / half;
-      const int f0 = head * p.head_dim + c % half;
-      __nv_bfloat16 z0 = __float2bfloat16_rn(total(0) * inv_rms + bias0);
-      __nv_bfloat16 z1 = __float2bfloat16_rn(total(1) * inv_rms + bias1);
-      const bool is_k = rotates(c);
-      if (is_k) {
-        float y0, y1;
-        RopeRotate(__bfloat162float(z0), __bfloat162float(z1), rope_cos, rope_sin, y0, y1);
-        z0 = __float2bfloat16_rn(y0);
-        z1 = __float2bfloat16_rn(y1);
-      }
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(epi_m) * p.n;
-      out[f0] = z0;
-      out[f0 + half] = z1;
-      if (rope_slot >= 0 && head >= p.num_heads) {
-        __nv_bfloat16* dst =
-            (is_k ? p.k_layer : p.v_layer) +
-            static_cast<size_t>(rope_slot) * p.num_kv_heads * p.head_dim +
-            static_cast<size_t>(head - (is_k ? p.num_heads : p.num_heads + p.num_kv_heads)) *
-                p.head_dim +
-            c % half;
-        dst[0] = z0;
-        dst[half] = z1;
-      }
-      continue;
+  }
+  __syncthreads();
+  if (!epi_thread) return;
+  auto total = [&](int part) {
+    float y = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) y += s_part[w][epi_m * kParts + part];
+    return y;
+  };
+  // The RMSNorm scale of row epi_m of x, as LaunchRmsNorm computes it.
+  float inv_rms = 1.0f;
+  if constexpr (kNorm) {
+    inv_rms = rsqrtf(total(kWRows) / static_cast<float>(p.chunks * 8) + p.norm_eps);
+  }
+  if constexpr (kRope) {
+    // Token m = tid: the two projections rounded to bf16 as the plain mode writes them, then the
+    // exact rotation arithmetic of RopeKvVecKernel on those bf16 values (bit-identical to the
+    // GEMV followed by the RoPE + KV append kernel).
+    const int m = epi_m;
+    const int f0 = rope_head * p.head_dim + rope_i;
+    const int f1 = f0 + half;
+    __nv_bfloat16 z0 = __float2bfloat16_rn(total(0) * inv_rms + bias0);
+    __nv_bfloat16 z1 = __float2bfloat16_rn(total(1) * inv_rms + bias1);
+    if (rope_rotates) {
+      float y0, y1;
+      RopeRotate(__bfloat162float(z0), __bfloat162float(z1), rope_cos, rope_sin, y0, y1);
+      z0 = __float2bfloat16_rn(y0);
+      z1 = __float2bfloat16_rn(y1);
     }
-    float y = total(epi_r) * inv_rms;
-    if constexpr (kGated) {
-      y = Silu(y) * (total(kRows + epi_r) * inv_rms);
-    } else {
-      y += bias0;
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(m) * p.n;
+    out[f0] = z0;
+    out[f1] = z1;
+    if (rope_slot >= 0 && rope_head >= p.num_heads) {
+      const bool is_k = rope_rotates;
+      __nv_bfloat16* dst =
+          (is_k ? p.k_layer : p.v_layer) +
+          static_cast<size_t>(rope_slot) * p.num_kv_heads * p.head_dim +
+          static_cast<size_t>(rope_head - (is_k ? p.num_heads : p.num_heads + p.num_kv_heads)) *
+              p.head_dim +
+          rope_i;
+      dst[0] = z0;
+      dst[half] = z1;
     }
-    const size_t at = static_cast<size_t>(epi_m) * p.n + c * kRows + epi_r;
-    if (p.out_f32) {
-      static_cast<float*>(p.out)[at] = y;
-    } else if (!kGated && p.add_to_out) {
-      const float rounded = __bfloat162float(__float2bfloat16_rn(y));
-      static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(rounded + residual);
-    } else {
-      static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-    }
+    return;
+  }
+  float y = total(epi_r) * inv_rms;
+  if constexpr (kGated) {
+    y = Silu(y) * (total(kRows + epi_r) * inv_rms);
+  } else {
+    y += bias0;
+  }
+  const size_t at = static_cast<size_t>(epi_m) * p.n + row0 + epi_r;
+  if (p.out_f32) {
+    static_cast<float*>(p.out)[at] = y;
+  } else if (!kGated && p.add_to_out) {
+    const float rounded = __bfloat162float(__float2bfloat16_rn(y));
+    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(rounded + residual);
+  } else {
+    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
   }
 }
 
-// CTAs of this kernel the device holds at once (SMs times CTAs per SM), queried once per kernel:
-// the process uses one device type.
 template <int M, int kMode, int kUnroll, bool kNorm>
-int ResidentCtas() {
-  static const int ctas = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, GemvKernel<M, kMode, kUnroll, kNorm, true>, kThreads, 0) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return sms * per_sm;
-  }();
-  return ctas;
-}
-
-// waves > 0 (one row of x): each CTA takes `groups` consecutive work items so that the grid is
-// about `waves` times what the device holds at once (its loads for the next item go out before the
-// current item's reduction); otherwise one item per CTA.
-template <int M, int kMode, int kUnroll, bool kNorm>
-cudaError_t LaunchConfigured(GemvParams p, int waves, cudaStream_t stream) {
-  if constexpr (M == 1) {
-    const int resident = waves > 0 ? ResidentCtas<M, kMode, kUnroll, kNorm>() : 0;
-    if (resident > 0) {
-      p.groups = CeilDiv(p.num_pairs, waves * resident);
-      return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, true>,
-                          dim3(CeilDiv(p.num_pairs, p.groups)), dim3(kThreads), 0, stream, p);
+cudaError_t LaunchConfigured(const GemvParams& p, int min_ctas, cudaStream_t stream) {
+  const dim3 grid(CeilDiv(p.n, kRows));
+  if constexpr (M == 1 && kUnroll == 2) {
+    switch (min_ctas) {
+      case 5:
+        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
+      case 6:
+        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 6>, grid, kThreads, 0, stream, p);
+      case 8:
+        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 8>, grid, kThreads, 0, stream, p);
+      default:
+        break;
     }
   }
-  p.groups = 1;
-  return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, false>, dim3(p.num_pairs),
-                      dim3(kThreads), 0, stream, p);
+  return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 0>, grid, kThreads, 0, stream, p);
 }
 
 // kUnroll: the packs per weight row a thread needs (chunks / 256, rounded up to 2, 4 or 8), at
@@ -341,11 +305,11 @@ cudaError_t LaunchUnrolled(const GemvParams& p, const GemvTuning& t, cudaStream_
   const int needed = CeilDiv(p.chunks, kThreads);
   const int unroll = needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
   const int chosen = unroll < t.max_unroll ? unroll : t.max_unroll;
-  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, t.waves, stream);
+  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, t.min_ctas, stream);
   if constexpr (M <= 2) {
-    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, t.waves, stream);
+    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, t.min_ctas, stream);
   }
-  return LaunchConfigured<M, kMode, 4, kNorm>(p, t.waves, stream);
+  return LaunchConfigured<M, kMode, 4, kNorm>(p, t.min_ctas, stream);
 }
 
 template <int M>
@@ -364,7 +328,8 @@ cudaError_t Launch(const GemvParams& p, int mode, const GemvTuning& t, cudaStrea
   }
 }
 
-cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, const GemvTuning& t, cudaStream_t stream) {
+cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, const GemvTuning& t,
+                       cudaStream_t stream) {
   switch (m) {
     case 1:
       return Launch<1>(p, mode, t, stream);
@@ -397,7 +362,6 @@ GemvParams CommonParams(const void* x, const void* w, const void* bias, void* ou
   p.out = out;
   p.n = n;
   p.chunks = k / 8;
-  p.num_pairs = CeilDiv(n, kRows);
   p.norm_weight = static_cast<const uint4*>(fusion.norm_weight);
   p.norm_eps = fusion.norm_eps;
   p.add_to_out = fusion.add_to_out;

@@ -24,14 +24,13 @@ struct GemvFusion {
 // Launch shape knobs (A/B switches, read once from the environment by GemvTuningFromEnv):
 //   max_unroll: the most 16-byte packs per weight row a thread keeps in flight (2, 4 or 8; 8
 //     applies at one or two rows of x only; the kernel takes what the shape needs up to this):
-//     TANDEM_GEMV_UNROLL=2 or 4, default 4;
-//   waves: 0 for one work item (feature pair) per CTA; N > 0 for CTAs that take several
-//     consecutive items each (one row of x only; more rows always take one item per CTA), so that
-//     the grid is about N times what the device holds at once (each CTA's next item's loads go out
-//     before the current item's reduction): TANDEM_GEMV_WAVES=0..8, default 0.
+//     TANDEM_GEMV_UNROLL=2 or 8, default 4;
+//   min_ctas: 0, or CTAs per SM the registers of the one-row kernels with two packs per weight
+//     row (k <= 4096) must allow (5, 6 or 8; ptxas may spill to meet it):
+//     TANDEM_GEMV_MIN_CTAS, default 0.
 struct GemvTuning {
   int max_unroll = 4;
-  int waves = 0;
+  int min_ctas = 0;
 };
 GemvTuning GemvTuningFromEnv();
 

@@ -26,9 +26,9 @@ GemvTuning GemvTuningFromEnv() {
       const long v = std::strtol(env, nullptr, 10);
       if (v == 2 || v == 4 || v == 8) t.max_unroll = static_cast<int>(v);
     }
-    if (const char* env = std::getenv("TANDEM_GEMV_WAVES")) {
+    if (const char* env = std::getenv("TANDEM_GEMV_MIN_CTAS")) {
       const long v = std::strtol(env, nullptr, 10);
-      if (v >= 0 && v <= 8) t.waves = static_cast<int>(v);
+      if (v == 5 || v == 6 || v == 8) t.min_ctas = static_cast<int>(v);
     }
     return t;
   }();

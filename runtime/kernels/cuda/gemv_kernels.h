@@ -12,8 +12,8 @@
 // Two fusions for decode steps whose projections all run here: the RMSNorm before the QKV and
 // gate/up projections folded into the product (norm_weight), and the residual add after the O and
 // down projections folded into the output (add_to_out), which together take the RMSNorm kernels
-// off the step. TANDEM_GEMV_UNROLL and TANDEM_GEMV_WAVES (read once) change the launch shape, not
-// the results: A/B switches (gemv_internal.h GemvTuning).
+// off the step. TANDEM_GEMV_UNROLL and TANDEM_GEMV_MIN_CTAS (read once) change the launch shape,
+// not the results: A/B switches (gemv_internal.h GemvTuning).
 //
 // The launcher only queues work: it allocates nothing and does not synchronize, so it is safe to
 // capture in a CUDA graph. Buffers are caller-owned device memory and must stay valid until the
