@@ -28,7 +28,7 @@ GemvTuning GemvTuningFromEnv() {
     }
     if (const char* env = std::getenv("TANDEM_GEMV_MIN_CTAS")) {
       const long v = std::strtol(env, nullptr, 10);
-      if (v == 5 || v == 6 || v == 8) t.min_ctas = static_cast<int>(v);
+      if (v == 0 || v == 5 || v == 6 || v == 8) t.min_ctas = static_cast<int>(v);
     }
     return t;
   }();
