@@ -280,14 +280,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
   }
 }
 
-// min_ctas < 0: per mode, as measured on the H200 (bench/RESULTS.md): 6 CTAs per SM for the plain
-// mode (the O projection: 12.1 against 13.1 us at 5), 5 for the others (the gated mode's 63
-// registers allow 4; 6 spills, and the rope mode is slower at 6).
+// min_ctas < 0: 5 CTAs per SM, as measured on the H200 (bench/RESULTS.md): the gated mode's 63
+// registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6 spills in the
+// gated mode and makes the rope and LM-head GEMVs slower.
 template <int M, int kMode, int kUnroll, bool kNorm>
 cudaError_t LaunchConfigured(const GemvParams& p, int min_ctas, cudaStream_t stream) {
   const dim3 grid(CeilDiv(p.n, kRows));
   if constexpr (M == 1 && kUnroll == 2) {
-    switch (min_ctas >= 0 ? min_ctas : kMode == kPlain ? 6 : 5) {
+    switch (min_ctas >= 0 ? min_ctas : 5) {
       case 5:
         return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
       case 6:
