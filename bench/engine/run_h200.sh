@@ -112,11 +112,12 @@ prefill_sm90_wide_2_stages *Prefill* TANDEM_PREFILL_SM90_STAGES=2
 prefill_sm90_copy_early *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=0
 prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
+decode_split_64 *Decode* TANDEM_DECODE_MIN_SPLIT_TOKENS=64
 VARIANTS
 fi
 # The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_MIN_CTAS).
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
-  for sw in UNROLL=2 UNROLL=8 MIN_CTAS=0 MIN_CTAS=8; do
+  for sw in UNROLL=2 UNROLL=8 MIN_CTAS=0 MIN_CTAS=8 MIN_CTAS_LONG=0; do
     name="gemv_cuda_test_$(echo "$sw" | tr 'A-Z=' 'a-z_')"
     step "$name" 90 env "TANDEM_GEMV_$sw" "$BIN/gemv_cuda_test" --gtest_output="xml:$OUT/$name.xml"
   done

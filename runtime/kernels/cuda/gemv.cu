@@ -71,8 +71,8 @@ constexpr int kRopeMode = 2;
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// kMinCtas > 0 asks ptxas for registers that fit kMinCtas CTAs per SM (one row of x and two
-// packs per weight row only: the k = 4096 projections).
+// kMinCtas > 0 asks ptxas for registers that fit kMinCtas CTAs per SM (one row of x only; see
+// LaunchConfigured).
 template <int M, int kMode, int kUnroll, bool kNorm, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     GemvKernel(const GemvParams p) {
@@ -280,14 +280,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
   }
 }
 
-// min_ctas < 0: 5 CTAs per SM, as measured on the H200 (bench/RESULTS.md): the gated mode's 63
+// Register caps at one row of x (kMinCtas CTAs per SM): for two packs per weight row (k <= 4096)
+// `min_ctas`, or 5 when negative, as measured on the H200 (bench/RESULTS.md): the gated mode's 63
 // registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6 spills in the
-// gated mode and makes the rope and LM-head GEMVs slower.
+// gated mode and makes the rope and LM-head GEMVs slower. For four packs in the plain mode (the
+// down projection) `min_ctas_long`, or 4 when negative: ptxas may give it 66 registers, which
+// leaves 3 (the gated and rope modes would spill at 4).
 template <int M, int kMode, int kUnroll, bool kNorm>
-cudaError_t LaunchConfigured(const GemvParams& p, int min_ctas, cudaStream_t stream) {
+cudaError_t LaunchConfigured(const GemvParams& p, const GemvTuning& t, cudaStream_t stream) {
   const dim3 grid(CeilDiv(p.n, kRows));
   if constexpr (M == 1 && kUnroll == 2) {
-    switch (min_ctas >= 0 ? min_ctas : 5) {
+    switch (t.min_ctas >= 0 ? t.min_ctas : 5) {
       case 5:
         return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
       case 6:
@@ -296,6 +299,11 @@ cudaError_t LaunchConfigured(const GemvParams& p, int min_ctas, cudaStream_t str
         return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 8>, grid, kThreads, 0, stream, p);
       default:
         break;
+    }
+  }
+  if constexpr (M == 1 && kUnroll == 4 && kMode == kPlain) {
+    if ((t.min_ctas_long >= 0 ? t.min_ctas_long : 4) == 4) {
+      return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 4>, grid, kThreads, 0, stream, p);
     }
   }
   return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 0>, grid, kThreads, 0, stream, p);
@@ -308,11 +316,11 @@ cudaError_t LaunchUnrolled(const GemvParams& p, const GemvTuning& t, cudaStream_
   const int needed = CeilDiv(p.chunks, kThreads);
   const int unroll = needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
   const int chosen = unroll < t.max_unroll ? unroll : t.max_unroll;
-  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, t.min_ctas, stream);
+  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, t, stream);
   if constexpr (M <= 2) {
-    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, t.min_ctas, stream);
+    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, t, stream);
   }
-  return LaunchConfigured<M, kMode, 4, kNorm>(p, t.min_ctas, stream);
+  return LaunchConfigured<M, kMode, 4, kNorm>(p, t, stream);
 }
 
 template <int M>

@@ -30,6 +30,10 @@ GemvTuning GemvTuningFromEnv() {
       const long v = std::strtol(env, nullptr, 10);
       if (v == 0 || v == 5 || v == 6 || v == 8) t.min_ctas = static_cast<int>(v);
     }
+    if (const char* env = std::getenv("TANDEM_GEMV_MIN_CTAS_LONG")) {
+      const long v = std::strtol(env, nullptr, 10);
+      if (v == 0 || v == 4) t.min_ctas_long = static_cast<int>(v);
+    }
     return t;
   }();
   return tuning;

@@ -145,11 +145,28 @@ bool PdlEnabled() {
   return enabled;
 }
 
+namespace {
+
+// TANDEM_DECODE_MIN_SPLIT_TOKENS (read once; a multiple of kDecodeTileTokens in [64, 4096])
+// overrides kDecodeMinSplitTokens for tuning experiments.
+int64_t MinSplitTokens() {
+  static const int64_t tokens = [] {
+    const char* v = std::getenv("TANDEM_DECODE_MIN_SPLIT_TOKENS");
+    const long parsed = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
+    return parsed >= kDecodeTileTokens && parsed <= 4096 && parsed % kDecodeTileTokens == 0
+               ? int64_t{parsed}
+               : int64_t{kDecodeMinSplitTokens};
+  }();
+  return tokens;
+}
+
+}  // namespace
+
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len) {
   DecodeSplitPlan plan;
   const int64_t context = std::max(max_context_len, 1);
   plan.partition_size = static_cast<int>(CeilDiv64(context, kDecodeTileTokens)) * kDecodeTileTokens;
-  const int64_t by_length = CeilDiv64(context, kDecodeMinSplitTokens);
+  const int64_t by_length = CeilDiv64(context, MinSplitTokens());
   const int64_t items = std::max<int64_t>(1, int64_t{num_seqs} * num_heads);
   const int64_t wanted = CeilDiv64(TargetHeadSplits(), items);
   const int64_t splits = std::max<int64_t>(1, std::min(by_length, wanted));
