@@ -113,6 +113,7 @@ prefill_sm90_copy_early *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=0
 prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
 decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
 decode_split_64 *Decode* TANDEM_DECODE_MIN_SPLIT_TOKENS=64
+decode_no_sm_fill *Decode* TANDEM_DECODE_FILL_SMS=0
 VARIANTS
 fi
 # The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_MIN_CTAS).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,20 @@ int64_t TargetHeadSplits() {
 }
 
 cudaStream_t Native(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// SMs of the current device, queried once (the process uses one device type); 0 if unknown.
+int DeviceSmCount() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
+  return sms;
+}
 
 int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -160,16 +175,32 @@ int64_t MinSplitTokens() {
   return tokens;
 }
 
+// TANDEM_DECODE_FILL_SMS=0 (read once) turns off PlanDecodeSplits' raise to one CTA per SM.
+bool FillSms() {
+  static const bool fill = [] {
+    const char* v = std::getenv("TANDEM_DECODE_FILL_SMS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return fill;
+}
+
 }  // namespace
 
-DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len) {
+DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len, int num_kv_heads,
+                                 int num_sms) {
   DecodeSplitPlan plan;
   const int64_t context = std::max(max_context_len, 1);
   plan.partition_size = static_cast<int>(CeilDiv64(context, kDecodeTileTokens)) * kDecodeTileTokens;
   const int64_t by_length = CeilDiv64(context, MinSplitTokens());
   const int64_t items = std::max<int64_t>(1, int64_t{num_seqs} * num_heads);
   const int64_t wanted = CeilDiv64(TargetHeadSplits(), items);
-  const int64_t splits = std::max<int64_t>(1, std::min(by_length, wanted));
+  int64_t splits = std::max<int64_t>(1, std::min(by_length, wanted));
+  if (num_sms > 0 && num_kv_heads > 0 && FillSms()) {
+    const int64_t ctas_per_split = std::max<int64_t>(1, int64_t{num_seqs} * num_kv_heads);
+    const int64_t fill = std::min(
+        {CeilDiv64(num_sms, ctas_per_split), CeilDiv64(context, kDecodeTileTokens), wanted});
+    splits = std::max(splits, fill);
+  }
   if (splits == 1) return plan;
   const int64_t partition =
       CeilDiv64(CeilDiv64(context, splits), kDecodeTileTokens) * kDecodeTileTokens;
@@ -354,8 +385,8 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
     return absl::InvalidArgumentError(
         absl::StrCat("DecodeAttention: max_context_len ", a.max_context_len, " is not > 0"));
   }
-  const internal::DecodeSplitPlan plan =
-      internal::PlanDecodeSplits(a.num_seqs, a.num_heads, a.max_context_len);
+  const internal::DecodeSplitPlan plan = internal::PlanDecodeSplits(
+      a.num_seqs, a.num_heads, a.max_context_len, a.cache->num_kv_heads, DeviceSmCount());
   const size_t need =
       internal::DecodeWorkspaceBytesForPlan(plan, a.num_seqs, a.num_heads, a.cache->head_dim);
   if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {

@@ -64,8 +64,14 @@ struct DecodeSplitPlan {
                            // also takes any tokens beyond num_splits * partition_size
 };
 // Splits = min(ceil(target work items / (num_seqs * num_heads)),
-//              ceil(max_context_len / kDecodeMinSplitTokens)), at least 1.
-DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len);
+//              ceil(max_context_len / kDecodeMinSplitTokens)), at least 1; with num_sms > 0
+// (and num_kv_heads, whose count the CTAs follow) raised, up to the same target and to splits of
+// one tile, to the fewest that give each SM a CTA: ceil(num_sms / (num_seqs * num_kv_heads)).
+// (H200, Llama-3-8B shape, batch 1 at 1K: 16 splits of 64 tokens, 128 CTAs, 4.009 ms against
+// 4.060 with 4 splits of 256; longer contexts and larger batches keep the 256-token floor, which
+// measured faster there: bench/RESULTS.md.)
+DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len,
+                                 int num_kv_heads = 0, int num_sms = 0);
 // Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and
 // (max, sum) pairs [num_seqs, num_heads, num_splits, 2], f32. 0 when num_splits == 1.
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "runtime/kernels/cuda/model_kernels_internal.h"
@@ -219,6 +220,31 @@ TEST(DecodeSplitPlanTest, SplitsOnlyWhenTheBatchCannotFillTheGpu) {
   EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 100000).num_splits, 1);
 }
 
+TEST(DecodeSplitPlanTest, ShortContextsSplitFurtherToGiveEachSmACta) {
+  // Llama-3-8B shape (32 query heads, 8 KV heads) on 132 SMs. Batch 1 at 1K: 16 splits of one
+  // tile (128 CTAs) instead of 4 of 256 tokens.
+  internal::DecodeSplitPlan p = internal::PlanDecodeSplits(1, 32, 1024, 8, 132);
+  EXPECT_EQ(p.num_splits, 16);
+  EXPECT_EQ(p.partition_size, internal::kDecodeTileTokens);
+  // Batch 1 at 8K already has 32 splits (256 CTAs): unchanged.
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 8192, 8, 132).num_splits,
+            internal::PlanDecodeSplits(1, 32, 8192).num_splits);
+  // Batch 8 at 1K: 64 CTAs per split, 4 splits already fill the SMs: unchanged.
+  EXPECT_EQ(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).num_splits,
+            internal::PlanDecodeSplits(8, 32, 1024).num_splits);
+  // Never shorter than a tile, never past the work-item target, no SM count: no raise.
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 300, 8, 132).num_splits, 5);
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeTileTokens, 8, 132).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 1024, 8, 0).num_splits, 4);
+  // Every plan covers the context with whole tiles.
+  for (const int context : {65, 700, 1024, 3000}) {
+    p = internal::PlanDecodeSplits(1, 32, context, 8, 132);
+    EXPECT_EQ(p.partition_size % internal::kDecodeTileTokens, 0) << context;
+    EXPECT_GE(int64_t{p.num_splits} * p.partition_size, context) << context;
+    EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, context) << context;
+  }
+}
+
 TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
   for (const int heads : {8, 32, 64}) {
     for (const int head_dim : {32, 64, 128}) {
@@ -227,9 +253,13 @@ TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
         size_t previous = 0;
         for (int context = 1; context <= 40000; context = context * 3 / 2 + 1) {
           const size_t bound = DecodeAttentionWorkspaceBytes(seqs, heads, head_dim, context);
-          const internal::DecodeSplitPlan plan = internal::PlanDecodeSplits(seqs, heads, context);
-          EXPECT_GE(bound, internal::DecodeWorkspaceBytesForPlan(plan, seqs, heads, head_dim))
-              << "seqs=" << seqs << " heads=" << heads << " context=" << context;
+          for (const int sms : {0, 132, 1000}) {
+            const internal::DecodeSplitPlan plan =
+                internal::PlanDecodeSplits(seqs, heads, context, std::max(1, heads / 8), sms);
+            EXPECT_GE(bound, internal::DecodeWorkspaceBytesForPlan(plan, seqs, heads, head_dim))
+                << "seqs=" << seqs << " heads=" << heads << " context=" << context
+                << " sms=" << sms;
+          }
           EXPECT_GE(bound, previous) << "grows with context";
           previous = bound;
         }
