@@ -281,17 +281,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
 }
 
 // Register caps at one row of x (kMinCtas CTAs per SM): for two packs per weight row (k <= 4096)
-// `min_ctas`, or when negative 6 for short plain GEMVs (n <= 8192: the O projection, 12.1 against
-// 13.1 us at 5 under Nsight) and 5 for the rest, as measured on the H200 (bench/RESULTS.md): the
-// gated mode's 63 registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6
-// spills in the gated mode and makes the rope and LM-head GEMVs slower. For four packs in the plain
-// mode (the down projection) `min_ctas_long`, or 4 when negative: ptxas may give it 66 registers,
-// which leaves 3 (the gated and rope modes would spill at 4).
+// `min_ctas`, or 5 when negative, as measured on the H200 (bench/RESULTS.md): the gated mode's 63
+// registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6 spills in the
+// gated mode and makes the rope and LM-head GEMVs slower. For four packs in the plain mode (the
+// down projection) `min_ctas_long`, or 4 when negative: ptxas may give it 66 registers, which
+// leaves 3 (the gated and rope modes would spill at 4).
 template <int M, int kMode, int kUnroll, bool kNorm>
 cudaError_t LaunchConfigured(const GemvParams& p, const GemvTuning& t, cudaStream_t stream) {
   const dim3 grid(CeilDiv(p.n, kRows));
   if constexpr (M == 1 && kUnroll == 2) {
-    switch (t.min_ctas >= 0 ? t.min_ctas : kMode == kPlain && p.n <= 8192 ? 6 : 5) {
+    switch (t.min_ctas >= 0 ? t.min_ctas : 5) {
       case 5:
         return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
       case 6:

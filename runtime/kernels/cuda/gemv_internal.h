@@ -27,8 +27,7 @@ struct GemvFusion {
 //     TANDEM_GEMV_UNROLL=2 or 8, default 4;
 //   min_ctas: CTAs per SM the registers of the one-row kernels with two packs per weight row
 //     (k <= 4096) must allow (5, 6 or 8; ptxas may spill to meet it), 0 for no cap, or -1 for the
-//     measured choice (5, or 6 for short plain GEMVs; gemv.cu): TANDEM_GEMV_MIN_CTAS=0/5/6/8,
-//     default -1;
+//     measured choice (5, gemv.cu): TANDEM_GEMV_MIN_CTAS=0/5/6/8, default -1;
 //   min_ctas_long: the same for the one-row plain kernels with four packs per weight row
 //     (k <= 8192; the down projection): 4, 0 for no cap, or -1 for the choice of gemv.cu (4):
 //     TANDEM_GEMV_MIN_CTAS_LONG=0/4, default -1.
