@@ -285,11 +285,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
 // registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6 spills in the
 // gated mode and makes the rope and LM-head GEMVs slower. For four packs in the plain mode (the
 // down projection) `min_ctas_long`, or 4 when negative: ptxas may give it 66 registers, which
-// leaves 3 (the gated and rope modes would spill at 4).
+// leaves 3 (the gated and rope modes would spill at 4). The RMSNorm-fused kernels stay uncapped
+// (capped, they spill: 5.06 against 4.06 ms per batch-1 step in call 4 of bench/RESULTS.md).
 template <int M, int kMode, int kUnroll, bool kNorm>
 cudaError_t LaunchConfigured(const GemvParams& p, const GemvTuning& t, cudaStream_t stream) {
   const dim3 grid(CeilDiv(p.n, kRows));
-  if constexpr (M == 1 && kUnroll == 2) {
+  if constexpr (M == 1 && kUnroll == 2 && !kNorm) {
     switch (t.min_ctas >= 0 ? t.min_ctas : 5) {
       case 5:
         return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
@@ -301,7 +302,7 @@ cudaError_t LaunchConfigured(const GemvParams& p, const GemvTuning& t, cudaStrea
         break;
     }
   }
-  if constexpr (M == 1 && kUnroll == 4 && kMode == kPlain) {
+  if constexpr (M == 1 && kUnroll == 4 && kMode == kPlain && !kNorm) {
     if ((t.min_ctas_long >= 0 ? t.min_ctas_long : 4) == 4) {
       return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 4>, grid, kThreads, 0, stream, p);
     }
