@@ -4,9 +4,11 @@
 //     across all its threads: thread i streams 16-byte packs i, i + 256, ... of each of its rows
 //     (kUnroll packs per row in flight, evict-first: weights are read once per step), so even a
 //     4096-row matrix makes 2048 small CTAs that fill every SM several times over. kUnroll is
-//     picked per shape (the packs a thread needs, rounded up to 2, 4 or 8): the k = 4096
-//     projections hold only the registers they use, and the down projection (k = 14336, 7 packs
-//     per thread) has all its loads in flight at once instead of in two dependent rounds;
+//     picked per shape (the packs a thread needs, rounded up to 2, 4 or 8, at most 4 by
+//     default), so the k = 4096 projections hold only the registers they use, and at one row of
+//     x the registers are capped so that 5 CTAs fit on an SM (4 for the down projection): on the
+//     H200 more resident CTAs beat more loads per thread (all 7 of the down projection's at once
+//     was slower than two rounds of 4, and so were CTAs looping over several feature pairs);
 //   - the first batch of weight loads is issued BEFORE PdlWait(): with programmatic dependent
 //     launch the weights stream while the previous kernel (which produced x) is finishing; so are
 //     the other inputs no kernel of the step writes (bias, RMSNorm weights, the RoPE angle and KV
