@@ -39,6 +39,16 @@ struct Shape {
   int n, k;
 };
 
+// A random [n, k] weight matrix at the 1 / sqrt(k) scale of a trained projection.
+std::vector<uint16_t> RandomWeights(const Shape& s, FastRng& rng) {
+  return RandomBf16(static_cast<size_t>(s.n) * s.k, 1.0f / std::sqrt(static_cast<float>(s.k)), rng);
+}
+
+// kGemvMaxRows random rows of `width` values at `scale`.
+std::vector<uint16_t> RandomRows(int width, float scale, FastRng& rng) {
+  return RandomBf16(static_cast<size_t>(cuda::kGemvMaxRows) * width, scale, rng);
+}
+
 class GemvCudaTest : public CudaKernelTest {
  protected:
   void CheckGated(const Shape& s, int m, const std::vector<float>& xf, const std::vector<float>& wf,
@@ -107,10 +117,8 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
        {Shape{96, 256}, Shape{98, 192}, Shape{6144, 4096}, Shape{4096, 4096}, Shape{4096, 14336},
         Shape{28672, 4096}, Shape{128256, 4096}, Shape{64, 36864}}) {
     FastRng rng(s.n * 7 + s.k);
-    const std::vector<uint16_t> w =
-        RandomBf16(static_cast<size_t>(s.n) * s.k, 1.0f / std::sqrt(static_cast<float>(s.k)), rng);
-    const std::vector<uint16_t> x =
-        RandomBf16(static_cast<size_t>(cuda::kGemvMaxRows) * s.k, 1.0f, rng);
+    const std::vector<uint16_t> w = RandomWeights(s, rng);
+    const std::vector<uint16_t> x = RandomRows(s.k, 1.0f, rng);
     const std::vector<uint16_t> bias = RandomBf16(s.n, 1.0f, rng);
     std::vector<float> wf(w.size()), xf(x.size());
     for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16ToFloat(w[i]);
@@ -200,14 +208,11 @@ TEST_F(GemvCudaTest, FusionsMatchCpuReference) {
   constexpr float kEps = 1e-5f;
   for (const Shape& s : {Shape{98, 192}, Shape{6144, 4096}, Shape{4096, 14336}, Shape{512, 3000}}) {
     FastRng rng(s.n * 11 + s.k);
-    const std::vector<uint16_t> w =
-        RandomBf16(static_cast<size_t>(s.n) * s.k, 1.0f / std::sqrt(static_cast<float>(s.k)), rng);
-    const std::vector<uint16_t> x =
-        RandomBf16(static_cast<size_t>(cuda::kGemvMaxRows) * s.k, 24.0f, rng);
+    const std::vector<uint16_t> w = RandomWeights(s, rng);
+    const std::vector<uint16_t> x = RandomRows(s.k, 24.0f, rng);
     const std::vector<uint16_t> g = RandomBf16(s.k, 1.0f, rng);
     const std::vector<uint16_t> bias = RandomBf16(s.n, 1.0f, rng);
-    const std::vector<uint16_t> residual =
-        RandomBf16(static_cast<size_t>(cuda::kGemvMaxRows) * s.n, 2.0f, rng);
+    const std::vector<uint16_t> residual = RandomRows(s.n, 2.0f, rng);
     const DeviceBuffer d_w = Upload(w), d_x = Upload(x), d_g = Upload(g), d_bias = Upload(bias);
     const std::vector<int> rows = RowsToCheck(s.n, 512);
     for (const int m : {1, 2, 3, 8}) {
@@ -225,19 +230,18 @@ TEST_F(GemvCudaTest, FusionsMatchCpuReference) {
         const DeviceBuffer d_out =
             add ? Upload(std::vector<uint16_t>(residual.begin(), residual.begin() + out_elems))
                 : PoisonedOutput(out_elems, /*f32=*/false);
-        cuda::GemvArgs a;
-        a.x = d_x.data;
-        a.w = d_w.data;
-        a.bias = with_bias ? d_bias.data : nullptr;
-        a.out = d_out.data;
-        a.gated_silu = gated;
-        a.m = m;
-        a.n = n_out;
-        a.k = s.k;
-        a.norm_weight = norm ? d_g.data : nullptr;
-        a.norm_eps = kEps;
-        a.add_to_out = add;
-        const absl::Status st = cuda::LaunchGemv(a, stream());
+        const absl::Status st = cuda::LaunchGemv({.x = d_x.data,
+                                                  .w = d_w.data,
+                                                  .bias = with_bias ? d_bias.data : nullptr,
+                                                  .out = d_out.data,
+                                                  .gated_silu = gated,
+                                                  .m = m,
+                                                  .n = n_out,
+                                                  .k = s.k,
+                                                  .norm_weight = norm ? d_g.data : nullptr,
+                                                  .norm_eps = kEps,
+                                                  .add_to_out = add},
+                                                 stream());
         ASSERT_TRUE(st.ok()) << what << ": " << st;
         const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
         int64_t bad = 0;

@@ -768,18 +768,17 @@ class Runner final : public CudaModelRunner {
     // The GEMV with the RMSNorm folded in (norm_weight) or the residual epilogue (add_to_out).
     auto gemv = [&](const void* x, const void* w, int k, int n, void* out, bool gated,
                     const void* norm_weight, bool add_to_out) {
-      cuda::GemvArgs a;
-      a.x = x;
-      a.w = w;
-      a.out = out;
-      a.gated_silu = gated;
-      a.m = T;
-      a.n = n;
-      a.k = k;
-      a.norm_weight = norm_weight;
-      a.norm_eps = c.rms_norm_eps;
-      a.add_to_out = add_to_out;
-      return cuda::LaunchGemv(a, s);
+      return cuda::LaunchGemv({.x = x,
+                               .w = w,
+                               .out = out,
+                               .gated_silu = gated,
+                               .m = T,
+                               .n = n,
+                               .k = k,
+                               .norm_weight = norm_weight,
+                               .norm_eps = c.rms_norm_eps,
+                               .add_to_out = add_to_out},
+                              s);
     };
     const bool fuse_norm = NormFusesIntoGemvs(T);
 
