@@ -123,11 +123,14 @@ if [[ -x "$BIN/gemv_cuda_test" ]]; then
     step "$name" 90 env "TANDEM_GEMV_$sw" "$BIN/gemv_cuda_test" --gtest_output="xml:$OUT/$name.xml"
   done
 fi
-# The runner again with RoPE and the KV append as their own kernel (fused by default), and with
-# the single-token RMSNorms folded into the GEMVs (their own kernels by default).
+# The runner again with RoPE and the KV append as their own kernel (fused by default), with
+# the single-token RMSNorms folded into the GEMVs (their own kernels by default), and with the
+# GEMM autotuning's wider search (split-K variants of 32 candidates).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  for sw in TANDEM_FUSE_QKV_ROPE=0:unfused_qkv_rope TANDEM_FUSE_NORM_GEMV=1:fused_norm; do
-    step "cuda_model_runner_test_${sw#*:}" 200 env "${sw%%:*}" "$BIN/cuda_model_runner_test" \
+  for sw in TANDEM_FUSE_QKV_ROPE=0:unfused_qkv_rope TANDEM_FUSE_NORM_GEMV=1:fused_norm \
+      TANDEM_GEMM_AUTOTUNE_SPLITK=1,TANDEM_GEMM_AUTOTUNE_CANDIDATES=32:gemm_splitk; do
+    IFS=',' read -r -a envs <<< "${sw%%:*}"
+    step "cuda_model_runner_test_${sw#*:}" 200 env "${envs[@]}" "$BIN/cuda_model_runner_test" \
       --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
       --gtest_output="xml:$OUT/cuda_model_runner_test_${sw#*:}.xml"
   done

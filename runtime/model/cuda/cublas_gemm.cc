@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/base/logging.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
@@ -63,9 +65,14 @@ using Key = std::tuple<int, int, int, bool, int>;  // m, k, n, bias, out type
 
 // Shapes cached at most; prefill token counts vary, so the cache is flushed when it fills.
 constexpr size_t kMaxPlans = 2048;
-// Autotuning: candidates asked of the heuristic, and which row counts are timed (decode buckets,
-// and chunk-sized prefills; other prefill sizes vary too much to time every new one).
+// Autotuning: candidates asked of the heuristic by default (TANDEM_GEMM_AUTOTUNE_CANDIDATES sets
+// 1-128), and which row counts are timed (decode buckets, and chunk-sized prefills; other prefill
+// sizes vary too much to time every new one).
 constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneMaxCandidates = 128;
+// Split-K counts tried on top of each candidate that supports split-K and has none
+// (TANDEM_GEMM_AUTOTUNE_SPLITK=1).
+constexpr int kSplitKCounts[] = {2, 3, 4, 6, 8};
 constexpr int kAutotuneMaxRows = 256;
 // Prefill chunks of a whole number of these rows (the scheduler's token budgets: 512, 2048, 8192,
 // ...) recur too, so they are timed as well (once per shape, a few hundred ms for the largest).
@@ -107,6 +114,32 @@ absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>& TunedAlgos() {
   return *algos;
 }
 
+template <typename T>
+T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return v;
+}
+
+// "id/tile/stages/splitK/reduction/cluster" of an algorithm, for the autotuning log.
+std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
+  return absl::StrCat(AlgoConfig<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID), "/tile",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID), "/stages",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), "/splitk",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), "/red",
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                      "/cluster", AlgoConfig<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
+bool EnvFlag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 }  // namespace
 
 struct CublasLtGemm::Impl {
@@ -115,6 +148,9 @@ struct CublasLtGemm::Impl {
   size_t workspace_bytes = 0;
   bool gemv_enabled = true;
   bool autotune = true;
+  int autotune_candidates = kAutotuneCandidates;  // asked of the heuristic
+  bool autotune_splitk = false;                    // also time split-K variants
+  bool autotune_log = false;                       // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
   // Skinny GEMM (TANDEM_SKINNY_GEMM=1): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
@@ -148,8 +184,9 @@ struct CublasLtGemm::Impl {
     Plan p;
     std::vector<cublasLtMatmulHeuristicResult_t> candidates;
     absl::Status s = Build(m, k, n, bias != nullptr, out_type, &p, &candidates);
-    if (s.ok() && autotune && WorthTuning(m) && candidates.size() > 1) {
-      s = Autotune(key, p, candidates, x, w, bias, out, stream);
+    if (s.ok() && autotune && WorthTuning(m)) {
+      if (autotune_splitk) AddSplitKVariants(p, &candidates);
+      if (candidates.size() > 1) s = Autotune(key, p, candidates, x, w, bias, out, stream);
     }
     if (!s.ok()) {
       p.Destroy();
@@ -206,7 +243,8 @@ struct CublasLtGemm::Impl {
       return absl::OkStatus();  // keep the heuristic's choice
     }
     const float alpha = 1.0f, beta = 0.0f;
-    float best_ms = 0.0f;
+    float best_ms = 0.0f, first_ms = 0.0f;
+    int timed = 0;
     for (const cublasLtMatmulHeuristicResult_t& c : candidates) {
       // Each timed run starts with the L2 cache flushed (a 128 MiB memset, larger than any L2),
       // as in a decode step, where every layer's weights come from HBM; the best of kRuns counts.
@@ -230,6 +268,7 @@ struct CublasLtGemm::Impl {
         cudaGetLastError();  // a candidate that fails to run is skipped
         continue;
       }
+      if (timed++ == 0) first_ms = ms;
       if (best_ms == 0.0f || ms < best_ms) {
         best_ms = ms;
         p.algo = c.algo;
@@ -241,7 +280,63 @@ struct CublasLtGemm::Impl {
       absl::MutexLock lock(&TunedMutex());
       p.algo = TunedAlgos().emplace(tuned_key, p.algo).first->second;  // first writer wins
     }
+    if (autotune_log && best_ms > 0.0f) {
+      const auto [m, k, n, has_bias, out_type] = key;
+      const double bytes = 2.0 * (double{1} * n * k + double{1} * m * k) +
+                           (out_type == static_cast<int>(GemmOut::kBf16) ? 2.0 : 4.0) * m * n;
+      LOG(INFO) << "GEMM autotune m=" << m << " k=" << k << " n=" << n << ": " << timed << " of "
+                << candidates.size() << " candidates ran; best " << best_ms * 1e3 << " us ("
+                << bytes / (best_ms * 1e-3) / 1e12 << " TB/s, " << DescribeAlgo(p.algo)
+                << "), heuristic's first " << first_ms * 1e3 << " us";
+    }
     return absl::OkStatus();
+  }
+
+  // Appends split-K variants of every candidate that supports split-K and has none: each count of
+  // kSplitKCounts with a reduction in a workspace (float32 or output type; never in place, so the
+  // result stays deterministic) that cuBLASLt accepts for the shape within our workspace.
+  void AddSplitKVariants(const Plan& p, std::vector<cublasLtMatmulHeuristicResult_t>* candidates) {
+    const size_t base_count = candidates->size();
+    for (size_t i = 0; i < base_count; ++i) {
+      const cublasLtMatmulAlgo_t base = (*candidates)[i].algo;
+      int32_t splitk_support = 0;
+      uint32_t schemes = 0;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                                            &splitk_support, sizeof(splitk_support),
+                                            &written) != CUBLAS_STATUS_SUCCESS ||
+          splitk_support == 0 ||
+          cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                            &schemes, sizeof(schemes),
+                                            &written) != CUBLAS_STATUS_SUCCESS ||
+          AlgoConfig<uint32_t>(base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) {
+        continue;
+      }
+      uint32_t scheme = 0;
+      for (const uint32_t s : {uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
+                               uint32_t{CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}}) {
+        if ((schemes & s) != 0) {
+          scheme = s;
+          break;
+        }
+      }
+      if (scheme == 0) continue;
+      for (const uint32_t splits : kSplitKCounts) {
+        cublasLtMatmulHeuristicResult_t v{};
+        v.algo = base;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&v.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&v.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme,
+                                                 sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &v.algo, &v) !=
+                CUBLAS_STATUS_SUCCESS ||
+            v.workspaceSize > workspace_bytes) {
+          continue;
+        }
+        candidates->push_back(v);
+      }
+    }
   }
 
   // Row-major out[m, n] = x[m, k] w[n, k]^T, seen column-major: C = out as [n, m] (ld n) =
@@ -278,11 +373,11 @@ struct CublasLtGemm::Impl {
     const uint64_t ws = workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
-    candidates->assign(kAutotuneCandidates, cublasLtMatmulHeuristicResult_t{});
+    candidates->assign(autotune_candidates, cublasLtMatmulHeuristicResult_t{});
     int found = 0;
     const cublasStatus_t s =
         cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref,
-                                       kAutotuneCandidates, candidates->data(), &found);
+                                       autotune_candidates, candidates->data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     RETURN_IF_CUBLAS(s, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) {
@@ -308,6 +403,17 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   impl->gemv_enabled = disable == nullptr || std::strcmp(disable, "1") != 0;
   const char* no_tune = std::getenv("TANDEM_DISABLE_GEMM_AUTOTUNE");
   impl->autotune = no_tune == nullptr || std::strcmp(no_tune, "1") != 0;
+  if (const char* count = std::getenv("TANDEM_GEMM_AUTOTUNE_CANDIDATES")) {
+    const int v = std::atoi(count);
+    if (v < 1 || v > kAutotuneMaxCandidates) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_GEMM_AUTOTUNE_CANDIDATES must be in [1, ", kAutotuneMaxCandidates,
+                       "], got \"", count, "\""));
+    }
+    impl->autotune_candidates = v;
+  }
+  impl->autotune_splitk = EnvFlag("TANDEM_GEMM_AUTOTUNE_SPLITK");
+  impl->autotune_log = EnvFlag("TANDEM_GEMM_AUTOTUNE_LOG");
   const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
   if (skinny != nullptr && std::strcmp(skinny, "1") == 0) {
     int device = 0;

@@ -20,7 +20,11 @@
 // (a few synchronous GEMMs, once per shape and device in the process: every instance then uses
 // that choice, so two runners of one process compute identical GEMMs), and keeps the fastest;
 // other shapes take the heuristic's first choice.
-// TANDEM_DISABLE_GEMM_AUTOTUNE=1, read at Create, turns the timing off.
+// TANDEM_DISABLE_GEMM_AUTOTUNE=1, read at Create, turns the timing off;
+// TANDEM_GEMM_AUTOTUNE_CANDIDATES=N (1-128; anything else fails Create) asks the heuristic for N
+// candidates instead of 8; TANDEM_GEMM_AUTOTUNE_SPLITK=1 also times split-K variants (2-8 splits,
+// reduced in the workspace, never in place) of the candidates that have none;
+// TANDEM_GEMM_AUTOTUNE_LOG=1 logs each tuned shape's choice, its time and bandwidth.
 //
 // Ownership: the object owns its cuBLASLt handle and a cache of matmul descriptors and algorithms
 // per shape; the workspace is caller-owned device memory that must outlive the object. Every
