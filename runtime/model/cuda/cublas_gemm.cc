@@ -131,8 +131,8 @@ std::string DescribeAlgo(const cublasLtMatmulAlgo_t& algo) {
                       AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID), "/stages",
                       AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), "/splitk",
                       AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), "/red",
-                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-                      "/cluster", AlgoConfig<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+                      AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), "/cluster",
+                      AlgoConfig<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
 }
 
 bool EnvFlag(const char* name) {
@@ -149,8 +149,8 @@ struct CublasLtGemm::Impl {
   bool gemv_enabled = true;
   bool autotune = true;
   int autotune_candidates = kAutotuneCandidates;  // asked of the heuristic
-  bool autotune_splitk = false;                    // also time split-K variants
-  bool autotune_log = false;                       // log each tuned shape's choice
+  bool autotune_splitk = false;                   // also time split-K variants
+  bool autotune_log = false;                      // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
   // Skinny GEMM (TANDEM_SKINNY_GEMM=1): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
