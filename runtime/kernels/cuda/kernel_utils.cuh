@@ -167,6 +167,23 @@ cudaError_t OptInDynamicSharedMemory(Kernel kernel, size_t bytes,
   return e;
 }
 
+// Whether the current device has compute capability 9.0, where the sm_90a (wgmma) kernels run
+// (their code runs on no other device); cached per device.
+inline bool CurrentDeviceIsSm90() {
+  static std::atomic<uint64_t> known{0}, hopper{0};  // bit d: device d checked / is 9.0
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
+  const uint64_t bit = uint64_t{1} << device;
+  if ((known.load(std::memory_order_acquire) & bit) == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (major == 9 && minor == 0) hopper.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_release);
+  }
+  return (hopper.load(std::memory_order_relaxed) & bit) != 0;
+}
+
 inline bool IsAligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 inline unsigned CeilDiv(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -488,28 +488,15 @@ cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t str
 }
 
 // Whether head_dim-128 launches take the wgmma kernel (prefill_attention_sm90.cu):
-// the current device has compute capability 9.0 (its sm_90a code runs nowhere else; cached per
-// device) and TANDEM_PREFILL_ATTN_SM90=0 (read once) does not turn it off. H200, Llama-3-8B
-// shape: prefill 8K 234.7-242.3 ms against 244.8-252.0 with the mma.sync kernel
-// (bench/RESULTS.md).
+// the current device has compute capability 9.0 (its sm_90a code runs nowhere else) and
+// TANDEM_PREFILL_ATTN_SM90=0 (read once) does not turn it off. H200, Llama-3-8B shape: prefill 8K
+// 234.7-242.3 ms against 244.8-252.0 with the mma.sync kernel (bench/RESULTS.md).
 bool UseSm90Kernel() {
   static const bool requested = [] {
     const char* env = std::getenv("TANDEM_PREFILL_ATTN_SM90");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
-  if (!requested) return false;
-  static std::atomic<uint64_t> known{0}, hopper{0};  // bit d: device d checked / is 9.0
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
-  const uint64_t bit = uint64_t{1} << device;
-  if ((known.load(std::memory_order_acquire) & bit) == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (major == 9 && minor == 0) hopper.fetch_or(bit, std::memory_order_relaxed);
-    known.fetch_or(bit, std::memory_order_release);
-  }
-  return (hopper.load(std::memory_order_relaxed) & bit) != 0;
+  return requested && CurrentDeviceIsSm90();
 }
 
 }  // namespace

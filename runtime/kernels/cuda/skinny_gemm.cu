@@ -21,29 +21,24 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/skinny_gemm_internal.h"
 #include "runtime/kernels/cuda/skinny_gemm_layout.h"
+#include "runtime/kernels/cuda/skinny_gemm_tile.cuh"
 
 namespace tandem::cuda::internal {
 namespace {
 
-// Every index below comes from skinny_gemm_layout.h, which the host emulation test shares.
-namespace sl = ::tandem::cuda::skinny_layout;
+// Every index below comes from skinny_gemm_layout.h (as skinny_tile::sl), which the host
+// emulation test shares.
+using namespace skinny_tile;  // NOLINT: the shared tile pieces (skinny_gemm_tile.cuh)
 
-constexpr int kThreads = sl::kThreads;
-constexpr int kRows = sl::kRows;  // 64 weight rows per CTA
-constexpr int kBk = sl::kBk;      // 64 k per stage
 constexpr int kStages = 4;
 constexpr int kPrefetch = kStages - 1;
-constexpr int kRowBytes = sl::kRowBytes;
-constexpr int kWStageBytes = kRows * kRowBytes;
-
-static_assert(kRows == kSkinnyTileRows && kBk == kSkinnyKStepDevice, "one tile geometry");
-
-__device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
 template <int kM16>
 __host__ __device__ constexpr int StageBytes() {
@@ -55,22 +50,13 @@ __host__ __device__ constexpr int SmemBytes() {
   return kStages * StageBytes<kM16>();
 }
 
-// Output modes: plain, gated (SiLU-and-multiply), rope (the QKV projection with RoPE and the KV
-// append in the epilogue).
-constexpr int kPlain = 0;
-constexpr int kGatedMode = 1;
-constexpr int kRopeMode = 2;
-
 template <int kM16, int kMode>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw p) {
-  constexpr bool kGated = kMode == kGatedMode;
-  constexpr bool kRope = kMode == kRopeMode;
   constexpr int kMp = 16 * kM16;  // activation rows, padded (MMA columns)
   constexpr int kStageBytes = StageBytes<kM16>();
   constexpr int kLd = kMp + 1;  // float stride of the reduction tile (odd: no conflicts)
   static_assert(kRows * kLd * 4 <= SmemBytes<kM16>(), "reduction tile must fit the pipeline");
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ bool s_last;
   PdlLaunchDependents();
 
   const int tid = threadIdx.x;
@@ -78,43 +64,10 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   const int warp = tid / kWarpSize;
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
-  const int k0 = split * p.k_per_split;
-  const int num_steps = p.k_per_split / kBk;
-  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
-
-  // This thread's cp.async slots: chunk LoadChunk(tid) of tile rows LoadRow(tid, i).
-  const int chunk = sl::LoadChunk(tid);
-  const __nv_bfloat16* w_src[sl::kWLoadsPerThread];
-  bool w_valid[sl::kWLoadsPerThread];
-#pragma unroll
-  for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
-    const int row = kRope ? sl::RopeWeightRow(tile, sl::LoadRow(tid, i), p.n, p.rope_head_dim)
-                          : sl::WeightRow(tile, sl::LoadRow(tid, i), p.n, kGated);
-    w_valid[i] = row >= 0;
-    w_src[i] = w + static_cast<size_t>(w_valid[i] ? row : 0) * p.k + k0 + chunk * 8;
-  }
-  auto load_w = [&](int step) {
-    if (step >= num_steps) return;
-    unsigned char* base = smem + (step % kStages) * kStageBytes;
-#pragma unroll
-    for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
-      CpAsyncCg16(base + sl::Swizzle(sl::LoadRow(tid, i), chunk), w_src[i] + step * kBk,
-                  w_valid[i]);
-    }
-  };
-  auto load_x = [&](int step) {
-    if (step >= num_steps) return;
-    unsigned char* base = smem + (step % kStages) * kStageBytes + kWStageBytes;
-#pragma unroll
-    for (int i = 0; i < kM16; ++i) {
-      const int r = sl::LoadRow(tid, i);
-      const bool valid = r < p.m;
-      CpAsyncCg16(base + sl::Swizzle(r, chunk),
-                  x + static_cast<size_t>(valid ? r : 0) * p.k + k0 + step * kBk + chunk * 8,
-                  valid);
-    }
-  };
+  const SkinnyLoader<kM16, kMode> loader(p, tile, split, tid);
+  const int num_steps = loader.num_steps;
+  auto load_w = [&](int step) { loader.LoadW(smem + (step % kStages) * kStageBytes, step); };
+  auto load_x = [&](int step) { loader.LoadX(smem + (step % kStages) * kStageBytes, step); };
 
   // Prologue: kPrefetch groups; the last one also carries the activations of every prologue
   // stage, which may only be read after the previous kernel has finished.
@@ -197,107 +150,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
   if (wk == 0) for_each_acc([](float& slot, float v) { slot = v + slot; });
   __syncthreads();
 
-  if (p.splits > 1) {
-    constexpr int kTileFloats = kRows * kMp;
-    float* mine = p.partials + (static_cast<size_t>(split) * gridDim.x + tile) * kTileFloats;
-    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
-      mine[idx] = red[(idx / kMp) * kLd + idx % kMp];
-    }
-    __threadfence();  // this CTA's partial is visible device-wide before it is counted
-    __syncthreads();
-    if (tid == 0) {
-      const unsigned arrived = atomicAdd(p.counters + tile, 1u);
-      s_last = arrived == static_cast<unsigned>(p.splits - 1);
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
-      float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) {
-        sum += __ldcg(p.partials + (static_cast<size_t>(s) * gridDim.x + tile) * kTileFloats + idx);
-      }
-      red[(idx / kMp) * kLd + idx % kMp] = sum;
-    }
-    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (which waits for this grid)
-    __syncthreads();
-  }
-
-  // Epilogue: consecutive threads take consecutive output features of one activation row.
-  if constexpr (kRope) {
-    // Pair r of this tile, token `row`: both projections rounded to bf16 as the plain mode writes
-    // them, then the exact rotation arithmetic of the RoPE + KV append kernel (bit-identical to
-    // the plain GEMM followed by it).
-    constexpr int kHalfTile = sl::FeaturesPerTile(true);
-    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
-    const int half = p.rope_head_dim / 2;
-    const int rotated = p.rope_num_heads + p.rope_num_kv_heads;
-    const int out_n = 2 * p.n;
-    for (int idx = tid; idx < p.m * kHalfTile; idx += kThreads) {
-      const int row = idx / kHalfTile;
-      const int r = idx % kHalfTile;
-      const int pair = tile * kHalfTile + r;
-      if (pair >= p.n) continue;
-      const int head = pair / half;
-      const int i = pair % half;
-      const int f0 = head * p.rope_head_dim + i;
-      float y0 = red[r * kLd + row];
-      float y1 = red[(kHalfTile + r) * kLd + row];
-      if (bias != nullptr) {
-        y0 += __bfloat162float(bias[f0]);
-        y1 += __bfloat162float(bias[f0 + half]);
-      }
-      __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
-      __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
-      if (head < rotated) {
-        RopeRotateBf16(z0, z1, static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
-      }
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(row) * out_n;
-      out[f0] = z0;
-      out[f0 + half] = z1;
-      const int slot = p.rope_slots[row];
-      if (slot >= 0 && head >= p.rope_num_heads) {
-        const bool is_k = head < rotated;
-        __nv_bfloat16* dst =
-            static_cast<__nv_bfloat16*>(is_k ? p.rope_k_layer : p.rope_v_layer) +
-            static_cast<size_t>(slot) * p.rope_num_kv_heads * p.rope_head_dim +
-            static_cast<size_t>(head - (is_k ? p.rope_num_heads : rotated)) * p.rope_head_dim + i;
-        dst[0] = z0;
-        dst[half] = z1;
-      }
-    }
-  } else if constexpr (kGated) {
-    constexpr int kHalf = sl::FeaturesPerTile(true);
-    for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
-      const int row = idx / kHalf;
-      const int r = idx % kHalf;
-      const int j = tile * kHalf + r;
-      if (j >= p.n) continue;
-      const float y = Silu(red[r * kLd + row]) * red[(kHalf + r) * kLd + row];
-      const size_t at = static_cast<size_t>(row) * p.n + j;
-      if (p.out_f32) {
-        static_cast<float*>(p.out)[at] = y;
-      } else {
-        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-      }
-    }
-  } else {
-    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
-    for (int idx = tid; idx < p.m * kRows; idx += kThreads) {
-      const int row = idx / kRows;
-      const int r = idx % kRows;
-      const int feature = tile * kRows + r;
-      if (feature >= p.n) continue;
-      float y = red[r * kLd + row];
-      if (bias != nullptr) y += __bfloat162float(bias[feature]);
-      const size_t at = static_cast<size_t>(row) * p.n + feature;
-      if (p.out_f32) {
-        static_cast<float*>(p.out)[at] = y;
-      } else {
-        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-      }
-    }
-  }
+  FinishSkinnyTile<16 * kM16, kMode>(p, red, kLd, tile, split, tid);
 }
 
 template <int kM16, int kMode>
@@ -331,9 +184,20 @@ cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   }
 }
 
+// Whether launches take the wgmma kernel (skinny_gemm_sm90.cu): the device has compute capability
+// 9.0 and TANDEM_SKINNY_WGMMA=0 (read once) does not turn it off.
+bool UseSm90Kernel() {
+  static const bool requested = [] {
+    const char* env = std::getenv("TANDEM_SKINNY_WGMMA");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return requested && CurrentDeviceIsSm90();
+}
+
 }  // namespace
 
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  if (UseSm90Kernel()) return LaunchSkinnyGemmSm90Raw(p, stream);
   if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
   return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
 }
