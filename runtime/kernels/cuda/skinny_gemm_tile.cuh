@@ -96,10 +96,21 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
   constexpr bool kRope = kMode == kRopeMode;
   __shared__ bool s_last;
   if (p.splits > 1) {
+    // Partials as float4s: thread tid takes vectors v * kThreads + tid (4 consecutive activation
+    // rows of one weight row; kMp is a multiple of 16).
     constexpr int kTileFloats = kRows * kMp;
-    float* mine = p.partials + (static_cast<size_t>(split) * gridDim.x + tile) * kTileFloats;
-    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
-      mine[idx] = red[(idx / kMp) * kLd + idx % kMp];
+    constexpr int kVecs = kTileFloats / 4 / kThreads;
+    static_assert(kVecs * 4 * kThreads == kTileFloats, "whole float4s per thread");
+    auto red_at = [&](int v) { return red + (4 * v / kMp) * kLd + 4 * v % kMp; };
+    const float4* partials = reinterpret_cast<const float4*>(p.partials);
+    auto partial = [&](int s) {
+      return (static_cast<size_t>(s) * gridDim.x + tile) * (kTileFloats / 4);
+    };
+    float4* mine = reinterpret_cast<float4*>(p.partials) + partial(split);
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const float* src = red_at(i * kThreads + tid);
+      mine[i * kThreads + tid] = make_float4(src[0], src[1], src[2], src[3]);
     }
     __threadfence();  // this CTA's partial is visible device-wide before it is counted
     __syncthreads();
@@ -110,12 +121,46 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    for (int idx = tid; idx < kTileFloats; idx += kThreads) {
-      float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) {
-        sum += __ldcg(p.partials + (static_cast<size_t>(s) * gridDim.x + tile) * kTileFloats + idx);
+    // The sum in split order, with the loads of a batch of kBatch vectors times up to 4 splits
+    // in flight at once (the loop is latency-bound: one L2 round trip per batch of splits).
+    constexpr int kBatch = kVecs % 4 == 0 ? 4 : 2;
+    static_assert(kVecs % kBatch == 0, "whole batches");
+#pragma unroll
+    for (int i0 = 0; i0 < kVecs; i0 += kBatch) {
+      float4 sum[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) sum[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int s0 = 0; s0 < p.splits; s0 += 4) {
+        float4 got[4][kBatch];
+#pragma unroll
+        for (int ds = 0; ds < 4; ++ds) {
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            got[ds][j] = s0 + ds < p.splits
+                             ? __ldcg(partials + partial(s0 + ds) + (i0 + j) * kThreads + tid)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        }
+#pragma unroll
+        for (int ds = 0; ds < 4; ++ds) {
+          if (s0 + ds >= p.splits) break;
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            sum[j].x += got[ds][j].x;
+            sum[j].y += got[ds][j].y;
+            sum[j].z += got[ds][j].z;
+            sum[j].w += got[ds][j].w;
+          }
+        }
       }
-      red[(idx / kMp) * kLd + idx % kMp] = sum;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        float* dst = red_at((i0 + j) * kThreads + tid);
+        dst[0] = sum[j].x;
+        dst[1] = sum[j].y;
+        dst[2] = sum[j].z;
+        dst[3] = sum[j].w;
+      }
     }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (which waits for this grid)
     __syncthreads();
@@ -131,6 +176,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     const int half = p.rope_head_dim / 2;
     const int rotated = p.rope_num_heads + p.rope_num_kv_heads;
     const int out_n = 2 * p.n;
+#pragma unroll 4  // the iterations' metadata loads overlap
     for (int idx = tid; idx < p.m * kHalfTile; idx += kThreads) {
       const int row = idx / kHalfTile;
       const int r = idx % kHalfTile;
@@ -166,6 +212,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     }
   } else if constexpr (kGated) {
     constexpr int kHalf = sl::FeaturesPerTile(true);
+#pragma unroll 4
     for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
       const int row = idx / kHalf;
       const int r = idx % kHalf;
@@ -181,6 +228,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     }
   } else {
     const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+#pragma unroll 4
     for (int idx = tid; idx < p.m * kRows; idx += kThreads) {
       const int row = idx / kRows;
       const int r = idx % kRows;
