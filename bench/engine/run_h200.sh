@@ -117,15 +117,10 @@ decode_no_sm_fill *Decode* TANDEM_DECODE_FILL_SMS=0
 VARIANTS
 fi
 # The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_MIN_CTAS).
-# The skinny GEMM with its mma.sync kernel (the H200 takes the wgmma one by default), and the
-# wgmma kernel with two tiles per CTA at every row count and at none (default: from 33 rows).
+# The skinny GEMM with its mma.sync kernel (the H200 takes the wgmma one by default).
 if [[ -x "$BIN/skinny_gemm_cuda_test" ]]; then
   step skinny_gemm_cuda_test_mma_sync 120 env TANDEM_SKINNY_WGMMA=0 "$BIN/skinny_gemm_cuda_test" \
     --gtest_output="xml:$OUT/skinny_gemm_cuda_test_mma_sync.xml"
-  for rows in 1 65; do
-    step "skinny_gemm_cuda_test_pair_rows_$rows" 120 env "TANDEM_SKINNY_PAIR_ROWS=$rows" \
-      "$BIN/skinny_gemm_cuda_test" --gtest_output="xml:$OUT/skinny_gemm_cuda_test_pair_rows_$rows.xml"
-  done
 fi
 if [[ -x "$BIN/gemv_cuda_test" ]]; then
   for sw in UNROLL=2 UNROLL=8 MIN_CTAS=0 MIN_CTAS=8 MIN_CTAS_LONG=0; do

@@ -162,7 +162,7 @@ cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));  // 1 per CTA
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
       LaunchKernel(SkinnyGemmKernel<kM16, kMode>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
@@ -196,18 +196,8 @@ bool UseSm90Kernel() {
 
 }  // namespace
 
-int SkinnyTilesPerCta(int m) {
-  static const int pair_rows = [] {
-    const char* env = std::getenv("TANDEM_SKINNY_PAIR_ROWS");
-    const int v = env != nullptr ? std::atoi(env) : 0;
-    return v >= 1 ? v : 33;
-  }();
-  return m >= pair_rows && UseSm90Kernel() ? 2 : 1;
-}
-
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (UseSm90Kernel()) return LaunchSkinnyGemmSm90Raw(p, stream);
-  if (p.tiles_per_cta != 1) return cudaErrorInvalidValue;
   if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
   return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
 }

@@ -40,13 +40,10 @@ constexpr int kSkinnyGemmMaxRows = 64;
 // k must be a positive multiple of this (one pipeline stage of the kernel).
 constexpr int kSkinnyGemmKStep = 64;
 
-// How a launch is cut: `tiles` output tiles (64 weight rows each; gated: 32 gate + 32 up rows),
-// taken `tiles_per_cta` at a time by one CTA, times `splits` K ranges, each `k_per_split` long.
-// Depends on the shape, the SM count and, through tiles_per_cta, on the kernel the current device
-// runs (the wgmma kernel pairs tiles at 33+ rows; TANDEM_SKINNY_PAIR_ROWS).
+// How a launch is cut: `tiles` output tiles (64 weight rows each; gated: 32 gate + 32 up rows)
+// times `splits` K ranges, each `k_per_split` long. Depends only on the shape and the SM count.
 struct SkinnyGemmPlan {
   int tiles = 0;
-  int tiles_per_cta = 1;  // consecutive tiles one CTA takes (2 on the wgmma kernel at 33+ rows)
   int splits = 0;
   int k_per_split = 0;
   size_t partial_bytes = 0;  // float32 partials the launch needs (0 when splits == 1)
@@ -57,8 +54,7 @@ struct SkinnyGemmPlan {
 constexpr int kSkinnyGemmCtasPerSm = 2;
 
 // The plan for a supported shape (see SkinnyGemmSupports; m >= 1). Splits aim at ctas_per_sm CTAs
-// per SM (at least 1; a CTA of tiles_per_cta tiles counts once) and keep at least four k-steps per
-// split; K is split only into equal ranges.
+// per SM (at least 1) and keep at least four k-steps per split; K is split only into equal ranges.
 SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
                               int ctas_per_sm = kSkinnyGemmCtasPerSm);
 

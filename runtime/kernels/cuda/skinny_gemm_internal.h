@@ -24,11 +24,8 @@ struct SkinnyGemmRaw {
   bool gated_silu;
   int m, n, k;
   int tiles, splits, k_per_split;
-  int tiles_per_cta;  // SkinnyTilesPerCta(m): consecutive output tiles one CTA takes
-  // [splits][ceil(tiles / tiles_per_cta) * tiles_per_cta][kSkinnyTileRows][m rounded up to 16],
-  // or null
-  float* partials;
-  unsigned* counters;  // [ceil(tiles / tiles_per_cta)], or null when splits == 1
+  float* partials;     // [splits][tiles][kSkinnyTileRows][m rounded up to 16], or null
+  unsigned* counters;  // [tiles], or null when splits == 1
   // Rope mode (rope_head_dim > 0): n is the number of rotation pairs, out is the bf16 qkv buffer
   // [m, 2 n]; see SkinnyRope in skinny_gemm.h.
   int rope_head_dim;
@@ -41,10 +38,6 @@ struct SkinnyGemmRaw {
   void* rope_v_layer;
 };
 
-// Output tiles one CTA of a launch with m rows takes: 2 on the wgmma kernel when m is at least
-// TANDEM_SKINNY_PAIR_ROWS (read once; default 33, 65 for never), so the activation stages are read
-// from L2 once per 128 weight rows; 1 otherwise.
-int SkinnyTilesPerCta(int m);
 // Takes the wgmma kernel (skinny_gemm_sm90.cu) on compute capability 9.0 unless
 // TANDEM_SKINNY_WGMMA=0, the mma.sync kernel (skinny_gemm.cu) otherwise.
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, cudaStream_t stream);

@@ -26,11 +26,9 @@ SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
   SkinnyGemmPlan plan;
   const int per_tile = gated_silu ? kTileRows / 2 : kTileRows;
   plan.tiles = (n + per_tile - 1) / per_tile;
-  plan.tiles_per_cta = internal::SkinnyTilesPerCta(m);
-  const int cta_tiles = (plan.tiles + plan.tiles_per_cta - 1) / plan.tiles_per_cta;
   const int steps = k / kSkinnyGemmKStep;
   const int target = std::max(ctas_per_sm, 1) * std::max(num_sms, 1);
-  const int want = std::max(1, (target + cta_tiles - 1) / cta_tiles);
+  const int want = std::max(1, (target + plan.tiles - 1) / plan.tiles);
   plan.splits = 1;
   for (int d = 2; d <= std::min(want, kMaxSplits); ++d) {
     if (steps % d == 0 && steps / d >= kMinStepsPerSplit) plan.splits = d;
@@ -38,9 +36,9 @@ SkinnyGemmPlan PlanSkinnyGemm(int m, int n, int k, bool gated_silu, int num_sms,
   plan.k_per_split = k / plan.splits;
   if (plan.splits > 1) {
     const size_t padded_rows = static_cast<size_t>((m + 15) / 16) * 16;
-    plan.partial_bytes = static_cast<size_t>(plan.splits) * cta_tiles * plan.tiles_per_cta *
-                         kTileRows * padded_rows * sizeof(float);
-    plan.counter_bytes = static_cast<size_t>(cta_tiles) * sizeof(uint32_t);
+    plan.partial_bytes =
+        static_cast<size_t>(plan.splits) * plan.tiles * kTileRows * padded_rows * sizeof(float);
+    plan.counter_bytes = static_cast<size_t>(plan.tiles) * sizeof(uint32_t);
   }
   return plan;
 }
@@ -122,7 +120,6 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
   raw.tiles = plan.tiles;
   raw.splits = plan.splits;
   raw.k_per_split = plan.k_per_split;
-  raw.tiles_per_cta = plan.tiles_per_cta;
   raw.partials = plan.splits > 1 ? static_cast<float*>(a.partials) : nullptr;
   raw.counters = plan.splits > 1 ? static_cast<unsigned*>(a.counters) : nullptr;
   if (a.rope != nullptr) {

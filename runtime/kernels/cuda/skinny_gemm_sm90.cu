@@ -1,14 +1,12 @@
 // Skinny bf16 GEMM on Hopper tensor cores (wgmma; sm_90a only): the main loop of the skinny GEMM
 // (contract: skinny_gemm.h) for compute capability 9.0, with the tiles, the plan, the split-K sum
 // and the epilogues of the mma.sync kernel (skinny_gemm_tile.cuh).
-//   - CTA: one warpgroup (4 warps), one output tile of 64 weight rows (two consecutive tiles at
-//     33+ rows, SkinnyTilesPerCta: the activation stage, read from L2 by every CTA, then serves
-//     128 weight rows) over one K range of the plan's split. out^T = w . x^T as one wgmma.m64nNk16
-//     per k16 step: the tile's 64 weight rows are the 64-row A operand and the activation rows (m
-//     padded to N = 16, 32, 48 or 64) the B operand, both read from shared memory through
-//     descriptors (K-major; the skinny layout is the canonical 128-byte-swizzled one, so stage
-//     bases are 1024-byte aligned). The accumulator is N / 2 floats per thread, against 64 for the
-//     mma.sync kernel's 64 rows.
+//   - CTA: one warpgroup (4 warps), one output tile of 64 weight rows over one K range of the
+//     plan's split. out^T = w . x^T as one wgmma.m64nNk16 per k16 step: the tile's 64 weight rows
+//     are the 64-row A operand and the activation rows (m padded to N = 16, 32, 48 or 64) the B
+//     operand, both read from shared memory through descriptors (K-major; the skinny layout is the
+//     canonical 128-byte-swizzled one, so stage bases are 1024-byte aligned). The accumulator is
+//     N / 2 floats per thread, against 64 for the mma.sync kernel's 64 rows.
 //   - Pipeline: kStages stages of 64 k (weights 8 KB + activations N x 128 bytes), loads issued
 //     kStages - 2 steps ahead of the step being multiplied, the wgmma of one step left in flight
 //     while the next is issued; the weights of the first stages are queued BEFORE PdlWait() (they
@@ -42,19 +40,18 @@ namespace sa = ::tandem::cuda::sm90_attention;
 // Activation rows padded to the wgmma N of the launch.
 __host__ __device__ constexpr int PaddedRows(int m) { return (m + 15) / 16 * 16; }
 
-template <int kN, int kSub>
+template <int kN>
 __host__ __device__ constexpr int StageBytes() {
-  return kSub * kWStageBytes + kN * kRowBytes;
+  return kWStageBytes + kN * kRowBytes;
 }
-// Stages: as many as fit two CTAs per SM (113 KB each, with the 1 KB alignment slack and the
-// static shared memory), at most 8.
-template <int kN, int kSub>
+// Stages: as many as fit two CTAs per SM (~113 KB each) with the 1 KB alignment slack.
+template <int kN>
 __host__ __device__ constexpr int Stages() {
-  return 110 * 1024 / StageBytes<kN, kSub>() < 8 ? 110 * 1024 / StageBytes<kN, kSub>() : 8;
+  return kN <= 32 ? 8 : 6;
 }
-template <int kN, int kSub>
+template <int kN>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + Stages<kN, kSub>() * StageBytes<kN, kSub>();
+  return size_t{1024} + Stages<kN>() * StageBytes<kN>();
 }
 
 // d (m64nN, f32) += A B for N = 16, 32, 48 or 64, A and B from shared memory (K-major both).
@@ -101,18 +98,14 @@ __device__ __forceinline__ void WgmmaWait() {
 #endif
 }
 
-// kSub: output tiles (64 weight rows each) per CTA, one wgmma each per k16 step on the same
-// activation operand.
-template <int kN, int kMode, int kSub>
+template <int kN, int kMode>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGemmRaw p) {
-  constexpr int kStages = Stages<kN, kSub>();
+  constexpr int kStages = Stages<kN>();
   constexpr int kAhead = kStages - 2;  // steps whose loads are in flight past the current one
-  constexpr int kStageBytes = StageBytes<kN, kSub>();
+  constexpr int kStageBytes = StageBytes<kN>();
   constexpr int kLd = kN + 1;  // float stride of the reduction tile
   constexpr int kAcc = kN / 2;
-  static_assert(kStages >= 3, "pipeline depth");
-  static_assert(kSub * kRows * kLd * 4 <= kStages * kStageBytes,
-                "reduction tile must fit the pipeline");
+  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "reduction tile must fit the pipeline");
   static_assert(kStageBytes % 1024 == 0 && kWStageBytes % 1024 == 0, "1024-byte aligned operands");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   PdlLaunchDependents();
@@ -126,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   const int warp = tid / kWarpSize;
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
-  const SkinnyLoader<kN / 16, kMode, kSub> loader(p, tile, split, tid);
+  const SkinnyLoader<kN / 16, kMode> loader(p, tile, split, tid);
   const int num_steps = loader.num_steps;
   auto stage_ptr = [&](int step) { return smem + (step % kStages) * kStageBytes; };
 
@@ -145,12 +138,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   FenceProxyAsyncShared();
   __syncthreads();
 
-  float acc[kSub][kAcc];
+  float acc[kAcc];
 #pragma unroll
-  for (int h = 0; h < kSub; ++h) {
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[h][i] = 0.0f;
-  }
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
   for (int step = 0; step < num_steps; ++step) {
     if (step > 0) {
@@ -167,83 +157,59 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
     CpAsyncCommitGroup();  // possibly empty: keeps the group count in step
 
     const uint32_t w_tile = base + (step % kStages) * kStageBytes;
-    const uint32_t x_tile = w_tile + kSub * kWStageBytes;
+    const uint32_t x_tile = w_tile + kWStageBytes;
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
-      const uint64_t desc_x =
-          sa::MakeDescriptor(x_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo);
-#pragma unroll
-      for (int h = 0; h < kSub; ++h) {
-        WgmmaSsAcc<kN>(acc[h],
-                       sa::MakeDescriptor(w_tile + h * kWStageBytes + sa::QkStepOffset(kk),
-                                          sa::kKMajorLbo, sa::kSbo),
-                       desc_x);
-      }
+      WgmmaSsAcc<kN>(acc,
+                     sa::MakeDescriptor(w_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                     sa::MakeDescriptor(x_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo));
     }
     WgmmaCommit();
     WgmmaWait<1>();
-#pragma unroll
-    for (int h = 0; h < kSub; ++h) FenceRegisters(acc[h]);
+    FenceRegisters(acc);
   }
   WgmmaWaitAll();
-#pragma unroll
-  for (int h = 0; h < kSub; ++h) FenceRegisters(acc[h]);
+  FenceRegisters(acc);
   CpAsyncWaitGroup<0>();
   __syncthreads();  // every warp is done with the pipeline: its memory becomes the reduction tile
 
-  // red[r][c]: weight row r (0..64 kSub - 1) of the CTA's tiles by activation row c (0..kN-1).
+  // red[r][c]: output tile, weight row r (0..63) by activation row c (0..kN-1).
   float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int h = 0; h < kSub; ++h) {
-#pragma unroll
-    for (int r = 0; r < kAcc; ++r) {
-      red[(h * kRows + sa::AccRow(warp, lane, r)) * kLd + sa::AccCol(lane, r)] = acc[h][r];
-    }
+  for (int r = 0; r < kAcc; ++r) {
+    red[sa::AccRow(warp, lane, r) * kLd + sa::AccCol(lane, r)] = acc[r];
   }
   __syncthreads();
-  FinishSkinnyTile<kN, kMode, kSub>(p, red, kLd, tile, split, tid);
+  FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid);
 }
 
-template <int kN, int kMode, int kSub>
+template <int kN, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kN, kSub>();
+  constexpr size_t kSmem = SmemBytes<kN>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode, kSub>, kSmem, configured);
+          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>((p.tiles + kSub - 1) / kSub),
-                  static_cast<unsigned>(p.splits));
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
-      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode, kSub>, grid, dim3(kThreads), kSmem, stream, p);
+      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <int kMode, int kSub>
+template <int kMode>
 cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   switch (PaddedRows(p.m)) {
     case 16:
-      return LaunchTyped<16, kMode, kSub>(p, stream);
+      return LaunchTyped<16, kMode>(p, stream);
     case 32:
-      return LaunchTyped<32, kMode, kSub>(p, stream);
+      return LaunchTyped<32, kMode>(p, stream);
     case 48:
-      return LaunchTyped<48, kMode, kSub>(p, stream);
+      return LaunchTyped<48, kMode>(p, stream);
     default:
-      return LaunchTyped<64, kMode, kSub>(p, stream);
-  }
-}
-
-template <int kMode>
-cudaError_t LaunchForTiles(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  switch (p.tiles_per_cta) {
-    case 1:
-      return LaunchForRows<kMode, 1>(p, stream);
-    case 2:
-      return LaunchForRows<kMode, 2>(p, stream);
-    default:
-      return cudaErrorInvalidValue;
+      return LaunchTyped<64, kMode>(p, stream);
   }
 }
 
@@ -251,8 +217,8 @@ cudaError_t LaunchForTiles(const SkinnyGemmRaw& p, cudaStream_t stream) {
 
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kSkinnyMaxRowsDevice) return cudaErrorInvalidValue;
-  if (p.rope_head_dim > 0) return LaunchForTiles<kRopeMode>(p, stream);
-  return p.gated_silu ? LaunchForTiles<kGatedMode>(p, stream) : LaunchForTiles<kPlain>(p, stream);
+  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
+  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
 }
 
 }  // namespace tandem::cuda::internal

@@ -35,20 +35,17 @@ constexpr int kRopeMode = 2;
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// The cp.async copies of one thread for a CTA of kSub consecutive output tiles (weight rows
-// 64 h .. 64 h + 63 of a stage hold tile kSub * cta_tile + h): chunk LoadChunk(tid) of tile rows
-// LoadRow(tid, i) of each, and of activation rows LoadRow(tid, i), i < kM16, for the k range of
-// split `split`. A stage's weights land at `stage`, its activations at stage + kSub *
-// kWStageBytes.
-template <int kM16, int kMode, int kSub = 1>
+// The cp.async copies of one thread: chunk LoadChunk(tid) of weight tile rows LoadRow(tid, i) and
+// of activation rows LoadRow(tid, i), i < kM16, for the k range of split `split` of tile `tile`.
+// A stage's weights land at `stage`, its activations at stage + kWStageBytes.
+template <int kM16, int kMode>
 struct SkinnyLoader {
-  static constexpr int kWLoads = kSub * sl::kWLoadsPerThread;
-  const __nv_bfloat16* w_src[kWLoads];
-  bool w_valid[kWLoads];
+  const __nv_bfloat16* w_src[sl::kWLoadsPerThread];
+  bool w_valid[sl::kWLoadsPerThread];
   const __nv_bfloat16* x;
   int tid, chunk, m, k, k0, num_steps;
 
-  __device__ __forceinline__ SkinnyLoader(const SkinnyGemmRaw& p, int cta_tile, int split, int tid_)
+  __device__ __forceinline__ SkinnyLoader(const SkinnyGemmRaw& p, int tile, int split, int tid_)
       : x(static_cast<const __nv_bfloat16*>(p.x)),
         tid(tid_),
         chunk(sl::LoadChunk(tid_)),
@@ -58,12 +55,10 @@ struct SkinnyLoader {
         num_steps(p.k_per_split / kBk) {
     const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w);
 #pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int tile = cta_tile * kSub + i / sl::kWLoadsPerThread;
-      const int r = sl::LoadRow(tid, i % sl::kWLoadsPerThread);
-      const int row = tile >= p.tiles      ? -1
-                      : kMode == kRopeMode ? sl::RopeWeightRow(tile, r, p.n, p.rope_head_dim)
-                                           : sl::WeightRow(tile, r, p.n, kMode == kGatedMode);
+    for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
+      const int row = kMode == kRopeMode
+                          ? sl::RopeWeightRow(tile, sl::LoadRow(tid, i), p.n, p.rope_head_dim)
+                          : sl::WeightRow(tile, sl::LoadRow(tid, i), p.n, kMode == kGatedMode);
       w_valid[i] = row >= 0;
       w_src[i] = w + static_cast<size_t>(w_valid[i] ? row : 0) * p.k + k0 + chunk * 8;
     }
@@ -72,10 +67,9 @@ struct SkinnyLoader {
   __device__ __forceinline__ void LoadW(unsigned char* stage, int step) const {
     if (step >= num_steps) return;
 #pragma unroll
-    for (int i = 0; i < kWLoads; ++i) {
-      const int row =
-          sl::LoadRow(tid, i % sl::kWLoadsPerThread) + kRows * (i / sl::kWLoadsPerThread);
-      CpAsyncCg16(stage + sl::Swizzle(row, chunk), w_src[i] + step * kBk, w_valid[i]);
+    for (int i = 0; i < sl::kWLoadsPerThread; ++i) {
+      CpAsyncCg16(stage + sl::Swizzle(sl::LoadRow(tid, i), chunk), w_src[i] + step * kBk,
+                  w_valid[i]);
     }
   }
   // Queues the activation copies of k-step `step` (rows past m zero-filled) into `stage`.
@@ -85,28 +79,26 @@ struct SkinnyLoader {
     for (int i = 0; i < kM16; ++i) {
       const int r = sl::LoadRow(tid, i);
       const bool valid = r < m;
-      CpAsyncCg16(stage + kSub * kWStageBytes + sl::Swizzle(r, chunk),
+      CpAsyncCg16(stage + kWStageBytes + sl::Swizzle(r, chunk),
                   x + static_cast<size_t>(valid ? r : 0) * k + k0 + step * kBk + chunk * 8, valid);
     }
   }
 };
 
-// Finishes the kSub output tiles of CTA tile `cta_tile` (tiles kSub * cta_tile + h) from
-// red[r * ld + c] (weight row r of the CTA's kSub x 64 rows, activation row c < kMp; every thread
-// of the CTA calls it after a barrier that follows the last write of red): with several splits,
-// writes this split's partial and returns unless this CTA arrived last, which then sums the splits
-// in split order into red; then the epilogue of kMode writes the output.
-template <int kMp, int kMode, int kSub = 1>
+// Finishes output tile `tile` from red[r * ld + c] (weight row r of the tile, activation row c <
+// kMp; every thread of the CTA calls it after a barrier that follows the last write of red): with
+// several splits, writes this split's partial and returns unless this CTA arrived last, which then
+// sums the splits in split order into red; then the epilogue of kMode writes the output.
+template <int kMp, int kMode>
 __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* red, int kLd,
-                                                 int cta_tile, int split, int tid) {
+                                                 int tile, int split, int tid) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
   __shared__ bool s_last;
   if (p.splits > 1) {
     // Partials as float4s: thread tid takes vectors v * kThreads + tid (4 consecutive activation
     // rows of one weight row; kMp is a multiple of 16).
-    constexpr int kTileFloats = kSub * kRows * kMp;
-    const int tile = cta_tile;  // the partials' and counters' index
+    constexpr int kTileFloats = kRows * kMp;
     constexpr int kVecs = kTileFloats / 4 / kThreads;
     static_assert(kVecs * 4 * kThreads == kTileFloats, "whole float4s per thread");
     auto red_at = [&](int v) { return red + (4 * v / kMp) * kLd + 4 * v % kMp; };
@@ -174,88 +166,81 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     __syncthreads();
   }
 
-  // Epilogue, tile by tile: consecutive threads take consecutive output features of one
-  // activation row.
-#pragma unroll
-  for (int h = 0; h < kSub; ++h) {
-    const int tile = cta_tile * kSub + h;
-    if (tile >= p.tiles) break;
-    const float* red_t = red + h * kRows * kLd;
-    if constexpr (kRope) {
-      // Pair r of this tile, token `row`: both projections rounded to bf16 as the plain mode writes
-      // them, then the exact rotation arithmetic of the RoPE + KV append kernel (bit-identical to
-      // the plain GEMM followed by it).
-      constexpr int kHalfTile = sl::FeaturesPerTile(true);
-      const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
-      const int half = p.rope_head_dim / 2;
-      const int rotated = p.rope_num_heads + p.rope_num_kv_heads;
-      const int out_n = 2 * p.n;
+  // Epilogue: consecutive threads take consecutive output features of one activation row.
+  if constexpr (kRope) {
+    // Pair r of this tile, token `row`: both projections rounded to bf16 as the plain mode writes
+    // them, then the exact rotation arithmetic of the RoPE + KV append kernel (bit-identical to
+    // the plain GEMM followed by it).
+    constexpr int kHalfTile = sl::FeaturesPerTile(true);
+    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+    const int half = p.rope_head_dim / 2;
+    const int rotated = p.rope_num_heads + p.rope_num_kv_heads;
+    const int out_n = 2 * p.n;
 #pragma unroll 4  // the iterations' metadata loads overlap
-      for (int idx = tid; idx < p.m * kHalfTile; idx += kThreads) {
-        const int row = idx / kHalfTile;
-        const int r = idx % kHalfTile;
-        const int pair = tile * kHalfTile + r;
-        if (pair >= p.n) continue;
-        const int head = pair / half;
-        const int i = pair % half;
-        const int f0 = head * p.rope_head_dim + i;
-        float y0 = red_t[r * kLd + row];
-        float y1 = red_t[(kHalfTile + r) * kLd + row];
-        if (bias != nullptr) {
-          y0 += __bfloat162float(bias[f0]);
-          y1 += __bfloat162float(bias[f0 + half]);
-        }
-        __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
-        __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
-        if (head < rotated) {
-          RopeRotateBf16(z0, z1, static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
-        }
-        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(row) * out_n;
-        out[f0] = z0;
-        out[f0 + half] = z1;
-        const int slot = p.rope_slots[row];
-        if (slot >= 0 && head >= p.rope_num_heads) {
-          const bool is_k = head < rotated;
-          __nv_bfloat16* dst =
-              static_cast<__nv_bfloat16*>(is_k ? p.rope_k_layer : p.rope_v_layer) +
-              static_cast<size_t>(slot) * p.rope_num_kv_heads * p.rope_head_dim +
-              static_cast<size_t>(head - (is_k ? p.rope_num_heads : rotated)) * p.rope_head_dim + i;
-          dst[0] = z0;
-          dst[half] = z1;
-        }
+    for (int idx = tid; idx < p.m * kHalfTile; idx += kThreads) {
+      const int row = idx / kHalfTile;
+      const int r = idx % kHalfTile;
+      const int pair = tile * kHalfTile + r;
+      if (pair >= p.n) continue;
+      const int head = pair / half;
+      const int i = pair % half;
+      const int f0 = head * p.rope_head_dim + i;
+      float y0 = red[r * kLd + row];
+      float y1 = red[(kHalfTile + r) * kLd + row];
+      if (bias != nullptr) {
+        y0 += __bfloat162float(bias[f0]);
+        y1 += __bfloat162float(bias[f0 + half]);
       }
-    } else if constexpr (kGated) {
-      constexpr int kHalf = sl::FeaturesPerTile(true);
-#pragma unroll 4
-      for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
-        const int row = idx / kHalf;
-        const int r = idx % kHalf;
-        const int j = tile * kHalf + r;
-        if (j >= p.n) continue;
-        const float y = Silu(red_t[r * kLd + row]) * red_t[(kHalf + r) * kLd + row];
-        const size_t at = static_cast<size_t>(row) * p.n + j;
-        if (p.out_f32) {
-          static_cast<float*>(p.out)[at] = y;
-        } else {
-          static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-        }
+      __nv_bfloat16 z0 = __float2bfloat16_rn(y0);
+      __nv_bfloat16 z1 = __float2bfloat16_rn(y1);
+      if (head < rotated) {
+        RopeRotateBf16(z0, z1, static_cast<float>(p.rope_positions[row]), p.rope_inv_freq[i]);
       }
-    } else {
-      const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + static_cast<size_t>(row) * out_n;
+      out[f0] = z0;
+      out[f0 + half] = z1;
+      const int slot = p.rope_slots[row];
+      if (slot >= 0 && head >= p.rope_num_heads) {
+        const bool is_k = head < rotated;
+        __nv_bfloat16* dst =
+            static_cast<__nv_bfloat16*>(is_k ? p.rope_k_layer : p.rope_v_layer) +
+            static_cast<size_t>(slot) * p.rope_num_kv_heads * p.rope_head_dim +
+            static_cast<size_t>(head - (is_k ? p.rope_num_heads : rotated)) * p.rope_head_dim + i;
+        dst[0] = z0;
+        dst[half] = z1;
+      }
+    }
+  } else if constexpr (kGated) {
+    constexpr int kHalf = sl::FeaturesPerTile(true);
 #pragma unroll 4
-      for (int idx = tid; idx < p.m * kRows; idx += kThreads) {
-        const int row = idx / kRows;
-        const int r = idx % kRows;
-        const int feature = tile * kRows + r;
-        if (feature >= p.n) continue;
-        float y = red_t[r * kLd + row];
-        if (bias != nullptr) y += __bfloat162float(bias[feature]);
-        const size_t at = static_cast<size_t>(row) * p.n + feature;
-        if (p.out_f32) {
-          static_cast<float*>(p.out)[at] = y;
-        } else {
-          static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-        }
+    for (int idx = tid; idx < p.m * kHalf; idx += kThreads) {
+      const int row = idx / kHalf;
+      const int r = idx % kHalf;
+      const int j = tile * kHalf + r;
+      if (j >= p.n) continue;
+      const float y = Silu(red[r * kLd + row]) * red[(kHalf + r) * kLd + row];
+      const size_t at = static_cast<size_t>(row) * p.n + j;
+      if (p.out_f32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
+      }
+    }
+  } else {
+    const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
+#pragma unroll 4
+    for (int idx = tid; idx < p.m * kRows; idx += kThreads) {
+      const int row = idx / kRows;
+      const int r = idx % kRows;
+      const int feature = tile * kRows + r;
+      if (feature >= p.n) continue;
+      float y = red[r * kLd + row];
+      if (bias != nullptr) y += __bfloat162float(bias[feature]);
+      const size_t at = static_cast<size_t>(row) * p.n + feature;
+      if (p.out_f32) {
+        static_cast<float*>(p.out)[at] = y;
+      } else {
+        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
       }
     }
   }
