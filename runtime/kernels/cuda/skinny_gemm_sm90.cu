@@ -7,11 +7,11 @@
 //     operand, both read from shared memory through descriptors (K-major; the skinny layout is the
 //     canonical 128-byte-swizzled one, so stage bases are 1024-byte aligned). The accumulator is
 //     N / 2 floats per thread, against 64 for the mma.sync kernel's 64 rows.
-//   - Pipeline: a ring of 64-k weight stages (8 KB each) loaded by cp.async kWStages - 2 steps
-//     ahead of the step being multiplied (8-11 stages in flight per CTA, two CTAs per SM), the
-//     first of them BEFORE PdlWait() (weights do not depend on the previous kernel); the
-//     activations through registers one step ahead into three rotating tiles; the wgmma of one
-//     step left in flight while the next is issued.
+//   - Pipeline: kStages stages of 64 k (weights 8 KB + activations N x 128 bytes), loads issued
+//     kStages - 2 steps ahead of the step being multiplied, the wgmma of one step left in flight
+//     while the next is issued; the weights of the first stages are queued BEFORE PdlWait() (they
+//     do not depend on the previous kernel), the activations after it. Sized so that two CTAs fit
+//     an SM: 4 stages of weights in flight per CTA.
 //   - Why: at 8-64 rows the mma.sync kernel spends as long on its MMAs and ldmatrix traffic as on
 //     the weight stream; a wgmma takes 64 weight rows by up to 64 activation rows from shared
 //     memory in one asynchronous instruction, so the SM's time goes to keeping loads in flight.
@@ -40,21 +40,18 @@ namespace sa = ::tandem::cuda::sm90_attention;
 // Activation rows padded to the wgmma N of the launch.
 __host__ __device__ constexpr int PaddedRows(int m) { return (m + 15) / 16 * 16; }
 
-// Shared memory: a ring of kWStages weight stages (8 KB each) and three activation tiles (kN rows
-// x 128 bytes each), as many weight stages as fit two CTAs per SM (113 KB each, with the 1 KB
-// alignment slack and the static shared memory).
 template <int kN>
-__host__ __device__ constexpr int XTileBytes() {
-  return kN * kRowBytes;
+__host__ __device__ constexpr int StageBytes() {
+  return kWStageBytes + kN * kRowBytes;
 }
-constexpr int kXTiles = 3;
+// Stages: as many as fit two CTAs per SM (~113 KB each) with the 1 KB alignment slack.
 template <int kN>
-__host__ __device__ constexpr int WStages() {
-  return (110 * 1024 - kXTiles * XTileBytes<kN>()) / kWStageBytes;
+__host__ __device__ constexpr int Stages() {
+  return kN <= 32 ? 8 : 6;
 }
 template <int kN>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + WStages<kN>() * kWStageBytes + kXTiles * XTileBytes<kN>();
+  return size_t{1024} + Stages<kN>() * StageBytes<kN>();
 }
 
 // d (m64nN, f32) += A B for N = 16, 32, 48 or 64, A and B from shared memory (K-major both).
@@ -103,22 +100,19 @@ __device__ __forceinline__ void WgmmaWait() {
 
 template <int kN, int kMode>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGemmRaw p) {
-  constexpr int kWStages = WStages<kN>();
-  constexpr int kAhead = kWStages - 2;  // weight stages in flight past the current one
-  constexpr int kXBytes = XTileBytes<kN>();
+  constexpr int kStages = Stages<kN>();
+  constexpr int kAhead = kStages - 2;  // steps whose loads are in flight past the current one
+  constexpr int kStageBytes = StageBytes<kN>();
   constexpr int kLd = kN + 1;  // float stride of the reduction tile
   constexpr int kAcc = kN / 2;
-  static_assert(kAhead >= 2, "pipeline depth");
-  static_assert(kRows * kLd * 4 <= kWStages * kWStageBytes, "reduction tile must fit the ring");
-  static_assert(kXBytes % 1024 == 0 && kWStageBytes % 1024 == 0, "1024-byte aligned operands");
+  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "reduction tile must fit the pipeline");
+  static_assert(kStageBytes % 1024 == 0 && kWStageBytes % 1024 == 0, "1024-byte aligned operands");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   PdlLaunchDependents();
   // Operand tiles must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t raw_addr = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
-  unsigned char* x_tiles = smem + kWStages * kWStageBytes;
-  const uint32_t w_base = SharedAddress(smem);
-  const uint32_t x_base = w_base + kWStages * kWStageBytes;
+  const uint32_t base = SharedAddress(smem);
 
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
@@ -127,43 +121,43 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   const int split = blockIdx.y;
   const SkinnyLoader<kN / 16, kMode> loader(p, tile, split, tid);
   const int num_steps = loader.num_steps;
-  auto w_stage = [&](int step) { return smem + (step % kWStages) * kWStageBytes; };
+  auto stage_ptr = [&](int step) { return smem + (step % kStages) * kStageBytes; };
 
-  // The weights stream through cp.async groups, one per step, kAhead steps ahead; the first
-  // kAhead are queued before PdlWait() (they do not depend on the previous kernel). The
-  // activations (a small, L2-resident operand) go through registers one step ahead: loaded during
-  // a step, stored to their tile at its end. Keeping them out of the cp.async groups lets the
-  // weight loads run deep (groups complete in order, so activation copies in the same groups
-  // would hold every weight stage to the activations' short lead).
+  // Prologue: kAhead groups; the last one also carries the activations of every prologue stage,
+  // which may only be read after the previous kernel has finished.
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
-    loader.LoadW(w_stage(s), s);
-    CpAsyncCommitGroup();
+    loader.LoadW(stage_ptr(s), s);
+    if (s < kAhead - 1) CpAsyncCommitGroup();
   }
   PdlWait();
-  uint4 xr[kN / 16];
-  loader.FetchX(0, xr);
-  loader.StoreX(x_tiles, xr);
-  loader.FetchX(1, xr);
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) loader.LoadX(stage_ptr(s), s);
+  CpAsyncCommitGroup();
+  CpAsyncWaitGroup<0>();
+  FenceProxyAsyncShared();
+  __syncthreads();
 
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
   for (int step = 0; step < num_steps; ++step) {
-    // Groups committed so far: kAhead + step, group j holding step j's weights; at most kAhead - 1
-    // pending means they have landed. After the barrier every thread's copies and activation
-    // stores are visible to the async proxy, and every warp's wgmma of step - 2 has retired (each
-    // waited for all but its newest group), so its weight stage and activation tile can be
-    // refilled.
-    CpAsyncWaitGroup<kAhead - 1>();
-    FenceProxyAsyncShared();
-    __syncthreads();
-    loader.LoadW(w_stage(step + kAhead), step + kAhead);
+    if (step > 0) {
+      // Groups committed so far: kAhead + step, group j holding step j's stage; at most kAhead - 1
+      // pending means this step's stage has landed. After the barrier every thread's copies are
+      // visible to the async proxy, and every warp's wgmma of step - 2 has retired (each waited
+      // for all but its newest group), so that stage can be refilled.
+      CpAsyncWaitGroup<kAhead - 1>();
+      FenceProxyAsyncShared();
+      __syncthreads();
+    }
+    loader.LoadW(stage_ptr(step + kAhead), step + kAhead);
+    loader.LoadX(stage_ptr(step + kAhead), step + kAhead);
     CpAsyncCommitGroup();  // possibly empty: keeps the group count in step
 
-    const uint32_t w_tile = w_base + (step % kWStages) * kWStageBytes;
-    const uint32_t x_tile = x_base + (step % kXTiles) * kXBytes;
+    const uint32_t w_tile = base + (step % kStages) * kStageBytes;
+    const uint32_t x_tile = w_tile + kWStageBytes;
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
@@ -172,9 +166,6 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
                      sa::MakeDescriptor(x_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo));
     }
     WgmmaCommit();
-    // Next step's activations into the tile step - 2 used; the step after's into registers.
-    loader.StoreX(x_tiles + ((step + 1) % kXTiles) * kXBytes, xr);
-    loader.FetchX(step + 2, xr);
     WgmmaWait<1>();
     FenceRegisters(acc);
   }

@@ -72,24 +72,6 @@ struct SkinnyLoader {
                   w_valid[i]);
     }
   }
-  // The same activation chunks through registers: FetchX loads k-step `step`'s (zeros past m or
-  // past the split), StoreX writes them to an activation tile at `tile`.
-  __device__ __forceinline__ void FetchX(int step, uint4 (&r)[kM16]) const {
-#pragma unroll
-    for (int i = 0; i < kM16; ++i) {
-      const int row = sl::LoadRow(tid, i);
-      r[i] = row < m && step < num_steps
-                 ? __ldcg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * k + k0 +
-                                                         step * kBk + chunk * 8))
-                 : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-  __device__ __forceinline__ void StoreX(unsigned char* tile, const uint4 (&r)[kM16]) const {
-#pragma unroll
-    for (int i = 0; i < kM16; ++i) {
-      *reinterpret_cast<uint4*>(tile + sl::Swizzle(sl::LoadRow(tid, i), chunk)) = r[i];
-    }
-  }
   // Queues the activation copies of k-step `step` (rows past m zero-filled) into `stage`.
   __device__ __forceinline__ void LoadX(unsigned char* stage, int step) const {
     if (step >= num_steps) return;
