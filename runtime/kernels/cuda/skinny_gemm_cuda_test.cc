@@ -92,6 +92,8 @@ TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
       {100, 64, false, all_ms},
       {96, 1024, false, all_ms},
       {50, 192, true, all_ms},
+      {160, 256, false, all_ms},  // 3 tiles
+      {80, 192, true, all_ms},    // 3 gated tiles
       {1024, 4096, true, {5, 40}},
       {6144, 4096, false, {2, 17, 64}},
       {4096, 4096, false, {2, 8, 33, 64}},
