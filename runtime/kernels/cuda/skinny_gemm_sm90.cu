@@ -22,6 +22,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -44,14 +46,16 @@ template <int kN>
 __host__ __device__ constexpr int StageBytes() {
   return kWStageBytes + kN * kRowBytes;
 }
-// Stages: as many as fit two CTAs per SM (~113 KB each) with the 1 KB alignment slack.
-template <int kN>
+// Stages: as many as fit two CTAs per SM (~113 KB each) with the 1 KB alignment slack; kDeep
+// (TANDEM_SKINNY_WGMMA_DEEP=1): as many as fit one CTA per SM (227 KB, less the alignment slack
+// and the static shared memory).
+template <int kN, bool kDeep>
 __host__ __device__ constexpr int Stages() {
-  return kN <= 32 ? 8 : 6;
+  return kDeep ? (227 * 1024 - 2048) / StageBytes<kN>() : kN <= 32 ? 8 : 6;
 }
-template <int kN>
+template <int kN, bool kDeep>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + Stages<kN>() * StageBytes<kN>();
+  return size_t{1024} + Stages<kN, kDeep>() * StageBytes<kN>();
 }
 
 // d (m64nN, f32) += A B for N = 16, 32, 48 or 64, A and B from shared memory (K-major both).
@@ -98,9 +102,9 @@ __device__ __forceinline__ void WgmmaWait() {
 #endif
 }
 
-template <int kN, int kMode>
+template <int kN, int kMode, bool kDeep>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGemmRaw p) {
-  constexpr int kStages = Stages<kN>();
+  constexpr int kStages = Stages<kN, kDeep>();
   constexpr int kAhead = kStages - 2;  // steps whose loads are in flight past the current one
   constexpr int kStageBytes = StageBytes<kN>();
   constexpr int kLd = kN + 1;  // float stride of the reduction tile
@@ -184,41 +188,50 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid);
 }
 
-template <int kN, int kMode>
+template <int kN, int kMode, bool kDeep>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kN>();
+  constexpr size_t kSmem = SmemBytes<kN, kDeep>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode>, kSmem, configured);
+          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode, kDeep>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
-      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode>, grid, dim3(kThreads), kSmem, stream, p);
+      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode, kDeep>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <int kMode>
+template <int kMode, bool kDeep>
 cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   switch (PaddedRows(p.m)) {
     case 16:
-      return LaunchTyped<16, kMode>(p, stream);
+      return LaunchTyped<16, kMode, kDeep>(p, stream);
     case 32:
-      return LaunchTyped<32, kMode>(p, stream);
+      return LaunchTyped<32, kMode, kDeep>(p, stream);
     case 48:
-      return LaunchTyped<48, kMode>(p, stream);
+      return LaunchTyped<48, kMode, kDeep>(p, stream);
     default:
-      return LaunchTyped<64, kMode>(p, stream);
+      return LaunchTyped<64, kMode, kDeep>(p, stream);
   }
+}
+
+template <int kMode>
+cudaError_t LaunchForDepth(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  static const bool deep = [] {
+    const char* env = std::getenv("TANDEM_SKINNY_WGMMA_DEEP");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return deep ? LaunchForRows<kMode, true>(p, stream) : LaunchForRows<kMode, false>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kSkinnyMaxRowsDevice) return cudaErrorInvalidValue;
-  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
-  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
+  if (p.rope_head_dim > 0) return LaunchForDepth<kRopeMode>(p, stream);
+  return p.gated_silu ? LaunchForDepth<kGatedMode>(p, stream) : LaunchForDepth<kPlain>(p, stream);
 }
 
 }  // namespace tandem::cuda::internal
