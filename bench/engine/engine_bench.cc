@@ -16,8 +16,9 @@
 //    batch 1 and 64 at 1K context and one prefill, to explain a miss;
 //  - the small-M GEMV A/B: decode batch 1 and 8 at 1K with the GEMV and with cuBLASLt only (a
 //    second runner, created with TANDEM_DISABLE_GEMV flipped);
-//  - the skinny GEMM A/B: decode batch 8 and 64 at 1K with TANDEM_SKINNY_GEMM flipped (a third
-//    runner), and that runner's per-op breakdown at batch 64.
+//  - the skinny GEMM A/B: decode batch 8, 32 and 64 at 1K against a third runner with the skinny
+//    GEMM off (TANDEM_SKINNY_GEMM=0; on, =1, when the main run has it off), and that runner's
+//    per-op breakdown at batch 64.
 // Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
 
 #include <cuda_runtime_api.h>
@@ -167,14 +168,30 @@ int Run(const Flags& flags) {
   // table says which code paths produced it.
   json switches = json::object();
   std::string active;
-  for (const char* name :
-       {"TANDEM_DISABLE_GEMV", "TANDEM_DISABLE_GEMM_AUTOTUNE", "TANDEM_DISABLE_PDL",
-        "TANDEM_DECODE_SPLIT_TARGET", "TANDEM_SKINNY_GEMM", "TANDEM_SKINNY_CTAS_PER_SM",
-        "TANDEM_GEMV_UNROLL", "TANDEM_GEMV_MIN_CTAS", "TANDEM_GEMV_MIN_CTAS_LONG",
-        "TANDEM_DECODE_MIN_SPLIT_TOKENS", "TANDEM_DECODE_FILL_SMS", "TANDEM_FUSE_QKV_ROPE",
-        "TANDEM_FUSE_NORM_GEMV", "TANDEM_PREFILL_ATTN_SM90", "TANDEM_PREFILL_SM90_STAGES",
-        "TANDEM_PREFILL_SM90_HEADS", "TANDEM_PREFILL_SM90_WIDE", "TANDEM_PREFILL_SM90_COPY_LATE",
-        "TANDEM_DECODE_PACK_LO"}) {
+  for (const char* name : {"TANDEM_DISABLE_GEMV",
+                           "TANDEM_DISABLE_GEMM_AUTOTUNE",
+                           "TANDEM_DISABLE_PDL",
+                           "TANDEM_DECODE_SPLIT_TARGET",
+                           "TANDEM_SKINNY_GEMM",
+                           "TANDEM_SKINNY_CTAS_PER_SM",
+                           "TANDEM_GEMV_UNROLL",
+                           "TANDEM_GEMV_MIN_CTAS",
+                           "TANDEM_GEMV_MIN_CTAS_LONG",
+                           "TANDEM_DECODE_MIN_SPLIT_TOKENS",
+                           "TANDEM_DECODE_FILL_SMS",
+                           "TANDEM_FUSE_QKV_ROPE",
+                           "TANDEM_FUSE_NORM_GEMV",
+                           "TANDEM_PREFILL_ATTN_SM90",
+                           "TANDEM_PREFILL_SM90_STAGES",
+                           "TANDEM_PREFILL_SM90_HEADS",
+                           "TANDEM_PREFILL_SM90_WIDE",
+                           "TANDEM_PREFILL_SM90_COPY_LATE",
+                           "TANDEM_DECODE_PACK_LO",
+                           "TANDEM_SKINNY_MAX_ROWS",
+                           "TANDEM_SKINNY_WGMMA",
+                           "TANDEM_SKINNY_WGMMA_CTAS",
+                           "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
+                           "TANDEM_GEMM_AUTOTUNE_SPLITK"}) {
     if (const char* v = std::getenv(name)) {
       switches[name] = v;
       absl::StrAppend(&active, " ", name, "=", v);
@@ -509,18 +526,20 @@ int Run(const Flags& flags) {
     out["gemv_ab"] = ab;
   }
 
-  // 7. Skinny GEMM A/B: decode batch 8 and 64 at 1K context (graph replay) on a runner created
-  // with TANDEM_SKINNY_GEMM flipped against the main run (whose numbers are the decode table's),
-  // and that runner's per-op breakdown at batch 64, so the projections can be compared op by op
-  // with section 5.
+  // 7. Skinny GEMM A/B: decode batch 8, 32 and 64 at 1K context (graph replay) on a runner
+  // created with the skinny GEMM off (TANDEM_SKINNY_GEMM=0: cuBLASLt for every multi-row
+  // projection) against the main run (whose numbers are the decode table's; by default it takes
+  // the skinny GEMM for 2-32 rows on Hopper), or on when the main run has it off; and that
+  // runner's per-op breakdown at batch 64, so the projections can be compared op by op with
+  // section 5.
   if (run("skinny-ab")) {
     runner.reset();  // released already when section 6 ran
     const char* prior_env = std::getenv("TANDEM_SKINNY_GEMM");
     const std::string prior = prior_env != nullptr ? prior_env : "";
-    const bool skinny_main = prior == "1";
+    const char* other_value = prior == "0" ? "1" : "0";
     const int ab_ctx = 1024;
-    const std::vector<int> ab_batches = {8, 64};
-    setenv("TANDEM_SKINNY_GEMM", skinny_main ? "0" : "1", 1);
+    const std::vector<int> ab_batches = {8, 32, 64};
+    setenv("TANDEM_SKINNY_GEMM", other_value, 1);
     auto store3 = TensorStore::Open(flags.model_dir);
     if (!store3.ok()) return fail(store3.status());
     ro.num_blocks = static_cast<int>(blocks_for(ab_batches.back(), ab_ctx));
@@ -534,10 +553,14 @@ int Run(const Flags& flags) {
     if (!runner3.ok()) return fail(runner3.status());
     store3->reset();
     fill_kv((*runner3)->kv_layout());
-    std::printf("\nskinny GEMM A/B, decode context %d (CUDA graph replay, %d steps; main run %s)\n",
-                ab_ctx, flags.iters, skinny_main ? "with TANDEM_SKINNY_GEMM=1" : "cuBLASLt");
-    std::printf("%6s %14s %14s %9s %14s\n", "batch", "skinny ms", "cuBLASLt ms", "speedup",
-                "skinny %roof");
+    std::printf(
+        "\nskinny GEMM A/B, decode context %d (CUDA graph replay, %d steps): main run (%s) vs "
+        "TANDEM_SKINNY_GEMM=%s\n",
+        ab_ctx, flags.iters,
+        prior_env != nullptr ? absl::StrCat("TANDEM_SKINNY_GEMM=", prior).c_str() : "defaults",
+        other_value);
+    std::printf("%6s %12s %12s %9s %12s\n", "batch", "main ms", "other ms", "speedup",
+                "main %roof");
     json ab = json::array();
     for (const int b : ab_batches) {
       double main_ms = NAN;
@@ -548,23 +571,22 @@ int Run(const Flags& flags) {
       }
       auto other = (*runner3)->TimeDeviceStep(make_batch(b, ab_ctx, 1), 5, flags.iters);
       if (!other.ok()) return fail(other.status());
-      const double skinny_ms = skinny_main ? main_ms : *other;
-      const double cublas_ms = skinny_main ? *other : main_ms;
       const double roof_ms =
           (weight_read + static_cast<double>(b) * ab_ctx * kv_per_token) / *bw * 1e3;
-      std::printf("%6d %14.3f %14.3f %8.2fx %13.1f%%\n", b, skinny_ms, cublas_ms,
-                  cublas_ms / skinny_ms, 100.0 * roof_ms / skinny_ms);
+      std::printf("%6d %12.3f %12.3f %8.2fx %11.1f%%\n", b, main_ms, *other, *other / main_ms,
+                  100.0 * roof_ms / main_ms);
       ab.push_back({{"batch", b},
                     {"context", ab_ctx},
-                    {"skinny_ms", skinny_ms},
-                    {"cublaslt_ms", cublas_ms},
+                    {"main_ms", main_ms},
+                    {"other_ms", *other},
+                    {"other_env", absl::StrCat("TANDEM_SKINNY_GEMM=", other_value)},
                     {"roofline_ms", roof_ms}});
     }
     out["skinny_ab"] = ab;
-    auto prof = breakdown(**runner3,
-                          absl::StrCat("decode batch 64 context ", ab_ctx,
-                                       ", TANDEM_SKINNY_GEMM=", skinny_main ? "0" : "1"),
-                          make_batch(64, ab_ctx, 1));
+    auto prof = breakdown(
+        **runner3,
+        absl::StrCat("decode batch 64 context ", ab_ctx, ", TANDEM_SKINNY_GEMM=", other_value),
+        make_batch(64, ab_ctx, 1));
     if (!prof.ok()) return fail(prof.status());
     out["skinny_ab_profile"] = *prof;
   }

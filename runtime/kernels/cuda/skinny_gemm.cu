@@ -196,6 +196,8 @@ bool UseSm90Kernel() {
 
 }  // namespace
 
+bool SkinnyGemmWgmmaActive() { return UseSm90Kernel(); }
+
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (UseSm90Kernel()) return LaunchSkinnyGemmSm90Raw(p, stream);
   if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);

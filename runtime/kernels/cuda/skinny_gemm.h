@@ -106,4 +106,8 @@ bool SkinnyGemmSupports(int m, int n, int k, const void* x, const void* w);
 
 absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& args, void* stream);
 
+// Whether launches on the current device take the wgmma kernel: compute capability 9.0 and
+// TANDEM_SKINNY_WGMMA=0 (read once) not set. Other devices run the mma.sync kernel.
+bool SkinnyGemmUsesWgmma();
+
 }  // namespace tandem::cuda

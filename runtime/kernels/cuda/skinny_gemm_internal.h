@@ -41,6 +41,8 @@ struct SkinnyGemmRaw {
 // Takes the wgmma kernel (skinny_gemm_sm90.cu) on compute capability 9.0 unless
 // TANDEM_SKINNY_WGMMA=0, the mma.sync kernel (skinny_gemm.cu) otherwise.
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, cudaStream_t stream);
+// Whether LaunchSkinnyGemmRaw takes the wgmma kernel on the current device.
+bool SkinnyGemmWgmmaActive();
 // The wgmma kernel (sm_90a code: only on compute capability 9.0).
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& args, cudaStream_t stream);
 

@@ -137,4 +137,6 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
                     "SkinnyGemm kernel launch");
 }
 
+bool SkinnyGemmUsesWgmma() { return internal::SkinnyGemmWgmmaActive(); }
+
 }  // namespace tandem::cuda

@@ -46,16 +46,18 @@ template <int kN>
 __host__ __device__ constexpr int StageBytes() {
   return kWStageBytes + kN * kRowBytes;
 }
-// Stages: as many as fit two CTAs per SM (~113 KB each) with the 1 KB alignment slack; kDeep
-// (TANDEM_SKINNY_WGMMA_DEEP=1): as many as fit one CTA per SM (227 KB, less the alignment slack
-// and the static shared memory).
-template <int kN, bool kDeep>
+// Stages: as many as fit kCtas CTAs per SM (227 KB shared, less 2 KB per CTA for the alignment
+// slack and the static shared memory), at most 8: two CTAs by default,
+// TANDEM_SKINNY_WGMMA_CTAS=1 or 3 for one or three (deeper or shallower rings).
+template <int kN, int kCtas>
 __host__ __device__ constexpr int Stages() {
-  return kDeep ? (227 * 1024 - 2048) / StageBytes<kN>() : kN <= 32 ? 8 : 6;
+  return (227 * 1024 / kCtas - 2048) / StageBytes<kN>() < 8
+             ? (227 * 1024 / kCtas - 2048) / StageBytes<kN>()
+             : 8;
 }
-template <int kN, bool kDeep>
+template <int kN, int kCtas>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + Stages<kN, kDeep>() * StageBytes<kN>();
+  return size_t{1024} + Stages<kN, kCtas>() * StageBytes<kN>();
 }
 
 // d (m64nN, f32) += A B for N = 16, 32, 48 or 64, A and B from shared memory (K-major both).
@@ -102,9 +104,9 @@ __device__ __forceinline__ void WgmmaWait() {
 #endif
 }
 
-template <int kN, int kMode, bool kDeep>
+template <int kN, int kMode, int kCtas>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGemmRaw p) {
-  constexpr int kStages = Stages<kN, kDeep>();
+  constexpr int kStages = Stages<kN, kCtas>();
   constexpr int kAhead = kStages - 2;  // steps whose loads are in flight past the current one
   constexpr int kStageBytes = StageBytes<kN>();
   constexpr int kLd = kN + 1;  // float stride of the reduction tile
@@ -188,42 +190,51 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid);
 }
 
-template <int kN, int kMode, bool kDeep>
+template <int kN, int kMode, int kCtas>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kN, kDeep>();
+  constexpr size_t kSmem = SmemBytes<kN, kCtas>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode, kDeep>, kSmem, configured);
+          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode, kCtas>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
-      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode, kDeep>, grid, dim3(kThreads), kSmem, stream, p);
+      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode, kCtas>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <int kMode, bool kDeep>
+template <int kMode, int kCtas>
 cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   switch (PaddedRows(p.m)) {
     case 16:
-      return LaunchTyped<16, kMode, kDeep>(p, stream);
+      return LaunchTyped<16, kMode, kCtas>(p, stream);
     case 32:
-      return LaunchTyped<32, kMode, kDeep>(p, stream);
+      return LaunchTyped<32, kMode, kCtas>(p, stream);
     case 48:
-      return LaunchTyped<48, kMode, kDeep>(p, stream);
+      return LaunchTyped<48, kMode, kCtas>(p, stream);
     default:
-      return LaunchTyped<64, kMode, kDeep>(p, stream);
+      return LaunchTyped<64, kMode, kCtas>(p, stream);
   }
 }
 
 template <int kMode>
 cudaError_t LaunchForDepth(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  static const bool deep = [] {
-    const char* env = std::getenv("TANDEM_SKINNY_WGMMA_DEEP");
-    return env != nullptr && std::strcmp(env, "1") == 0;
+  static const int ctas = [] {
+    const char* env = std::getenv("TANDEM_SKINNY_WGMMA_CTAS");
+    return env == nullptr ? 2 : std::atoi(env);
   }();
-  return deep ? LaunchForRows<kMode, true>(p, stream) : LaunchForRows<kMode, false>(p, stream);
+  switch (ctas) {
+    case 1:
+      return LaunchForRows<kMode, 1>(p, stream);
+    case 2:
+      return LaunchForRows<kMode, 2>(p, stream);
+    case 3:
+      return LaunchForRows<kMode, 3>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace

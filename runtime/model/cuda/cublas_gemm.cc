@@ -83,6 +83,10 @@ constexpr size_t kFlushBytes = size_t{128} << 20;
 // go to cuBLASLt.
 constexpr size_t kSkinnyPartialBytes = size_t{16} << 20;
 constexpr size_t kSkinnyCounterBytes = size_t{64} << 10;
+// Rows up to which the skinny GEMM takes calls by default (Hopper): on the H200 its wgmma kernel
+// beat cuBLASLt at 8-32 rows (-10% to -2.5% per decode step) and lost at 64 (+6%)
+// (bench/RESULTS.md, seventh session).
+constexpr int kSkinnyDefaultMaxRows = 32;
 
 bool WorthTuning(int m) { return m <= kAutotuneMaxRows || m % kAutotuneChunkRows == 0; }
 
@@ -155,6 +159,7 @@ struct CublasLtGemm::Impl {
   // Skinny GEMM (TANDEM_SKINNY_GEMM=1): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
+  int skinny_max_rows = 0;  // calls of 2..skinny_max_rows rows take it
   int num_sms = 0;
   int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
@@ -414,8 +419,26 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   }
   impl->autotune_splitk = EnvFlag("TANDEM_GEMM_AUTOTUNE_SPLITK");
   impl->autotune_log = EnvFlag("TANDEM_GEMM_AUTOTUNE_LOG");
+  // The skinny GEMM: by default on compute capability 9.0 (its wgmma kernel) for 2-32 rows;
+  // TANDEM_SKINNY_GEMM=1 on any GPU for 2-64 rows, =0 nowhere; TANDEM_SKINNY_MAX_ROWS bounds it.
   const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
-  if (skinny != nullptr && std::strcmp(skinny, "1") == 0) {
+  if (skinny != nullptr && std::strcmp(skinny, "0") != 0 && std::strcmp(skinny, "1") != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TANDEM_SKINNY_GEMM must be 0 or 1, got \"", skinny, "\""));
+  }
+  const bool forced = skinny != nullptr && std::strcmp(skinny, "1") == 0;
+  const bool wanted = forced || (skinny == nullptr && cuda::SkinnyGemmUsesWgmma());
+  impl->skinny_max_rows = forced ? cuda::kSkinnyGemmMaxRows : kSkinnyDefaultMaxRows;
+  if (const char* rows = std::getenv("TANDEM_SKINNY_MAX_ROWS")) {
+    const int v = std::atoi(rows);
+    if (v < 2 || v > cuda::kSkinnyGemmMaxRows) {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_SKINNY_MAX_ROWS must be in [2, ",
+                                                     cuda::kSkinnyGemmMaxRows, "], got \"", rows,
+                                                     "\""));
+    }
+    impl->skinny_max_rows = v;
+  }
+  if (wanted) {
     int device = 0;
     RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
     RETURN_IF_CUDA_ERROR(
@@ -503,7 +526,10 @@ bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void
 bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
                              bool gated_silu) const {
   // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
-  if (!impl_->skinny_enabled || m < 2 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) return false;
+  if (!impl_->skinny_enabled || m < 2 || m > impl_->skinny_max_rows ||
+      !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
+    return false;
+  }
   return SkinnyScratchFits(
       cuda::PlanSkinnyGemm(m, n, k, gated_silu, impl_->num_sms, impl_->skinny_ctas_per_sm));
 }
@@ -513,7 +539,8 @@ bool CublasLtGemm::SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const {
 }
 
 bool CublasLtGemm::FusesQkvRope(int m, int k, int n, const void* x, const void* w) const {
-  if (!impl_->skinny_enabled || m < 2 || n % 2 != 0 || !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
+  if (!impl_->skinny_enabled || m < 2 || m > impl_->skinny_max_rows || n % 2 != 0 ||
+      !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
     return false;
   }
   return SkinnyScratchFits(

@@ -8,11 +8,14 @@
 // runtime/kernels/cuda/gemv_kernels.h instead, same numerics contract (float32 accumulation, bias
 // added before the one bf16 rounding); the environment variable TANDEM_DISABLE_GEMV=1, read at
 // Create, forces cuBLASLt for every call (A/B measurements).
-// With TANDEM_SKINNY_GEMM=1 (read at Create; off by default: on the H200 it measured 10-30% slower
-// than cuBLASLt at 8-64 rows, bench/RESULTS.md), calls of 2-64 rows whose k is a multiple of 64 go
-// to the tensor-core skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (same numerics contract);
-// Create then allocates its 16 MiB split-K scratch. TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2)
-// sets the CTAs per SM its split-K plan aims at (a tuning knob; anything else fails Create).
+// On compute capability 9.0, calls of 2-32 rows whose k is a multiple of 64 go to the tensor-core
+// skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (its wgmma kernel; same numerics contract; on
+// the H200 it beat cuBLASLt at 8-32 rows and lost at 64, bench/RESULTS.md); Create then allocates
+// its 16 MiB split-K scratch. Switches, read at Create (a bad value fails it):
+// TANDEM_SKINNY_GEMM=0 turns it off, =1 turns it on for 2-64 rows on any GPU (other GPUs run its
+// mma.sync kernel, slower than cuBLASLt on the H200); TANDEM_SKINNY_MAX_ROWS=N (2-64) moves the
+// row bound; TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
+// aims at.
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
@@ -76,8 +79,8 @@ class CublasLtGemm {
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
-  // Whether the skinny GEMM takes the call: enabled, 2 <= m <= 64, k % 64 == 0, aligned, and the
-  // plan's split-K scratch fits ours.
+  // Whether the skinny GEMM takes the call: enabled, 2 <= m <= its row bound, k % 64 == 0,
+  // aligned, and the plan's split-K scratch fits ours.
   bool UseSkinny(int m, int n, int k, const void* x, const void* w, bool gated_silu) const;
   absl::Status LaunchSkinny(const void* x, const void* w, const void* bias, int m, int k, int n,
                             void* out, bool out_f32, bool gated_silu, void* stream,
