@@ -74,16 +74,12 @@ struct SkinnyLoader {
   }
   // Queues the activation copies of k-step `step` (rows past m zero-filled) into `stage`.
   __device__ __forceinline__ void LoadX(unsigned char* stage, int step) const {
-    LoadXTile(stage + kWStageBytes, step);
-  }
-  // The same into an activation tile of its own at `tile`.
-  __device__ __forceinline__ void LoadXTile(unsigned char* tile, int step) const {
     if (step >= num_steps) return;
 #pragma unroll
     for (int i = 0; i < kM16; ++i) {
       const int r = sl::LoadRow(tid, i);
       const bool valid = r < m;
-      CpAsyncCg16(tile + sl::Swizzle(r, chunk),
+      CpAsyncCg16(stage + kWStageBytes + sl::Swizzle(r, chunk),
                   x + static_cast<size_t>(valid ? r : 0) * k + k0 + step * kBk + chunk * 8, valid);
     }
   }
