@@ -189,7 +189,7 @@ int Run(const Flags& flags) {
                            "TANDEM_DECODE_PACK_LO",
                            "TANDEM_SKINNY_MAX_ROWS",
                            "TANDEM_SKINNY_WGMMA",
-                           "TANDEM_SKINNY_WGMMA_CTAS",
+
                            "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
                            "TANDEM_GEMM_AUTOTUNE_SPLITK"}) {
     if (const char* v = std::getenv(name)) {

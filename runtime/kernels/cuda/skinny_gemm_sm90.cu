@@ -22,8 +22,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -46,18 +44,18 @@ template <int kN>
 __host__ __device__ constexpr int StageBytes() {
   return kWStageBytes + kN * kRowBytes;
 }
-// Stages: as many as fit kCtas CTAs per SM (227 KB shared, less 2 KB per CTA for the alignment
-// slack and the static shared memory), at most 8: two CTAs by default,
-// TANDEM_SKINNY_WGMMA_CTAS=1 or 3 for one or three (deeper or shallower rings).
-template <int kN, int kCtas>
+// Stages: as many as fit two CTAs per SM (227 KB of shared memory, less 2 KB per CTA for the
+// alignment slack and the static shared memory), at most 8: 8 for N <= 32, 7 for 48, 6 for 64.
+// (One CTA per SM with up to 14 stages, and three with 4-7, measured slower on the H200:
+// bench/RESULTS.md, seventh session.)
+template <int kN>
 __host__ __device__ constexpr int Stages() {
-  return (227 * 1024 / kCtas - 2048) / StageBytes<kN>() < 8
-             ? (227 * 1024 / kCtas - 2048) / StageBytes<kN>()
-             : 8;
+  return (227 * 1024 / 2 - 2048) / StageBytes<kN>() < 8 ? (227 * 1024 / 2 - 2048) / StageBytes<kN>()
+                                                        : 8;
 }
-template <int kN, int kCtas>
+template <int kN>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + Stages<kN, kCtas>() * StageBytes<kN>();
+  return size_t{1024} + Stages<kN>() * StageBytes<kN>();
 }
 
 // d (m64nN, f32) += A B for N = 16, 32, 48 or 64, A and B from shared memory (K-major both).
@@ -104,9 +102,9 @@ __device__ __forceinline__ void WgmmaWait() {
 #endif
 }
 
-template <int kN, int kMode, int kCtas>
+template <int kN, int kMode>
 __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGemmRaw p) {
-  constexpr int kStages = Stages<kN, kCtas>();
+  constexpr int kStages = Stages<kN>();
   constexpr int kAhead = kStages - 2;  // steps whose loads are in flight past the current one
   constexpr int kStageBytes = StageBytes<kN>();
   constexpr int kLd = kN + 1;  // float stride of the reduction tile
@@ -190,50 +188,32 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid);
 }
 
-template <int kN, int kMode, int kCtas>
+template <int kN, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kN, kCtas>();
+  constexpr size_t kSmem = SmemBytes<kN>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode, kCtas>, kSmem, configured);
+          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
   const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
   const cudaError_t e =
-      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode, kCtas>, grid, dim3(kThreads), kSmem, stream, p);
+      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode>, grid, dim3(kThreads), kSmem, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <int kMode, int kCtas>
+template <int kMode>
 cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
   switch (PaddedRows(p.m)) {
     case 16:
-      return LaunchTyped<16, kMode, kCtas>(p, stream);
+      return LaunchTyped<16, kMode>(p, stream);
     case 32:
-      return LaunchTyped<32, kMode, kCtas>(p, stream);
+      return LaunchTyped<32, kMode>(p, stream);
     case 48:
-      return LaunchTyped<48, kMode, kCtas>(p, stream);
+      return LaunchTyped<48, kMode>(p, stream);
     default:
-      return LaunchTyped<64, kMode, kCtas>(p, stream);
-  }
-}
-
-template <int kMode>
-cudaError_t LaunchForDepth(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  static const int ctas = [] {
-    const char* env = std::getenv("TANDEM_SKINNY_WGMMA_CTAS");
-    return env == nullptr ? 2 : std::atoi(env);
-  }();
-  switch (ctas) {
-    case 1:
-      return LaunchForRows<kMode, 1>(p, stream);
-    case 2:
-      return LaunchForRows<kMode, 2>(p, stream);
-    case 3:
-      return LaunchForRows<kMode, 3>(p, stream);
-    default:
-      return cudaErrorInvalidValue;
+      return LaunchTyped<64, kMode>(p, stream);
   }
 }
 
@@ -241,8 +221,8 @@ cudaError_t LaunchForDepth(const SkinnyGemmRaw& p, cudaStream_t stream) {
 
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kSkinnyMaxRowsDevice) return cudaErrorInvalidValue;
-  if (p.rope_head_dim > 0) return LaunchForDepth<kRopeMode>(p, stream);
-  return p.gated_silu ? LaunchForDepth<kGatedMode>(p, stream) : LaunchForDepth<kPlain>(p, stream);
+  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
+  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
 }
 
 }  // namespace tandem::cuda::internal
