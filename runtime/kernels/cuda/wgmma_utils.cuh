@@ -1,5 +1,5 @@
 #pragma once
-// Private device helpers for the sm_90a (Hopper) kernels of tandem_attention_sm90: wgmma issue,
+// Private device helpers for the sm_90a (Hopper) kernels of tandem_kernels_sm90: wgmma issue,
 // fence, commit and wait, the async-proxy fence for shared memory written by cp.async, and an
 // address-based cp.async. Every instruction is compiled only for sm_90a
 // (__CUDA_ARCH_FEAT_SM90_ALL); anywhere else the helpers are empty, and their callers must not be
