@@ -17,9 +17,8 @@
 //  - the small-M GEMV A/B: decode batch 1 at 1K with the GEMV and with cuBLASLt only (a
 //    second runner, created with TANDEM_DISABLE_GEMV flipped);
 //  - the skinny GEMM A/B: decode batch 8, 32 and 64 at 1K (those the main run measured) against a
-//    third runner with the skinny
-//    GEMM off (TANDEM_SKINNY_GEMM=0; on, =1, when the main run has it off), and that runner's
-//    per-op breakdown at batch 64.
+//    third runner with the skinny GEMM off (TANDEM_SKINNY_GEMM=0; on, =1, when the main run has it
+//    off), and that runner's per-op breakdown at batch 64.
 // Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
 
 #include <cuda_runtime_api.h>
