@@ -155,33 +155,9 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmKernel(const SkinnyGemmRaw
 
 template <int kM16, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kM16>();
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmKernel<kM16, kMode>, kSmem, configured);
-      e != cudaSuccess) {
-    return e;
-  }
-  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
-  const cudaError_t e =
-      LaunchKernel(SkinnyGemmKernel<kM16, kMode>, grid, dim3(kThreads), kSmem, stream, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
-
-template <int kMode>
-cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  switch ((p.m + 15) / 16) {
-    case 1:
-      return LaunchTyped<1, kMode>(p, stream);
-    case 2:
-      return LaunchTyped<2, kMode>(p, stream);
-    case 3:
-      return LaunchTyped<3, kMode>(p, stream);
-    case 4:
-      return LaunchTyped<4, kMode>(p, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return LaunchSkinnyKernel(SkinnyGemmKernel<kM16, kMode>, SmemBytes<kM16>(), configured, p,
+                            stream);
 }
 
 // Whether launches take the wgmma kernel (skinny_gemm_sm90.cu): the device has compute capability
@@ -200,8 +176,11 @@ bool SkinnyGemmWgmmaActive() { return UseSm90Kernel(); }
 
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (UseSm90Kernel()) return LaunchSkinnyGemmSm90Raw(p, stream);
-  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
-  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
+  return DispatchSkinnyMode(p, [&](auto mode) {
+    return DispatchSkinnyRows(p.m, [&](auto m16) {
+      return LaunchTyped<decltype(m16)::value, decltype(mode)::value>(p, stream);
+    });
+  });
 }
 
 }  // namespace tandem::cuda::internal

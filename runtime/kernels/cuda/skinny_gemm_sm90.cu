@@ -37,9 +37,6 @@ using namespace skinny_tile;  // NOLINT: the shared tile pieces (skinny_gemm_til
 // The wgmma descriptor and accumulator maps (the same instructions as the prefill kernel's).
 namespace sa = ::tandem::cuda::sm90_attention;
 
-// Activation rows padded to the wgmma N of the launch.
-__host__ __device__ constexpr int PaddedRows(int m) { return (m + 15) / 16 * 16; }
-
 template <int kN>
 __host__ __device__ constexpr int StageBytes() {
   return kWStageBytes + kN * kRowBytes;
@@ -190,39 +187,20 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
 
 template <int kN, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kN>();
   static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(SkinnyGemmSm90Kernel<kN, kMode>, kSmem, configured);
-      e != cudaSuccess) {
-    return e;
-  }
-  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
-  const cudaError_t e =
-      LaunchKernel(SkinnyGemmSm90Kernel<kN, kMode>, grid, dim3(kThreads), kSmem, stream, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
-
-template <int kMode>
-cudaError_t LaunchForRows(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  switch (PaddedRows(p.m)) {
-    case 16:
-      return LaunchTyped<16, kMode>(p, stream);
-    case 32:
-      return LaunchTyped<32, kMode>(p, stream);
-    case 48:
-      return LaunchTyped<48, kMode>(p, stream);
-    default:
-      return LaunchTyped<64, kMode>(p, stream);
-  }
+  return LaunchSkinnyKernel(SkinnyGemmSm90Kernel<kN, kMode>, SmemBytes<kN>(), configured, p,
+                            stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& p, cudaStream_t stream) {
   if (p.m < 1 || p.m > kSkinnyMaxRowsDevice) return cudaErrorInvalidValue;
-  if (p.rope_head_dim > 0) return LaunchForRows<kRopeMode>(p, stream);
-  return p.gated_silu ? LaunchForRows<kGatedMode>(p, stream) : LaunchForRows<kPlain>(p, stream);
+  return DispatchSkinnyMode(p, [&](auto mode) {
+    return DispatchSkinnyRows(p.m, [&](auto m16) {
+      return LaunchTyped<16 * decltype(m16)::value, decltype(mode)::value>(p, stream);
+    });
+  });
 }
 
 }  // namespace tandem::cuda::internal

@@ -9,8 +9,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/skinny_gemm_internal.h"
@@ -84,6 +86,53 @@ struct SkinnyLoader {
     }
   }
 };
+
+// out[at] = y, in float32 or rounded once to bf16.
+__device__ __forceinline__ void StoreOut(const SkinnyGemmRaw& p, size_t at, float y) {
+  if (p.out_f32) {
+    static_cast<float*>(p.out)[at] = y;
+  } else {
+    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
+  }
+}
+
+// Launches `kernel` (one CTA of kThreads per output tile and split) with `smem` bytes of dynamic
+// shared memory, raising the kernel's limit on the first launch on each device (`configured`).
+template <typename Kernel>
+cudaError_t LaunchSkinnyKernel(Kernel kernel, size_t smem, std::atomic<uint64_t>& configured,
+                               const SkinnyGemmRaw& p, cudaStream_t stream) {
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, smem, configured); e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
+  const cudaError_t e = LaunchKernel(kernel, grid, dim3(kThreads), smem, stream, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+// Calls launch(std::integral_constant<int, kMode>()) for the output mode of `p` (rope, gated or
+// plain).
+template <typename Launch>
+cudaError_t DispatchSkinnyMode(const SkinnyGemmRaw& p, Launch launch) {
+  if (p.rope_head_dim > 0) return launch(std::integral_constant<int, kRopeMode>());
+  return p.gated_silu ? launch(std::integral_constant<int, kGatedMode>())
+                      : launch(std::integral_constant<int, kPlain>());
+}
+// Calls launch(std::integral_constant<int, kM16>()) for the 16-row blocks (1-4) m takes.
+template <typename Launch>
+cudaError_t DispatchSkinnyRows(int m, Launch launch) {
+  switch ((m + 15) / 16) {
+    case 1:
+      return launch(std::integral_constant<int, 1>());
+    case 2:
+      return launch(std::integral_constant<int, 2>());
+    case 3:
+      return launch(std::integral_constant<int, 3>());
+    case 4:
+      return launch(std::integral_constant<int, 4>());
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 // Finishes output tile `tile` from red[r * ld + c] (weight row r of the tile, activation row c <
 // kMp; every thread of the CTA calls it after a barrier that follows the last write of red): with
@@ -218,13 +267,8 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       const int r = idx % kHalf;
       const int j = tile * kHalf + r;
       if (j >= p.n) continue;
-      const float y = Silu(red[r * kLd + row]) * red[(kHalf + r) * kLd + row];
-      const size_t at = static_cast<size_t>(row) * p.n + j;
-      if (p.out_f32) {
-        static_cast<float*>(p.out)[at] = y;
-      } else {
-        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-      }
+      StoreOut(p, static_cast<size_t>(row) * p.n + j,
+               Silu(red[r * kLd + row]) * red[(kHalf + r) * kLd + row]);
     }
   } else {
     const __nv_bfloat16* bias = static_cast<const __nv_bfloat16*>(p.bias);
@@ -236,12 +280,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       if (feature >= p.n) continue;
       float y = red[r * kLd + row];
       if (bias != nullptr) y += __bfloat162float(bias[feature]);
-      const size_t at = static_cast<size_t>(row) * p.n + feature;
-      if (p.out_f32) {
-        static_cast<float*>(p.out)[at] = y;
-      } else {
-        static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
-      }
+      StoreOut(p, static_cast<size_t>(row) * p.n + feature, y);
     }
   }
 }
