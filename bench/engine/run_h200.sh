@@ -88,12 +88,15 @@ for t in cuda_step_plan_test runner_factory_test cuda_model_runner_test cuda_gen
     echo "$t: MISSING from $BIN" | tee -a "$OUT/summary.txt"
   fi
 done
-# The batched-decode runner checks again with the skinny GEMM taking the 2-64-row projections.
+# The batched-decode runner checks again with the skinny GEMM taking the 2-64-row projections
+# (by default 2-32 rows on an H100/H200), and with it off (cuBLASLt for every multi-row one).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  step cuda_model_runner_test_skinny_gemm 150 env TANDEM_SKINNY_GEMM=1 \
-    "$BIN/cuda_model_runner_test" \
-    --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-    --gtest_output="xml:$OUT/cuda_model_runner_test_skinny_gemm.xml"
+  for sw in 1:skinny_gemm 0:no_skinny_gemm; do
+    step "cuda_model_runner_test_${sw#*:}" 150 env "TANDEM_SKINNY_GEMM=${sw%%:*}" \
+      "$BIN/cuda_model_runner_test" \
+      --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
+      --gtest_output="xml:$OUT/cuda_model_runner_test_${sw#*:}.xml"
+  done
 fi
 # The attention cases again with each switch the ctest variants set (runtime/kernels/cuda/
 # CMakeLists.txt): the portable mma.sync prefill kernel (head_dim 128 takes the wgmma kernel on an

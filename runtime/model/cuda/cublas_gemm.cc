@@ -156,7 +156,7 @@ struct CublasLtGemm::Impl {
   bool autotune_splitk = false;                   // also time split-K variants
   bool autotune_log = false;                      // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
-  // Skinny GEMM (TANDEM_SKINNY_GEMM=1): the device's SM count and its split-K scratch, allocated
+  // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
   int skinny_max_rows = 0;  // calls of 2..skinny_max_rows rows take it
