@@ -49,9 +49,10 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // The QKV projection runs with RoPE and the KV append in its epilogue where its kernel is ours
 // (the single-token GEMV, cuda::LaunchQkvGemvRopeKvAppend; the skinny GEMM where it takes the
-// call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each bit-identical to the two launches it replaces: one kernel fewer per
-// layer (H200, Llama-3-8B shape, batch 1 at 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md).
-// TANDEM_FUSE_QKV_ROPE=0 (read once) turns it off.
+// call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each bit-identical to
+// the two launches it replaces: one kernel fewer per layer (H200, Llama-3-8B shape, batch 1 at
+// 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md). TANDEM_FUSE_QKV_ROPE=0 (read once) turns it
+// off.
 bool FuseQkvRope() {
   static const bool fuse = [] {
     const char* env = std::getenv("TANDEM_FUSE_QKV_ROPE");
