@@ -6,7 +6,8 @@
 // accumulator map fails here; skinny_gemm_cuda_test then checks the real kernel on a GPU.
 // Also checks the maps' properties the kernel relies on for speed and safety: every byte of a
 // stage is copied exactly once, and the 8 row addresses of every ldmatrix phase and every
-// 8-thread cp.async group fall in distinct 16-byte bank groups.
+// 8-thread cp.async group fall in distinct 16-byte bank groups; and that the wgmma kernel
+// (skinny_gemm_sm90.cu) sees the same tiles through its descriptors and accumulator map.
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/float16.h"
+#include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 #include "runtime/kernels/cuda/skinny_gemm_layout.h"
 
@@ -366,6 +368,36 @@ TEST(SkinnyGemmLayoutTest, LdMatrixPhasesAndCopiesAreConflictFree) {
       }
       EXPECT_TRUE(distinct_groups(c)) << "copy threads " << t0 << "+";
     }
+  }
+}
+
+// The wgmma kernel (skinny_gemm_sm90.cu) reads the same tiles through wgmma descriptors, so the
+// skinny layout must be the canonical 128-byte-swizzled K-major layout those describe (the
+// one-atom, 64-dim case of sm90_attention::TileOffset, whose descriptors the prefill emulation test
+// checks), and the m64nN accumulator map it writes into the reduction tile
+// (sm90_attention::AccRow / AccCol) must cover every (weight row, activation row) exactly once.
+TEST(SkinnyGemmLayoutTest, WgmmaKernelSeesTheSameTiles) {
+  namespace sa = ::tandem::cuda::sm90_attention;
+  for (const int rows : {16, 32, 48, 64}) {
+    for (int row = 0; row < rows; ++row) {
+      for (int chunk = 0; chunk < sl::kChunks; ++chunk) {
+        EXPECT_EQ(sl::Swizzle(row, chunk), sa::TileOffset(row, chunk, rows))
+            << "rows " << rows << " row " << row << " chunk " << chunk;
+      }
+    }
+  }
+  for (const int n : {16, 32, 48, 64}) {
+    std::vector<int> hits(static_cast<size_t>(sl::kRows) * n, 0);
+    for (int warp = 0; warp < 4; ++warp) {
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < n / 2; ++r) {
+          const int row = sa::AccRow(warp, lane, r), col = sa::AccCol(lane, r);
+          ASSERT_TRUE(row >= 0 && row < sl::kRows && col >= 0 && col < n) << row << "," << col;
+          ++hits[static_cast<size_t>(row) * n + col];
+        }
+      }
+    }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), static_cast<long>(hits.size())) << n;
   }
 }
 
