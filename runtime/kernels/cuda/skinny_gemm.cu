@@ -160,9 +160,11 @@ cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
                             stream);
 }
 
-// Whether launches take the wgmma kernel (skinny_gemm_sm90.cu): the device has compute capability
-// 9.0 and TANDEM_SKINNY_WGMMA=0 (read once) does not turn it off.
-bool UseSm90Kernel() {
+}  // namespace
+
+// The wgmma kernel (skinny_gemm_sm90.cu) when the device has compute capability 9.0 and
+// TANDEM_SKINNY_WGMMA=0 (read once) does not turn it off.
+bool SkinnyGemmWgmmaActive() {
   static const bool requested = [] {
     const char* env = std::getenv("TANDEM_SKINNY_WGMMA");
     return env == nullptr || std::strcmp(env, "0") != 0;
@@ -170,12 +172,8 @@ bool UseSm90Kernel() {
   return requested && CurrentDeviceIsSm90();
 }
 
-}  // namespace
-
-bool SkinnyGemmWgmmaActive() { return UseSm90Kernel(); }
-
 cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  if (UseSm90Kernel()) return LaunchSkinnyGemmSm90Raw(p, stream);
+  if (SkinnyGemmWgmmaActive()) return LaunchSkinnyGemmSm90Raw(p, stream);
   return DispatchSkinnyMode(p, [&](auto mode) {
     return DispatchSkinnyRows(p.m, [&](auto m16) {
       return LaunchTyped<decltype(m16)::value, decltype(mode)::value>(p, stream);
