@@ -24,6 +24,14 @@
 //     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
+// With RoPE and the KV append fused in (DecodeAttentionArgs::rope_*; the runner's path when the
+// QKV projection is cuBLASLt's, 33+ decode rows), q holds the unrotated qkv rows: the token's
+// cos/sin go to shared memory before the PDL wait, every CTA rotates its query heads in the Q
+// fragments (registers; the buffer keeps unrotated q), and the warp whose tiles hold the new
+// token rotates that token's k head and writes it and the v head to the token's slot before it
+// queues the copy that reads them (at once when that tile is in its prologue, otherwise after
+// the prologue, which hides the round trip). The arithmetic is LaunchRopeKvAppend's, so the
+// cache bytes and the output are those of the two launches it replaces.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
@@ -49,8 +57,8 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kWarpTile = 16;  // tokens per warp tile (one k-step of P V)
 constexpr int kStages = 3;     // warp tiles per warp in shared memory (kStages - 1 in flight)
-constexpr int kMaxGroup = 16;  // query heads per CTA: the 16 rows of the MMA
-constexpr int kPad = 8;        // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int kMaxGroup = kDecodeMaxGroup;  // query heads per CTA: the 16 rows of the MMA
+constexpr int kPad = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
 static_assert(kDecodeTileTokens == kWarps * kWarpTile, "a split partition is whole CTA tiles");
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -73,6 +81,14 @@ struct DecodeParams {
   __nv_bfloat16* out;
   float* partial_out;  // [num_seqs, num_heads, num_splits, head_dim]
   float* partial_ml;   // [num_seqs, num_heads, num_splits, 2]
+  // Fused RoPE + KV append (all null when the launch does not fuse it): q rows are unrotated
+  // qkv rows; the new token of sequence s is at rope_positions[s] and goes to cache slot
+  // rope_slots[s] (negative: not appended) of k_append / v_append (the layer's k and v).
+  const int32_t* rope_positions;
+  const float* rope_inv_freq;
+  const int32_t* rope_slots;
+  __nv_bfloat16* k_append;
+  __nv_bfloat16* v_append;
 };
 
 template <int kHeadDim>
@@ -90,6 +106,52 @@ constexpr size_t DecodeSmemBytes() {
   const size_t pipeline = size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16);
   const size_t merge = size_t{kWarps} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
   return pipeline > merge ? pipeline : merge;
+}
+
+// The new token of sequence `seq` for KV head `kv_head`, as LaunchRopeKvAppend writes it: k rotated
+// at the token's position, then k and v stored at its slot (nothing when the slot is negative).
+// One warp; its lanes' stores are visible to the warp's later copies once this returns.
+template <int kHeadDim>
+__device__ __forceinline__ void AppendNewToken(const DecodeParams& p, int seq, int kv_head,
+                                               int lane) {
+  const int slot = p.rope_slots[seq];
+  if (slot >= 0) {
+    constexpr int kHalf = kHeadDim / 2;
+    const float pos = static_cast<float>(p.rope_positions[seq]);
+    const __nv_bfloat16* row = p.q + static_cast<size_t>(seq) * p.q_row_stride;
+    const __nv_bfloat16* k_src = row + static_cast<size_t>(p.num_heads + kv_head) * kHeadDim;
+    const __nv_bfloat16* v_src =
+        row + static_cast<size_t>(p.num_heads + p.num_kv_heads + kv_head) * kHeadDim;
+    const size_t dst = static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim +
+                       static_cast<size_t>(kv_head) * kHeadDim;
+#pragma unroll
+    for (int i = lane; i < kHalf; i += kWarpSize) {
+      float c, s, y0, y1;
+      RopeCosSin(pos, p.rope_inv_freq[i], c, s);
+      RopeRotate(__bfloat162float(k_src[i]), __bfloat162float(k_src[i + kHalf]), c, s, y0, y1);
+      p.k_append[dst + i] = __float2bfloat16_rn(y0);
+      p.k_append[dst + i + kHalf] = __float2bfloat16_rn(y1);
+    }
+#pragma unroll
+    for (int i = lane; i < kHeadDim; i += kWarpSize) p.v_append[dst + i] = v_src[i];
+  }
+  __threadfence_block();
+  __syncwarp();
+}
+
+// The bf16 pair packed in `u` (element 0 in the low half) rotated with its partner pair `v` (the
+// dims head_dim / 2 further) by (c0, s0) and (c1, s1), rounded to bf16 as LaunchRope does.
+__device__ __forceinline__ void RotatePacked(uint32_t& u, uint32_t& v, float c0, float s0, float c1,
+                                             float s1) {
+  __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&u);
+  __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&v);
+  float a0, a1, b0, b1;
+  RopeRotate(__low2float(lo), __low2float(hi), c0, s0, a0, b0);
+  RopeRotate(__high2float(lo), __high2float(hi), c1, s1, a1, b1);
+  lo = __halves2bfloat162(__float2bfloat16_rn(a0), __float2bfloat16_rn(a1));
+  hi = __halves2bfloat162(__float2bfloat16_rn(b0), __float2bfloat16_rn(b1));
+  u = *reinterpret_cast<const uint32_t*>(&lo);
+  v = *reinterpret_cast<const uint32_t*>(&hi);
 }
 
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
@@ -118,15 +180,31 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int rest = p.group - chunk * kMaxGroup;
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
 
-  // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
-  // written by none, so it is read before PdlWait(); Q and the cache are read after it.
+  // Step metadata (context lengths, block tables, positions, slots) is uploaded before the step's
+  // first kernel and written by none, so it is read before PdlWait(); Q and the cache are read
+  // after it.
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
+  const bool fuse_rope = p.rope_slots != nullptr;
+  if (fuse_rope &&
+      context == 0) {  // a padding row reads nothing but appends as RoPE + append would
+    PdlWait();
+    if (split == 0 && warp == 0 && chunk == 0) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
+  }
   // An empty split writes nothing: the merge skips splits that start at or past the context.
   if (p.num_splits > 1 && begin >= context) {
     PdlWait();
     return;
+  }
+  // Fused RoPE: the new token's cos/sin, for the query rotation below.
+  __shared__ float rope_cs[2][kHeadDim / 2];
+  if (fuse_rope) {
+    const float pos = static_cast<float>(p.rope_positions[seq]);
+    for (int i = tid; i < kHeadDim / 2; i += kThreads) {
+      RopeCosSin(pos, p.rope_inv_freq[i], rope_cs[0][i], rope_cs[1][i]);
+    }
+    __syncthreads();
   }
 
   const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
@@ -170,12 +248,21 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     CpAsyncCommitGroup();
   };
 
+  // Fused KV append: the warp whose tiles hold the new token (the last of the context) writes it,
+  // before its prologue when that tile is in it.
+  const int last = context - 1;
+  const bool appends = fuse_rope && context > 0 && begin <= last && last < end &&
+                       warp == (last - begin) / kWarpTile % kWarps;
+  const bool append_first = appends && (last - begin) / tile_stride < kStages - 1;
+
   int first_blocks[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) first_blocks[i] = load_block(i);
   PdlWait();
+  if (append_first) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, first_blocks[i]);
+  if (appends && !append_first) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
   int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
   // Q as the A operand: row r = query head head0 + r (zeros past the group).
@@ -195,6 +282,21 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       q_frag[kk][1] = valid1 ? row1[c] : 0u;
       q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
       q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
+    }
+    if (fuse_rope) {
+      // Dims kk * 16 + 2t (+1) in fragments 0-1 and +8 (+9) in 2-3 pair with the same dims of
+      // k-step kk + kKSteps / 2 (head_dim / 2 further).
+#pragma unroll
+      for (int kk = 0; kk < kKSteps / 2; ++kk) {
+#pragma unroll
+        for (int f = 0; f < 4; f += 2) {
+          const int d = kk * 16 + 2 * t + (f == 2 ? 8 : 0);
+          const float c0 = rope_cs[0][d], s0 = rope_cs[1][d];
+          const float c1 = rope_cs[0][d + 1], s1 = rope_cs[1][d + 1];
+          RotatePacked(q_frag[kk][f], q_frag[kk + kKSteps / 2][f], c0, s0, c1, s1);
+          RotatePacked(q_frag[kk][f + 1], q_frag[kk + kKSteps / 2][f + 1], c0, s0, c1, s1);
+        }
+      }
     }
   }
 
@@ -455,7 +557,8 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, cudaStream_t stream) {
+                                     const DecodeSplitPlan& plan, const DecodeRopeAppend* rope,
+                                     cudaStream_t stream) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.q_row_stride = q_row_stride;
@@ -478,6 +581,20 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
+  p.rope_positions = nullptr;
+  p.rope_inv_freq = nullptr;
+  p.rope_slots = nullptr;
+  p.k_append = nullptr;
+  p.v_append = nullptr;
+  if (rope != nullptr) {
+    // One CTA per (sequence, KV head, split) must see every query head of the group.
+    if (p.head_chunks != 1) return cudaErrorInvalidValue;
+    p.rope_positions = rope->positions;
+    p.rope_inv_freq = rope->inv_freq;
+    p.rope_slots = rope->slot_mapping;
+    p.k_append = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.k));
+    p.v_append = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.v));
+  }
   switch (kv.head_dim) {
     case 32:
       return Dispatch<32>(p, num_seqs, stream);
