@@ -24,14 +24,16 @@
 //     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
-// With RoPE and the KV append fused in (DecodeAttentionArgs::rope_*; the runner's path when the
-// QKV projection is cuBLASLt's, 33+ decode rows), q holds the unrotated qkv rows: the token's
-// cos/sin go to shared memory before the PDL wait, every CTA rotates its query heads in the Q
-// fragments (registers; the buffer keeps unrotated q), and the warp whose tiles hold the new
-// token rotates that token's k head and writes it and the v head to the token's slot before it
-// queues the copy that reads them (at once when that tile is in its prologue, otherwise after
-// the prologue, which hides the round trip). The arithmetic is LaunchRopeKvAppend's, so the
-// cache bytes and the output are those of the two launches it replaces.
+// With RoPE and the KV append fused in (kFuse; DecodeAttentionArgs::rope_*, the runner's path
+// when the QKV projection is cuBLASLt's, 33+ decode rows), q holds the unrotated qkv rows: the
+// token's cos/sin go to shared memory before the PDL wait, every CTA rotates its query heads in
+// the Q fragments (registers; the buffer keeps unrotated q), and the warp whose tiles hold the
+// new token (the last of the context) loads that token's k and v heads into registers after the
+// PDL wait without waiting for them; when its copy of that tile has landed (holding the slot's
+// old bytes), it rotates k, writes k and v over the token's row of the stage and stores them to
+// the token's slot. No fence or stall is added to any warp's stream. The arithmetic is
+// LaunchRopeKvAppend's, so the cache bytes and the output are those of the two launches it
+// replaces.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
@@ -81,14 +83,18 @@ struct DecodeParams {
   __nv_bfloat16* out;
   float* partial_out;  // [num_seqs, num_heads, num_splits, head_dim]
   float* partial_ml;   // [num_seqs, num_heads, num_splits, 2]
-  // Fused RoPE + KV append (all null when the launch does not fuse it): q rows are unrotated
-  // qkv rows; the new token of sequence s is at rope_positions[s] and goes to cache slot
-  // rope_slots[s] (negative: not appended) of k_append / v_append (the layer's k and v).
-  const int32_t* rope_positions;
-  const float* rope_inv_freq;
-  const int32_t* rope_slots;
-  __nv_bfloat16* k_append;
-  __nv_bfloat16* v_append;
+};
+
+// The fused RoPE + KV append, a second parameter of the fused kernel only (a larger parameter
+// block alone changes the register allocation of the plain kernel, which measured ~1% slower):
+// q rows are unrotated qkv rows; the new token of sequence s is at positions[s] and goes to cache
+// slot slots[s] (negative: not appended) of k / v (the layer's).
+struct DecodeRopeParams {
+  const int32_t* positions;
+  const float* inv_freq;
+  const int32_t* slots;
+  __nv_bfloat16* k;
+  __nv_bfloat16* v;
 };
 
 template <int kHeadDim>
@@ -108,36 +114,73 @@ constexpr size_t DecodeSmemBytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
-// The new token of sequence `seq` for KV head `kv_head`, as LaunchRopeKvAppend writes it: k rotated
-// at the token's position, then k and v stored at its slot (nothing when the slot is negative).
-// One warp; its lanes' stores are visible to the warp's later copies once this returns.
+// The new token's k and v heads (kv_head of sequence seq's qkv row) as one warp holds them: lane
+// l has k dims l + 32 j (j < kPairs) of the first half and the same dims of the second half
+// (rotation pairs), and v dims l + 32 j (j < kVDims). Loaded without waiting; Finish() rotates k
+// with the cos/sin table and stores both at the token's slot (nothing when it is negative).
 template <int kHeadDim>
-__device__ __forceinline__ void AppendNewToken(const DecodeParams& p, int seq, int kv_head,
-                                               int lane) {
-  const int slot = p.rope_slots[seq];
-  if (slot >= 0) {
-    constexpr int kHalf = kHeadDim / 2;
-    const float pos = static_cast<float>(p.rope_positions[seq]);
+struct NewToken {
+  static constexpr int kHalf = kHeadDim / 2;
+  static constexpr int kPairs = (kHalf + kWarpSize - 1) / kWarpSize;
+  static constexpr int kVDims = (kHeadDim + kWarpSize - 1) / kWarpSize;
+  __nv_bfloat16 k_lo[kPairs], k_hi[kPairs], v[kVDims];
+  size_t dst;  // element offset of the token's kv_head at its slot; slot < 0: not appended
+  int slot;
+
+  __device__ __forceinline__ void Load(const DecodeParams& p, const DecodeRopeParams& r, int seq,
+                                       int kv_head, int lane) {
+    slot = r.slots[seq];
+    dst = static_cast<size_t>(slot < 0 ? 0 : slot) * p.num_kv_heads * kHeadDim +
+          static_cast<size_t>(kv_head) * kHeadDim;
     const __nv_bfloat16* row = p.q + static_cast<size_t>(seq) * p.q_row_stride;
     const __nv_bfloat16* k_src = row + static_cast<size_t>(p.num_heads + kv_head) * kHeadDim;
     const __nv_bfloat16* v_src =
         row + static_cast<size_t>(p.num_heads + p.num_kv_heads + kv_head) * kHeadDim;
-    const size_t dst = static_cast<size_t>(slot) * p.num_kv_heads * kHeadDim +
-                       static_cast<size_t>(kv_head) * kHeadDim;
 #pragma unroll
-    for (int i = lane; i < kHalf; i += kWarpSize) {
-      float c, s, y0, y1;
-      RopeCosSin(pos, p.rope_inv_freq[i], c, s);
-      RopeRotate(__bfloat162float(k_src[i]), __bfloat162float(k_src[i + kHalf]), c, s, y0, y1);
-      p.k_append[dst + i] = __float2bfloat16_rn(y0);
-      p.k_append[dst + i + kHalf] = __float2bfloat16_rn(y1);
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + j * kWarpSize;
+      if (i < kHalf) {
+        k_lo[j] = k_src[i];
+        k_hi[j] = k_src[i + kHalf];
+      }
     }
 #pragma unroll
-    for (int i = lane; i < kHeadDim; i += kWarpSize) p.v_append[dst + i] = v_src[i];
+    for (int j = 0; j < kVDims; ++j) {
+      const int i = lane + j * kWarpSize;
+      if (i < kHeadDim) v[j] = v_src[i];
+    }
   }
-  __threadfence_block();
-  __syncwarp();
-}
+  // Rotates k (cos/sin of pair i at cs[0][i], cs[1][i]); writes k and v over row `row` of a
+  // staged K / V tile (null: none) and to the cache.
+  __device__ __forceinline__ void Finish(const DecodeRopeParams& r, const float (*cs)[kHalf],
+                                         int lane, __nv_bfloat16* k_row, __nv_bfloat16* v_row) {
+    if (slot < 0) return;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + j * kWarpSize;
+      if (i < kHalf) {
+        float y0, y1;
+        RopeRotate(__bfloat162float(k_lo[j]), __bfloat162float(k_hi[j]), cs[0][i], cs[1][i], y0,
+                   y1);
+        const __nv_bfloat16 r0 = __float2bfloat16_rn(y0), r1 = __float2bfloat16_rn(y1);
+        r.k[dst + i] = r0;
+        r.k[dst + i + kHalf] = r1;
+        if (k_row != nullptr) {
+          k_row[i] = r0;
+          k_row[i + kHalf] = r1;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVDims; ++j) {
+      const int i = lane + j * kWarpSize;
+      if (i < kHeadDim) {
+        r.v[dst + i] = v[j];
+        if (v_row != nullptr) v_row[i] = v[j];
+      }
+    }
+  }
+};
 
 // The bf16 pair packed in `u` (element 0 in the low half) rotated with its partner pair `v` (the
 // dims head_dim / 2 further) by (c0, s0) and (c1, s1), rounded to bf16 as LaunchRope does.
@@ -154,9 +197,11 @@ __device__ __forceinline__ void RotatePacked(uint32_t& u, uint32_t& v, float c0,
   v = *reinterpret_cast<const uint32_t*>(&hi);
 }
 
-// kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
-template <int kHeadDim, bool kPackLo>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
+// kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts. kFuse:
+// the RoPE and KV append of the new token are fused in (`r`; unused otherwise). The body of both
+// kernels below.
+template <int kHeadDim, bool kPackLo, bool kFuse>
+__device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const DecodeRopeParams& r) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
@@ -186,25 +231,27 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
-  const bool fuse_rope = p.rope_slots != nullptr;
-  if (fuse_rope &&
-      context == 0) {  // a padding row reads nothing but appends as RoPE + append would
-    PdlWait();
-    if (split == 0 && warp == 0 && chunk == 0) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
+  // Fused RoPE: the new token's cos/sin, for the rotations of q and k.
+  __shared__ float rope_cs[kFuse ? 2 : 1][kFuse ? kHeadDim / 2 : 1];
+  if constexpr (kFuse) {
+    const float pos = static_cast<float>(r.positions[seq]);
+    for (int i = tid; i < kHeadDim / 2; i += kThreads) {
+      RopeCosSin(pos, r.inv_freq[i], rope_cs[0][i], rope_cs[1][i]);
+    }
+    __syncthreads();
+    if (context == 0) {  // a padding row reads nothing but appends as RoPE + append would
+      PdlWait();
+      if (split == 0 && warp == 0) {
+        NewToken<kHeadDim> token;
+        token.Load(p, r, seq, kv_head, lane);
+        token.Finish(r, rope_cs, lane, nullptr, nullptr);
+      }
+    }
   }
   // An empty split writes nothing: the merge skips splits that start at or past the context.
   if (p.num_splits > 1 && begin >= context) {
     PdlWait();
     return;
-  }
-  // Fused RoPE: the new token's cos/sin, for the query rotation below.
-  __shared__ float rope_cs[2][kHeadDim / 2];
-  if (fuse_rope) {
-    const float pos = static_cast<float>(p.rope_positions[seq]);
-    for (int i = tid; i < kHeadDim / 2; i += kThreads) {
-      RopeCosSin(pos, p.rope_inv_freq[i], rope_cs[0][i], rope_cs[1][i]);
-    }
-    __syncthreads();
   }
 
   const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
@@ -248,21 +295,24 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     CpAsyncCommitGroup();
   };
 
-  // Fused KV append: the warp whose tiles hold the new token (the last of the context) writes it,
-  // before its prologue when that tile is in it.
+  // Fused KV append: the warp whose tiles hold the new token (the last of the context) writes it
+  // at its tile new_tile (-1: not this warp).
   const int last = context - 1;
-  const bool appends = fuse_rope && context > 0 && begin <= last && last < end &&
-                       warp == (last - begin) / kWarpTile % kWarps;
-  const bool append_first = appends && (last - begin) / tile_stride < kStages - 1;
+  const int new_tile = kFuse && context > 0 && begin <= last && last < end &&
+                               warp == (last - begin) / kWarpTile % kWarps
+                           ? (last - begin) / tile_stride
+                           : -1;
 
   int first_blocks[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) first_blocks[i] = load_block(i);
   PdlWait();
-  if (append_first) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, first_blocks[i]);
-  if (appends && !append_first) AppendNewToken<kHeadDim>(p, seq, kv_head, lane);
+  NewToken<kHeadDim> token;
+  if constexpr (kFuse) {
+    if (new_tile >= 0) token.Load(p, r, seq, kv_head, lane);
+  }
   int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
   // Q as the A operand: row r = query head head0 + r (zeros past the group).
@@ -283,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
       q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
     }
-    if (fuse_rope) {
+    if constexpr (kFuse) {
       // Dims kk * 16 + 2t (+1) in fragments 0-1 and +8 (+9) in 2-3 pair with the same dims of
       // k-step kk + kKSteps / 2 (head_dim / 2 further).
 #pragma unroll
@@ -325,6 +375,13 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     __syncwarp();
     const int t0 = first_tile + i * tile_stride;
     const __nv_bfloat16* k_tile = stages + (i % kStages) * StageElems<kHeadDim>();
+    if constexpr (kFuse) {
+      if (i == new_tile) {  // the new token's row holds the slot's old bytes: replace them
+        __nv_bfloat16* k_row = stages + (i % kStages) * StageElems<kHeadDim>() + (last - t0) * kRow;
+        token.Finish(r, rope_cs, lane, k_row, k_row + kWarpTile * kRow);
+        __syncwarp();
+      }
+    }
     const unsigned k_base = SharedAddress(k_tile);
     const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
 
@@ -489,6 +546,17 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   }
 }
 
+template <int kHeadDim, bool kPackLo>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
+  DecodeAttention<kHeadDim, kPackLo, false>(p, DecodeRopeParams{});
+}
+
+template <int kHeadDim, bool kPackLo>
+__global__ void __launch_bounds__(kThreads)
+    DecodeAttentionRopeKernel(const DecodeParams p, const DecodeRopeParams r) {
+  DecodeAttention<kHeadDim, kPackLo, true>(p, r);
+}
+
 // One block per (query head, sequence), one thread per dim: combines the non-empty splits.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams p) {
@@ -523,26 +591,39 @@ bool PackLoEnabled() {
   return enabled;
 }
 
-template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
+// Launches `kernel` (one of the two above) with its shared memory opt-in.
+template <int kHeadDim, typename Kernel, typename... Args>
+cudaError_t LaunchWithSmem(Kernel kernel, std::atomic<uint64_t>& configured, const dim3 grid,
+                           cudaStream_t stream, const Args&... args) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
-  static std::atomic<uint64_t> configured{0};
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim, kPackLo>, kSmem, configured);
-      e != cudaSuccess) {
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
-  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
+  LaunchKernel(kernel, grid, kThreads, kSmem, stream, args...);
   return cudaSuccess;
 }
 
+template <int kHeadDim, bool kPackLo>
+cudaError_t LaunchMain(const DecodeParams& p, const DecodeRopeParams* rope, const dim3 grid,
+                       cudaStream_t stream) {
+  if (rope != nullptr) {
+    static std::atomic<uint64_t> configured{0};
+    return LaunchWithSmem<kHeadDim>(DecodeAttentionRopeKernel<kHeadDim, kPackLo>, configured, grid,
+                                    stream, p, *rope);
+  }
+  static std::atomic<uint64_t> configured{0};
+  return LaunchWithSmem<kHeadDim>(DecodeAttentionKernel<kHeadDim, kPackLo>, configured, grid,
+                                  stream, p);
+}
+
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+cudaError_t Dispatch(const DecodeParams& p, const DecodeRopeParams* rope, int num_seqs,
+                     cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
   const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
-                            ? LaunchMain<kHeadDim, true>(p, grid, stream)
-                            : LaunchMain<kHeadDim, false>(p, grid, stream);
+                            ? LaunchMain<kHeadDim, true>(p, rope, grid, stream)
+                            : LaunchMain<kHeadDim, false>(p, rope, grid, stream);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
@@ -581,27 +662,24 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
-  p.rope_positions = nullptr;
-  p.rope_inv_freq = nullptr;
-  p.rope_slots = nullptr;
-  p.k_append = nullptr;
-  p.v_append = nullptr;
+  DecodeRopeParams r{};
   if (rope != nullptr) {
     // One CTA per (sequence, KV head, split) must see every query head of the group.
     if (p.head_chunks != 1) return cudaErrorInvalidValue;
-    p.rope_positions = rope->positions;
-    p.rope_inv_freq = rope->inv_freq;
-    p.rope_slots = rope->slot_mapping;
-    p.k_append = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.k));
-    p.v_append = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.v));
+    r.positions = rope->positions;
+    r.inv_freq = rope->inv_freq;
+    r.slots = rope->slot_mapping;
+    r.k = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.k));
+    r.v = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.v));
   }
+  const DecodeRopeParams* fused = rope != nullptr ? &r : nullptr;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, num_seqs, stream);
+      return Dispatch<32>(p, fused, num_seqs, stream);
     case 64:
-      return Dispatch<64>(p, num_seqs, stream);
+      return Dispatch<64>(p, fused, num_seqs, stream);
     case 128:
-      return Dispatch<128>(p, num_seqs, stream);
+      return Dispatch<128>(p, fused, num_seqs, stream);
     default:
       return cudaErrorInvalidValue;
   }
