@@ -231,15 +231,20 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
-  // Fused RoPE: the new token's cos/sin, for the rotations of q and k.
+  // Fused RoPE: the new token's cos/sin, for the rotations of q and k, computed (by the first
+  // head_dim / 2 threads) once the prologue's copies are queued, from inputs loaded here.
+  static_assert(kHeadDim / 2 <= kThreads, "one rotation pair per thread");
   __shared__ float rope_cs[kFuse ? 2 : 1][kFuse ? kHeadDim / 2 : 1];
-  if constexpr (kFuse) {
-    const float pos = static_cast<float>(r.positions[seq]);
-    for (int i = tid; i < kHeadDim / 2; i += kThreads) {
-      RopeCosSin(pos, r.inv_freq[i], rope_cs[0][i], rope_cs[1][i]);
-    }
+  float rope_pos = 0.0f, rope_freq = 0.0f;
+  auto fill_rope_cs = [&] {
+    if (tid < kHeadDim / 2) RopeCosSin(rope_pos, rope_freq, rope_cs[0][tid], rope_cs[1][tid]);
     __syncthreads();
+  };
+  if constexpr (kFuse) {
+    rope_pos = static_cast<float>(r.positions[seq]);
+    if (tid < kHeadDim / 2) rope_freq = r.inv_freq[tid];
     if (context == 0) {  // a padding row reads nothing but appends as RoPE + append would
+      fill_rope_cs();
       PdlWait();
       if (split == 0 && warp == 0) {
         NewToken<kHeadDim> token;
@@ -312,6 +317,7 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
   NewToken<kHeadDim> token;
   if constexpr (kFuse) {
     if (new_tile >= 0) token.Load(p, r, seq, kv_head, lane);
+    if (context != 0) fill_rope_cs();  // a padding row's was filled above
   }
   int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
