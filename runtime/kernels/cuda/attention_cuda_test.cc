@@ -2,8 +2,7 @@
 // bf16-rounded inputs, at the head shapes of Llama-3-8B (32/8/128), Llama-3.2-1B (32/8/64), the
 // tiny synthetic model (8/2/32) and GQA groups of 1, 8 and 16, with random non-contiguous block
 // tables, a KvCacheLayout-style interleaved cache whose other layer is NaN (reading it fails), and
-// NaN-poisoned outputs (an element not written fails); and the decode launch with RoPE and the KV
-// append fused in against the two launches it replaces. Skipped without a GPU.
+// NaN-poisoned outputs (an element not written fails). Skipped without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -186,100 +185,6 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     FreeAll();
   }
 
-  // Decode with the RoPE and KV append fused in (DecodeAttentionArgs::rope_*) against
-  // LaunchRopeKvAppend followed by the plain launch (each tested against the CPU reference), on
-  // two copies of the same unrotated qkv rows and cache: the output and the whole cache must be
-  // the same bits. The new token of sequence s sits at position contexts[s] - 1 in its own
-  // blocks; a context of 0 is a padding row whose token goes to a block no sequence reads (every
-  // other padding row, alternately, has slot -1 and appends nothing).
-  void RunDecodeFusedRope(const std::vector<int>& contexts, int hint = 0) {
-    const AttnShape& sh = GetParam();
-    const int num_seqs = static_cast<int>(contexts.size());
-    const int max_context = std::max(1, *std::max_element(contexts.begin(), contexts.end()));
-    if (hint == 0) hint = max_context;
-    std::string what =
-        absl::StrCat("decode+rope ", sh.name, " bs=", sh.block_size, " seqs=", num_seqs,
-                     " max_context=", max_context, " hint=", hint);
-    if (num_seqs <= 8) absl::StrAppend(&what, " contexts=", absl::StrJoin(contexts, ","));
-    SCOPED_TRACE(what);
-    const uint64_t seed = num_seqs * 7777ull + max_context + hint;
-    std::vector<float> inv_freq(sh.head_dim / 2);
-    cpu::Llama3RopeScaling scaling;
-    cpu::RopeInvFreq(sh.head_dim, 500000.0f, &scaling, inv_freq.data());
-    const DeviceBuffer d_inv = Upload(inv_freq);
-    const DeviceBuffer d_lens = Upload(contexts);
-    const size_t ws_bytes =
-        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint);
-    const DeviceBuffer d_ws = Upload(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 16), 0));
-    std::vector<uint16_t> out[2], cache[2], initial_cache;
-    for (const bool fused : {false, true}) {
-      PagedSetup s = Build(contexts, num_seqs, 1.0f, seed);  // the same bits both times
-      std::vector<int32_t> positions(num_seqs), slots(num_seqs);
-      std::vector<bool> used(s.num_blocks, false);
-      for (int q = 0; q < num_seqs; ++q) {
-        for (int b = 0; b * sh.block_size < contexts[q]; ++b) {
-          used[s.block_tables[static_cast<size_t>(q) * s.max_blocks_per_seq + b]] = true;
-        }
-      }
-      const int free_block =
-          static_cast<int>(std::find(used.begin(), used.end(), false) - used.begin());
-      ASSERT_LT(free_block, s.num_blocks);
-      int paddings = 0;
-      for (int q = 0; q < num_seqs; ++q) {
-        if (contexts[q] == 0) {
-          positions[q] = 7 + q;
-          slots[q] = paddings++ % 2 == 0 ? free_block * sh.block_size + q % sh.block_size : -1;
-          continue;
-        }
-        const int pos = contexts[q] - 1;
-        positions[q] = pos;
-        slots[q] =
-            s.block_tables[static_cast<size_t>(q) * s.max_blocks_per_seq + pos / sh.block_size] *
-                sh.block_size +
-            pos % sh.block_size;
-      }
-      const DeviceBuffer d_pos = Upload(positions);
-      const DeviceBuffer d_slots = Upload(slots);
-      if (!fused) {
-        initial_cache = Download<uint16_t>(s.d_cache, 2 * kLayers * s.layer_elems);
-        ASSERT_TRUE(cuda::LaunchRopeKvAppend(s.d_qkv.data, static_cast<const int32_t*>(d_pos.data),
-                                             static_cast<const float*>(d_inv.data),
-                                             static_cast<const int32_t*>(d_slots.data), num_seqs,
-                                             sh.heads, s.cache, kLayer, stream())
-                        .ok());
-      }
-      cuda::DecodeAttentionArgs a;
-      a.q = s.d_qkv.data;
-      a.q_row_stride = s.q_stride;
-      a.cache = &s.cache;
-      a.layer = kLayer;
-      a.block_tables = static_cast<const int32_t*>(s.d_tables.data);
-      a.max_blocks_per_seq = s.max_blocks_per_seq;
-      a.context_lens = static_cast<const int32_t*>(d_lens.data);
-      a.num_seqs = num_seqs;
-      a.num_heads = sh.heads;
-      a.scale = Scale();
-      a.out = s.d_out.data;
-      a.workspace = ws_bytes > 0 ? d_ws.data : nullptr;
-      a.workspace_bytes = ws_bytes;
-      a.max_context_len = hint;
-      if (fused) {
-        a.rope_positions = static_cast<const int32_t*>(d_pos.data);
-        a.rope_inv_freq = static_cast<const float*>(d_inv.data);
-        a.rope_slot_mapping = static_cast<const int32_t*>(d_slots.data);
-      }
-      const absl::Status status = cuda::LaunchPagedDecodeAttention(a, stream());
-      ASSERT_TRUE(status.ok()) << status;
-      out[fused] =
-          Download<uint16_t>(s.d_out, static_cast<size_t>(num_seqs) * sh.heads * sh.head_dim);
-      cache[fused] = Download<uint16_t>(s.d_cache, 2 * kLayers * s.layer_elems);
-    }
-    EXPECT_TRUE(out[1] == out[0]) << what << ": output differs from RoPE + append, then attention";
-    EXPECT_TRUE(cache[1] == cache[0]) << what << ": cache differs from RoPE + append";
-    EXPECT_FALSE(cache[0] == initial_cache) << what << ": nothing was appended";
-    FreeAll();
-  }
-
   // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens.
   void RunPrefill(const std::vector<int>& new_tokens, const std::vector<int>& start_pos,
                   float q_std = 1.0f) {
@@ -374,30 +279,10 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
 
-TEST_P(ModelShapeTest, DecodeWithFusedRopeAppend) {
-  // One split per sequence (64 sequences), several (one long sequence), tokens in the prologue
-  // tiles and past them, tile and block boundaries, padding rows.
-  std::vector<int> contexts(64);
-  FastRng rng(65);
-  for (auto& c : contexts) c = rng.UniformInt(1, 1100);
-  contexts[1] = 1;
-  contexts[2] = 16;
-  contexts[3] = 17;
-  contexts[4] = 64;
-  contexts[5] = 129;
-  contexts[6] = 0;
-  contexts[7] = 0;
-  RunDecodeFusedRope(contexts);
-  RunDecodeFusedRope({8192});
-  RunDecodeFusedRope({1000, 0, 17, 1, 4000, 2, 129, 600});
-}
-
 TEST_P(GroupShapeTest, Decode) {
   RunDecode({8192});
   RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600});
 }
-
-TEST_P(GroupShapeTest, DecodeWithFusedRopeAppend) { RunDecodeFusedRope({3000, 0, 17, 1, 250}); }
 
 TEST_P(GroupShapeTest, Prefill) { RunPrefill({1, 64, 200}, {0, 1000, 5}); }
 

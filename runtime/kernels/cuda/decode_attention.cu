@@ -24,16 +24,6 @@
 //     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
-// With RoPE and the KV append fused in (kFuse; DecodeAttentionArgs::rope_*, the runner's path
-// when the QKV projection is cuBLASLt's, 33+ decode rows), q holds the unrotated qkv rows: the
-// token's cos/sin go to shared memory before the PDL wait, every CTA rotates its query heads in
-// the Q fragments (registers; the buffer keeps unrotated q), and the warp whose tiles hold the
-// new token (the last of the context) loads that token's k and v heads into registers after the
-// PDL wait without waiting for them; when its copy of that tile has landed (holding the slot's
-// old bytes), it rotates k, writes k and v over the token's row of the stage and stores them to
-// the token's slot. No fence or stall is added to any warp's stream. The arithmetic is
-// LaunchRopeKvAppend's, so the cache bytes and the output are those of the two launches it
-// replaces.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
@@ -59,8 +49,8 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kWarpTile = 16;  // tokens per warp tile (one k-step of P V)
 constexpr int kStages = 3;     // warp tiles per warp in shared memory (kStages - 1 in flight)
-constexpr int kMaxGroup = kDecodeMaxGroup;  // query heads per CTA: the 16 rows of the MMA
-constexpr int kPad = 8;  // bf16 elements of padding per shared row (conflict-free ldmatrix)
+constexpr int kMaxGroup = 16;  // query heads per CTA: the 16 rows of the MMA
+constexpr int kPad = 8;        // bf16 elements of padding per shared row (conflict-free ldmatrix)
 static_assert(kDecodeTileTokens == kWarps * kWarpTile, "a split partition is whole CTA tiles");
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -85,18 +75,6 @@ struct DecodeParams {
   float* partial_ml;   // [num_seqs, num_heads, num_splits, 2]
 };
 
-// The fused RoPE + KV append, a second parameter of the fused kernel only (a larger parameter
-// block alone changes the register allocation of the plain kernel, which measured ~1% slower):
-// q rows are unrotated qkv rows; the new token of sequence s is at positions[s] and goes to cache
-// slot slots[s] (negative: not appended) of k / v (the layer's).
-struct DecodeRopeParams {
-  const int32_t* positions;
-  const float* inv_freq;
-  const int32_t* slots;
-  __nv_bfloat16* k;
-  __nv_bfloat16* v;
-};
-
 template <int kHeadDim>
 __host__ __device__ constexpr int RowElems() {
   return kHeadDim + kPad;
@@ -114,94 +92,9 @@ constexpr size_t DecodeSmemBytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
-// The new token's k and v heads (kv_head of sequence seq's qkv row) as one warp holds them: lane
-// l has k dims l + 32 j (j < kPairs) of the first half and the same dims of the second half
-// (rotation pairs), and v dims l + 32 j (j < kVDims). Loaded without waiting; Finish() rotates k
-// with the cos/sin table and stores both at the token's slot (nothing when it is negative).
-template <int kHeadDim>
-struct NewToken {
-  static constexpr int kHalf = kHeadDim / 2;
-  static constexpr int kPairs = (kHalf + kWarpSize - 1) / kWarpSize;
-  static constexpr int kVDims = (kHeadDim + kWarpSize - 1) / kWarpSize;
-  __nv_bfloat16 k_lo[kPairs], k_hi[kPairs], v[kVDims];
-  size_t dst;  // element offset of the token's kv_head at its slot; slot < 0: not appended
-  int slot;
-
-  __device__ __forceinline__ void Load(const DecodeParams& p, const DecodeRopeParams& r, int seq,
-                                       int kv_head, int lane) {
-    slot = r.slots[seq];
-    dst = static_cast<size_t>(slot < 0 ? 0 : slot) * p.num_kv_heads * kHeadDim +
-          static_cast<size_t>(kv_head) * kHeadDim;
-    const __nv_bfloat16* row = p.q + static_cast<size_t>(seq) * p.q_row_stride;
-    const __nv_bfloat16* k_src = row + static_cast<size_t>(p.num_heads + kv_head) * kHeadDim;
-    const __nv_bfloat16* v_src =
-        row + static_cast<size_t>(p.num_heads + p.num_kv_heads + kv_head) * kHeadDim;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int i = lane + j * kWarpSize;
-      if (i < kHalf) {
-        k_lo[j] = k_src[i];
-        k_hi[j] = k_src[i + kHalf];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kVDims; ++j) {
-      const int i = lane + j * kWarpSize;
-      if (i < kHeadDim) v[j] = v_src[i];
-    }
-  }
-  // Rotates k (cos/sin of pair i at cs[0][i], cs[1][i]); writes k and v over row `row` of a
-  // staged K / V tile (null: none) and to the cache.
-  __device__ __forceinline__ void Finish(const DecodeRopeParams& r, const float (*cs)[kHalf],
-                                         int lane, __nv_bfloat16* k_row, __nv_bfloat16* v_row) {
-    if (slot < 0) return;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int i = lane + j * kWarpSize;
-      if (i < kHalf) {
-        float y0, y1;
-        RopeRotate(__bfloat162float(k_lo[j]), __bfloat162float(k_hi[j]), cs[0][i], cs[1][i], y0,
-                   y1);
-        const __nv_bfloat16 r0 = __float2bfloat16_rn(y0), r1 = __float2bfloat16_rn(y1);
-        r.k[dst + i] = r0;
-        r.k[dst + i + kHalf] = r1;
-        if (k_row != nullptr) {
-          k_row[i] = r0;
-          k_row[i + kHalf] = r1;
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kVDims; ++j) {
-      const int i = lane + j * kWarpSize;
-      if (i < kHeadDim) {
-        r.v[dst + i] = v[j];
-        if (v_row != nullptr) v_row[i] = v[j];
-      }
-    }
-  }
-};
-
-// The bf16 pair packed in `u` (element 0 in the low half) rotated with its partner pair `v` (the
-// dims head_dim / 2 further) by (c0, s0) and (c1, s1), rounded to bf16 as LaunchRope does.
-__device__ __forceinline__ void RotatePacked(uint32_t& u, uint32_t& v, float c0, float s0, float c1,
-                                             float s1) {
-  __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&u);
-  __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&v);
-  float a0, a1, b0, b1;
-  RopeRotate(__low2float(lo), __low2float(hi), c0, s0, a0, b0);
-  RopeRotate(__high2float(lo), __high2float(hi), c1, s1, a1, b1);
-  lo = __halves2bfloat162(__float2bfloat16_rn(a0), __float2bfloat16_rn(a1));
-  hi = __halves2bfloat162(__float2bfloat16_rn(b0), __float2bfloat16_rn(b1));
-  u = *reinterpret_cast<const uint32_t*>(&lo);
-  v = *reinterpret_cast<const uint32_t*>(&hi);
-}
-
-// kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts. kFuse:
-// the RoPE and KV append of the new token are fused in (`r`; unused otherwise). The body of both
-// kernels below.
-template <int kHeadDim, bool kPackLo, bool kFuse>
-__device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const DecodeRopeParams& r) {
+// kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
+template <int kHeadDim, bool kPackLo>
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
@@ -225,34 +118,11 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
   const int rest = p.group - chunk * kMaxGroup;
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
 
-  // Step metadata (context lengths, block tables, positions, slots) is uploaded before the step's
-  // first kernel and written by none, so it is read before PdlWait(); Q and the cache are read
-  // after it.
+  // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
+  // written by none, so it is read before PdlWait(); Q and the cache are read after it.
   const int context = p.context_lens[seq];
   const int begin = split * p.partition_size;
   const int end = split == p.num_splits - 1 ? context : min(context, begin + p.partition_size);
-  // Fused RoPE: the new token's cos/sin, for the rotations of q and k, computed (by the first
-  // head_dim / 2 threads) once the prologue's copies are queued, from inputs loaded here.
-  static_assert(kHeadDim / 2 <= kThreads, "one rotation pair per thread");
-  __shared__ float rope_cs[kFuse ? 2 : 1][kFuse ? kHeadDim / 2 : 1];
-  float rope_pos = 0.0f, rope_freq = 0.0f;
-  auto fill_rope_cs = [&] {
-    if (tid < kHeadDim / 2) RopeCosSin(rope_pos, rope_freq, rope_cs[0][tid], rope_cs[1][tid]);
-    __syncthreads();
-  };
-  if constexpr (kFuse) {
-    rope_pos = static_cast<float>(r.positions[seq]);
-    if (tid < kHeadDim / 2) rope_freq = r.inv_freq[tid];
-    if (context == 0) {  // a padding row reads nothing but appends as RoPE + append would
-      fill_rope_cs();
-      PdlWait();
-      if (split == 0 && warp == 0) {
-        NewToken<kHeadDim> token;
-        token.Load(p, r, seq, kv_head, lane);
-        token.Finish(r, rope_cs, lane, nullptr, nullptr);
-      }
-    }
-  }
   // An empty split writes nothing: the merge skips splits that start at or past the context.
   if (p.num_splits > 1 && begin >= context) {
     PdlWait();
@@ -300,25 +170,12 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
     CpAsyncCommitGroup();
   };
 
-  // Fused KV append: the warp whose tiles hold the new token (the last of the context) writes it
-  // at its tile new_tile (-1: not this warp).
-  const int last = context - 1;
-  const int new_tile = kFuse && context > 0 && begin <= last && last < end &&
-                               warp == (last - begin) / kWarpTile % kWarps
-                           ? (last - begin) / tile_stride
-                           : -1;
-
   int first_blocks[kStages];
 #pragma unroll
   for (int i = 0; i < kStages; ++i) first_blocks[i] = load_block(i);
   PdlWait();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i, first_blocks[i]);
-  NewToken<kHeadDim> token;
-  if constexpr (kFuse) {
-    if (new_tile >= 0) token.Load(p, r, seq, kv_head, lane);
-    if (context != 0) fill_rope_cs();  // a padding row's was filled above
-  }
   int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
   // Q as the A operand: row r = query head head0 + r (zeros past the group).
@@ -338,21 +195,6 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
       q_frag[kk][1] = valid1 ? row1[c] : 0u;
       q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
       q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
-    }
-    if constexpr (kFuse) {
-      // Dims kk * 16 + 2t (+1) in fragments 0-1 and +8 (+9) in 2-3 pair with the same dims of
-      // k-step kk + kKSteps / 2 (head_dim / 2 further).
-#pragma unroll
-      for (int kk = 0; kk < kKSteps / 2; ++kk) {
-#pragma unroll
-        for (int f = 0; f < 4; f += 2) {
-          const int d = kk * 16 + 2 * t + (f == 2 ? 8 : 0);
-          const float c0 = rope_cs[0][d], s0 = rope_cs[1][d];
-          const float c1 = rope_cs[0][d + 1], s1 = rope_cs[1][d + 1];
-          RotatePacked(q_frag[kk][f], q_frag[kk + kKSteps / 2][f], c0, s0, c1, s1);
-          RotatePacked(q_frag[kk][f + 1], q_frag[kk + kKSteps / 2][f + 1], c0, s0, c1, s1);
-        }
-      }
     }
   }
 
@@ -381,13 +223,6 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
     __syncwarp();
     const int t0 = first_tile + i * tile_stride;
     const __nv_bfloat16* k_tile = stages + (i % kStages) * StageElems<kHeadDim>();
-    if constexpr (kFuse) {
-      if (i == new_tile) {  // the new token's row holds the slot's old bytes: replace them
-        __nv_bfloat16* k_row = stages + (i % kStages) * StageElems<kHeadDim>() + (last - t0) * kRow;
-        token.Finish(r, rope_cs, lane, k_row, k_row + kWarpTile * kRow);
-        __syncwarp();
-      }
-    }
     const unsigned k_base = SharedAddress(k_tile);
     const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
 
@@ -552,17 +387,6 @@ __device__ __forceinline__ void DecodeAttention(const DecodeParams& p, const Dec
   }
 }
 
-template <int kHeadDim, bool kPackLo>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
-  DecodeAttention<kHeadDim, kPackLo, false>(p, DecodeRopeParams{});
-}
-
-template <int kHeadDim, bool kPackLo>
-__global__ void __launch_bounds__(kThreads)
-    DecodeAttentionRopeKernel(const DecodeParams p, const DecodeRopeParams r) {
-  DecodeAttention<kHeadDim, kPackLo, true>(p, r);
-}
-
 // One block per (query head, sequence), one thread per dim: combines the non-empty splits.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams p) {
@@ -597,39 +421,26 @@ bool PackLoEnabled() {
   return enabled;
 }
 
-// Launches `kernel` (one of the two above) with its shared memory opt-in.
-template <int kHeadDim, typename Kernel, typename... Args>
-cudaError_t LaunchWithSmem(Kernel kernel, std::atomic<uint64_t>& configured, const dim3 grid,
-                           cudaStream_t stream, const Args&... args) {
+template <int kHeadDim, bool kPackLo>
+cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(DecodeAttentionKernel<kHeadDim, kPackLo>, kSmem, configured);
+      e != cudaSuccess) {
     return e;
   }
-  LaunchKernel(kernel, grid, kThreads, kSmem, stream, args...);
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
   return cudaSuccess;
 }
 
-template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchMain(const DecodeParams& p, const DecodeRopeParams* rope, const dim3 grid,
-                       cudaStream_t stream) {
-  if (rope != nullptr) {
-    static std::atomic<uint64_t> configured{0};
-    return LaunchWithSmem<kHeadDim>(DecodeAttentionRopeKernel<kHeadDim, kPackLo>, configured, grid,
-                                    stream, p, *rope);
-  }
-  static std::atomic<uint64_t> configured{0};
-  return LaunchWithSmem<kHeadDim>(DecodeAttentionKernel<kHeadDim, kPackLo>, configured, grid,
-                                  stream, p);
-}
-
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, const DecodeRopeParams* rope, int num_seqs,
-                     cudaStream_t stream) {
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
   const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
-                            ? LaunchMain<kHeadDim, true>(p, rope, grid, stream)
-                            : LaunchMain<kHeadDim, false>(p, rope, grid, stream);
+                            ? LaunchMain<kHeadDim, true>(p, grid, stream)
+                            : LaunchMain<kHeadDim, false>(p, grid, stream);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
@@ -644,8 +455,7 @@ cudaError_t Dispatch(const DecodeParams& p, const DecodeRopeParams* rope, int nu
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, const DecodeRopeAppend* rope,
-                                     cudaStream_t stream) {
+                                     const DecodeSplitPlan& plan, cudaStream_t stream) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.q_row_stride = q_row_stride;
@@ -668,24 +478,13 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
-  DecodeRopeParams r{};
-  if (rope != nullptr) {
-    // One CTA per (sequence, KV head, split) must see every query head of the group.
-    if (p.head_chunks != 1) return cudaErrorInvalidValue;
-    r.positions = rope->positions;
-    r.inv_freq = rope->inv_freq;
-    r.slots = rope->slot_mapping;
-    r.k = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.k));
-    r.v = static_cast<__nv_bfloat16*>(const_cast<void*>(kv.v));
-  }
-  const DecodeRopeParams* fused = rope != nullptr ? &r : nullptr;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, fused, num_seqs, stream);
+      return Dispatch<32>(p, num_seqs, stream);
     case 64:
-      return Dispatch<64>(p, fused, num_seqs, stream);
+      return Dispatch<64>(p, num_seqs, stream);
     case 128:
-      return Dispatch<128>(p, fused, num_seqs, stream);
+      return Dispatch<128>(p, num_seqs, stream);
     default:
       return cudaErrorInvalidValue;
   }

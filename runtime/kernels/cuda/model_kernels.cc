@@ -370,11 +370,6 @@ absl::Status LaunchArgmax(const float* logits, int rows, int vocab, int32_t* out
                     "Argmax kernel launch");
 }
 
-bool DecodeAttentionFusesRopeAppend(int num_heads, int num_kv_heads) {
-  return num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 &&
-         num_heads / num_kv_heads <= internal::kDecodeMaxGroup;
-}
-
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stream) {
   if (absl::Status s = ValidateAttention(a.q, a.q_row_stride, a.cache, a.layer, a.block_tables,
                                          a.max_blocks_per_seq, a.num_seqs, a.num_heads, a.scale,
@@ -384,30 +379,6 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   }
   if (a.context_lens == nullptr) {
     return absl::InvalidArgumentError("DecodeAttention: context_lens must not be null");
-  }
-  const int rope_set = (a.rope_positions != nullptr) + (a.rope_inv_freq != nullptr) +
-                       (a.rope_slot_mapping != nullptr);
-  if (rope_set != 0 && rope_set != 3) {
-    return absl::InvalidArgumentError(
-        "DecodeAttention: rope_positions, rope_inv_freq and rope_slot_mapping must be set "
-        "together");
-  }
-  internal::DecodeRopeAppend rope;
-  if (rope_set == 3) {
-    if (!DecodeAttentionFusesRopeAppend(a.num_heads, a.cache->num_kv_heads)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DecodeAttention: the fused RoPE + KV append needs at most ", internal::kDecodeMaxGroup,
-          " query heads per KV head, got ", a.num_heads, " / ", a.cache->num_kv_heads));
-    }
-    const int row = (a.num_heads + 2 * a.cache->num_kv_heads) * a.cache->head_dim;
-    if (a.q_row_stride < row) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DecodeAttention: with the fused RoPE + KV append q rows hold q, k and v (",
-                       row, " elements), but q_row_stride is ", a.q_row_stride));
-    }
-    rope.positions = a.rope_positions;
-    rope.inv_freq = a.rope_inv_freq;
-    rope.slot_mapping = a.rope_slot_mapping;
   }
   if (a.num_seqs == 0) return absl::OkStatus();
   if (a.max_context_len <= 0) {
@@ -428,7 +399,7 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
       internal::LaunchDecodeAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
           a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan,
-          rope_set == 3 ? &rope : nullptr, Native(stream)),
+          Native(stream)),
       "DecodeAttention kernel launch");
 }
 

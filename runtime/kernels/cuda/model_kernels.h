@@ -122,23 +122,8 @@ struct DecodeAttentionArgs {
   // largest context it will see stays valid; splits past a shorter context exit at once). A
   // smaller hint still gives right results, only fewer splits.
   int max_context_len = 0;
-  // Optional: the RoPE and KV append of each sequence's new token in the same launch (all three
-  // set, or none; only where DecodeAttentionFusesRopeAppend holds). Then row s of q is the qkv
-  // row of LaunchRopeKvAppend before it ran (q heads, k heads, v heads, unrotated; q_row_stride
-  // >= (num_heads + 2 * kv heads) * head_dim), and the launch rotates the q heads for the
-  // product (q itself stays unrotated) and writes the rotated k and the v of row s to the cache
-  // at rope_slot_mapping[s] (negative: nothing) before reading them: the cache and the output
-  // are bit for bit those of LaunchRopeKvAppend on these rows followed by this launch without
-  // them. rope_positions[s] is the token's position (the context length - 1 in a decode step);
-  // rope_inv_freq as in LaunchRope.
-  const int32_t* rope_positions = nullptr;     // [num_seqs]
-  const float* rope_inv_freq = nullptr;        // [head_dim / 2]
-  const int32_t* rope_slot_mapping = nullptr;  // [num_seqs]
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
-// Whether LaunchPagedDecodeAttention can take the RoPE and KV append (DecodeAttentionArgs::rope_*)
-// for these head counts: one CTA must see all query heads of a KV head (at most 16 per KV head).
-bool DecodeAttentionFusesRopeAppend(int num_heads, int num_kv_heads);
 // Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases
 // as num_seqs or max_context_len grow, so one workspace sized for the largest batch and context
 // serves every smaller launch (0 when the context is too short to split). Host values only.

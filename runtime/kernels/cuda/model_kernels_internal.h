@@ -77,20 +77,10 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
                                    int head_dim);
 
-// The fused RoPE + KV append of a decode launch (DecodeAttentionArgs::rope_*).
-struct DecodeRopeAppend {
-  const int32_t* positions = nullptr;
-  const float* inv_freq = nullptr;
-  const int32_t* slot_mapping = nullptr;
-};
-// Decode attention; with `rope` (null: none) the launch also does the RoPE and KV append of the
-// new tokens (requires at most kDecodeMaxGroup query heads per KV head).
-constexpr int kDecodeMaxGroup = 16;
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, const DecodeRopeAppend* rope,
-                                     cudaStream_t stream);
+                                     const DecodeSplitPlan& plan, cudaStream_t stream);
 
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,

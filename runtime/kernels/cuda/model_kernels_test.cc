@@ -158,41 +158,6 @@ TEST(ModelKernelsArgsTest, DecodeAttentionRejectsBadArguments) {
       "small workspace");
 }
 
-TEST(ModelKernelsArgsTest, DecodeAttentionRopeFusionRejectsBadArguments) {
-  const PagedKvCache cache = ValidCache();  // 2 KV heads of 64 dims; 4 query heads
-  auto with_rope = [&](const PagedKvCache* c) {
-    DecodeAttentionArgs a = ValidDecode(c);
-    a.q_row_stride = (4 + 2 * 2) * 64;  // q, k and v heads
-    a.rope_positions = g_ids;
-    a.rope_inv_freq = g_floats;
-    a.rope_slot_mapping = g_ids;
-    return a;
-  };
-  EXPECT_TRUE(LaunchPagedDecodeAttention(with_rope(&cache), nullptr).ok());
-  DecodeAttentionArgs a = with_rope(&cache);
-  a.rope_inv_freq = nullptr;
-  EXPECT_EQ(LaunchPagedDecodeAttention(a, nullptr).code(), kInvalid) << "two of three set";
-  a = with_rope(&cache);
-  a.rope_positions = nullptr;
-  a.rope_slot_mapping = nullptr;
-  EXPECT_EQ(LaunchPagedDecodeAttention(a, nullptr).code(), kInvalid) << "one of three set";
-  a = with_rope(&cache);
-  a.q_row_stride = 4 * 64;  // enough for q alone, not for the k and v heads
-  EXPECT_EQ(LaunchPagedDecodeAttention(a, nullptr).code(), kInvalid) << "q_row_stride";
-  PagedKvCache one_kv = cache;
-  one_kv.num_kv_heads = 1;
-  a = with_rope(&one_kv);
-  a.num_heads = 32;  // a group of 32: two CTAs would share the new token
-  a.q_row_stride = (32 + 2) * 64;
-  EXPECT_EQ(LaunchPagedDecodeAttention(a, nullptr).code(), kInvalid) << "group of 32";
-
-  EXPECT_TRUE(DecodeAttentionFusesRopeAppend(32, 8));
-  EXPECT_TRUE(DecodeAttentionFusesRopeAppend(16, 1));
-  EXPECT_FALSE(DecodeAttentionFusesRopeAppend(32, 1));
-  EXPECT_FALSE(DecodeAttentionFusesRopeAppend(12, 8));
-  EXPECT_FALSE(DecodeAttentionFusesRopeAppend(0, 8));
-}
-
 TEST(ModelKernelsArgsTest, PrefillAttentionRejectsBadArguments) {
   const PagedKvCache cache = ValidCache();
   auto valid = [&](const PagedKvCache* c) {

@@ -61,19 +61,6 @@ bool FuseQkvRope() {
   return fuse;
 }
 
-// Where the QKV projection is cuBLASLt's (33+ rows by default), the decode rows' RoPE and KV
-// append run inside the decode attention launch (DecodeAttentionArgs::rope_*, bit-identical to
-// the separate kernel; prefill rows keep it): one kernel fewer per layer at batch 64.
-// TANDEM_DECODE_FUSE_ROPE=0 (read once) keeps the separate kernel; TANDEM_FUSE_QKV_ROPE=0 turns
-// this off too.
-bool FuseDecodeRope() {
-  static const bool fuse = [] {
-    const char* env = std::getenv("TANDEM_DECODE_FUSE_ROPE");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return fuse && FuseQkvRope();
-}
-
 // TANDEM_FUSE_NORM_GEMV=1 (read once; off: measured slower, bench/RESULTS.md): steps whose four
 // projections all run on the GEMV fold the RMSNorms into them: the QKV and gate/up GEMVs take the
 // raw residual stream and normalize inside their product, the O and down GEMVs add into the
@@ -799,11 +786,8 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
-    const bool decode_fuses_rope =
-        FuseDecodeRope() && cuda::DecodeAttentionFusesRopeAppend(c.num_heads, c.num_kv_heads);
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerPtrs& lw = layers_[li];
-      bool rope_in_attention = false;  // this layer's decode rows rotate inside the attention
       // The residual stream lives in resid_; h_ holds the last sublayer's output (with fuse_norm
       // the O and down GEMVs add into resid_ themselves, and the QKV and gate/up GEMVs normalize).
       if (fuse_norm) {
@@ -845,16 +829,10 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
                                       GemmOut::kBf16, s));
         RETURN_IF_ERROR(mark("qkv_gemm"));
-        // The decode rows (the first D) leave theirs to the attention launch when it takes them.
-        rope_in_attention = D > 0 && decode_fuses_rope;
-        const int first = rope_in_attention ? D : 0;
-        if (first < T) {
-          RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(
-              qkv + static_cast<size_t>(first) * qkv_w * 2, meta + p.off.positions + first,
-              static_cast<const float*>(inv_freq_.data), meta + p.off.slots + first, T - first,
-              c.num_heads, cache_, li, s));
-          RETURN_IF_ERROR(mark("rope_kv_append"));
-        }
+        RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(
+            qkv, meta + p.off.positions, static_cast<const float*>(inv_freq_.data),
+            meta + p.off.slots, T, c.num_heads, cache_, li, s));
+        RETURN_IF_ERROR(mark("rope_kv_append"));
       }
       if (D > 0) {
         cuda::DecodeAttentionArgs a;
@@ -872,13 +850,8 @@ class Runner final : public CudaModelRunner {
         a.workspace = decode_ws_.data;
         a.workspace_bytes = cap_.decode_ws;
         a.max_context_len = p.decode_max_context;
-        if (rope_in_attention) {
-          a.rope_positions = meta + p.off.positions;
-          a.rope_inv_freq = static_cast<const float*>(inv_freq_.data);
-          a.rope_slot_mapping = meta + p.off.slots;
-        }
         RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
-        RETURN_IF_ERROR(mark(rope_in_attention ? "attention_decode_rope_kv" : "attention_decode"));
+        RETURN_IF_ERROR(mark("attention_decode"));
       }
       if (p.num_prefill > 0) {
         cuda::PrefillAttentionArgs a;
