@@ -184,15 +184,6 @@ bool FillSms() {
   return fill;
 }
 
-// TANDEM_DECODE_CHAIN=0 (read once) keeps one (sequence, KV head) item per decode CTA.
-bool ChainEnabled() {
-  static const bool chain = [] {
-    const char* v = std::getenv("TANDEM_DECODE_CHAIN");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return chain;
-}
-
 }  // namespace
 
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len, int num_kv_heads,
@@ -210,14 +201,7 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
         {CeilDiv64(num_sms, ctas_per_split), CeilDiv64(context, kDecodeTileTokens), wanted});
     splits = std::max(splits, fill);
   }
-  if (splits == 1) {
-    const int64_t pairs = int64_t{num_seqs} * num_kv_heads;
-    const int64_t slots = int64_t{kDecodeChainCtasPerSm} * num_sms;
-    if (num_sms > 0 && num_kv_heads > 0 && pairs > slots && ChainEnabled()) {
-      plan.chain = static_cast<int>(std::min<int64_t>(kDecodeMaxChain, CeilDiv64(pairs, slots)));
-    }
-    return plan;
-  }
+  if (splits == 1) return plan;
   const int64_t partition =
       CeilDiv64(CeilDiv64(context, splits), kDecodeTileTokens) * kDecodeTileTokens;
   plan.partition_size = static_cast<int>(partition);
