@@ -21,9 +21,8 @@ __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + 
 // One thread per 8 outputs.
 __global__ void __launch_bounds__(kThreads)
     SiluMulVecKernel(const __nv_bfloat16* __restrict__ gate_up, long long total_packs,
-                     int inter_packs, __nv_bfloat16* __restrict__ out, const L2Prefetch prefetch) {
+                     int inter_packs, __nv_bfloat16* __restrict__ out) {
   PdlLaunchDependents();
-  PrefetchL2Rows(prefetch);
   PdlWait();
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total_packs) return;
@@ -42,9 +41,8 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     SiluMulScalarKernel(const __nv_bfloat16* __restrict__ gate_up, long long total, int inter,
-                        __nv_bfloat16* __restrict__ out, const L2Prefetch prefetch) {
+                        __nv_bfloat16* __restrict__ out) {
   PdlLaunchDependents();
-  PrefetchL2Rows(prefetch);
   PdlWait();
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
@@ -57,17 +55,17 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t LaunchSiluMulRaw(const void* gate_up, int n, int inter, void* out,
-                             const L2Prefetch& prefetch, cudaStream_t stream) {
+                             cudaStream_t stream) {
   const auto* in = static_cast<const __nv_bfloat16*>(gate_up);
   auto* o = static_cast<__nv_bfloat16*>(out);
   if (inter % 8 == 0 && IsAligned16(gate_up) && IsAligned16(out)) {
     const long long packs = static_cast<long long>(n) * (inter / 8);
     LaunchKernel(SiluMulVecKernel, CeilDiv(packs, kThreads), kThreads, 0, stream, in, packs,
-                 inter / 8, o, prefetch);
+                 inter / 8, o);
   } else {
     const long long total = static_cast<long long>(n) * inter;
     LaunchKernel(SiluMulScalarKernel, CeilDiv(total, kThreads), kThreads, 0, stream, in, total,
-                 inter, o, prefetch);
+                 inter, o);
   }
   return cudaGetLastError();
 }

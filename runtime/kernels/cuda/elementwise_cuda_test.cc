@@ -358,14 +358,6 @@ TEST_F(ElementwiseCudaTest, SiluMulMatchesCpuReference) {
     ASSERT_TRUE(cuda::LaunchSiluMul(d_in.data, n, inter, d_out.data, stream()).ok());
     ExpectClose(Bf16ToFloats(Download<uint16_t>(d_out, ref.size())), ref, 1e-6, kBf16Rtol, 4e-3,
                 what);
-    // Again with an L2 prefetch hint (of the input itself, as rows of 256 bytes): a hint only.
-    DeviceBuffer d_out2 = Upload(std::vector<uint16_t>(ref.size(), kBf16Poison));
-    const int pf_rows = static_cast<int>(gate_up.size() * 2 / 256);
-    ASSERT_TRUE(cuda::LaunchSiluMul(d_in.data, n, inter, d_out2.data, stream(),
-                                    cuda::L2Prefetch{d_in.data, pf_rows, 256, 128})
-                    .ok());
-    EXPECT_TRUE(Download<uint16_t>(d_out2, ref.size()) == Download<uint16_t>(d_out, ref.size()))
-        << what << ": the prefetch hint changed the output";
     FreeAll();
   }
 }

@@ -6,10 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
-
-#include "runtime/kernels/cuda/l2_prefetch.h"
 
 namespace tandem::cuda::internal {
 
@@ -88,20 +85,6 @@ __device__ __forceinline__ void RopeRotateBf16(__nv_bfloat16& z0, __nv_bfloat16&
   RopeRotate(__bfloat162float(z0), __bfloat162float(z1), c, s, y0, y1);
   z0 = __float2bfloat16_rn(y0);
   z1 = __float2bfloat16_rn(y1);
-}
-
-// Issues the L2 prefetches of an L2Prefetch hint (l2_prefetch.h), spread over every thread of the
-// grid: one bulk prefetch of the row prefix per row. Compute capability 9.0 and up; a no-op below.
-__device__ __forceinline__ void PrefetchL2Rows(const L2Prefetch& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.base == nullptr) return;
-  const int workers = static_cast<int>(gridDim.x * blockDim.x);
-  for (int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); r < p.rows; r += workers) {
-    const char* row = static_cast<const char*>(p.base) + static_cast<size_t>(r) * p.row_stride;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(p.bytes)
-                 : "memory");
-  }
-#endif
 }
 
 // cp.async (sm_80+): a 16-byte global -> shared copy that bypasses L1 and registers; with

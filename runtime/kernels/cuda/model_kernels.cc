@@ -344,8 +344,7 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
                     "QkvGemvRopeKvAppend kernel launch");
 }
 
-absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream,
-                           const L2Prefetch& prefetch) {
+absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream) {
   if (n < 0 || inter <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("SiluMul shape n=", n, " inter=", inter, " is not valid"));
@@ -353,13 +352,8 @@ absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, voi
   if (gate_up == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("SiluMul gate_up and out must not be null");
   }
-  if (!L2PrefetchValid(prefetch)) {
-    return absl::InvalidArgumentError(
-        "SiluMul prefetch: base and row_stride must be 16-byte aligned and bytes a positive "
-        "multiple of 16 no larger than row_stride");
-  }
   if (n == 0) return absl::OkStatus();
-  return CudaStatus(internal::LaunchSiluMulRaw(gate_up, n, inter, out, prefetch, Native(stream)),
+  return CudaStatus(internal::LaunchSiluMulRaw(gate_up, n, inter, out, Native(stream)),
                     "SiluMul kernel launch");
 }
 

@@ -21,7 +21,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "runtime/kernels/cuda/l2_prefetch.h"
 
 namespace tandem::cuda {
 
@@ -94,9 +93,7 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
 
 // out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), in float32.
 // gate_up: bf16 [n, 2 * inter], the gate half then the up half of each row; out: bf16 [n, inter].
-// `prefetch`: optional, the next GEMM's weights (l2_prefetch.h).
-absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream,
-                           const L2Prefetch& prefetch = {});
+absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, void* stream);
 
 // One new token per sequence attending to its whole cached context (its own KV already appended),
 // as cpu::PagedAttention with rows = 1, start_pos = context_len - 1. GQA: query head h reads KV

@@ -10,8 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/kernels/cuda/l2_prefetch.h"
-
 namespace tandem::cuda::internal {
 
 // Whether kernels are launched with programmatic dependent launch (kernel_utils.cuh): on unless
@@ -35,8 +33,7 @@ cudaError_t LaunchKvAppendRaw(const void* qkv, const int32_t* slot_mapping, int 
                               int num_kv_heads, int head_dim, void* k_layer, void* v_layer,
                               cudaStream_t stream);
 
-cudaError_t LaunchSiluMulRaw(const void* gate_up, int n, int inter, void* out,
-                             const L2Prefetch& prefetch, cudaStream_t stream);
+cudaError_t LaunchSiluMulRaw(const void* gate_up, int n, int inter, void* out, cudaStream_t stream);
 
 cudaError_t LaunchArgmaxRaw(const float* logits, int rows, int vocab, int32_t* out,
                             cudaStream_t stream);

@@ -79,12 +79,6 @@ TEST(ModelKernelsArgsTest, SiluMulAndArgmaxRejectBadArguments) {
   EXPECT_EQ(LaunchSiluMul(nullptr, 1, 8, g_dummy, nullptr).code(), kInvalid);
   EXPECT_EQ(LaunchSiluMul(g_dummy, 1, 8, nullptr, nullptr).code(), kInvalid);
   EXPECT_TRUE(LaunchSiluMul(g_dummy, 0, 8, g_dummy, nullptr).ok());
-  EXPECT_TRUE(LaunchSiluMul(g_dummy, 0, 8, g_dummy, nullptr, L2Prefetch{g_dummy, 2, 32, 32}).ok());
-  EXPECT_EQ(LaunchSiluMul(g_dummy, 0, 8, g_dummy, nullptr, L2Prefetch{g_dummy, 2, 32, 48}).code(),
-            kInvalid);
-  EXPECT_EQ(
-      LaunchSiluMul(g_dummy, 0, 8, g_dummy, nullptr, L2Prefetch{g_dummy + 1, 2, 32, 16}).code(),
-      kInvalid);
   EXPECT_EQ(LaunchArgmax(g_floats, 1, 0, g_ids, nullptr).code(), kInvalid);
   EXPECT_EQ(LaunchArgmax(g_floats, -1, 8, g_ids, nullptr).code(), kInvalid);
   EXPECT_EQ(LaunchArgmax(nullptr, 1, 8, g_ids, nullptr).code(), kInvalid);

@@ -19,15 +19,10 @@ absl::Status LaunchRmsNorm(const RmsNormArgs& args, void* stream) {
   if (args.x == nullptr || args.weight == nullptr || args.out == nullptr) {
     return absl::InvalidArgumentError("RmsNorm x, weight and out must not be null");
   }
-  if (!L2PrefetchValid(args.prefetch)) {
-    return absl::InvalidArgumentError(
-        "RmsNorm prefetch: base and row_stride must be 16-byte aligned and bytes a positive "
-        "multiple of 16 no larger than row_stride");
-  }
   if (args.rows == 0) return absl::OkStatus();
   return CudaStatus(
       internal::LaunchRmsNormRaw(args.x, args.residual, args.weight, args.out, args.rows, args.dim,
-                                 args.eps, args.prefetch, static_cast<cudaStream_t>(stream)),
+                                 args.eps, static_cast<cudaStream_t>(stream)),
       "RmsNorm kernel launch");
 }
 

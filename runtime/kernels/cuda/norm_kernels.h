@@ -10,7 +10,6 @@
 // Thread-safety: launchers are reentrant; the stream's owner calls them (device.h contract).
 
 #include "absl/status/status.h"
-#include "runtime/kernels/cuda/l2_prefetch.h"
 
 namespace tandem::cuda {
 
@@ -29,7 +28,6 @@ struct RmsNormArgs {
   int rows = 0;                  // >= 0; 0 queues nothing
   int dim = 0;                   // > 0
   float eps = 1e-6f;             // > 0
-  L2Prefetch prefetch;           // optional: the next GEMM's weights (l2_prefetch.h)
 };
 // Other overlaps between the arrays than out == x are not allowed. Rows whose dim is a multiple
 // of 8 and whose arrays are 16-byte aligned use 16-byte vector loads; others a scalar path.

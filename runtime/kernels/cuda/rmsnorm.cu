@@ -95,9 +95,8 @@ template <int kVec, int kIters, bool kResidual>
 __global__ void __launch_bounds__(kCachedMaxThreads)
     RmsNormCachedKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                         const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int dim,
-                        float eps, const L2Prefetch prefetch) {
+                        float eps) {
   PdlLaunchDependents();
-  PrefetchL2Rows(prefetch);
   using P = Pack<kVec>;
   const int num_packs = dim / kVec;
   const size_t row_offset = static_cast<size_t>(blockIdx.x) * static_cast<size_t>(dim);
@@ -148,9 +147,8 @@ template <int kVec, bool kResidual>
 __global__ void __launch_bounds__(kLoopThreads)
     RmsNormLoopKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                       const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int dim,
-                      float eps, const L2Prefetch prefetch) {
+                      float eps) {
   PdlLaunchDependents();
-  PrefetchL2Rows(prefetch);
   PdlWait();
   using P = Pack<kVec>;
   const int num_packs = dim / kVec;
@@ -181,7 +179,6 @@ struct KernelArgs {
   int rows;
   int dim;
   float eps;
-  L2Prefetch prefetch;
 };
 
 int RoundUpToWarp(int n) { return (n + kWarpSize - 1) / kWarpSize * kWarpSize; }
@@ -194,34 +191,33 @@ void Dispatch(const KernelArgs& a, cudaStream_t stream) {
   auto threads_for = [&](int iters) { return RoundUpToWarp((num_packs + iters - 1) / iters); };
   if (threads_for(1) <= kCachedMaxThreads) {
     LaunchKernel(RmsNormCachedKernel<kVec, 1, kResidual>, grid, threads_for(1), 0, stream, a.x,
-                 a.residual, a.weight, a.out, a.dim, a.eps, a.prefetch);
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(2) <= kCachedMaxThreads) {
     LaunchKernel(RmsNormCachedKernel<kVec, 2, kResidual>, grid, threads_for(2), 0, stream, a.x,
-                 a.residual, a.weight, a.out, a.dim, a.eps, a.prefetch);
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(4) <= kCachedMaxThreads) {
     LaunchKernel(RmsNormCachedKernel<kVec, 4, kResidual>, grid, threads_for(4), 0, stream, a.x,
-                 a.residual, a.weight, a.out, a.dim, a.eps, a.prefetch);
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else if (threads_for(8) <= kCachedMaxThreads) {
     LaunchKernel(RmsNormCachedKernel<kVec, 8, kResidual>, grid, threads_for(8), 0, stream, a.x,
-                 a.residual, a.weight, a.out, a.dim, a.eps, a.prefetch);
+                 a.residual, a.weight, a.out, a.dim, a.eps);
   } else {
     LaunchKernel(RmsNormLoopKernel<kVec, kResidual>, grid, kLoopThreads, 0, stream, a.x, a.residual,
-                 a.weight, a.out, a.dim, a.eps, a.prefetch);
+                 a.weight, a.out, a.dim, a.eps);
   }
 }
 
 }  // namespace
 
 cudaError_t LaunchRmsNormRaw(const void* x, void* residual, const void* weight, void* out, int rows,
-                             int dim, float eps, const L2Prefetch& prefetch, cudaStream_t stream) {
+                             int dim, float eps, cudaStream_t stream) {
   const KernelArgs a{static_cast<const __nv_bfloat16*>(x),
                      static_cast<__nv_bfloat16*>(residual),
                      static_cast<const __nv_bfloat16*>(weight),
                      static_cast<__nv_bfloat16*>(out),
                      rows,
                      dim,
-                     eps,
-                     prefetch};
+                     eps};
   const bool vectorized = dim % 8 == 0 && IsAligned16(x) && IsAligned16(weight) &&
                           IsAligned16(out) && (residual == nullptr || IsAligned16(residual));
   const bool has_residual = residual != nullptr;

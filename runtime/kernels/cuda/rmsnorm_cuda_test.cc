@@ -111,14 +111,6 @@ class RmsNormCudaTest : public ::testing::Test {
     args.rows = rows;
     args.dim = dim;
     args.eps = kEps;
-    DeviceBuffer prefetched;
-    if (prefetch_rows_ > 0) {  // an L2 prefetch hint over a scratch matrix: a hint only
-      prefetched = Upload(std::vector<uint16_t>(static_cast<size_t>(prefetch_rows_) * 128, 0));
-      args.prefetch.base = prefetched.data;
-      args.prefetch.rows = prefetch_rows_;
-      args.prefetch.row_stride = 256;
-      args.prefetch.bytes = 128;
-    }
     ASSERT_TRUE(cuda::LaunchRmsNorm(args, stream_.native).ok());
 
     const std::vector<uint16_t> out = Download(out_buf, n + pad);
@@ -163,14 +155,10 @@ class RmsNormCudaTest : public ::testing::Test {
     if (!in_place) {
       EXPECT_TRUE(device_->Free(out_buf).ok());
     }
-    if (prefetched.data != nullptr) {
-      EXPECT_TRUE(device_->Free(prefetched).ok());
-    }
   }
 
   std::unique_ptr<Device> device_;
   Stream stream_;
-  int prefetch_rows_ = 0;  // > 0: RunCase passes an L2 prefetch hint of that many rows
 };
 
 class RmsNormShapeTest : public RmsNormCudaTest,
@@ -205,15 +193,6 @@ TEST_F(RmsNormCudaTest, MisalignedArraysTakeScalarPath) {
 
 TEST_F(RmsNormCudaTest, ManyRows) { RunCase(2049, 4096, /*with_residual=*/true, false, 0); }
 
-// With an L2 prefetch hint for the next kernel (more rows than the grid has threads, and fewer).
-TEST_F(RmsNormCudaTest, WithL2PrefetchHint) {
-  prefetch_rows_ = 30000;
-  RunCase(64, 4096, /*with_residual=*/true, false, 0);
-  prefetch_rows_ = 5;
-  RunCase(3, 8192, /*with_residual=*/false, false, 0);
-  RunCase(2, 20000, /*with_residual=*/true, false, 0);  // the loop kernel
-}
-
 // Argument checks happen before any CUDA call, so these need no GPU.
 TEST(RmsNormArgsTest, RejectsBadArguments) {
   uint16_t dummy[8] = {};
@@ -236,23 +215,6 @@ TEST(RmsNormArgsTest, RejectsBadArguments) {
   args.weight = nullptr;
   EXPECT_EQ(cuda::LaunchRmsNorm(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
   args.weight = dummy;
-  alignas(16) static uint16_t rows[64] = {};
-  args.prefetch = {rows, 4, 32, 16};
-  EXPECT_TRUE(cuda::LaunchRmsNorm(cuda::RmsNormArgs{args.x, nullptr, args.weight, args.out, 0, 8,
-                                                    1e-6f, args.prefetch},
-                                  nullptr)
-                  .ok())
-      << "a valid prefetch hint";
-  for (const cuda::L2Prefetch bad : {cuda::L2Prefetch{rows + 1, 4, 32, 16},  // misaligned base
-                                     cuda::L2Prefetch{rows, 4, 24, 16},      // stride % 16
-                                     cuda::L2Prefetch{rows, 4, 32, 0},       // no bytes
-                                     cuda::L2Prefetch{rows, 4, 32, 24},      // bytes % 16
-                                     cuda::L2Prefetch{rows, 4, 32, 48},      // bytes > stride
-                                     cuda::L2Prefetch{rows, -1, 32, 16}}) {  // rows < 0
-    args.prefetch = bad;
-    EXPECT_EQ(cuda::LaunchRmsNorm(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  }
-  args.prefetch = {};
   args.rows = 0;
   EXPECT_TRUE(cuda::LaunchRmsNorm(args, nullptr).ok()) << "zero rows queue nothing";
 }

@@ -5,12 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include "runtime/kernels/cuda/l2_prefetch.h"
-
 namespace tandem::cuda::internal {
 
 // Queues the kernel and returns cudaGetLastError() after the launch.
 cudaError_t LaunchRmsNormRaw(const void* x, void* residual, const void* weight, void* out, int rows,
-                             int dim, float eps, const L2Prefetch& prefetch, cudaStream_t stream);
+                             int dim, float eps, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

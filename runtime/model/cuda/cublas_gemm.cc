@@ -581,10 +581,6 @@ absl::Status CublasLtGemm::LaunchSkinny(const void* x, const void* w, const void
   return cuda::LaunchSkinnyGemm(a, stream);
 }
 
-bool CublasLtGemm::RunsCublasLt(int m, int k, int n, const void* x, const void* w) const {
-  return m > 0 && !UseSkinny(m, n, k, x, w, /*gated_silu=*/false) && !UseGemv(m, k, x, w);
-}
-
 bool CublasLtGemm::UseGemv(int m, int k, const void* x, const void* w) const {
   // Measured on an H200 (bench/RESULTS.md, 2026-11-29, Llama-3-8B decode at 1K): the GEMV is on
   // par with cuBLASLt at one row (4.97 vs 5.04 ms/step) and much slower at eight (8.96 vs 5.26),

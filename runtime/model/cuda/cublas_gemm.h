@@ -78,10 +78,6 @@ class CublasLtGemm {
   // multiple of 8, x and w 16-byte aligned.
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
-  // True when Linear runs this call on cuBLASLt (neither the GEMV nor the skinny GEMM takes it):
-  // the calls whose weights the runner asks the kernel before to prefetch into L2.
-  bool RunsCublasLt(int m, int k, int n, const void* x, const void* w) const;
-
  private:
   // Whether the skinny GEMM takes the call: enabled, 2 <= m <= its row bound, k % 64 == 0,
   // aligned, and the plan's split-K scratch fits ours.

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,7 +16,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/float16.h"
@@ -80,26 +78,6 @@ bool FuseNormGemv() {
   return fuse;
 }
 
-// The kernels before three of a layer's cuBLASLt GEMMs (the RMSNorms before the QKV and gate/up
-// projections, the SiLU-and-multiply before the down projection) prefetch the first bytes of
-// every row of that GEMM's weights into L2 before their PDL wait (cuda::L2Prefetch), up to this
-// many MiB per GEMM: TANDEM_L2_PREFETCH_MB (read at creation; 0-64, anything else fails it). Rows
-// get the largest multiple of 128 bytes the budget allows, none below 128.
-constexpr int kL2PrefetchDefaultMb = 0;
-constexpr int kL2PrefetchMaxMb = 64;
-
-absl::StatusOr<size_t> L2PrefetchBudgetFromEnv() {
-  const char* env = std::getenv("TANDEM_L2_PREFETCH_MB");
-  if (env == nullptr) return size_t{kL2PrefetchDefaultMb} << 20;
-  int mb = -1;
-  if (!absl::SimpleAtoi(env, &mb) || mb < 0 || mb > kL2PrefetchMaxMb) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TANDEM_L2_PREFETCH_MB must be an integer in [0, ", kL2PrefetchMaxMb,
-                     "], got \"", env, "\""));
-  }
-  return size_t{static_cast<unsigned>(mb)} << 20;
-}
-
 absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
       c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 ||
@@ -146,7 +124,6 @@ class Runner final : public CudaModelRunner {
   }
 
   absl::Status Init(const TensorStore& store) {
-    ASSIGN_OR_RETURN(l2_prefetch_budget_, L2PrefetchBudgetFromEnv());
     RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device_ordinal), "cudaSetDevice");
     ASSIGN_OR_RETURN(device_, CreateDevice(absl::StrCat("cuda:", options_.device_ordinal)));
     ASSIGN_OR_RETURN(Stream s, device_->CreateStream());
@@ -370,21 +347,6 @@ class Runner final : public CudaModelRunner {
   // Whether a step of `rows` rows folds its RMSNorms into the GEMVs (FuseNormGemv): the GEMV takes
   // all four projections (every layer's weights share the first layer's alignment) and the QKV
   // projection runs with its RoPE epilogue.
-  // The L2 prefetch of the first bytes of each of `rows` rows (k bf16 each) of `w`, for a GEMM of
-  // m rows that cuBLASLt runs; empty otherwise or when the budget gives a row under 128 bytes.
-  cuda::L2Prefetch PrefetchFor(const void* x, const void* w, int m, int k, int rows) const {
-    cuda::L2Prefetch pf;
-    if (l2_prefetch_budget_ == 0 || rows <= 0 || !gemm_->RunsCublasLt(m, k, rows, x, w)) return pf;
-    const size_t row_bytes = static_cast<size_t>(k) * 2;
-    const size_t bytes = std::min(row_bytes, l2_prefetch_budget_ / rows / 128 * 128);
-    if (bytes < 128 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return pf;
-    pf.base = w;
-    pf.rows = rows;
-    pf.row_stride = row_bytes;
-    pf.bytes = static_cast<int>(bytes);
-    return pf;
-  }
-
   bool NormFusesIntoGemvs(int rows) const {
     const ModelConfig& c = config_;
     const LayerPtrs& lw = layers_[0];
@@ -790,10 +752,8 @@ class Runner final : public CudaModelRunner {
     auto mark = [prof](const char* name) -> absl::Status {
       return prof == nullptr ? absl::OkStatus() : prof->Mark(name);
     };
-    auto norm = [&](const void* x, void* residual, const void* weight, int rows,
-                    const cuda::L2Prefetch& prefetch = {}) {
+    auto norm = [&](const void* x, void* residual, const void* weight, int rows) {
       cuda::RmsNormArgs a;
-      a.prefetch = prefetch;
       a.x = x;
       a.residual = residual;
       a.weight = weight;
@@ -837,16 +797,10 @@ class Runner final : public CudaModelRunner {
             s, lw.input_norm, c.rms_norm_eps));
         RETURN_IF_ERROR(mark("norm_qkv_gemv_rope_kv"));
       } else {
-        // The QKV projection's weights, when the branch below leaves it to cuBLASLt.
-        const bool qkv_fused =
-            FuseQkvRope() && (gemm_->UseGemv(T, hidden, normed_.data, lw.qkv) ||
-                              gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv));
-        const cuda::L2Prefetch pf =
-            qkv_fused ? cuda::L2Prefetch{} : PrefetchFor(normed_.data, lw.qkv, T, hidden, qkv_w);
         if (li == 0) {
-          RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T, pf));
+          RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
         } else {
-          RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T, pf));
+          RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
         }
         RETURN_IF_ERROR(mark("rmsnorm"));
       }
@@ -930,13 +884,9 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(
           gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("o_gemm"));
-      const bool gate_up_fused = gemm_->FusesGatedSilu(T, hidden, inter, normed_.data, lw.gate_up);
-      RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T,
-                           gate_up_fused
-                               ? cuda::L2Prefetch{}
-                               : PrefetchFor(normed_.data, lw.gate_up, T, hidden, 2 * inter)));
+      RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
       RETURN_IF_ERROR(mark("rmsnorm"));
-      if (gate_up_fused) {
+      if (gemm_->FusesGatedSilu(T, hidden, inter, normed_.data, lw.gate_up)) {
         // Decode-sized: one kernel (GEMV or skinny GEMM) computes gate and up and writes
         // silu(gate) * up.
         RETURN_IF_ERROR(
@@ -946,8 +896,7 @@ class Runner final : public CudaModelRunner {
         RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.gate_up, nullptr, T, hidden, 2 * inter,
                                       gate_up_.data, GemmOut::kBf16, s));
         RETURN_IF_ERROR(mark("gate_up_gemm"));
-        RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up_.data, T, inter, act_.data, s,
-                                            PrefetchFor(act_.data, lw.down, T, inter, hidden)));
+        RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up_.data, T, inter, act_.data, s));
         RETURN_IF_ERROR(mark("silu_mul"));
       }
       RETURN_IF_ERROR(
@@ -997,7 +946,6 @@ class Runner final : public CudaModelRunner {
   std::unique_ptr<Device> device_;  // owns every DeviceBuffer below and the stream
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLtGemm> gemm_;
-  size_t l2_prefetch_budget_ = 0;  // bytes per GEMM (L2PrefetchBudgetFromEnv)
 
   DeviceBuffer weights_;
   size_t weight_bytes_ = 0;
