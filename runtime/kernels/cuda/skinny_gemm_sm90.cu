@@ -19,12 +19,16 @@
 //     32 rows and loses by 6% at 64 (bench/RESULTS.md, seventh session), hence the runner's
 //     2-32-row default (cublas_gemm.h).
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -188,8 +192,258 @@ __global__ void __launch_bounds__(kThreads) SkinnyGemmSm90Kernel(const SkinnyGem
   FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid);
 }
 
+// --- Warp-specialized variant (TANDEM_SKINNY_WS=1, opt-in while measured) -----------------------
+// The same tiles, stages and wgmma as SkinnyGemmSm90Kernel, but a fifth warp produces: its lane 0
+// loads each stage by TMA (the weight tile as two 32-row boxes of a 128-byte-swizzled tensor map,
+// the activation rows as one box of another, rows past m read as zeros) onto the stage's "full"
+// mbarrier, as soon as the consumers have released the stage on its "empty" mbarrier; the four
+// consumer warps (one warpgroup) wait on "full", multiply, and release the stage of the step
+// before once its wgmma has retired. No CTA barrier in the loop: loads run kStages ahead of the
+// multiplies whatever the consumers are doing. The producer warp exits after its last load; the
+// consumers finish the tile on a named barrier of their own.
+
+constexpr int kWsThreads = kThreads + kWarpSize;
+constexpr int kWsBoxRows = 32;  // a weight stage is two 32-row boxes (gated and rope tiles)
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void FenceMbarrierInit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Waits for the phase of `bar` with this parity to complete; a phase that never completes (a bug)
+// traps after ~2^30 polls, failing the launch, instead of hanging the GPU.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint32_t done = 0;
+  for (uint32_t tries = 0; done == 0; ++tries) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (tries == (1u << 30)) __trap();
+  }
+#endif
+}
+// One 2D box of `map` at (c0 = k, c1 = row) into shared memory at `dst`, completing on `bar`.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
+// The consumers' barrier (named barrier 1, the four consumer warps).
+struct ConsumerBarrier {
+  __device__ __forceinline__ void operator()() const {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  }
+};
+
+template <int kN, int kMode>
+__global__ void __launch_bounds__(kWsThreads)
+    SkinnyGemmSm90WsKernel(const SkinnyGemmRaw p, const __grid_constant__ CUtensorMap w_map,
+                           const __grid_constant__ CUtensorMap x_map) {
+  constexpr int kStages = Stages<kN>();
+  constexpr int kStageBytes = StageBytes<kN>();
+  constexpr uint32_t kStageTx = kStageBytes;  // both boxes of weights and the activation box
+  constexpr int kLd = kN + 1;
+  constexpr int kAcc = kN / 2;
+  static_assert(kRows * kLd * 4 <= kStages * kStageBytes, "reduction tile must fit the pipeline");
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[kStages], then empty[kStages]
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  PdlLaunchDependents();
+  const uint32_t raw_addr = SharedAddress(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  const uint32_t base = SharedAddress(smem);
+  const uint32_t full0 = SharedAddress(bars);
+  const uint32_t empty0 = full0 + 8 * kStages;
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int k0 = split * p.k_per_split;
+  const int num_steps = p.k_per_split / kBk;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, kThreads / kWarpSize);  // one arrival per consumer warp
+    }
+    FenceMbarrierInit();
+  }
+  __syncthreads();
+
+  if (warp == kThreads / kWarpSize) {  // the producer warp
+    if (lane == 0) {
+      int row0, row1;
+      if constexpr (kMode == kRopeMode) {
+        const int half = p.rope_head_dim / 2;
+        const int pair0 = tile * (kRows / 2);
+        row0 = (pair0 / half) * p.rope_head_dim + pair0 % half;
+        row1 = row0 + half;
+      } else if constexpr (kMode == kGatedMode) {
+        row0 = tile * (kRows / 2);
+        row1 = p.n + row0;
+      } else {
+        row0 = tile * kRows;
+        row1 = row0 + kWsBoxRows;
+      }
+      auto load_w = [&](int step) {
+        const uint32_t bar = full0 + 8 * (step % kStages);
+        const uint32_t dst = base + (step % kStages) * kStageBytes;
+        MbarArriveExpectTx(bar, kStageTx);
+        TmaLoad2d(dst, &w_map, k0 + step * kBk, row0, bar);
+        TmaLoad2d(dst + kWsBoxRows * kRowBytes, &w_map, k0 + step * kBk, row1, bar);
+      };
+      auto load_x = [&](int step) {
+        TmaLoad2d(base + (step % kStages) * kStageBytes + kWStageBytes, &x_map, k0 + step * kBk, 0,
+                  full0 + 8 * (step % kStages));
+      };
+      // The first stages' weights before PdlWait() (no kernel writes them), their activations
+      // after it.
+      const int first = num_steps < kStages ? num_steps : kStages;
+      for (int step = 0; step < first; ++step) load_w(step);
+      PdlWait();
+      for (int step = 0; step < first; ++step) load_x(step);
+      for (int step = kStages; step < num_steps; ++step) {
+        // Stage step % kStages is free once the consumers released step - kStages: the
+        // (step / kStages - 1)-th phase of its empty barrier.
+        MbarWait(empty0 + 8 * (step % kStages), (step / kStages - 1) & 1);
+        load_w(step);
+        load_x(step);
+      }
+    }
+    return;
+  }
+
+  // The consumers (warps 0-3: one warpgroup).
+  PdlWait();  // the epilogue writes outputs the previous kernel may still read
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (int step = 0; step < num_steps; ++step) {
+    const int s = step % kStages;
+    MbarWait(full0 + 8 * s, (step / kStages) & 1);
+    const uint32_t w_tile = base + s * kStageBytes;
+    const uint32_t x_tile = w_tile + kWStageBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) {
+      WgmmaSsAcc<kN>(acc,
+                     sa::MakeDescriptor(w_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+                     sa::MakeDescriptor(x_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo));
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();
+    FenceRegisters(acc);
+    // This warp's wgmma of step - 1 has retired: release its stage.
+    if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * ((step - 1) % kStages));
+  }
+  WgmmaWaitAll();
+  FenceRegisters(acc);
+  const ConsumerBarrier sync;
+  sync();  // every consumer is done with the pipeline (every load landed: all were waited for)
+
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int r = 0; r < kAcc; ++r) {
+    red[sa::AccRow(warp, lane, r) * kLd + sa::AccCol(lane, r)] = acc[r];
+  }
+  sync();
+  FinishSkinnyTile<kN, kMode>(p, red, kLd, tile, split, tid, sync);
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A [rows, k] bf16 row-major matrix as a tensor map of 64-k by box_rows boxes, 128-byte swizzle.
+bool EncodeKMajor(CUtensorMap* map, const void* data, uint64_t rows, int k, uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), rows};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kBk, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int kN, int kMode>
+cudaError_t LaunchWsTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  const uint64_t w_rows =
+      kMode == kPlain ? static_cast<uint64_t>(p.n) : 2 * static_cast<uint64_t>(p.n);
+  CUtensorMap w_map, x_map;
+  if (!EncodeKMajor(&w_map, p.w, w_rows, p.k, kWsBoxRows) ||
+      !EncodeKMajor(&x_map, p.x, static_cast<uint64_t>(p.m), p.k, kN)) {
+    return cudaErrorNotSupported;
+  }
+  constexpr size_t kSmem = SmemBytes<kN>();
+  static std::atomic<uint64_t> configured{0};
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(SkinnyGemmSm90WsKernel<kN, kMode>, kSmem, configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits));
+  const cudaError_t e = LaunchKernel(SkinnyGemmSm90WsKernel<kN, kMode>, grid, dim3(kWsThreads),
+                                     kSmem, stream, p, w_map, x_map);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+// Whether launches take the warp-specialized kernel: TANDEM_SKINNY_WS=1 (read once), and for rope
+// launches head_dim / 2 a multiple of 32 (a tile's rows are then two contiguous boxes).
+bool UseWs(const SkinnyGemmRaw& p) {
+  static const bool requested = [] {
+    const char* env = std::getenv("TANDEM_SKINNY_WS");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return requested && (p.rope_head_dim == 0 || (p.rope_head_dim / 2) % kWsBoxRows == 0);
+}
+
 template <int kN, int kMode>
 cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
+  if (UseWs(p)) return LaunchWsTyped<kN, kMode>(p, stream);
   static std::atomic<uint64_t> configured{0};
   return LaunchSkinnyKernel(SkinnyGemmSm90Kernel<kN, kMode>, SmemBytes<kN>(), configured, p,
                             stream);
