@@ -138,15 +138,9 @@ cudaError_t DispatchSkinnyRows(int m, Launch launch) {
 // kMp; every thread of the CTA calls it after a barrier that follows the last write of red): with
 // several splits, writes this split's partial and returns unless this CTA arrived last, which then
 // sums the splits in split order into red; then the epilogue of kMode writes the output.
-// The barrier of the kThreads threads that run FinishSkinnyTile: the whole CTA by default.
-struct CtaBarrier {
-  __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-
-template <int kMp, int kMode, typename Barrier = CtaBarrier>
+template <int kMp, int kMode>
 __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* red, int kLd,
-                                                 int tile, int split, int tid,
-                                                 Barrier sync = Barrier()) {
+                                                 int tile, int split, int tid) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
   __shared__ bool s_last;
@@ -168,12 +162,12 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       mine[i * kThreads + tid] = make_float4(src[0], src[1], src[2], src[3]);
     }
     __threadfence();  // this CTA's partial is visible device-wide before it is counted
-    sync();
+    __syncthreads();
     if (tid == 0) {
       const unsigned arrived = atomicAdd(p.counters + tile, 1u);
       s_last = arrived == static_cast<unsigned>(p.splits - 1);
     }
-    sync();
+    __syncthreads();
     if (!s_last) return;
     __threadfence();
     // The sum in split order, with the loads of a batch of kBatch vectors times up to 4 splits
@@ -218,7 +212,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       }
     }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (which waits for this grid)
-    sync();
+    __syncthreads();
   }
 
   // Epilogue: consecutive threads take consecutive output features of one activation row.
