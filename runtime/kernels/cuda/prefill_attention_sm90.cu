@@ -51,6 +51,10 @@ constexpr int kHeadDim = sa::kHeadDim;
 constexpr int kBlockM = sa::kBlockM;
 constexpr int kThreads = sa::kThreads;
 constexpr int kMaxGridZ = 65535;
+// setmaxnreg budgets of the ping-pong kernel (kWs == 2): 2 x 128 x 232 + 128 x 40 = 384 x 168, the
+// registers ptxas gives a 384-thread kernel at one CTA per SM.
+constexpr int kWsConsumerRegisters = 232;
+constexpr int kWsProducerRegisters = 40;
 // kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
 // K/V bytes the tiles pull from L2 halve (Nsight, Llama-3-8B shape at 8K: L2 74.7% busy with one
 // head per CTA, 38% with two; the K/V of a sequence is re-read by each of its 64-row query
@@ -65,10 +69,96 @@ __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + size_t{sa::kTileBytes} * kHeads + size_t{sa::TileBytes(kBlockN)} * 2 * kStages;
 }
 
+// One K/V tile's softmax step on the S accumulators of a warp (rows warp_pos0 + lane / 4, + 8;
+// key0 the tile's first key): the causal / end-of-keys masks, the online softmax with the lazy
+// rescale, P packed into the A fragments of P V, and O and the row sums rescaled.
+template <int kBlockN>
+__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4],
+                                            float (&o)[64], float (&row_max)[2],
+                                            float (&row_sum)[2], const int (&row_limit)[2],
+                                            int key0, int warp_pos0, int lane, float scale_log2) {
+  constexpr int kSRegs = kBlockN / 2;
+  constexpr int kPSteps = kBlockN / 16;
+  // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
+  if (sa::TileNeedsMask(key0, warp_pos0, kBlockN)) {
+#pragma unroll
+    for (int r = 0; r < kSRegs; ++r) {
+      if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
+    }
+  }
+
+  // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain). The row max and
+  // sum run as kChains independent chains each (a warp has few neighbours on its scheduler to
+  // hide a serial chain's latency behind; Nsight: 2 warps per scheduler, 0.5 eligible).
+  constexpr int kChains = 4;
+  float tile_max[2];
+  bool raise = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mc[kChains];
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) mc[c] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kSRegs / 4; ++i) {
+      mc[i % kChains] = fmaxf(mc[i % kChains], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+    }
+    float m = fmaxf(fmaxf(mc[0], mc[1]), fmaxf(mc[2], mc[3]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    tile_max[h] = m * scale_log2;
+    raise |= tile_max[h] > row_max[h] + kRescaleSlack;
+  }
+  const bool rescale = __any_sync(0xffffffffu, raise);
+  float alpha[2] = {1.0f, 1.0f};
+  if (rescale) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float new_max = fmaxf(row_max[h], tile_max[h]);
+      alpha[h] = FastExp2(row_max[h] - (new_max == -INFINITY ? 0.0f : new_max));
+      row_max[h] = new_max;
+      row_sum[h] *= alpha[h];
+    }
+  }
+  float neg_base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) neg_base[h] = row_max[h] == -INFINITY ? 0.0f : -row_max[h];
+  float sum[2][kChains] = {};
+#pragma unroll
+  for (int r = 0; r < kSRegs; ++r) {
+    s[r] = FastExp2(fmaf(s[r], scale_log2, neg_base[(r % 4) / 2]));
+    sum[(r % 4) / 2][(r / 4) % kChains] += s[r];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_sum[h] += (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
+#pragma unroll
+  for (int kc = 0; kc < kPSteps; ++kc) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int at = sa::PIndex(kc, q);
+      pa[kc][q] = PackBf16x2(s[at], s[at + 1]);
+    }
+  }
+  if (rescale) {
+#pragma unroll
+    for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
+  }
+
+}
+
 // kBlockN keys per K/V tile: 64 (S = m64n64 per warpgroup) or 128 (m64n128: half the tiles, so
 // half the per-tile barriers, waits, row-max shuffles and descriptor set-up per key).
-template <int kStages, int kHeads, int kBlockN>
-__global__ void __launch_bounds__((kThreads * kHeads),
+//
+// kWs (warp specialization, FlashAttention-3's loading): a third warpgroup, the producer, does
+// every K/V copy; it signals a stage's "full" mbarrier once its copies landed (each producer
+// thread waits for its own cp.async group, fences the async proxy and arrives), and refills a
+// stage after its "empty" mbarrier saw one arrival per consumer warp. The two consumer warpgroups
+// issue no copy and meet no CTA barrier in the loop, so one's softmax runs beside the other's
+// products without the per-tile lockstep. kWs == 2 adds FlashAttention-3's ping-pong: each
+// consumer issues tile t's P V together with tile t + 1's Q K^T (so o, s and P are live at once:
+// setmaxnreg gives the consumers 232 registers, the producer 40), and the two consumers take
+// turns issuing on named barriers 2 and 3, so one's softmax runs while the other's products do.
+template <int kStages, int kHeads, int kBlockN, int kWs = 0>
+__global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
     PrefillAttentionSm90Kernel(const PrefillParams p) {
   static_assert(kBlockN == 64 || kBlockN == 128, "64- or 128-key tiles");
@@ -76,7 +166,10 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   constexpr int kSRegs = kBlockN / 2;           // S accumulators per thread (m64nN)
   constexpr int kPSteps = kBlockN / 16;         // k-steps of P V
   constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
+  static_assert(kWs == 0 || (kHeads == 2 && kBlockN == 128), "warp specialization: paired, wide");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // full[kStages], then empty[kStages] (kWs only).
+  __shared__ __align__(8) uint64_t bars[kWs ? 2 * kStages : 1];
   // Operand atoms must start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
   // Warpgroup wg owns query head blockIdx.x * kHeads + wg; wtid is its thread index in the
@@ -87,10 +180,23 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   const uint32_t k_base = base + kHeads * sa::kTileBytes;   // stage s: + s * kKvTileBytes
   const uint32_t v_base = k_base + kStages * kKvTileBytes;  // stage s: + s * kKvTileBytes
 
+  // The producer warpgroup (wg == kHeads, kWs only) has no head of its own.
+  const int kv_head = blockIdx.x * kHeads / p.group;
   const int head = blockIdx.x * kHeads + wg;
-  const int kv_head = head / p.group;
   PrefillTile cta;
   if (!LocatePrefillTile(p, kBlockM, cta)) return;
+  const uint32_t full0 = SharedAddress(bars);
+  const uint32_t empty0 = full0 + 8 * kStages;
+  if constexpr (kWs) {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < kStages; ++st) {
+        MbarInit(full0 + 8 * st, kThreads);                // every producer thread
+        MbarInit(empty0 + 8 * st, kHeads * kThreads / kWarpSize);  // every consumer warp
+      }
+      FenceMbarrierInit();
+    }
+    __syncthreads();  // the kernel's only CTA barrier
+  }
   const int seq = cta.seq, row_begin = cta.row_begin, num_new = cta.num_new, q0 = cta.q0;
   const int start = cta.start;
   const int kv_end = sa::KvEnd(start, q0, num_new);  // keys this CTA needs: [0, kv_end)
@@ -160,7 +266,7 @@ __global__ void __launch_bounds__((kThreads * kHeads),
         for (int k = 0; k < 4; ++k) {
           const uint32_t at = swizzle[k] + a * sa::AtomBytes(kBlockN) + j * 8 * sa::kGroupBytes;
           const int elem = 16 * k + 64 * a;
-          if constexpr (kHeads == 1) {
+          if constexpr (kHeads == 1 || kWs) {
             CpAsync16(k_dst + at, k_src + row_offset + elem, slot >= 0);
             CpAsync16(v_dst + at, v_src + row_offset + elem, slot >= 0);
           } else {
@@ -171,7 +277,31 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     }
   };
 
-  // Q tile (rows past the sequence are zeros), then the first kStages - 1 K/V tiles.
+  if constexpr (kWs) {
+    if (wg == kHeads) {
+      if constexpr (kWs == 2) SetMaxRegisters<false, kWsProducerRegisters>();
+      // Producer: tile t into stage t % kStages once the consumers released that stage's tile
+      // t - kStages; tile t - 1 signalled once it landed (two tiles in flight).
+      Slots sl = slots_of_tile(0);
+      for (int t = 0; t < num_tiles; ++t) {
+        const int stage = t % kStages;
+        if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
+        load_kv(stage, sl, 0, kRowsPerThread);
+        CpAsyncCommitGroup();
+        if (t + 1 < num_tiles) sl = slots_of_tile(t + 1);
+        if (t >= 1) {
+          CpAsyncWaitGroup<1>();
+          FenceProxyAsyncShared();
+          MbarArrive(full0 + 8 * ((t - 1) % kStages));
+        }
+      }
+      CpAsyncWaitGroup<0>();
+      FenceProxyAsyncShared();
+      MbarArrive(full0 + 8 * ((num_tiles - 1) % kStages));
+      return;
+    }
+  }
+  // Q tile (rows past the sequence are zeros), then (without kWs) the first kStages - 1 K/V tiles.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = sa::QLoadRow(tid);
@@ -183,12 +313,21 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     CpAsync16(q_base + sa::TileOffset(r, chunk), src, valid);
   }
   CpAsyncCommitGroup();
+  Slots ahead{};
+  if constexpr (kWs == 2) SetMaxRegisters<true, kWsConsumerRegisters>();
+  if constexpr (kWs) {
+    // This warpgroup's Q tile, visible to its tensor cores.
+    CpAsyncWaitGroup<0>();
+    FenceProxyAsyncShared();
+    NamedBarrierSync(1 + wg, kThreads);
+  } else {
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (st < num_tiles) load_kv(st, slots_of_tile(st), 0, kRowsPerThread);
-    CpAsyncCommitGroup();
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < num_tiles) load_kv(st, slots_of_tile(st), 0, kRowsPerThread);
+      CpAsyncCommitGroup();
+    }
+    ahead = slots_of_tile(kStages - 1);
   }
-  Slots ahead = slots_of_tile(kStages - 1);
 
   float o[64];
 #pragma unroll
@@ -198,26 +337,101 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  if constexpr (kWs == 2) {
+    // Q K^T of a tile into s, P V of a tile from pa into o (issue only).
+    const auto issue_qk = [&](int stage, float(&acc)[kSRegs]) {
+      const uint32_t k_tile = k_base + stage * kKvTileBytes;
+      WgmmaSs64x128<false>(
+          acc, sa::MakeDescriptor(q_base + sa::QkStepOffset(0), sa::kKMajorLbo, sa::kSbo),
+          sa::MakeDescriptor(k_tile + sa::QkStepOffset(0, kBlockN), sa::kKMajorLbo, sa::kSbo));
+#pragma unroll
+      for (int kk = 1; kk < kHeadDim / 16; ++kk) {
+        WgmmaSs64x128<true>(
+            acc, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo, sa::kSbo));
+      }
+    };
+    const auto issue_pv = [&](int stage, const uint32_t(&frag)[kPSteps][4]) {
+      const uint32_t v_tile = v_base + stage * kKvTileBytes;
+#pragma unroll
+      for (int kc = 0; kc < kPSteps; ++kc) {
+        WgmmaRs64x128(o, frag[kc],
+                      sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
+      }
+    };
+    const auto release = [&](int stage) {
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty0 + 8 * stage);
+    };
+    // Turns: warpgroup w issues after bar.sync on barrier 2 + w (both warpgroups' threads) and
+    // then arrives on the other's. Warpgroup 0 goes first; the last arrival of warpgroup 1 is
+    // left out so every barrier phase completes (each issues num_tiles + 1 times).
+    constexpr uint32_t kTurnThreads = 2 * kThreads;
+    const uint32_t my_turn = 2 + wg, other_turn = 3 - wg;
+    if (wg == 1) NamedBarrierArrive(2, kTurnThreads);
+    float s[kSRegs];
+    uint32_t pa[kPSteps][4];
+    MbarWait(full0, 0);
+    NamedBarrierSync(my_turn, kTurnThreads);
+    WgmmaFence();
+    issue_qk(0, s);
+    WgmmaCommit();
+    NamedBarrierArrive(other_turn, kTurnThreads);
+    WgmmaWaitAll();
+    FenceRegisters(s);
+    SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, 0, warp_pos0, lane, scale_log2);
+    for (int tile = 1; tile < num_tiles; ++tile) {
+      const int stage = tile % kStages;
+      const int prev = (tile - 1) % kStages;
+      MbarWait(full0 + 8 * stage, (tile / kStages) & 1);
+      NamedBarrierSync(my_turn, kTurnThreads);
+      WgmmaFence();
+      issue_pv(prev, pa);
+      issue_qk(stage, s);
+      WgmmaCommit();
+      NamedBarrierArrive(other_turn, kTurnThreads);
+      WgmmaWaitAll();
+      FenceRegisters(o);
+      FenceRegisters(s);
+      release(prev);
+      SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, tile * kBlockN, warp_pos0, lane,
+                           scale_log2);
+    }
+    const int last = (num_tiles - 1) % kStages;
+    NamedBarrierSync(my_turn, kTurnThreads);
+    WgmmaFence();
+    issue_pv(last, pa);
+    WgmmaCommit();
+    if (wg == 0) NamedBarrierArrive(other_turn, kTurnThreads);
+    WgmmaWaitAll();
+    FenceRegisters(o);
+    release(last);
+  }
+  for (int tile = 0; tile < (kWs == 2 ? 0 : num_tiles); ++tile) {
     const int stage = tile % kStages;
+    if constexpr (kWs) MbarWait(full0 + 8 * stage, (tile / kStages) & 1);
     // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
     // kStages - 2 pending means this tile (and Q) landed. Then make this thread's copies visible
     // to the async proxy, and wait for every thread's (and for every warp to be done with the
     // stage refilled below).
-    CpAsyncWaitGroup<kStages - 2>();
-    FenceProxyAsyncShared();
-    __syncthreads();
+    if constexpr (!kWs) {
+      CpAsyncWaitGroup<kStages - 2>();
+      FenceProxyAsyncShared();
+      __syncthreads();
+    }
     // The next tile's copies, into the stage the barrier just freed (one commit group per
     // iteration). copy_mode 0: all before QK^T, in one burst of every warp (Nsight at 8K: warps
     // stalled on the LSU queue, lg_throttle, 1.6 cycles per instruction); 1: all while QK^T runs
     // on the tensor cores; 2: the first row while QK^T runs, the second while P V does.
     const Slots next = ahead;
-    const bool has_next = tile + kStages - 1 < num_tiles;
+    const bool has_next = !kWs && tile + kStages - 1 < num_tiles;
     const int next_stage = (tile + kStages - 1) % kStages;
-    ahead = slots_of_tile(tile + kStages);
+    if constexpr (!kWs) ahead = slots_of_tile(tile + kStages);
     const auto copy_rows = [&](int j0, int j1, bool commit) {
-      if (has_next) load_kv(next_stage, next, j0, j1);
-      if (commit) CpAsyncCommitGroup();
+      if constexpr (!kWs) {
+        if (has_next) load_kv(next_stage, next, j0, j1);
+        if (commit) CpAsyncCommitGroup();
+      }
     };
     const bool split = copy_mode == 2 && kRowsPerThread > 1;
     if (copy_mode == 0) copy_rows(0, kRowsPerThread, true);
@@ -252,72 +466,9 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     WgmmaWaitAll();
     FenceRegisters(s);
 
-    // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
-    const int key0 = tile * kBlockN;
-    if (sa::TileNeedsMask(key0, warp_pos0, kBlockN)) {
-#pragma unroll
-      for (int r = 0; r < kSRegs; ++r) {
-        if (key0 + sa::AccCol(lane, r) >= row_limit[(r % 4) / 2]) s[r] = -INFINITY;
-      }
-    }
-
-    // Online softmax with the lazy rescale of the mma.sync kernel (log2 domain). The row max and
-    // sum run as kChains independent chains each (a warp has few neighbours on its scheduler to
-    // hide a serial chain's latency behind; Nsight: 2 warps per scheduler, 0.5 eligible).
-    constexpr int kChains = 4;
-    float tile_max[2];
-    bool raise = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mc[kChains];
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) mc[c] = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kSRegs / 4; ++i) {
-        mc[i % kChains] = fmaxf(mc[i % kChains], fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-      }
-      float m = fmaxf(fmaxf(mc[0], mc[1]), fmaxf(mc[2], mc[3]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      tile_max[h] = m * scale_log2;
-      raise |= tile_max[h] > row_max[h] + kRescaleSlack;
-    }
-    const bool rescale = __any_sync(0xffffffffu, raise);
-    float alpha[2] = {1.0f, 1.0f};
-    if (rescale) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float new_max = fmaxf(row_max[h], tile_max[h]);
-        alpha[h] = FastExp2(row_max[h] - (new_max == -INFINITY ? 0.0f : new_max));
-        row_max[h] = new_max;
-        row_sum[h] *= alpha[h];
-      }
-    }
-    float neg_base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) neg_base[h] = row_max[h] == -INFINITY ? 0.0f : -row_max[h];
-    float sum[2][kChains] = {};
-#pragma unroll
-    for (int r = 0; r < kSRegs; ++r) {
-      s[r] = FastExp2(fmaf(s[r], scale_log2, neg_base[(r % 4) / 2]));
-      sum[(r % 4) / 2][(r / 4) % kChains] += s[r];
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] += (sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]);
     uint32_t pa[kPSteps][4];
-#pragma unroll
-    for (int kc = 0; kc < kPSteps; ++kc) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int at = sa::PIndex(kc, q);
-        pa[kc][q] = PackBf16x2(s[at], s[at + 1]);
-      }
-    }
-    if (rescale) {
-#pragma unroll
-      for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
-    }
-
+    SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, tile * kBlockN, warp_pos0, lane,
+                         scale_log2);
     // O += P V, m64n128, K = kBlockN keys in kPSteps steps.
     const uint32_t v_tile = v_base + stage * kKvTileBytes;
     WgmmaFence();
@@ -330,6 +481,11 @@ __global__ void __launch_bounds__((kThreads * kHeads),
     if (split) copy_rows(1, kRowsPerThread, true);
     WgmmaWaitAll();
     FenceRegisters(o);
+    if constexpr (kWs) {
+      // This warp's products are done with the stage's K and V.
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty0 + 8 * stage);
+    }
   }
 
   // Full row sums over the quad, normalize, store the valid rows.
@@ -352,17 +508,17 @@ __global__ void __launch_bounds__((kThreads * kHeads),
   }
 }
 
-template <int kStages, int kHeads, int kBlockN = 64>
+template <int kStages, int kHeads, int kBlockN = 64, int kWs = 0>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads, kBlockN>();
-  static_assert(kSmem <= 227 * 1024, "shared memory per CTA");
+  static_assert(kSmem <= 227 * 1024 - 64, "shared memory per CTA (with the mbarriers)");
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN>;
+  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN, kWs>;
   if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  kernel<<<grid, kThreads * kHeads, kSmem, stream>>>(p);
+  kernel<<<grid, kThreads * (kHeads + (kWs ? 1 : 0)), kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -387,10 +543,19 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
   static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
   static const int copy_mode = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE");
+  static const int warp_specialized = EnvChoice("TANDEM_PREFILL_SM90_WS");
   PrefillParams q = p;
   q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
+  if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 1) {
+    return stages == 2 ? LaunchShape<2, 2, 128, 1>(q, grid, stream)
+                       : LaunchShape<3, 2, 128, 1>(q, grid, stream);
+  }
+  if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 2) {
+    return stages == 2 ? LaunchShape<2, 2, 128, 2>(q, grid, stream)
+                       : LaunchShape<3, 2, 128, 2>(q, grid, stream);
+  }
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
     return stages == 2 ? LaunchShape<2, 2, 128>(q, grid, stream)
                        : LaunchShape<3, 2, 128>(q, grid, stream);

@@ -128,6 +128,64 @@ __device__ __forceinline__ void WgmmaRs64x128(float (&d)[64], const uint32_t (&a
 #endif
 }
 
+// mbarriers in shared memory (addresses from SharedAddress): init with an arrival count (then
+// FenceMbarrierInit and a CTA barrier before any other thread uses them), arrive (release), and
+// wait for the phase of a parity to complete (acquire). A phase that never completes (a bug)
+// traps after ~2^30 polls, failing the launch instead of hanging the GPU.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void FenceMbarrierInit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint32_t done = 0;
+  for (uint32_t tries = 0; done == 0; ++tries) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (tries == (1u << 30)) __trap();
+  }
+#endif
+}
+// Named barrier `id` (1-15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
+__device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrives on named barrier `id` without waiting (the producer side of a bar.sync).
+__device__ __forceinline__ void NamedBarrierArrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Sets this warpgroup's per-thread register maximum (every warp of the warpgroup executes it):
+// kInc raises it to kRegs (blocks until the CTA's pool has them), else lowers it to kRegs.
+template <bool kInc, int kRegs>
+__device__ __forceinline__ void SetMaxRegisters() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kInc) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+  }
+#endif
+}
+
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 16 : 0)
