@@ -73,10 +73,11 @@ __host__ __device__ constexpr size_t SmemBytes() {
 // key0 the tile's first key): the causal / end-of-keys masks, the online softmax with the lazy
 // rescale, P packed into the A fragments of P V, and O and the row sums rescaled.
 template <int kBlockN>
-__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4],
-                                            float (&o)[64], float (&row_max)[2],
-                                            float (&row_sum)[2], const int (&row_limit)[2],
-                                            int key0, int warp_pos0, int lane, float scale_log2) {
+__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
+                                            uint32_t (&pa)[kBlockN / 16][4], float (&o)[64],
+                                            float (&row_max)[2], float (&row_sum)[2],
+                                            const int (&row_limit)[2], int key0, int warp_pos0,
+                                            int lane, float scale_log2) {
   constexpr int kSRegs = kBlockN / 2;
   constexpr int kPSteps = kBlockN / 16;
   // Masks, only where the tile crosses the warp's diagonal (a tile crossing kv_end does too).
@@ -142,7 +143,6 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2], uint32_t (&
 #pragma unroll
     for (int r = 0; r < 64; ++r) o[r] *= alpha[(r % 4) / 2];
   }
-
 }
 
 // kBlockN keys per K/V tile: 64 (S = m64n64 per warpgroup) or 128 (m64n128: half the tiles, so
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   if constexpr (kWs) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < kStages; ++st) {
-        MbarInit(full0 + 8 * st, kThreads);                // every producer thread
+        MbarInit(full0 + 8 * st, kThreads);                        // every producer thread
         MbarInit(empty0 + 8 * st, kHeads * kThreads / kWarpSize);  // every consumer warp
       }
       FenceMbarrierInit();
@@ -355,8 +355,9 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       const uint32_t v_tile = v_base + stage * kKvTileBytes;
 #pragma unroll
       for (int kc = 0; kc < kPSteps; ++kc) {
-        WgmmaRs64x128(o, frag[kc],
-                      sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
+        WgmmaRs64x128(
+            o, frag[kc],
+            sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
       }
     };
     const auto release = [&](int stage) {
@@ -518,7 +519,7 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
     return e;
   }
   grid.x /= kHeads;
-  kernel<<<grid, kThreads * (kHeads + (kWs ? 1 : 0)), kSmem, stream>>>(p);
+  kernel<<<grid, kThreads*(kHeads + (kWs ? 1 : 0)), kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
