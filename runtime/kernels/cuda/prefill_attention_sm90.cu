@@ -156,7 +156,9 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
 // products without the per-tile lockstep. kWs == 2 adds FlashAttention-3's ping-pong: each
 // consumer issues tile t's P V together with tile t + 1's Q K^T (so o, s and P are live at once:
 // setmaxnreg gives the consumers 232 registers, the producer 40), and the two consumers take
-// turns issuing on named barriers 2 and 3, so one's softmax runs while the other's products do.
+// turns issuing on named barriers 3 and 4 (1 and 2 are their Q barriers), so one's softmax runs
+// while the other's products do. It needs 3 stages: its consumers release tile t - 1 only after
+// tile t landed, and the producer signals a tile only once the next one is issued.
 template <int kStages, int kHeads, int kBlockN, int kWs = 0>
 __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
@@ -167,6 +169,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   constexpr int kPSteps = kBlockN / 16;         // k-steps of P V
   constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
   static_assert(kWs == 0 || (kHeads == 2 && kBlockN == 128), "warp specialization: paired, wide");
+  static_assert(kWs != 2 || kStages >= 3, "ping-pong: see above");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // full[kStages], then empty[kStages] (kWs only).
   __shared__ __align__(8) uint64_t bars[kWs ? 2 * kStages : 1];
@@ -364,12 +367,12 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       __syncwarp();
       if (lane == 0) MbarArrive(empty0 + 8 * stage);
     };
-    // Turns: warpgroup w issues after bar.sync on barrier 2 + w (both warpgroups' threads) and
+    // Turns: warpgroup w issues after bar.sync on barrier 3 + w (both warpgroups' threads) and
     // then arrives on the other's. Warpgroup 0 goes first; the last arrival of warpgroup 1 is
     // left out so every barrier phase completes (each issues num_tiles + 1 times).
     constexpr uint32_t kTurnThreads = 2 * kThreads;
-    const uint32_t my_turn = 2 + wg, other_turn = 3 - wg;
-    if (wg == 1) NamedBarrierArrive(2, kTurnThreads);
+    const uint32_t my_turn = 3 + wg, other_turn = 4 - wg;
+    if (wg == 1) NamedBarrierArrive(3, kTurnThreads);
     float s[kSRegs];
     uint32_t pa[kPSteps][4];
     MbarWait(full0, 0);
@@ -526,8 +529,10 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
 // TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2, TANDEM_PREFILL_SM90_WIDE=0 / 1
 // and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
 // (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
-// issued (the kernel's copy_mode); -1 where unset or another value. Defaults, the fastest
-// measured on the H200 (bench/RESULTS.md): paired heads, 128-key tiles, 3 stages, copy_mode 2.
+// issued (the kernel's copy_mode); TANDEM_PREFILL_SM90_WS=1 / 2 the warp-specialized kernel
+// (paired heads, 128-key tiles; 2: with the ping-pong, always 3 stages); -1 where unset or another
+// value. Defaults, the fastest measured on the H200 (bench/RESULTS.md): paired heads, 128-key
+// tiles, 3 stages, copy_mode 2, no warp specialization.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
   if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
@@ -554,8 +559,7 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
                        : LaunchShape<3, 2, 128, 1>(q, grid, stream);
   }
   if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 2) {
-    return stages == 2 ? LaunchShape<2, 2, 128, 2>(q, grid, stream)
-                       : LaunchShape<3, 2, 128, 2>(q, grid, stream);
+    return LaunchShape<3, 2, 128, 2>(q, grid, stream);  // 3 stages at least
   }
   if (pair_heads && p.group % 2 == 0 && wide_tiles) {
     return stages == 2 ? LaunchShape<2, 2, 128>(q, grid, stream)
