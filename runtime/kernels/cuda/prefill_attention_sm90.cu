@@ -289,7 +289,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       for (int t = 0; t < num_tiles; ++t) {
         const int stage = t % kStages;
         if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
-        if (!(p.copy_mode & 16)) load_kv(stage, sl, 0, kRowsPerThread);  // ABLATION
+        load_kv(stage, sl, 0, kRowsPerThread);
         CpAsyncCommitGroup();
         if (t + 1 < num_tiles) sl = slots_of_tile(t + 1);
         if (t >= 1) {
@@ -398,16 +398,8 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       FenceRegisters(o);
       FenceRegisters(s);
       release(prev);
-      if (copy_mode & 32) {  // ABLATION: no softmax
-#pragma unroll
-        for (int kc = 0; kc < kPSteps; ++kc) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) pa[kc][q] = PackBf16x2(s[sa::PIndex(kc, q)], s[sa::PIndex(kc, q) + 1]);
-        }
-      } else {
       SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, tile * kBlockN, warp_pos0, lane,
                            scale_log2);
-      }
     }
     const int last = (num_tiles - 1) % kStages;
     NamedBarrierSync(my_turn, kTurnThreads);
@@ -479,16 +471,8 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
     FenceRegisters(s);
 
     uint32_t pa[kPSteps][4];
-    if (copy_mode & 32) {  // ABLATION: no softmax
-#pragma unroll
-      for (int kc = 0; kc < kPSteps; ++kc) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) pa[kc][q] = PackBf16x2(s[sa::PIndex(kc, q)], s[sa::PIndex(kc, q) + 1]);
-      }
-    } else {
     SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, tile * kBlockN, warp_pos0, lane,
                          scale_log2);
-    }
     // O += P V, m64n128, K = kBlockN keys in kPSteps steps.
     const uint32_t v_tile = v_base + stage * kKvTileBytes;
     WgmmaFence();
@@ -568,7 +552,6 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const int warp_specialized = EnvChoice("TANDEM_PREFILL_SM90_WS");
   PrefillParams q = p;
   q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
-  if (const char* a = std::getenv("TANDEM_PREFILL_SM90_ABLATE")) q.copy_mode |= std::atoi(a);  // ABLATION
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
   if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 1) {
