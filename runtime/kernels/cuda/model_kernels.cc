@@ -145,6 +145,7 @@ internal::PagedLayerView LayerView(const PagedKvCache& c, int layer, const int32
   view.head_dim = c.head_dim;
   view.block_tables = block_tables;
   view.max_blocks_per_seq = max_blocks_per_seq;
+  view.num_slots = static_cast<int64_t>(c.num_blocks) * c.block_size;
   return view;
 }
 

@@ -47,6 +47,7 @@ struct PagedLayerView {
   int head_dim = 0;                       // 32, 64 or 128
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
+  int64_t num_slots = 0;  // num_blocks * block_size: the cache rows (0: unknown)
 };
 
 // Tokens per decode-attention tile; a split's partition is a multiple of it.

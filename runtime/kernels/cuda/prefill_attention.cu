@@ -508,7 +508,7 @@ cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const Pag
   const PrefillParams p =
       MakePrefillParams(q, q_row_stride, kv, seq_start_rows, start_pos, num_heads, scale, out);
   if (kv.head_dim == 128 && p.q_vector && p.out_vector && UseSm90Kernel()) {
-    return LaunchPrefillAttentionSm90(p, num_seqs, max_new_tokens, stream);
+    return LaunchPrefillAttentionSm90(p, num_seqs, max_new_tokens, kv.num_slots, stream);
   }
   const int q_tiles = CeilDiv(max_new_tokens, kBlockM);
   if (q_tiles > kMaxGridZ) return cudaErrorInvalidValue;

@@ -95,7 +95,9 @@ __device__ __forceinline__ float FastExp2(float x) {
 
 // The wgmma kernel of prefill_attention_sm90.cu (its own sm_90a target): head_dim 128, p.q_vector
 // and p.out_vector, compute capability 9.0 (LaunchPrefillAttentionRaw checks all of it first).
+// num_slots (the cache's rows, num_blocks * block_size; 0 if unknown) bounds the TMA tensor maps
+// of its warp-specialized variant.
 cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int max_new_tokens,
-                                       cudaStream_t stream);
+                                       int64_t num_slots, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

@@ -26,6 +26,8 @@
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
+#include <cuda.h>  // CUtensorMap (its encoder comes through the runtime)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -159,10 +161,17 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
 // turns issuing on named barriers 3 and 4 (1 and 2 are their Q barriers), so one's softmax runs
 // while the other's products do. It needs 3 stages: its consumers release tile t - 1 only after
 // tile t landed, and the producer signals a tile only once the next one is issued.
-template <int kStages, int kHeads, int kBlockN, int kWs = 0>
+//
+// kTma (with kWs): the producer's thread 0 loads every whole K/V tile by TMA (k_map / v_map: the
+// layer's cache as [rows, KV heads, 128 dims], one box = 16 rows of a block x 64 dims, 128-byte
+// swizzled as the operands are), one arrive.expect_tx per tile on its full mbarrier; a last,
+// partial tile is gathered by cp.async (zero-filled past the keys) as without kTma. Needs
+// block_size % 16 == 0.
+template <int kStages, int kHeads, int kBlockN, int kWs = 0, bool kTma = false>
 __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
-    PrefillAttentionSm90Kernel(const PrefillParams p) {
+    PrefillAttentionSm90Kernel(const PrefillParams p, const __grid_constant__ CUtensorMap k_map,
+                               const __grid_constant__ CUtensorMap v_map) {
   static_assert(kBlockN == 64 || kBlockN == 128, "64- or 128-key tiles");
   constexpr int kKvTileBytes = sa::TileBytes(kBlockN);
   constexpr int kSRegs = kBlockN / 2;           // S accumulators per thread (m64nN)
@@ -170,6 +179,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
   static_assert(kWs == 0 || (kHeads == 2 && kBlockN == 128), "warp specialization: paired, wide");
   static_assert(kWs != 2 || kStages >= 3, "ping-pong: see above");
+  static_assert(!kTma || kWs != 0, "TMA loads are the producer's");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // full[kStages], then empty[kStages] (kWs only).
   __shared__ __align__(8) uint64_t bars[kWs ? 2 * kStages : 1];
@@ -283,6 +293,57 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   if constexpr (kWs) {
     if (wg == kHeads) {
       if constexpr (kWs == 2) SetMaxRegisters<false, kWsProducerRegisters>();
+      if constexpr (kTma) {
+        // Cache rows of the 16-key boxes of whole tile t (thread 0 only; t + 1 is looked up
+        // while t's copies fly).
+        constexpr int kBoxes = kBlockN / 16;
+        int box_row[kBoxes];
+        const auto lookup = [&](int t) {
+          if (tid != 0 || (t + 1) * kBlockN > kv_end) return;
+#pragma unroll
+          for (int j = 0; j < kBoxes; ++j) {
+            const int key = t * kBlockN + 16 * j;
+            box_row[j] =
+                p.block_shift >= 0
+                    ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
+                          (key & (p.block_size - 1))
+                    : p.block_tables[table_offset + key / p.block_size] * p.block_size +
+                          key % p.block_size;
+          }
+        };
+        lookup(0);
+        for (int t = 0; t < num_tiles; ++t) {
+          const int stage = t % kStages;
+          const uint32_t full = full0 + 8 * stage;
+          if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
+          if ((t + 1) * kBlockN <= kv_end) {
+            if (tid == 0) {
+              MbarArriveExpectTx(full, 2 * kKvTileBytes);
+              const uint32_t k_dst = k_base + stage * kKvTileBytes;
+              const uint32_t v_dst = v_base + stage * kKvTileBytes;
+#pragma unroll
+              for (int j = 0; j < kBoxes; ++j) {
+#pragma unroll
+                for (int a = 0; a < 2; ++a) {
+                  const uint32_t at = a * sa::AtomBytes(kBlockN) + j * 2 * sa::kGroupBytes;
+                  TmaLoad3d(k_dst + at, &k_map, 64 * a, kv_head, box_row[j], full);
+                  TmaLoad3d(v_dst + at, &v_map, 64 * a, kv_head, box_row[j], full);
+                }
+              }
+              lookup(t + 1);
+            } else {
+              MbarArrive(full);
+            }
+          } else {
+            load_kv(stage, slots_of_tile(t), 0, kRowsPerThread);
+            CpAsyncCommitGroup();
+            CpAsyncWaitGroup<0>();
+            FenceProxyAsyncShared();
+            MbarArrive(full);
+          }
+        }
+        return;
+      }
       // Producer: tile t into stage t % kStages once the consumers released that stage's tile
       // t - kStages; tile t - 1 signalled once it landed (two tiles in flight).
       Slots sl = slots_of_tile(0);
@@ -512,17 +573,51 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   }
 }
 
-template <int kStages, int kHeads, int kBlockN = 64, int kWs = 0>
-cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) {
+// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// One layer's K or V cache, [num_slots rows, num_kv_heads, 128 dims] bf16, as a tensor map of
+// 64-dim x 1-head x 16-row boxes, 128-byte swizzle. False when the encoder is missing or refuses.
+bool EncodeCacheMap(CUtensorMap* map, const void* data, int num_kv_heads, int64_t num_slots) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr || num_slots <= 0 || num_slots > (int64_t{1} << 32)) return false;
+  const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(num_kv_heads),
+                              static_cast<cuuint64_t>(num_slots)};
+  const cuuint64_t strides[2] = {kHeadDim * 2,
+                                 static_cast<cuuint64_t>(num_kv_heads) * kHeadDim * 2};
+  const cuuint32_t box[3] = {64, 1, 16};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(data), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int kStages, int kHeads, int kBlockN = 64, int kWs = 0, bool kTma = false>
+cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream,
+                        const CUtensorMap& k_map = {}, const CUtensorMap& v_map = {}) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads, kBlockN>();
   static_assert(kSmem <= 227 * 1024 - 64, "shared memory per CTA (with the mbarriers)");
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN, kWs>;
+  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN, kWs, kTma>;
   if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
   grid.x /= kHeads;
-  kernel<<<grid, kThreads*(kHeads + (kWs ? 1 : 0)), kSmem, stream>>>(p);
+  kernel<<<grid, kThreads*(kHeads + (kWs ? 1 : 0)), kSmem, stream>>>(p, k_map, v_map);
   return cudaGetLastError();
 }
 
@@ -535,14 +630,14 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream) 
 // tiles, 3 stages, copy_mode 2, no warp specialization.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
-  if (env == nullptr || env[0] < '0' || env[0] > '3' || env[1] != '\0') return -1;
+  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return -1;
   return env[0] - '0';
 }
 
 }  // namespace
 
 cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int max_new_tokens,
-                                       cudaStream_t stream) {
+                                       int64_t num_slots, cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
   static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
@@ -554,6 +649,17 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
+  if (pair_heads && p.group % 2 == 0 && wide_tiles &&
+      (warp_specialized == 3 || warp_specialized == 4) && p.block_size % 16 == 0) {
+    CUtensorMap k_map, v_map;
+    if (EncodeCacheMap(&k_map, p.k, p.num_kv_heads, num_slots) &&
+        EncodeCacheMap(&v_map, p.v, p.num_kv_heads, num_slots)) {
+      if (warp_specialized == 4)
+        return LaunchShape<3, 2, 128, 2, true>(q, grid, stream, k_map, v_map);
+      return stages == 2 ? LaunchShape<2, 2, 128, 1, true>(q, grid, stream, k_map, v_map)
+                         : LaunchShape<3, 2, 128, 1, true>(q, grid, stream, k_map, v_map);
+    }
+  }
   if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 1) {
     return stages == 2 ? LaunchShape<2, 2, 128, 1>(q, grid, stream)
                        : LaunchShape<3, 2, 128, 1>(q, grid, stream);

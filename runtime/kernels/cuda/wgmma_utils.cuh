@@ -147,6 +147,26 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
+// Arrives and adds `bytes` to the transaction count the phase waits for (the TMA copies it covers
+// complete them).
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+// One box of the 3-D tensor map `map` (a __grid_constant__ CUtensorMap) at coordinates (c0, c1,
+// c2) into shared memory at `dst`, completing its bytes on mbarrier `bar`.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0, int c1, int c2,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+#endif
+}
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   uint32_t done = 0;
