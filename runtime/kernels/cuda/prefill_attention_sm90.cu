@@ -17,12 +17,18 @@
 //   O += P V: kBlockN / 16 wgmma.m64n128k16 with P from registers (the S accumulators re-packed
 //     to bf16, the same fragment layout) and V from shared memory (MN-major, transposed by the
 //     instruction).
-// K/V tiles of the paged cache are gathered with cp.async through a ring of kStages stages into
-// the 128-byte-swizzled operand layout (prefill_attention_sm90_layout.h), which the descriptors
-// describe; a fence.proxy.async after each tile lands makes the generic-proxy copies visible to
-// the tensor cores' async proxy. Measured on the H200 and not kept (bench/RESULTS.md): overlapping
-// the softmax of one tile with the products of the next inside a warpgroup (FlashAttention-3's
-// intra-warpgroup pipelining), the two warpgroups half a tile apart (its ping-pong), 4-6 stages.
+// K/V tiles of the paged cache go through a ring of kStages stages in the 128-byte-swizzled
+// operand layout (prefill_attention_sm90_layout.h), which the descriptors describe. By default
+// (kWs, kTma; paired heads, block_size % 16 == 0) a third, producer warpgroup loads them by TMA
+// (16-row boxes of a per-layer tensor map, one per block-table lookup) onto full / empty
+// mbarriers, and the two consumer warpgroups only compute: the ninth session's ablation showed
+// the cp.async gather by the consumers cost ~46 ms of the 235 ms 8K prefill; TMA took 5% off it.
+// Otherwise the warpgroups gather with cp.async themselves and a fence.proxy.async after each
+// tile lands makes the generic-proxy copies visible to the tensor cores' async proxy. Measured on
+// the H200 and not kept (bench/RESULTS.md): overlapping the softmax of one tile with the products
+// of the next inside a warpgroup (FlashAttention-3's intra-warpgroup pipelining), the two
+// warpgroups half a tile apart or taking turns on named barriers (its ping-pong; kWs == 2, 3-4%
+// slower), 4-6 stages.
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
@@ -625,9 +631,11 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream,
 // and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
 // (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
 // issued (the kernel's copy_mode); TANDEM_PREFILL_SM90_WS=1 / 2 the warp-specialized kernel
-// (paired heads, 128-key tiles; 2: with the ping-pong, always 3 stages); -1 where unset or another
-// value. Defaults, the fastest measured on the H200 (bench/RESULTS.md): paired heads, 128-key
-// tiles, 3 stages, copy_mode 2, no warp specialization.
+// (paired heads, 128-key tiles; 1: cp.async producer, 2: and the ping-pong (3 stages always), 3:
+// TMA producer, 4: and the ping-pong; 0: none); -1 where unset or another value. Defaults, the
+// fastest measured on the H200 (bench/RESULTS.md, ninth session): the TMA producer (3) with 3
+// stages where the GQA group is even and block_size % 16 == 0; elsewhere paired heads (even
+// groups), 128-key tiles, 3 stages, copy_mode 2.
 int EnvChoice(const char* name) {
   const char* env = std::getenv(name);
   if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return -1;
@@ -644,7 +652,11 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
   static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
   static const int copy_mode = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE");
-  static const int warp_specialized = EnvChoice("TANDEM_PREFILL_SM90_WS");
+  // Unset: the TMA producer (3) where it applies.
+  static const int warp_specialized = [] {
+    const int ws = EnvChoice("TANDEM_PREFILL_SM90_WS");
+    return ws < 0 ? 3 : ws;
+  }();
   PrefillParams q = p;
   q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
