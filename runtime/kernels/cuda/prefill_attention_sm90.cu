@@ -209,7 +209,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   if constexpr (kWs) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < kStages; ++st) {
-        MbarInit(full0 + 8 * st, kThreads);                        // every producer thread
+        MbarInit(full0 + 8 * st, kTma ? kWarpSize : kThreads);     // producer warp 0 / threads
         MbarInit(empty0 + 8 * st, kHeads * kThreads / kWarpSize);  // every consumer warp
       }
       FenceMbarrierInit();
@@ -300,54 +300,65 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
     if (wg == kHeads) {
       if constexpr (kWs == 2) SetMaxRegisters<false, kWsProducerRegisters>();
       if constexpr (kTma) {
-        // Cache rows of the 16-key boxes of whole tile t (thread 0 only; t + 1 is looked up
-        // while t's copies fly).
+        // Warp 0 loads the whole tiles: lane j < kBoxes owns 16-key box j of a tile (its block
+        // table lookup a tile ahead, its K and V boxes, both 64-dim halves); lane 0 first adds
+        // the tile's bytes to its full mbarrier, then every lane arrives (32 arrivals a phase).
+        // Warps 1-3 wait on named barrier 5 for a last, partial tile, which all four gather by
+        // cp.async (zero-filled past the keys); named barrier 6 orders their landed copies
+        // before warp 0's arrivals. Without a partial tile they leave at once.
         constexpr int kBoxes = kBlockN / 16;
-        int box_row[kBoxes];
-        const auto lookup = [&](int t) {
-          if (tid != 0 || (t + 1) * kBlockN > kv_end) return;
-#pragma unroll
-          for (int j = 0; j < kBoxes; ++j) {
-            const int key = t * kBlockN + 16 * j;
-            box_row[j] =
-                p.block_shift >= 0
-                    ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
-                          (key & (p.block_size - 1))
-                    : p.block_tables[table_offset + key / p.block_size] * p.block_size +
-                          key % p.block_size;
+        const int pwarp = tid / kWarpSize;
+        const int whole = kv_end / kBlockN;  // tiles [0, whole) are whole
+        const bool has_tail = whole < num_tiles;
+        if (pwarp == 0) {
+          if (lane == 0) {
+            PrefetchTensorMap(&k_map);
+            PrefetchTensorMap(&v_map);
           }
-        };
-        lookup(0);
-        for (int t = 0; t < num_tiles; ++t) {
-          const int stage = t % kStages;
-          const uint32_t full = full0 + 8 * stage;
-          if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
-          if ((t + 1) * kBlockN <= kv_end) {
-            if (tid == 0) {
-              MbarArriveExpectTx(full, 2 * kKvTileBytes);
-              const uint32_t k_dst = k_base + stage * kKvTileBytes;
-              const uint32_t v_dst = v_base + stage * kKvTileBytes;
+          const auto lookup = [&](int t) {
+            const int key = t * kBlockN + 16 * lane;
+            if (lane >= kBoxes || t >= whole) return 0;
+            return p.block_shift >= 0
+                       ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
+                             (key & (p.block_size - 1))
+                       : p.block_tables[table_offset + key / p.block_size] * p.block_size +
+                             key % p.block_size;
+          };
+          int box_row = lookup(0);
+          for (int t = 0; t < whole; ++t) {
+            const int stage = t % kStages;
+            const uint32_t full = full0 + 8 * stage;
+            if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
+            if (lane == 0) MbarArriveExpectTx(full, 2 * kKvTileBytes);
+            __syncwarp();
+            if (lane < kBoxes) {
+              const uint32_t at = stage * kKvTileBytes + lane * 2 * sa::kGroupBytes;
 #pragma unroll
-              for (int j = 0; j < kBoxes; ++j) {
-#pragma unroll
-                for (int a = 0; a < 2; ++a) {
-                  const uint32_t at = a * sa::AtomBytes(kBlockN) + j * 2 * sa::kGroupBytes;
-                  TmaLoad3d(k_dst + at, &k_map, 64 * a, kv_head, box_row[j], full);
-                  TmaLoad3d(v_dst + at, &v_map, 64 * a, kv_head, box_row[j], full);
-                }
+              for (int a = 0; a < 2; ++a) {
+                const uint32_t atom = at + a * sa::AtomBytes(kBlockN);
+                TmaLoad3d(k_base + atom, &k_map, 64 * a, kv_head, box_row, full);
+                TmaLoad3d(v_base + atom, &v_map, 64 * a, kv_head, box_row, full);
               }
-              lookup(t + 1);
-            } else {
-              MbarArrive(full);
             }
-          } else {
-            load_kv(stage, slots_of_tile(t), 0, kRowsPerThread);
-            CpAsyncCommitGroup();
-            CpAsyncWaitGroup<0>();
-            FenceProxyAsyncShared();
-            MbarArrive(full);
+            if (lane != 0) MbarArrive(full);
+            box_row = lookup(t + 1);
           }
         }
+        if (!has_tail) return;
+        const int t = num_tiles - 1;
+        const int stage = t % kStages;
+        if (pwarp == 0) {
+          if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
+          NamedBarrierArrive(5, kThreads);
+        } else {
+          NamedBarrierSync(5, kThreads);
+        }
+        load_kv(stage, slots_of_tile(t), 0, kRowsPerThread);
+        CpAsyncCommitGroup();
+        CpAsyncWaitGroup<0>();
+        FenceProxyAsyncShared();
+        NamedBarrierSync(6, kThreads);
+        if (pwarp == 0) MbarArrive(full0 + 8 * stage);
         return;
       }
       // Producer: tile t into stage t % kStages once the consumers released that stage's tile

@@ -167,6 +167,13 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0,
       : "memory");
 #endif
 }
+// Brings a __grid_constant__ tensor map into the TMA unit's descriptor cache ahead of its first
+// use.
+__device__ __forceinline__ void PrefetchTensorMap(const void* map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   uint32_t done = 0;
