@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
@@ -159,7 +161,9 @@ struct CublasLtGemm::Impl {
   // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
-  int skinny_max_rows = 0;  // calls of 2..skinny_max_rows rows take it
+  int skinny_max_rows = 0;        // calls of 2..skinny_max_rows rows take it
+  int skinny_qkv_max_rows = 0;    // the same for the QKV projection with RoPE fused
+  int skinny_gated_max_rows = 0;  // the same for the gate/up projection with SiLU fused
   int num_sms = 0;
   int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
@@ -428,16 +432,24 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   }
   const bool forced = skinny != nullptr && std::strcmp(skinny, "1") == 0;
   const bool wanted = forced || (skinny == nullptr && cuda::SkinnyGemmUsesWgmma());
-  impl->skinny_max_rows = forced ? cuda::kSkinnyGemmMaxRows : kSkinnyDefaultMaxRows;
-  if (const char* rows = std::getenv("TANDEM_SKINNY_MAX_ROWS")) {
+  // A row bound from the environment variable `name`, else `fallback`.
+  const auto max_rows = [](const char* name, int fallback) -> absl::StatusOr<int> {
+    const char* rows = std::getenv(name);
+    if (rows == nullptr) return fallback;
     const int v = std::atoi(rows);
     if (v < 2 || v > cuda::kSkinnyGemmMaxRows) {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_SKINNY_MAX_ROWS must be in [2, ",
-                                                     cuda::kSkinnyGemmMaxRows, "], got \"", rows,
-                                                     "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " must be in [2, ", cuda::kSkinnyGemmMaxRows, "], got \"", rows, "\""));
     }
-    impl->skinny_max_rows = v;
-  }
+    return v;
+  };
+  ASSIGN_OR_RETURN(impl->skinny_max_rows,
+                   max_rows("TANDEM_SKINNY_MAX_ROWS",
+                            forced ? cuda::kSkinnyGemmMaxRows : kSkinnyDefaultMaxRows));
+  ASSIGN_OR_RETURN(impl->skinny_qkv_max_rows,
+                   max_rows("TANDEM_SKINNY_QKV_MAX_ROWS", impl->skinny_max_rows));
+  ASSIGN_OR_RETURN(impl->skinny_gated_max_rows,
+                   max_rows("TANDEM_SKINNY_GATED_MAX_ROWS", impl->skinny_max_rows));
   if (wanted) {
     int device = 0;
     RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
@@ -526,8 +538,8 @@ bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void
 bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
                              bool gated_silu) const {
   // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
-  if (!impl_->skinny_enabled || m < 2 || m > impl_->skinny_max_rows ||
-      !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
+  const int max_rows = gated_silu ? impl_->skinny_gated_max_rows : impl_->skinny_max_rows;
+  if (!impl_->skinny_enabled || m < 2 || m > max_rows || !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
     return false;
   }
   return SkinnyScratchFits(
@@ -539,7 +551,7 @@ bool CublasLtGemm::SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const {
 }
 
 bool CublasLtGemm::FusesQkvRope(int m, int k, int n, const void* x, const void* w) const {
-  if (!impl_->skinny_enabled || m < 2 || m > impl_->skinny_max_rows || n % 2 != 0 ||
+  if (!impl_->skinny_enabled || m < 2 || m > impl_->skinny_qkv_max_rows || n % 2 != 0 ||
       !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
     return false;
   }

@@ -14,7 +14,9 @@
 // its 16 MiB split-K scratch. Switches, read at Create (a bad value fails it):
 // TANDEM_SKINNY_GEMM=0 turns it off, =1 turns it on for 2-64 rows on any GPU (other GPUs run its
 // mma.sync kernel, slower than cuBLASLt on the H200); TANDEM_SKINNY_MAX_ROWS=N (2-64) moves the
-// row bound; TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
+// row bound, TANDEM_SKINNY_QKV_MAX_ROWS=N and TANDEM_SKINNY_GATED_MAX_ROWS=N (2-64) that of the QKV
+// projection with RoPE fused and of the gate/up projection with SiLU fused (default: the general
+// bound); TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
 // aims at.
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
