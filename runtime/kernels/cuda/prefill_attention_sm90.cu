@@ -168,11 +168,11 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
 // while the other's products do. It needs 3 stages: its consumers release tile t - 1 only after
 // tile t landed, and the producer signals a tile only once the next one is issued.
 //
-// kTma (with kWs): the producer's thread 0 loads every whole K/V tile by TMA (k_map / v_map: the
+// kTma (with kWs): the producer's warp 0 loads every whole K/V tile by TMA (k_map / v_map: the
 // layer's cache as [rows, KV heads, 128 dims], one box = 16 rows of a block x 64 dims, 128-byte
-// swizzled as the operands are), one arrive.expect_tx per tile on its full mbarrier; a last,
-// partial tile is gathered by cp.async (zero-filled past the keys) as without kTma. Needs
-// block_size % 16 == 0.
+// swizzled as the operands are; lane j issues box j), one arrive.expect_tx per tile on its full
+// mbarrier; a last, partial tile is gathered by cp.async (zero-filled past the keys) by the whole
+// producer warpgroup. Needs block_size % 16 == 0.
 template <int kStages, int kHeads, int kBlockN, int kWs = 0, bool kTma = false>
 __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
@@ -641,7 +641,7 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream,
 // TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2, TANDEM_PREFILL_SM90_WIDE=0 / 1
 // and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
 // (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
-// issued (the kernel's copy_mode); TANDEM_PREFILL_SM90_WS=1 / 2 the warp-specialized kernel
+// issued (the kernel's copy_mode); TANDEM_PREFILL_SM90_WS=0-4 the warp specialization
 // (paired heads, 128-key tiles; 1: cp.async producer, 2: and the ping-pong (3 stages always), 3:
 // TMA producer, 4: and the ping-pong; 0: none); -1 where unset or another value. Defaults, the
 // fastest measured on the H200 (bench/RESULTS.md, ninth session): the TMA producer (3) with 3
