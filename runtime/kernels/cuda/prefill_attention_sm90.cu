@@ -77,6 +77,20 @@ __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + size_t{sa::kTileBytes} * kHeads + size_t{sa::TileBytes(kBlockN)} * 2 * kStages;
 }
 
+// Issues S = Q K^T for a 128-key tile (m64n128, K = 128 dims in 8 steps; the first k-step only
+// writes S: no zeroing moves) from the Q tile at q_base and the K tile at k_tile.
+__device__ __forceinline__ void IssueQk128(float (&s)[64], uint32_t q_base, uint32_t k_tile) {
+  WgmmaSs64x128<false>(
+      s, sa::MakeDescriptor(q_base + sa::QkStepOffset(0), sa::kKMajorLbo, sa::kSbo),
+      sa::MakeDescriptor(k_tile + sa::QkStepOffset(0, 128), sa::kKMajorLbo, sa::kSbo));
+#pragma unroll
+  for (int kk = 1; kk < kHeadDim / 16; ++kk) {
+    WgmmaSs64x128<true>(
+        s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
+        sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, 128), sa::kKMajorLbo, sa::kSbo));
+  }
+}
+
 // One K/V tile's softmax step on the S accumulators of a warp (rows warp_pos0 + lane / 4, + 8;
 // key0 the tile's first key): the causal / end-of-keys masks, the online softmax with the lazy
 // rescale, P packed into the A fragments of P V, and O and the row sums rescaled.
@@ -421,16 +435,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   if constexpr (kWs == 2) {
     // Q K^T of a tile into s, P V of a tile from pa into o (issue only).
     const auto issue_qk = [&](int stage, float(&acc)[kSRegs]) {
-      const uint32_t k_tile = k_base + stage * kKvTileBytes;
-      WgmmaSs64x128<false>(
-          acc, sa::MakeDescriptor(q_base + sa::QkStepOffset(0), sa::kKMajorLbo, sa::kSbo),
-          sa::MakeDescriptor(k_tile + sa::QkStepOffset(0, kBlockN), sa::kKMajorLbo, sa::kSbo));
-#pragma unroll
-      for (int kk = 1; kk < kHeadDim / 16; ++kk) {
-        WgmmaSs64x128<true>(
-            acc, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo, sa::kSbo));
-      }
+      IssueQk128(acc, q_base, k_base + stage * kKvTileBytes);
     };
     const auto issue_pv = [&](int stage, const uint32_t(&frag)[kPSteps][4]) {
       const uint32_t v_tile = v_base + stage * kKvTileBytes;
@@ -532,16 +537,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                      kk > 0 ? 1 : 0);
       }
     } else {
-      // The first k-step only writes S: no zeroing moves.
-      WgmmaSs64x128<false>(
-          s, sa::MakeDescriptor(q_base + sa::QkStepOffset(0), sa::kKMajorLbo, sa::kSbo),
-          sa::MakeDescriptor(k_tile + sa::QkStepOffset(0, kBlockN), sa::kKMajorLbo, sa::kSbo));
-#pragma unroll
-      for (int kk = 1; kk < kHeadDim / 16; ++kk) {
-        WgmmaSs64x128<true>(
-            s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
-            sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, kBlockN), sa::kKMajorLbo, sa::kSbo));
-      }
+      IssueQk128(s, q_base, k_tile);
     }
     WgmmaCommit();
     if (copy_mode != 0) copy_rows(0, split ? 1 : kRowsPerThread, !split);
