@@ -2,7 +2,7 @@
 // it is given.
 //   engine_bench --model DIR [--device N] [--json FILE] [--iters 50]
 //                [--batches 1,8,64,256] [--contexts 1024,8192] [--prefill 512,2048,8192]
-//                [--skip sampling,prefill,profile,gemv-ab,skinny-ab]
+//                [--skip sampling,prefill,profile,gemv-ab,skinny-ab] [--block-size 16]
 // Ceilings, measured first in the same process: device copy bandwidth (cudaMemcpy D2D of 1 GiB,
 // read + write bytes / time) and cuBLASLt bf16 GEMM throughput at 8192^3 (f32 accumulation).
 // Then, with the model loaded by the CUDA runner:
@@ -65,6 +65,7 @@ struct Flags {
   std::vector<int> contexts = {1024, 8192};
   std::vector<int> prefill = {512, 2048, 8192};
   std::vector<std::string> skip;  // sections not to run (see --skip)
+  int block_size = 16;            // KV cache tokens per block
 };
 
 // Times `fn` (which queues work on `stream`) over iters runs after warmup runs; ms per run.
@@ -204,7 +205,7 @@ int Run(const Flags& flags) {
   const ModelConfig c = *config_or;
   auto store = TensorStore::Open(flags.model_dir);
   if (!store.ok()) return fail(store.status());
-  const int bs = 16;
+  const int bs = flags.block_size;
   const size_t kv_per_token = size_t{2} * c.num_layers * c.num_kv_heads * c.head_dim * 2;
   const size_t kv_per_block = kv_per_token * bs;
   size_t free_bytes = 0, total_bytes = 0;
@@ -251,14 +252,15 @@ int Run(const Flags& flags) {
   const KvCacheLayout kv = runner->kv_layout();
   std::printf(
       "model %s: %d layers, hidden %d, %d heads / %d KV heads, vocab %d; weights %s "
-      "loaded in %.1f s; KV cache %d blocks (%s)\n",
+      "loaded in %.1f s; KV cache %d blocks of %d tokens (%s)\n",
       flags.model_dir.c_str(), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
-      c.vocab_size, FormatBytes(runner->weight_bytes()).c_str(), load_s, kv.num_blocks,
+      c.vocab_size, FormatBytes(runner->weight_bytes()).c_str(), load_s, kv.num_blocks, bs,
       FormatBytes(kv.bytes).c_str());
   out["model"] = flags.model_dir;
   out["weight_bytes"] = runner->weight_bytes();
   out["load_seconds"] = load_s;
   out["kv_blocks"] = kv.num_blocks;
+  out["kv_block_size"] = bs;
 
   // Fake prefill: random bf16 in the whole KV cache (64 MiB pattern tiled on the device).
   auto fill_kv = [](const KvCacheLayout& layout) {
@@ -604,6 +606,8 @@ int main(int argc, char** argv) {
   app.add_option("--batches", flags.batches, "decode batch sizes")->delimiter(',');
   app.add_option("--contexts", flags.contexts, "decode context lengths")->delimiter(',');
   app.add_option("--prefill", flags.prefill, "prefill token counts")->delimiter(',');
+  app.add_option("--block-size", flags.block_size, "KV cache tokens per block (default 16)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--skip", flags.skip,
                  "sections not to run: sampling, prefill, profile, gemv-ab, skinny-ab")
       ->delimiter(',')

@@ -296,7 +296,11 @@ INSTANTIATE_TEST_SUITE_P(Groups, GroupShapeTest,
                          ::testing::Values(AttnShape{"group16_bs7", 16, 1, 64, 7},
                                            AttnShape{"group8_bs32", 32, 4, 128, 32},
                                            AttnShape{"group1_bs1", 8, 8, 64, 1},
-                                           AttnShape{"group2_bs5", 4, 2, 32, 5}),
+                                           AttnShape{"group2_bs5", 4, 2, 32, 5},
+                                           // Larger KV blocks: the TMA prefill producer's 64- and
+                                           // 128-row boxes.
+                                           AttnShape{"group4_bs64", 32, 8, 128, 64},
+                                           AttnShape{"group4_bs128", 32, 8, 128, 128}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

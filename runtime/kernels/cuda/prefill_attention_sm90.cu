@@ -20,7 +20,7 @@
 // K/V tiles of the paged cache go through a ring of kStages stages in the 128-byte-swizzled
 // operand layout (prefill_attention_sm90_layout.h), which the descriptors describe. By default
 // (kWs, kTma; paired heads, block_size % 16 == 0) a third, producer warpgroup loads them by TMA
-// (16-row boxes of a per-layer tensor map, one per block-table lookup) onto full / empty
+// (boxes of 16-128 rows of one KV block from a per-layer tensor map) onto full / empty
 // mbarriers, and the two consumer warpgroups only compute: the ninth session's ablation showed
 // the cp.async gather by the consumers cost ~46 ms of the 235 ms 8K prefill; TMA took 5% off it.
 // Otherwise the warpgroups gather with cp.async themselves and a fence.proxy.async after each
@@ -89,6 +89,12 @@ __device__ __forceinline__ void IssueQk128(float (&s)[64], uint32_t q_base, uint
         s, sa::MakeDescriptor(q_base + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo),
         sa::MakeDescriptor(k_tile + sa::QkStepOffset(kk, 128), sa::kKMajorLbo, sa::kSbo));
   }
+}
+
+// Rows of one TMA box of the K/V cache: the most of 128, 64, 32, 16 that divides the block size
+// (a box stays inside one block); the TMA producer needs block_size % 16 == 0.
+__host__ __device__ __forceinline__ int TmaBoxRows(int block_size) {
+  return block_size % 128 == 0 ? 128 : block_size % 64 == 0 ? 64 : block_size % 32 == 0 ? 32 : 16;
 }
 
 // One K/V tile's softmax step on the S accumulators of a warp (rows warp_pos0 + lane / 4, + 8;
@@ -183,10 +189,10 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
 // tile t landed, and the producer signals a tile only once the next one is issued.
 //
 // kTma (with kWs): the producer's warp 0 loads every whole K/V tile by TMA (k_map / v_map: the
-// layer's cache as [rows, KV heads, 128 dims], one box = 16 rows of a block x 64 dims, 128-byte
-// swizzled as the operands are; lane j issues box j), one arrive.expect_tx per tile on its full
-// mbarrier; a last, partial tile is gathered by cp.async (zero-filled past the keys) by the whole
-// producer warpgroup. Needs block_size % 16 == 0.
+// layer's cache as [rows, KV heads, 128 dims], one box = TmaBoxRows rows of a block x 64 dims,
+// 128-byte swizzled as the operands are; lane j issues box j), one arrive.expect_tx per tile on its
+// full mbarrier; a last, partial tile is gathered by cp.async (zero-filled past the keys) by the
+// whole producer warpgroup. Needs block_size % 16 == 0.
 template <int kStages, int kHeads, int kBlockN, int kWs = 0, bool kTma = false>
 __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
@@ -314,13 +320,14 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
     if (wg == kHeads) {
       if constexpr (kWs == 2) SetMaxRegisters<false, kWsProducerRegisters>();
       if constexpr (kTma) {
-        // Warp 0 loads the whole tiles: lane j < kBoxes owns 16-key box j of a tile (its block
-        // table lookup a tile ahead, its K and V boxes, both 64-dim halves); lane 0 first adds
-        // the tile's bytes to its full mbarrier, then every lane arrives (32 arrivals a phase).
-        // Warps 1-3 wait on named barrier 5 for a last, partial tile, which all four gather by
-        // cp.async (zero-filled past the keys); named barrier 6 orders their landed copies
+        // Warp 0 loads the whole tiles: lane j < boxes owns box j of a tile (TmaBoxRows keys; its
+        // block table lookup a tile ahead, its K and V boxes, both 64-dim halves); lane 0 first
+        // adds the tile's bytes to its full mbarrier, then every lane arrives (32 arrivals a
+        // phase). Warps 1-3 wait on named barrier 5 for a last, partial tile, which all four gather
+        // by cp.async (zero-filled past the keys); named barrier 6 orders their landed copies
         // before warp 0's arrivals. Without a partial tile they leave at once.
-        constexpr int kBoxes = kBlockN / 16;
+        const int box_rows = TmaBoxRows(p.block_size);
+        const int boxes = kBlockN / box_rows;
         const int pwarp = tid / kWarpSize;
         const int whole = kv_end / kBlockN;  // tiles [0, whole) are whole
         const bool has_tail = whole < num_tiles;
@@ -330,8 +337,8 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
             PrefetchTensorMap(&v_map);
           }
           const auto lookup = [&](int t) {
-            const int key = t * kBlockN + 16 * lane;
-            if (lane >= kBoxes || t >= whole) return 0;
+            const int key = t * kBlockN + box_rows * lane;
+            if (lane >= boxes || t >= whole) return 0;
             return p.block_shift >= 0
                        ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
                              (key & (p.block_size - 1))
@@ -345,8 +352,8 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
             if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
             if (lane == 0) MbarArriveExpectTx(full, 2 * kKvTileBytes);
             __syncwarp();
-            if (lane < kBoxes) {
-              const uint32_t at = stage * kKvTileBytes + lane * 2 * sa::kGroupBytes;
+            if (lane < boxes) {
+              const uint32_t at = stage * kKvTileBytes + lane * box_rows * 128;
 #pragma unroll
               for (int a = 0; a < 2; ++a) {
                 const uint32_t atom = at + a * sa::AtomBytes(kBlockN);
@@ -603,15 +610,17 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }
 
 // One layer's K or V cache, [num_slots rows, num_kv_heads, 128 dims] bf16, as a tensor map of
-// 64-dim x 1-head x 16-row boxes, 128-byte swizzle. False when the encoder is missing or refuses.
-bool EncodeCacheMap(CUtensorMap* map, const void* data, int num_kv_heads, int64_t num_slots) {
+// 64-dim x 1-head x box_rows-row boxes, 128-byte swizzle. False when the encoder is missing or
+// refuses.
+bool EncodeCacheMap(CUtensorMap* map, const void* data, int num_kv_heads, int64_t num_slots,
+                    int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || num_slots <= 0 || num_slots > (int64_t{1} << 32)) return false;
   const cuuint64_t dims[3] = {kHeadDim, static_cast<cuuint64_t>(num_kv_heads),
                               static_cast<cuuint64_t>(num_slots)};
   const cuuint64_t strides[2] = {kHeadDim * 2,
                                  static_cast<cuuint64_t>(num_kv_heads) * kHeadDim * 2};
-  const cuuint32_t box[3] = {64, 1, 16};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(data), dims, strides,
                 box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -671,8 +680,9 @@ cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int
   if (pair_heads && p.group % 2 == 0 && wide_tiles &&
       (warp_specialized == 3 || warp_specialized == 4) && p.block_size % 16 == 0) {
     CUtensorMap k_map, v_map;
-    if (EncodeCacheMap(&k_map, p.k, p.num_kv_heads, num_slots) &&
-        EncodeCacheMap(&v_map, p.v, p.num_kv_heads, num_slots)) {
+    const int box_rows = TmaBoxRows(p.block_size);
+    if (EncodeCacheMap(&k_map, p.k, p.num_kv_heads, num_slots, box_rows) &&
+        EncodeCacheMap(&v_map, p.v, p.num_kv_heads, num_slots, box_rows)) {
       if (warp_specialized == 4)
         return LaunchShape<3, 2, 128, 2, true>(q, grid, stream, k_map, v_map);
       return stages == 2 ? LaunchShape<2, 2, 128, 1, true>(q, grid, stream, k_map, v_map)
