@@ -1,9 +1,10 @@
 #pragma once
 // Private device helpers for the sm_90a (Hopper) kernels of tandem_kernels_sm90: wgmma issue,
-// fence, commit and wait, the async-proxy fence for shared memory written by cp.async, and an
-// address-based cp.async. Every instruction is compiled only for sm_90a
-// (__CUDA_ARCH_FEAT_SM90_ALL); anywhere else the helpers are empty, and their callers must not be
-// launched.
+// fence, commit and wait, the async-proxy fence for shared memory written by cp.async, mbarriers
+// (init, arrive, arrive with an expected transaction count, wait), TMA tensor loads and the tensor
+// map prefetch, named barriers, setmaxnreg, and an address-based cp.async. The sm_90a instructions
+// are compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); anywhere else those helpers are empty,
+// and their callers must not be launched.
 
 #include <cuda_runtime.h>
 
