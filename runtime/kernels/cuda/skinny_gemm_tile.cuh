@@ -134,20 +134,13 @@ cudaError_t DispatchSkinnyRows(int m, Launch launch) {
   }
 }
 
-// The whole CTA's barrier (FinishSkinnyTile's default).
-struct CtaBarrier {
-  __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-
 // Finishes output tile `tile` from red[r * ld + c] (weight row r of the tile, activation row c <
-// kMp; the kThreads threads tid of `sync` call it after a barrier that follows the last write of
-// red): with several splits, writes this split's partial and returns unless this CTA arrived last,
-// which then sums the splits in split order into red; then the epilogue of kMode writes the
-// output. `tiles` is the plan's tile count (0: one CTA per tile, gridDim.x of them).
-template <int kMp, int kMode, typename Sync = CtaBarrier>
+// kMp; every thread of the CTA calls it after a barrier that follows the last write of red): with
+// several splits, writes this split's partial and returns unless this CTA arrived last, which then
+// sums the splits in split order into red; then the epilogue of kMode writes the output.
+template <int kMp, int kMode>
 __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* red, int kLd,
-                                                 int tile, int split, int tid, Sync sync = Sync(),
-                                                 int tiles = 0) {
+                                                 int tile, int split, int tid) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
   __shared__ bool s_last;
@@ -159,9 +152,8 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
     static_assert(kVecs * 4 * kThreads == kTileFloats, "whole float4s per thread");
     auto red_at = [&](int v) { return red + (4 * v / kMp) * kLd + 4 * v % kMp; };
     const float4* partials = reinterpret_cast<const float4*>(p.partials);
-    const unsigned num_tiles = tiles > 0 ? static_cast<unsigned>(tiles) : gridDim.x;
     auto partial = [&](int s) {
-      return (static_cast<size_t>(s) * num_tiles + tile) * (kTileFloats / 4);
+      return (static_cast<size_t>(s) * gridDim.x + tile) * (kTileFloats / 4);
     };
     float4* mine = reinterpret_cast<float4*>(p.partials) + partial(split);
 #pragma unroll
@@ -170,12 +162,12 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       mine[i * kThreads + tid] = make_float4(src[0], src[1], src[2], src[3]);
     }
     __threadfence();  // this CTA's partial is visible device-wide before it is counted
-    sync();
+    __syncthreads();
     if (tid == 0) {
       const unsigned arrived = atomicAdd(p.counters + tile, 1u);
       s_last = arrived == static_cast<unsigned>(p.splits - 1);
     }
-    sync();
+    __syncthreads();
     if (!s_last) return;
     __threadfence();
     // The sum in split order, with the loads of a batch of kBatch vectors times up to 4 splits
@@ -220,7 +212,7 @@ __device__ __forceinline__ void FinishSkinnyTile(const SkinnyGemmRaw& p, float* 
       }
     }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch (which waits for this grid)
-    sync();
+    __syncthreads();
   }
 
   // Epilogue: consecutive threads take consecutive output features of one activation row.
