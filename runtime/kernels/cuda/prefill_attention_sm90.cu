@@ -518,7 +518,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
     // stalled on the LSU queue, lg_throttle, 1.6 cycles per instruction); 1: all while QK^T runs
     // on the tensor cores; 2: the first row while QK^T runs, the second while P V does.
     const Slots next = ahead;
-    const bool has_next = !kWs && tile + kStages - 1 < num_tiles;
+    const bool has_next = tile + kStages - 1 < num_tiles;
     const int next_stage = (tile + kStages - 1) % kStages;
     if constexpr (!kWs) ahead = slots_of_tile(tile + kStages);
     const auto copy_rows = [&](int j0, int j1, bool commit) {
