@@ -24,6 +24,9 @@
 //     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
+// With an L2 prefetch range (the next projection's weights) each CTA first queues bulk prefetches
+// of its share of it, and the cache rows are then loaded evict-first, so the stream of K/V through
+// L2 does not evict the prefetched lines before the projection reads them.
 // At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
 // split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
 // alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
@@ -93,8 +96,12 @@ constexpr size_t DecodeSmemBytes() {
 }
 
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
+// l2_prefetch / l2_prefetch_bytes are kernel parameters of their own (not DecodeParams fields): a
+// larger parameter block changed this kernel's register allocation and speed (bench/RESULTS.md).
 template <int kHeadDim, bool kPackLo>
-__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads)
+    DecodeAttentionKernel(const DecodeParams p, const char* l2_prefetch,
+                          unsigned long long l2_prefetch_bytes) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
@@ -117,6 +124,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   const int head0 = kv_head * p.group + chunk * kMaxGroup;
   const int rest = p.group - chunk * kMaxGroup;
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
+  // Read-only weights, written by no kernel of the step: prefetched before PdlWait().
+  if (warp == 0) PrefetchL2Share(l2_prefetch, l2_prefetch_bytes, lane);
+  const uint64_t policy = l2_prefetch_bytes > 0 ? L2EvictFirstPolicy() : L2EvictNormalPolicy();
 
   // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
   // written by none, so it is read before PdlWait(); Q and the cache are read after it.
@@ -163,8 +173,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
         const int slot = __shfl_sync(0xffffffffu, my_slot, row);
         const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
         const bool valid = t0 + row < end;
-        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
-        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
+        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
+        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
       }
     }
     CpAsyncCommitGroup();
@@ -422,7 +432,8 @@ bool PackLoEnabled() {
 }
 
 template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchMain(const DecodeParams& p, const char* l2_prefetch,
+                       unsigned long long l2_prefetch_bytes, const dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e =
@@ -430,17 +441,20 @@ cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stre
       e != cudaSuccess) {
     return e;
   }
-  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p);
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo>, grid, kThreads, kSmem, stream, p,
+               l2_prefetch, l2_prefetch_bytes);
   return cudaSuccess;
 }
 
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, const char* l2_prefetch,
+                     unsigned long long l2_prefetch_bytes, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
-                            ? LaunchMain<kHeadDim, true>(p, grid, stream)
-                            : LaunchMain<kHeadDim, false>(p, grid, stream);
+  const cudaError_t e =
+      p.group <= kMaxGroup / 2 && PackLoEnabled()
+          ? LaunchMain<kHeadDim, true>(p, l2_prefetch, l2_prefetch_bytes, grid, stream)
+          : LaunchMain<kHeadDim, false>(p, l2_prefetch, l2_prefetch_bytes, grid, stream);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
@@ -455,7 +469,8 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, cudaStream_t stream) {
+                                     const DecodeSplitPlan& plan, const void* l2_prefetch,
+                                     size_t l2_prefetch_bytes, cudaStream_t stream) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.q_row_stride = q_row_stride;
@@ -478,13 +493,16 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
+  // Whole 16-byte pieces only (the bulk prefetch's unit).
+  const char* prefetch = static_cast<const char*>(l2_prefetch);
+  const unsigned long long prefetch_bytes = prefetch == nullptr ? 0 : l2_prefetch_bytes / 16 * 16;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, num_seqs, stream);
+      return Dispatch<32>(p, num_seqs, prefetch, prefetch_bytes, stream);
     case 64:
-      return Dispatch<64>(p, num_seqs, stream);
+      return Dispatch<64>(p, num_seqs, prefetch, prefetch_bytes, stream);
     case 128:
-      return Dispatch<128>(p, num_seqs, stream);
+      return Dispatch<128>(p, num_seqs, prefetch, prefetch_bytes, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -381,6 +381,12 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   if (a.context_lens == nullptr) {
     return absl::InvalidArgumentError("DecodeAttention: context_lens must not be null");
   }
+  if (a.l2_prefetch_bytes > 0 &&
+      (a.l2_prefetch == nullptr || reinterpret_cast<uintptr_t>(a.l2_prefetch) % 16 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeAttention: l2_prefetch of ", a.l2_prefetch_bytes, " bytes at ",
+                     a.l2_prefetch == nullptr ? "null" : "an address not 16-byte aligned"));
+  }
   if (a.num_seqs == 0) return absl::OkStatus();
   if (a.max_context_len <= 0) {
     return absl::InvalidArgumentError(
@@ -399,8 +405,8 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   return CudaStatus(
       internal::LaunchDecodeAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
-          a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan,
-          Native(stream)),
+          a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan, a.l2_prefetch,
+          a.l2_prefetch_bytes, Native(stream)),
       "DecodeAttention kernel launch");
 }
 

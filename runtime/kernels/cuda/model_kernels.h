@@ -122,6 +122,14 @@ struct DecodeAttentionArgs {
   // largest context it will see stays valid; splits past a shorter context exit at once). A
   // smaller hint still gives right results, only fewer splits.
   int max_context_len = 0;
+  // Optional: device memory (16-byte aligned) that the launch prefetches into L2 while it streams
+  // the cache, spread over its CTAs, e.g. the O projection's weights that the next kernel reads;
+  // with it the cache is read with an evict-first L2 policy so the prefetched lines stay. Only a
+  // hint: results do not depend on it. It must not be written by a kernel earlier in the stream
+  // that may still be running (it is read before the launch waits for its predecessor). Compute
+  // capability 9.0 and up; ignored below. Rounded down to whole 16-byte pieces.
+  const void* l2_prefetch = nullptr;
+  size_t l2_prefetch_bytes = 0;
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
 // Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases
