@@ -25,12 +25,12 @@
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
 // With an L2 prefetch range (the next projection's weights) each CTA first queues bulk prefetches
-// of its share of it, and the cache rows are then loaded evict-first, so the stream of K/V through
-// L2 does not evict the prefetched lines before the projection reads them.
-// At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
-// split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
-// alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
-// and a merge kernel combines the splits.
+// of its share of it. The evict-first form (kEvictFirst) loads the cache rows with an evict-first
+// L2 policy, so the stream of K/V through L2 leaves other lines (such a prefetch) in place. At the
+// end the warps' (max, sum, accumulator) triples are merged through shared memory. With one split
+// the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch alone
+// cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace, and a
+// merge kernel combines the splits.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -42,7 +42,6 @@
 #include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
-#include "runtime/kernels/cuda/mbarrier_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
@@ -89,27 +88,19 @@ __host__ __device__ constexpr int StageElems() {  // one warp tile of K, then V
   return 2 * kWarpTile * RowElems<kHeadDim>();
 }
 
-// Shared memory: the warps' pipeline stages, reused by the final merge; then, for the bulk-copy
-// form, one mbarrier per warp and stage.
 template <int kHeadDim>
-__host__ __device__ constexpr size_t DecodeBarOffset() {
+constexpr size_t DecodeSmemBytes() {
   const size_t pipeline = size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16);
   const size_t merge = size_t{kWarps} * kMaxGroup * (kHeadDim + 2) * sizeof(float);
-  return ((pipeline > merge ? pipeline : merge) + 7) / 8 * 8;
-}
-template <int kHeadDim, bool kBulk>
-constexpr size_t DecodeSmemBytes() {
-  return DecodeBarOffset<kHeadDim>() + (kBulk ? size_t{kWarps} * kStages * sizeof(uint64_t) : 0);
+  return pipeline > merge ? pipeline : merge;
 }
 
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
-// kBulk (compute capability 9.0): a whole warp tile is loaded by 32 bulk copies (TMA), lane j < 16
-// K row j, lane 16 + j V row j, completing on the stage's mbarrier (one arrive with the expected
-// bytes by lane 0), instead of 16 cp.async per lane; a partial last tile still takes cp.async
-// (zero-fill past the chunk).
+// kEvictFirst: the cache's cp.async carry an evict-first L2 policy (chosen per launch:
+// DecodeEvictFirst in model_kernels.cc).
 // l2_prefetch / l2_prefetch_bytes are kernel parameters of their own (not DecodeParams fields): a
 // larger parameter block changed this kernel's register allocation and speed (bench/RESULTS.md).
-template <int kHeadDim, bool kPackLo, bool kBulk>
+template <int kHeadDim, bool kPackLo, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads)
     DecodeAttentionKernel(const DecodeParams p, const char* l2_prefetch,
                           unsigned long long l2_prefetch_bytes) {
@@ -137,7 +128,7 @@ __global__ void __launch_bounds__(kThreads)
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
   // Read-only weights, written by no kernel of the step: prefetched before PdlWait().
   if (warp == 0) PrefetchL2Share(l2_prefetch, l2_prefetch_bytes, lane);
-  const uint64_t policy = L2EvictFirstPolicy();  // the cache is read once per step
+  [[maybe_unused]] const uint64_t policy = kEvictFirst ? L2EvictFirstPolicy() : 0;
 
   // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
   // written by none, so it is read before PdlWait(); Q and the cache are read after it.
@@ -155,17 +146,6 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq;
   __nv_bfloat16* stages =
       reinterpret_cast<__nv_bfloat16*>(smem) + warp * kStages * StageElems<kHeadDim>();
-  // kBulk: this warp's stage mbarriers (8 bytes each), used by no other warp.
-  const uint32_t bars = SharedAddress(smem + DecodeBarOffset<kHeadDim>()) +
-                        static_cast<uint32_t>(warp * kStages * sizeof(uint64_t));
-  if constexpr (kBulk) {
-    if (lane == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) MbarInit(bars + s * sizeof(uint64_t), 1);
-      FenceMbarrierInit();
-    }
-    __syncwarp();
-  }
 
   // Warp tiles of this warp: tokens [first_tile + i * tile_stride, + kWarpTile).
   const int first_tile = begin + warp * kWarpTile;
@@ -187,21 +167,6 @@ __global__ void __launch_bounds__(kThreads)
       const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
       __nv_bfloat16* k_dst = stages + (i % kStages) * StageElems<kHeadDim>();
       __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
-      if constexpr (kBulk) {
-        if (t0 + kWarpTile <= end) {
-          const uint32_t bar = bars + static_cast<uint32_t>((i % kStages) * sizeof(uint64_t));
-          constexpr uint32_t kRowBytes = kHeadDim * sizeof(__nv_bfloat16);
-          if (lane == 0) MbarArriveExpectTx(bar, 2 * kWarpTile * kRowBytes);
-          const int row = lane % kWarpTile;
-          const int slot = __shfl_sync(0xffffffffu, my_slot, row);
-          const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
-          const bool is_k = lane < kWarpTile;
-          BulkCopyG2S(SharedAddress((is_k ? k_dst : v_dst) + row * kRow),
-                      (is_k ? p.k : p.v) + offset, kRowBytes, bar, policy);
-          CpAsyncCommitGroup();  // empty: keeps one group per warp tile
-          return;
-        }
-      }
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
         const int piece = c * kWarpSize + lane;
@@ -210,8 +175,13 @@ __global__ void __launch_bounds__(kThreads)
         const int slot = __shfl_sync(0xffffffffu, my_slot, row);
         const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
         const bool valid = t0 + row < end;
-        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
-        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
+        if constexpr (kEvictFirst) {
+          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
+          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
+        } else {
+          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
+          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
+        }
       }
     }
     CpAsyncCommitGroup();
@@ -266,20 +236,9 @@ __global__ void __launch_bounds__(kThreads)
     const int block = next_block;
     next_block = load_block(i + kStages);  // consumed next iteration: its latency hides here
     issue(i + kStages - 1, block);
-    const int t0 = first_tile + i * tile_stride;
-    if constexpr (kBulk) {
-      // A whole tile completes on its stage's mbarrier (phase k on the k-th use of the stage); a
-      // partial one is the warp's last, loaded by cp.async.
-      if (t0 + kWarpTile <= end) {
-        MbarWait(bars + static_cast<uint32_t>((i % kStages) * sizeof(uint64_t)),
-                 static_cast<uint32_t>((i / kStages) & 1));
-      } else {
-        CpAsyncWaitGroup<0>();
-      }
-    } else {
-      CpAsyncWaitGroup<kStages - 1>();
-    }
+    CpAsyncWaitGroup<kStages - 1>();
     __syncwarp();
+    const int t0 = first_tile + i * tile_stride;
     const __nv_bfloat16* k_tile = stages + (i % kStages) * StageElems<kHeadDim>();
     const unsigned k_base = SharedAddress(k_tile);
     const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
@@ -479,62 +438,40 @@ bool PackLoEnabled() {
   return enabled;
 }
 
-// Whether whole warp tiles are loaded by bulk copies (kBulk): TANDEM_DECODE_BULK=1 (read once; off
-// until measured), on compute capability 9.0 with the kernel built for it.
-bool BulkRequested() {
-  static const bool requested = [] {
-    const char* env = std::getenv("TANDEM_DECODE_BULK");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  return requested;
-}
-
-template <int kHeadDim, bool kPackLo, bool kBulk>
+template <int kHeadDim, bool kPackLo, bool kEvictFirst>
 cudaError_t LaunchMain(const DecodeParams& p, const char* l2_prefetch,
                        unsigned long long l2_prefetch_bytes, const dim3 grid, cudaStream_t stream) {
-  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim, kBulk>();
+  constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e = OptInDynamicSharedMemory(
-          DecodeAttentionKernel<kHeadDim, kPackLo, kBulk>, kSmem, configured);
+          DecodeAttentionKernel<kHeadDim, kPackLo, kEvictFirst>, kSmem, configured);
       e != cudaSuccess) {
     return e;
   }
-  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo, kBulk>, grid, kThreads, kSmem, stream, p,
-               l2_prefetch, l2_prefetch_bytes);
+  LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo, kEvictFirst>, grid, kThreads, kSmem, stream,
+               p, l2_prefetch, l2_prefetch_bytes);
   return cudaSuccess;
 }
 
-// The bulk-copy kernel runs only where its instructions exist: a 9.0 device and a binary for it
-// (a build for an older architecture compiles its copies to nothing).
 template <int kHeadDim, bool kPackLo>
-bool BulkAvailable() {
-  static const bool available = [] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, DecodeAttentionKernel<kHeadDim, kPackLo, true>) ==
-               cudaSuccess &&
-           attr.binaryVersion >= 90;
-  }();
-  return available && CurrentDeviceIsSm90();
-}
-
-template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchForm(const DecodeParams& p, const char* l2_prefetch,
+cudaError_t LaunchForm(const DecodeParams& p, bool evict_first, const char* l2_prefetch,
                        unsigned long long l2_prefetch_bytes, const dim3 grid, cudaStream_t stream) {
-  return BulkRequested() && BulkAvailable<kHeadDim, kPackLo>()
+  return evict_first
              ? LaunchMain<kHeadDim, kPackLo, true>(p, l2_prefetch, l2_prefetch_bytes, grid, stream)
              : LaunchMain<kHeadDim, kPackLo, false>(p, l2_prefetch, l2_prefetch_bytes, grid,
                                                     stream);
 }
 
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, const char* l2_prefetch,
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, bool evict_first, const char* l2_prefetch,
                      unsigned long long l2_prefetch_bytes, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
   const cudaError_t e =
       p.group <= kMaxGroup / 2 && PackLoEnabled()
-          ? LaunchForm<kHeadDim, true>(p, l2_prefetch, l2_prefetch_bytes, grid, stream)
-          : LaunchForm<kHeadDim, false>(p, l2_prefetch, l2_prefetch_bytes, grid, stream);
+          ? LaunchForm<kHeadDim, true>(p, evict_first, l2_prefetch, l2_prefetch_bytes, grid, stream)
+          : LaunchForm<kHeadDim, false>(p, evict_first, l2_prefetch, l2_prefetch_bytes, grid,
+                                        stream);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
@@ -549,8 +486,9 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, const char* l2_prefetc
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, const void* l2_prefetch,
-                                     size_t l2_prefetch_bytes, cudaStream_t stream) {
+                                     const DecodeSplitPlan& plan, bool evict_first,
+                                     const void* l2_prefetch, size_t l2_prefetch_bytes,
+                                     cudaStream_t stream) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
   p.q_row_stride = q_row_stride;
@@ -578,11 +516,11 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
   const unsigned long long prefetch_bytes = prefetch == nullptr ? 0 : l2_prefetch_bytes / 16 * 16;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, num_seqs, prefetch, prefetch_bytes, stream);
+      return Dispatch<32>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
     case 64:
-      return Dispatch<64>(p, num_seqs, prefetch, prefetch_bytes, stream);
+      return Dispatch<64>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
     case 128:
-      return Dispatch<128>(p, num_seqs, prefetch, prefetch_bytes, stream);
+      return Dispatch<128>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
     default:
       return cudaErrorInvalidValue;
   }

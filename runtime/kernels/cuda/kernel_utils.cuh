@@ -110,8 +110,7 @@ __device__ __forceinline__ void CpAsyncCg16(void* smem, const void* gmem, bool v
 
 // The L2 cache policy (sm_80+) for loads of data read once: evict_first lines are replaced before
 // any normal line, so a stream through L2 leaves what else is cached there (an L2 prefetch) in
-// place. (An explicit evict_normal policy on the decode attention's cp.async measured 3-8% slower
-// than no hint, evict_first the same as none: bench/RESULTS.md, tenth session.)
+// place.
 __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));

@@ -371,6 +371,20 @@ absl::Status LaunchArgmax(const float* logits, int rows, int vocab, int32_t* out
                     "Argmax kernel launch");
 }
 
+// Whether a decode launch reads the cache with an evict-first L2 policy: from 8 sequences up
+// (H200, Llama-3-8B shape: batch 8 / 64 / 256 at 1K and 8K the same or 0.2-0.9% faster, batch 1
+// 2.0-2.2% slower; bench/RESULTS.md, tenth session). TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once)
+// turns it off / on for every batch.
+bool DecodeEvictFirst(int num_seqs) {
+  static const int forced = [] {
+    const char* env = std::getenv("TANDEM_DECODE_EVICT_FIRST");
+    if (env == nullptr) return -1;
+    return std::strcmp(env, "0") == 0 ? 0 : 1;
+  }();
+  constexpr int kMinSeqs = 8;
+  return forced >= 0 ? forced == 1 : num_seqs >= kMinSeqs;
+}
+
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stream) {
   if (absl::Status s = ValidateAttention(a.q, a.q_row_stride, a.cache, a.layer, a.block_tables,
                                          a.max_blocks_per_seq, a.num_seqs, a.num_heads, a.scale,
@@ -405,8 +419,8 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   return CudaStatus(
       internal::LaunchDecodeAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
-          a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan, a.l2_prefetch,
-          a.l2_prefetch_bytes, Native(stream)),
+          a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan,
+          DecodeEvictFirst(a.num_seqs), a.l2_prefetch, a.l2_prefetch_bytes, Native(stream)),
       "DecodeAttention kernel launch");
 }
 

@@ -81,8 +81,9 @@ size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, in
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
-                                     const DecodeSplitPlan& plan, const void* l2_prefetch,
-                                     size_t l2_prefetch_bytes, cudaStream_t stream);
+                                     const DecodeSplitPlan& plan, bool evict_first,
+                                     const void* l2_prefetch, size_t l2_prefetch_bytes,
+                                     cudaStream_t stream);
 
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,

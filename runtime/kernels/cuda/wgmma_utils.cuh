@@ -1,16 +1,14 @@
 #pragma once
 // Private device helpers for the sm_90a (Hopper) kernels of tandem_kernels_sm90: wgmma issue,
-// fence, commit and wait, the async-proxy fence for shared memory written by cp.async, TMA tensor
-// loads and the tensor map prefetch (mbarriers: mbarrier_utils.cuh), named barriers, setmaxnreg,
-// and an address-based cp.async. The sm_90a instructions are compiled only for sm_90a
-// (__CUDA_ARCH_FEAT_SM90_ALL); anywhere else those helpers are empty, and their callers must not be
-// launched.
+// fence, commit and wait, the async-proxy fence for shared memory written by cp.async, mbarriers
+// (init, arrive, arrive with an expected transaction count, wait), TMA tensor loads and the tensor
+// map prefetch, named barriers, setmaxnreg, and an address-based cp.async. The sm_90a instructions
+// are compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); anywhere else those helpers are empty,
+// and their callers must not be launched.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
-#include "runtime/kernels/cuda/mbarrier_utils.cuh"
 
 namespace tandem::cuda::internal {
 
@@ -131,6 +129,33 @@ __device__ __forceinline__ void WgmmaRs64x128(float (&d)[64], const uint32_t (&a
 #endif
 }
 
+// mbarriers in shared memory (addresses from SharedAddress): init with an arrival count (then
+// FenceMbarrierInit and a CTA barrier before any other thread uses them), arrive (release), and
+// wait for the phase of a parity to complete (acquire). A phase that never completes (a bug)
+// traps after ~2^30 polls, failing the launch instead of hanging the GPU.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void FenceMbarrierInit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Arrives and adds `bytes` to the transaction count the phase waits for (the TMA copies it covers
+// complete them).
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
 // One box of the 3-D tensor map `map` (a __grid_constant__ CUtensorMap) at coordinates (c0, c1,
 // c2) into shared memory at `dst`, completing its bytes on mbarrier `bar`.
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0, int c1, int c2,
@@ -148,6 +173,23 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0,
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  uint32_t done = 0;
+  for (uint32_t tries = 0; done == 0; ++tries) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (tries == (1u << 30)) __trap();
+  }
 #endif
 }
 // Named barrier `id` (1-15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
