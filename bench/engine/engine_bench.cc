@@ -180,9 +180,9 @@ int Run(const Flags& flags) {
                            "TANDEM_PREFILL_SM90_WIDE",    "TANDEM_PREFILL_SM90_COPY_LATE",
                            "TANDEM_DECODE_PACK_LO",       "TANDEM_SKINNY_MAX_ROWS",
                            "TANDEM_SKINNY_WGMMA",         "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
-                           "TANDEM_GEMM_AUTOTUNE_SPLITK", "TANDEM_DECODE_PREFETCH_O",
-                           "TANDEM_DECODE_EVICT_FIRST",   "TANDEM_PREFILL_SM90_WS",
-                           "TANDEM_SKINNY_QKV_MAX_ROWS",  "TANDEM_SKINNY_GATED_MAX_ROWS"}) {
+                           "TANDEM_GEMM_AUTOTUNE_SPLITK", "TANDEM_DECODE_EVICT_FIRST",
+                           "TANDEM_PREFILL_SM90_WS",      "TANDEM_SKINNY_QKV_MAX_ROWS",
+                           "TANDEM_SKINNY_GATED_MAX_ROWS"}) {
     if (const char* v = std::getenv(name)) {
       switches[name] = v;
       absl::StrAppend(&active, " ", name, "=", v);

@@ -24,13 +24,11 @@
 //     warp tile ahead of their use so the table's round trip never stalls the pipeline; the
 //     context length and the first lookups (step metadata, written before the step's first
 //     kernel) are read before the PDL wait.
-// With an L2 prefetch range (the next projection's weights) each CTA first queues bulk prefetches
-// of its share of it. The evict-first form (kEvictFirst) loads the cache rows with an evict-first
-// L2 policy, so the stream of K/V through L2 leaves other lines (such a prefetch) in place. At the
-// end the warps' (max, sum, accumulator) triples are merged through shared memory. With one split
-// the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch alone
-// cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace, and a
-// merge kernel combines the splits.
+// The evict-first form (kEvictFirst) loads the cache rows with an evict-first L2 policy.
+// At the end the warps' (max, sum, accumulator) triples are merged through shared memory. With one
+// split the CTA writes the normalized bf16 output; with several (flash-decoding, when the batch
+// alone cannot fill the GPU) it writes unnormalized partials and its (max, sum) to the workspace,
+// and a merge kernel combines the splits.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -98,12 +96,8 @@ constexpr size_t DecodeSmemBytes() {
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
 // kEvictFirst: the cache's cp.async carry an evict-first L2 policy (chosen per launch:
 // DecodeEvictFirst in model_kernels.cc).
-// l2_prefetch / l2_prefetch_bytes are kernel parameters of their own (not DecodeParams fields): a
-// larger parameter block changed this kernel's register allocation and speed (bench/RESULTS.md).
 template <int kHeadDim, bool kPackLo, bool kEvictFirst>
-__global__ void __launch_bounds__(kThreads)
-    DecodeAttentionKernel(const DecodeParams p, const char* l2_prefetch,
-                          unsigned long long l2_prefetch_bytes) {
+__global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
@@ -126,8 +120,6 @@ __global__ void __launch_bounds__(kThreads)
   const int head0 = kv_head * p.group + chunk * kMaxGroup;
   const int rest = p.group - chunk * kMaxGroup;
   const int num_q = rest < kMaxGroup ? rest : kMaxGroup;
-  // Read-only weights, written by no kernel of the step: prefetched before PdlWait().
-  if (warp == 0) PrefetchL2Share(l2_prefetch, l2_prefetch_bytes, lane);
   [[maybe_unused]] const uint64_t policy = kEvictFirst ? L2EvictFirstPolicy() : 0;
 
   // Step metadata (context lengths, block tables) is uploaded before the step's first kernel and
@@ -439,8 +431,7 @@ bool PackLoEnabled() {
 }
 
 template <int kHeadDim, bool kPackLo, bool kEvictFirst>
-cudaError_t LaunchMain(const DecodeParams& p, const char* l2_prefetch,
-                       unsigned long long l2_prefetch_bytes, const dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
   static std::atomic<uint64_t> configured{0};
   if (const cudaError_t e = OptInDynamicSharedMemory(
@@ -449,29 +440,24 @@ cudaError_t LaunchMain(const DecodeParams& p, const char* l2_prefetch,
     return e;
   }
   LaunchKernel(DecodeAttentionKernel<kHeadDim, kPackLo, kEvictFirst>, grid, kThreads, kSmem, stream,
-               p, l2_prefetch, l2_prefetch_bytes);
+               p);
   return cudaSuccess;
 }
 
 template <int kHeadDim, bool kPackLo>
-cudaError_t LaunchForm(const DecodeParams& p, bool evict_first, const char* l2_prefetch,
-                       unsigned long long l2_prefetch_bytes, const dim3 grid, cudaStream_t stream) {
-  return evict_first
-             ? LaunchMain<kHeadDim, kPackLo, true>(p, l2_prefetch, l2_prefetch_bytes, grid, stream)
-             : LaunchMain<kHeadDim, kPackLo, false>(p, l2_prefetch, l2_prefetch_bytes, grid,
-                                                    stream);
+cudaError_t LaunchForm(const DecodeParams& p, bool evict_first, const dim3 grid,
+                       cudaStream_t stream) {
+  return evict_first ? LaunchMain<kHeadDim, kPackLo, true>(p, grid, stream)
+                     : LaunchMain<kHeadDim, kPackLo, false>(p, grid, stream);
 }
 
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, bool evict_first, const char* l2_prefetch,
-                     unsigned long long l2_prefetch_bytes, cudaStream_t stream) {
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, bool evict_first, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  const cudaError_t e =
-      p.group <= kMaxGroup / 2 && PackLoEnabled()
-          ? LaunchForm<kHeadDim, true>(p, evict_first, l2_prefetch, l2_prefetch_bytes, grid, stream)
-          : LaunchForm<kHeadDim, false>(p, evict_first, l2_prefetch, l2_prefetch_bytes, grid,
-                                        stream);
+  const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
+                            ? LaunchForm<kHeadDim, true>(p, evict_first, grid, stream)
+                            : LaunchForm<kHeadDim, false>(p, evict_first, grid, stream);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) {
     LaunchKernel(DecodeMergeKernel<kHeadDim>,
@@ -487,7 +473,6 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
                                      const DecodeSplitPlan& plan, bool evict_first,
-                                     const void* l2_prefetch, size_t l2_prefetch_bytes,
                                      cudaStream_t stream) {
   DecodeParams p;
   p.q = static_cast<const __nv_bfloat16*>(q);
@@ -511,16 +496,13 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                      : p.partial_out + static_cast<size_t>(num_seqs) * num_heads * plan.num_splits *
                                            kv.head_dim;
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
-  // Whole 16-byte pieces only (the bulk prefetch's unit).
-  const char* prefetch = static_cast<const char*>(l2_prefetch);
-  const unsigned long long prefetch_bytes = prefetch == nullptr ? 0 : l2_prefetch_bytes / 16 * 16;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
+      return Dispatch<32>(p, num_seqs, evict_first, stream);
     case 64:
-      return Dispatch<64>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
+      return Dispatch<64>(p, num_seqs, evict_first, stream);
     case 128:
-      return Dispatch<128>(p, num_seqs, evict_first, prefetch, prefetch_bytes, stream);
+      return Dispatch<128>(p, num_seqs, evict_first, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -109,39 +109,11 @@ __device__ __forceinline__ void CpAsyncCg16(void* smem, const void* gmem, bool v
 }
 
 // The L2 cache policy (sm_80+) for loads of data read once: evict_first lines are replaced before
-// any normal line, so a stream through L2 leaves what else is cached there (an L2 prefetch) in
-// place.
+// any normal line, so a stream through L2 leaves what else is cached there in place.
 __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
-}
-
-// This CTA's share of an L2 prefetch of [base, base + bytes) spread evenly over the grid's CTAs
-// (bytes a multiple of 16, base 16-byte aligned): the lanes of the calling warp issue bulk
-// prefetches of up to kL2PrefetchPiece bytes each. Fire-and-forget (a hint: nothing waits for it
-// and nothing depends on it). Compute capability 9.0 and up; a no-op below.
-constexpr unsigned kL2PrefetchPiece = 16384;
-__device__ __forceinline__ void PrefetchL2Share(const char* base, unsigned long long bytes,
-                                                int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes == 0) return;
-  const unsigned long long ctas =
-      static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
-  const unsigned long long cta =
-      blockIdx.x + static_cast<unsigned long long>(gridDim.x) *
-                       (blockIdx.y + static_cast<unsigned long long>(gridDim.y) * blockIdx.z);
-  const unsigned long long share = (bytes / 16 + ctas - 1) / ctas * 16;
-  const unsigned long long begin = cta * share;
-  const unsigned long long end = begin + share < bytes ? begin + share : bytes;
-  for (unsigned long long at = begin + static_cast<unsigned long long>(lane) * kL2PrefetchPiece;
-       at < end; at += static_cast<unsigned long long>(kWarpSize) * kL2PrefetchPiece) {
-    const unsigned size =
-        static_cast<unsigned>(end - at < kL2PrefetchPiece ? end - at : kL2PrefetchPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + at), "r"(size)
-                 : "memory");
-  }
-#endif
 }
 
 __device__ __forceinline__ void CpAsyncCommitGroup() {

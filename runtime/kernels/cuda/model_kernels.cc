@@ -371,17 +371,18 @@ absl::Status LaunchArgmax(const float* logits, int rows, int vocab, int32_t* out
                     "Argmax kernel launch");
 }
 
-// Whether a decode launch reads the cache with an evict-first L2 policy: from 8 sequences up
-// (H200, Llama-3-8B shape: batch 8 / 64 / 256 at 1K and 8K the same or 0.2-0.9% faster, batch 1
-// 2.0-2.2% slower; bench/RESULTS.md, tenth session). TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once)
-// turns it off / on for every batch.
+// Whether a decode launch reads the cache with an evict-first L2 policy: from 2 sequences up
+// (H200, Llama-3-8B shape, A/B against no policy: batch 2 / 4 / 8 / 16 at 8K 0.5-0.8% faster, at
+// 1K and at batch 64 / 256 the same within noise; batch 1 2.0-2.2% slower, and an explicit
+// evict_normal policy 3-8.5% slower at batch 64; bench/RESULTS.md, tenth session).
+// TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once) turns it off / on for every batch.
 bool DecodeEvictFirst(int num_seqs) {
   static const int forced = [] {
     const char* env = std::getenv("TANDEM_DECODE_EVICT_FIRST");
     if (env == nullptr) return -1;
     return std::strcmp(env, "0") == 0 ? 0 : 1;
   }();
-  constexpr int kMinSeqs = 8;
+  constexpr int kMinSeqs = 2;
   return forced >= 0 ? forced == 1 : num_seqs >= kMinSeqs;
 }
 
@@ -394,12 +395,6 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   }
   if (a.context_lens == nullptr) {
     return absl::InvalidArgumentError("DecodeAttention: context_lens must not be null");
-  }
-  if (a.l2_prefetch_bytes > 0 &&
-      (a.l2_prefetch == nullptr || reinterpret_cast<uintptr_t>(a.l2_prefetch) % 16 != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecodeAttention: l2_prefetch of ", a.l2_prefetch_bytes, " bytes at ",
-                     a.l2_prefetch == nullptr ? "null" : "an address not 16-byte aligned"));
   }
   if (a.num_seqs == 0) return absl::OkStatus();
   if (a.max_context_len <= 0) {
@@ -420,7 +415,7 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
       internal::LaunchDecodeAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
           a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan,
-          DecodeEvictFirst(a.num_seqs), a.l2_prefetch, a.l2_prefetch_bytes, Native(stream)),
+          DecodeEvictFirst(a.num_seqs), Native(stream)),
       "DecodeAttention kernel launch");
 }
 

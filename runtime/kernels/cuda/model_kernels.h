@@ -101,7 +101,7 @@ absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, voi
 // handled by separate CTAs when the batch alone does not fill the GPU, with partial results in
 // `workspace` merged by a second kernel. One CTA per
 // (sequence, KV head, split) reads each KV block once for all query heads of the group (up to 16;
-// larger groups take several CTAs). From 8 sequences up the cache is read with an evict-first L2
+// larger groups take several CTAs). From 2 sequences up the cache is read with an evict-first L2
 // policy (TANDEM_DECODE_EVICT_FIRST=0 / 1 forces it off / on). Attention supports head_dim 32, 64
 // and 128 (others return kInvalidArgument) and any block_size >= 1.
 struct DecodeAttentionArgs {
@@ -123,13 +123,6 @@ struct DecodeAttentionArgs {
   // largest context it will see stays valid; splits past a shorter context exit at once). A
   // smaller hint still gives right results, only fewer splits.
   int max_context_len = 0;
-  // Optional: device memory (16-byte aligned) that the launch prefetches into L2 while it streams
-  // the cache, spread over its CTAs, e.g. the O projection's weights that the next kernel reads.
-  // Only a hint: results do not depend on it. It must not be written by a kernel earlier in the
-  // stream that may still be running (it is read before the launch waits for its predecessor).
-  // Compute capability 9.0 and up; ignored below. Rounded down to whole 16-byte pieces.
-  const void* l2_prefetch = nullptr;
-  size_t l2_prefetch_bytes = 0;
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
 // Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases

@@ -82,7 +82,6 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,
                                      const DecodeSplitPlan& plan, bool evict_first,
-                                     const void* l2_prefetch, size_t l2_prefetch_bytes,
                                      cudaStream_t stream);
 
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,

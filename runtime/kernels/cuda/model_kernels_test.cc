@@ -156,18 +156,6 @@ TEST(ModelKernelsArgsTest, DecodeAttentionRejectsBadArguments) {
         a.workspace_bytes = 16;
       },
       "small workspace");
-  expect_invalid(
-      [](DecodeAttentionArgs& a, PagedKvCache&) {
-        a.l2_prefetch = nullptr;
-        a.l2_prefetch_bytes = 4096;
-      },
-      "null l2_prefetch");
-  expect_invalid(
-      [](DecodeAttentionArgs& a, PagedKvCache&) {
-        a.l2_prefetch = reinterpret_cast<char*>(g_dummy) + 8;
-        a.l2_prefetch_bytes = 4096;
-      },
-      "misaligned l2_prefetch");
 }
 
 TEST(ModelKernelsArgsTest, PrefillAttentionRejectsBadArguments) {

@@ -78,20 +78,6 @@ bool FuseNormGemv() {
   return fuse;
 }
 
-// TANDEM_DECODE_PREFETCH_O=MiB (read once; unset or 0: off until measured): the decode attention
-// prefetches up to that many MiB of the layer's O projection weights into L2 while it streams the
-// KV cache (its CTAs' DRAM traffic leaves bandwidth to spare: ~3.4 of 4.3 TB/s at batch 64, far
-// less at batch 1), so the O projection after it reads them from L2. Bytes, capped.
-size_t DecodePrefetchOBytes() {
-  static const size_t bytes = [] {
-    const char* env = std::getenv("TANDEM_DECODE_PREFETCH_O");
-    if (env == nullptr) return size_t{0};
-    const long mib = std::strtol(env, nullptr, 10);
-    return mib > 0 ? static_cast<size_t>(mib) << 20 : size_t{0};
-  }();
-  return bytes;
-}
-
 absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
       c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 ||
@@ -864,9 +850,6 @@ class Runner final : public CudaModelRunner {
         a.workspace = decode_ws_.data;
         a.workspace_bytes = cap_.decode_ws;
         a.max_context_len = p.decode_max_context;
-        a.l2_prefetch = lw.o_proj;
-        a.l2_prefetch_bytes =
-            std::min(DecodePrefetchOBytes(), static_cast<size_t>(q_w) * hidden * sizeof(uint16_t));
         RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
         RETURN_IF_ERROR(mark("attention_decode"));
       }
