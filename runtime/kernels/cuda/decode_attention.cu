@@ -168,11 +168,11 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
         const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
         const bool valid = t0 + row < end;
         if constexpr (kEvictFirst) {
-          CpAsyncCg16Fetch256(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
-          CpAsyncCg16Fetch256(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
+          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
+          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
         } else {
-          CpAsyncCg16Fetch256(k_dst + row * kRow + d, p.k + offset + d, valid);
-          CpAsyncCg16Fetch256(v_dst + row * kRow + d, p.v + offset + d, valid);
+          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
+          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
         }
       }
     }

@@ -108,25 +108,6 @@ __device__ __forceinline__ void CpAsyncCg16(void* smem, const void* gmem, bool v
                : "memory");
 }
 
-// The two copies above with a hint that L2 fetch the whole 256-byte block holding `gmem` (for
-// rows of 256 aligned bytes read in full, e.g. a head_dim-128 bf16 K or V row).
-__device__ __forceinline__ void CpAsyncCg16Fetch256(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCg16Fetch256(void* smem, const void* gmem, bool valid,
-                                                    uint64_t policy) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile(
-      "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-      "l"(gmem), "r"(src_bytes), "l"(policy)
-      : "memory");
-}
-
 // The L2 cache policy (sm_80+) for loads of data read once: evict_first lines are replaced before
 // any normal line, so a stream through L2 leaves what else is cached there in place.
 __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
