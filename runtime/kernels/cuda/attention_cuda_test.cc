@@ -20,6 +20,7 @@
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/kernels/cuda/cuda_kernel_test_util.h"
 #include "runtime/kernels/cuda/model_kernels.h"
+#include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem {
 namespace {
@@ -185,6 +186,54 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     FreeAll();
   }
 
+  // The chained decode kernel (`chain` (sequence, KV head) items per CTA) against one item per
+  // CTA, both through the raw launcher with a one-split plan: the per-warp arithmetic and the
+  // merge are the same, so the bits must be; and against the CPU reference. Returns false (and
+  // checks nothing) where the chained kernel does not take the shape on this GPU.
+  bool RunDecodeChain(const std::vector<int>& contexts, int chain) {
+    const AttnShape& sh = GetParam();
+    const int group = sh.heads / sh.kv_heads;
+    if (!cuda::internal::DecodeChainRuns(sh.head_dim, group)) return false;
+    const int num_seqs = static_cast<int>(contexts.size());
+    const int max_context = std::max(1, *std::max_element(contexts.begin(), contexts.end()));
+    const std::string what =
+        absl::StrCat("chain ", sh.name, " bs=", sh.block_size, " seqs=", num_seqs, " chain=", chain,
+                     " max_context=", max_context);
+    SCOPED_TRACE(what);
+    PagedSetup s = Build(contexts, num_seqs, 1.0f, num_seqs * 131ull + chain + max_context);
+    const std::vector<float> q = Bf16ToFloats(s.qkv);
+    std::vector<float> ref(static_cast<size_t>(num_seqs) * sh.heads * sh.head_dim);
+    for (int i = 0; i < num_seqs; ++i) {
+      if (contexts[i] > 0) Reference(s, q, i, i, 1, contexts[i] - 1, ref);
+    }
+    DeviceBuffer d_lens = Upload(contexts);
+    cuda::internal::PagedLayerView view;
+    view.k = static_cast<uint16_t*>(s.cache.k) + kLayer * s.cache.layer_stride;
+    view.v = static_cast<uint16_t*>(s.cache.v) + kLayer * s.cache.layer_stride;
+    view.block_size = sh.block_size;
+    view.num_kv_heads = sh.kv_heads;
+    view.head_dim = sh.head_dim;
+    view.block_tables = static_cast<const int32_t*>(s.d_tables.data);
+    view.max_blocks_per_seq = s.max_blocks_per_seq;
+    std::vector<uint16_t> got[2];
+    for (const int c : {1, chain}) {
+      cuda::internal::DecodeSplitPlan plan;
+      plan.num_splits = 1;
+      plan.partition_size = (max_context + 63) / 64 * 64;
+      plan.chain = c;
+      const cudaError_t e = cuda::internal::LaunchDecodeAttentionRaw(
+          s.d_qkv.data, s.q_stride, view, static_cast<const int32_t*>(d_lens.data), num_seqs,
+          sh.heads, Scale(), s.d_out.data, nullptr, plan, /*evict_first=*/true,
+          static_cast<cudaStream_t>(stream()));
+      EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+      got[c > 1] = Download<uint16_t>(s.d_out, ref.size());
+    }
+    EXPECT_TRUE(got[1] == got[0]) << what << ": chained output differs from one item per CTA";
+    ExpectClose(Bf16ToFloats(got[1]), ref, 1e-4, 1.0 / 128, 5e-3, what);
+    FreeAll();
+    return true;
+  }
+
   // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens.
   void RunPrefill(const std::vector<int>& new_tokens, const std::vector<int>& start_pos,
                   float q_std = 1.0f) {
@@ -278,6 +327,27 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 }
 
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
+
+// Chained decode: short contexts (warps without tiles in an item), padding rows, tile and block
+// boundaries, long contexts; chains of 2, 3, 7 and the most items per CTA.
+TEST_P(ModelShapeTest, DecodeChained) {
+  std::vector<int> contexts(37);
+  FastRng rng(37);
+  for (auto& c : contexts) c = rng.UniformInt(1, 700);
+  const std::vector<int> special = {0, 1, 15, 16, 17, 48, 49, 64, 65, 2000, 0, 129};
+  std::copy(special.begin(), special.end(), contexts.begin());
+  for (const int chain : {2, 3, 7, cuda::internal::kDecodeMaxChain}) {
+    // Every model shape has groups of 4, which the chained kernel takes on any GPU that runs the
+    // two-CTA-per-SM decode kernel.
+    ASSERT_TRUE(RunDecodeChain(contexts, chain)) << "chained kernel not taken";
+  }
+}
+
+TEST_P(GroupShapeTest, DecodeChained) {
+  if (!RunDecodeChain({300, 1, 0, 77, 1000, 16}, 2)) {
+    GTEST_SKIP() << "the chained kernel does not take this group on this GPU";
+  }
+}
 
 TEST_P(GroupShapeTest, Decode) {
   RunDecode({8192});

@@ -93,6 +93,170 @@ constexpr size_t DecodeSmemBytes() {
   return pipeline > merge ? pipeline : merge;
 }
 
+// The running softmax state of one warp over its warp tiles (rows g and g + 8 of the MMA; with
+// kPackLo, rows 8-15 carry P's low parts and no query head) and the per-tile step that updates it.
+template <int kHeadDim, bool kPackLo>
+struct WarpAttention {
+  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
+  static constexpr int kOTiles = kHeadDim / 8;   // n-tiles of O
+  float o[kOTiles][4];
+  float m0, m1;  // running max (log2 domain) of rows g and g + 8
+  float l0, l1;  // this lane's part of the running sums
+
+  __device__ __forceinline__ void Reset() {
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    }
+    m0 = -INFINITY;
+    m1 = -INFINITY;
+    l0 = 0.0f;
+    l1 = 0.0f;
+  }
+
+  // One warp tile of tokens [t0, t0 + kWarpTile) (those at or past `end` masked), K at k_base and
+  // V at v_base in shared memory, this lane's ldmatrix offsets k_lane_off / v_lane_off.
+  __device__ __forceinline__ void Step(const uint32_t (&q_frag)[kKSteps][4], unsigned k_base,
+                                       unsigned v_base, unsigned k_lane_off, unsigned v_lane_off,
+                                       int t0, int end, float scale_log2, int t) {
+    constexpr int kRow = RowElems<kHeadDim>();
+    // S = Q K^T: n-tile j holds tokens 8j .. 8j + 7 of the warp tile.
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; kk += 2) {
+        uint32_t b[4];  // (kk: dims +0..7, +8..15), (kk + 1: dims +0..7, +8..15)
+        LdMatrixX4(b, k_base + k_lane_off +
+                          static_cast<unsigned>((j * 8 * kRow + kk * 16) * sizeof(__nv_bfloat16)));
+        MmaBf16(s[j], q_frag[kk], b[0], b[1]);
+        MmaBf16(s[j], q_frag[kk + 1], b[2], b[3]);
+      }
+    }
+
+    // Scale, mask tokens past the chunk, online softmax (token 0 of a tile is always valid).
+    // With kPackLo rows 8-15 hold no query head: their statistics stay (-inf, 0).
+    float max0 = -INFINITY, max1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = t0 + j * 8 + 2 * t + e < end;
+        s[j][e] = valid ? s[j][e] * scale_log2 : -INFINITY;
+        max0 = fmaxf(max0, s[j][e]);
+        if constexpr (!kPackLo) {
+          s[j][e + 2] = valid ? s[j][e + 2] * scale_log2 : -INFINITY;
+          max1 = fmaxf(max1, s[j][e + 2]);
+        }
+      }
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset *= 2) {
+      max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, offset));
+      if constexpr (!kPackLo) max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, offset));
+    }
+    const float new_m0 = fmaxf(m0, max0);
+    const float alpha0 = exp2f(m0 - new_m0);  // exactly 1 when the maximum did not grow
+    bool grew = new_m0 > m0;
+    m0 = new_m0;
+    float alpha1 = alpha0;  // kPackLo: rows 8-15 accumulate rows 0-7's low parts
+    if constexpr (!kPackLo) {
+      const float new_m1 = fmaxf(m1, max1);
+      alpha1 = exp2f(m1 - new_m1);
+      grew = grew || new_m1 > m1;
+      m1 = new_m1;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] = exp2f(s[j][0] - m0);
+      s[j][1] = exp2f(s[j][1] - m0);
+      if constexpr (!kPackLo) {
+        s[j][2] = exp2f(s[j][2] - m1);
+        s[j][3] = exp2f(s[j][3] - m1);
+      }
+    }
+    l0 = l0 * alpha0 + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
+    if constexpr (!kPackLo) l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
+
+    // O = O * alpha + P V, with P split into bf16 high and low parts: P keeps ~16 significant
+    // bits, so the output matches a float32 P V closely. kPackLo: the low parts ride in rows
+    // 8-15 of the same A fragment (one MMA per V fragment); otherwise two MMAs on the same V
+    // fragments. The tensor cores have time to spare in this bandwidth-bound kernel.
+    uint32_t a[4], a_lo[4];
+    if constexpr (kPackLo) {
+      SplitBf16x2(s[0][0], s[0][1], a[0], a[1]);
+      SplitBf16x2(s[1][0], s[1][1], a[2], a[3]);
+    } else {
+      SplitBf16x2(s[0][0], s[0][1], a[0], a_lo[0]);
+      SplitBf16x2(s[0][2], s[0][3], a[1], a_lo[1]);
+      SplitBf16x2(s[1][0], s[1][1], a[2], a_lo[2]);
+      SplitBf16x2(s[1][2], s[1][3], a[3], a_lo[3]);
+    }
+    // Rescale only when some row's maximum grew (alpha == 1 otherwise, so skipping is exact).
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][0] *= alpha0;
+        o[n][1] *= alpha0;
+        o[n][2] *= alpha1;
+        o[n][3] *= alpha1;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kOTiles; n += 2) {
+      uint32_t b[4];  // (tokens 0..7, dims n), (8..15, n), (0..7, n + 1), (8..15, n + 1)
+      LdMatrixX4Trans(b,
+                      v_base + v_lane_off + static_cast<unsigned>(n * 8 * sizeof(__nv_bfloat16)));
+      MmaBf16(o[n], a, b[0], b[1]);
+      MmaBf16(o[n + 1], a, b[2], b[3]);
+      if constexpr (!kPackLo) {
+        MmaBf16(o[n], a_lo, b[0], b[1]);
+        MmaBf16(o[n + 1], a_lo, b[2], b[3]);
+      }
+    }
+  }
+
+  // After the last step: folds the low parts (kPackLo) into rows 0-7 and sums l over the quad.
+  __device__ __forceinline__ void Finish() {
+    if constexpr (kPackLo) {
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][0] += o[n][2];
+        o[n][1] += o[n][3];
+      }
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset *= 2) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
+    }
+  }
+};
+
+// Q as the A operand: row r = query head head0 + r of sequence seq (zeros from row num_q on).
+template <int kHeadDim>
+__device__ __forceinline__ void LoadQ(const DecodeParams& p, int seq, int head0, int num_q, int g,
+                                      int t, uint32_t (&q_frag)[kHeadDim / 16][4]) {
+  const __nv_bfloat16* q_seq = p.q + static_cast<size_t>(seq) * p.q_row_stride;
+  const bool valid0 = g < num_q;
+  const bool valid1 = g + 8 < num_q;
+  const uint32_t* row0 =
+      reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g) * kHeadDim);
+  const uint32_t* row1 =
+      reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g + 8) * kHeadDim);
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const int c = (kk * 16 + 2 * t) / 2;  // in bf16 pairs
+    q_frag[kk][0] = valid0 ? row0[c] : 0u;
+    q_frag[kk][1] = valid1 ? row1[c] : 0u;
+    q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
+    q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
+  }
+}
+
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
 // kEvictFirst: the cache's cp.async carry an evict-first L2 policy (chosen per launch:
 // DecodeEvictFirst in model_kernels.cc).
@@ -187,34 +351,10 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   for (int i = 0; i < kStages - 1; ++i) issue(i, first_blocks[i]);
   int next_block = first_blocks[kStages - 1];  // of warp tile i + kStages - 1 in iteration i
 
-  // Q as the A operand: row r = query head head0 + r (zeros past the group).
   uint32_t q_frag[kKSteps][4];
-  {
-    const __nv_bfloat16* q_seq = p.q + static_cast<size_t>(seq) * p.q_row_stride;
-    const bool valid0 = g < num_q;
-    const bool valid1 = g + 8 < num_q;
-    const uint32_t* row0 =
-        reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g) * kHeadDim);
-    const uint32_t* row1 =
-        reinterpret_cast<const uint32_t*>(q_seq + static_cast<size_t>(head0 + g + 8) * kHeadDim);
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      const int c = (kk * 16 + 2 * t) / 2;  // in bf16 pairs
-      q_frag[kk][0] = valid0 ? row0[c] : 0u;
-      q_frag[kk][1] = valid1 ? row1[c] : 0u;
-      q_frag[kk][2] = valid0 ? row0[c + 4] : 0u;
-      q_frag[kk][3] = valid1 ? row1[c + 4] : 0u;
-    }
-  }
-
-  float o[kOTiles][4];
-#pragma unroll
-  for (int n = 0; n < kOTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-  }
-  float m0 = -INFINITY, m1 = -INFINITY;  // running max (log2 domain) of rows g and g + 8
-  float l0 = 0.0f, l1 = 0.0f;            // this lane's part of the running sums
+  LoadQ<kHeadDim>(p, seq, head0, num_q, g, t, q_frag);
+  WarpAttention<kHeadDim, kPackLo> st;
+  st.Reset();
 
   // ldmatrix row addresses of this lane within a stage (see mma_utils.cuh).
   const int mat = lane / 8;
@@ -235,118 +375,11 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
     const unsigned k_base = SharedAddress(k_tile);
     const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
 
-    // S = Q K^T: n-tile j holds tokens 8j .. 8j + 7 of the warp tile.
-    float s[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; kk += 2) {
-        uint32_t b[4];  // (kk: dims +0..7, +8..15), (kk + 1: dims +0..7, +8..15)
-        LdMatrixX4(b, k_base + k_lane_off +
-                          static_cast<unsigned>((j * 8 * kRow + kk * 16) * sizeof(__nv_bfloat16)));
-        MmaBf16(s[j], q_frag[kk], b[0], b[1]);
-        MmaBf16(s[j], q_frag[kk + 1], b[2], b[3]);
-      }
-    }
-
-    // Scale, mask tokens past the chunk, online softmax (token 0 of a tile is always valid).
-    // With kPackLo rows 8-15 hold no query head: their statistics stay (-inf, 0).
-    float max0 = -INFINITY, max1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool valid = t0 + j * 8 + 2 * t + e < end;
-        s[j][e] = valid ? s[j][e] * p.scale_log2 : -INFINITY;
-        max0 = fmaxf(max0, s[j][e]);
-        if constexpr (!kPackLo) {
-          s[j][e + 2] = valid ? s[j][e + 2] * p.scale_log2 : -INFINITY;
-          max1 = fmaxf(max1, s[j][e + 2]);
-        }
-      }
-    }
-#pragma unroll
-    for (int offset = 1; offset < 4; offset *= 2) {
-      max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, offset));
-      if constexpr (!kPackLo) max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, offset));
-    }
-    const float new_m0 = fmaxf(m0, max0);
-    const float alpha0 = exp2f(m0 - new_m0);  // exactly 1 when the maximum did not grow
-    bool grew = new_m0 > m0;
-    m0 = new_m0;
-    float alpha1 = alpha0;  // kPackLo: rows 8-15 accumulate rows 0-7's low parts
-    if constexpr (!kPackLo) {
-      const float new_m1 = fmaxf(m1, max1);
-      alpha1 = exp2f(m1 - new_m1);
-      grew = grew || new_m1 > m1;
-      m1 = new_m1;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      s[j][0] = exp2f(s[j][0] - m0);
-      s[j][1] = exp2f(s[j][1] - m0);
-      if constexpr (!kPackLo) {
-        s[j][2] = exp2f(s[j][2] - m1);
-        s[j][3] = exp2f(s[j][3] - m1);
-      }
-    }
-    l0 = l0 * alpha0 + (s[0][0] + s[0][1] + s[1][0] + s[1][1]);
-    if constexpr (!kPackLo) l1 = l1 * alpha1 + (s[0][2] + s[0][3] + s[1][2] + s[1][3]);
-
-    // O = O * alpha + P V, with P split into bf16 high and low parts: P keeps ~16 significant
-    // bits, so the output matches a float32 P V closely. kPackLo: the low parts ride in rows
-    // 8-15 of the same A fragment (one MMA per V fragment); otherwise two MMAs on the same V
-    // fragments. The tensor cores have time to spare in this bandwidth-bound kernel.
-    uint32_t a[4], a_lo[4];
-    if constexpr (kPackLo) {
-      SplitBf16x2(s[0][0], s[0][1], a[0], a[1]);
-      SplitBf16x2(s[1][0], s[1][1], a[2], a[3]);
-    } else {
-      SplitBf16x2(s[0][0], s[0][1], a[0], a_lo[0]);
-      SplitBf16x2(s[0][2], s[0][3], a[1], a_lo[1]);
-      SplitBf16x2(s[1][0], s[1][1], a[2], a_lo[2]);
-      SplitBf16x2(s[1][2], s[1][3], a[3], a_lo[3]);
-    }
-    // Rescale only when some row's maximum grew (alpha == 1 otherwise, so skipping is exact).
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        o[n][0] *= alpha0;
-        o[n][1] *= alpha0;
-        o[n][2] *= alpha1;
-        o[n][3] *= alpha1;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kOTiles; n += 2) {
-      uint32_t b[4];  // (tokens 0..7, dims n), (8..15, n), (0..7, n + 1), (8..15, n + 1)
-      LdMatrixX4Trans(b,
-                      v_base + v_lane_off + static_cast<unsigned>(n * 8 * sizeof(__nv_bfloat16)));
-      MmaBf16(o[n], a, b[0], b[1]);
-      MmaBf16(o[n + 1], a, b[2], b[3]);
-      if constexpr (!kPackLo) {
-        MmaBf16(o[n], a_lo, b[0], b[1]);
-        MmaBf16(o[n + 1], a_lo, b[2], b[3]);
-      }
-    }
+    st.Step(q_frag, k_base, v_base, k_lane_off, v_lane_off, t0, end, p.scale_log2, t);
   }
-  CpAsyncWaitGroup<0>();    // no copy may land in the buffer the merge below reuses
-  if constexpr (kPackLo) {  // fold the low parts (rows 8-15) into rows 0-7
-#pragma unroll
-    for (int n = 0; n < kOTiles; ++n) {
-      o[n][0] += o[n][2];
-      o[n][1] += o[n][3];
-    }
-  }
-
+  CpAsyncWaitGroup<0>();  // no copy may land in the buffer the merge below reuses
   // Row sums over the quad, then the warps' triples through shared memory.
-#pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
-  }
+  st.Finish();
   __syncthreads();                                // every warp is done with its pipeline stages
   float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][kMaxGroup][kHeadDim]
   float* s_ml = s_acc + kWarps * kMaxGroup * kHeadDim;  // [kWarps][kMaxGroup][2]
@@ -354,16 +387,16 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   float* acc1 = acc0 + 8 * kHeadDim;
 #pragma unroll
   for (int n = 0; n < kOTiles; ++n) {
-    acc0[n * 8 + 2 * t] = o[n][0];
-    acc0[n * 8 + 2 * t + 1] = o[n][1];
-    acc1[n * 8 + 2 * t] = o[n][2];
-    acc1[n * 8 + 2 * t + 1] = o[n][3];
+    acc0[n * 8 + 2 * t] = st.o[n][0];
+    acc0[n * 8 + 2 * t + 1] = st.o[n][1];
+    acc1[n * 8 + 2 * t] = st.o[n][2];
+    acc1[n * 8 + 2 * t + 1] = st.o[n][3];
   }
   if (t == 0) {
-    s_ml[2 * (warp * kMaxGroup + g)] = m0;
-    s_ml[2 * (warp * kMaxGroup + g) + 1] = l0;
-    s_ml[2 * (warp * kMaxGroup + g + 8)] = m1;
-    s_ml[2 * (warp * kMaxGroup + g + 8) + 1] = l1;
+    s_ml[2 * (warp * kMaxGroup + g)] = st.m0;
+    s_ml[2 * (warp * kMaxGroup + g) + 1] = st.l0;
+    s_ml[2 * (warp * kMaxGroup + g + 8)] = st.m1;
+    s_ml[2 * (warp * kMaxGroup + g + 8) + 1] = st.l1;
   }
   __syncthreads();
   for (int idx = tid; idx < num_q * kHeadDim; idx += kThreads) {
@@ -394,6 +427,212 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
       }
     }
   }
+}
+
+// Shared memory of the chained kernel: the warps' rings, then its merge area for `group` query
+// heads ([kWarps][group][kHeadDim] partial outputs, then [kWarps][group] (max, sum) pairs).
+template <int kHeadDim>
+size_t ChainSmemBytes(int group) {
+  return size_t{kWarps} * kStages * StageElems<kHeadDim>() * sizeof(__nv_bfloat16) +
+         size_t{kWarps} * group * (kHeadDim + 2) * sizeof(float);
+}
+
+// Chained decode attention (one split per sequence, a group of at most 8 query heads per KV head:
+// the kPackLo layout): CTA c takes the (sequence, KV head) items c * chain .. c * chain + chain - 1
+// (item = sequence * num_kv_heads + KV head) in turn. Each warp's cp.async ring runs on from one
+// item into the next (its tiles of item k, then of item k + 1, skipping items where it has none),
+// so the next item's first tiles and query rows are in flight while the warps merge the last one
+// through their own shared-memory area, which the ring does not use. Per warp tile the work is
+// DecodeAttentionKernel's (WarpAttention); the merge and the output are its single-split ones.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads)
+    DecodeAttentionChainKernel(const DecodeParams p, int chain, int num_items) {
+  PdlLaunchDependents();
+  constexpr int kRow = RowElems<kHeadDim>();
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kOTiles = kHeadDim / 8;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kCopies = kWarpTile * kChunksPerRow / kWarpSize;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int item_context[kDecodeMaxChain];
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int item0 = blockIdx.x * chain;
+  const int items = min(chain, num_items - item0);
+  const int group = p.group;
+  const uint64_t policy = L2EvictFirstPolicy();  // chains run at 2+ sequences: evict-first
+
+  // Step metadata (context lengths, block tables) is read before PdlWait(); Q and the cache after.
+  for (int k = tid; k < items; k += kThreads) {
+    item_context[k] = p.context_lens[(item0 + k) / p.num_kv_heads];
+  }
+  __syncthreads();
+
+  const long long slot_stride = static_cast<long long>(p.num_kv_heads) * kHeadDim;
+  __nv_bfloat16* stages =
+      reinterpret_cast<__nv_bfloat16*>(smem) + warp * kStages * StageElems<kHeadDim>();
+  float* s_acc = reinterpret_cast<float*>(smem + size_t{kWarps} * kStages * StageElems<kHeadDim>() *
+                                                     sizeof(__nv_bfloat16));
+  float* s_ml = s_acc + kWarps * group * kHeadDim;
+  const int first_tile = warp * kWarpTile;  // of every item: one split, begin = 0
+  const int tile_stride = kWarps * kWarpTile;
+  auto tiles_of = [&](int k) {
+    const int end = item_context[k];
+    return first_tile < end ? (end - first_tile + tile_stride - 1) / tile_stride : 0;
+  };
+
+  // A position in this warp's sequence of warp tiles: tile i of item k (k == items: past the end).
+  struct Cursor {
+    int k, i, n;  // n: this warp's tiles of item k
+  };
+  auto skip_empty = [&](Cursor& c) {
+    while (c.k < items && (c.n = tiles_of(c.k)) == 0) ++c.k;
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.i < c.n) return;
+    c.i = 0;
+    ++c.k;
+    skip_empty(c);
+  };
+  // Lane j < kWarpTile: the cache block of token j of the cursor's tile (0 past the tile).
+  auto load_block = [&](const Cursor& c) -> int {
+    if (c.k >= items) return 0;
+    const int end = item_context[c.k];
+    const int tok = first_tile + c.i * tile_stride + lane;
+    const int seq = (item0 + c.k) / p.num_kv_heads;
+    return lane < kWarpTile && tok < end
+               ? __ldg(p.block_tables + static_cast<size_t>(seq) * p.max_blocks_per_seq +
+                       tok / p.block_size)
+               : 0;
+  };
+  // Queues the K and V copies of the cursor's tile into ring stage `ring` (one commit group,
+  // empty past the end).
+  auto issue = [&](const Cursor& c, int block, int ring) {
+    if (c.k < items) {
+      const int end = item_context[c.k];
+      const int t0 = first_tile + c.i * tile_stride;
+      const long long head_offset =
+          static_cast<long long>((item0 + c.k) % p.num_kv_heads) * kHeadDim;
+      const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
+      __nv_bfloat16* k_dst = stages + (ring % kStages) * StageElems<kHeadDim>();
+      __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
+#pragma unroll
+      for (int cp = 0; cp < kCopies; ++cp) {
+        const int piece = cp * kWarpSize + lane;
+        const int row = piece / kChunksPerRow;
+        const int d = (piece % kChunksPerRow) * 8;
+        const int slot = __shfl_sync(0xffffffffu, my_slot, row);
+        const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
+        const bool valid = t0 + row < end;
+        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
+        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
+      }
+    }
+    CpAsyncCommitGroup();
+  };
+  auto load_q = [&](int k, uint32_t(&q)[kKSteps][4]) {
+    const int item = item0 + k;
+    LoadQ<kHeadDim>(p, item / p.num_kv_heads, (item % p.num_kv_heads) * group, group, g, t, q);
+  };
+
+  Cursor look{0, 0, 0};
+  skip_empty(look);
+  Cursor iss = look;
+  int first_blocks[kStages];
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    first_blocks[s] = load_block(look);
+    advance(look);
+  }
+  PdlWait();
+  int issued = 0;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(iss, first_blocks[s], issued++);
+    advance(iss);
+  }
+  int next_block = first_blocks[kStages - 1];
+  uint32_t q_next[kKSteps][4];
+  load_q(0, q_next);
+
+  const int mat = lane / 8;
+  const unsigned k_lane_off =
+      static_cast<unsigned>(((lane % 8) * kRow + mat * 8) * sizeof(__nv_bfloat16));
+  const unsigned v_lane_off = static_cast<unsigned>(
+      (((mat % 2) * 8 + lane % 8) * kRow + (mat / 2) * 8) * sizeof(__nv_bfloat16));
+
+  int computed = 0;
+  for (int k = 0; k < items; ++k) {
+    uint32_t q_frag[kKSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q_frag[kk][e] = q_next[kk][e];
+    }
+    if (k + 1 < items) load_q(k + 1, q_next);  // lands while this item streams
+    const int end = item_context[k];
+    const int num_tiles = tiles_of(k);
+    WarpAttention<kHeadDim, true> st;
+    st.Reset();
+    for (int i = 0; i < num_tiles; ++i) {
+      __syncwarp();  // every lane is done reading the stage the next issue overwrites
+      const int block = next_block;
+      next_block = load_block(look);
+      advance(look);
+      issue(iss, block, issued++);
+      advance(iss);
+      CpAsyncWaitGroup<kStages - 1>();
+      __syncwarp();
+      const unsigned k_base = SharedAddress(stages + (computed % kStages) * StageElems<kHeadDim>());
+      const unsigned v_base = k_base + kWarpTile * kRow * sizeof(__nv_bfloat16);
+      ++computed;
+      st.Step(q_frag, k_base, v_base, k_lane_off, v_lane_off, first_tile + i * tile_stride, end,
+              p.scale_log2, t);
+    }
+    st.Finish();
+
+    // The warps' triples of item k through the merge area (rows 0-7 of the MMA hold the group).
+    if (g < group) {
+      float* acc = s_acc + (warp * group + g) * kHeadDim;
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        acc[n * 8 + 2 * t] = st.o[n][0];
+        acc[n * 8 + 2 * t + 1] = st.o[n][1];
+      }
+      if (t == 0) {
+        s_ml[2 * (warp * group + g)] = st.m0;
+        s_ml[2 * (warp * group + g) + 1] = st.l0;
+      }
+    }
+    __syncthreads();
+    const int item = item0 + k;
+    const int seq = item / p.num_kv_heads;
+    const int head0 = (item % p.num_kv_heads) * group;
+    for (int idx = tid; idx < group * kHeadDim; idx += kThreads) {
+      const int r = idx / kHeadDim;
+      const int d = idx % kHeadDim;
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[2 * (w * group + r)]);
+      float out = 0.0f, l_all = 0.0f;
+      if (m_all != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float scale = exp2f(s_ml[2 * (w * group + r)] - m_all);
+          out = fmaf(s_acc[(w * group + r) * kHeadDim + d], scale, out);
+          l_all = fmaf(s_ml[2 * (w * group + r) + 1], scale, l_all);
+        }
+      }
+      p.out[(static_cast<size_t>(seq) * p.num_heads + head0 + r) * kHeadDim + d] =
+          __float2bfloat16_rn(l_all > 0.0f ? out / l_all : 0.0f);
+    }
+    __syncthreads();  // the merge area is free for the next item
+  }
+  CpAsyncWaitGroup<0>();
 }
 
 // One block per (query head, sequence), one thread per dim: combines the non-empty splits.
@@ -451,8 +690,44 @@ cudaError_t LaunchForm(const DecodeParams& p, bool evict_first, const dim3 grid,
                      : LaunchMain<kHeadDim, kPackLo, false>(p, grid, stream);
 }
 
+// Whether the chained kernel runs for this head_dim and group on the current device: the kPackLo
+// layout, one CTA per KV head, and kDecodeChainCtasPerSm CTAs resident per SM (so the grid of
+// PlanDecodeSplits' chain is one wave). Cached per (head_dim, group) and device.
 template <int kHeadDim>
-cudaError_t Dispatch(const DecodeParams& p, int num_seqs, bool evict_first, cudaStream_t stream) {
+bool ChainFits(int group) {
+  if (group > kMaxGroup / 2 || !PackLoEnabled()) return false;
+  static std::atomic<uint64_t> known[kMaxGroup / 2 + 1], fits[kMaxGroup / 2 + 1];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
+  const uint64_t bit = uint64_t{1} << device;
+  if ((known[group].load(std::memory_order_acquire) & bit) == 0) {
+    // The limit covers every group the kernel takes, so raising it once serves them all.
+    const size_t smem = ChainSmemBytes<kHeadDim>(group);
+    int blocks = 0;
+    bool ok = cudaFuncSetAttribute(
+                  DecodeAttentionChainKernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  static_cast<int>(ChainSmemBytes<kHeadDim>(kMaxGroup / 2))) == cudaSuccess &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &blocks, DecodeAttentionChainKernel<kHeadDim>, kThreads, smem) == cudaSuccess &&
+              blocks >= kDecodeChainCtasPerSm;
+    cudaGetLastError();
+    if (ok) fits[group].fetch_or(bit, std::memory_order_relaxed);
+    known[group].fetch_or(bit, std::memory_order_release);
+  }
+  return (fits[group].load(std::memory_order_relaxed) & bit) != 0;
+}
+
+template <int kHeadDim>
+cudaError_t Dispatch(const DecodeParams& p, int num_seqs, int chain, bool evict_first,
+                     cudaStream_t stream) {
+  if (chain < 1 || chain > kDecodeMaxChain) return cudaErrorInvalidValue;
+  if (chain > 1 && p.num_splits == 1 && p.head_chunks == 1 && ChainFits<kHeadDim>(p.group)) {
+    const int items = num_seqs * p.num_kv_heads;
+    const int ctas = (items + chain - 1) / chain;
+    LaunchKernel(DecodeAttentionChainKernel<kHeadDim>, ctas, kThreads,
+                 ChainSmemBytes<kHeadDim>(p.group), stream, p, chain, items);
+    return cudaGetLastError();
+  }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
   const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
@@ -468,6 +743,19 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, bool evict_first, cuda
 }
 
 }  // namespace
+
+bool DecodeChainRuns(int head_dim, int group) {
+  switch (head_dim) {
+    case 32:
+      return ChainFits<32>(group);
+    case 64:
+      return ChainFits<64>(group);
+    case 128:
+      return ChainFits<128>(group);
+    default:
+      return false;
+  }
+}
 
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
@@ -498,11 +786,11 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
   p.head_chunks = (p.group + kMaxGroup - 1) / kMaxGroup;
   switch (kv.head_dim) {
     case 32:
-      return Dispatch<32>(p, num_seqs, evict_first, stream);
+      return Dispatch<32>(p, num_seqs, plan.chain, evict_first, stream);
     case 64:
-      return Dispatch<64>(p, num_seqs, evict_first, stream);
+      return Dispatch<64>(p, num_seqs, plan.chain, evict_first, stream);
     case 128:
-      return Dispatch<128>(p, num_seqs, evict_first, stream);
+      return Dispatch<128>(p, num_seqs, plan.chain, evict_first, stream);
     default:
       return cudaErrorInvalidValue;
   }

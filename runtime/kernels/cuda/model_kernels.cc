@@ -185,6 +185,17 @@ bool FillSms() {
   return fill;
 }
 
+// The most (sequence, KV head) items a decode CTA chains: kDecodeMaxChain, or TANDEM_DECODE_CHAIN
+// (read once; 0 or 1: one item per CTA).
+int MaxChain() {
+  static const int max_chain = [] {
+    const char* v = std::getenv("TANDEM_DECODE_CHAIN");
+    if (v == nullptr) return kDecodeMaxChain;
+    return std::clamp(std::atoi(v), 1, kDecodeMaxChain);
+  }();
+  return max_chain;
+}
+
 }  // namespace
 
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len, int num_kv_heads,
@@ -202,7 +213,14 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
         {CeilDiv64(num_sms, ctas_per_split), CeilDiv64(context, kDecodeTileTokens), wanted});
     splits = std::max(splits, fill);
   }
-  if (splits == 1) return plan;
+  if (splits == 1) {
+    const int64_t pairs = int64_t{num_seqs} * num_kv_heads;
+    const int64_t slots = int64_t{kDecodeChainCtasPerSm} * num_sms;
+    if (num_sms > 0 && num_kv_heads > 0 && pairs > slots && context <= kDecodeChainMaxContext) {
+      plan.chain = static_cast<int>(std::min<int64_t>(MaxChain(), CeilDiv64(pairs, slots)));
+    }
+    return plan;
+  }
   const int64_t partition =
       CeilDiv64(CeilDiv64(context, splits), kDecodeTileTokens) * kDecodeTileTokens;
   plan.partition_size = static_cast<int>(partition);

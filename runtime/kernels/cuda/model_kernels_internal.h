@@ -63,6 +63,8 @@ struct DecodeSplitPlan {
   int num_splits = 1;      // context chunks per sequence (1: no merge pass)
   int partition_size = 0;  // tokens per chunk (multiple of the kernel's tile); the last chunk
                            // also takes any tokens beyond num_splits * partition_size
+  int chain = 1;  // (sequence, KV head) items per CTA, taken in turn (1: one each); at most
+                  // kDecodeMaxChain
 };
 // Splits = min(ceil(target work items / (num_seqs * num_heads)),
 //              ceil(max_context_len / kDecodeMinSplitTokens)), at least 1; with num_sms > 0
@@ -71,6 +73,19 @@ struct DecodeSplitPlan {
 // (H200, Llama-3-8B shape, batch 1 at 1K: 16 splits of 64 tokens, 128 CTAs, 4.009 ms against
 // 4.060 with 4 splits of 256; longer contexts and larger batches keep the 256-token floor, which
 // measured faster there: bench/RESULTS.md.)
+//
+// Chaining (one split only, num_sms and num_kv_heads known, contexts of at most
+// kDecodeChainMaxContext tokens): when the (sequence, KV head) items are more than
+// kDecodeChainCtasPerSm CTAs per SM can hold at once, chain = ceil(items / (kDecodeChainCtasPerSm *
+// num_sms)) items per CTA, at most kDecodeMaxChain (TANDEM_DECODE_CHAIN=N, read once, lowers the
+// cap; 0 or 1 keeps one item per CTA), so the grid is about one wave and each CTA streams its items
+// back to back (the next item's first tiles load while the last one's warps merge) instead of every
+// CTA filling and draining its own pipeline. Longer items amortize their fill and drain, and there
+// the one-wave grid's idle CTA slots cost more (H200, Llama-3-8B shape, batch 64: 1K 0.4% faster,
+// 8K 0.8% slower; bench/RESULTS.md, eighth session).
+constexpr int kDecodeChainCtasPerSm = 2;
+constexpr int kDecodeMaxChain = 32;
+constexpr int kDecodeChainMaxContext = 2048;
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len,
                                  int num_kv_heads = 0, int num_sms = 0);
 // Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and
@@ -78,6 +93,9 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
                                    int head_dim);
 
+// Whether a plan's chain > 1 runs the chained kernel for this head_dim and group (query heads per
+// KV head) on the current device; otherwise the launch takes one item per CTA (same results).
+bool DecodeChainRuns(int head_dim, int group);
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
                                      float scale, void* out, void* workspace,

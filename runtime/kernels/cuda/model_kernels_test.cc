@@ -245,6 +245,29 @@ TEST(DecodeSplitPlanTest, ShortContextsSplitFurtherToGiveEachSmACta) {
   }
 }
 
+TEST(DecodeSplitPlanTest, ChainsItemsPerCtaPastOneWave) {
+  // Llama-3-8B shape on 132 SMs (264 CTA slots at kDecodeChainCtasPerSm = 2). Batch 64: 512
+  // (sequence, KV head) items, two per CTA (256 CTAs); batch 256: 2048 items, eight per CTA.
+  static_assert(internal::kDecodeChainCtasPerSm == 2);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 132).chain, 2);
+  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 1024, 8, 132).chain, 8);
+  // Only up to kDecodeChainMaxContext tokens: longer items amortize their pipeline fill.
+  static_assert(internal::kDecodeChainMaxContext == 2048);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 2048, 8, 132).chain, 2);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 2049, 8, 132).chain, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192, 8, 132).chain, 1);
+  // Items that fit one wave, plans with splits, and plans without an SM count: one per CTA.
+  // (64 query heads on 4 KV heads: 66 sequences are 264 items, 67 are 268.)
+  EXPECT_EQ(internal::PlanDecodeSplits(66, 64, 1024, 4, 132).chain, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(67, 64, 1024, 4, 132).chain, 2);
+  EXPECT_EQ(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).chain, 1);
+  EXPECT_GT(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).num_splits, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 0).chain, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024).chain, 1);
+  // Capped at kDecodeMaxChain (TANDEM_DECODE_CHAIN unset).
+  EXPECT_EQ(internal::PlanDecodeSplits(4096, 32, 64, 32, 8).chain, internal::kDecodeMaxChain);
+}
+
 TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
   for (const int heads : {8, 32, 64}) {
     for (const int head_dim : {32, 64, 128}) {
