@@ -329,14 +329,14 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
 
 // Chained decode: short contexts (warps without tiles in an item), padding rows, tile and block
-// boundaries, long contexts; chains of 2, 3, 7 and the most items per CTA.
+// boundaries, long contexts; chains of 2, 3 and the most items per CTA.
 TEST_P(ModelShapeTest, DecodeChained) {
   std::vector<int> contexts(37);
   FastRng rng(37);
   for (auto& c : contexts) c = rng.UniformInt(1, 700);
   const std::vector<int> special = {0, 1, 15, 16, 17, 48, 49, 64, 65, 2000, 0, 129};
   std::copy(special.begin(), special.end(), contexts.begin());
-  for (const int chain : {2, 3, 7, cuda::internal::kDecodeMaxChain}) {
+  for (const int chain : {2, 3, cuda::internal::kDecodeMaxChain}) {
     // Every model shape has groups of 4, which the chained kernel takes on any GPU that runs the
     // two-CTA-per-SM decode kernel.
     ASSERT_TRUE(RunDecodeChain(contexts, chain)) << "chained kernel not taken";

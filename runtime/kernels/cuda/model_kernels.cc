@@ -186,7 +186,7 @@ bool FillSms() {
 }
 
 // The most (sequence, KV head) items a decode CTA chains: kDecodeMaxChain, or TANDEM_DECODE_CHAIN
-// (read once; 0 or 1: one item per CTA).
+// (read once; 0 or 1: one item per CTA, always).
 int MaxChain() {
   static const int max_chain = [] {
     const char* v = std::getenv("TANDEM_DECODE_CHAIN");
@@ -217,7 +217,8 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
     const int64_t pairs = int64_t{num_seqs} * num_kv_heads;
     const int64_t slots = int64_t{kDecodeChainCtasPerSm} * num_sms;
     if (num_sms > 0 && num_kv_heads > 0 && pairs > slots && context <= kDecodeChainMaxContext) {
-      plan.chain = static_cast<int>(std::min<int64_t>(MaxChain(), CeilDiv64(pairs, slots)));
+      const int64_t chain = CeilDiv64(pairs, slots);
+      if (chain <= MaxChain()) plan.chain = static_cast<int>(chain);
     }
     return plan;
   }

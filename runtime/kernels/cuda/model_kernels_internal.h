@@ -76,16 +76,17 @@ struct DecodeSplitPlan {
 //
 // Chaining (one split only, num_sms and num_kv_heads known, contexts of at most
 // kDecodeChainMaxContext tokens): when the (sequence, KV head) items are more than
-// kDecodeChainCtasPerSm CTAs per SM can hold at once, chain = ceil(items / (kDecodeChainCtasPerSm *
-// num_sms)) items per CTA, at most kDecodeMaxChain (TANDEM_DECODE_CHAIN=N, read once, lowers the
-// cap; 0 or 1 keeps one item per CTA), so the grid is about one wave and each CTA streams its items
-// back to back (the next item's first tiles load while the last one's warps merge) instead of every
-// CTA filling and draining its own pipeline. Longer items amortize their fill and drain, and there
-// the one-wave grid's idle CTA slots cost more (H200, Llama-3-8B shape, batch 64: 1K 0.4% faster,
-// 8K 0.8% slower; bench/RESULTS.md, eighth session).
+// kDecodeChainCtasPerSm CTAs per SM can hold at once but at most kDecodeMaxChain times that, each
+// CTA takes chain = ceil(items / (kDecodeChainCtasPerSm * num_sms)) items, so the grid is one wave
+// and each CTA streams its items back to back (the next item's first tiles load while the last
+// one's warps merge) instead of every CTA filling and draining its own pipeline. Measured (H200,
+// Llama-3-8B shape, against one item per CTA in the same binary; bench/RESULTS.md, tenth session):
+// at 1K, batch 48 / 64 / 128 (chains of 2 / 2 / 4) 0.6 / 0.9 / 0.3% faster, batch 256 (8) 0.3%
+// slower; at 2K the same or slower (batch 48 +0.7%), at 8K slower (eighth session: +0.8%).
+// TANDEM_DECODE_CHAIN=N (read once) lowers kDecodeMaxChain to N; 0 or 1 turns chaining off.
 constexpr int kDecodeChainCtasPerSm = 2;
-constexpr int kDecodeMaxChain = 32;
-constexpr int kDecodeChainMaxContext = 2048;
+constexpr int kDecodeMaxChain = 4;
+constexpr int kDecodeChainMaxContext = 1024;
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len,
                                  int num_kv_heads = 0, int num_sms = 0);
 // Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and

@@ -247,14 +247,19 @@ TEST(DecodeSplitPlanTest, ShortContextsSplitFurtherToGiveEachSmACta) {
 
 TEST(DecodeSplitPlanTest, ChainsItemsPerCtaPastOneWave) {
   // Llama-3-8B shape on 132 SMs (264 CTA slots at kDecodeChainCtasPerSm = 2). Batch 64: 512
-  // (sequence, KV head) items, two per CTA (256 CTAs); batch 256: 2048 items, eight per CTA.
+  // (sequence, KV head) items, two per CTA (256 CTAs); batch 132: 1056 items, four per CTA.
   static_assert(internal::kDecodeChainCtasPerSm == 2);
+  static_assert(internal::kDecodeMaxChain == 4);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 132).chain, 2);
-  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 1024, 8, 132).chain, 8);
+  EXPECT_EQ(internal::PlanDecodeSplits(128, 32, 1024, 8, 132).chain, 4);
+  EXPECT_EQ(internal::PlanDecodeSplits(132, 32, 1024, 8, 132).chain, 4);
+  // More than kDecodeMaxChain items per CTA (batch 133, 256): one per CTA.
+  EXPECT_EQ(internal::PlanDecodeSplits(133, 32, 1024, 8, 132).chain, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 1024, 8, 132).chain, 1);
+  EXPECT_EQ(internal::PlanDecodeSplits(4096, 32, 64, 32, 8).chain, 1);
   // Only up to kDecodeChainMaxContext tokens: longer items amortize their pipeline fill.
-  static_assert(internal::kDecodeChainMaxContext == 2048);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 2048, 8, 132).chain, 2);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 2049, 8, 132).chain, 1);
+  static_assert(internal::kDecodeChainMaxContext == 1024);
+  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1025, 8, 132).chain, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192, 8, 132).chain, 1);
   // Items that fit one wave, plans with splits, and plans without an SM count: one per CTA.
   // (64 query heads on 4 KV heads: 66 sequences are 264 items, 67 are 268.)
@@ -264,8 +269,6 @@ TEST(DecodeSplitPlanTest, ChainsItemsPerCtaPastOneWave) {
   EXPECT_GT(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).num_splits, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 0).chain, 1);
   EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024).chain, 1);
-  // Capped at kDecodeMaxChain (TANDEM_DECODE_CHAIN unset).
-  EXPECT_EQ(internal::PlanDecodeSplits(4096, 32, 64, 32, 8).chain, internal::kDecodeMaxChain);
 }
 
 TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
