@@ -721,12 +721,16 @@ template <int kHeadDim>
 cudaError_t Dispatch(const DecodeParams& p, int num_seqs, int chain, bool evict_first,
                      cudaStream_t stream) {
   if (chain < 1 || chain > kDecodeMaxChain) return cudaErrorInvalidValue;
-  if (chain > 1 && p.num_splits == 1 && p.head_chunks == 1 && ChainFits<kHeadDim>(p.group)) {
-    const int items = num_seqs * p.num_kv_heads;
-    const int ctas = (items + chain - 1) / chain;
-    LaunchKernel(DecodeAttentionChainKernel<kHeadDim>, ctas, kThreads,
-                 ChainSmemBytes<kHeadDim>(p.group), stream, p, chain, items);
-    return cudaGetLastError();
+  // Chaining only for head_dim 128 (H200: Llama-3.2-1B's head_dim 64 at batch 64, 1K measured
+  // 3% slower chained; bench/RESULTS.md, tenth session): other head sizes take one item per CTA.
+  if constexpr (kHeadDim == 128) {
+    if (chain > 1 && p.num_splits == 1 && p.head_chunks == 1 && ChainFits<kHeadDim>(p.group)) {
+      const int items = num_seqs * p.num_kv_heads;
+      const int ctas = (items + chain - 1) / chain;
+      LaunchKernel(DecodeAttentionChainKernel<kHeadDim>, ctas, kThreads,
+                   ChainSmemBytes<kHeadDim>(p.group), stream, p, chain, items);
+      return cudaGetLastError();
+    }
   }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
@@ -744,18 +748,7 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, int chain, bool evict_
 
 }  // namespace
 
-bool DecodeChainRuns(int head_dim, int group) {
-  switch (head_dim) {
-    case 32:
-      return ChainFits<32>(group);
-    case 64:
-      return ChainFits<64>(group);
-    case 128:
-      return ChainFits<128>(group);
-    default:
-      return false;
-  }
-}
+bool DecodeChainRuns(int head_dim, int group) { return head_dim == 128 && ChainFits<128>(group); }
 
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,

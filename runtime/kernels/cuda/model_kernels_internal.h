@@ -83,6 +83,7 @@ struct DecodeSplitPlan {
 // Llama-3-8B shape, against one item per CTA in the same binary; bench/RESULTS.md, tenth session):
 // at 1K, batch 48 / 64 / 128 (chains of 2 / 2 / 4) 0.6 / 0.9 / 0.3% faster, batch 256 (8) 0.3%
 // slower; at 2K the same or slower (batch 48 +0.7%), at 8K slower (eighth session: +0.8%).
+// The launcher chains only head_dim 128 (Llama-3.2-1B's 64 at batch 64, 1K: 3% slower chained).
 // TANDEM_DECODE_CHAIN=N (read once) lowers kDecodeMaxChain to N; 0 or 1 turns chaining off.
 constexpr int kDecodeChainCtasPerSm = 2;
 constexpr int kDecodeMaxChain = 4;
@@ -94,8 +95,9 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
                                    int head_dim);
 
-// Whether a plan's chain > 1 runs the chained kernel for this head_dim and group (query heads per
-// KV head) on the current device; otherwise the launch takes one item per CTA (same results).
+// Whether a plan's chain > 1 runs the chained kernel (head_dim 128 only) for this head_dim and
+// group (query heads per KV head) on the current device; otherwise the launch takes one item per
+// CTA (same results).
 bool DecodeChainRuns(int head_dim, int group);
 cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                      const int32_t* context_lens, int num_seqs, int num_heads,
