@@ -394,7 +394,8 @@ absl::Status LaunchArgmax(const float* logits, int rows, int vocab, int32_t* out
 // (H200, Llama-3-8B shape, A/B against no policy: batch 2 / 4 / 8 / 16 at 8K 0.5-0.8% faster, at
 // 1K and at batch 64 / 256 the same within noise; batch 1 2.0-2.2% slower, and an explicit
 // evict_normal policy 3-8.5% slower at batch 64; bench/RESULTS.md, tenth session).
-// TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once) turns it off / on for every batch.
+// TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once) turns it off / on for every batch of the one item per
+// CTA kernel; the chained kernel (34+ sequences of the Llama-3 shapes) reads evict-first always.
 bool DecodeEvictFirst(int num_seqs) {
   static const int forced = [] {
     const char* env = std::getenv("TANDEM_DECODE_EVICT_FIRST");

@@ -101,8 +101,11 @@ absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, voi
 // handled by separate CTAs when the batch alone does not fill the GPU, with partial results in
 // `workspace` merged by a second kernel. One CTA per
 // (sequence, KV head, split) reads each KV block once for all query heads of the group (up to 16;
-// larger groups take several CTAs). From 2 sequences up the cache is read with an evict-first L2
-// policy (TANDEM_DECODE_EVICT_FIRST=0 / 1 forces it off / on). Attention supports head_dim 32, 64
+// larger groups take several CTAs); for head_dim 128 at contexts up to 1K, a batch that needs 2-4
+// waves of such CTAs runs as one wave whose CTAs take 2-4 (sequence, KV head) items in turn
+// (PlanDecodeSplits in model_kernels_internal.h; TANDEM_DECODE_CHAIN=0 turns it off). From 2
+// sequences up the cache is read with an evict-first L2 policy (TANDEM_DECODE_EVICT_FIRST=0 / 1
+// forces it off / on). Attention supports head_dim 32, 64
 // and 128 (others return kInvalidArgument) and any block_size >= 1.
 struct DecodeAttentionArgs {
   const void* q = nullptr;  // bf16 [num_seqs, q_row_stride]; row s holds [num_heads, head_dim]
