@@ -257,6 +257,29 @@ __device__ __forceinline__ void LoadQ(const DecodeParams& p, int seq, int head0,
   }
 }
 
+// Combines the kWarps warps' (max, sum, accumulator) triples of query row r, dim d from a merge
+// area of `rows` rows per warp (s_acc: [kWarps][rows][kHeadDim], s_ml: [kWarps][rows][2]):
+// returns the accumulators rescaled to the common max and summed, with the sum in l_all and the
+// max in m_all (-inf, with 0 and 0, when no warp saw a key).
+template <int kHeadDim>
+__device__ __forceinline__ float MergeWarpTriples(const float* s_acc, const float* s_ml, int rows,
+                                                  int r, int d, float& m_all, float& l_all) {
+  m_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[2 * (w * rows + r)]);
+  float out = 0.0f;
+  l_all = 0.0f;
+  if (m_all != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float scale = exp2f(s_ml[2 * (w * rows + r)] - m_all);
+      out = fmaf(s_acc[(w * rows + r) * kHeadDim + d], scale, out);
+      l_all = fmaf(s_ml[2 * (w * rows + r) + 1], scale, l_all);
+    }
+  }
+  return out;
+}
+
 // kPackLo: the group fits in rows 0-7 (group <= 8), so rows 8-15 of P carry the low parts.
 // kEvictFirst: the cache's cp.async carry an evict-first L2 policy (chosen per launch:
 // DecodeEvictFirst in model_kernels.cc).
@@ -402,18 +425,8 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   for (int idx = tid; idx < num_q * kHeadDim; idx += kThreads) {
     const int r = idx / kHeadDim;
     const int d = idx % kHeadDim;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[2 * (w * kMaxGroup + r)]);
-    float out = 0.0f, l_all = 0.0f;
-    if (m_all != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float scale = exp2f(s_ml[2 * (w * kMaxGroup + r)] - m_all);
-        out = fmaf(s_acc[(w * kMaxGroup + r) * kHeadDim + d], scale, out);
-        l_all = fmaf(s_ml[2 * (w * kMaxGroup + r) + 1], scale, l_all);
-      }
-    }
+    float m_all, l_all;
+    const float out = MergeWarpTriples<kHeadDim>(s_acc, s_ml, kMaxGroup, r, d, m_all, l_all);
     const int head = head0 + r;
     if (p.num_splits == 1) {
       p.out[(static_cast<size_t>(seq) * p.num_heads + head) * kHeadDim + d] =
@@ -615,18 +628,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int idx = tid; idx < group * kHeadDim; idx += kThreads) {
       const int r = idx / kHeadDim;
       const int d = idx % kHeadDim;
-      float m_all = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[2 * (w * group + r)]);
-      float out = 0.0f, l_all = 0.0f;
-      if (m_all != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float scale = exp2f(s_ml[2 * (w * group + r)] - m_all);
-          out = fmaf(s_acc[(w * group + r) * kHeadDim + d], scale, out);
-          l_all = fmaf(s_ml[2 * (w * group + r) + 1], scale, l_all);
-        }
-      }
+      float m_all, l_all;
+      const float out = MergeWarpTriples<kHeadDim>(s_acc, s_ml, group, r, d, m_all, l_all);
       p.out[(static_cast<size_t>(seq) * p.num_heads + head0 + r) * kHeadDim + d] =
           __float2bfloat16_rn(l_all > 0.0f ? out / l_all : 0.0f);
     }
