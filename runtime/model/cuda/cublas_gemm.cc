@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +20,6 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
-#include "runtime/kernels/cuda/programmatic_edge.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
@@ -57,9 +55,6 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  // The algorithm's kernels wait for their predecessor grid before reading (ProbeProgrammatic):
-  // a captured call takes a programmatic edge from the kernel before it.
-  bool programmatic = false;
   void Destroy() {
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     for (cublasLtMatrixLayout_t l : {a, b, c}) {
@@ -125,30 +120,6 @@ absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>& TunedAlgos() {
   return *algos;
 }
 
-// Programmatic-edge probe results of the process, per (device, shape, algorithm): whether the
-// algorithm's kernels wait for their predecessor grid before reading.
-using ProbedKey = std::tuple<int, Key, std::array<uint64_t, 8>>;
-
-absl::flat_hash_map<ProbedKey, bool>& ProbedAlgos() {
-  static auto* probed = new absl::flat_hash_map<ProbedKey, bool>();
-  return *probed;
-}
-
-ProbedKey MakeProbedKey(int device, const Key& key, const cublasLtMatmulAlgo_t& algo) {
-  std::array<uint64_t, 8> bytes{};
-  static_assert(sizeof(algo.data) == sizeof(bytes), "cublasLtMatmulAlgo_t is 64 bytes");
-  std::memcpy(bytes.data(), algo.data, sizeof(bytes));
-  return {device, key, bytes};
-}
-
-// Device scratch of the probe, freed on scope exit.
-struct ScratchBuffer {
-  void* ptr = nullptr;
-  ~ScratchBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-};
-
 template <typename T>
 T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
@@ -187,9 +158,6 @@ struct CublasLtGemm::Impl {
   bool autotune_splitk = false;                   // also time split-K variants
   bool autotune_log = false;                      // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
-  // Programmatic edges into captured decode GEMMs whose kernels wait for their predecessor
-  // (compute capability 9.0+; TANDEM_GEMM_PDL=0 turns them off).
-  bool programmatic_edges = false;
   // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
@@ -229,8 +197,6 @@ struct CublasLtGemm::Impl {
       if (autotune_splitk) AddSplitKVariants(p, &candidates);
       if (candidates.size() > 1) s = Autotune(key, p, candidates, x, w, bias, out, stream);
     }
-    if (s.ok() && programmatic_edges && m <= kAutotuneMaxRows)
-      ProbeProgrammatic(key, p, w, bias, stream);
     if (!s.ok()) {
       p.Destroy();
       return s;
@@ -333,74 +299,6 @@ struct CublasLtGemm::Impl {
                 << "), heuristic's first " << first_ms * 1e3 << " us";
     }
     return absl::OkStatus();
-  }
-
-  // Sets p.programmatic when the plan's kernels wait for their predecessor grid before they read
-  // x: probed once per (device, shape, algorithm) in the process (cuda::ProbeWaitsForPredecessor)
-  // on scratch activations and output, the weights the call's own (read only). Decode shapes only:
-  // only decode steps are captured. Skipped while the stream is being captured (the plan keeps
-  // plain edges then). A probe that cannot run (scratch allocation, CUDA error) leaves the plan
-  // with plain edges and logs why.
-  void ProbeProgrammatic(const Key& key, Plan& p, const void* w, const void* bias,
-                         cudaStream_t stream) {
-    int device = 0;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      cudaGetLastError();
-      return;
-    }
-    const ProbedKey probed_key = MakeProbedKey(device, key, p.algo);
-    {
-      absl::MutexLock lock(&TunedMutex());
-      if (auto it = ProbedAlgos().find(probed_key); it != ProbedAlgos().end()) {
-        p.programmatic = it->second;
-        return;
-      }
-    }
-    const auto [m, k, n, has_bias, out_type] = key;
-    const size_t in_count = size_t{1} * m * k;
-    const size_t out_bytes =
-        size_t{1} * m * n * (out_type == static_cast<int>(GemmOut::kBf16) ? 2 : 4);
-    if (out_bytes % 4 != 0) return;  // the probe compares 32-bit words
-    ScratchBuffer x_probe, out_probe;
-    if (cudaMalloc(&x_probe.ptr, in_count * 2) != cudaSuccess ||
-        cudaMalloc(&out_probe.ptr, out_bytes) != cudaSuccess) {
-      cudaGetLastError();
-      LOG(WARNING) << "GEMM m=" << m << " k=" << k << " n=" << n
-                   << ": no scratch for the programmatic-edge probe; plain edges";
-      return;
-    }
-    if (bias != nullptr &&
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                       sizeof(bias)) != CUBLAS_STATUS_SUCCESS) {
-      return;
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    const auto launch = [&]() -> absl::Status {
-      return CublasStatus(
-          cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x_probe.ptr, p.b, &beta, out_probe.ptr,
-                         p.c, out_probe.ptr, p.c, &p.algo, workspace, workspace_bytes, stream),
-          "cublasLtMatmul(probe)");
-    };
-    const absl::StatusOr<bool> waits = cuda::ProbeWaitsForPredecessor(
-        stream, x_probe.ptr, in_count, out_probe.ptr, out_bytes, launch);
-    if (!waits.ok()) {
-      LOG(WARNING) << "GEMM m=" << m << " k=" << k << " n=" << n
-                   << ": programmatic-edge probe failed (" << waits.status() << "); plain edges";
-      return;
-    }
-    {
-      absl::MutexLock lock(&TunedMutex());
-      p.programmatic = ProbedAlgos().emplace(probed_key, *waits).first->second;
-    }
-    if (autotune_log) {
-      LOG(INFO) << "GEMM m=" << m << " k=" << k << " n=" << n << " (" << DescribeAlgo(p.algo)
-                << "): its kernels " << (*waits ? "wait" : "do not wait")
-                << " for their predecessor; " << (*waits ? "programmatic" : "plain")
-                << " edges in captured steps";
-    }
   }
 
   // Appends split-K variants of every candidate that supports split-K and has none: each count of
@@ -525,20 +423,6 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   }
   impl->autotune_splitk = EnvFlag("TANDEM_GEMM_AUTOTUNE_SPLITK");
   impl->autotune_log = EnvFlag("TANDEM_GEMM_AUTOTUNE_LOG");
-  // Programmatic edges into captured decode GEMMs: compute capability 9.0+ unless
-  // TANDEM_GEMM_PDL=0.
-  const char* pdl = std::getenv("TANDEM_GEMM_PDL");
-  if (pdl != nullptr && std::strcmp(pdl, "0") != 0 && std::strcmp(pdl, "1") != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TANDEM_GEMM_PDL must be 0 or 1, got \"", pdl, "\""));
-  }
-  if (pdl == nullptr || std::strcmp(pdl, "1") == 0) {
-    int device = 0, major = 0;
-    RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
-    RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                         "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-    impl->programmatic_edges = major >= 9;
-  }
   // The skinny GEMM: by default on compute capability 9.0 (its wgmma kernel) for 2-32 rows;
   // TANDEM_SKINNY_GEMM=1 on any GPU for 2-64 rows, =0 nowhere; TANDEM_SKINNY_MAX_ROWS bounds it.
   const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
@@ -620,10 +504,38 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
                      "set BIAS_POINTER");
   }
   const float alpha = 1.0f, beta = 0.0f;
-  if (p.programmatic) {
-    // A decode step being captured: the kernels of this algorithm wait for their predecessor
-    // (probed when the plan was built), so the edge into them may be programmatic.
-    RETURN_IF_ERROR(cuda::MakeCaptureDependenciesProgrammatic(stream));
+  // EXPERIMENT (timing only, no safety check): TANDEM_GEMM_PDL_UNSAFE=1 makes the edges into
+  // every captured cuBLASLt launch programmatic.
+  static const bool pdl_unsafe = std::getenv("TANDEM_GEMM_PDL_UNSAFE") != nullptr &&
+                                 std::strcmp(std::getenv("TANDEM_GEMM_PDL_UNSAFE"), "1") == 0;
+  if (pdl_unsafe) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaGraphNode_t* deps = nullptr;
+    const cudaGraphEdgeData* data = nullptr;
+    size_t count = 0;
+    if (cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, nullptr, nullptr,
+                                 &deps, &data, &count) == cudaSuccess &&
+        status == cudaStreamCaptureStatusActive && count > 0) {
+      std::vector<cudaGraphNode_t> nodes(deps, deps + count);
+      std::vector<cudaGraphEdgeData> edges(count);
+      bool all_kernels = true;
+      for (size_t i = 0; i < count; ++i) {
+        cudaGraphNodeType type;
+        all_kernels = all_kernels && cudaGraphNodeGetType(nodes[i], &type) == cudaSuccess &&
+                      type == cudaGraphNodeTypeKernel;
+        edges[i] = cudaGraphEdgeData{};
+        edges[i].type = cudaGraphDependencyTypeProgrammatic;
+        edges[i].from_port = cudaGraphKernelNodePortProgrammatic;
+      }
+      if (all_kernels) {
+        RETURN_IF_CUDA_ERROR(
+            cudaStreamUpdateCaptureDependencies(static_cast<cudaStream_t>(stream), nodes.data(),
+                                                edges.data(), count,
+                                                cudaStreamSetCaptureDependencies),
+            "cudaStreamUpdateCaptureDependencies");
+      }
+    }
+    cudaGetLastError();
   }
   RETURN_IF_CUBLAS(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
                                   out, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes,
