@@ -504,39 +504,6 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
                      "set BIAS_POINTER");
   }
   const float alpha = 1.0f, beta = 0.0f;
-  // EXPERIMENT (timing only, no safety check): TANDEM_GEMM_PDL_UNSAFE=1 makes the edges into
-  // every captured cuBLASLt launch programmatic.
-  static const bool pdl_unsafe = std::getenv("TANDEM_GEMM_PDL_UNSAFE") != nullptr &&
-                                 std::strcmp(std::getenv("TANDEM_GEMM_PDL_UNSAFE"), "1") == 0;
-  if (pdl_unsafe) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaGraphNode_t* deps = nullptr;
-    const cudaGraphEdgeData* data = nullptr;
-    size_t count = 0;
-    if (cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, nullptr, nullptr,
-                                 &deps, &data, &count) == cudaSuccess &&
-        status == cudaStreamCaptureStatusActive && count > 0) {
-      std::vector<cudaGraphNode_t> nodes(deps, deps + count);
-      std::vector<cudaGraphEdgeData> edges(count);
-      bool all_kernels = true;
-      for (size_t i = 0; i < count; ++i) {
-        cudaGraphNodeType type;
-        all_kernels = all_kernels && cudaGraphNodeGetType(nodes[i], &type) == cudaSuccess &&
-                      type == cudaGraphNodeTypeKernel;
-        edges[i] = cudaGraphEdgeData{};
-        edges[i].type = cudaGraphDependencyTypeProgrammatic;
-        edges[i].from_port = cudaGraphKernelNodePortProgrammatic;
-      }
-      if (all_kernels) {
-        RETURN_IF_CUDA_ERROR(
-            cudaStreamUpdateCaptureDependencies(static_cast<cudaStream_t>(stream), nodes.data(),
-                                                edges.data(), count,
-                                                cudaStreamSetCaptureDependencies),
-            "cudaStreamUpdateCaptureDependencies");
-      }
-    }
-    cudaGetLastError();
-  }
   RETURN_IF_CUBLAS(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
                                   out, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes,
                                   static_cast<cudaStream_t>(stream)),
