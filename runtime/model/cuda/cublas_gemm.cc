@@ -55,7 +55,6 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  int split_k = 1;  // the algorithm's split-K count (CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
   void Destroy() {
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     for (cublasLtMatrixLayout_t l : {a, b, c}) {
@@ -162,10 +161,9 @@ struct CublasLtGemm::Impl {
   // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
-  int skinny_max_rows = 0;         // calls of 2..skinny_max_rows rows take it
-  int skinny_qkv_max_rows = 0;     // the same for the QKV projection with RoPE fused
-  int skinny_gated_max_rows = 0;   // the same for the gate/up projection with SiLU fused
-  int skinny_splitk_max_rows = 0;  // the same for plain calls whose cuBLASLt algorithm splits K
+  int skinny_max_rows = 0;        // calls of 2..skinny_max_rows rows take it
+  int skinny_qkv_max_rows = 0;    // the same for the QKV projection with RoPE fused
+  int skinny_gated_max_rows = 0;  // the same for the gate/up projection with SiLU fused
   int num_sms = 0;
   int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
@@ -203,7 +201,6 @@ struct CublasLtGemm::Impl {
       p.Destroy();
       return s;
     }
-    p.split_k = std::max<int>(1, AlgoConfig<uint32_t>(p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
     return &plans.emplace(key, p).first->second;
   }
 
@@ -453,8 +450,6 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
                    max_rows("TANDEM_SKINNY_QKV_MAX_ROWS", impl->skinny_max_rows));
   ASSIGN_OR_RETURN(impl->skinny_gated_max_rows,
                    max_rows("TANDEM_SKINNY_GATED_MAX_ROWS", impl->skinny_max_rows));
-  ASSIGN_OR_RETURN(impl->skinny_splitk_max_rows,
-                   max_rows("TANDEM_SKINNY_SPLITK_MAX_ROWS", impl->skinny_max_rows));
   if (wanted) {
     int device = 0;
     RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
@@ -503,10 +498,6 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
       impl_->GetPlan(m, k, n, x, w, bias, out, out_type, static_cast<cudaStream_t>(stream));
   if (!plan_or.ok()) return plan_or.status();
   const Plan& p = **plan_or;
-  if (p.split_k > 1 && SkinnyTakes(m, n, k, x, w, false, impl_->skinny_splitk_max_rows)) {
-    // cuBLASLt would split K and reduce in a second kernel; the skinny GEMM reduces in its own.
-    return LaunchSkinny(x, w, bias, m, k, n, out, out_type == GemmOut::kF32, false, stream);
-  }
   if (bias != nullptr) {
     RETURN_IF_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                     &bias, sizeof(bias)),
@@ -546,13 +537,8 @@ bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void
 
 bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,
                              bool gated_silu) const {
-  return SkinnyTakes(m, n, k, x, w, gated_silu,
-                     gated_silu ? impl_->skinny_gated_max_rows : impl_->skinny_max_rows);
-}
-
-bool CublasLtGemm::SkinnyTakes(int m, int n, int k, const void* x, const void* w, bool gated_silu,
-                               int max_rows) const {
   // One row stays on the GEMV (bench/RESULTS.md: it streams the large matrices at 4.1-4.2 TB/s).
+  const int max_rows = gated_silu ? impl_->skinny_gated_max_rows : impl_->skinny_max_rows;
   if (!impl_->skinny_enabled || m < 2 || m > max_rows || !cuda::SkinnyGemmSupports(m, n, k, x, w)) {
     return false;
   }

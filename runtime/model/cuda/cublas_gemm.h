@@ -16,9 +16,8 @@
 // mma.sync kernel, slower than cuBLASLt on the H200); TANDEM_SKINNY_MAX_ROWS=N (2-64) moves the
 // row bound, TANDEM_SKINNY_QKV_MAX_ROWS=N and TANDEM_SKINNY_GATED_MAX_ROWS=N (2-64) that of the QKV
 // projection with RoPE fused and of the gate/up projection with SiLU fused (default: the general
-// bound); TANDEM_SKINNY_SPLITK_MAX_ROWS=N (2-64) that of plain calls whose cuBLASLt algorithm
-// splits K (it reduces in a second kernel, the skinny GEMM in its own; default: the general bound);
-// TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan aims at.
+// bound); TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
+// aims at.
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
@@ -85,9 +84,6 @@ class CublasLtGemm {
   // Whether the skinny GEMM takes the call: enabled, 2 <= m <= its row bound, k % 64 == 0,
   // aligned, and the plan's split-K scratch fits ours.
   bool UseSkinny(int m, int n, int k, const void* x, const void* w, bool gated_silu) const;
-  // The same test against an explicit row bound.
-  bool SkinnyTakes(int m, int n, int k, const void* x, const void* w, bool gated_silu,
-                   int max_rows) const;
   absl::Status LaunchSkinny(const void* x, const void* w, const void* bias, int m, int k, int n,
                             void* out, bool out_f32, bool gated_silu, void* stream,
                             const cuda::SkinnyRope* rope = nullptr);
