@@ -20,7 +20,6 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
-#include "runtime/kernels/cuda/l2_flush.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
@@ -81,7 +80,6 @@ constexpr int kAutotuneMaxRows = 256;
 // ...) recur too, so they are timed as well (once per shape, a few hundred ms for the largest).
 constexpr int kAutotuneChunkRows = 512;
 constexpr size_t kFlushBytes = size_t{128} << 20;
-constexpr size_t kFlushSinkBytes = 256;  // after the flush buffer: the read-through kernel's sink
 // Split-K scratch of the skinny GEMM: the largest plan of a Llama-3-8B-sized decode projection at
 // 64 rows needs 4 MiB of partials (O and down projections, 4 splits); shapes whose plan needs more
 // go to cuBLASLt.
@@ -160,7 +158,6 @@ struct CublasLtGemm::Impl {
   bool autotune_splitk = false;                   // also time split-K variants
   bool autotune_log = false;                      // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
-  bool autotune_read_flush = false;  // flush by reading (TANDEM_GEMM_AUTOTUNE_FLUSH=read)
   // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
@@ -243,25 +240,11 @@ struct CublasLtGemm::Impl {
                                                       &bias, sizeof(bias)),
                        "set BIAS_POINTER");
     }
-    if (flush == nullptr &&
-        (cudaMalloc(&flush, kFlushBytes + kFlushSinkBytes) != cudaSuccess ||
-         cudaMemsetAsync(flush, 0, kFlushBytes + kFlushSinkBytes, stream) != cudaSuccess)) {
-      if (flush != nullptr) cudaFree(flush);
+    if (flush == nullptr && cudaMalloc(&flush, kFlushBytes) != cudaSuccess) {
       flush = nullptr;
       cudaGetLastError();
       return absl::OkStatus();  // keep the heuristic's choice
     }
-    auto* sink = reinterpret_cast<unsigned int*>(static_cast<char*>(flush) + kFlushBytes);
-    const size_t x_bytes = size_t{1} * std::get<0>(key) * std::get<1>(key) * 2 / 16 * 16;
-    const bool warm_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_bytes > 0;
-    // The L2 state before a timed run: flushed by a memset (dirty lines), or by reading the flush
-    // buffer and then the activations (clean lines, x cached, as in a decode step).
-    const auto flush_l2 = [&](int r) {
-      if (!autotune_read_flush)
-        return cudaMemsetAsync(flush, r, kFlushBytes, stream) == cudaSuccess;
-      return cuda::LaunchReadThrough(flush, kFlushBytes, sink, stream) == cudaSuccess &&
-             (!warm_x || cuda::LaunchReadThrough(x, x_bytes, sink, stream) == cudaSuccess);
-    };
     cudaEvent_t start = nullptr, stop = nullptr;
     if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
       if (start != nullptr) cudaEventDestroy(start);
@@ -281,7 +264,8 @@ struct CublasLtGemm::Impl {
       float ms = 0.0f;
       for (int r = 0; ok && r < kRuns; ++r) {
         float one = 0.0f;
-        ok = flush_l2(r) && cudaEventRecord(start, stream) == cudaSuccess &&
+        ok = cudaMemsetAsync(flush, r, kFlushBytes, stream) == cudaSuccess &&
+             cudaEventRecord(start, stream) == cudaSuccess &&
              cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
                             &c.algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS &&
              cudaEventRecord(stop, stream) == cudaSuccess &&
@@ -439,13 +423,6 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   }
   impl->autotune_splitk = EnvFlag("TANDEM_GEMM_AUTOTUNE_SPLITK");
   impl->autotune_log = EnvFlag("TANDEM_GEMM_AUTOTUNE_LOG");
-  if (const char* f = std::getenv("TANDEM_GEMM_AUTOTUNE_FLUSH")) {
-    if (std::strcmp(f, "read") != 0 && std::strcmp(f, "memset") != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_GEMM_AUTOTUNE_FLUSH must be read or memset, got \"", f, "\""));
-    }
-    impl->autotune_read_flush = std::strcmp(f, "read") == 0;
-  }
   // The skinny GEMM: by default on compute capability 9.0 (its wgmma kernel) for 2-32 rows;
   // TANDEM_SKINNY_GEMM=1 on any GPU for 2-64 rows, =0 nowhere; TANDEM_SKINNY_MAX_ROWS bounds it.
   const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
