@@ -4,11 +4,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -22,7 +20,6 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
-#include "runtime/kernels/cuda/programmatic_edge.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
@@ -58,9 +55,6 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  // The algorithm's kernels wait for their predecessor grid before reading (ProbeProgrammatic):
-  // a captured call takes a programmatic edge from the kernel before it.
-  bool programmatic = false;
   void Destroy() {
     if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
     for (cublasLtMatrixLayout_t l : {a, b, c}) {
@@ -126,30 +120,6 @@ absl::flat_hash_map<TunedKey, cublasLtMatmulAlgo_t>& TunedAlgos() {
   return *algos;
 }
 
-// Programmatic-edge probe results of the process, per (device, shape, algorithm): whether the
-// algorithm's kernels wait for their predecessor grid before reading.
-using ProbedKey = std::tuple<int, Key, std::array<uint64_t, 8>>;
-
-absl::flat_hash_map<ProbedKey, bool>& ProbedAlgos() {
-  static auto* probed = new absl::flat_hash_map<ProbedKey, bool>();
-  return *probed;
-}
-
-ProbedKey MakeProbedKey(int device, const Key& key, const cublasLtMatmulAlgo_t& algo) {
-  std::array<uint64_t, 8> bytes{};
-  static_assert(sizeof(algo.data) == sizeof(bytes), "cublasLtMatmulAlgo_t is 64 bytes");
-  std::memcpy(bytes.data(), algo.data, sizeof(bytes));
-  return {device, key, bytes};
-}
-
-// Device scratch of the probe, freed on scope exit.
-struct ScratchBuffer {
-  void* ptr = nullptr;
-  ~ScratchBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-};
-
 template <typename T>
 T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
@@ -188,11 +158,6 @@ struct CublasLtGemm::Impl {
   bool autotune_splitk = false;                   // also time split-K variants
   bool autotune_log = false;                      // log each tuned shape's choice
   void* flush = nullptr;  // kFlushBytes of device scratch for autotuning, allocated on first use
-  // Programmatic edges into captured decode GEMMs whose kernels wait for their predecessor
-  // (compute capability 9.0+; TANDEM_GEMM_PDL=0 turns them off).
-  bool programmatic_edges = false;
-  float pdl_prefer_us = 0.0f;  // TANDEM_GEMM_PDL_PREFER_US: see Autotune
-  bool pdl_probe_all = false;  // TANDEM_GEMM_PDL_PROBE_ALL=1: probe and log every candidate
   // Skinny GEMM (when Create enables it): the device's SM count and its split-K scratch, allocated
   // at Create (counters zeroed there; the kernel leaves them zero).
   bool skinny_enabled = false;
@@ -232,8 +197,6 @@ struct CublasLtGemm::Impl {
       if (autotune_splitk) AddSplitKVariants(p, &candidates);
       if (candidates.size() > 1) s = Autotune(key, p, candidates, x, w, bias, out, stream);
     }
-    if (s.ok() && programmatic_edges && m <= kAutotuneMaxRows)
-      ProbeProgrammatic(key, p, w, bias, stream);
     if (!s.ok()) {
       p.Destroy();
       return s;
@@ -291,7 +254,6 @@ struct CublasLtGemm::Impl {
     const float alpha = 1.0f, beta = 0.0f;
     float best_ms = 0.0f, first_ms = 0.0f;
     int timed = 0;
-    std::vector<std::pair<float, cublasLtMatmulAlgo_t>> timings;  // ms, algorithm
     for (const cublasLtMatmulHeuristicResult_t& c : candidates) {
       // Each timed run starts with the L2 cache flushed (a 128 MiB memset, larger than any L2),
       // as in a decode step, where every layer's weights come from HBM; the best of kRuns counts.
@@ -316,7 +278,6 @@ struct CublasLtGemm::Impl {
         continue;
       }
       if (timed++ == 0) first_ms = ms;
-      timings.emplace_back(ms, c.algo);
       if (best_ms == 0.0f || ms < best_ms) {
         best_ms = ms;
         p.algo = c.algo;
@@ -324,32 +285,6 @@ struct CublasLtGemm::Impl {
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    // Prefer an algorithm whose kernels wait for their predecessor (so a captured step gives it a
-    // programmatic edge) when it is at most pdl_prefer_us slower alone; TANDEM_GEMM_PDL_PROBE_ALL
-    // probes and logs every candidate.
-    if (best_ms > 0.0f && programmatic_edges && std::get<0>(key) <= kAutotuneMaxRows &&
-        (pdl_prefer_us > 0.0f || pdl_probe_all)) {
-      std::stable_sort(timings.begin(), timings.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-      bool chosen = false;
-      for (const auto& [ms, algo] : timings) {
-        const bool within = (ms - best_ms) * 1e3f <= pdl_prefer_us;
-        if (!pdl_probe_all && (!within || chosen)) break;
-        const std::optional<bool> waits = ProbeWaits(key, p, algo, w, bias, stream);
-        if (pdl_probe_all) {
-          const auto [m, k, n, has_bias, out_type] = key;
-          LOG(INFO) << "GEMM candidate m=" << m << " k=" << k << " n=" << n << ": " << ms * 1e3
-                    << " us, " << DescribeAlgo(algo) << ", "
-                    << (!waits.has_value() ? "not probed"
-                        : *waits           ? "waits"
-                                           : "does not wait");
-        }
-        if (!chosen && within && pdl_prefer_us > 0.0f && waits.value_or(false)) {
-          p.algo = algo;
-          chosen = true;
-        }
-      }
-    }
     if (best_ms > 0.0f) {
       absl::MutexLock lock(&TunedMutex());
       p.algo = TunedAlgos().emplace(tuned_key, p.algo).first->second;  // first writer wins
@@ -364,77 +299,6 @@ struct CublasLtGemm::Impl {
                 << "), heuristic's first " << first_ms * 1e3 << " us";
     }
     return absl::OkStatus();
-  }
-
-  // Sets p.programmatic when the plan's kernels wait for their predecessor grid before they read
-  // x (ProbeWaits). Decode shapes only: only decode steps are captured.
-  void ProbeProgrammatic(const Key& key, Plan& p, const void* w, const void* bias,
-                         cudaStream_t stream) {
-    const std::optional<bool> waits = ProbeWaits(key, p, p.algo, w, bias, stream);
-    p.programmatic = waits.value_or(false);
-    if (autotune_log && waits.has_value()) {
-      const auto [m, k, n, has_bias, out_type] = key;
-      LOG(INFO) << "GEMM m=" << m << " k=" << k << " n=" << n << " (" << DescribeAlgo(p.algo)
-                << "): its kernels " << (*waits ? "wait" : "do not wait")
-                << " for their predecessor; " << (*waits ? "programmatic" : "plain")
-                << " edges in captured steps";
-    }
-  }
-
-  // Whether `algo`'s kernels for this shape wait for their predecessor grid before they read x:
-  // probed once per (device, shape, algorithm) in the process (cuda::ProbeWaitsForPredecessor)
-  // on scratch activations and output, the weights the call's own (read only). Nothing (nullopt)
-  // while the stream is being captured or when the probe cannot run (scratch allocation, CUDA
-  // error; logged).
-  std::optional<bool> ProbeWaits(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo,
-                                 const void* w, const void* bias, cudaStream_t stream) {
-    int device = 0;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      cudaGetLastError();
-      return std::nullopt;
-    }
-    const ProbedKey probed_key = MakeProbedKey(device, key, algo);
-    {
-      absl::MutexLock lock(&TunedMutex());
-      if (auto it = ProbedAlgos().find(probed_key); it != ProbedAlgos().end()) return it->second;
-    }
-    const auto [m, k, n, has_bias, out_type] = key;
-    const size_t in_count = size_t{1} * m * k;
-    const size_t out_bytes =
-        size_t{1} * m * n * (out_type == static_cast<int>(GemmOut::kBf16) ? 2 : 4);
-    if (out_bytes % 4 != 0) return std::nullopt;  // the probe compares 32-bit words
-    ScratchBuffer x_probe, out_probe;
-    if (cudaMalloc(&x_probe.ptr, in_count * 2) != cudaSuccess ||
-        cudaMalloc(&out_probe.ptr, out_bytes) != cudaSuccess) {
-      cudaGetLastError();
-      LOG(WARNING) << "GEMM m=" << m << " k=" << k << " n=" << n
-                   << ": no scratch for the programmatic-edge probe; plain edges";
-      return std::nullopt;
-    }
-    if (bias != nullptr &&
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                       sizeof(bias)) != CUBLAS_STATUS_SUCCESS) {
-      return std::nullopt;
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    const auto launch = [&]() -> absl::Status {
-      return CublasStatus(
-          cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x_probe.ptr, p.b, &beta, out_probe.ptr,
-                         p.c, out_probe.ptr, p.c, &algo, workspace, workspace_bytes, stream),
-          "cublasLtMatmul(probe)");
-    };
-    const absl::StatusOr<bool> waits = cuda::ProbeWaitsForPredecessor(
-        stream, x_probe.ptr, in_count, out_probe.ptr, out_bytes, launch);
-    if (!waits.ok()) {
-      LOG(WARNING) << "GEMM m=" << m << " k=" << k << " n=" << n
-                   << ": programmatic-edge probe failed (" << waits.status() << "); plain edges";
-      return std::nullopt;
-    }
-    absl::MutexLock lock(&TunedMutex());
-    return ProbedAlgos().emplace(probed_key, *waits).first->second;
   }
 
   // Appends split-K variants of every candidate that supports split-K and has none: each count of
@@ -559,28 +423,6 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
   }
   impl->autotune_splitk = EnvFlag("TANDEM_GEMM_AUTOTUNE_SPLITK");
   impl->autotune_log = EnvFlag("TANDEM_GEMM_AUTOTUNE_LOG");
-  // Programmatic edges into captured decode GEMMs: compute capability 9.0+ unless
-  // TANDEM_GEMM_PDL=0.
-  const char* pdl = std::getenv("TANDEM_GEMM_PDL");
-  if (pdl != nullptr && std::strcmp(pdl, "0") != 0 && std::strcmp(pdl, "1") != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TANDEM_GEMM_PDL must be 0 or 1, got \"", pdl, "\""));
-  }
-  if (pdl == nullptr || std::strcmp(pdl, "1") == 0) {
-    int device = 0, major = 0;
-    RETURN_IF_CUDA_ERROR(cudaGetDevice(&device), "cudaGetDevice");
-    RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
-                         "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-    impl->programmatic_edges = major >= 9;
-  }
-  if (const char* v = std::getenv("TANDEM_GEMM_PDL_PREFER_US")) {
-    impl->pdl_prefer_us = static_cast<float>(std::atof(v));
-    if (!(impl->pdl_prefer_us >= 0.0f && impl->pdl_prefer_us <= 100.0f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_GEMM_PDL_PREFER_US must be in [0, 100], got \"", v, "\""));
-    }
-  }
-  impl->pdl_probe_all = EnvFlag("TANDEM_GEMM_PDL_PROBE_ALL");
   // The skinny GEMM: by default on compute capability 9.0 (its wgmma kernel) for 2-32 rows;
   // TANDEM_SKINNY_GEMM=1 on any GPU for 2-64 rows, =0 nowhere; TANDEM_SKINNY_MAX_ROWS bounds it.
   const char* skinny = std::getenv("TANDEM_SKINNY_GEMM");
@@ -662,11 +504,6 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
                      "set BIAS_POINTER");
   }
   const float alpha = 1.0f, beta = 0.0f;
-  if (p.programmatic) {
-    // A decode step being captured: the kernels of this algorithm wait for their predecessor
-    // (probed when the plan was built), so the edge into them may be programmatic.
-    RETURN_IF_ERROR(cuda::MakeCaptureDependenciesProgrammatic(stream));
-  }
   RETURN_IF_CUBLAS(cublasLtMatmul(impl_->handle, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
                                   out, p.c, &p.algo, impl_->workspace, impl_->workspace_bytes,
                                   static_cast<cudaStream_t>(stream)),
