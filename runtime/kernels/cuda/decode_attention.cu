@@ -261,6 +261,38 @@ __device__ __forceinline__ void LoadQ(const DecodeParams& p, int seq, int head0,
 // area of `rows` rows per warp (s_acc: [kWarps][rows][kHeadDim], s_ml: [kWarps][rows][2]):
 // returns the accumulators rescaled to the common max and summed, with the sum in l_all and the
 // max in m_all (-inf, with 0 and 0, when no warp saw a key).
+// Queues the K and V copies of one warp tile, tokens [t0, t0 + kWarpTile) of one KV head
+// (head_offset elements into a cache slot), into k_dst and the V rows after it: lane j <
+// kWarpTile holds the cache block of token t0 + j (`block`; garbage past the tile); rows at or past
+// `end` are zero-filled. With kEvictFirst the reads carry the evict-first L2 `policy`.
+template <int kHeadDim, bool kEvictFirst>
+__device__ __forceinline__ void CopyWarpTile(const DecodeParams& p, __nv_bfloat16* k_dst, int block,
+                                             int t0, int end, long long slot_stride,
+                                             long long head_offset, uint64_t policy, int lane) {
+  constexpr int kRow = RowElems<kHeadDim>();
+  constexpr int kChunksPerRow = kHeadDim / 8;                     // 16-byte pieces of one K row
+  constexpr int kCopies = kWarpTile * kChunksPerRow / kWarpSize;  // per lane, K (and V)
+  static_assert(kCopies >= 1 && kWarpTile * kChunksPerRow % kWarpSize == 0, "tile shape");
+  __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
+  const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
+#pragma unroll
+  for (int c = 0; c < kCopies; ++c) {
+    const int piece = c * kWarpSize + lane;
+    const int row = piece / kChunksPerRow;
+    const int d = (piece % kChunksPerRow) * 8;
+    const int slot = __shfl_sync(0xffffffffu, my_slot, row);
+    const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
+    const bool valid = t0 + row < end;
+    if constexpr (kEvictFirst) {
+      CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
+      CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
+    } else {
+      CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
+      CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
+    }
+  }
+}
+
 template <int kHeadDim>
 __device__ __forceinline__ float MergeWarpTriples(const float* s_acc, const float* s_ml, int rows,
                                                   int r, int d, float& m_all, float& l_all) {
@@ -287,11 +319,8 @@ template <int kHeadDim, bool kPackLo, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodeParams p) {
   PdlLaunchDependents();
   constexpr int kRow = RowElems<kHeadDim>();
-  constexpr int kKSteps = kHeadDim / 16;                          // k-steps of Q K^T
-  constexpr int kOTiles = kHeadDim / 8;                           // n-tiles of O
-  constexpr int kChunksPerRow = kHeadDim / 8;                     // 16-byte pieces of one K row
-  constexpr int kCopies = kWarpTile * kChunksPerRow / kWarpSize;  // per lane, K (and V)
-  static_assert(kCopies >= 1 && kWarpTile * kChunksPerRow % kWarpSize == 0, "tile shape");
+  constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
+  constexpr int kOTiles = kHeadDim / 8;   // n-tiles of O
   static_assert(kKSteps % 2 == 0 && kOTiles % 2 == 0, "head_dim multiple of 32");
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -341,27 +370,9 @@ __global__ void __launch_bounds__(kThreads) DecodeAttentionKernel(const DecodePa
   // (one commit group, maybe empty).
   auto issue = [&](int i, int block) {
     if (i < num_tiles) {
-      const int t0 = first_tile + i * tile_stride;
-      // Lane j < kWarpTile: cache slot of token t0 + j (garbage, never used, past the chunk).
-      const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
-      __nv_bfloat16* k_dst = stages + (i % kStages) * StageElems<kHeadDim>();
-      __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
-#pragma unroll
-      for (int c = 0; c < kCopies; ++c) {
-        const int piece = c * kWarpSize + lane;
-        const int row = piece / kChunksPerRow;
-        const int d = (piece % kChunksPerRow) * 8;
-        const int slot = __shfl_sync(0xffffffffu, my_slot, row);
-        const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
-        const bool valid = t0 + row < end;
-        if constexpr (kEvictFirst) {
-          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
-          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
-        } else {
-          CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid);
-          CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid);
-        }
-      }
+      CopyWarpTile<kHeadDim, kEvictFirst>(p, stages + (i % kStages) * StageElems<kHeadDim>(), block,
+                                          first_tile + i * tile_stride, end, slot_stride,
+                                          head_offset, policy, lane);
     }
     CpAsyncCommitGroup();
   };
@@ -464,8 +475,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kRow = RowElems<kHeadDim>();
   constexpr int kKSteps = kHeadDim / 16;
   constexpr int kOTiles = kHeadDim / 8;
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  constexpr int kCopies = kWarpTile * kChunksPerRow / kWarpSize;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int item_context[kDecodeMaxChain];
 
@@ -526,24 +535,11 @@ __global__ void __launch_bounds__(kThreads)
   // empty past the end).
   auto issue = [&](const Cursor& c, int block, int ring) {
     if (c.k < items) {
-      const int end = item_context[c.k];
-      const int t0 = first_tile + c.i * tile_stride;
       const long long head_offset =
           static_cast<long long>((item0 + c.k) % p.num_kv_heads) * kHeadDim;
-      const int my_slot = block * p.block_size + (t0 + lane) % p.block_size;
-      __nv_bfloat16* k_dst = stages + (ring % kStages) * StageElems<kHeadDim>();
-      __nv_bfloat16* v_dst = k_dst + kWarpTile * kRow;
-#pragma unroll
-      for (int cp = 0; cp < kCopies; ++cp) {
-        const int piece = cp * kWarpSize + lane;
-        const int row = piece / kChunksPerRow;
-        const int d = (piece % kChunksPerRow) * 8;
-        const int slot = __shfl_sync(0xffffffffu, my_slot, row);
-        const long long offset = static_cast<long long>(slot) * slot_stride + head_offset;
-        const bool valid = t0 + row < end;
-        CpAsyncCg16(k_dst + row * kRow + d, p.k + offset + d, valid, policy);
-        CpAsyncCg16(v_dst + row * kRow + d, p.v + offset + d, valid, policy);
-      }
+      CopyWarpTile<kHeadDim, true>(p, stages + (ring % kStages) * StageElems<kHeadDim>(), block,
+                                   first_tile + c.i * tile_stride, item_context[c.k], slot_stride,
+                                   head_offset, policy, lane);
     }
     CpAsyncCommitGroup();
   };
