@@ -168,6 +168,18 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0,
       : "memory");
 #endif
 }
+// One box of the 2-D tensor map `map` (a __grid_constant__ CUtensorMap) at coordinates (c0, c1)
+// into shared memory at `dst`, completing its bytes on mbarrier `bar`.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const void* map, int c0, int c1,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
 // Brings a __grid_constant__ tensor map into the TMA unit's descriptor cache ahead of its first
 // use.
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
@@ -212,6 +224,43 @@ __device__ __forceinline__ void SetMaxRegisters() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
   }
 #endif
+}
+
+// Thread block clusters: this CTA's rank in its cluster; a barrier over every thread of every CTA
+// of the cluster (release / acquire: shared-memory writes before it are visible to the cluster's
+// reads after it; a launch without a cluster is a cluster of one); the shared::cluster address of
+// the same shared-memory location `addr` in the cluster's CTA `rank`, and a 16-byte load there.
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t rank = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#endif
+  return rank;
+}
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t MapSharedToRank(uint32_t addr, uint32_t rank) {
+  uint32_t out = addr;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ float4 LoadSharedCluster16(uint32_t cluster_addr) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(cluster_addr)
+               : "memory");
+#endif
+  return v;
 }
 
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {

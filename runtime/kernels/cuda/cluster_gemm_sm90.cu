@@ -1,0 +1,372 @@
+// Cluster GEMM for decode batches of up to 64 rows on Hopper (sm_90a; contract: cluster_gemm.h).
+//
+//   out[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]), m <= 64, bf16 in, float32 accumulate.
+//
+// Grid (tiles, splits): CTA (t, s) multiplies the 64 activation rows (rows past m are the TMA's
+// zero fill) by weight rows [t R, t R + R), R = 64 subs, over the k range of split s. The splits
+// of one tile form a thread block cluster and sum their float32 partial tiles through distributed
+// shared memory (no scratch, no second kernel, a fixed order: bit-identical run to run).
+//
+// Why this shape (bench/RESULTS.md, twelfth session): at 64 rows a projection is a weight stream,
+// and what a 13-35 us GEMM loses against the copy bandwidth is its fill and drain, not its steady
+// state. So:
+//   - one CTA per SM, one wave: the plan picks R and the split count so that tiles x splits fill
+//     the SMs once (cluster_gemm_kernels.cc), and every CTA streams R x k / splits weights;
+//   - a producer warp (one lane) loads each 64-k stage by TMA (the R-row weight box and the
+//     64-row activation box, 128-byte swizzled: the layout the wgmma descriptors read) onto a
+//     full mbarrier; the consumer warpgroup runs R / 64 wgmma m64n64k16 per k16 (activations as
+//     A, weights as B: D is [batch row, weight row]) and frees the stage on an empty mbarrier.
+//     As many stages as shared memory holds (5-12) are in flight;
+//   - programmatic dependent launch: the weight boxes of every first stage are queued BEFORE the
+//     wait on the previous kernel (weights do not depend on it), the activation boxes after it, so
+//     a CTA that lands on an SM while the previous kernel drains starts streaming at once.
+//     cuBLASLt's kernels do not do this (they do not wait on a programmatic edge: eleventh
+//     session), which is the reason this kernel exists.
+
+#include <cuda.h>  // CUtensorMap (its encoder comes through the runtime)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "runtime/kernels/cuda/cluster_gemm_internal.h"
+#include "runtime/kernels/cuda/kernel_utils.cuh"
+#include "runtime/kernels/cuda/mma_utils.cuh"
+#include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
+#include "runtime/kernels/cuda/wgmma_utils.cuh"
+
+namespace tandem::cuda::internal {
+namespace {
+
+namespace sa = ::tandem::cuda::sm90_attention;
+
+constexpr int kConsumerThreads = 128;                  // one warpgroup
+constexpr int kThreads = kConsumerThreads + kWarpSize;  // + the producer warp
+constexpr int kProducerWarp = kConsumerThreads / kWarpSize;
+constexpr int kBk = kClusterGemmKStepDevice;  // k per stage: one 128-byte swizzle atom
+constexpr int kBoxBytes = kClusterGemmSubRows * kBk * 2;  // 64 rows x 64 k bf16 (8 KB)
+constexpr int kSmemLimit = 227 * 1024;
+constexpr int kMaxStages = 12;
+
+template <int kSubs>
+__host__ __device__ constexpr int StageBytes() {  // activations, then the weight sub-tiles
+  return kBoxBytes * (1 + kSubs);
+}
+// As many stages as fit beside the 1 KB alignment slack and the mbarriers, at most kMaxStages:
+// 12 / 9 / 7 / 5 for 1 / 2 / 3 / 4 sub-tiles.
+template <int kSubs>
+__host__ __device__ constexpr int Stages() {
+  return (kSmemLimit - 1024 - 2 * 8 * kMaxStages) / StageBytes<kSubs>() < kMaxStages
+             ? (kSmemLimit - 1024 - 2 * 8 * kMaxStages) / StageBytes<kSubs>()
+             : kMaxStages;
+}
+template <int kSubs>
+constexpr size_t SmemBytes() {
+  return size_t{1024} + size_t{Stages<kSubs>()} * StageBytes<kSubs>();
+}
+// Float stride of the partial tile [64 batch rows][R weight rows] in shared memory.
+template <int kSubs>
+__host__ __device__ constexpr int PartialStride() {
+  return kClusterGemmSubRows * kSubs + 4;
+}
+
+template <int kPending>
+__device__ __forceinline__ void WgmmaWaitGroup() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+template <int kSubs>
+__global__ void __launch_bounds__(kThreads, 1)
+    ClusterGemmKernel(const ClusterGemmRaw p, const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap x_map) {
+  constexpr int kStages = Stages<kSubs>();
+  constexpr int kStageBytes = StageBytes<kSubs>();
+  constexpr int kTileRows = kClusterGemmSubRows * kSubs;
+  constexpr int kLd = PartialStride<kSubs>();
+  static_assert(kClusterGemmSubRows * kLd * 4 <= kStages * kStageBytes,
+                "the partial tile must fit the pipeline's memory");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bars[kStages];
+  __shared__ __align__(8) uint64_t empty_bars[kStages];
+  PdlLaunchDependents();
+  // 128-byte swizzled boxes start on 1024-byte boundaries (descriptor base offset 0).
+  const uint32_t raw_addr = SharedAddress(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  const uint32_t base = SharedAddress(smem);
+  const uint32_t full0 = SharedAddress(&full_bars[0]);
+  const uint32_t empty0 = SharedAddress(&empty_bars[0]);
+
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarpSize;
+  const int lane = tid % kWarpSize;
+  const int n0 = blockIdx.x * kTileRows;
+  const int k_step0 = blockIdx.y * p.k_steps;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, kConsumerThreads / kWarpSize);
+    }
+    FenceMbarrierInit();
+  }
+  __syncthreads();
+
+  float acc[kSubs][32];
+  if (warp == kProducerWarp) {
+    if (lane == 0) {
+      PrefetchTensorMap(&w_map);
+      PrefetchTensorMap(&x_map);
+      const int first = p.k_steps < kStages ? p.k_steps : kStages;
+      for (int s = 0; s < first; ++s) {
+        MbarArriveExpectTx(full0 + 8 * s, kStageBytes);
+        TmaLoad2d(base + s * kStageBytes + kBoxBytes, &w_map, (k_step0 + s) * kBk, n0,
+                  full0 + 8 * s);
+      }
+      PdlWait();  // the activations are the previous kernel's output
+      for (int s = 0; s < first; ++s) {
+        TmaLoad2d(base + s * kStageBytes, &x_map, (k_step0 + s) * kBk, 0, full0 + 8 * s);
+      }
+      for (int step = kStages; step < p.k_steps; ++step) {
+        const int slot = step % kStages;
+        MbarWait(empty0 + 8 * slot, ((step / kStages) - 1) & 1);
+        const uint32_t stage = base + slot * kStageBytes;
+        MbarArriveExpectTx(full0 + 8 * slot, kStageBytes);
+        TmaLoad2d(stage + kBoxBytes, &w_map, (k_step0 + step) * kBk, n0, full0 + 8 * slot);
+        TmaLoad2d(stage, &x_map, (k_step0 + step) * kBk, 0, full0 + 8 * slot);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kSubs; ++j) {
+#pragma unroll
+      for (int r = 0; r < 32; ++r) acc[j][r] = 0.0f;
+    }
+    for (int step = 0; step < p.k_steps; ++step) {
+      const int slot = step % kStages;
+      MbarWait(full0 + 8 * slot, (step / kStages) & 1);
+      const uint32_t x_tile = base + slot * kStageBytes;
+      const uint32_t w_tile = x_tile + kBoxBytes;
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBk / 16; ++kk) {
+        const uint64_t desc_x =
+            sa::MakeDescriptor(x_tile + sa::QkStepOffset(kk), sa::kKMajorLbo, sa::kSbo);
+#pragma unroll
+        for (int j = 0; j < kSubs; ++j) {
+          WgmmaSs64x64(acc[j], desc_x,
+                       sa::MakeDescriptor(w_tile + j * kBoxBytes + sa::QkStepOffset(kk),
+                                          sa::kKMajorLbo, sa::kSbo),
+                       1);
+        }
+      }
+      WgmmaCommit();
+      WgmmaWaitGroup<1>();  // the previous step's products have read their stage
+#pragma unroll
+      for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
+      if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * ((step - 1) % kStages));
+    }
+    WgmmaWaitAll();
+#pragma unroll
+    for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
+    PdlWait();  // before writing anything (an earlier kernel may still read `out`)
+    // Every consumer warp's products have retired: the ring becomes the partial tile.
+    NamedBarrierSync(1, kConsumerThreads);
+    float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int j = 0; j < kSubs; ++j) {
+#pragma unroll
+      for (int r = 0; r < 32; r += 2) {
+        const int row = sa::AccRow(warp, lane, r);
+        const int col = kClusterGemmSubRows * j + sa::AccCol(lane, r);
+        *reinterpret_cast<float2*>(&part[row * kLd + col]) = make_float2(acc[j][r], acc[j][r + 1]);
+      }
+    }
+  }
+
+  // Sum the cluster's partial tiles: CTA `rank` owns weight rows [rank W, rank W + W) of the
+  // tile (W = R / splits) and adds the splits' partials in rank order.
+  __syncwarp();  // the producer warp's lane 0 rejoins it (the cluster barrier is warp-aligned)
+  if (p.splits > 1) {
+    ClusterSync();
+  } else {
+    __syncthreads();
+  }
+  if (warp != kProducerWarp) {
+    const int splits = p.splits;
+    const int width = kTileRows / splits;
+    const int chunks = width / 8;
+    const int rank = splits > 1 ? static_cast<int>(ClusterCtaRank()) : 0;
+    const uint32_t part_addr = base;
+    for (int item = tid; item < p.m * chunks; item += kConsumerThreads) {
+      const int row = item / chunks;
+      const int col = rank * width + (item % chunks) * 8;
+      const int n = n0 + col;
+      if (n >= p.n) continue;  // n % 8 == 0: a chunk is wholly in or out
+      const uint32_t at = part_addr + static_cast<uint32_t>((row * kLd + col) * 4);
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int q = 0; q < splits; ++q) {
+        float4 a, b;
+        if (splits > 1) {
+          const uint32_t remote = MapSharedToRank(at, static_cast<uint32_t>(q));
+          a = LoadSharedCluster16(remote);
+          b = LoadSharedCluster16(remote + 16);
+        } else {
+          const float* local = reinterpret_cast<const float*>(smem + (at - base));
+          a = *reinterpret_cast<const float4*>(local);
+          b = *reinterpret_cast<const float4*>(local + 4);
+        }
+        v[0] += a.x;
+        v[1] += a.y;
+        v[2] += a.z;
+        v[3] += a.w;
+        v[4] += b.x;
+        v[5] += b.y;
+        v[6] += b.z;
+        v[7] += b.w;
+      }
+      if (p.bias != nullptr) {
+        float bf[8];
+        Bf16x8ToFloat(LoadBf16x8(static_cast<const __nv_bfloat16*>(p.bias) + n), bf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] += bf[e];
+      }
+      const size_t o = static_cast<size_t>(row) * p.n + n;
+      if (p.out_f32) {
+        float* out = static_cast<float*>(p.out) + o;
+        *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(out + 4) = make_float4(v[4], v[5], v[6], v[7]);
+      } else {
+        StoreBf16x8(static_cast<__nv_bfloat16*>(p.out) + o, FloatToBf16x8(v));
+      }
+    }
+  }
+  // No CTA leaves (and frees its shared memory) while a cluster peer may still read it.
+  if (p.splits > 1) ClusterSync();
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A row-major bf16 [rows, k] matrix as a tensor map of 64-k x box_rows-row boxes, 128-byte
+// swizzle; rows past `rows` read as zeros. False when the encoder is missing or refuses.
+bool EncodeRowsMap(CUtensorMap* map, const void* data, int rows, int k, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kBk, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int kSubs>
+cudaLaunchConfig_t Config(dim3 grid, int splits, bool pdl, cudaStream_t stream,
+                          cudaLaunchAttribute (&attrs)[2]) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = SmemBytes<kSubs>();
+  config.stream = stream;
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  return config;
+}
+
+template <int kSubs>
+cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  const auto kernel = ClusterGemmKernel<kSubs>;
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, SmemBytes<kSubs>(), configured);
+      e != cudaSuccess) {
+    return e;
+  }
+  CUtensorMap w_map, x_map;
+  if (!EncodeRowsMap(&w_map, p.w, p.n, p.k, kClusterGemmSubRows * kSubs) ||
+      !EncodeRowsMap(&x_map, p.x, p.m, p.k, kClusterGemmMaxRowsDevice)) {
+    return cudaErrorInvalidValue;
+  }
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t config = Config<kSubs>(
+      dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)), p.splits, p.pdl, stream,
+      attrs);
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, w_map, x_map);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchClusterGemmRaw(const ClusterGemmRaw& p, cudaStream_t stream) {
+  if (p.m < 1 || p.m > kClusterGemmMaxRowsDevice || p.k_steps < 1 || p.splits < 1 ||
+      p.splits > kClusterGemmMaxSplits || p.tiles < 1 || p.n % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.subs) {
+    case 1:
+      return LaunchTyped<1>(p, stream);
+    case 2:
+      return LaunchTyped<2>(p, stream);
+    case 3:
+      return LaunchTyped<3>(p, stream);
+    case 4:
+      return LaunchTyped<4>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+bool ClusterGemmDeviceRuns() { return CurrentDeviceIsSm90(); }
+
+int ClusterGemmMaxActiveClusters(int splits) {
+  if (!CurrentDeviceIsSm90()) return 0;
+  if (splits != 1 && splits != 2 && splits != 4 && splits != 8) return 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return 0;
+  static std::atomic<int> cache[64][4] = {};  // +1 (0: not yet known)
+  const int slot = splits == 1 ? 0 : splits == 2 ? 1 : splits == 4 ? 2 : 3;
+  if (const int known = cache[device][slot].load(std::memory_order_acquire); known > 0) {
+    return known - 1;
+  }
+  // The largest form's shared memory; every form runs one CTA per SM.
+  static std::atomic<uint64_t> configured{0};
+  const auto kernel = ClusterGemmKernel<kClusterGemmMaxSubs>;
+  int clusters = 0;
+  if (OptInDynamicSharedMemory(kernel, SmemBytes<kClusterGemmMaxSubs>(), configured) ==
+      cudaSuccess) {
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t config = Config<kClusterGemmMaxSubs>(
+        dim3(static_cast<unsigned>(splits), static_cast<unsigned>(splits)), splits, false, nullptr,
+        attrs);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
+  }
+  cudaGetLastError();
+  cache[device][slot].store(clusters + 1, std::memory_order_release);
+  return clusters;
+}
+
+}  // namespace tandem::cuda::internal
