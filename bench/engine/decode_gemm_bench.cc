@@ -4,6 +4,9 @@
 // the same run.
 //   decode_gemm_bench [--shapes qkv=6144x4096,o=4096x4096,gate_up=28672x4096,down=4096x14336]
 //                     [--rows 33,48,64] [--layers 32] [--iters 20] [--json FILE]
+//                     [--plans 128x2,...] [--skip-cublaslt]
+// --plans keeps only those cluster GEMM plans (TILExSPLITS); --skip-cublaslt leaves cuBLASLt out
+// (both for profiling one kernel).
 // Each measurement is a CUDA graph of `layers` launches of one projection, each over its own
 // weight copy (32 x the weights is far more than the L2, so every launch streams from HBM as in a
 // step), replayed `iters` times after a warm-up; time per launch = graph time / layers (the
@@ -127,8 +130,18 @@ absl::StatusOr<double> TimeGraph(cudaStream_t stream, int layers, int iters,
   return us[2];
 }
 
-absl::Status Run(const std::vector<Shape>& shapes, const std::vector<int>& rows, int layers,
-                 int iters, const std::string& json_path) {
+struct Options {
+  std::vector<int> rows;
+  int layers = 32, iters = 20;
+  std::string json_path;
+  std::vector<std::string> plans;  // empty: every plan
+  bool skip_cublaslt = false;
+};
+
+absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
+  const std::vector<int>& rows = o.rows;
+  const int layers = o.layers, iters = o.iters;
+  const std::string& json_path = o.json_path;
   cudaStream_t stream;
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   ASSIGN_OR_RETURN(const double copy_bw, CopyBandwidth(stream));
@@ -170,11 +183,13 @@ absl::Status Run(const std::vector<Shape>& shapes, const std::vector<int>& rows,
                     100.0 * bw / copy_bw);
         js["rows"][std::to_string(m)][what] = us;
       };
-      ASSIGN_OR_RETURN(const double lt_us, TimeGraph(stream, layers, iters, [&](int l) {
-                         return gemm->Linear(x, w_of(l), nullptr, m, s.k, s.n, y,
-                                             cuda_runner::GemmOut::kBf16, stream);
-                       }));
-      report("cublaslt", lt_us);
+      if (!o.skip_cublaslt) {
+        ASSIGN_OR_RETURN(const double lt_us, TimeGraph(stream, layers, iters, [&](int l) {
+                           return gemm->Linear(x, w_of(l), nullptr, m, s.k, s.n, y,
+                                               cuda_runner::GemmOut::kBf16, stream);
+                         }));
+        report("cublaslt", lt_us);
+      }
       const cuda::ClusterGemmPlan def = cuda::PlanClusterGemm(s.n, s.k, cap);
       std::vector<cuda::ClusterGemmPlan> plans;
       if (def.ok()) plans.push_back(def);
@@ -187,6 +202,11 @@ absl::Status Run(const std::vector<Shape>& shapes, const std::vector<int>& rows,
         }
       }
       for (const cuda::ClusterGemmPlan& p : plans) {
+        if (!o.plans.empty() &&
+            std::find(o.plans.begin(), o.plans.end(),
+                      absl::StrCat(p.tile_rows, "x", p.splits)) == o.plans.end()) {
+          continue;
+        }
         ASSIGN_OR_RETURN(const double us, TimeGraph(stream, layers, iters, [&](int l) {
                            cuda::ClusterGemmArgs a;
                            a.x = x;
@@ -224,20 +244,20 @@ absl::Status Run(const std::vector<Shape>& shapes, const std::vector<int>& rows,
 int main(int argc, char** argv) {
   CLI::App app("decode_gemm_bench: decode projections on cuBLASLt and on the cluster GEMM");
   std::string shapes = "qkv=6144x4096,o=4096x4096,gate_up=28672x4096,down=4096x14336";
-  std::vector<int> rows = {33, 48, 64};
-  int layers = 32, iters = 20;
-  std::string json_path;
+  tandem::Options o;
+  o.rows = {33, 48, 64};
   app.add_option("--shapes", shapes, "NAME=NxK,... (n output features, k input features)");
-  app.add_option("--rows", rows, "activation rows (1-64)")
+  app.add_option("--rows", o.rows, "activation rows (1-64)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
-  app.add_option("--layers", layers, "weight copies per graph")->check(CLI::Range(1, 256));
-  app.add_option("--iters", iters, "graph replays per timing")->check(CLI::Range(1, 10000));
-  app.add_option("--json", json_path, "write every number here");
+  app.add_option("--layers", o.layers, "weight copies per graph")->check(CLI::Range(1, 256));
+  app.add_option("--iters", o.iters, "graph replays per timing")->check(CLI::Range(1, 10000));
+  app.add_option("--json", o.json_path, "write every number here");
+  app.add_option("--plans", o.plans, "only these cluster GEMM plans (TILExSPLITS)")->delimiter(',');
+  app.add_flag("--skip-cublaslt", o.skip_cublaslt, "leave cuBLASLt out");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::vector<tandem::Shape>> parsed = tandem::ParseShapes(shapes);
-  absl::Status st = parsed.ok() ? tandem::Run(*parsed, rows, layers, iters, json_path)
-                                : parsed.status();
+  absl::Status st = parsed.ok() ? tandem::Run(*parsed, o) : parsed.status();
   if (!st.ok()) {
     std::fprintf(stderr, "decode_gemm_bench: %s\n", std::string(st.message()).c_str());
     return 1;
