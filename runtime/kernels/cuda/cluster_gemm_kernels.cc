@@ -48,16 +48,17 @@ ClusterGemmPlan MakeClusterGemmPlan(int n, int k, int tile_rows, int splits) {
   return plan;
 }
 
-ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity) {
+ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity,
+                                double min_fill) {
   ClusterGemmPlan best;
   double best_cost = std::numeric_limits<double>::infinity();
   for (const int splits : kSplitSizes) {
     for (int subs = 1; subs <= internal::kClusterGemmMaxSubs; ++subs) {
       const ClusterGemmPlan plan = MakeClusterGemmPlan(n, k, subs * internal::kClusterGemmSubRows,
                                                        splits);
-      // One wave that keeps at least 90% of the SMs streaming.
+      // One wave that keeps at least min_fill of the SMs streaming.
       if (!plan.ok() || plan.tiles > capacity.For(splits) ||
-          10 * plan.tiles * splits < 9 * capacity.For(1)) {
+          plan.tiles * splits < min_fill * capacity.For(1)) {
         continue;
       }
       const double w_bytes = 2.0 * plan.tile_rows * plan.k_per_split;

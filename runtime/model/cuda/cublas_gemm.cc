@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -14,11 +15,14 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
+#include "runtime/kernels/cuda/cluster_gemm.h"
 #include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
@@ -168,6 +172,15 @@ struct CublasLtGemm::Impl {
   int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
   void* skinny_counters = nullptr;
+  // Cluster GEMM (TANDEM_CLUSTER_GEMM=1 on compute capability 9.0): calls of min..max rows whose
+  // (n, k) has a plan on this device's capacity (and is listed, when a list is given) take it.
+  bool cluster_enabled = false;
+  int cluster_min_rows = 33;
+  int cluster_max_rows = cuda::kClusterGemmMaxRows;
+  std::vector<std::pair<int, int>> cluster_shapes;  // (n, k); empty: every shape with a plan
+  double cluster_min_fill = 0.9;                    // PlanClusterGemm's min_fill
+  cuda::ClusterGemmCapacity cluster_capacity;
+  absl::flat_hash_map<std::pair<int, int>, cuda::ClusterGemmPlan> cluster_plans;
   absl::flat_hash_map<Key, Plan> plans;
 
   ~Impl() {
@@ -402,6 +415,55 @@ struct CublasLtGemm::Impl {
 CublasLtGemm::CublasLtGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CublasLtGemm::~CublasLtGemm() = default;
 
+// TANDEM_CLUSTER_GEMM=0 / 1 (default 0), TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64, within
+// 1-64), TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (default: every shape with a plan) and
+// TANDEM_CLUSTER_GEMM_MIN_FILL=F (0-1, default 0.9: the share of the SMs a plan must keep busy;
+// tests set 0 so that small models take it). A bad value fails Create.
+absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
+  const char* on = std::getenv("TANDEM_CLUSTER_GEMM");
+  if (on != nullptr && std::strcmp(on, "0") != 0 && std::strcmp(on, "1") != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TANDEM_CLUSTER_GEMM must be 0 or 1, got \"", on, "\""));
+  }
+  if (const char* rows = std::getenv("TANDEM_CLUSTER_GEMM_ROWS")) {
+    int lo = 0, hi = 0;
+    char tail = 0;
+    if (std::sscanf(rows, "%d-%d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo ||
+        hi > cuda::kClusterGemmMaxRows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_CLUSTER_GEMM_ROWS must be MIN-MAX within 1-", cuda::kClusterGemmMaxRows,
+          ", got \"", rows, "\""));
+    }
+    impl.cluster_min_rows = lo;
+    impl.cluster_max_rows = hi;
+  }
+  if (const char* shapes = std::getenv("TANDEM_CLUSTER_GEMM_SHAPES")) {
+    for (absl::string_view item : absl::StrSplit(shapes, ',', absl::SkipEmpty())) {
+      std::vector<absl::string_view> nk = absl::StrSplit(item, 'x');
+      int n = 0, k = 0;
+      if (nk.size() != 2 || !absl::SimpleAtoi(nk[0], &n) || !absl::SimpleAtoi(nk[1], &k) ||
+          n <= 0 || k <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TANDEM_CLUSTER_GEMM_SHAPES must be NxK,... got \"", shapes, "\""));
+      }
+      impl.cluster_shapes.emplace_back(n, k);
+    }
+  }
+  if (const char* fill = std::getenv("TANDEM_CLUSTER_GEMM_MIN_FILL")) {
+    double v = -1;
+    if (!absl::SimpleAtod(fill, &v) || !(v >= 0 && v <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_CLUSTER_GEMM_MIN_FILL must be a number in [0, 1], got \"", fill, "\""));
+    }
+    impl.cluster_min_fill = v;
+  }
+  if (on != nullptr && std::strcmp(on, "1") == 0 && cuda::ClusterGemmRunsHere()) {
+    impl.cluster_capacity = cuda::ClusterGemmCapacityHere();
+    impl.cluster_enabled = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspace,
                                                                    size_t workspace_bytes) {
   auto impl = std::make_unique<Impl>();
@@ -472,6 +534,7 @@ absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(void* workspa
     }
     impl->skinny_enabled = true;
   }
+  RETURN_IF_ERROR(ConfigureClusterGemm(*impl));
   return std::unique_ptr<CublasLtGemm>(new CublasLtGemm(std::move(impl)));
 }
 
@@ -493,6 +556,18 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
   }
   if (UseGemv(m, k, x, w)) {
     return LaunchGemvFor(x, w, bias, m, k, n, out, out_type == GemmOut::kF32, false, stream);
+  }
+  if (const cuda::ClusterGemmPlan* cp = ClusterPlan(m, n, k, x, w, out, bias)) {
+    cuda::ClusterGemmArgs a;
+    a.x = x;
+    a.w = w;
+    a.bias = bias;
+    a.out = out;
+    a.out_f32 = out_type == GemmOut::kF32;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    return cuda::LaunchClusterGemm(a, *cp, stream);
   }
   auto plan_or =
       impl_->GetPlan(m, k, n, x, w, bias, out, out_type, static_cast<cudaStream_t>(stream));
@@ -533,6 +608,29 @@ absl::Status CublasLtGemm::LinearGatedSilu(const void* x, const void* w, int m, 
 
 bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void* w) const {
   return UseSkinny(m, n, k, x, w, /*gated_silu=*/true) || UseGemv(m, k, x, w);
+}
+
+const cuda::ClusterGemmPlan* CublasLtGemm::ClusterPlan(int m, int n, int k, const void* x,
+                                                      const void* w, const void* out,
+                                                      const void* bias) const {
+  Impl& impl = *impl_;
+  if (!impl.cluster_enabled || m < impl.cluster_min_rows || m > impl.cluster_max_rows ||
+      !cuda::ClusterGemmSupports(m, n, k, x, w, out, bias)) {
+    return nullptr;
+  }
+  if (!impl.cluster_shapes.empty() &&
+      std::find(impl.cluster_shapes.begin(), impl.cluster_shapes.end(), std::make_pair(n, k)) ==
+          impl.cluster_shapes.end()) {
+    return nullptr;
+  }
+  auto it = impl.cluster_plans.find(std::make_pair(n, k));
+  if (it == impl.cluster_plans.end()) {
+    it = impl.cluster_plans
+             .emplace(std::make_pair(n, k), cuda::PlanClusterGemm(n, k, impl.cluster_capacity,
+                                                                impl.cluster_min_fill))
+             .first;
+  }
+  return it->second.ok() ? &it->second : nullptr;
 }
 
 bool CublasLtGemm::UseSkinny(int m, int n, int k, const void* x, const void* w,

@@ -41,6 +41,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/kernels/cuda/cluster_gemm.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem::cuda_runner {
@@ -81,6 +82,10 @@ class CublasLtGemm {
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
+  // The cluster GEMM's plan when it takes the call (TANDEM_CLUSTER_GEMM=1, rows in its range, a
+  // supported and listed shape with a plan on this device), else null.
+  const cuda::ClusterGemmPlan* ClusterPlan(int m, int n, int k, const void* x, const void* w,
+                                           const void* out, const void* bias) const;
   // Whether the skinny GEMM takes the call: enabled, 2 <= m <= its row bound, k % 64 == 0,
   // aligned, and the plan's split-K scratch fits ours.
   bool UseSkinny(int m, int n, int k, const void* x, const void* w, bool gated_silu) const;
@@ -91,6 +96,7 @@ class CublasLtGemm {
   bool SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const;
 
   struct Impl;
+  friend absl::Status ConfigureClusterGemm(Impl& impl);
   explicit CublasLtGemm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
