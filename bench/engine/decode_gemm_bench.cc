@@ -148,12 +148,13 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
   cudaDeviceProp prop;
   RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, 0), "properties");
   const cuda::ClusterGemmCapacity cap = cuda::ClusterGemmCapacityHere();
-  std::printf("%s, %d SMs; copy bandwidth %.2f TB/s; clusters held at once: %d x1, %d x2, %d x4, "
-              "%d x8\n",
-              prop.name, prop.multiProcessorCount, copy_bw / 1e12, cap.For(1), cap.For(2),
-              cap.For(4), cap.For(8));
-  json out = {{"device", prop.name}, {"copy_bandwidth", copy_bw}, {"layers", layers},
-              {"iters", iters}};
+  std::printf(
+      "%s, %d SMs; copy bandwidth %.2f TB/s; clusters held at once: %d x1, %d x2, %d x4, "
+      "%d x8\n",
+      prop.name, prop.multiProcessorCount, copy_bw / 1e12, cap.For(1), cap.For(2), cap.For(4),
+      cap.For(8));
+  json out = {
+      {"device", prop.name}, {"copy_bandwidth", copy_bw}, {"layers", layers}, {"iters", iters}};
   out["capacity"] = {cap.For(1), cap.For(2), cap.For(4), cap.For(8)};
   constexpr size_t kWorkspace = size_t{32} << 20;
   void* workspace = nullptr;
@@ -203,8 +204,8 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
       }
       for (const cuda::ClusterGemmPlan& p : plans) {
         if (!o.plans.empty() &&
-            std::find(o.plans.begin(), o.plans.end(),
-                      absl::StrCat(p.tile_rows, "x", p.splits)) == o.plans.end()) {
+            std::find(o.plans.begin(), o.plans.end(), absl::StrCat(p.tile_rows, "x", p.splits)) ==
+                o.plans.end()) {
           continue;
         }
         ASSIGN_OR_RETURN(const double us, TimeGraph(stream, layers, iters, [&](int l) {

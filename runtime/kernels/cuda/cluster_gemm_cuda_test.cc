@@ -70,8 +70,8 @@ TEST_F(ClusterGemmCudaTest, MatchesCpuReference) {
   int launches = 0;
   for (const Shape& s : shapes) {
     FastRng rng(static_cast<uint64_t>(s.n) * 7 + s.k);
-    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k,
-                                               1.0f / std::sqrt(static_cast<float>(s.k)), rng);
+    const std::vector<uint16_t> w =
+        RandomBf16(static_cast<size_t>(s.n) * s.k, 1.0f / std::sqrt(static_cast<float>(s.k)), rng);
     const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(kMaxM) * s.k, 1.0f, rng);
     const std::vector<uint16_t> bias = RandomBf16(s.n, 1.0f, rng);
     const std::vector<float> wf = testing_util::Bf16ToFloats(w);
@@ -214,17 +214,16 @@ TEST_F(ClusterGemmCudaTest, BadPlansAndShapesAreErrors) {
   ASSERT_TRUE(good.ok());
   EXPECT_TRUE(cuda::LaunchClusterGemm(a, good, stream()).ok());
   // A plan made for another shape, no plan, a bad m, n, k or alignment.
-  EXPECT_EQ(cuda::LaunchClusterGemm(a, cuda::MakeClusterGemmPlan(2048, 512, 128, 2), stream())
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      cuda::LaunchClusterGemm(a, cuda::MakeClusterGemmPlan(2048, 512, 128, 2), stream()).code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda::LaunchClusterGemm(a, cuda::ClusterGemmPlan{}, stream()).code(),
             absl::StatusCode::kInvalidArgument);
   for (const auto& bad : std::vector<std::pair<int, int>>{{65, 512}, {-1, 512}, {64, 500}}) {
     cuda::ClusterGemmArgs b = a;
     b.m = bad.first;
     b.k = bad.second;
-    EXPECT_EQ(cuda::LaunchClusterGemm(b, good, stream()).code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(cuda::LaunchClusterGemm(b, good, stream()).code(), absl::StatusCode::kInvalidArgument)
         << "m=" << bad.first << " k=" << bad.second;
   }
   cuda::ClusterGemmArgs c = a;

@@ -54,8 +54,8 @@ ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacit
   double best_cost = std::numeric_limits<double>::infinity();
   for (const int splits : kSplitSizes) {
     for (int subs = 1; subs <= internal::kClusterGemmMaxSubs; ++subs) {
-      const ClusterGemmPlan plan = MakeClusterGemmPlan(n, k, subs * internal::kClusterGemmSubRows,
-                                                       splits);
+      const ClusterGemmPlan plan =
+          MakeClusterGemmPlan(n, k, subs * internal::kClusterGemmSubRows, splits);
       // One wave that keeps at least min_fill of the SMs streaming.
       if (!plan.ok() || plan.tiles > capacity.For(splits) ||
           plan.tiles * splits < min_fill * capacity.For(1)) {
@@ -63,8 +63,7 @@ ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacit
       }
       const double w_bytes = 2.0 * plan.tile_rows * plan.k_per_split;
       const double x_bytes = 2.0 * kClusterGemmMaxRows * plan.k_per_split;
-      const double peer_bytes =
-          4.0 * kClusterGemmMaxRows * plan.tile_rows * (splits - 1) / splits;
+      const double peer_bytes = 4.0 * kClusterGemmMaxRows * plan.tile_rows * (splits - 1) / splits;
       const double cost = w_bytes + 0.5 * x_bytes + 0.5 * peer_bytes;
       if (cost < best_cost) {  // ties keep fewer splits, then narrower tiles
         best_cost = cost;
@@ -80,7 +79,8 @@ bool ClusterGemmRunsHere() { return internal::ClusterGemmDeviceRuns(); }
 ClusterGemmCapacity ClusterGemmCapacityHere() {
   ClusterGemmCapacity c;
   if (!ClusterGemmRunsHere()) return c;
-  for (int i = 0; i < 4; ++i) c.clusters[i] = internal::ClusterGemmMaxActiveClusters(kSplitSizes[i]);
+  for (int i = 0; i < 4; ++i)
+    c.clusters[i] = internal::ClusterGemmMaxActiveClusters(kSplitSizes[i]);
   return c;
 }
 
@@ -103,9 +103,9 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   const ClusterGemmPlan check = MakeClusterGemmPlan(a.n, a.k, plan.tile_rows, plan.splits);
   if (!plan.ok() || !check.ok() || check.tiles != plan.tiles ||
       check.k_per_split != plan.k_per_split) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClusterGemm: the plan (", plan.tile_rows, "-row tiles x ", plan.splits,
-        " splits) is not one for n=", a.n, " k=", a.k));
+    return absl::InvalidArgumentError(absl::StrCat("ClusterGemm: the plan (", plan.tile_rows,
+                                                   "-row tiles x ", plan.splits,
+                                                   " splits) is not one for n=", a.n, " k=", a.k));
   }
   if (!ClusterGemmRunsHere()) {
     return absl::FailedPreconditionError(
@@ -125,10 +125,9 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   raw.splits = plan.splits;
   raw.k_steps = plan.k_per_split / kClusterGemmKStep;
   raw.pdl = internal::PdlEnabled();
-  RETURN_IF_CUDA_ERROR(
-      internal::LaunchClusterGemmRaw(raw, static_cast<cudaStream_t>(stream)),
-      absl::StrCat("ClusterGemm launch (m=", a.m, " n=", a.n, " k=", a.k, ", ", plan.tile_rows,
-                   "-row tiles x ", plan.splits, " splits)"));
+  RETURN_IF_CUDA_ERROR(internal::LaunchClusterGemmRaw(raw, static_cast<cudaStream_t>(stream)),
+                       absl::StrCat("ClusterGemm launch (m=", a.m, " n=", a.n, " k=", a.k, ", ",
+                                    plan.tile_rows, "-row tiles x ", plan.splits, " splits)"));
   return absl::OkStatus();
 }
 

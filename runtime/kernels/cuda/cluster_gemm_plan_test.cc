@@ -30,8 +30,8 @@ TEST(ClusterGemmPlanTest, ValidPlans) {
   EXPECT_FALSE(MakeClusterGemmPlan(4096, 4096, 320, 1).ok());  // wider than 4 sub-tiles
   EXPECT_FALSE(MakeClusterGemmPlan(4096, 4096, 128, 3).ok());  // not a cluster size
   EXPECT_FALSE(MakeClusterGemmPlan(4096, 4096, 128, 16).ok());
-  EXPECT_FALSE(MakeClusterGemmPlan(4096, 192, 128, 2).ok());   // k steps not divisible
-  EXPECT_FALSE(MakeClusterGemmPlan(4096, 128, 128, 2).ok());   // 1 stage per split
+  EXPECT_FALSE(MakeClusterGemmPlan(4096, 192, 128, 2).ok());  // k steps not divisible
+  EXPECT_FALSE(MakeClusterGemmPlan(4096, 128, 128, 2).ok());  // 1 stage per split
   EXPECT_FALSE(MakeClusterGemmPlan(4096, 4096, 64, 16).ok());
   EXPECT_FALSE(MakeClusterGemmPlan(0, 4096, 128, 1).ok());
   EXPECT_FALSE(MakeClusterGemmPlan(4096, 4000, 128, 1).ok());  // k % 64
@@ -39,8 +39,12 @@ TEST(ClusterGemmPlanTest, ValidPlans) {
 
 TEST(ClusterGemmPlanTest, DefaultPlansFillOneWave) {
   const ClusterGemmCapacity cap = H200();
-  for (const auto& [n, k] : {std::pair{6144, 4096}, {4096, 4096}, {4096, 14336}, {2048, 2048},
-                             {3072, 2048}, {2048, 8192}}) {
+  for (const auto& [n, k] : {std::pair{6144, 4096},
+                             {4096, 4096},
+                             {4096, 14336},
+                             {2048, 2048},
+                             {3072, 2048},
+                             {2048, 8192}}) {
     const ClusterGemmPlan p = PlanClusterGemm(n, k, cap);
     ASSERT_TRUE(p.ok()) << n << "x" << k;
     EXPECT_LE(p.tiles, cap.For(p.splits)) << n << "x" << k;

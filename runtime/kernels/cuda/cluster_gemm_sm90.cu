@@ -42,10 +42,10 @@ namespace {
 
 namespace sa = ::tandem::cuda::sm90_attention;
 
-constexpr int kConsumerThreads = 128;                  // one warpgroup
+constexpr int kConsumerThreads = 128;                   // one warpgroup
 constexpr int kThreads = kConsumerThreads + kWarpSize;  // + the producer warp
 constexpr int kProducerWarp = kConsumerThreads / kWarpSize;
-constexpr int kBk = kClusterGemmKStepDevice;  // k per stage: one 128-byte swizzle atom
+constexpr int kBk = kClusterGemmKStepDevice;              // k per stage: one 128-byte swizzle atom
 constexpr int kBoxBytes = kClusterGemmSubRows * kBk * 2;  // 64 rows x 64 k bf16 (8 KB)
 constexpr int kSmemLimit = 227 * 1024;
 constexpr int kMaxStages = 12;
@@ -312,9 +312,9 @@ cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t config = Config<kSubs>(
-      dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)), p.splits, p.pdl, stream,
-      attrs);
+  const cudaLaunchConfig_t config =
+      Config<kSubs>(dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)), p.splits,
+                    p.pdl, stream, attrs);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, w_map, x_map);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

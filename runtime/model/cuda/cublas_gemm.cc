@@ -416,7 +416,8 @@ CublasLtGemm::CublasLtGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 CublasLtGemm::~CublasLtGemm() = default;
 
 // TANDEM_CLUSTER_GEMM=0 / 1 (default 0), TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64, within
-// 1-64), TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (default: every shape with a plan) and
+// 1-64), TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (',' or ':' between shapes; default: every shape
+// with a plan) and
 // TANDEM_CLUSTER_GEMM_MIN_FILL=F (0-1, default 0.9: the share of the SMs a plan must keep busy;
 // tests set 0 so that small models take it). A bad value fails Create.
 absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
@@ -430,21 +431,22 @@ absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
     char tail = 0;
     if (std::sscanf(rows, "%d-%d%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo ||
         hi > cuda::kClusterGemmMaxRows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TANDEM_CLUSTER_GEMM_ROWS must be MIN-MAX within 1-", cuda::kClusterGemmMaxRows,
-          ", got \"", rows, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_CLUSTER_GEMM_ROWS must be MIN-MAX within 1-",
+                       cuda::kClusterGemmMaxRows, ", got \"", rows, "\""));
     }
     impl.cluster_min_rows = lo;
     impl.cluster_max_rows = hi;
   }
   if (const char* shapes = std::getenv("TANDEM_CLUSTER_GEMM_SHAPES")) {
-    for (absl::string_view item : absl::StrSplit(shapes, ',', absl::SkipEmpty())) {
+    for (absl::string_view item :
+         absl::StrSplit(shapes, absl::ByAnyChar(",:"), absl::SkipEmpty())) {
       std::vector<absl::string_view> nk = absl::StrSplit(item, 'x');
       int n = 0, k = 0;
       if (nk.size() != 2 || !absl::SimpleAtoi(nk[0], &n) || !absl::SimpleAtoi(nk[1], &k) ||
           n <= 0 || k <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "TANDEM_CLUSTER_GEMM_SHAPES must be NxK,... got \"", shapes, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("TANDEM_CLUSTER_GEMM_SHAPES must be NxK,... got \"", shapes, "\""));
       }
       impl.cluster_shapes.emplace_back(n, k);
     }
@@ -611,8 +613,8 @@ bool CublasLtGemm::FusesGatedSilu(int m, int k, int n, const void* x, const void
 }
 
 const cuda::ClusterGemmPlan* CublasLtGemm::ClusterPlan(int m, int n, int k, const void* x,
-                                                      const void* w, const void* out,
-                                                      const void* bias) const {
+                                                       const void* w, const void* out,
+                                                       const void* bias) const {
   Impl& impl = *impl_;
   if (!impl.cluster_enabled || m < impl.cluster_min_rows || m > impl.cluster_max_rows ||
       !cuda::ClusterGemmSupports(m, n, k, x, w, out, bias)) {
@@ -626,8 +628,8 @@ const cuda::ClusterGemmPlan* CublasLtGemm::ClusterPlan(int m, int n, int k, cons
   auto it = impl.cluster_plans.find(std::make_pair(n, k));
   if (it == impl.cluster_plans.end()) {
     it = impl.cluster_plans
-             .emplace(std::make_pair(n, k), cuda::PlanClusterGemm(n, k, impl.cluster_capacity,
-                                                                impl.cluster_min_fill))
+             .emplace(std::make_pair(n, k),
+                      cuda::PlanClusterGemm(n, k, impl.cluster_capacity, impl.cluster_min_fill))
              .first;
   }
   return it->second.ok() ? &it->second : nullptr;
