@@ -25,6 +25,7 @@ struct ClusterGemmRaw {
   int splits;   // CTAs per cluster, each one K range (1, 2, 4 or 8)
   int k_steps;  // 64-wide k steps per split: k / 64 / splits
   bool pdl;     // launch with programmatic stream serialization (PdlEnabled())
+  int x_rows;   // activation rows per stage box: m rounded up to 8 (filled by the launcher)
 };
 
 // Queues the kernel: grid (tiles, splits), clusters of (1, splits). Returns the launch error.

@@ -125,6 +125,7 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   raw.splits = plan.splits;
   raw.k_steps = plan.k_per_split / kClusterGemmKStep;
   raw.pdl = internal::PdlEnabled();
+  raw.x_rows = (a.m + 7) / 8 * 8;
   RETURN_IF_CUDA_ERROR(internal::LaunchClusterGemmRaw(raw, static_cast<cudaStream_t>(stream)),
                        absl::StrCat("ClusterGemm launch (m=", a.m, " n=", a.n, " k=", a.k, ", ",
                                     plan.tile_rows, "-row tiles x ", plan.splits, " splits)"));

@@ -2,8 +2,9 @@
 //
 //   out[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]), m <= 64, bf16 in, float32 accumulate.
 //
-// Grid (tiles, splits): CTA (t, s) multiplies the 64 activation rows (rows past m are the TMA's
-// zero fill) by weight rows [t R, t R + R), R = 64 subs, over the k range of split s. The splits
+// Grid (tiles, splits): CTA (t, s) multiplies the m activation rows (loaded as m rounded up to 8,
+// the extra rows the TMA's zero fill; the MMA's rows past those are never-stored garbage) by
+// weight rows [t R, t R + R), R = 64 subs, over the k range of split s. The splits
 // of one tile form a thread block cluster and sum their float32 partial tiles through distributed
 // shared memory (no scratch, no second kernel, a fixed order: bit-identical run to run).
 //
@@ -120,9 +121,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) {
       PrefetchTensorMap(&w_map);
       PrefetchTensorMap(&x_map);
+      // The activation box holds x_rows rows (m rounded up to 8; rows past m are the TMA's zero
+      // fill): the stage's rows past it are never written, and only ever reach output rows past
+      // m, which are not stored.
+      const uint32_t stage_tx = kStageBytes - (kClusterGemmMaxRowsDevice - p.x_rows) * kBk * 2;
       const int first = p.k_steps < kStages ? p.k_steps : kStages;
       for (int s = 0; s < first; ++s) {
-        MbarArriveExpectTx(full0 + 8 * s, kStageBytes);
+        MbarArriveExpectTx(full0 + 8 * s, stage_tx);
         TmaLoad2d(base + s * kStageBytes + kBoxBytes, &w_map, (k_step0 + s) * kBk, n0,
                   full0 + 8 * s);
       }
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int slot = step % kStages;
         MbarWait(empty0 + 8 * slot, ((step / kStages) - 1) & 1);
         const uint32_t stage = base + slot * kStageBytes;
-        MbarArriveExpectTx(full0 + 8 * slot, kStageBytes);
+        MbarArriveExpectTx(full0 + 8 * slot, stage_tx);
         TmaLoad2d(stage + kBoxBytes, &w_map, (k_step0 + step) * kBk, n0, full0 + 8 * slot);
         TmaLoad2d(stage, &x_map, (k_step0 + step) * kBk, 0, full0 + 8 * slot);
       }
@@ -308,7 +313,7 @@ cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
   }
   CUtensorMap w_map, x_map;
   if (!EncodeRowsMap(&w_map, p.w, p.n, p.k, kClusterGemmSubRows * kSubs) ||
-      !EncodeRowsMap(&x_map, p.x, p.m, p.k, kClusterGemmMaxRowsDevice)) {
+      !EncodeRowsMap(&x_map, p.x, p.m, p.k, p.x_rows)) {
     return cudaErrorInvalidValue;
   }
   cudaLaunchAttribute attrs[2];
@@ -322,7 +327,8 @@ cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchClusterGemmRaw(const ClusterGemmRaw& p, cudaStream_t stream) {
-  if (p.m < 1 || p.m > kClusterGemmMaxRowsDevice || p.k_steps < 1 || p.splits < 1 ||
+  if (p.m < 1 || p.m > kClusterGemmMaxRowsDevice || p.x_rows < p.m || p.x_rows % 8 != 0 ||
+      p.x_rows > kClusterGemmMaxRowsDevice || p.k_steps < 1 || p.splits < 1 ||
       p.splits > kClusterGemmMaxSplits || p.tiles < 1 || p.n % 8 != 0) {
     return cudaErrorInvalidValue;
   }
