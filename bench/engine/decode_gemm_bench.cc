@@ -4,9 +4,14 @@
 // the same run.
 //   decode_gemm_bench [--shapes qkv=6144x4096,o=4096x4096,gate_up=28672x4096,down=4096x14336]
 //                     [--rows 33,48,64] [--layers 32] [--iters 20] [--json FILE]
-//                     [--plans 128x2,...] [--skip-cublaslt]
+//                     [--plans 128x2,...] [--skip-cublaslt] [--trace]
 // --plans keeps only those cluster GEMM plans (TILExSPLITS); --skip-cublaslt leaves cuBLASLt out
-// (both for profiling one kernel).
+// (both for profiling one kernel). --trace also replays each cluster plan's graph with the
+// kernel's per-CTA timestamps on (ClusterGemmArgs::trace) and prints, averaged over the layers
+// after the first: how long a launch spans (first CTA in to last CTA out), the gap from the
+// previous launch's last CTA out to this one's first CTA in (negative: they overlap), and per
+// CTA the time to the programmatic wait's return, to the first stage, the main loop, the
+// epilogue, and the spread of the main loops' ends.
 // Each measurement is a CUDA graph of `layers` launches of one projection, each over its own
 // weight copy (32 x the weights is far more than the L2, so every launch streams from HBM as in a
 // step), replayed `iters` times after a warm-up; time per launch = graph time / layers (the
@@ -130,12 +135,55 @@ absl::StatusOr<double> TimeGraph(cudaStream_t stream, int layers, int iters,
   return us[2];
 }
 
+// Summarizes trace records [layer][cta][kClusterGemmTraceWords] (see the file comment).
+void PrintTrace(const std::vector<uint64_t>& t, int layers, int ctas) {
+  constexpr int W = cuda::kClusterGemmTraceWords;
+  auto at = [&](int l, int c, int i) {
+    return static_cast<double>(t[(size_t(l) * ctas + c) * W + i]);
+  };
+  double span = 0, gap = 0, wait = 0, first = 0, main = 0, epi = 0, spread = 0;
+  int n = 0;
+  double prev_end = 0;
+  for (int l = 0; l < layers; ++l) {
+    double start = 1e300, end = 0, main_lo = 1e300, main_hi = 0;
+    double w = 0, f = 0, mn = 0, e = 0;
+    for (int c = 0; c < ctas; ++c) {
+      start = std::min(start, at(l, c, 0));
+      end = std::max(end, at(l, c, 5));
+      main_lo = std::min(main_lo, at(l, c, 3));
+      main_hi = std::max(main_hi, at(l, c, 3));
+      w += at(l, c, 1) - at(l, c, 0);
+      f += at(l, c, 2) - at(l, c, 0);
+      mn += at(l, c, 3) - at(l, c, 2);
+      e += at(l, c, 5) - at(l, c, 3);
+    }
+    if (l > 0) {
+      span += end - start;
+      gap += start - prev_end;
+      wait += w / ctas;
+      first += f / ctas;
+      main += mn / ctas;
+      epi += e / ctas;
+      spread += main_hi - main_lo;
+      ++n;
+    }
+    prev_end = end;
+  }
+  if (n == 0) return;
+  std::printf(
+      "        trace (us, mean of %d launches): span %.2f, gap %+.2f; per CTA: wait %.2f, "
+      "first stage %.2f, main loop %.2f, epilogue %.2f; main-loop ends spread %.2f\n",
+      n, span / n / 1e3, gap / n / 1e3, wait / n / 1e3, first / n / 1e3, main / n / 1e3,
+      epi / n / 1e3, spread / n / 1e3);
+}
+
 struct Options {
   std::vector<int> rows;
   int layers = 32, iters = 20;
   std::string json_path;
   std::vector<std::string> plans;  // empty: every plan
   bool skip_cublaslt = false;
+  bool trace = false;
 };
 
 absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
@@ -221,6 +269,29 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
         report(absl::StrCat("cluster ", p.tile_rows, "x", p.splits,
                             &p == &plans[0] && def.ok() ? " (default)" : ""),
                us);
+        if (o.trace) {
+          const int ctas = p.tiles * p.splits;
+          const size_t words = size_t(layers) * ctas * cuda::kClusterGemmTraceWords;
+          uint64_t* trace = nullptr;
+          RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&trace), words * 8), "trace");
+          ASSIGN_OR_RETURN(const double traced_us, TimeGraph(stream, layers, 1, [&](int l) {
+                             cuda::ClusterGemmArgs a;
+                             a.x = x;
+                             a.w = w_of(l);
+                             a.out = y;
+                             a.m = m;
+                             a.n = s.n;
+                             a.k = s.k;
+                             a.trace = trace + size_t(l) * ctas * cuda::kClusterGemmTraceWords;
+                             return cuda::LaunchClusterGemm(a, p, stream);
+                           }));
+          std::vector<uint64_t> host(words);
+          RETURN_IF_CUDA_ERROR(cudaMemcpy(host.data(), trace, words * 8, cudaMemcpyDeviceToHost),
+                               "trace copy");
+          cudaFree(trace);
+          std::printf("        traced replay %.2f us per launch\n", traced_us);
+          PrintTrace(host, layers, ctas);
+        }
       }
     }
     out["shapes"][s.name] = js;
@@ -256,6 +327,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json_path, "write every number here");
   app.add_option("--plans", o.plans, "only these cluster GEMM plans (TILExSPLITS)")->delimiter(',');
   app.add_flag("--skip-cublaslt", o.skip_cublaslt, "leave cuBLASLt out");
+  app.add_flag("--trace", o.trace, "per-CTA timeline of each cluster plan");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::vector<tandem::Shape>> parsed = tandem::ParseShapes(shapes);
   absl::Status st = parsed.ok() ? tandem::Run(*parsed, o) : parsed.status();

@@ -74,7 +74,14 @@ struct ClusterGemmArgs {
   int m = 0;  // in [0, kClusterGemmMaxRows]; 0 queues nothing
   int n = 0;
   int k = 0;
+  // Diagnostics, normally null: device memory for kClusterGemmTraceWords uint64 per CTA (tiles x
+  // splits CTAs, record of CTA (tile t, split s) at s * tiles + t): %globaltimer nanoseconds at
+  // entry, after the programmatic wait, when the first stage landed, at the end of the main loop,
+  // after the first barrier of the epilogue and at exit; then the SM id and the k steps.
+  uint64_t* trace = nullptr;
 };
+
+constexpr int kClusterGemmTraceWords = 8;
 
 // Queues the GEMM with `plan` (made for this n and k) on the current device.
 absl::Status LaunchClusterGemm(const ClusterGemmArgs& args, const ClusterGemmPlan& plan,

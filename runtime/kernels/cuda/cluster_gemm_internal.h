@@ -12,6 +12,7 @@ constexpr int kClusterGemmKStepDevice = 64;
 constexpr int kClusterGemmSubRows = 64;   // weight rows of one wgmma (m64n64k16) sub-tile
 constexpr int kClusterGemmMaxSubs = 4;    // sub-tiles per CTA: tiles of 64-256 weight rows
 constexpr int kClusterGemmMaxSplits = 8;  // the portable cluster size
+constexpr int kClusterGemmTraceWords = 8;
 
 struct ClusterGemmRaw {
   const void* x;     // bf16 [m, k]
@@ -26,6 +27,11 @@ struct ClusterGemmRaw {
   int k_steps;  // 64-wide k steps per split: k / 64 / splits
   bool pdl;     // launch with programmatic stream serialization (PdlEnabled())
   int x_rows;   // activation rows per stage box: m rounded up to 8 (filled by the launcher)
+  // Diagnostics (null: off): kClusterGemmTraceWords words per CTA (block y * tiles + x): the
+  // %globaltimer (ns) at entry, after the programmatic wait, at the first full stage, at the end
+  // of the main loop, after the first cluster (or CTA) barrier and at exit; then the SM id and
+  // k_steps.
+  unsigned long long* trace;
 };
 
 // Queues the kernel: grid (tiles, splits), clusters of (1, splits). Returns the launch error.

@@ -12,6 +12,7 @@ namespace {
 
 static_assert(kClusterGemmMaxRows == internal::kClusterGemmMaxRowsDevice);
 static_assert(kClusterGemmKStep == internal::kClusterGemmKStepDevice);
+static_assert(kClusterGemmTraceWords == internal::kClusterGemmTraceWords);
 
 constexpr int kSplitSizes[4] = {1, 2, 4, 8};
 constexpr int kMinStepsPerSplit = 2;
@@ -126,6 +127,7 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   raw.k_steps = plan.k_per_split / kClusterGemmKStep;
   raw.pdl = internal::PdlEnabled();
   raw.x_rows = (a.m + 7) / 8 * 8;
+  raw.trace = reinterpret_cast<unsigned long long*>(a.trace);
   RETURN_IF_CUDA_ERROR(internal::LaunchClusterGemmRaw(raw, static_cast<cudaStream_t>(stream)),
                        absl::StrCat("ClusterGemm launch (m=", a.m, " n=", a.n, " k=", a.k, ", ",
                                     plan.tile_rows, "-row tiles x ", plan.splits, " splits)"));

@@ -73,6 +73,18 @@ __host__ __device__ constexpr int PartialStride() {
   return kClusterGemmSubRows * kSubs + 4;
 }
 
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Word `i` of this CTA's trace record (see ClusterGemmRaw::trace), when tracing.
+__device__ __forceinline__ void Trace(const ClusterGemmRaw& p, int i, unsigned long long v) {
+  if (p.trace != nullptr) {
+    p.trace[(blockIdx.y * gridDim.x + blockIdx.x) * kClusterGemmTraceWords + i] = v;
+  }
+}
+
 template <int kPending>
 __device__ __forceinline__ void WgmmaWaitGroup() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -94,6 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full_bars[kStages];
   __shared__ __align__(8) uint64_t empty_bars[kStages];
   PdlLaunchDependents();
+  if (threadIdx.x == 0) Trace(p, 0, GlobalTimer());
   // 128-byte swizzled boxes start on 1024-byte boundaries (descriptor base offset 0).
   const uint32_t raw_addr = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw_addr + 1023u) & ~1023u) - raw_addr);
@@ -132,6 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   full0 + 8 * s);
       }
       PdlWait();  // the activations are the previous kernel's output
+      Trace(p, 1, GlobalTimer());
       for (int s = 0; s < first; ++s) {
         TmaLoad2d(base + s * kStageBytes, &x_map, (k_step0 + s) * kBk, 0, full0 + 8 * s);
       }
@@ -153,6 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int step = 0; step < p.k_steps; ++step) {
       const int slot = step % kStages;
       MbarWait(full0 + 8 * slot, (step / kStages) & 1);
+      if (step == 0 && tid == 0) Trace(p, 2, GlobalTimer());
       const uint32_t x_tile = base + slot * kStageBytes;
       const uint32_t w_tile = x_tile + kBoxBytes;
       WgmmaFence();
@@ -177,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaWaitAll();
 #pragma unroll
     for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
+    if (tid == 0) Trace(p, 3, GlobalTimer());
     PdlWait();  // before writing anything (an earlier kernel may still read `out`)
     // Every consumer warp's products have retired: the ring becomes the partial tile.
     NamedBarrierSync(1, kConsumerThreads);
@@ -200,6 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     __syncthreads();
   }
+  if (tid == 0) Trace(p, 4, GlobalTimer());
   if (warp != kProducerWarp) {
     const int splits = p.splits;
     const int width = kTileRows / splits;
@@ -251,6 +268,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // No CTA leaves (and frees its shared memory) while a cluster peer may still read it.
   if (p.splits > 1) ClusterSync();
+  if (tid == 0) {
+    Trace(p, 5, GlobalTimer());
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+    Trace(p, 6, smid);
+    Trace(p, 7, static_cast<unsigned long long>(p.k_steps));
+  }
 }
 
 // cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
