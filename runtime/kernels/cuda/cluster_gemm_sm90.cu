@@ -48,26 +48,36 @@ constexpr int kThreads = kConsumerThreads + kWarpSize;  // + the producer warp
 constexpr int kProducerWarp = kConsumerThreads / kWarpSize;
 constexpr int kBk = kClusterGemmKStepDevice;              // k per stage: one 128-byte swizzle atom
 constexpr int kBoxBytes = kClusterGemmSubRows * kBk * 2;  // 64 rows x 64 k bf16 (8 KB)
-constexpr int kSmemLimit = 227 * 1024;
+constexpr int kSmemLimit = 227 * 1024 - 1024;             // per CTA, less the static shared memory
 constexpr int kMaxStages = 12;
 
 template <int kSubs>
 __host__ __device__ constexpr int StageBytes() {  // activations, then the weight sub-tiles
   return kBoxBytes * (1 + kSubs);
 }
-// As many stages as fit beside the 1 KB alignment slack and the mbarriers, at most kMaxStages:
-// 12 / 9 / 7 / 5 for 1 / 2 / 3 / 4 sub-tiles.
-template <int kSubs>
+// Split-K launches receive their peers' partial tiles in a region of their own (the ring may still
+// be in use when a peer's partials arrive): per source rank q, 64 rows of W + 4 floats (W = R /
+// splits of the tile's weight rows this CTA sums), for up to kClusterGemmMaxSplits ranks.
+template <int kSubs, bool kSplit>
+__host__ __device__ constexpr int RecvBytes() {
+  return kSplit
+             ? kClusterGemmSubRows * (kClusterGemmSubRows * kSubs + 4 * kClusterGemmMaxSplits) * 4
+             : 0;
+}
+// As many stages as fit beside the 1 KB alignment slack and the receive region, at most
+// kMaxStages: 12 / 9 / 7 / 5 for 1 / 2 / 3 / 4 sub-tiles without splits, 12 / 7 / 5 / 3 with.
+template <int kSubs, bool kSplit>
 __host__ __device__ constexpr int Stages() {
-  return (kSmemLimit - 1024 - 2 * 8 * kMaxStages) / StageBytes<kSubs>() < kMaxStages
-             ? (kSmemLimit - 1024 - 2 * 8 * kMaxStages) / StageBytes<kSubs>()
+  return (kSmemLimit - 1024 - RecvBytes<kSubs, kSplit>()) / StageBytes<kSubs>() < kMaxStages
+             ? (kSmemLimit - 1024 - RecvBytes<kSubs, kSplit>()) / StageBytes<kSubs>()
              : kMaxStages;
 }
-template <int kSubs>
+template <int kSubs, bool kSplit>
 constexpr size_t SmemBytes() {
-  return size_t{1024} + size_t{Stages<kSubs>()} * StageBytes<kSubs>();
+  return size_t{1024} + size_t{Stages<kSubs, kSplit>()} * StageBytes<kSubs>() +
+         RecvBytes<kSubs, kSplit>();
 }
-// Float stride of the partial tile [64 batch rows][R weight rows] in shared memory.
+// Float stride of the one-split partial tile [64 batch rows][R weight rows] in the ring's memory.
 template <int kSubs>
 __host__ __device__ constexpr int PartialStride() {
   return kClusterGemmSubRows * kSubs + 4;
@@ -92,16 +102,19 @@ __device__ __forceinline__ void WgmmaWaitGroup() {
 #endif
 }
 
-template <int kSubs>
+template <int kSubs, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     ClusterGemmKernel(const ClusterGemmRaw p, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map) {
-  constexpr int kStages = Stages<kSubs>();
+  constexpr int kStages = Stages<kSubs, kSplit>();
   constexpr int kStageBytes = StageBytes<kSubs>();
   constexpr int kTileRows = kClusterGemmSubRows * kSubs;
   constexpr int kLd = PartialStride<kSubs>();
   static_assert(kClusterGemmSubRows * kLd * 4 <= kStages * kStageBytes,
-                "the partial tile must fit the pipeline's memory");
+                "the one-split partial tile must fit the pipeline's memory");
+  static_assert(!kSplit || kClusterGemmSubRows * (kTileRows + 4 * kClusterGemmMaxSplits) * 4 <=
+                               RecvBytes<kSubs, kSplit>(),
+                "the receive region holds every source's slice");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bars[kStages];
   __shared__ __align__(8) uint64_t empty_bars[kStages];
@@ -128,6 +141,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceMbarrierInit();
   }
   __syncthreads();
+  // Split-K: the peers write into this CTA's shared memory at the end; the first phase of the
+  // cluster barrier (waited for just before that) makes sure every CTA of the cluster has started.
+  if constexpr (kSplit) ClusterArrive();
 
   float acc[kSubs][32];
   if (warp == kProducerWarp) {
@@ -194,53 +210,75 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
     if (tid == 0) Trace(p, 3, GlobalTimer());
     PdlWait();  // before writing anything (an earlier kernel may still read `out`)
-    // Every consumer warp's products have retired: the ring becomes the partial tile.
-    NamedBarrierSync(1, kConsumerThreads);
-    float* part = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int j = 0; j < kSubs; ++j) {
-#pragma unroll
-      for (int r = 0; r < 32; r += 2) {
-        const int row = sa::AccRow(warp, lane, r);
-        const int col = kClusterGemmSubRows * j + sa::AccCol(lane, r);
-        *reinterpret_cast<float2*>(&part[row * kLd + col]) = make_float2(acc[j][r], acc[j][r + 1]);
-      }
-    }
   }
 
-  // Sum the cluster's partial tiles: CTA `rank` owns weight rows [rank W, rank W + W) of the
-  // tile (W = R / splits) and adds the splits' partials in rank order.
+  const int splits = kSplit ? p.splits : 1;
+  const int width = kTileRows / splits;  // weight rows of the tile this CTA sums and stores
+  const int chunks = width / 8;
+  const int rank = kSplit ? static_cast<int>(ClusterCtaRank()) : 0;
+  const int recv_ld = width + 4;  // floats per row of one source rank's slice
+  // Partial tile entry (source q, batch row, weight row c of this CTA's slice) in the memory the
+  // sum reads: the receive region (split) or the ring (one split).
+  auto partial_offset = [&](int q, int row, int c) {
+    return kSplit ? (q * kClusterGemmSubRows + row) * recv_ld + c : row * kLd + c;
+  };
+  float* part = reinterpret_cast<float*>(smem + (kSplit ? kStages * kStageBytes : 0));
   __syncwarp();  // the producer warp's lane 0 rejoins it (the cluster barrier is warp-aligned)
-  if (p.splits > 1) {
+  if constexpr (kSplit) {
+    // Push: every partial goes to the CTA that sums its weight rows (its own slice stays here),
+    // then one cluster barrier makes the stores visible; the sums read only local memory.
+    ClusterWait();
+    if (warp != kProducerWarp) {
+      const uint32_t part_addr = SharedAddress(part);
+#pragma unroll
+      for (int j = 0; j < kSubs; ++j) {
+#pragma unroll
+        for (int r = 0; r < 32; r += 2) {
+          const int row = sa::AccRow(warp, lane, r);
+          const int col = kClusterGemmSubRows * j + sa::AccCol(lane, r);
+          const int owner = col / width;
+          const int at = partial_offset(rank, row, col - owner * width);
+          if (owner == rank) {
+            *reinterpret_cast<float2*>(&part[at]) = make_float2(acc[j][r], acc[j][r + 1]);
+          } else {
+            StoreSharedCluster8(MapSharedToRank(part_addr + 4 * at, static_cast<uint32_t>(owner)),
+                                acc[j][r], acc[j][r + 1]);
+          }
+        }
+      }
+    }
     ClusterSync();
   } else {
+    if (warp != kProducerWarp) {
+      // Every consumer warp's products have retired: the ring becomes the partial tile.
+      NamedBarrierSync(1, kConsumerThreads);
+#pragma unroll
+      for (int j = 0; j < kSubs; ++j) {
+#pragma unroll
+        for (int r = 0; r < 32; r += 2) {
+          const int row = sa::AccRow(warp, lane, r);
+          const int col = kClusterGemmSubRows * j + sa::AccCol(lane, r);
+          *reinterpret_cast<float2*>(&part[partial_offset(0, row, col)]) =
+              make_float2(acc[j][r], acc[j][r + 1]);
+        }
+      }
+    }
     __syncthreads();
   }
   if (tid == 0) Trace(p, 4, GlobalTimer());
+
+  // Sum this CTA's slice over the sources in rank order (deterministic), add the bias, store.
   if (warp != kProducerWarp) {
-    const int splits = p.splits;
-    const int width = kTileRows / splits;
-    const int chunks = width / 8;
-    const int rank = splits > 1 ? static_cast<int>(ClusterCtaRank()) : 0;
-    const uint32_t part_addr = base;
     for (int item = tid; item < p.m * chunks; item += kConsumerThreads) {
       const int row = item / chunks;
-      const int col = rank * width + (item % chunks) * 8;
-      const int n = n0 + col;
+      const int c = (item % chunks) * 8;
+      const int n = n0 + rank * width + c;
       if (n >= p.n) continue;  // n % 8 == 0: a chunk is wholly in or out
-      const uint32_t at = part_addr + static_cast<uint32_t>((row * kLd + col) * 4);
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int q = 0; q < splits; ++q) {
-        float4 a, b;
-        if (splits > 1) {
-          const uint32_t remote = MapSharedToRank(at, static_cast<uint32_t>(q));
-          a = LoadSharedCluster16(remote);
-          b = LoadSharedCluster16(remote + 16);
-        } else {
-          const float* local = reinterpret_cast<const float*>(smem + (at - base));
-          a = *reinterpret_cast<const float4*>(local);
-          b = *reinterpret_cast<const float4*>(local + 4);
-        }
+        const float* src = &part[partial_offset(q, row, c)];
+        const float4 a = *reinterpret_cast<const float4*>(src);
+        const float4 b = *reinterpret_cast<const float4*>(src + 4);
         v[0] += a.x;
         v[1] += a.y;
         v[2] += a.z;
@@ -266,8 +304,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  // No CTA leaves (and frees its shared memory) while a cluster peer may still read it.
-  if (p.splits > 1) ClusterSync();
   if (tid == 0) {
     Trace(p, 5, GlobalTimer());
     unsigned smid;
@@ -308,13 +344,13 @@ bool EncodeRowsMap(CUtensorMap* map, const void* data, int rows, int k, int box_
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int kSubs>
+template <int kSubs, bool kSplit>
 cudaLaunchConfig_t Config(dim3 grid, int splits, bool pdl, cudaStream_t stream,
                           cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = SmemBytes<kSubs>();
+  config.dynamicSmemBytes = SmemBytes<kSubs, kSplit>();
   config.stream = stream;
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;
@@ -327,11 +363,12 @@ cudaLaunchConfig_t Config(dim3 grid, int splits, bool pdl, cudaStream_t stream,
   return config;
 }
 
-template <int kSubs>
+template <int kSubs, bool kSplit>
 cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = ClusterGemmKernel<kSubs>;
-  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, SmemBytes<kSubs>(), configured);
+  const auto kernel = ClusterGemmKernel<kSubs, kSplit>;
+  if (const cudaError_t e =
+          OptInDynamicSharedMemory(kernel, SmemBytes<kSubs, kSplit>(), configured);
       e != cudaSuccess) {
     return e;
   }
@@ -342,8 +379,8 @@ cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
   }
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t config =
-      Config<kSubs>(dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)), p.splits,
-                    p.pdl, stream, attrs);
+      Config<kSubs, kSplit>(dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)),
+                            p.splits, p.pdl, stream, attrs);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, w_map, x_map);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
@@ -356,15 +393,16 @@ cudaError_t LaunchClusterGemmRaw(const ClusterGemmRaw& p, cudaStream_t stream) {
       p.splits > kClusterGemmMaxSplits || p.tiles < 1 || p.n % 8 != 0) {
     return cudaErrorInvalidValue;
   }
+  const bool split = p.splits > 1;
   switch (p.subs) {
     case 1:
-      return LaunchTyped<1>(p, stream);
+      return split ? LaunchTyped<1, true>(p, stream) : LaunchTyped<1, false>(p, stream);
     case 2:
-      return LaunchTyped<2>(p, stream);
+      return split ? LaunchTyped<2, true>(p, stream) : LaunchTyped<2, false>(p, stream);
     case 3:
-      return LaunchTyped<3>(p, stream);
+      return split ? LaunchTyped<3, true>(p, stream) : LaunchTyped<3, false>(p, stream);
     case 4:
-      return LaunchTyped<4>(p, stream);
+      return split ? LaunchTyped<4, true>(p, stream) : LaunchTyped<4, false>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -384,12 +422,12 @@ int ClusterGemmMaxActiveClusters(int splits) {
   }
   // The largest form's shared memory; every form runs one CTA per SM.
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = ClusterGemmKernel<kClusterGemmMaxSubs>;
+  const auto kernel = ClusterGemmKernel<kClusterGemmMaxSubs, true>;
   int clusters = 0;
-  if (OptInDynamicSharedMemory(kernel, SmemBytes<kClusterGemmMaxSubs>(), configured) ==
+  if (OptInDynamicSharedMemory(kernel, SmemBytes<kClusterGemmMaxSubs, true>(), configured) ==
       cudaSuccess) {
     cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t config = Config<kClusterGemmMaxSubs>(
+    const cudaLaunchConfig_t config = Config<kClusterGemmMaxSubs, true>(
         dim3(static_cast<unsigned>(splits), static_cast<unsigned>(splits)), splits, false, nullptr,
         attrs);
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;

@@ -245,6 +245,24 @@ __device__ __forceinline__ void ClusterSync() {
           : "memory");
 #endif
 }
+// The two phases of ClusterSync apart: arrive (relaxed: orders nothing) early, wait later.
+__device__ __forceinline__ void ClusterArrive() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ClusterWait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+// An 8-byte store of (a, b) at a shared::cluster address (MapSharedToRank).
+__device__ __forceinline__ void StoreSharedCluster8(uint32_t cluster_addr, float a, float b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(cluster_addr), "f"(a), "f"(b)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ uint32_t MapSharedToRank(uint32_t addr, uint32_t rank) {
   uint32_t out = addr;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
