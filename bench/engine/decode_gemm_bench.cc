@@ -4,7 +4,7 @@
 // the same run.
 //   decode_gemm_bench [--shapes qkv=6144x4096,o=4096x4096,gate_up=28672x4096,down=4096x14336]
 //                     [--rows 33,48,64] [--layers 32] [--iters 20] [--json FILE]
-//                     [--plans 128x2,...] [--skip-cublaslt] [--trace]
+//                     [--plans 128x2,...] [--skip-cublaslt] [--trace] [--stages N]
 // --plans keeps only those cluster GEMM plans (TILExSPLITS); --skip-cublaslt leaves cuBLASLt out
 // (both for profiling one kernel). --trace also replays each cluster plan's graph with the
 // kernel's per-CTA timestamps on (ClusterGemmArgs::trace) and prints, averaged over the layers
@@ -184,6 +184,7 @@ struct Options {
   std::vector<std::string> plans;  // empty: every plan
   bool skip_cublaslt = false;
   bool trace = false;
+  int stages = 0;
 };
 
 absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
@@ -264,6 +265,7 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
                            a.m = m;
                            a.n = s.n;
                            a.k = s.k;
+                           a.stages = o.stages;
                            return cuda::LaunchClusterGemm(a, p, stream);
                          }));
         report(absl::StrCat("cluster ", p.tile_rows, "x", p.splits,
@@ -282,6 +284,7 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
                              a.m = m;
                              a.n = s.n;
                              a.k = s.k;
+                             a.stages = o.stages;
                              a.trace = trace + size_t(l) * ctas * cuda::kClusterGemmTraceWords;
                              return cuda::LaunchClusterGemm(a, p, stream);
                            }));
@@ -328,6 +331,8 @@ int main(int argc, char** argv) {
   app.add_option("--plans", o.plans, "only these cluster GEMM plans (TILExSPLITS)")->delimiter(',');
   app.add_flag("--skip-cublaslt", o.skip_cublaslt, "leave cuBLASLt out");
   app.add_flag("--trace", o.trace, "per-CTA timeline of each cluster plan");
+  app.add_option("--stages", o.stages, "cluster GEMM pipeline stages (0: as many as fit)")
+      ->check(CLI::Range(0, 16));
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::vector<tandem::Shape>> parsed = tandem::ParseShapes(shapes);
   absl::Status st = parsed.ok() ? tandem::Run(*parsed, o) : parsed.status();

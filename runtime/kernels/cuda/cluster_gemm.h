@@ -74,6 +74,10 @@ struct ClusterGemmArgs {
   int m = 0;  // in [0, kClusterGemmMaxRows]; 0 queues nothing
   int n = 0;
   int k = 0;
+  // Pipeline stages (64 k each) in shared memory: 0 for as many as fit (5-12 by tile width),
+  // else 2 or more (capped there). Fewer stages leave shared memory for the CTAs of the kernels
+  // before and after it, which programmatic launch can then run beside it.
+  int stages = 0;
   // Diagnostics, normally null: device memory for kClusterGemmTraceWords uint64 per CTA (tiles x
   // splits CTAs, record of CTA (tile t, split s) at s * tiles + t): %globaltimer nanoseconds at
   // entry, after the programmatic wait, when the first stage landed, at the end of the main loop,

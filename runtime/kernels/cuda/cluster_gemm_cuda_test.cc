@@ -199,6 +199,38 @@ TEST_F(ClusterGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
   }
 }
 
+// The ring depth changes when stages land, not the summation order: every depth gives the bits of
+// the deepest ring, with one split and with a cluster's split-K.
+TEST_F(ClusterGemmCudaTest, AnyStageCountGivesTheSameBits) {
+  constexpr int kM = 48, kN = 1024, kK = 2048;
+  FastRng rng(7);
+  const DeviceBuffer d_w = Upload(RandomBf16(static_cast<size_t>(kN) * kK, 0.02f, rng));
+  const DeviceBuffer d_x = Upload(RandomBf16(static_cast<size_t>(kM) * kK, 1.0f, rng));
+  const DeviceBuffer d_out = Alloc(static_cast<size_t>(kM) * kN * 2);
+  for (const auto& [tile, splits] : {std::pair{64, 1}, {128, 2}, {256, 4}}) {
+    const cuda::ClusterGemmPlan plan = cuda::MakeClusterGemmPlan(kN, kK, tile, splits);
+    ASSERT_TRUE(plan.ok());
+    std::vector<uint16_t> first;
+    for (const int stages : {0, 2, 3, 5, 8, 16}) {
+      cuda::ClusterGemmArgs a;
+      a.x = d_x.data;
+      a.w = d_w.data;
+      a.out = d_out.data;
+      a.m = kM;
+      a.n = kN;
+      a.k = kK;
+      a.stages = stages;
+      ASSERT_TRUE(cuda::LaunchClusterGemm(a, plan, stream()).ok()) << stages << " stages";
+      const std::vector<uint16_t> bits = Download<uint16_t>(d_out, static_cast<size_t>(kM) * kN);
+      if (stages == 0) {
+        first = bits;
+      } else {
+        ASSERT_EQ(bits, first) << tile << "x" << splits << ": " << stages << " stages differ";
+      }
+    }
+  }
+}
+
 TEST_F(ClusterGemmCudaTest, BadPlansAndShapesAreErrors) {
   const DeviceBuffer d_w = Alloc(size_t{1024} * 512 * 2);
   const DeviceBuffer d_x = Alloc(size_t{64} * 512 * 2);
@@ -227,6 +259,9 @@ TEST_F(ClusterGemmCudaTest, BadPlansAndShapesAreErrors) {
         << "m=" << bad.first << " k=" << bad.second;
   }
   cuda::ClusterGemmArgs c = a;
+  c.stages = 1;
+  EXPECT_EQ(cuda::LaunchClusterGemm(c, good, stream()).code(), absl::StatusCode::kInvalidArgument);
+  c = a;
   c.n = 1020;
   EXPECT_EQ(cuda::LaunchClusterGemm(c, good, stream()).code(), absl::StatusCode::kInvalidArgument);
   c = a;

@@ -27,6 +27,8 @@ struct ClusterGemmRaw {
   int k_steps;  // 64-wide k steps per split: k / 64 / splits
   bool pdl;     // launch with programmatic stream serialization (PdlEnabled())
   int x_rows;   // activation rows per stage box: m rounded up to 8 (filled by the launcher)
+  int stages;   // ring depth: 0 for as many as fit, else 2 to that (fewer leave shared memory
+                // for the neighbouring kernels' CTAs)
   // Diagnostics (null: off): kClusterGemmTraceWords words per CTA (block y * tiles + x): the
   // %globaltimer (ns) at entry, after the programmatic wait, at the first full stage, at the end
   // of the main loop, after the first cluster (or CTA) barrier and at exit; then the SM id and

@@ -95,11 +95,13 @@ bool ClusterGemmSupports(int m, int n, int k, const void* x, const void* w, cons
 absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& plan,
                                void* stream) {
   if (a.m == 0 && a.n > 0 && a.k > 0) return absl::OkStatus();
-  if (!ClusterGemmSupports(a.m, a.n, a.k, a.x, a.w, a.out, a.bias)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClusterGemm: m=", a.m, " n=", a.n, " k=", a.k,
-        " (or its pointers) not supported: m in [1, ", kClusterGemmMaxRows,
-        "], n a positive multiple of 8, k of ", kClusterGemmKStep, ", 16-byte aligned buffers"));
+  if (!ClusterGemmSupports(a.m, a.n, a.k, a.x, a.w, a.out, a.bias) || a.stages < 0 ||
+      a.stages == 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClusterGemm: m=", a.m, " n=", a.n, " k=", a.k,
+                     " (or its pointers) not supported: m in [1, ", kClusterGemmMaxRows,
+                     "], n a positive multiple of 8, k of ", kClusterGemmKStep,
+                     ", 16-byte aligned buffers, stages 0 or >= 2; stages=", a.stages, ")"));
   }
   const ClusterGemmPlan check = MakeClusterGemmPlan(a.n, a.k, plan.tile_rows, plan.splits);
   if (!plan.ok() || !check.ok() || check.tiles != plan.tiles ||
@@ -127,6 +129,7 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   raw.k_steps = plan.k_per_split / kClusterGemmKStep;
   raw.pdl = internal::PdlEnabled();
   raw.x_rows = (a.m + 7) / 8 * 8;
+  raw.stages = a.stages;
   raw.trace = reinterpret_cast<unsigned long long*>(a.trace);
   RETURN_IF_CUDA_ERROR(internal::LaunchClusterGemmRaw(raw, static_cast<cudaStream_t>(stream)),
                        absl::StrCat("ClusterGemm launch (m=", a.m, " n=", a.n, " k=", a.k, ", ",

@@ -72,10 +72,10 @@ __host__ __device__ constexpr int Stages() {
              ? (kSmemLimit - 1024 - RecvBytes<kSubs, kSplit>()) / StageBytes<kSubs>()
              : kMaxStages;
 }
+// Dynamic shared memory of a launch with `stages` stages (Stages() at most).
 template <int kSubs, bool kSplit>
-constexpr size_t SmemBytes() {
-  return size_t{1024} + size_t{Stages<kSubs, kSplit>()} * StageBytes<kSubs>() +
-         RecvBytes<kSubs, kSplit>();
+constexpr size_t SmemBytes(int stages = Stages<kSubs, kSplit>()) {
+  return size_t{1024} + size_t(stages) * StageBytes<kSubs>() + RecvBytes<kSubs, kSplit>();
 }
 // Float stride of the one-split partial tile [64 batch rows][R weight rows] in the ring's memory.
 template <int kSubs>
@@ -106,18 +106,19 @@ template <int kSubs, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     ClusterGemmKernel(const ClusterGemmRaw p, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map) {
-  constexpr int kStages = Stages<kSubs, kSplit>();
+  constexpr int kMaxRing = Stages<kSubs, kSplit>();
+  const int stages = p.stages;  // in [2, kMaxRing] (the launcher checks)
   constexpr int kStageBytes = StageBytes<kSubs>();
   constexpr int kTileRows = kClusterGemmSubRows * kSubs;
   constexpr int kLd = PartialStride<kSubs>();
-  static_assert(kClusterGemmSubRows * kLd * 4 <= kStages * kStageBytes,
-                "the one-split partial tile must fit the pipeline's memory");
+  static_assert(kClusterGemmSubRows * kLd * 4 <= 2 * kStageBytes,
+                "the one-split partial tile must fit two stages of the pipeline's memory");
   static_assert(!kSplit || kClusterGemmSubRows * (kTileRows + 4 * kClusterGemmMaxSplits) * 4 <=
                                RecvBytes<kSubs, kSplit>(),
                 "the receive region holds every source's slice");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bars[kStages];
-  __shared__ __align__(8) uint64_t empty_bars[kStages];
+  __shared__ __align__(8) uint64_t full_bars[kMaxRing];
+  __shared__ __align__(8) uint64_t empty_bars[kMaxRing];
   PdlLaunchDependents();
   if (threadIdx.x == 0) Trace(p, 0, GlobalTimer());
   // 128-byte swizzled boxes start on 1024-byte boundaries (descriptor base offset 0).
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_step0 = blockIdx.y * p.k_steps;
 
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < stages; ++s) {
       MbarInit(full0 + 8 * s, 1);
       MbarInit(empty0 + 8 * s, kConsumerThreads / kWarpSize);
     }
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // fill): the stage's rows past it are never written, and only ever reach output rows past
       // m, which are not stored.
       const uint32_t stage_tx = kStageBytes - (kClusterGemmMaxRowsDevice - p.x_rows) * kBk * 2;
-      const int first = p.k_steps < kStages ? p.k_steps : kStages;
+      const int first = p.k_steps < stages ? p.k_steps : stages;
       for (int s = 0; s < first; ++s) {
         MbarArriveExpectTx(full0 + 8 * s, stage_tx);
         TmaLoad2d(base + s * kStageBytes + kBoxBytes, &w_map, (k_step0 + s) * kBk, n0,
@@ -165,9 +166,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < first; ++s) {
         TmaLoad2d(base + s * kStageBytes, &x_map, (k_step0 + s) * kBk, 0, full0 + 8 * s);
       }
-      for (int step = kStages; step < p.k_steps; ++step) {
-        const int slot = step % kStages;
-        MbarWait(empty0 + 8 * slot, ((step / kStages) - 1) & 1);
+      for (int step = stages; step < p.k_steps; ++step) {
+        const int slot = step % stages;
+        MbarWait(empty0 + 8 * slot, ((step / stages) - 1) & 1);
         const uint32_t stage = base + slot * kStageBytes;
         MbarArriveExpectTx(full0 + 8 * slot, stage_tx);
         TmaLoad2d(stage + kBoxBytes, &w_map, (k_step0 + step) * kBk, n0, full0 + 8 * slot);
@@ -181,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 32; ++r) acc[j][r] = 0.0f;
     }
     for (int step = 0; step < p.k_steps; ++step) {
-      const int slot = step % kStages;
-      MbarWait(full0 + 8 * slot, (step / kStages) & 1);
+      const int slot = step % stages;
+      MbarWait(full0 + 8 * slot, (step / stages) & 1);
       if (step == 0 && tid == 0) Trace(p, 2, GlobalTimer());
       const uint32_t x_tile = base + slot * kStageBytes;
       const uint32_t w_tile = x_tile + kBoxBytes;
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWaitGroup<1>();  // the previous step's products have read their stage
 #pragma unroll
       for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
-      if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * ((step - 1) % kStages));
+      if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * ((step - 1) % stages));
     }
     WgmmaWaitAll();
 #pragma unroll
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto partial_offset = [&](int q, int row, int c) {
     return kSplit ? (q * kClusterGemmSubRows + row) * recv_ld + c : row * kLd + c;
   };
-  float* part = reinterpret_cast<float*>(smem + (kSplit ? kStages * kStageBytes : 0));
+  float* part = reinterpret_cast<float*>(smem + (kSplit ? stages * kStageBytes : 0));
   __syncwarp();  // the producer warp's lane 0 rejoins it (the cluster barrier is warp-aligned)
   if constexpr (kSplit) {
     // Push: every partial goes to the CTA that sums its weight rows (its own slice stays here),
@@ -345,12 +346,12 @@ bool EncodeRowsMap(CUtensorMap* map, const void* data, int rows, int k, int box_
 }
 
 template <int kSubs, bool kSplit>
-cudaLaunchConfig_t Config(dim3 grid, int splits, bool pdl, cudaStream_t stream,
+cudaLaunchConfig_t Config(dim3 grid, int splits, int stages, bool pdl, cudaStream_t stream,
                           cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = SmemBytes<kSubs, kSplit>();
+  config.dynamicSmemBytes = SmemBytes<kSubs, kSplit>(stages);
   config.stream = stream;
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;
@@ -364,7 +365,10 @@ cudaLaunchConfig_t Config(dim3 grid, int splits, bool pdl, cudaStream_t stream,
 }
 
 template <int kSubs, bool kSplit>
-cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
+cudaError_t LaunchTyped(ClusterGemmRaw p, cudaStream_t stream) {
+  constexpr int kMaxRing = Stages<kSubs, kSplit>();
+  if (p.stages == 0 || p.stages > kMaxRing) p.stages = kMaxRing;
+  if (p.stages < 2) return cudaErrorInvalidValue;
   static std::atomic<uint64_t> configured{0};
   const auto kernel = ClusterGemmKernel<kSubs, kSplit>;
   if (const cudaError_t e =
@@ -380,7 +384,7 @@ cudaError_t LaunchTyped(const ClusterGemmRaw& p, cudaStream_t stream) {
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t config =
       Config<kSubs, kSplit>(dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)),
-                            p.splits, p.pdl, stream, attrs);
+                            p.splits, p.stages, p.pdl, stream, attrs);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, w_map, x_map);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
@@ -428,8 +432,8 @@ int ClusterGemmMaxActiveClusters(int splits) {
       cudaSuccess) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t config = Config<kClusterGemmMaxSubs, true>(
-        dim3(static_cast<unsigned>(splits), static_cast<unsigned>(splits)), splits, false, nullptr,
-        attrs);
+        dim3(static_cast<unsigned>(splits), static_cast<unsigned>(splits)), splits,
+        Stages<kClusterGemmMaxSubs, true>(), false, nullptr, attrs);
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
   }
   cudaGetLastError();

@@ -179,6 +179,7 @@ struct CublasLtGemm::Impl {
   int cluster_max_rows = cuda::kClusterGemmMaxRows;
   std::vector<std::pair<int, int>> cluster_shapes;  // (n, k); empty: every shape with a plan
   double cluster_min_fill = 0.9;                    // PlanClusterGemm's min_fill
+  int cluster_stages = 0;                           // ClusterGemmArgs::stages
   cuda::ClusterGemmCapacity cluster_capacity;
   absl::flat_hash_map<std::pair<int, int>, cuda::ClusterGemmPlan> cluster_plans;
   absl::flat_hash_map<Key, Plan> plans;
@@ -419,7 +420,8 @@ CublasLtGemm::~CublasLtGemm() = default;
 // 1-64), TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (',' or ':' between shapes; default: every shape
 // with a plan) and
 // TANDEM_CLUSTER_GEMM_MIN_FILL=F (0-1, default 0.9: the share of the SMs a plan must keep busy;
-// tests set 0 so that small models take it). A bad value fails Create.
+// tests set 0 so that small models take it) and TANDEM_CLUSTER_GEMM_STAGES=N (0: as many as fit,
+// or 2-16; ClusterGemmArgs::stages). A bad value fails Create.
 absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
   const char* on = std::getenv("TANDEM_CLUSTER_GEMM");
   if (on != nullptr && std::strcmp(on, "0") != 0 && std::strcmp(on, "1") != 0) {
@@ -458,6 +460,14 @@ absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
           "TANDEM_CLUSTER_GEMM_MIN_FILL must be a number in [0, 1], got \"", fill, "\""));
     }
     impl.cluster_min_fill = v;
+  }
+  if (const char* stages = std::getenv("TANDEM_CLUSTER_GEMM_STAGES")) {
+    int v = -1;
+    if (!absl::SimpleAtoi(stages, &v) || v < 0 || v == 1 || v > 16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_CLUSTER_GEMM_STAGES must be 0 or 2-16, got \"", stages, "\""));
+    }
+    impl.cluster_stages = v;
   }
   if (on != nullptr && std::strcmp(on, "1") == 0 && cuda::ClusterGemmRunsHere()) {
     impl.cluster_capacity = cuda::ClusterGemmCapacityHere();
@@ -569,6 +579,7 @@ absl::Status CublasLtGemm::Linear(const void* x, const void* w, const void* bias
     a.m = m;
     a.n = n;
     a.k = k;
+    a.stages = impl_->cluster_stages;
     return cuda::LaunchClusterGemm(a, *cp, stream);
   }
   auto plan_or =
