@@ -55,27 +55,26 @@ template <int kSubs>
 __host__ __device__ constexpr int StageBytes() {  // activations, then the weight sub-tiles
   return kBoxBytes * (1 + kSubs);
 }
-// Split-K launches receive their peers' partial tiles in a region of their own (the ring may still
-// be in use when a peer's partials arrive): per source rank q, 64 rows of W + 4 floats (W = R /
-// splits of the tile's weight rows this CTA sums), for up to kClusterGemmMaxSplits ranks.
-template <int kSubs, bool kSplit>
-__host__ __device__ constexpr int RecvBytes() {
-  return kSplit
-             ? kClusterGemmSubRows * (kClusterGemmSubRows * kSubs + 4 * kClusterGemmMaxSplits) * 4
-             : 0;
-}
-// As many stages as fit beside the 1 KB alignment slack and the receive region, at most
-// kMaxStages: 12 / 9 / 7 / 5 for 1 / 2 / 3 / 4 sub-tiles without splits, 12 / 7 / 5 / 3 with.
-template <int kSubs, bool kSplit>
+// As many stages as fit beside the 1 KB alignment slack, at most kMaxStages: 12 / 9 / 7 / 5 for
+// 1 / 2 / 3 / 4 sub-tiles. (A receive region of its own for split-K partials, 24-72 KB, measured
+// 3% slower in the decode step than sharing the ring: it leaves no shared memory for the
+// neighbouring kernels' CTAs, bench/RESULTS.md.)
+template <int kSubs>
 __host__ __device__ constexpr int Stages() {
-  return (kSmemLimit - 1024 - RecvBytes<kSubs, kSplit>()) / StageBytes<kSubs>() < kMaxStages
-             ? (kSmemLimit - 1024 - RecvBytes<kSubs, kSplit>()) / StageBytes<kSubs>()
+  return (kSmemLimit - 1024) / StageBytes<kSubs>() < kMaxStages
+             ? (kSmemLimit - 1024) / StageBytes<kSubs>()
              : kMaxStages;
 }
 // Dynamic shared memory of a launch with `stages` stages (Stages() at most).
-template <int kSubs, bool kSplit>
-constexpr size_t SmemBytes(int stages = Stages<kSubs, kSplit>()) {
-  return size_t{1024} + size_t(stages) * StageBytes<kSubs>() + RecvBytes<kSubs, kSplit>();
+template <int kSubs>
+constexpr size_t SmemBytes(int stages = Stages<kSubs>()) {
+  return size_t{1024} + size_t(stages) * StageBytes<kSubs>();
+}
+// Floats of split-K partials one CTA receives (into its ring, once every CTA of the cluster is
+// past its main loop): per source rank, 64 rows of W + 4 (W = R / splits), up to 8 ranks.
+template <int kSubs>
+__host__ __device__ constexpr int ReceiveFloats() {
+  return kClusterGemmSubRows * (kClusterGemmSubRows * kSubs + 4 * kClusterGemmMaxSplits);
 }
 // Float stride of the one-split partial tile [64 batch rows][R weight rows] in the ring's memory.
 template <int kSubs>
@@ -106,16 +105,15 @@ template <int kSubs, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     ClusterGemmKernel(const ClusterGemmRaw p, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map) {
-  constexpr int kMaxRing = Stages<kSubs, kSplit>();
+  constexpr int kMaxRing = Stages<kSubs>();
   const int stages = p.stages;  // in [2, kMaxRing] (the launcher checks)
   constexpr int kStageBytes = StageBytes<kSubs>();
   constexpr int kTileRows = kClusterGemmSubRows * kSubs;
   constexpr int kLd = PartialStride<kSubs>();
   static_assert(kClusterGemmSubRows * kLd * 4 <= 2 * kStageBytes,
                 "the one-split partial tile must fit two stages of the pipeline's memory");
-  static_assert(!kSplit || kClusterGemmSubRows * (kTileRows + 4 * kClusterGemmMaxSplits) * 4 <=
-                               RecvBytes<kSubs, kSplit>(),
-                "the receive region holds every source's slice");
+  static_assert(ReceiveFloats<kSubs>() * 4 <= 2 * kStageBytes,
+                "two stages of the ring hold every source's split-K slice");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bars[kMaxRing];
   __shared__ __align__(8) uint64_t empty_bars[kMaxRing];
@@ -142,9 +140,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceMbarrierInit();
   }
   __syncthreads();
-  // Split-K: the peers write into this CTA's shared memory at the end; the first phase of the
-  // cluster barrier (waited for just before that) makes sure every CTA of the cluster has started.
-  if constexpr (kSplit) ClusterArrive();
 
   float acc[kSubs][32];
   if (warp == kProducerWarp) {
@@ -166,13 +161,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int s = 0; s < first; ++s) {
         TmaLoad2d(base + s * kStageBytes, &x_map, (k_step0 + s) * kBk, 0, full0 + 8 * s);
       }
+      // The ring position as counters (a division per step by the runtime depth measured 40%
+      // slower: the one issuing thread's dependent chain delays every load).
+      int slot = 0;
+      uint32_t phase = 0;
       for (int step = stages; step < p.k_steps; ++step) {
-        const int slot = step % stages;
-        MbarWait(empty0 + 8 * slot, ((step / stages) - 1) & 1);
+        MbarWait(empty0 + 8 * slot, phase);
         const uint32_t stage = base + slot * kStageBytes;
         MbarArriveExpectTx(full0 + 8 * slot, stage_tx);
         TmaLoad2d(stage + kBoxBytes, &w_map, (k_step0 + step) * kBk, n0, full0 + 8 * slot);
         TmaLoad2d(stage, &x_map, (k_step0 + step) * kBk, 0, full0 + 8 * slot);
+        if (++slot == stages) {
+          slot = 0;
+          phase ^= 1;
+        }
       }
     }
   } else {
@@ -181,9 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 32; ++r) acc[j][r] = 0.0f;
     }
+    int slot = 0, prev_slot = stages - 1;
+    uint32_t phase = 0;
     for (int step = 0; step < p.k_steps; ++step) {
-      const int slot = step % stages;
-      MbarWait(full0 + 8 * slot, (step / stages) & 1);
+      MbarWait(full0 + 8 * slot, phase);
       if (step == 0 && tid == 0) Trace(p, 2, GlobalTimer());
       const uint32_t x_tile = base + slot * kStageBytes;
       const uint32_t w_tile = x_tile + kBoxBytes;
@@ -204,7 +207,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWaitGroup<1>();  // the previous step's products have read their stage
 #pragma unroll
       for (int j = 0; j < kSubs; ++j) FenceRegisters(acc[j]);
-      if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * ((step - 1) % stages));
+      if (step > 0 && lane == 0) MbarArrive(empty0 + 8 * prev_slot);
+      prev_slot = slot;
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
     WgmmaWaitAll();
 #pragma unroll
@@ -218,17 +226,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int chunks = width / 8;
   const int rank = kSplit ? static_cast<int>(ClusterCtaRank()) : 0;
   const int recv_ld = width + 4;  // floats per row of one source rank's slice
-  // Partial tile entry (source q, batch row, weight row c of this CTA's slice) in the memory the
-  // sum reads: the receive region (split) or the ring (one split).
+  // Divisions by the runtime width as multiplications (exact: quotients of integers below 2^12,
+  // never within float error of the next integer once offset by half).
+  const float inv_width = 1.0f / static_cast<float>(width);
+  const float inv_chunks = 1.0f / static_cast<float>(chunks);
+  // Partial tile entry (source q, batch row, weight row c of this CTA's slice) in the ring: per
+  // source rank 64 rows of width + 4 floats (split-K), or the one [64][kLd] tile.
   auto partial_offset = [&](int q, int row, int c) {
     return kSplit ? (q * kClusterGemmSubRows + row) * recv_ld + c : row * kLd + c;
   };
-  float* part = reinterpret_cast<float*>(smem + (kSplit ? stages * kStageBytes : 0));
+  float* part = reinterpret_cast<float*>(smem);  // the ring, once every product has retired
   __syncwarp();  // the producer warp's lane 0 rejoins it (the cluster barrier is warp-aligned)
   if constexpr (kSplit) {
-    // Push: every partial goes to the CTA that sums its weight rows (its own slice stays here),
-    // then one cluster barrier makes the stores visible; the sums read only local memory.
-    ClusterWait();
+    // Once every CTA of the cluster is past its main loop (the first barrier: their rings are
+    // free), each pushes its partials to the CTA that sums those weight rows (its own slice stays
+    // here); the second barrier makes the stores visible, and the sums read local memory only.
+    // (Pulling them with remote loads instead measured a 2.6 us epilogue, call 6.)
+    ClusterSync();
     if (warp != kProducerWarp) {
       const uint32_t part_addr = SharedAddress(part);
 #pragma unroll
@@ -237,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int r = 0; r < 32; r += 2) {
           const int row = sa::AccRow(warp, lane, r);
           const int col = kClusterGemmSubRows * j + sa::AccCol(lane, r);
-          const int owner = col / width;
+          const int owner = static_cast<int>((static_cast<float>(col) + 0.5f) * inv_width);
           const int at = partial_offset(rank, row, col - owner * width);
           if (owner == rank) {
             *reinterpret_cast<float2*>(&part[at]) = make_float2(acc[j][r], acc[j][r + 1]);
@@ -271,8 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Sum this CTA's slice over the sources in rank order (deterministic), add the bias, store.
   if (warp != kProducerWarp) {
     for (int item = tid; item < p.m * chunks; item += kConsumerThreads) {
-      const int row = item / chunks;
-      const int c = (item % chunks) * 8;
+      const int row = static_cast<int>((static_cast<float>(item) + 0.5f) * inv_chunks);
+      const int c = (item - row * chunks) * 8;
       const int n = n0 + rank * width + c;
       if (n >= p.n) continue;  // n % 8 == 0: a chunk is wholly in or out
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -351,7 +365,7 @@ cudaLaunchConfig_t Config(dim3 grid, int splits, int stages, bool pdl, cudaStrea
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = SmemBytes<kSubs, kSplit>(stages);
+  config.dynamicSmemBytes = SmemBytes<kSubs>(stages);
   config.stream = stream;
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;
@@ -366,13 +380,12 @@ cudaLaunchConfig_t Config(dim3 grid, int splits, int stages, bool pdl, cudaStrea
 
 template <int kSubs, bool kSplit>
 cudaError_t LaunchTyped(ClusterGemmRaw p, cudaStream_t stream) {
-  constexpr int kMaxRing = Stages<kSubs, kSplit>();
+  constexpr int kMaxRing = Stages<kSubs>();
   if (p.stages == 0 || p.stages > kMaxRing) p.stages = kMaxRing;
   if (p.stages < 2) return cudaErrorInvalidValue;
   static std::atomic<uint64_t> configured{0};
   const auto kernel = ClusterGemmKernel<kSubs, kSplit>;
-  if (const cudaError_t e =
-          OptInDynamicSharedMemory(kernel, SmemBytes<kSubs, kSplit>(), configured);
+  if (const cudaError_t e = OptInDynamicSharedMemory(kernel, SmemBytes<kSubs>(), configured);
       e != cudaSuccess) {
     return e;
   }
@@ -428,12 +441,12 @@ int ClusterGemmMaxActiveClusters(int splits) {
   static std::atomic<uint64_t> configured{0};
   const auto kernel = ClusterGemmKernel<kClusterGemmMaxSubs, true>;
   int clusters = 0;
-  if (OptInDynamicSharedMemory(kernel, SmemBytes<kClusterGemmMaxSubs, true>(), configured) ==
+  if (OptInDynamicSharedMemory(kernel, SmemBytes<kClusterGemmMaxSubs>(), configured) ==
       cudaSuccess) {
     cudaLaunchAttribute attrs[2];
     const cudaLaunchConfig_t config = Config<kClusterGemmMaxSubs, true>(
         dim3(static_cast<unsigned>(splits), static_cast<unsigned>(splits)), splits,
-        Stages<kClusterGemmMaxSubs, true>(), false, nullptr, attrs);
+        Stages<kClusterGemmMaxSubs>(), false, nullptr, attrs);
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
   }
   cudaGetLastError();
