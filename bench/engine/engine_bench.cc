@@ -169,20 +169,22 @@ int Run(const Flags& flags) {
   // table says which code paths produced it.
   json switches = json::object();
   std::string active;
-  for (const char* name : {"TANDEM_DISABLE_GEMV",         "TANDEM_DISABLE_GEMM_AUTOTUNE",
-                           "TANDEM_DISABLE_PDL",          "TANDEM_DECODE_SPLIT_TARGET",
-                           "TANDEM_SKINNY_GEMM",          "TANDEM_SKINNY_CTAS_PER_SM",
-                           "TANDEM_GEMV_UNROLL",          "TANDEM_GEMV_MIN_CTAS",
-                           "TANDEM_GEMV_MIN_CTAS_LONG",   "TANDEM_DECODE_MIN_SPLIT_TOKENS",
-                           "TANDEM_DECODE_FILL_SMS",      "TANDEM_FUSE_QKV_ROPE",
-                           "TANDEM_FUSE_NORM_GEMV",       "TANDEM_PREFILL_ATTN_SM90",
-                           "TANDEM_PREFILL_SM90_STAGES",  "TANDEM_PREFILL_SM90_HEADS",
-                           "TANDEM_PREFILL_SM90_WIDE",    "TANDEM_PREFILL_SM90_COPY_LATE",
-                           "TANDEM_DECODE_PACK_LO",       "TANDEM_SKINNY_MAX_ROWS",
-                           "TANDEM_SKINNY_WGMMA",         "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
-                           "TANDEM_GEMM_AUTOTUNE_SPLITK", "TANDEM_DECODE_EVICT_FIRST",
-                           "TANDEM_PREFILL_SM90_WS",      "TANDEM_SKINNY_QKV_MAX_ROWS",
-                           "TANDEM_SKINNY_GATED_MAX_ROWS"}) {
+  for (const char* name : {"TANDEM_DISABLE_GEMV",          "TANDEM_DISABLE_GEMM_AUTOTUNE",
+                           "TANDEM_DISABLE_PDL",           "TANDEM_DECODE_SPLIT_TARGET",
+                           "TANDEM_SKINNY_GEMM",           "TANDEM_SKINNY_CTAS_PER_SM",
+                           "TANDEM_GEMV_UNROLL",           "TANDEM_GEMV_MIN_CTAS",
+                           "TANDEM_GEMV_MIN_CTAS_LONG",    "TANDEM_DECODE_MIN_SPLIT_TOKENS",
+                           "TANDEM_DECODE_FILL_SMS",       "TANDEM_FUSE_QKV_ROPE",
+                           "TANDEM_FUSE_NORM_GEMV",        "TANDEM_PREFILL_ATTN_SM90",
+                           "TANDEM_PREFILL_SM90_STAGES",   "TANDEM_PREFILL_SM90_HEADS",
+                           "TANDEM_PREFILL_SM90_WIDE",     "TANDEM_PREFILL_SM90_COPY_LATE",
+                           "TANDEM_DECODE_PACK_LO",        "TANDEM_SKINNY_MAX_ROWS",
+                           "TANDEM_SKINNY_WGMMA",          "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
+                           "TANDEM_GEMM_AUTOTUNE_SPLITK",  "TANDEM_DECODE_EVICT_FIRST",
+                           "TANDEM_PREFILL_SM90_WS",       "TANDEM_SKINNY_QKV_MAX_ROWS",
+                           "TANDEM_SKINNY_GATED_MAX_ROWS", "TANDEM_CLUSTER_GEMM",
+                           "TANDEM_CLUSTER_GEMM_ROWS",     "TANDEM_CLUSTER_GEMM_SHAPES",
+                           "TANDEM_CLUSTER_GEMM_STAGES",   "TANDEM_CLUSTER_GEMM_MIN_FILL"}) {
     if (const char* v = std::getenv(name)) {
       switches[name] = v;
       absl::StrAppend(&active, " ", name, "=", v);

@@ -132,11 +132,13 @@ if [[ -x "$BIN/gemv_cuda_test" ]]; then
   done
 fi
 # The runner again with RoPE and the KV append as their own kernel (fused by default), with
-# the single-token RMSNorms folded into the GEMVs (their own kernels by default), and with the
-# GEMM autotuning's wider search (split-K variants of 32 candidates).
+# the single-token RMSNorms folded into the GEMVs (their own kernels by default), with the
+# GEMM autotuning's wider search (split-K variants of 32 candidates), and with the cluster GEMM
+# taking every projection of 1-64 rows it has a plan for (the test models are small).
 if [[ -x "$BIN/cuda_model_runner_test" ]]; then
   for sw in TANDEM_FUSE_QKV_ROPE=0:unfused_qkv_rope TANDEM_FUSE_NORM_GEMV=1:fused_norm \
-      TANDEM_GEMM_AUTOTUNE_SPLITK=1,TANDEM_GEMM_AUTOTUNE_CANDIDATES=32:gemm_splitk; do
+      TANDEM_GEMM_AUTOTUNE_SPLITK=1,TANDEM_GEMM_AUTOTUNE_CANDIDATES=32:gemm_splitk \
+      TANDEM_CLUSTER_GEMM=1,TANDEM_CLUSTER_GEMM_ROWS=1-64,TANDEM_CLUSTER_GEMM_MIN_FILL=0,TANDEM_SKINNY_GEMM=0,TANDEM_DISABLE_GEMV=1:cluster_gemm; do
     IFS=',' read -r -a envs <<< "${sw%%:*}"
     step "cuda_model_runner_test_${sw#*:}" 200 env "${envs[@]}" "$BIN/cuda_model_runner_test" \
       --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \

@@ -18,6 +18,15 @@
 // projection with RoPE fused and of the gate/up projection with SiLU fused (default: the general
 // bound); TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
 // aims at.
+// On compute capability 9.0, calls of 33-64 rows whose shape has a plan that fills the SMs in one
+// wave (the Llama-3-8B O and down projections) go to the cluster GEMM of
+// runtime/kernels/cuda/cluster_gemm.h (same numerics contract; it queues its first weight loads
+// before its programmatic wait, which cuBLASLt's kernels do not: 1.9% off the batch-48 and -64
+// decode step on the H200, bench/RESULTS.md). Switches, read at Create (a bad value fails it):
+// TANDEM_CLUSTER_GEMM=0 turns it off; TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64),
+// TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (only those shapes), TANDEM_CLUSTER_GEMM_MIN_FILL=F (default
+// 0.9: the share of the SMs a plan must keep busy) and TANDEM_CLUSTER_GEMM_STAGES=N (pipeline
+// depth; 0, the default, for as many as fit).
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
