@@ -184,7 +184,8 @@ int Run(const Flags& flags) {
                            "TANDEM_PREFILL_SM90_WS",       "TANDEM_SKINNY_QKV_MAX_ROWS",
                            "TANDEM_SKINNY_GATED_MAX_ROWS", "TANDEM_CLUSTER_GEMM",
                            "TANDEM_CLUSTER_GEMM_ROWS",     "TANDEM_CLUSTER_GEMM_SHAPES",
-                           "TANDEM_CLUSTER_GEMM_STAGES",   "TANDEM_CLUSTER_GEMM_MIN_FILL"}) {
+                           "TANDEM_CLUSTER_GEMM_STAGES",   "TANDEM_CLUSTER_GEMM_MIN_FILL",
+                           "TANDEM_CLUSTER_GEMM_MAX_TILE"}) {
     if (const char* v = std::getenv(name)) {
       switches[name] = v;
       absl::StrAppend(&active, " ", name, "=", v);

@@ -49,11 +49,12 @@ struct ClusterGemmCapacity {
 ClusterGemmPlan MakeClusterGemmPlan(int n, int k, int tile_rows, int splits);
 
 // The plan the launcher takes by default: among the valid plans whose tiles fit one wave of
-// clusters on `capacity` and keep at least `min_fill` of the SMs busy, the one whose CTAs each
+// clusters on `capacity`, keep at least `min_fill` of the SMs busy and have tiles of at most
+// `max_tile_rows` weight rows, the one whose CTAs each
 // stream the fewest bytes (weights, plus half the activations and half the partial tile read from
 // the cluster's peers); no plan when none fits (the caller keeps its library GEMM).
 ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity,
-                                double min_fill = 0.9);
+                                double min_fill = 0.9, int max_tile_rows = 256);
 
 // Whether the current device runs the kernel (compute capability 9.0) and its capacity there
 // (cached per device). All zeros elsewhere.

@@ -49,12 +49,14 @@ ClusterGemmPlan MakeClusterGemmPlan(int n, int k, int tile_rows, int splits) {
   return plan;
 }
 
-ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity,
-                                double min_fill) {
+ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity, double min_fill,
+                                int max_tile_rows) {
   ClusterGemmPlan best;
   double best_cost = std::numeric_limits<double>::infinity();
   for (const int splits : kSplitSizes) {
-    for (int subs = 1; subs <= internal::kClusterGemmMaxSubs; ++subs) {
+    for (int subs = 1; subs <= internal::kClusterGemmMaxSubs &&
+                       subs * internal::kClusterGemmSubRows <= max_tile_rows;
+         ++subs) {
       const ClusterGemmPlan plan =
           MakeClusterGemmPlan(n, k, subs * internal::kClusterGemmSubRows, splits);
       // One wave that keeps at least min_fill of the SMs streaming.

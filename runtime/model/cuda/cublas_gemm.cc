@@ -180,6 +180,7 @@ struct CublasLtGemm::Impl {
   std::vector<std::pair<int, int>> cluster_shapes;  // (n, k); empty: every shape with a plan
   double cluster_min_fill = 0.9;                    // PlanClusterGemm's min_fill
   int cluster_stages = 0;                           // ClusterGemmArgs::stages
+  int cluster_max_tile = 64;                        // PlanClusterGemm's max_tile_rows
   cuda::ClusterGemmCapacity cluster_capacity;
   absl::flat_hash_map<std::pair<int, int>, cuda::ClusterGemmPlan> cluster_plans;
   absl::flat_hash_map<Key, Plan> plans;
@@ -423,7 +424,10 @@ CublasLtGemm::~CublasLtGemm() = default;
 // with a plan) and
 // TANDEM_CLUSTER_GEMM_MIN_FILL=F (0-1, default 0.9: the share of the SMs a plan must keep busy;
 // tests set 0 so that small models take it) and TANDEM_CLUSTER_GEMM_STAGES=N (0: as many as fit,
-// or 2-16; ClusterGemmArgs::stages). A bad value fails Create.
+// or 2-16; ClusterGemmArgs::stages) and TANDEM_CLUSTER_GEMM_MAX_TILE=R (64-256, default 64:
+// the widest tile a plan may take; the 64-row two-split plans of the Llama-3-8B O and down
+// projections are the ones measured faster in the step, wider tiles streamed slower than
+// cuBLASLt in decode_gemm_bench). A bad value fails Create.
 absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
   const char* on = std::getenv("TANDEM_CLUSTER_GEMM");
   if (on != nullptr && std::strcmp(on, "0") != 0 && std::strcmp(on, "1") != 0) {
@@ -462,6 +466,14 @@ absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
           "TANDEM_CLUSTER_GEMM_MIN_FILL must be a number in [0, 1], got \"", fill, "\""));
     }
     impl.cluster_min_fill = v;
+  }
+  if (const char* tile = std::getenv("TANDEM_CLUSTER_GEMM_MAX_TILE")) {
+    int v = 0;
+    if (!absl::SimpleAtoi(tile, &v) || v < 64 || v > 256 || v % 64 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_CLUSTER_GEMM_MAX_TILE must be 64, 128, 192 or 256, got \"", tile, "\""));
+    }
+    impl.cluster_max_tile = v;
   }
   if (const char* stages = std::getenv("TANDEM_CLUSTER_GEMM_STAGES")) {
     int v = -1;
@@ -642,7 +654,8 @@ const cuda::ClusterGemmPlan* CublasLtGemm::ClusterPlan(int m, int n, int k, cons
   if (it == impl.cluster_plans.end()) {
     it = impl.cluster_plans
              .emplace(std::make_pair(n, k),
-                      cuda::PlanClusterGemm(n, k, impl.cluster_capacity, impl.cluster_min_fill))
+                      cuda::PlanClusterGemm(n, k, impl.cluster_capacity, impl.cluster_min_fill,
+                                            impl.cluster_max_tile))
              .first;
   }
   return it->second.ok() ? &it->second : nullptr;

@@ -25,8 +25,9 @@
 // decode step on the H200, bench/RESULTS.md). Switches, read at Create (a bad value fails it):
 // TANDEM_CLUSTER_GEMM=0 turns it off; TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64),
 // TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (only those shapes), TANDEM_CLUSTER_GEMM_MIN_FILL=F (default
-// 0.9: the share of the SMs a plan must keep busy) and TANDEM_CLUSTER_GEMM_STAGES=N (pipeline
-// depth; 0, the default, for as many as fit).
+// 0.9: the share of the SMs a plan must keep busy), TANDEM_CLUSTER_GEMM_MAX_TILE=R (default 64:
+// the widest tile a plan may take) and TANDEM_CLUSTER_GEMM_STAGES=N (pipeline depth; 0, the
+// default, for as many as fit).
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
 // rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
 // candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
