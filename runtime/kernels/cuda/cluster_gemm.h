@@ -48,11 +48,11 @@ struct ClusterGemmCapacity {
 // stages per split, tile_rows / splits a multiple of 8); otherwise no plan.
 ClusterGemmPlan MakeClusterGemmPlan(int n, int k, int tile_rows, int splits);
 
-// The plan the launcher takes by default: among the valid plans whose tiles fit one wave of
-// clusters on `capacity`, keep at least `min_fill` of the SMs busy and have tiles of at most
-// `max_tile_rows` weight rows, the one whose CTAs each
-// stream the fewest bytes (weights, plus half the activations and half the partial tile read from
-// the cluster's peers); no plan when none fits (the caller keeps its library GEMM).
+// The default plan: among the valid plans whose tiles fit one wave of clusters on `capacity`,
+// keep at least `min_fill` of the SMs busy and are at most `max_tile_rows` weight rows wide, the
+// one whose CTAs each stream the fewest bytes (weights, plus half the activations and half the
+// partial tile sent to the cluster's peers); no plan when none fits (the caller keeps its library
+// GEMM). The runner asks for 64-row tiles only (cublas_gemm.h): wider ones measured slower.
 ClusterGemmPlan PlanClusterGemm(int n, int k, const ClusterGemmCapacity& capacity,
                                 double min_fill = 0.9, int max_tile_rows = 256);
 

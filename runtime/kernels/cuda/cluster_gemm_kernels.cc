@@ -82,8 +82,9 @@ bool ClusterGemmRunsHere() { return internal::ClusterGemmDeviceRuns(); }
 ClusterGemmCapacity ClusterGemmCapacityHere() {
   ClusterGemmCapacity c;
   if (!ClusterGemmRunsHere()) return c;
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) {
     c.clusters[i] = internal::ClusterGemmMaxActiveClusters(kSplitSizes[i]);
+  }
   return c;
 }
 

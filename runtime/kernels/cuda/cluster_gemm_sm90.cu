@@ -4,9 +4,12 @@
 //
 // Grid (tiles, splits): CTA (t, s) multiplies the m activation rows (loaded as m rounded up to 8,
 // the extra rows the TMA's zero fill; the MMA's rows past those are never-stored garbage) by
-// weight rows [t R, t R + R), R = 64 subs, over the k range of split s. The splits
-// of one tile form a thread block cluster and sum their float32 partial tiles through distributed
-// shared memory (no scratch, no second kernel, a fixed order: bit-identical run to run).
+// weight rows [t R, t R + R), R = 64 subs, over the k range of split s. The splits of one tile
+// form a thread block cluster and sum their float32 partial tiles through distributed shared
+// memory: once every CTA of the cluster is past its main loop (a cluster barrier), each pushes
+// the partials of the weight rows another CTA stores into that CTA's ring, and after a second
+// barrier each sums its slice in rank order (no scratch, no second kernel, bit-identical run to
+// run).
 //
 // Why this shape (bench/RESULTS.md, twelfth session): at 64 rows a projection is a weight stream,
 // and what a 13-35 us GEMM loses against the copy bandwidth is its fill and drain, not its steady
@@ -14,10 +17,11 @@
 //   - one CTA per SM, one wave: the plan picks R and the split count so that tiles x splits fill
 //     the SMs once (cluster_gemm_kernels.cc), and every CTA streams R x k / splits weights;
 //   - a producer warp (one lane) loads each 64-k stage by TMA (the R-row weight box and the
-//     64-row activation box, 128-byte swizzled: the layout the wgmma descriptors read) onto a
-//     full mbarrier; the consumer warpgroup runs R / 64 wgmma m64n64k16 per k16 (activations as
-//     A, weights as B: D is [batch row, weight row]) and frees the stage on an empty mbarrier.
-//     As many stages as shared memory holds (5-12) are in flight;
+//     activation box, 128-byte swizzled: the layout the wgmma descriptors read) onto a full
+//     mbarrier; the consumer warpgroup runs R / 64 wgmma m64n64k16 per k16 (activations as A,
+//     weights as B: D is [batch row, weight row]) and frees the stage on an empty mbarrier. By
+//     default as many stages as shared memory holds (5-12) are in flight; both sides keep the
+//     ring position in counters (a division per step measured 40% slower);
 //   - programmatic dependent launch: the weight boxes of every first stage are queued BEFORE the
 //     wait on the previous kernel (weights do not depend on it), the activation boxes after it, so
 //     a CTA that lands on an SM while the previous kernel drains starts streaming at once.

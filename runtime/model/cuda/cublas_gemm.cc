@@ -172,8 +172,9 @@ struct CublasLtGemm::Impl {
   int skinny_ctas_per_sm = cuda::kSkinnyGemmCtasPerSm;
   void* skinny_partials = nullptr;
   void* skinny_counters = nullptr;
-  // Cluster GEMM (TANDEM_CLUSTER_GEMM=1 on compute capability 9.0): calls of min..max rows whose
-  // (n, k) has a plan on this device's capacity (and is listed, when a list is given) take it.
+  // Cluster GEMM (on by default on compute capability 9.0; ConfigureClusterGemm): calls of
+  // min..max rows whose (n, k) has a plan on this device's capacity (and is listed, when a list
+  // is given) take it; plans are made once per shape.
   bool cluster_enabled = false;
   int cluster_min_rows = 33;
   int cluster_max_rows = cuda::kClusterGemmMaxRows;
@@ -417,17 +418,19 @@ struct CublasLtGemm::Impl {
 CublasLtGemm::CublasLtGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CublasLtGemm::~CublasLtGemm() = default;
 
-// TANDEM_CLUSTER_GEMM=0 / 1 (default 1: on where it runs, compute capability 9.0; measured 1.9%
-// off the Llama-3-8B decode step at batch 48 and 64 on the H200, bench/RESULTS.md, twelfth
-// session), TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64, within
-// 1-64), TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (',' or ':' between shapes; default: every shape
-// with a plan) and
-// TANDEM_CLUSTER_GEMM_MIN_FILL=F (0-1, default 0.9: the share of the SMs a plan must keep busy;
-// tests set 0 so that small models take it) and TANDEM_CLUSTER_GEMM_STAGES=N (0: as many as fit,
-// or 2-16; ClusterGemmArgs::stages) and TANDEM_CLUSTER_GEMM_MAX_TILE=R (64-256, default 64:
-// the widest tile a plan may take; the 64-row two-split plans of the Llama-3-8B O and down
-// projections are the ones measured faster in the step, wider tiles streamed slower than
-// cuBLASLt in decode_gemm_bench). A bad value fails Create.
+// The cluster GEMM's switches (a bad value fails Create):
+//   TANDEM_CLUSTER_GEMM=0 / 1: off / on (default on where it runs, compute capability 9.0; it
+//     measured 1.9% off the Llama-3-8B decode step at batch 48 and 64 on the H200,
+//     bench/RESULTS.md, twelfth session);
+//   TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX: the calls it takes (default 33-64, within 1-64);
+//   TANDEM_CLUSTER_GEMM_SHAPES=NxK,...: only these shapes (',' or ':' between them; default all);
+//   TANDEM_CLUSTER_GEMM_MIN_FILL=F: the share of the SMs a plan must keep busy (0-1, default 0.9;
+//     the tests set 0 so that small models take it);
+//   TANDEM_CLUSTER_GEMM_MAX_TILE=R: the widest tile a plan may take (64-256, default 64: the
+//     64-row two-split plans of the 8B O and down projections are the ones measured faster in the
+//     step; wider tiles streamed slower than cuBLASLt in decode_gemm_bench and slowed
+//     Llama-3.2-1B's gate/up projection 3.8%);
+//   TANDEM_CLUSTER_GEMM_STAGES=N: pipeline depth (0, the default, for as many as fit; or 2-16).
 absl::Status ConfigureClusterGemm(CublasLtGemm::Impl& impl) {
   const char* on = std::getenv("TANDEM_CLUSTER_GEMM");
   if (on != nullptr && std::strcmp(on, "0") != 0 && std::strcmp(on, "1") != 0) {
