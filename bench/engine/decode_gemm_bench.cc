@@ -257,17 +257,21 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
                 o.plans.end()) {
           continue;
         }
-        ASSIGN_OR_RETURN(const double us, TimeGraph(stream, layers, iters, [&](int l) {
-                           cuda::ClusterGemmArgs a;
-                           a.x = x;
-                           a.w = w_of(l);
-                           a.out = y;
-                           a.m = m;
-                           a.n = s.n;
-                           a.k = s.k;
-                           a.stages = o.stages;
-                           return cuda::LaunchClusterGemm(a, p, stream);
-                         }));
+        // Launch of layer l's projection, with its trace records at `trace` when not null.
+        auto launch = [&](int l, uint64_t* trace) {
+          cuda::ClusterGemmArgs a;
+          a.x = x;
+          a.w = w_of(l);
+          a.out = y;
+          a.m = m;
+          a.n = s.n;
+          a.k = s.k;
+          a.stages = o.stages;
+          a.trace = trace;
+          return cuda::LaunchClusterGemm(a, p, stream);
+        };
+        ASSIGN_OR_RETURN(const double us, TimeGraph(stream, layers, iters,
+                                                    [&](int l) { return launch(l, nullptr); }));
         report(absl::StrCat("cluster ", p.tile_rows, "x", p.splits,
                             &p == &plans[0] && def.ok() ? " (default)" : ""),
                us);
@@ -277,16 +281,8 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
           uint64_t* trace = nullptr;
           RETURN_IF_CUDA_ERROR(cudaMalloc(reinterpret_cast<void**>(&trace), words * 8), "trace");
           ASSIGN_OR_RETURN(const double traced_us, TimeGraph(stream, layers, 1, [&](int l) {
-                             cuda::ClusterGemmArgs a;
-                             a.x = x;
-                             a.w = w_of(l);
-                             a.out = y;
-                             a.m = m;
-                             a.n = s.n;
-                             a.k = s.k;
-                             a.stages = o.stages;
-                             a.trace = trace + size_t(l) * ctas * cuda::kClusterGemmTraceWords;
-                             return cuda::LaunchClusterGemm(a, p, stream);
+                             return launch(l,
+                                           trace + size_t(l) * ctas * cuda::kClusterGemmTraceWords);
                            }));
           std::vector<uint64_t> host(words);
           RETURN_IF_CUDA_ERROR(cudaMemcpy(host.data(), trace, words * 8, cudaMemcpyDeviceToHost),

@@ -48,6 +48,22 @@ class ClusterGemmCudaTest : public CudaKernelTest {
     std::printf("clusters held at once: %d x1, %d x2, %d x4, %d x8\n", capacity_.For(1),
                 capacity_.For(2), capacity_.For(4), capacity_.For(8));
   }
+  // The bf16 output bits of one launch over x [m, k] and w [n, k] with `plan` and `stages`.
+  std::vector<uint16_t> Bits(const DeviceBuffer& x, const DeviceBuffer& w, const DeviceBuffer& out,
+                             int m, int n, int k, const cuda::ClusterGemmPlan& plan,
+                             int stages = 0) {
+    cuda::ClusterGemmArgs a;
+    a.x = x.data;
+    a.w = w.data;
+    a.out = out.data;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.stages = stages;
+    const absl::Status st = cuda::LaunchClusterGemm(a, plan, stream());
+    EXPECT_TRUE(st.ok()) << st;
+    return st.ok() ? Download<uint16_t>(out, static_cast<size_t>(m) * n) : std::vector<uint16_t>{};
+  }
   cuda::ClusterGemmCapacity capacity_;
 };
 
@@ -181,15 +197,8 @@ TEST_F(ClusterGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
     ASSERT_TRUE(plan.ok());
     std::vector<uint16_t> first;
     for (int rep = 0; rep < 4; ++rep) {
-      cuda::ClusterGemmArgs a;
-      a.x = d_x.data;
-      a.w = d_w.data;
-      a.out = d_out.data;
-      a.m = kM;
-      a.n = kN;
-      a.k = kK;
-      ASSERT_TRUE(cuda::LaunchClusterGemm(a, plan, stream()).ok());
-      const std::vector<uint16_t> bits = Download<uint16_t>(d_out, static_cast<size_t>(kM) * kN);
+      const std::vector<uint16_t> bits = Bits(d_x, d_w, d_out, kM, kN, kK, plan);
+      ASSERT_FALSE(bits.empty());
       if (rep == 0) {
         first = bits;
       } else {
@@ -212,16 +221,8 @@ TEST_F(ClusterGemmCudaTest, AnyStageCountGivesTheSameBits) {
     ASSERT_TRUE(plan.ok());
     std::vector<uint16_t> first;
     for (const int stages : {0, 2, 3, 5, 8, 16}) {
-      cuda::ClusterGemmArgs a;
-      a.x = d_x.data;
-      a.w = d_w.data;
-      a.out = d_out.data;
-      a.m = kM;
-      a.n = kN;
-      a.k = kK;
-      a.stages = stages;
-      ASSERT_TRUE(cuda::LaunchClusterGemm(a, plan, stream()).ok()) << stages << " stages";
-      const std::vector<uint16_t> bits = Download<uint16_t>(d_out, static_cast<size_t>(kM) * kN);
+      const std::vector<uint16_t> bits = Bits(d_x, d_w, d_out, kM, kN, kK, plan, stages);
+      ASSERT_FALSE(bits.empty()) << stages << " stages";
       if (stages == 0) {
         first = bits;
       } else {

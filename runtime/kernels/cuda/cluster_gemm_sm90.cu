@@ -40,6 +40,7 @@
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
 #include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
+#include "runtime/kernels/cuda/tensor_map.h"
 #include "runtime/kernels/cuda/wgmma_utils.cuh"
 
 namespace tandem::cuda::internal {
@@ -330,22 +331,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     Trace(p, 6, smid);
     Trace(p, 7, static_cast<unsigned long long>(p.k_steps));
   }
-}
-
-// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
 }
 
 // A row-major bf16 [rows, k] matrix as a tensor map of 64-k x box_rows-row boxes, 128-byte

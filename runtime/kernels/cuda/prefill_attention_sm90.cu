@@ -48,6 +48,7 @@
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 #include "runtime/kernels/cuda/prefill_attention_common.cuh"
 #include "runtime/kernels/cuda/prefill_attention_sm90_layout.h"
+#include "runtime/kernels/cuda/tensor_map.h"
 #include "runtime/kernels/cuda/wgmma_utils.cuh"
 
 namespace tandem::cuda::internal {
@@ -591,22 +592,6 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
           PackBf16x2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     }
   }
-}
-
-// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), or null.
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
 }
 
 // One layer's K or V cache, [num_slots rows, num_kv_heads, 128 dims] bf16, as a tensor map of
