@@ -92,7 +92,7 @@ class CublasLtGemm {
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
-  // The cluster GEMM's plan when it takes the call (TANDEM_CLUSTER_GEMM=1, rows in its range, a
+  // The cluster GEMM's plan when it takes the call (enabled, rows in its range, a
   // supported and listed shape with a plan on this device), else null.
   const cuda::ClusterGemmPlan* ClusterPlan(int m, int n, int k, const void* x, const void* w,
                                            const void* out, const void* bias) const;
