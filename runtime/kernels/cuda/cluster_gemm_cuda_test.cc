@@ -48,19 +48,27 @@ class ClusterGemmCudaTest : public CudaKernelTest {
     std::printf("clusters held at once: %d x1, %d x2, %d x4, %d x8\n", capacity_.For(1),
                 capacity_.For(2), capacity_.For(4), capacity_.For(8));
   }
-  // The bf16 output bits of one launch over x [m, k] and w [n, k] with `plan` and `stages`.
-  std::vector<uint16_t> Bits(const DeviceBuffer& x, const DeviceBuffer& w, const DeviceBuffer& out,
-                             int m, int n, int k, const cuda::ClusterGemmPlan& plan,
-                             int stages = 0) {
+  // Queues out = x [m, k] . w [n, k]^T (+ bias) with `plan` and `stages`.
+  absl::Status Launch(const DeviceBuffer& x, const DeviceBuffer& w, const DeviceBuffer& out, int m,
+                      int n, int k, const cuda::ClusterGemmPlan& plan, int stages = 0,
+                      const void* bias = nullptr, bool out_f32 = false) {
     cuda::ClusterGemmArgs a;
     a.x = x.data;
     a.w = w.data;
+    a.bias = bias;
     a.out = out.data;
+    a.out_f32 = out_f32;
     a.m = m;
     a.n = n;
     a.k = k;
     a.stages = stages;
-    const absl::Status st = cuda::LaunchClusterGemm(a, plan, stream());
+    return cuda::LaunchClusterGemm(a, plan, stream());
+  }
+  // The bf16 output bits of one such launch (empty, and a test failure, when it fails).
+  std::vector<uint16_t> Bits(const DeviceBuffer& x, const DeviceBuffer& w, const DeviceBuffer& out,
+                             int m, int n, int k, const cuda::ClusterGemmPlan& plan,
+                             int stages = 0) {
+    const absl::Status st = Launch(x, w, out, m, n, k, plan, stages);
     EXPECT_TRUE(st.ok()) << st;
     return st.ok() ? Download<uint16_t>(out, static_cast<size_t>(m) * n) : std::vector<uint16_t>{};
   }
@@ -140,16 +148,8 @@ TEST_F(ClusterGemmCudaTest, MatchesCpuReference) {
           SCOPED_TRACE(what);
           const size_t out_elems = static_cast<size_t>(m) * s.n;
           const DeviceBuffer d_out = PoisonedOutput(out_elems, out_f32);
-          cuda::ClusterGemmArgs a;
-          a.x = d_x.data;
-          a.w = d_w.data;
-          a.bias = with_bias ? d_bias.data : nullptr;
-          a.out = d_out.data;
-          a.out_f32 = out_f32;
-          a.m = m;
-          a.n = s.n;
-          a.k = s.k;
-          const absl::Status st = cuda::LaunchClusterGemm(a, plan, stream());
+          const absl::Status st = Launch(d_x, d_w, d_out, m, s.n, s.k, plan, 0,
+                                         with_bias ? d_bias.data : nullptr, out_f32);
           ASSERT_TRUE(st.ok()) << what << ": " << st;
           ++launches;
           const std::vector<float> got = DownloadOutput(d_out, out_elems, out_f32, what);

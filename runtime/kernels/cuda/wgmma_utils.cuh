@@ -229,7 +229,7 @@ __device__ __forceinline__ void SetMaxRegisters() {
 // Thread block clusters: this CTA's rank in its cluster; a barrier over every thread of every CTA
 // of the cluster (release / acquire: shared-memory writes before it are visible to the cluster's
 // reads after it; a launch without a cluster is a cluster of one); the shared::cluster address of
-// the same shared-memory location `addr` in the cluster's CTA `rank`, and a 16-byte load there.
+// the same shared-memory location `addr` in the cluster's CTA `rank`, and an 8-byte store there.
 __device__ __forceinline__ uint32_t ClusterCtaRank() {
   uint32_t rank = 0;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -245,17 +245,6 @@ __device__ __forceinline__ void ClusterSync() {
           : "memory");
 #endif
 }
-// The two phases of ClusterSync apart: arrive (relaxed: orders nothing) early, wait later.
-__device__ __forceinline__ void ClusterArrive() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
 // An 8-byte store of (a, b) at a shared::cluster address (MapSharedToRank).
 __device__ __forceinline__ void StoreSharedCluster8(uint32_t cluster_addr, float a, float b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -269,16 +258,6 @@ __device__ __forceinline__ uint32_t MapSharedToRank(uint32_t addr, uint32_t rank
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
 #endif
   return out;
-}
-__device__ __forceinline__ float4 LoadSharedCluster16(uint32_t cluster_addr) {
-  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(cluster_addr)
-               : "memory");
-#endif
-  return v;
 }
 
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
