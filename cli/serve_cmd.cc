@@ -1,6 +1,6 @@
 // `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
 //   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
-//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|loopback]
+//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|cuda_ipc|loopback]
 //                [--device cpu|cuda|cuda:N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
@@ -479,9 +479,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--aggregated", flags->aggregated,
                 "No prefill workers: decode workers prefill locally (the baseline)");
   cmd->add_option("--kv-transfer", flags->kv_transfer,
-                  "KV transfer backend: ucx (default) or loopback (one process only: across "
-                  "processes decode workers then recompute prompts locally)")
-      ->check(CLI::IsMember({"ucx", "loopback"}));
+                  "KV transfer backend: ucx (default), cuda_ipc (GPU to GPU on this host; needs "
+                  "--device cuda) or loopback (one process only: across processes decode "
+                  "workers then recompute prompts locally)")
+      ->check(CLI::IsMember({"ucx", "cuda_ipc", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib,

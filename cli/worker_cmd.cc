@@ -1,12 +1,13 @@
 // `tandem prefill` and `tandem decode`: one worker role each (Prefill or Decode + Worker gRPC
 // services, grpc.health.v1), with the same flags:
-//   tandem prefill|decode --model DIR --port P [--host H] [--kv-transfer ucx|loopback]
+//   tandem prefill|decode --model DIR --port P [--host H] [--kv-transfer ucx|cuda_ipc|loopback]
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
-// --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU, plus a
-// pinned host mirror of the same size that the KV transfer backend reads and writes (the engine
-// copies a prompt's blocks through it; see runtime/model/cuda/kv_host_mirror.h).
+// --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU. With
+// --kv-transfer cuda_ipc the backend registers that cache itself and moves KV GPU to GPU; with a
+// host-memory backend (ucx) it uses a pinned host mirror of the same size that the engine copies
+// a prompt's blocks through (runtime/server/transfer_memory.h).
 // Each prints one line "tandem ROLE: serving on HOST:PORT" to stdout once it serves (launchers
 // wait for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
 // Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error (including a CUDA
@@ -70,7 +71,8 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
         (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnavailable);
     return no_device ? 2 : 1;
   }
-  auto backend = server::CreateWorkerBackend(flags.kv_transfer, role, flags.ucx_transports);
+  auto backend = server::CreateWorkerBackend(flags.kv_transfer, role, flags.ucx_transports,
+                                             model->engine->kv_layout().device_ordinal);
   if (!backend.ok()) {
     std::cerr << prefix << "--kv-transfer: " << backend.status().message() << "\n";
     return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -108,7 +110,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--kv-transfer", flags->kv_transfer, "KV transfer backend (default ucx)")
-      ->check(CLI::IsMember({"ucx", "loopback"}));
+      ->check(CLI::IsMember({"ucx", "cuda_ipc", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "cpu (default), cuda or cuda:N: where the weights and the KV cache live");
   cmd->add_option("--ucx-transports", flags->ucx_transports,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/server/kv_layout_convert.h"
+#include "runtime/server/transfer_memory.h"
 
 namespace tandem::decode {
 
@@ -14,19 +15,21 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker());
   worker->engine_ = engine;
   worker->host_ = options.host;
-  // Transfers read and write the engine's transfer memory: the KV cache itself on the CPU, its
-  // pinned host mirror on a GPU (allocated now; the engine stages blocks through it).
-  ASSIGN_OR_RETURN(const KvCacheLayout layout, engine->transfer_layout());
+  // Transfers read and write the KV cache itself, or its pinned host mirror when the backend
+  // moves only host memory and the cache is on a GPU (transfer_memory.h).
+  ASSIGN_OR_RETURN(
+      const server::TransferMemory memory,
+      server::ChooseTransferMemory(*engine, backend->capabilities(), std::string(backend->name())));
+  const KvCacheLayout& layout = memory.layout;
 
   // This worker's transfer identity, filled on the transfer thread.
   v1::KvTarget target;
   worker->transfer_ = std::make_unique<server::TransferThread>(std::move(backend));
   target.set_backend(worker->transfer_->backend_name());
   RETURN_IF_ERROR(worker->transfer_->Run(
-      [&target, layout](kvtransfer::TransferBackend& b) -> absl::Status {
-        ASSIGN_OR_RETURN(
-            kvtransfer::MemoryRegion region,
-            b.RegisterMemory(layout.base, layout.bytes, kvtransfer::MemoryKind::kHost));
+      [&target, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
+        ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
+                         b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
         ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region.id));
         ASSIGN_OR_RETURN(std::string address, b.LocalAddress());
         target.set_agent_name(b.agent_name());

@@ -4,6 +4,9 @@
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/loopback_backend.h"
 #include "kvtransfer/ucx/ucx_backend.h"
+#if TANDEM_KVTRANSFER_CUDA_IPC
+#include "kvtransfer/cuda_ipc/cuda_ipc_backend.h"
+#endif
 
 namespace tandem::kvtransfer {
 
@@ -11,8 +14,16 @@ absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
     std::string_view name, const BackendOptions& options) {
   if (name == "loopback") return CreateLoopbackBackend(options);
   if (name == "ucx") return CreateUcxBackend(options);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown transfer backend '", std::string(name), "' (choices: loopback, ucx)"));
+  if (name == "cuda_ipc") {
+#if TANDEM_KVTRANSFER_CUDA_IPC
+    return CreateCudaIpcBackend(options);
+#else
+    return absl::UnimplementedError(
+        "cuda_ipc: this build has no CUDA (configure with TANDEM_CUDA=ON)");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown transfer backend '", std::string(name),
+                                                 "' (choices: loopback, ucx, cuda_ipc)"));
 }
 
 }  // namespace tandem::kvtransfer

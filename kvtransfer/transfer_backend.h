@@ -2,7 +2,8 @@
 // The KV transfer boundary: moves bytes described by descriptors between two agents (processes),
 // and knows nothing of requests or models. One interface, backends created by name
 // (CreateTransferBackend): "loopback" (in-process reference), "ucx" (UCX one-sided puts over
-// tcp / shared memory / RDMA), and a fault-injecting wrapper for tests.
+// tcp / shared memory / RDMA), "cuda_ipc" (device memory of processes on one host, through CUDA
+// IPC; cuda_ipc/cuda_ipc_backend.h), and a fault-injecting wrapper for tests.
 //
 // Life of a transfer (STYLE.md 2: prepare -> post -> poll -> release):
 //   target:    region = RegisterMemory(kv_base, kv_bytes); blob = ExportRegion(region);
@@ -81,6 +82,9 @@ struct BackendOptions {
   // UCX: transports (UCX_TLS syntax, e.g. "tcp,sm,self"); "" = UCX's default.
   std::string ucx_transports;
   absl::Duration connect_timeout = absl::Seconds(5);
+  // cuda_ipc: the GPU (CUDA ordinal in this process) whose memory is registered and whose
+  // stream runs the copies.
+  int cuda_device = 0;
 };
 
 class TransferBackend {
@@ -123,7 +127,8 @@ class TransferBackend {
   virtual std::vector<Notification> GetNotifications() = 0;
 };
 
-// The one factory: "loopback" or "ucx" (InvalidArgument for others, naming the choices).
+// The one factory: "loopback", "ucx" or "cuda_ipc" (InvalidArgument for others, naming the
+// choices; Unimplemented for a backend this build lacks, saying so).
 absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
     std::string_view name, const BackendOptions& options);
 

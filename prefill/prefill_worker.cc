@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/server/transfer_memory.h"
 
 namespace tandem::prefill {
 
@@ -12,16 +13,17 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     const PrefillWorkerOptions& options) {
   std::unique_ptr<PrefillWorker> worker(new PrefillWorker());
   worker->host_ = options.host;
-  // Transfers read and write the engine's transfer memory: the KV cache itself on the CPU, its
-  // pinned host mirror on a GPU (allocated now; the engine stages blocks through it).
-  ASSIGN_OR_RETURN(const KvCacheLayout layout, engine->transfer_layout());
+  // Transfers read and write the KV cache itself, or its pinned host mirror when the backend
+  // moves only host memory and the cache is on a GPU (transfer_memory.h).
+  ASSIGN_OR_RETURN(
+      const server::TransferMemory memory,
+      server::ChooseTransferMemory(*engine, backend->capabilities(), std::string(backend->name())));
   worker->transfer_ = std::make_unique<server::TransferThread>(std::move(backend));
   uint64_t region_id = 0;
   RETURN_IF_ERROR(worker->transfer_->Run(
-      [&region_id, layout](kvtransfer::TransferBackend& b) -> absl::Status {
-        ASSIGN_OR_RETURN(
-            kvtransfer::MemoryRegion region,
-            b.RegisterMemory(layout.base, layout.bytes, kvtransfer::MemoryKind::kHost));
+      [&region_id, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
+        ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
+                         b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
         region_id = region.id;
         return absl::OkStatus();
       },

@@ -524,7 +524,14 @@ bool RequestOp::OnEvent(std::string_view data) {
     } else if (auto t = choice.find("text"); t != choice.end()) {
       text = &*t;
     }
-    if (text != nullptr && text->is_string() && !text->get_ref<const std::string&>().empty()) {
+    // A token-bearing event: a content/text delta (possibly empty: tokens that decode to no text
+    // yet still arrive as events) that is not the closing finish_reason event.
+    const auto fr = choice.find("finish_reason");
+    const bool closing = fr != choice.end() && !fr->is_null();
+    const bool role_only = chat_ && text != nullptr && text->is_string() &&
+                           text->get_ref<const std::string&>().empty() &&
+                           choice.contains("delta") && choice["delta"].contains("role");
+    if (text != nullptr && text->is_string() && !closing && !role_only) {
       const Clock::time_point now = Clock::now();
       if (!got_chunk_) {
         ttft_ = Seconds(now - start_);

@@ -79,9 +79,14 @@ struct ForwardOutput {
 //   base + l * layer_stride + kv * kv_stride + b * block_stride
 // and is block_bytes long ([block_size, num_kv_heads, head_dim] elements of elem_bytes each).
 // [base, base + bytes) covers every block of every layer. Fixed for the runner's lifetime.
+// `on_device`: base is device memory (the CUDA runner's cache, one cudaMalloc allocation on GPU
+// `device_ordinal`), which only a backend that moves device memory (cuda_ipc) may register as it
+// is; host-memory backends use transfer_layout() instead.
 struct KvCacheLayout {
   void* base = nullptr;
   size_t bytes = 0;
+  bool on_device = false;
+  int device_ordinal = 0;
   int num_layers = 0;
   int num_blocks = 0;
   int block_size = 0;

@@ -211,7 +211,8 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
   void HandleChunkLocked(int i, BackendChunk chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[i];
     const absl::Time now = absl::Now();
-    if (!chunk.token_ids.empty()) {
+    const bool has_tokens = !chunk.token_ids.empty();
+    if (has_tokens) {
       core_->WithMetrics([&](metrics::RouterMetrics& m) {
         if (!first_token_seen_) {
           m.ttft.Observe(absl::ToDoubleSeconds(now - start_));
@@ -290,7 +291,9 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
       d.role = true;
       exchange_->WriteChunk(StreamChunkEvent(meta_, d, include_usage_));
     }
-    if (!text.empty() || !entries.empty()) {
+    // Every chunk that carries tokens is an event, also when they decode to no text yet (a
+    // partial UTF-8 character, special tokens): clients time tokens by these events.
+    if (has_tokens || !text.empty() || !entries.empty()) {
       StreamDelta d;
       d.index = i;
       d.text = std::move(text);

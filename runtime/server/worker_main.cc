@@ -19,12 +19,14 @@ sigset_t TerminationSignals() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> CreateWorkerBackend(
-    const std::string& kind, const std::string& role, const std::string& ucx_transports) {
+    const std::string& kind, const std::string& role, const std::string& ucx_transports,
+    int cuda_device) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   kvtransfer::BackendOptions options;
   options.agent_name = absl::StrCat(role, "-", host, "-", getpid());
   options.ucx_transports = ucx_transports;
+  options.cuda_device = cuda_device;
   return kvtransfer::CreateTransferBackend(kind, options);
 }
 

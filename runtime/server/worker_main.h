@@ -13,9 +13,11 @@
 
 namespace tandem::server {
 
-// "ucx" or "loopback" (kvtransfer's factory), with agent name "<role>-<hostname>-<pid>".
+// A backend of kvtransfer's factory ("ucx", "loopback", "cuda_ipc"), with agent name
+// "<role>-<hostname>-<pid>"; cuda_ipc uses GPU `cuda_device` (the worker's --device ordinal).
 absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> CreateWorkerBackend(
-    const std::string& kind, const std::string& role, const std::string& ucx_transports);
+    const std::string& kind, const std::string& role, const std::string& ucx_transports,
+    int cuda_device);
 
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.

@@ -1,6 +1,7 @@
 // Disaggregated serving on GPUs in one process: a prefill worker and a decode worker, each over
-// an engine with its own CUDA runner (GPU 0), KV moving through the runners' pinned host mirrors
-// and the loopback backend, Decode.Generate over real gRPC. Greedy tokens must equal a local
+// an engine with its own CUDA runner (GPU 0), KV moving either through the runners' pinned host
+// mirrors and the loopback backend, or GPU to GPU through cuda_ipc (no mirror, no staging),
+// Decode.Generate over real gRPC. Greedy tokens must equal a local
 // CUDA engine's exactly (same kernels, same KV bytes) and a CPU engine's up to the first step
 // where the CPU's top two logprobs are within kNearTie (bf16 may flip such near-ties; the
 // comparison stops there). Models: a synthesized random `tiny` (runtime/model/synth.h) and the
@@ -69,7 +70,8 @@ Generated Local(Engine& engine, const std::vector<int32_t>& prompt) {
   return out;
 }
 
-class DisaggCudaTest : public ::testing::TestWithParam<std::string> {
+// (model, transfer backend)
+class DisaggCudaTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   static void SetUpTestSuite() {
     absl::StatusOr<int> count = CudaDeviceCount();
@@ -94,7 +96,7 @@ class DisaggCudaTest : public ::testing::TestWithParam<std::string> {
     absl::StatusOr<int> count = CudaDeviceCount();
     if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
     if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
-    if (GetParam() == "tiny") {
+    if (std::get<0>(GetParam()) == "tiny") {
       model_dir_ = *tiny_dir_;
     } else {
       model_dir_ = ModelsDir() + "/target";
@@ -127,11 +129,14 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
   ASSERT_TRUE(cpu && local && p && d);
   {
     DisaggStack stack;
-    const absl::Status started = stack.Start(p->engine.get(), d->engine.get());
+    const std::string backend = std::get<1>(GetParam());
+    const absl::Status started = stack.Start(p->engine.get(), d->engine.get(), backend);
     ASSERT_TRUE(started.ok()) << started;
-    // The workers registered the pinned mirrors, not the device caches.
-    EXPECT_NE(p->engine->transfer_layout()->base, p->engine->kv_layout().base);
-    EXPECT_NE(d->engine->transfer_layout()->base, d->engine->kv_layout().base);
+    if (backend == "loopback") {
+      // The workers registered the pinned mirrors, not the device caches.
+      EXPECT_NE(p->engine->transfer_layout()->base, p->engine->kv_layout().base);
+      EXPECT_NE(d->engine->transfer_layout()->base, d->engine->kv_layout().base);
+    }
     const int vocab = p->engine->config().vocab_size;
     int seed = 3;
     // 5 and 17: partial last blocks; 16 and 48: whole blocks; the second 48 shares 32 tokens
@@ -148,7 +153,8 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
     prompts.push_back(shared);
 
     for (const std::vector<int32_t>& prompt : prompts) {
-      const std::string what = absl::StrCat(GetParam(), ", prompt of ", prompt.size());
+      const std::string what =
+          absl::StrCat(std::get<0>(GetParam()), " over ", backend, ", prompt of ", prompt.size());
       const Streamed got = stack.Generate(prompt, kMaxTokens);
       ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
       EXPECT_TRUE(got.prefilled_remotely) << what;
@@ -185,7 +191,12 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
     m->engine->Shutdown(absl::ZeroDuration());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DisaggCudaTest, ::testing::Values("tiny", "target"));
+INSTANTIATE_TEST_SUITE_P(Models, DisaggCudaTest,
+                         ::testing::Combine(::testing::Values("tiny", "target"),
+                                            ::testing::Values("loopback", "cuda_ipc")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace tandem

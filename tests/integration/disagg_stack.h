@@ -1,7 +1,8 @@
 #pragma once
 // Test-only: a prefill worker and a decode worker over given engines in this process, joined by
-// the loopback KV transfer backend and driven through a real gRPC Decode.Generate client. Used by
-// the KV-mirror tests (disagg_mirror_test.cc on fake runners, disagg_cuda_test.cc on GPUs).
+// a KV transfer backend (loopback by default; cuda_ipc for GPU runners) and driven through a real
+// gRPC Decode.Generate client. Used by the KV-mirror tests (disagg_mirror_test.cc on fake
+// runners) and disagg_cuda_test.cc on GPUs.
 //
 // Ownership: DisaggStack does not own the engines; they must outlive it (Stop() shuts the workers
 // down; the caller then shuts the engines down). Not thread-safe except Generate, which any
@@ -40,10 +41,11 @@ inline std::string UniqueId(const std::string& prefix) {
 
 class DisaggStack {
  public:
-  // Starts P over `p` and D over `d` (loopback backends). Errors: the workers' Create errors.
-  absl::Status Start(Engine* p, Engine* d) {
-    ASSIGN_OR_RETURN(auto p_backend, Loopback("p"));
-    ASSIGN_OR_RETURN(auto d_backend, Loopback("d"));
+  // Starts P over `p` and D over `d` (`backend` agents, one each). Errors: the backends' and the
+  // workers' Create errors.
+  absl::Status Start(Engine* p, Engine* d, const std::string& backend = "loopback") {
+    ASSIGN_OR_RETURN(auto p_backend, Backend(backend, "p"));
+    ASSIGN_OR_RETURN(auto d_backend, Backend(backend, "d"));
     ASSIGN_OR_RETURN(prefill_, prefill::PrefillWorker::Create(p, std::move(p_backend), {}));
     ASSIGN_OR_RETURN(decode_, decode::DecodeWorker::Create(d, std::move(d_backend), {}));
     stub_ = v1::Decode::NewStub(
@@ -90,11 +92,11 @@ class DisaggStack {
   }
 
  private:
-  static absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> Loopback(
-      const std::string& role) {
+  static absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> Backend(
+      const std::string& name, const std::string& role) {
     kvtransfer::BackendOptions options;
-    options.agent_name = UniqueId(absl::StrCat(role, "-loopback"));
-    return kvtransfer::CreateTransferBackend("loopback", options);
+    options.agent_name = UniqueId(absl::StrCat(role, "-", name));
+    return kvtransfer::CreateTransferBackend(name, options);
   }
 
   std::unique_ptr<prefill::PrefillWorker> prefill_;

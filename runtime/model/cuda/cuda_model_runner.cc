@@ -528,6 +528,8 @@ class Runner final : public CudaModelRunner {
     KvCacheLayout& l = layout_;
     l.base = kv_.data;
     l.bytes = bytes;
+    l.on_device = true;
+    l.device_ordinal = options_.device_ordinal;
     l.num_layers = c.num_layers;
     l.num_blocks = num_blocks_;
     l.block_size = options_.block_size;

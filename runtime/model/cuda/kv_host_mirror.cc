@@ -71,6 +71,7 @@ absl::StatusOr<KvCacheLayout> KvHostMirror::Layout(const KvCacheLayout& device,
   }
   KvCacheLayout mirror = device_;
   mirror.base = host_;
+  mirror.on_device = false;
   return mirror;
 }
 
