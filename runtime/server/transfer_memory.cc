@@ -21,12 +21,9 @@ absl::StatusOr<TransferMemory> ChooseTransferMemory(Engine& engine,
         "' moves device memory only, and this worker's KV cache is in host memory (use "
         "--device cuda, or another backend)"));
   }
-  if (!kv.on_device) {
-    m.layout = kv;
-    return m;
-  }
+  // The runner's transfer memory: the cache itself for a host runner, its mirror otherwise.
   ASSIGN_OR_RETURN(m.layout, engine.transfer_layout());
-  m.staged = true;
+  m.staged = m.layout.base != kv.base;
   return m;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Which memory a worker's transfer backend registers, decided once at start-up:
-// - a host KV cache (CPU runner) and a host-memory backend: the cache itself;
+// - a host KV cache (CPU runner) and a host-memory backend: Engine::transfer_layout (the cache
+//   itself; a test runner may stand in a mirror);
 // - a device KV cache and a backend that moves device memory (cuda_ipc): the cache itself, as
 //   MemoryKind::kCuda. The engine never stages (no host mirror is even allocated), so nothing of
 //   the transfer runs on the engine thread;
