@@ -1,6 +1,6 @@
 // `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
 //   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
-//                [--host 127.0.0.1] [--aggregated] [--kv-transfer ucx|cuda_ipc|loopback]
+//                [--host 127.0.0.1] [--aggregated] [--kv-transfer auto|cuda_ipc|ucx|loopback]
 //                [--device cpu|cuda|cuda:N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
@@ -57,9 +57,11 @@ struct ServeFlags {
   int port = 8000;
   std::string host = "127.0.0.1";
   bool aggregated = false;
-  std::string kv_transfer = "ucx";
+  std::string kv_transfer = "auto";
   std::string device = "cpu";
-  int kv_cache_mib = 0;  // 0: the workers' default
+  int kv_cache_mib = 0;                    // 0: the workers' default
+  int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
+  int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -375,6 +377,9 @@ int RunServe(ServeFlags flags) {
     const bool is_prefill = i < num_prefill;
     std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
     args.insert(args.end(), common.begin(), common.end());
+    const int batched =
+        is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
+    if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
     const std::string name =
         is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
     auto child = supervisor.Start(name, args);
@@ -479,15 +484,22 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--aggregated", flags->aggregated,
                 "No prefill workers: decode workers prefill locally (the baseline)");
   cmd->add_option("--kv-transfer", flags->kv_transfer,
-                  "KV transfer backend: ucx (default), cuda_ipc (GPU to GPU on this host; needs "
-                  "--device cuda) or loopback (one process only: across processes decode "
+                  "KV transfer backend: auto (default: cuda_ipc then ucx on GPUs, ucx on CPUs; "
+                  "each worker pair's handshake picks), cuda_ipc (GPU to GPU on this host; needs "
+                  "--device cuda), ucx, or loopback (one process only: across processes decode "
                   "workers then recompute prompts locally)")
-      ->check(CLI::IsMember({"ucx", "cuda_ipc", "loopback"}));
+      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib,
                   "KV cache per worker in MiB (default: the workers' 256); with --device cuda "
                   "as much again of pinned host memory")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
+                  "Tokens per step of decode (and aggregated) workers (default: theirs, 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-max-num-batched-tokens", flags->prefill_max_num_batched_tokens,
+                  "Tokens per step of prefill workers (default: theirs, 8192)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
       ->check(CLI::IsMember({"least-loaded", "round-robin"}));

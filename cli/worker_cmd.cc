@@ -1,6 +1,7 @@
 // `tandem prefill` and `tandem decode`: one worker role each (Prefill or Decode + Worker gRPC
 // services, grpc.health.v1), with the same flags:
-//   tandem prefill|decode --model DIR --port P [--host H] [--kv-transfer ucx|cuda_ipc|loopback]
+//   tandem prefill|decode --model DIR --port P [--host H]
+//       [--kv-transfer auto|cuda_ipc|ucx|loopback]
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
@@ -31,7 +32,7 @@ struct WorkerFlags {
   std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 0;
-  std::string kv_transfer = "ucx";
+  std::string kv_transfer = "auto";
   std::string ucx_transports;
   std::string device = "cpu";
   int num_blocks = 0;
@@ -71,17 +72,18 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
         (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnavailable);
     return no_device ? 2 : 1;
   }
-  auto backend = server::CreateWorkerBackend(flags.kv_transfer, role, flags.ucx_transports,
-                                             model->engine->kv_layout().device_ordinal);
-  if (!backend.ok()) {
-    std::cerr << prefix << "--kv-transfer: " << backend.status().message() << "\n";
-    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  const KvCacheLayout& kv = model->engine->kv_layout();
+  auto backends = server::CreateWorkerBackends(flags.kv_transfer, role, flags.ucx_transports,
+                                               kv.on_device, kv.device_ordinal);
+  if (!backends.ok()) {
+    std::cerr << prefix << "--kv-transfer: " << backends.status().message() << "\n";
+    return backends.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   WorkerOptions options;
   options.host = flags.host;
   options.port = flags.port;
   options.model_name = model->name;
-  auto worker = Worker::Create(model->engine.get(), std::move(*backend), options);
+  auto worker = Worker::Create(model->engine.get(), std::move(*backends), options);
   if (!worker.ok()) {
     std::cerr << prefix << worker.status().message() << "\n";
     return 1;
@@ -109,8 +111,10 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--port", flags->port, "gRPC port (0: any free port)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
-  cmd->add_option("--kv-transfer", flags->kv_transfer, "KV transfer backend (default ucx)")
-      ->check(CLI::IsMember({"ucx", "cuda_ipc", "loopback"}));
+  cmd->add_option("--kv-transfer", flags->kv_transfer,
+                  "KV transfer backend: auto (default: cuda_ipc then ucx for a GPU cache, ucx "
+                  "otherwise; the pair handshake picks), cuda_ipc, ucx or loopback")
+      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "cpu (default), cuda or cuda:N: where the weights and the KV cache live");
   cmd->add_option("--ucx-transports", flags->ucx_transports,
@@ -127,7 +131,8 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--max-num-seqs", flags->max_num_seqs, "sequences per batch (default 64)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
-                  "tokens per step (default 512)")
+                  "tokens per step (default 512 for decode, 8192 for prefill: a prefill worker "
+                  "runs no decode steps that long prompt chunks would delay)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--drain-seconds", flags->drain_seconds,
                   "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
@@ -139,6 +144,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
 
 void AddPrefillCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<WorkerFlags>();
+  flags->max_num_batched_tokens = 8192;
   AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags)
       ->callback([flags, exit_code] {
         *exit_code =

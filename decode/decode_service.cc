@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "runtime/base/logging.h"
 #include "runtime/server/grpc_status.h"
+#include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
 
 namespace tandem::decode {
@@ -42,11 +44,61 @@ struct DecodeService::Call {
 };
 
 DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
-                             v1::KvTarget kv_target, DecodeServiceOptions options)
+                             std::vector<DecodeEndpoint> endpoints, DecodeServiceOptions options)
     : engine_(engine),
       metrics_(metrics),
-      kv_target_(std::move(kv_target)),
+      endpoints_(std::move(endpoints)),
       options_(std::move(options)) {}
+
+absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string& address,
+                                                               absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pairs_.find(address);
+    if (it != pairs_.end()) return it->second;
+  }
+  v1::ConnectRequest request;
+  request.set_decode_worker(endpoints_.empty() ? "" : endpoints_[0].endpoint.agent_name());
+  for (const DecodeEndpoint& e : endpoints_) *request.add_endpoints() = e.endpoint;
+  server::CompatibilityToProto(engine_->config(), request.mutable_compatibility());
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + options_.connect_timeout)));
+  v1::ConnectResponse response;
+  const grpc::Status status = PrefillStub(address)->Connect(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(
+        server::FromGrpcStatus(status).code(),
+        absl::StrCat("pairing with prefill worker ", address, ": ", status.error_message()));
+  }
+  Pairing pairing;
+  pairing.pair_id = response.pair_id();
+  bool known = false;
+  for (const DecodeEndpoint& e : endpoints_) {
+    if (e.endpoint.backend() == response.backend()) {
+      pairing.staged = e.staged;
+      known = true;
+    }
+  }
+  if (!known || pairing.pair_id.empty()) {
+    return absl::InternalError(
+        absl::StrCat("prefill worker ", address, " answered the handshake with backend '",
+                     response.backend(), "', which this worker did not offer"));
+  }
+  for (const std::string& fallback : response.fallbacks()) {
+    LOG(WARNING) << "decode: prefill worker " << address << " skipped " << fallback;
+  }
+  LOG(INFO) << "decode: paired with prefill worker " << address << " over " << response.backend();
+  absl::MutexLock lock(&mu_);
+  pairs_[address] = pairing;
+  return pairing;
+}
+
+void DecodeService::ForgetPair(const std::string& address, const std::string& pair_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = pairs_.find(address);
+  if (it != pairs_.end() && it->second.pair_id == pair_id) pairs_.erase(it);
+}
 
 void DecodeService::BeginShutdown() {
   absl::MutexLock lock(&mu_);
@@ -122,7 +174,21 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     live_.erase(id);
   };
 
-  const std::string& prefill_worker = request->prefill_worker();
+  std::string prefill_worker = request->prefill_worker();
+  Pairing pairing;
+  if (!prefill_worker.empty()) {
+    absl::StatusOr<Pairing> paired = PairWith(
+        prefill_worker,
+        std::min(arrival + options_.prefill_timeout, absl::FromChrono(context->deadline())));
+    if (paired.ok()) {
+      pairing = *std::move(paired);
+      engine_request.stage_kv = pairing.staged;
+    } else {
+      LOG(WARNING) << "decode: request " << id << ": " << paired.status() << "; prefilling locally";
+      metrics_->kv_transfer_failures.Increment();
+      prefill_worker.clear();
+    }
+  }
   enum class Phase { kReserving, kPrefilling, kStreaming };
   Phase phase = prefill_worker.empty() ? Phase::kStreaming : Phase::kReserving;
   absl::Status submitted =
@@ -194,8 +260,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       pr.set_request_id(id);
       *pr.mutable_prompt_token_ids() = request->prompt_token_ids();
       *pr.mutable_sampling() = request->sampling();
+      pr.set_pair_id(pairing.pair_id);
       v1::KvTarget* target = pr.mutable_target();
-      *target = kv_target_;
       for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
       target->set_num_cached_tokens((*reservation)->num_cached_tokens);
       absl::Time deadline = now + options_.prefill_timeout;
@@ -231,6 +297,10 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
         metrics_->kv_transfers.Increment();
       } else {
+        // The prefill worker restarted: pair again next time.
+        if (prefill_status.error_code() == grpc::StatusCode::NOT_FOUND) {
+          ForgetPair(prefill_worker, pairing.pair_id);
+        }
         // The engine logs the fallback with this status (which names what failed).
         metrics_->kv_transfer_failures.Increment();
         engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(prefill_status));

@@ -5,10 +5,14 @@
 // Generate validates the request, then either submits it to the engine for local prefill
 // (prefill_worker empty) or reserves KV blocks through Engine::SubmitRemotePrefill, asks the
 // named prefill worker (Prefill.Prefill) to write the prompt's KV into them, and completes the
-// remote prefill with the first token it returns. If the prefill worker fails (down, transfer
-// failure, deadline), the engine recomputes the prompt locally: the client sees the same tokens.
-// Tokens stream back as the engine emits them; a client that goes away cancels the request and
-// its blocks are freed.
+// remote prefill with the first token it returns. Before its first request to a prefill worker it
+// pairs with it (Prefill.Connect: this worker's endpoints, one per backend in preference order,
+// and its model's compatibility fields); later requests name the pair and their block ids only.
+// The pair is cached per prefill worker address and dropped when the prefill worker no longer
+// knows it (it restarted). A failed handshake makes the request prefill locally. If the prefill
+// worker fails (down, transfer failure, deadline), the engine recomputes the prompt locally: the
+// client sees the same tokens. Tokens stream back as the engine emits them; a client that goes away
+// cancels the request and its blocks are freed.
 //
 // Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
 // thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
@@ -18,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -41,14 +46,23 @@ struct DecodeServiceOptions {
   absl::Duration stall_timeout = absl::Seconds(300);
   // After cancelling, how long to wait for the engine's final output.
   absl::Duration cancel_timeout = absl::Seconds(5);
+  // Prefill.Connect (the pair handshake).
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+// One backend's endpoint of this worker, and whether the engine stages KV that arrives through it
+// (its region is the host mirror of a GPU cache).
+struct DecodeEndpoint {
+  v1::KvEndpoint endpoint;
+  bool staged = false;
 };
 
 class DecodeService final : public v1::Decode::Service {
  public:
-  // `kv_target`: this worker's transfer identity (backend, agent name and address, exported KV
-  // region, layout); each remote prefill adds its block ids and cached-token count.
-  DecodeService(Engine* engine, metrics::WorkerMetrics* metrics, v1::KvTarget kv_target,
-                DecodeServiceOptions options);
+  // `endpoints`: this worker's transfer identities (backend, agent name and address, exported KV
+  // region, layout), in preference order; each remote prefill adds its block ids.
+  DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
+                std::vector<DecodeEndpoint> endpoints, DecodeServiceOptions options);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -60,16 +74,24 @@ class DecodeService final : public v1::Decode::Service {
 
  private:
   struct Call;
+  struct Pairing {
+    std::string pair_id;
+    bool staged = false;  // the chosen endpoint's KV lands in the host mirror
+  };
   v1::Prefill::Stub* PrefillStub(const std::string& address);
   bool shutting_down();
+  // The pair with the prefill worker at `address`, handshaking first if there is none.
+  absl::StatusOr<Pairing> PairWith(const std::string& address, absl::Time deadline);
+  void ForgetPair(const std::string& address, const std::string& pair_id);
 
   Engine* const engine_;
   metrics::WorkerMetrics* const metrics_;
-  const v1::KvTarget kv_target_;
+  const std::vector<DecodeEndpoint> endpoints_;
   const DecodeServiceOptions options_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Pairing> pairs_ ABSL_GUARDED_BY(mu_);  // by prefill address
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

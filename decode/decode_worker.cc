@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/server/kv_layout_convert.h"
@@ -12,37 +13,54 @@ namespace tandem::decode {
 absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
     const DecodeWorkerOptions& options) {
+  std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends;
+  backends.push_back(std::move(backend));
+  return Create(engine, std::move(backends), options);
+}
+
+absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
+    Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
+    const DecodeWorkerOptions& options) {
+  if (backends.empty()) return absl::InvalidArgumentError("decode worker: no transfer backend");
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker());
   worker->engine_ = engine;
   worker->host_ = options.host;
-  // Transfers read and write the KV cache itself, or its pinned host mirror when the backend
-  // moves only host memory and the cache is on a GPU (transfer_memory.h).
-  ASSIGN_OR_RETURN(
-      const server::TransferMemory memory,
-      server::ChooseTransferMemory(*engine, backend->capabilities(), std::string(backend->name())));
-  const KvCacheLayout& layout = memory.layout;
-
-  // This worker's transfer identity, filled on the transfer thread.
-  v1::KvTarget target;
-  worker->transfer_ = std::make_unique<server::TransferThread>(std::move(backend));
-  target.set_backend(worker->transfer_->backend_name());
-  RETURN_IF_ERROR(worker->transfer_->Run(
-      [&target, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
-        ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
-                         b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
-        ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region.id));
-        ASSIGN_OR_RETURN(std::string address, b.LocalAddress());
-        target.set_agent_name(b.agent_name());
-        target.set_agent_address(std::move(address));
-        target.set_region(std::move(blob));
-        return absl::OkStatus();
-      },
-      options.setup_timeout));
-  server::KvLayoutToProto(server::ToTransferLayout(layout), target.mutable_layout());
+  std::vector<DecodeEndpoint> endpoints;
+  absl::flat_hash_set<std::string> names;
+  for (std::unique_ptr<kvtransfer::TransferBackend>& backend : backends) {
+    const std::string name(backend->name());
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("decode worker: backend '", name, "' twice"));
+    }
+    // Transfers write the KV cache itself, or its pinned host mirror when the backend moves only
+    // host memory and the cache is on a GPU (transfer_memory.h).
+    ASSIGN_OR_RETURN(const server::TransferMemory memory,
+                     server::ChooseTransferMemory(*engine, backend->capabilities(), name));
+    worker->transfers_.push_back(std::make_unique<server::TransferThread>(std::move(backend)));
+    // This worker's identity on the backend, filled on its transfer thread.
+    DecodeEndpoint endpoint;
+    endpoint.staged = memory.staged;
+    v1::KvEndpoint& e = endpoint.endpoint;
+    e.set_backend(name);
+    RETURN_IF_ERROR(worker->transfers_.back()->Run(
+        [&e, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
+          ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
+                           b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
+          ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region.id));
+          ASSIGN_OR_RETURN(std::string address, b.LocalAddress());
+          e.set_agent_name(b.agent_name());
+          e.set_agent_address(std::move(address));
+          e.set_region(std::move(blob));
+          return absl::OkStatus();
+        },
+        options.setup_timeout));
+    server::KvLayoutToProto(server::ToTransferLayout(memory.layout), e.mutable_layout());
+    endpoints.push_back(std::move(endpoint));
+  }
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
   worker->decode_service_ = std::make_unique<DecodeService>(engine, &worker->metrics_->metrics(),
-                                                            std::move(target), options.service);
+                                                            std::move(endpoints), options.service);
   worker->stats_service_ =
       std::make_unique<server::WorkerStatsService>("decode", options.model_name, engine);
   ASSIGN_OR_RETURN(
@@ -64,7 +82,7 @@ void DecodeWorker::Shutdown(absl::Duration drain) {
   // In-flight calls get `drain`; those cancelled after it stop waiting for their prefill worker.
   if (decode_service_ != nullptr) decode_service_->BeginShutdown();
   server_.Shutdown(drain);
-  if (transfer_ != nullptr) transfer_->Stop();
+  for (auto& transfer : transfers_) transfer->Stop();
 }
 
 }  // namespace tandem::decode

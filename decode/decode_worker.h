@@ -1,12 +1,14 @@
 #pragma once
 // The decode worker, assembled: an Engine (not owned) serving Decode and Worker over gRPC, with
-// its whole KV transfer memory (Engine::transfer_layout(): the KV cache on the CPU, its pinned
-// host mirror on a GPU, from which the engine stages received blocks) registered once with a
-// transfer backend so prefill workers can write prompts' KV into its blocks (`tandem decode` runs
-// one; integration tests run several in one process on port 0).
+// one or more transfer backends (preference order; `--kv-transfer auto` on a GPU is cuda_ipc,
+// then ucx). Each registers and exports its transfer memory once (runtime/server/
+// transfer_memory.h: the GPU KV cache itself for cuda_ipc, the pinned host mirror the engine
+// stages received blocks from for a host backend on a GPU, the KV cache on the CPU); they are the
+// endpoints this worker offers prefill workers in the pair handshake (`tandem decode` runs one;
+// integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
-// (decode_service.h); one transfer thread owns the backend and keeps it progressing (UCX's
+// (decode_service.h); one transfer thread per backend owns it and keeps it progressing (UCX's
 // tcp / shared-memory transports need target-side progress for writes to land).
 // Lifetime: Create starts serving (health SERVING); Shutdown (also the destructor) stops
 // accepting, gives in-flight calls `drain` to finish, cancels the rest and stops the transfer
@@ -14,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +42,14 @@ struct DecodeWorkerOptions {
 
 class DecodeWorker {
  public:
-  // Registers the engine's transfer memory with `backend` (on the transfer thread) and starts
-  // serving. Errors: the engine's transfer_layout() (mirror allocation), the backend's (register,
-  // export, address) or Unavailable when the port can't be bound; nothing is left running then.
+  // Registers the engine's transfer memory with each backend (on its transfer thread) and starts
+  // serving. Errors: no backend or two of one name (InvalidArgument), the engine's
+  // transfer_layout() (mirror allocation), a backend's (register, export, address) or Unavailable
+  // when the port can't be bound; nothing is left running then.
+  static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(
+      Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
+      const DecodeWorkerOptions& options);
+  // One backend.
   static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(
       Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
       const DecodeWorkerOptions& options);
@@ -61,7 +69,7 @@ class DecodeWorker {
   Engine* engine_ = nullptr;
   std::string host_;
   int port_ = 0;
-  std::unique_ptr<server::TransferThread> transfer_;
+  std::vector<std::unique_ptr<server::TransferThread>> transfers_;
   std::unique_ptr<server::WorkerMetricsReporter> metrics_;
   std::unique_ptr<DecodeService> decode_service_;
   std::unique_ptr<server::WorkerStatsService> stats_service_;

@@ -6,7 +6,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
@@ -29,7 +32,12 @@ grpc::Status Error(grpc::StatusCode code, std::string message) {
 // One Prefill call, shared by the handler, the engine callbacks and the transfer thread.
 struct PrefillService::Job {
   std::string request_id;
-  v1::KvTarget target;
+  size_t lane = 0;
+  // Where the KV goes: from the pair's handshake, or the request's whole target.
+  std::string agent_name;
+  std::string agent_address;
+  std::string region;
+  v1::KvTarget target;  // block_ids and num_cached_tokens
   kvtransfer::KvLayout target_layout;
   absl::Time deadline;
 
@@ -58,18 +66,106 @@ struct PrefillService::Job {
   }
 };
 
-PrefillService::PrefillService(Engine* engine, server::TransferThread* transfer,
-                               uint64_t local_region, metrics::WorkerMetrics* metrics,
-                               PrefillServiceOptions options)
+PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
+                               metrics::WorkerMetrics* metrics, PrefillServiceOptions options)
     : engine_(engine),
-      transfer_(transfer),
-      local_region_(local_region),
+      lanes_(std::move(lanes)),
       metrics_(metrics),
       options_(std::move(options)),
       layout_(server::ToTransferLayout(engine->kv_layout())),
-      dispatch_(std::make_shared<Dispatch>()) {
+      dispatch_(std::make_shared<Dispatch>()),
+      peers_(lanes_.size()) {
   absl::MutexLock lock(&dispatch_->mu);
   dispatch_->service = this;
+}
+
+size_t PrefillService::FindLane(const std::string& backend) const {
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    if (lanes_[i].transfer->backend_name() == backend) return i;
+  }
+  return lanes_.size();
+}
+
+grpc::Status PrefillService::Connect(grpc::ServerContext* context,
+                                     const v1::ConnectRequest* request,
+                                     v1::ConnectResponse* response) {
+  const std::string who =
+      request->decode_worker().empty() ? context->peer() : request->decode_worker();
+  // The model and the layout formula must match before anything else is looked at.
+  const ModelConfig& c = engine_->config();
+  const v1::KvCompatibility& theirs = request->compatibility();
+  const std::vector<std::pair<const char*, std::pair<double, double>>> fields = {
+      {"layout_version", {theirs.layout_version(), server::kKvLayoutVersion}},
+      {"num_layers", {theirs.num_layers(), c.num_layers}},
+      {"num_kv_heads", {theirs.num_kv_heads(), c.num_kv_heads}},
+      {"head_dim", {theirs.head_dim(), c.head_dim}},
+      {"vocab_size", {theirs.vocab_size(), c.vocab_size}},
+      {"rope_theta", {theirs.rope_theta(), c.rope_theta}},
+      {"hidden_size", {theirs.hidden_size(), c.hidden_size}},
+  };
+  for (const auto& [name, values] : fields) {
+    if (values.first != values.second) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                   absl::StrCat("incompatible models: ", name, " is ", values.first,
+                                " on decode worker ", who, " but ", values.second, " here"));
+    }
+  }
+  if (request->endpoints_size() == 0 || request->endpoints_size() > 8) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "endpoints: expected 1 to 8");
+  }
+  std::vector<std::string> fallbacks;
+  for (const v1::KvEndpoint& endpoint : request->endpoints()) {
+    const size_t lane = FindLane(endpoint.backend());
+    absl::Status usable;
+    kvtransfer::KvLayout layout = server::KvLayoutFromProto(endpoint.layout());
+    if (lane == lanes_.size()) {
+      usable = absl::UnimplementedError("this prefill worker does not run it");
+    } else {
+      // The layouts must be convertible: plan one block as a dry run.
+      const std::vector<int32_t> one = {0};
+      auto plan = kvtransfer::PlanBlockCopies(layout_, layout, one, one, 1, 0);
+      usable = plan.ok() ? absl::OkStatus() : plan.status();
+    }
+    if (usable.ok()) {
+      usable = lanes_[lane].transfer->Run(
+          [&endpoint](kvtransfer::TransferBackend& backend) {
+            return backend.Connect(endpoint.agent_name(), endpoint.agent_address());
+          },
+          options_.connect_timeout);
+    }
+    if (usable.ok()) {
+      absl::BitGen bits;
+      const std::string pair_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(bits),
+                                                  absl::Uniform<uint64_t>(bits));
+      absl::MutexLock lock(&pairs_mu_);
+      pairs_[pair_id] = Pair{lane, endpoint, layout};
+      pair_order_.push_back(pair_id);
+      while (pair_order_.size() > options_.max_pairs) {
+        pairs_.erase(pair_order_.front());
+        pair_order_.pop_front();
+      }
+      response->set_pair_id(pair_id);
+      response->set_backend(endpoint.backend());
+      for (std::string& f : fallbacks) response->add_fallbacks(std::move(f));
+      LOG(INFO) << "prefill: paired with decode worker " << who << " over " << endpoint.backend();
+      return grpc::Status::OK;
+    }
+    std::string reason = absl::StrCat(endpoint.backend(), ": ", usable.message());
+    metrics_->kv_transfer_fallbacks
+        .Add({{"backend", endpoint.backend()}, {"reason", absl::StatusCodeToString(usable.code())}})
+        .Increment();
+    {
+      absl::MutexLock lock(&pairs_mu_);
+      if (logged_fallbacks_.insert(absl::StrCat(who, "/", endpoint.backend())).second) {
+        LOG(WARNING) << "prefill: decode worker " << who << ": not using " << reason;
+      }
+    }
+    fallbacks.push_back(std::move(reason));
+  }
+  // No transfer can happen with this decode worker: a failure at the connect stage.
+  metrics_->kv_transfer_failures.Increment();
+  return Error(grpc::StatusCode::FAILED_PRECONDITION,
+               absl::StrCat("no usable KV transfer endpoint: ", absl::StrJoin(fallbacks, "; ")));
 }
 
 void PrefillService::Detach() {
@@ -92,10 +188,37 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     return server::ToGrpcStatus(s);
   }
   const v1::KvTarget& target = request->target();
-  if (target.backend() != transfer_->backend_name()) {
-    return Error(grpc::StatusCode::FAILED_PRECONDITION,
-                 absl::StrCat("target.backend: '", target.backend(), "', but this worker uses '",
-                              transfer_->backend_name(), "'"));
+  auto job = std::make_shared<Job>();
+  kvtransfer::KvLayout target_layout;
+  if (!request->pair_id().empty()) {
+    if (!target.backend().empty() || !target.agent_name().empty() ||
+        !target.agent_address().empty() || !target.region().empty() || target.has_layout()) {
+      return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                   "target: with pair_id only block_ids and num_cached_tokens may be set");
+    }
+    absl::MutexLock lock(&pairs_mu_);
+    auto it = pairs_.find(request->pair_id());
+    if (it == pairs_.end()) {
+      return Error(grpc::StatusCode::NOT_FOUND,
+                   "pair_id: unknown pair (this prefill worker restarted or forgot it): connect "
+                   "again");
+    }
+    job->lane = it->second.lane;
+    job->agent_name = it->second.endpoint.agent_name();
+    job->agent_address = it->second.endpoint.agent_address();
+    job->region = it->second.endpoint.region();
+    target_layout = it->second.layout;
+  } else {
+    job->lane = FindLane(target.backend());
+    if (job->lane == lanes_.size()) {
+      return Error(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("target.backend: '", target.backend(), "' is not a backend of this worker"));
+    }
+    job->agent_name = target.agent_name();
+    job->agent_address = target.agent_address();
+    job->region = target.region();
+    target_layout = server::KvLayoutFromProto(target.layout());
   }
   if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) {
     return Error(grpc::StatusCode::INVALID_ARGUMENT,
@@ -104,7 +227,6 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   }
   // The layouts must be compatible and the target's block ids must cover the prompt: plan once
   // with stand-in source blocks (our block 0) to find out before computing anything.
-  const kvtransfer::KvLayout target_layout = server::KvLayoutFromProto(target.layout());
   {
     const int blocks = (num_tokens + layout_.block_size - 1) / layout_.block_size;
     const std::vector<int32_t> stand_in(blocks, 0);
@@ -118,7 +240,6 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     }
   }
 
-  auto job = std::make_shared<Job>();
   job->request_id = id;
   job->target = target;
   job->target_layout = target_layout;
@@ -133,6 +254,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   params.stop.clear();    // stop strings act on later text, on the decode worker
   engine_request.params = params;
   engine_request.hold_kv_after_prefill = true;
+  engine_request.stage_kv = lanes_[job->lane].staged;
   Engine* engine = engine_;
   engine_request.on_prefilled = [dispatch = dispatch_, job, engine](const PrefilledKv& kv) {
     {
@@ -142,10 +264,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     }
     absl::MutexLock lock(&dispatch->mu);
     PrefillService* service = dispatch->service;
-    if (service == nullptr ||
-        !service->transfer_->Post([service, job](kvtransfer::TransferBackend& backend) {
-          service->StartTransfer(backend, job);
-        })) {
+    if (service == nullptr || !service->lanes_[job->lane].transfer->Post(
+                                  [service, job](kvtransfer::TransferBackend& backend) {
+                                    service->StartTransfer(backend, job);
+                                  })) {
       engine->ReleaseHeldKv(kv.request_id);
       job->Finish(absl::UnavailableError("prefill worker shutting down"));
     }
@@ -225,19 +347,20 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   };
   if (abandoned) return fail(absl::CancelledError("the caller gave up"));
 
-  const std::string& peer = job->target.agent_name();
-  const std::string& address = job->target.agent_address();
-  auto it = peers_.find(peer);
-  if (it == peers_.end() || it->second != address) {
-    if (it != peers_.end()) {
+  const std::string& peer = job->agent_name;
+  const std::string& address = job->agent_address;
+  absl::flat_hash_map<std::string, std::string>& peers = peers_[job->lane];
+  auto it = peers.find(peer);
+  if (it == peers.end() || it->second != address) {
+    if (it != peers.end()) {
       (void)backend.Disconnect(peer);
-      peers_.erase(it);
+      peers.erase(it);
     }
     if (absl::Status s = backend.Connect(peer, address); !s.ok()) {
       return fail(absl::UnavailableError(
           absl::StrCat("connecting to transfer agent '", peer, "': ", s.message())));
     }
-    peers_[peer] = address;
+    peers[peer] = address;
   }
   auto ops = kvtransfer::PlanBlockCopies(
       layout_, job->target_layout, kv.block_ids,
@@ -254,24 +377,24 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   }
 
   kvtransfer::TransferRequest transfer;
-  transfer.local_region = local_region_;
+  transfer.local_region = lanes_[job->lane].local_region;
   transfer.peer = peer;
-  transfer.remote_region = job->target.region();
+  transfer.remote_region = job->region;
   transfer.ops = std::move(*ops);
   const absl::Time posted = absl::Now();
   auto handle = backend.PostWrite(transfer);
   if (!handle.ok()) {
     // Reconnect next time: the connection may be what failed.
     (void)backend.Disconnect(peer);
-    peers_.erase(peer);
+    peers.erase(peer);
     return fail(absl::UnavailableError(
         absl::StrCat("posting KV writes to '", peer, "': ", handle.status().message())));
   }
   const absl::Time deadline = std::min(job->deadline, posted + options_.transfer_timeout);
   const std::string request_id = kv.request_id;
-  const bool polling =
-      transfer_->AddPoller([this, job, h = *handle, bytes, posted, deadline, request_id](
-                               kvtransfer::TransferBackend& backend, bool stopping) {
+  const bool polling = lanes_[job->lane].transfer->AddPoller(
+      [this, job, h = *handle, bytes, posted, deadline, request_id](
+          kvtransfer::TransferBackend& backend, bool stopping) {
         absl::Status failure;
         const absl::Time now = absl::Now();
         if (stopping) {

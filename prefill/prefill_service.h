@@ -1,7 +1,15 @@
 #pragma once
-// Prefill.Prefill: computes a prompt's KV, writes it into the caller's (a decode worker's) blocks
-// through kvtransfer, and answers with the first token once every write is acknowledged
-// (DESIGN.md "A request, end to end", step 4; whole-prompt transfer).
+// Prefill.Connect and Prefill.Prefill: computes a prompt's KV, writes it into the caller's (a
+// decode worker's) blocks through kvtransfer, and answers with the first token once every write
+// is acknowledged (DESIGN.md "A request, end to end", step 4; whole-prompt transfer).
+//
+// Pairs: a decode worker first calls Connect with its endpoints (one per backend it runs, in its
+// preference order) and its model's compatibility fields. The service refuses a model or layout
+// mismatch (FAILED_PRECONDITION, before any byte moves), takes the first endpoint whose backend
+// it runs too and can connect to (each skipped one is a fallback: logged once per decode worker
+// and backend, counted, and returned), and answers with an unguessable pair id. Prefill requests
+// that name the pair carry only block ids; the region, layout and agent come from the handshake.
+// Requests without a pair id carry the whole target (the older protocol).
 //
 // Flow: the handler validates the request (target layout incompatible with ours or another
 // backend: FAILED_PRECONDITION) and submits it to the engine with hold_kv_after_prefill. On the
@@ -14,16 +22,19 @@
 // (transfer handle, held blocks; the engine's held-KV lease is the last resort). P holds nothing
 // after it replies.
 //
-// Threading (STYLE.md 12): the engine thread owns the batch, the transfer thread owns the
+// Threading (STYLE.md 12): the engine thread owns the batch, each lane's transfer thread owns its
 // backend; gRPC handler threads only validate, enqueue and wait.
-// Ownership: engine, transfer thread and metrics are not owned and must outlive the service.
+// Ownership: engine, transfer threads and metrics are not owned and must outlive the service.
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/kv_layout.h"
@@ -39,15 +50,29 @@ struct PrefillServiceOptions {
   absl::Duration prefill_timeout = absl::Seconds(60);
   // From the KV being ready to the last write acknowledged; keep below the engine's held-KV lease.
   absl::Duration transfer_timeout = absl::Seconds(20);
+  // Connect: the backend connection to a decode worker's agent, per endpoint tried.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Pairs kept (the oldest is forgotten beyond this: its decode worker then connects again).
+  size_t max_pairs = 4096;
+};
+
+// One transfer backend of the worker: its thread, the region its transfer memory is registered
+// as, and whether that memory is the engine's host mirror (the engine stages through it).
+struct TransferLane {
+  server::TransferThread* transfer = nullptr;  // not owned
+  uint64_t local_region = 0;
+  bool staged = false;
 };
 
 class PrefillService final : public v1::Prefill::Service {
  public:
-  // `local_region`: the id under which the engine's whole transfer memory (transfer_layout()) is
-  // registered with the transfer thread's backend.
-  PrefillService(Engine* engine, server::TransferThread* transfer, uint64_t local_region,
-                 metrics::WorkerMetrics* metrics, PrefillServiceOptions options);
+  // `lanes`: the worker's backends (distinct names), each with its registered transfer memory
+  // (the engine's kv_layout() offsets).
+  PrefillService(Engine* engine, std::vector<TransferLane> lanes, metrics::WorkerMetrics* metrics,
+                 PrefillServiceOptions options);
 
+  grpc::Status Connect(grpc::ServerContext* context, const v1::ConnectRequest* request,
+                       v1::ConnectResponse* response) override;
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* response) override;
 
@@ -61,20 +86,33 @@ class PrefillService final : public v1::Prefill::Service {
     absl::Mutex mu;
     PrefillService* service ABSL_GUARDED_BY(mu);
   };
-  // Transfer thread only.
+  // What a handshake fixed for a pair.
+  struct Pair {
+    size_t lane = 0;
+    v1::KvEndpoint endpoint;
+    kvtransfer::KvLayout layout;
+  };
+  // The lane running `backend`, or lanes_.size().
+  size_t FindLane(const std::string& backend) const;
+  // Transfer thread of the job's lane only.
   void StartTransfer(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job);
 
   Engine* const engine_;
-  server::TransferThread* const transfer_;
-  const uint64_t local_region_;
+  const std::vector<TransferLane> lanes_;
   metrics::WorkerMetrics* const metrics_;
   const PrefillServiceOptions options_;
   const kvtransfer::KvLayout layout_;
 
   const std::shared_ptr<Dispatch> dispatch_;
 
-  // Transfer thread only: connected peers, agent name -> address.
-  absl::flat_hash_map<std::string, std::string> peers_;
+  absl::Mutex pairs_mu_;
+  absl::flat_hash_map<std::string, Pair> pairs_ ABSL_GUARDED_BY(pairs_mu_);
+  std::deque<std::string> pair_order_ ABSL_GUARDED_BY(pairs_mu_);  // oldest first (bounded)
+  // (decode worker, backend) fallbacks already logged.
+  absl::flat_hash_set<std::string> logged_fallbacks_ ABSL_GUARDED_BY(pairs_mu_);
+
+  // Per lane, its transfer thread only: connected peers, agent name -> address.
+  std::vector<absl::flat_hash_map<std::string, std::string>> peers_;
 };
 
 }  // namespace tandem::prefill

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/server/transfer_memory.h"
@@ -11,27 +12,46 @@ namespace tandem::prefill {
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
     const PrefillWorkerOptions& options) {
+  std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends;
+  backends.push_back(std::move(backend));
+  return Create(engine, std::move(backends), options);
+}
+
+absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
+    Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
+    const PrefillWorkerOptions& options) {
+  if (backends.empty()) return absl::InvalidArgumentError("prefill worker: no transfer backend");
   std::unique_ptr<PrefillWorker> worker(new PrefillWorker());
   worker->host_ = options.host;
-  // Transfers read and write the KV cache itself, or its pinned host mirror when the backend
-  // moves only host memory and the cache is on a GPU (transfer_memory.h).
-  ASSIGN_OR_RETURN(
-      const server::TransferMemory memory,
-      server::ChooseTransferMemory(*engine, backend->capabilities(), std::string(backend->name())));
-  worker->transfer_ = std::make_unique<server::TransferThread>(std::move(backend));
-  uint64_t region_id = 0;
-  RETURN_IF_ERROR(worker->transfer_->Run(
-      [&region_id, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
-        ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
-                         b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
-        region_id = region.id;
-        return absl::OkStatus();
-      },
-      options.setup_timeout));
+  std::vector<TransferLane> lanes;
+  absl::flat_hash_set<std::string> names;
+  for (std::unique_ptr<kvtransfer::TransferBackend>& backend : backends) {
+    const std::string name(backend->name());
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill worker: backend '", name, "' twice"));
+    }
+    // Transfers read the KV cache itself, or its pinned host mirror when the backend moves only
+    // host memory and the cache is on a GPU (transfer_memory.h).
+    ASSIGN_OR_RETURN(const server::TransferMemory memory,
+                     server::ChooseTransferMemory(*engine, backend->capabilities(), name));
+    worker->transfers_.push_back(std::make_unique<server::TransferThread>(std::move(backend)));
+    uint64_t region_id = 0;
+    RETURN_IF_ERROR(worker->transfers_.back()->Run(
+        [&region_id, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
+          ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
+                           b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
+          region_id = region.id;
+          return absl::OkStatus();
+        },
+        options.setup_timeout));
+    lanes.push_back(TransferLane{.transfer = worker->transfers_.back().get(),
+                                 .local_region = region_id,
+                                 .staged = memory.staged});
+  }
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
   worker->prefill_service_ = std::make_unique<PrefillService>(
-      engine, worker->transfer_.get(), region_id, &worker->metrics_->metrics(), options.service);
+      engine, std::move(lanes), &worker->metrics_->metrics(), options.service);
   worker->stats_service_ =
       std::make_unique<server::WorkerStatsService>("prefill", options.model_name, engine);
   ASSIGN_OR_RETURN(
@@ -52,9 +72,9 @@ void PrefillWorker::Shutdown(absl::Duration drain) {
   if (stats_service_ != nullptr) stats_service_->Stop();
   server_.Shutdown(drain);
   // KV that becomes ready from now on is released at once; live transfers are released by the
-  // transfer thread's last poll.
+  // transfer threads' last poll.
   if (prefill_service_ != nullptr) prefill_service_->Detach();
-  if (transfer_ != nullptr) transfer_->Stop();
+  for (auto& transfer : transfers_) transfer->Stop();
 }
 
 }  // namespace tandem::prefill

@@ -1,12 +1,13 @@
 #pragma once
-// The prefill worker, assembled: an Engine (not owned) serving Prefill and Worker over gRPC, its
-// whole KV transfer memory (Engine::transfer_layout(): the KV cache on the CPU, its pinned host
-// mirror on a GPU, into which the engine stages a prompt's blocks before reporting them)
-// registered once with a transfer backend so it can write prompts' KV into decode workers'
-// blocks (`tandem prefill` runs one; integration tests run several in one process on port 0).
+// The prefill worker, assembled: an Engine (not owned) serving Prefill and Worker over gRPC, with
+// one or more transfer backends (in preference order: `--kv-transfer auto` on a GPU is cuda_ipc,
+// then ucx). Each registers its transfer memory once (runtime/server/transfer_memory.h: the GPU
+// KV cache itself for cuda_ipc, the engine's pinned host mirror for a host backend on a GPU, the
+// KV cache on the CPU) so it can write prompts' KV into decode workers' blocks (`tandem prefill`
+// runs one; integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
-// (prefill_service.h); one transfer thread owns the backend (connect, post, poll, release).
+// (prefill_service.h); one transfer thread per backend owns it (connect, post, poll, release).
 // Lifetime: Create starts serving (health SERVING); Shutdown (also the destructor) stops
 // accepting, gives in-flight calls `drain`, cancels the rest, releases every transfer and held
 // block, and stops the transfer thread. The engine must outlive the worker; shut the engine down
@@ -14,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -39,9 +41,14 @@ struct PrefillWorkerOptions {
 
 class PrefillWorker {
  public:
-  // Registers the engine's transfer memory with `backend` (on the transfer thread) and starts
-  // serving. Errors: the engine's transfer_layout() (mirror allocation), the backend's
-  // registration error, or Unavailable when the port can't be bound; nothing is left running then.
+  // Registers the engine's transfer memory with each backend (on its transfer thread) and starts
+  // serving. Errors: no backend or two of one name (InvalidArgument), the engine's
+  // transfer_layout() (mirror allocation), a backend's registration error, or Unavailable when
+  // the port can't be bound; nothing is left running then.
+  static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(
+      Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
+      const PrefillWorkerOptions& options);
+  // One backend.
   static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(
       Engine* engine, std::unique_ptr<kvtransfer::TransferBackend> backend,
       const PrefillWorkerOptions& options);
@@ -60,7 +67,7 @@ class PrefillWorker {
 
   std::string host_;
   int port_ = 0;
-  std::unique_ptr<server::TransferThread> transfer_;
+  std::vector<std::unique_ptr<server::TransferThread>> transfers_;
   std::unique_ptr<server::WorkerMetricsReporter> metrics_;
   std::unique_ptr<PrefillService> prefill_service_;
   std::unique_ptr<server::WorkerStatsService> stats_service_;

@@ -6,10 +6,11 @@
 #   2. kv_ipc_bench: one 4,096-token Llama-3-8B-shape prompt (512 MiB) between two processes,
 #      contiguous and scattered, beside a same-process device copy (the ceiling);
 #   3. serving on the synthesized Llama-3-8B: `tandem serve --device cuda` aggregated, and 1P+1D
-#      over cuda_ipc (and over ucx, the old path, unless SKIP_UCX=1), `tandem bench` with 4,096
-#      input and 64 output tokens at concurrency 1 and 8; the router's /metrics after each.
+#      with the default --kv-transfer auto (cuda_ipc), `tandem bench` with 4,096 input and 64
+#      output tokens at concurrency 1 and 8; the router's /metrics before and after each.
 # Everything lands in $OUT/r.tgz (dc_finish).
-#   SERVE_CASES="agg ipc ucx" picks the serving cases; PROMPTS1 / PROMPTS8 the prompt counts.
+#   SERVE_CASES="agg auto ucx" picks the serving cases (also: ipc512, cuda_ipc with 512-token
+#   prefill steps); PROMPTS1 / PROMPTS8 the prompt counts.
 set -u
 source bench/engine/device_call.sh
 dc_setup || exit 1
@@ -59,10 +60,11 @@ serve_case() {
   wait $pid 2>/dev/null
 }
 
-for c in ${SERVE_CASES:-agg ipc ucx}; do
+for c in ${SERVE_CASES:-agg auto ucx}; do
   case $c in
     agg) serve_case agg --aggregated ;;
-    ipc) serve_case ipc --kv-transfer cuda_ipc ;;
+    auto) serve_case auto ;;  # the default: cuda_ipc chosen by the pair handshake
+    ipc512) serve_case ipc512 --kv-transfer cuda_ipc --prefill-max-num-batched-tokens 512 ;;
     ucx) serve_case ucx --kv-transfer ucx ;;
   esac
 done

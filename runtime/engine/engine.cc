@@ -573,8 +573,8 @@ int64_t Micros(absl::Time from, absl::Time to) {
 }  // namespace
 
 absl::Status Engine::StagePromptKv(int64_t seq_id, int first_block, KvStage dir) {
-  if (!stages_kv_.load(std::memory_order_acquire)) return absl::OkStatus();
   const Active& a = *active_.at(seq_id);
+  if (!a.request.stage_kv || !stages_kv_.load(std::memory_order_acquire)) return absl::OkStatus();
   const int block_size = runner_->block_size();
   const int prompt_blocks = (a.num_prompt_tokens + block_size - 1) / block_size;
   const std::span<const int32_t> table = scheduler_.BlockTable(seq_id);

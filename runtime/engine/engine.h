@@ -46,7 +46,7 @@
 //   remote prefill. (Two held prompts sharing a prefix-cached block on P both stage it: the
 //   second copy rewrites bytes a transfer may be reading with the same values.) Host runners
 //   skip all of this (no call at all), as does an engine whose transfer_layout() nobody asked
-//   for (no transfer can read the mirror then).
+//   for (no transfer can read the mirror then), and requests with stage_kv false.
 
 #include <atomic>
 #include <cstdint>
@@ -141,6 +141,10 @@ struct GenerateRequest {
   // SubmitRemotePrefill only: the latest time to obtain blocks (besides
   // EngineOptions::reserve_timeout after Submit).
   absl::Time deadline = absl::InfiniteFuture();
+  // hold_kv_after_prefill and SubmitRemotePrefill: whether this request's KV crosses through
+  // transfer_layout() (staged when that is a host mirror). False when the transfer reads or
+  // writes the KV cache itself (a device backend such as cuda_ipc): no staging at all.
+  bool stage_kv = true;
 };
 
 // Decode side: the blocks reserved for a remote prefill.

@@ -66,8 +66,11 @@ struct WorkerMetrics {
   prometheus::Counter& kv_transfers;           // tandem_kv_transfers_total
   prometheus::Counter& kv_transfer_failures;   // tandem_kv_transfer_failures_total
   prometheus::Histogram& kv_transfer_latency;  // tandem_kv_transfer_latency_seconds (post->done)
-  prometheus::Counter& prompt_tokens;          // tandem_prompt_tokens_total (computed here)
-  prometheus::Counter& generation_tokens;      // tandem_generation_tokens_total
+  // tandem_kv_transfer_fallbacks_total{backend, reason}: endpoints a pair handshake skipped
+  // (reason: the status code name of why, e.g. FAILED_PRECONDITION for cuda_ipc across hosts).
+  prometheus::Family<prometheus::Counter>& kv_transfer_fallbacks;
+  prometheus::Counter& prompt_tokens;      // tandem_prompt_tokens_total (computed here)
+  prometheus::Counter& generation_tokens;  // tandem_generation_tokens_total
 };
 
 }  // namespace tandem::metrics

@@ -45,4 +45,14 @@ kvtransfer::KvLayout KvLayoutFromProto(const v1::KvLayout& proto) {
   return out;
 }
 
+void CompatibilityToProto(const ModelConfig& config, v1::KvCompatibility* proto) {
+  proto->set_layout_version(kKvLayoutVersion);
+  proto->set_num_layers(config.num_layers);
+  proto->set_num_kv_heads(config.num_kv_heads);
+  proto->set_head_dim(config.head_dim);
+  proto->set_vocab_size(config.vocab_size);
+  proto->set_rope_theta(config.rope_theta);
+  proto->set_hidden_size(config.hidden_size);
+}
+
 }  // namespace tandem::server

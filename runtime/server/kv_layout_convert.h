@@ -11,6 +11,12 @@
 
 namespace tandem::server {
 
+// The version of KvLayout's offset formula (proto tandem.v1.KvCompatibility.layout_version).
+inline constexpr int kKvLayoutVersion = 1;
+
+// What a pair handshake compares (v1.KvCompatibility) for `config`.
+void CompatibilityToProto(const ModelConfig& config, v1::KvCompatibility* proto);
+
 kvtransfer::KvLayout ToTransferLayout(const KvCacheLayout& layout);
 void KvLayoutToProto(const kvtransfer::KvLayout& layout, v1::KvLayout* proto);
 kvtransfer::KvLayout KvLayoutFromProto(const v1::KvLayout& proto);

@@ -7,8 +7,11 @@
 namespace tandem::server {
 
 TransferThread::TransferThread(std::unique_ptr<kvtransfer::TransferBackend> backend,
-                               absl::Duration tick)
-    : backend_name_(backend->name()), tick_(tick), backend_(std::move(backend)) {
+                               absl::Duration busy_tick, absl::Duration idle_tick)
+    : backend_name_(backend->name()),
+      busy_tick_(busy_tick),
+      idle_tick_(idle_tick),
+      backend_(std::move(backend)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -67,7 +70,7 @@ void TransferThread::Loop() {
       };
       // Without pollers nothing is waiting on us, but the backend still needs regular progress
       // (target side); with pollers, tick fast.
-      mu_.AwaitWithTimeout(absl::Condition(&ready), pollers.empty() ? tick_ * 4 : tick_);
+      mu_.AwaitWithTimeout(absl::Condition(&ready), pollers.empty() ? idle_tick_ : busy_tick_);
       stopping = stopping_;
       tasks.swap(tasks_);
       for (Poller& p : new_pollers_) pollers.push_back(std::move(p));

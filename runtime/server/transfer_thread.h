@@ -32,9 +32,12 @@ class TransferThread {
   // Returns true when done (then it is dropped). With `stopping`, it must clean up and return true.
   using Poller = std::function<bool(kvtransfer::TransferBackend&, bool stopping)>;
 
-  // `tick`: how often pollers run and the backend progresses.
+  // `busy_tick`: how often pollers run while any is waiting (a transfer in flight: this bounds
+  // how late its completion is seen); `idle_tick`: how often the backend progresses otherwise
+  // (target-side progress for UCX tcp / shared memory).
   explicit TransferThread(std::unique_ptr<kvtransfer::TransferBackend> backend,
-                          absl::Duration tick = absl::Microseconds(500));
+                          absl::Duration busy_tick = absl::Microseconds(50),
+                          absl::Duration idle_tick = absl::Milliseconds(2));
   ~TransferThread();
   TransferThread(const TransferThread&) = delete;
   TransferThread& operator=(const TransferThread&) = delete;
@@ -55,7 +58,8 @@ class TransferThread {
   void Loop();
 
   const std::string backend_name_;
-  const absl::Duration tick_;
+  const absl::Duration busy_tick_;
+  const absl::Duration idle_tick_;
   std::unique_ptr<kvtransfer::TransferBackend> backend_;  // used on thread_ only
 
   absl::Mutex mu_;

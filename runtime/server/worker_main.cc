@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
 
 namespace tandem::server {
 namespace {
@@ -18,16 +20,33 @@ sigset_t TerminationSignals() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> CreateWorkerBackend(
+absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
-    int cuda_device) {
+    bool kv_on_device, int cuda_device) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   kvtransfer::BackendOptions options;
   options.agent_name = absl::StrCat(role, "-", host, "-", getpid());
   options.ucx_transports = ucx_transports;
   options.cuda_device = cuda_device;
-  return kvtransfer::CreateTransferBackend(kind, options);
+  std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends;
+  if (kind != "auto") {
+    ASSIGN_OR_RETURN(auto backend, kvtransfer::CreateTransferBackend(kind, options));
+    backends.push_back(std::move(backend));
+    return backends;
+  }
+  if (kv_on_device) {
+    auto ipc = kvtransfer::CreateTransferBackend("cuda_ipc", options);
+    if (ipc.ok()) {
+      backends.push_back(*std::move(ipc));
+    } else {
+      LOG(WARNING) << role << ": --kv-transfer auto: no cuda_ipc (" << ipc.status()
+                   << "); KV moves through ucx and a host mirror";
+    }
+  }
+  ASSIGN_OR_RETURN(auto ucx, kvtransfer::CreateTransferBackend("ucx", options));
+  backends.push_back(std::move(ucx));
+  return backends;
 }
 
 void BlockTerminationSignals() {

@@ -7,17 +7,20 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvtransfer/transfer_backend.h"
 
 namespace tandem::server {
 
-// A backend of kvtransfer's factory ("ucx", "loopback", "cuda_ipc"), with agent name
-// "<role>-<hostname>-<pid>"; cuda_ipc uses GPU `cuda_device` (the worker's --device ordinal).
-absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> CreateWorkerBackend(
+// The worker's transfer backends for `--kv-transfer KIND`, in preference order, each with agent
+// name "<role>-<hostname>-<pid>": "ucx", "loopback" or "cuda_ipc" alone (kvtransfer's factory;
+// cuda_ipc on GPU `cuda_device`), or "auto": cuda_ipc then ucx for a KV cache on a GPU (cuda_ipc
+// left out, with a warning saying why, where it cannot be created), ucx for a host cache.
+absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
-    int cuda_device);
+    bool kv_on_device, int cuda_device);
 
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.

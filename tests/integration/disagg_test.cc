@@ -493,6 +493,142 @@ TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// The pair handshake (Prefill.Connect): a model mismatch is refused before any byte moves; an
+// endpoint the prefill worker cannot use is skipped, named and counted; pair ids are checked.
+TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
+  StartStack(GetParam());
+  auto stub = v1::Prefill::NewStub(
+      grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
+  // D's real endpoint, as its first Generate offers it: take it from a successful pairing.
+  const std::vector<int32_t> prompt = Prompt(21, 31);
+  const Streamed first = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_TRUE(first.prefilled_remotely);
+
+  v1::ConnectRequest request;
+  request.set_decode_worker("test");
+  const ModelConfig& config = d_model_->engine->config();
+  v1::KvCompatibility* compat = request.mutable_compatibility();
+  compat->set_layout_version(1);
+  compat->set_num_layers(config.num_layers);
+  compat->set_num_kv_heads(config.num_kv_heads);
+  compat->set_head_dim(config.head_dim);
+  compat->set_vocab_size(config.vocab_size);
+  compat->set_rope_theta(config.rope_theta);
+  compat->set_hidden_size(config.hidden_size);
+  // An endpoint of a backend P does not run, then one P can't connect to, then a usable one
+  // made from scratch: a fresh D-side agent of the same kind over D's KV cache layout.
+  v1::KvEndpoint* pigeon = request.add_endpoints();
+  pigeon->set_backend("carrier-pigeon");
+  auto agent = Backend(GetParam(), "extra");
+  std::vector<char> memory(d_model_->engine->kv_layout().bytes);
+  auto region = agent->RegisterMemory(memory.data(), memory.size(), kvtransfer::MemoryKind::kHost);
+  ASSERT_TRUE(region.ok());
+  v1::KvEndpoint good;
+  good.set_backend(GetParam());
+  good.set_agent_name(agent->agent_name());
+  good.set_agent_address(*agent->LocalAddress());
+  good.set_region(*agent->ExportRegion(region->id));
+  const KvCacheLayout& l = d_model_->engine->kv_layout();
+  v1::KvLayout* layout = good.mutable_layout();
+  layout->set_num_layers(l.num_layers);
+  layout->set_num_blocks(l.num_blocks);
+  layout->set_block_size(l.block_size);
+  layout->set_num_kv_heads(l.num_kv_heads);
+  layout->set_head_dim(l.head_dim);
+  layout->set_elem_bytes(l.elem_bytes);
+  layout->set_block_bytes(l.block_bytes);
+  layout->set_block_stride(l.block_stride);
+  layout->set_kv_stride(l.kv_stride);
+  layout->set_layer_stride(l.layer_stride);
+  v1::KvEndpoint* unreachable = request.add_endpoints();
+  *unreachable = good;
+  unreachable->set_agent_name("nobody");
+  unreachable->set_agent_address(GetParam() == "loopback" ? "nobody" : std::string(32, '\x01'));
+  *request.add_endpoints() = good;
+  const double fallbacks_before =
+      prefill_->metrics()
+          .metrics()
+          .kv_transfer_fallbacks.Add({{"backend", "carrier-pigeon"}, {"reason", "UNIMPLEMENTED"}})
+          .Value();
+  {
+    // The extra agent needs target-side progress (UCX wireup) while P connects to it.
+    std::atomic<bool> connected{false};
+    std::thread progress([&] {
+      while (!connected.load()) agent->Progress();
+    });
+    grpc::ClientContext context;
+    v1::ConnectResponse response;
+    const grpc::Status s = stub->Connect(&context, request, &response);
+    connected.store(true);
+    progress.join();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.backend(), GetParam());
+    EXPECT_EQ(response.pair_id().size(), 32u);
+    ASSERT_EQ(response.fallbacks_size(), 2);
+    EXPECT_NE(response.fallbacks(0).find("carrier-pigeon"), std::string::npos);
+    EXPECT_NE(response.fallbacks(1).find(GetParam()), std::string::npos);
+    EXPECT_EQ(
+        prefill_->metrics()
+            .metrics()
+            .kv_transfer_fallbacks.Add({{"backend", "carrier-pigeon"}, {"reason", "UNIMPLEMENTED"}})
+            .Value(),
+        fallbacks_before + 1);
+
+    // A forged pair id, and a pair id with target fields besides the blocks.
+    v1::PrefillRequest prefill;
+    prefill.set_request_id("forged-pair");
+    for (int32_t t : Prompt(8, 2)) prefill.add_prompt_token_ids(t);
+    prefill.mutable_sampling()->set_logprobs(-1);
+    prefill.mutable_target()->add_block_ids(0);
+    prefill.set_pair_id("00000000000000000000000000000000");
+    grpc::ClientContext c1;
+    v1::PrefillResponse r1;
+    EXPECT_EQ(stub->Prefill(&c1, prefill, &r1).error_code(), grpc::StatusCode::NOT_FOUND);
+    prefill.set_pair_id(response.pair_id());
+    prefill.mutable_target()->set_region("0x1000:1099511627776");
+    grpc::ClientContext c2;
+    EXPECT_EQ(stub->Prefill(&c2, prefill, &r1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // Another model: refused outright.
+  compat->set_num_layers(config.num_layers + 1);
+  grpc::ClientContext context;
+  v1::ConnectResponse response;
+  const grpc::Status refused = stub->Connect(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("num_layers"), std::string::npos)
+      << refused.error_message();
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
+// A prefill worker that restarts forgets its pairs: the decode worker's next request falls back
+// to a local prefill (same tokens) and the one after that pairs again.
+TEST_P(DisaggTest, DecodeWorkerPairsAgainAfterThePrefillWorkerRestarts) {
+  StartStack(GetParam());
+  const Streamed first = Generate(Request(Prompt(19, 3), kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(first.status.ok());
+  EXPECT_TRUE(first.prefilled_remotely);
+  // A new prefill worker on the same port: same address, no pairs.
+  const int port = prefill_->port();
+  prefill_->Shutdown(absl::ZeroDuration());
+  prefill_.reset();
+  prefill::PrefillWorkerOptions options;
+  options.port = port;
+  auto p =
+      prefill::PrefillWorker::Create(p_model_->engine.get(), Backend(GetParam(), "p2"), options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  prefill_ = std::move(*p);
+  const std::vector<int32_t> prompt = Prompt(23, 4);
+  const Streamed forgotten = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(forgotten.status.ok()) << forgotten.status.error_message();
+  EXPECT_FALSE(forgotten.prefilled_remotely);
+  EXPECT_EQ(forgotten.tokens, Reference(prompt, kMaxTokens));
+  const Streamed again = Generate(Request(Prompt(17, 5), kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_TRUE(again.prefilled_remotely);
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
 // grpc.health.v1.Health/Check for `service` on `address`, by hand-encoded messages
 // (HealthCheckRequest{service = 1}, HealthCheckResponse{status = 1}): -1 when the call fails,
 // else the status (1 SERVING).
