@@ -66,6 +66,20 @@ for c in ${SERVE_CASES:-agg auto ucx}; do
     auto) serve_case auto ;;  # the default: cuda_ipc chosen by the pair handshake
     ipc512) serve_case ipc512 --kv-transfer cuda_ipc --prefill-max-num-batched-tokens 512 ;;
     ucx) serve_case ucx --kv-transfer ucx ;;
+    # The same 1P+1D under CUDA MPS (a user-space daemon started and stopped here; no device
+    # setting changes): kernels of the two processes may then run at once instead of
+    # time-sliced.
+    auto_mps)
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+      mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+      if nvidia-cuda-mps-control -d; then
+        serve_case auto_mps
+        echo quit | nvidia-cuda-mps-control
+        sleep 2
+      else
+        echo "MPS did not start" >> "$R/tests.txt"
+      fi
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
   esac
 done
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
