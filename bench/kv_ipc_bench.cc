@@ -138,6 +138,7 @@ int Run(const Flags& f) {
     std::vector<CopyOp> ops;
     uint64_t bytes = 0;
     double ms = 0;
+    double post_ms = 0;  // host time inside PostWrite (planning the pieces, upload, launch)
   };
   std::vector<Case> cases(3);
   cases[0].name = "contiguous";
@@ -165,10 +166,11 @@ int Run(const Flags& f) {
                             .remote_region = (*peer)->region(),
                             .ops = c.ops,
                             .notification = ""};
-    std::vector<double> ms;
+    std::vector<double> ms, post_ms;
     for (int i = 0; i < f.iters + 2; ++i) {
       const absl::Time t0 = absl::Now();
       auto h = b.PostWrite(request);
+      const double post = absl::ToDoubleMilliseconds(absl::Now() - t0);
       if (!h.ok()) return Fail(absl::StrCat(c.name, ": ", h.status().message()));
       while (true) {
         auto state = b.Poll(*h);
@@ -177,9 +179,13 @@ int Run(const Flags& f) {
       }
       const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - t0);
       (void)b.Release(*h);
-      if (i >= 2) ms.push_back(elapsed);
+      if (i >= 2) {
+        ms.push_back(elapsed);
+        post_ms.push_back(post);
+      }
     }
     c.ms = Median(ms);
+    c.post_ms = Median(post_ms);
     if (c.name == "scattered") {
       std::vector<unsigned char> expected(pool_bytes, 0);
       for (const CopyOp& op : c.ops) {

@@ -62,6 +62,7 @@ struct ServeFlags {
   int kv_cache_mib = 0;                    // 0: the workers' default
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
+  std::string kv_streaming = "on";         // prefill workers
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -380,6 +381,10 @@ int RunServe(ServeFlags flags) {
     const int batched =
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
+    if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
+    // Every worker's own /metrics (KV transfer bytes, fallbacks, streaming) on a free port; each
+    // prints "metrics on http://HOST:PORT/metrics" at start.
+    args.insert(args.end(), {"--metrics-port", "-1"});
     const std::string name =
         is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
     auto child = supervisor.Start(name, args);
@@ -501,6 +506,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--prefill-max-num-batched-tokens", flags->prefill_max_num_batched_tokens,
                   "Tokens per step of prefill workers (default: theirs, 8192)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-streaming", flags->kv_streaming,
+                  "on (default): prefill workers write each layer's KV as soon as it is computed "
+                  "(device backends); off: after the whole prompt")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
       ->check(CLI::IsMember({"least-loaded", "round-robin"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
@@ -42,6 +43,7 @@ struct WorkerFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   double drain_seconds = 2.0;
+  std::string kv_streaming = "on";  // prefill workers only
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -62,6 +64,8 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mib) << 20;
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
+  const bool streaming = std::string(role) == "prefill" && flags.kv_streaming == "on";
+  load.engine.kv_layer_progress = streaming;
   auto model = server::LoadModel(load);
   if (!model.ok()) {
     std::cerr << prefix << model.status().message() << "\n";
@@ -80,6 +84,9 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     return backends.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   WorkerOptions options;
+  if constexpr (std::is_same_v<WorkerOptions, prefill::PrefillWorkerOptions>) {
+    options.service.kv_streaming = streaming;
+  }
   options.host = flags.host;
   options.port = flags.port;
   options.model_name = model->name;
@@ -88,11 +95,14 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     std::cerr << prefix << worker.status().message() << "\n";
     return 1;
   }
-  if (flags.metrics_port > 0) {
-    if (absl::Status s = (*worker)->metrics().Serve(flags.host, flags.metrics_port); !s.ok()) {
+  if (flags.metrics_port != 0) {
+    const int port = flags.metrics_port < 0 ? 0 : flags.metrics_port;
+    if (absl::Status s = (*worker)->metrics().Serve(flags.host, port); !s.ok()) {
       std::cerr << prefix << s.message() << "\n";
       return 1;
     }
+    std::cerr << prefix << "metrics on http://" << flags.host << ":" << (*worker)->metrics().port()
+              << "/metrics\n";
   }
   std::cout << prefix << "serving on " << flags.host << ":" << (*worker)->port() << std::endl;
   const int signal = server::WaitForTerminationSignal();
@@ -126,8 +136,9 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
       ->excludes(blocks);
   cmd->add_option("--block-size", flags->block_size, "tokens per KV block (default 16)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--metrics-port", flags->metrics_port, "Prometheus /metrics port (0: none)")
-      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--metrics-port", flags->metrics_port,
+                  "Prometheus /metrics port (0: none, -1: any free port, printed at start)")
+      ->check(CLI::Range(-1, 65535));
   cmd->add_option("--max-num-seqs", flags->max_num_seqs, "sequences per batch (default 64)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
@@ -145,11 +156,16 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
 void AddPrefillCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<WorkerFlags>();
   flags->max_num_batched_tokens = 8192;
-  AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags)
-      ->callback([flags, exit_code] {
-        *exit_code =
-            RunWorker<prefill::PrefillWorker, prefill::PrefillWorkerOptions>("prefill", *flags);
-      });
+  CLI::App* cmd =
+      AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags);
+  cmd->add_option("--kv-streaming", flags->kv_streaming,
+                  "on (default): over a device backend (cuda_ipc) each layer's KV is written as "
+                  "soon as it is computed; off: after the whole prompt")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->callback([flags, exit_code] {
+    *exit_code =
+        RunWorker<prefill::PrefillWorker, prefill::PrefillWorkerOptions>("prefill", *flags);
+  });
 }
 
 void AddDecodeCommand(CLI::App& app, int* exit_code) {

@@ -64,10 +64,13 @@ absl::Status CheckIds(std::span<const int32_t> ids, size_t needed, int32_t num_b
 
 }  // namespace
 
-absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const KvLayout& dst,
-                                                    std::span<const int32_t> src_blocks,
-                                                    std::span<const int32_t> dst_blocks,
-                                                    int num_tokens, int skip_tokens) {
+namespace {
+
+absl::StatusOr<std::vector<CopyOp>> Plan(const KvLayout& src, const KvLayout& dst,
+                                         std::span<const int32_t> src_blocks,
+                                         std::span<const int32_t> dst_blocks, int num_tokens,
+                                         int skip_tokens, int layer_begin, int layer_end,
+                                         bool merge_across_layers) {
   RETURN_IF_ERROR(ValidateKvLayout(src));
   RETURN_IF_ERROR(ValidateKvLayout(dst));
   RETURN_IF_ERROR(CheckCompatible(src, dst));
@@ -80,15 +83,23 @@ absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const K
   RETURN_IF_ERROR(CheckIds(dst_blocks, needed, dst.num_blocks, "destination"));
   // Block i holds tokens [i*bs, (i+1)*bs): wholly cached iff (i+1)*bs <= skip_tokens.
   const size_t first = static_cast<size_t>(skip_tokens) / src.block_size;
+  if (layer_begin < 0 || layer_begin >= layer_end || layer_end > src.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin, ", ", layer_end,
+                                                   ") outside [0, ", src.num_layers, ")"));
+  }
 
   std::vector<CopyOp> ops;
-  for (int layer = 0; layer < src.num_layers; ++layer) {
+  if (needed > first) {
+    ops.reserve(static_cast<size_t>(layer_end - layer_begin) * 2 * (needed - first));
+  }
+  for (int layer = layer_begin; layer < layer_end; ++layer) {
+    const size_t layer_first_op = merge_across_layers ? 0 : ops.size();
     for (int kv = 0; kv < 2; ++kv) {
       for (size_t i = first; i < needed; ++i) {
         const CopyOp op{.local_offset = KvBlockOffset(src, layer, kv, src_blocks[i]),
                         .remote_offset = KvBlockOffset(dst, layer, kv, dst_blocks[i]),
                         .length = src.block_bytes};
-        if (!ops.empty()) {
+        if (ops.size() > layer_first_op) {  // merge within the layer only
           CopyOp& last = ops.back();
           if (last.local_offset + last.length == op.local_offset &&
               last.remote_offset + last.length == op.remote_offset) {
@@ -101,6 +112,25 @@ absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const K
     }
   }
   return ops;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const KvLayout& dst,
+                                                    std::span<const int32_t> src_blocks,
+                                                    std::span<const int32_t> dst_blocks,
+                                                    int num_tokens, int skip_tokens) {
+  return Plan(src, dst, src_blocks, dst_blocks, num_tokens, skip_tokens, 0, src.num_layers,
+              /*merge_across_layers=*/true);
+}
+
+absl::StatusOr<std::vector<CopyOp>> PlanLayerBlockCopies(const KvLayout& src, const KvLayout& dst,
+                                                         std::span<const int32_t> src_blocks,
+                                                         std::span<const int32_t> dst_blocks,
+                                                         int num_tokens, int skip_tokens,
+                                                         int layer_begin, int layer_end) {
+  return Plan(src, dst, src_blocks, dst_blocks, num_tokens, skip_tokens, layer_begin, layer_end,
+              /*merge_across_layers=*/false);
 }
 
 }  // namespace tandem::kvtransfer

@@ -53,4 +53,13 @@ absl::StatusOr<std::vector<CopyOp>> PlanBlockCopies(const KvLayout& src, const K
                                                     std::span<const int32_t> dst_blocks,
                                                     int num_tokens, int skip_tokens);
 
+// The same for layers [layer_begin, layer_end) only (layer-wise streaming: one call per layer
+// whose KV is ready); ops never span two layers. InvalidArgument also for an empty or
+// out-of-range layer range.
+absl::StatusOr<std::vector<CopyOp>> PlanLayerBlockCopies(const KvLayout& src, const KvLayout& dst,
+                                                         std::span<const int32_t> src_blocks,
+                                                         std::span<const int32_t> dst_blocks,
+                                                         int num_tokens, int skip_tokens,
+                                                         int layer_begin, int layer_end);
+
 }  // namespace tandem::kvtransfer

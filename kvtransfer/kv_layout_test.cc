@@ -208,3 +208,40 @@ TEST(KvLayoutTest, RejectsOutOfRangeIdsAndCounts) {
 
 }  // namespace
 }  // namespace tandem::kvtransfer
+
+namespace tandem::kvtransfer {
+namespace {
+
+// Layer-wise planning (streaming): each layer's ops stay inside that layer on both sides, and
+// the layers together move exactly the bytes the whole-prompt plan moves.
+TEST(KvLayoutLayerTest, LayersPartitionTheWholePlan) {
+  const KvLayout l = BlockMajorLayout(3, 8, 4, 2, 8, 2);  // the runners' layout: layers outermost
+  const std::vector<int32_t> src = {0, 1, 2, 3, 4}, dst = {7, 0, 1, 2, 3};  // adjacent runs
+  auto whole = PlanBlockCopies(l, l, src, dst, 18, 5);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<std::pair<uint64_t, uint64_t>> want, got;  // (remote byte, local byte) pairs
+  for (const CopyOp& op : *whole) {
+    for (uint64_t b = 0; b < op.length; ++b)
+      want.emplace_back(op.remote_offset + b, op.local_offset + b);
+  }
+  for (int layer = 0; layer < l.num_layers; ++layer) {
+    auto ops = PlanLayerBlockCopies(l, l, src, dst, 18, 5, layer, layer + 1);
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    for (const CopyOp& op : *ops) {
+      EXPECT_EQ(op.local_offset / l.layer_stride, static_cast<uint64_t>(layer));
+      EXPECT_EQ((op.local_offset + op.length - 1) / l.layer_stride, static_cast<uint64_t>(layer));
+      EXPECT_EQ((op.remote_offset + op.length - 1) / l.layer_stride, static_cast<uint64_t>(layer));
+      for (uint64_t b = 0; b < op.length; ++b)
+        got.emplace_back(op.remote_offset + b, op.local_offset + b);
+    }
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_FALSE(PlanLayerBlockCopies(l, l, src, dst, 18, 5, 2, 2).ok());
+  EXPECT_FALSE(PlanLayerBlockCopies(l, l, src, dst, 18, 5, 0, 4).ok());
+  EXPECT_FALSE(PlanLayerBlockCopies(l, l, src, dst, 18, 5, -1, 1).ok());
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer

@@ -1,6 +1,8 @@
 #include "prefill/prefill_service.h"
 
 #include <algorithm>
+#include <deque>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -29,6 +31,25 @@ grpc::Status Error(grpc::StatusCode code, std::string message) {
 
 }  // namespace
 
+// Layer-wise streaming state of one job: its lane's transfer thread only.
+struct PrefillService::Stream {
+  struct Pending {
+    uint64_t threshold = 0;  // post once the layer progress reaches it (or after on_prefilled)
+    std::vector<kvtransfer::CopyOp> ops;
+  };
+  const volatile uint64_t* progress = nullptr;
+  std::deque<Pending> pending;  // thresholds ascending
+  std::vector<kvtransfer::TransferHandle> posted;
+  int64_t bytes = 0;
+  int64_t early_bytes = 0;  // posted before on_prefilled
+  absl::Status failure;     // set once; the job fails with it
+  bool prefilled = false;   // on_prefilled arrived: the KV is held and every layer may go
+  bool polling = false;     // PollStream is registered
+  int chunks = 0;
+  absl::Time first_post = absl::InfiniteFuture();
+  absl::Time prefilled_at;
+};
+
 // One Prefill call, shared by the handler, the engine callbacks and the transfer thread.
 struct PrefillService::Job {
   std::string request_id;
@@ -39,6 +60,7 @@ struct PrefillService::Job {
   std::string region;
   v1::KvTarget target;  // block_ids and num_cached_tokens
   kvtransfer::KvLayout target_layout;
+  std::unique_ptr<Stream> stream;  // layer-wise streaming; the lane's transfer thread only
   absl::Time deadline;
 
   absl::Mutex mu;
@@ -272,6 +294,18 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       job->Finish(absl::UnavailableError("prefill worker shutting down"));
     }
   };
+  // Layer-wise streaming: device lanes only (a host mirror is staged after the whole prompt).
+  if (options_.kv_streaming && !lanes_[job->lane].staged && engine_->reports_kv_chunks()) {
+    engine_request.on_kv_chunk = [dispatch = dispatch_, job](const KvChunk& chunk) {
+      absl::MutexLock lock(&dispatch->mu);
+      PrefillService* service = dispatch->service;
+      if (service == nullptr) return;  // shutting down: on_prefilled releases
+      (void)service->lanes_[job->lane].transfer->Post(
+          [service, job, chunk](kvtransfer::TransferBackend& backend) {
+            service->OnKvChunk(backend, job, chunk);
+          });
+    };
+  }
   engine_request.on_output = [job](const GenerationOutput& out) {
     absl::MutexLock lock(&job->mu);
     if (out.first_token_timings.has_value()) job->timings = out.first_token_timings;
@@ -347,21 +381,21 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   };
   if (abandoned) return fail(absl::CancelledError("the caller gave up"));
 
-  const std::string& peer = job->agent_name;
-  const std::string& address = job->agent_address;
-  absl::flat_hash_map<std::string, std::string>& peers = peers_[job->lane];
-  auto it = peers.find(peer);
-  if (it == peers.end() || it->second != address) {
-    if (it != peers.end()) {
-      (void)backend.Disconnect(peer);
-      peers.erase(it);
+  if (job->stream != nullptr) {
+    // Streamed: the layers went (or go) as they were computed; PollStream finishes the job.
+    Stream& st = *job->stream;
+    st.prefilled = true;
+    st.prefilled_at = absl::Now();
+    if (!st.polling) {  // it gave up already (and counted it), or never started
+      if (st.failure.ok()) st.failure = absl::InternalError("KV stream stopped");
+      engine_->ReleaseHeldKv(kv.request_id);
+      job->Finish(st.failure);
     }
-    if (absl::Status s = backend.Connect(peer, address); !s.ok()) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("connecting to transfer agent '", peer, "': ", s.message())));
-    }
-    peers[peer] = address;
+    return;
   }
+  const std::string& peer = job->agent_name;
+  absl::flat_hash_map<std::string, std::string>& peers = peers_[job->lane];
+  if (absl::Status s = EnsurePeer(backend, *job); !s.ok()) return fail(s);
   auto ops = kvtransfer::PlanBlockCopies(
       layout_, job->target_layout, kv.block_ids,
       std::span<const int32_t>(job->target.block_ids().data(), job->target.block_ids_size()),
@@ -431,6 +465,141 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
     (void)backend.Release(*handle);
     fail(absl::UnavailableError("prefill worker shutting down"));
   }
+}
+
+absl::Status PrefillService::EnsurePeer(kvtransfer::TransferBackend& backend, const Job& job) {
+  const std::string& peer = job.agent_name;
+  const std::string& address = job.agent_address;
+  absl::flat_hash_map<std::string, std::string>& peers = peers_[job.lane];
+  auto it = peers.find(peer);
+  if (it != peers.end() && it->second == address) return absl::OkStatus();
+  if (it != peers.end()) {
+    (void)backend.Disconnect(peer);
+    peers.erase(it);
+  }
+  if (absl::Status s = backend.Connect(peer, address); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("connecting to transfer agent '", peer, "': ", s.message()));
+  }
+  peers[peer] = address;
+  return absl::OkStatus();
+}
+
+void PrefillService::OnKvChunk(kvtransfer::TransferBackend& backend,
+                               const std::shared_ptr<Job>& job, const KvChunk& chunk) {
+  if (job->stream == nullptr) job->stream = std::make_unique<Stream>();
+  Stream& st = *job->stream;
+  if (!st.failure.ok() || st.prefilled || job->is_abandoned()) return;
+  st.progress = chunk.progress;
+  const auto give_up = [&](absl::Status status) {
+    if (st.failure.ok()) st.failure = std::move(status);
+  };
+  if (absl::Status s = EnsurePeer(backend, *job); !s.ok()) return give_up(s);
+  const std::span<const int32_t> dst(job->target.block_ids().data(), job->target.block_ids_size());
+  const int block_size = layout_.block_size;
+  const int d_cached = job->target.num_cached_tokens();
+  // Blocks wholly inside the decode worker's cache are never written; the block holding `begin`
+  // is written again by this chunk (its earlier positions went with the previous chunk).
+  const int skip = std::max(d_cached, (chunk.begin / block_size) * block_size);
+  if (chunk.end <= skip) return;  // all of it is cached there
+  if (st.chunks++ == 0 && chunk.begin > d_cached) {
+    // Positions before the first chunk came from this worker's prefix cache: ready now.
+    auto ops = kvtransfer::PlanBlockCopies(layout_, job->target_layout, chunk.block_ids, dst,
+                                           chunk.begin, d_cached);
+    if (!ops.ok()) return give_up(absl::FailedPreconditionError(ops.status().message()));
+    if (!ops->empty()) st.pending.push_back({0, std::move(*ops)});
+  }
+  for (int layer = 0; layer < layout_.num_layers; ++layer) {
+    auto ops = kvtransfer::PlanLayerBlockCopies(layout_, job->target_layout, chunk.block_ids, dst,
+                                                chunk.end, skip, layer, layer + 1);
+    if (!ops.ok()) return give_up(absl::FailedPreconditionError(ops.status().message()));
+    const uint64_t threshold = chunk.progress != nullptr
+                                   ? chunk.first_value + static_cast<uint64_t>(layer) + 1
+                                   : std::numeric_limits<uint64_t>::max();
+    if (!ops->empty()) st.pending.push_back({threshold, std::move(*ops)});
+  }
+  if (!st.polling) {
+    st.polling = lanes_[job->lane].transfer->AddPoller(
+        [this, job](kvtransfer::TransferBackend& b, bool stopping) {
+          return PollStream(b, job, stopping);
+        });
+    if (!st.polling) give_up(absl::UnavailableError("prefill worker shutting down"));
+  }
+}
+
+bool PrefillService::PollStream(kvtransfer::TransferBackend& backend,
+                                const std::shared_ptr<Job>& job, bool stopping) {
+  Stream& st = *job->stream;
+  const absl::Time now = absl::Now();
+  if (stopping) {
+    st.failure = absl::UnavailableError("prefill worker shutting down");
+  } else if (job->is_abandoned()) {
+    st.failure = absl::CancelledError("the caller gave up");
+  } else if (now > job->deadline ||
+             (st.prefilled && now > st.prefilled_at + options_.transfer_timeout)) {
+    st.failure = absl::DeadlineExceededError("KV transfer not acknowledged in time");
+  }
+  // Post every layer whose KV is computed (all of them once the prompt is done).
+  const uint64_t progress = st.progress != nullptr ? *st.progress : 0;
+  while (st.failure.ok() && !st.pending.empty() &&
+         (st.prefilled || st.pending.front().threshold <= progress)) {
+    Stream::Pending& next = st.pending.front();
+    int64_t bytes = 0;
+    for (const kvtransfer::CopyOp& op : next.ops) bytes += static_cast<int64_t>(op.length);
+    kvtransfer::TransferRequest transfer;
+    transfer.local_region = lanes_[job->lane].local_region;
+    transfer.peer = job->agent_name;
+    transfer.remote_region = job->region;
+    transfer.ops = std::move(next.ops);
+    st.pending.pop_front();
+    auto handle = backend.PostWrite(transfer);
+    if (!handle.ok()) {
+      st.failure = absl::UnavailableError(absl::StrCat("posting KV writes to '", job->agent_name,
+                                                       "': ", handle.status().message()));
+      break;
+    }
+    st.posted.push_back(*handle);
+    st.first_post = std::min(st.first_post, now);
+    st.bytes += bytes;
+    if (!st.prefilled) st.early_bytes += bytes;
+  }
+  bool all_done = true;
+  for (kvtransfer::TransferHandle h : st.posted) {
+    if (!st.failure.ok()) break;
+    absl::StatusOr<kvtransfer::TransferState> state = backend.Poll(h);
+    if (!state.ok()) {
+      st.failure = state.status();
+    } else if (*state == kvtransfer::TransferState::kFailed) {
+      st.failure = absl::UnavailableError("KV transfer failed");
+    } else if (*state == kvtransfer::TransferState::kInProgress) {
+      all_done = false;
+    }
+  }
+  const bool finished = st.failure.ok() && st.prefilled && st.pending.empty() && all_done;
+  if (!finished && st.failure.ok()) return false;
+  // Done or failed: nothing of the job may stay in flight (Release waits for running copies).
+  for (kvtransfer::TransferHandle h : st.posted) {
+    if (absl::Status released = backend.Release(h); !released.ok()) {
+      LOG(WARNING) << "request " << job->request_id << ": releasing its KV transfer: " << released;
+    }
+  }
+  st.posted.clear();
+  st.polling = false;
+  if (!st.failure.ok()) {
+    metrics_->kv_transfer_failures.Increment();
+    // Before on_prefilled there is no held KV yet: StartTransfer releases it when it comes.
+    if (st.prefilled) engine_->ReleaseHeldKv(job->request_id);
+    job->Finish(st.failure);
+    return true;
+  }
+  engine_->ReleaseHeldKv(job->request_id);
+  metrics_->kv_transfer_bytes.Increment(static_cast<double>(st.bytes));
+  metrics_->kv_transfer_streamed_bytes.Increment(static_cast<double>(st.early_bytes));
+  metrics_->kv_transfers.Increment();
+  metrics_->kv_transfer_latency.Observe(absl::ToDoubleSeconds(now - st.first_post));
+  // What the client waited for: from the KV being whole to the last write landing.
+  job->Finish(absl::OkStatus(), st.bytes, now - st.prefilled_at);
+  return true;
 }
 
 }  // namespace tandem::prefill

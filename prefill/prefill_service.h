@@ -54,6 +54,10 @@ struct PrefillServiceOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Pairs kept (the oldest is forgotten beyond this: its decode worker then connects again).
   size_t max_pairs = 4096;
+  // Layer-wise streaming over device backends (cuda_ipc) when the engine reports chunks
+  // (EngineOptions::kv_layer_progress): each layer's writes are posted as soon as its KV is
+  // computed, under the remaining layers. Off: one transfer after the whole prompt.
+  bool kv_streaming = true;
 };
 
 // One transfer backend of the worker: its thread, the region its transfer memory is registered
@@ -82,6 +86,7 @@ class PrefillService final : public v1::Prefill::Service {
 
  private:
   struct Job;
+  struct Stream;
   struct Dispatch {
     absl::Mutex mu;
     PrefillService* service ABSL_GUARDED_BY(mu);
@@ -96,6 +101,14 @@ class PrefillService final : public v1::Prefill::Service {
   size_t FindLane(const std::string& backend) const;
   // Transfer thread of the job's lane only.
   void StartTransfer(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job);
+  // Connects to the job's agent unless connected with its address (transfer thread).
+  absl::Status EnsurePeer(kvtransfer::TransferBackend& backend, const Job& job);
+  // Layer-wise streaming (transfer thread): queues a chunk's per-layer writes, and the poller
+  // that posts each once its layer is computed and finishes the job after on_prefilled.
+  void OnKvChunk(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job,
+                 const KvChunk& chunk);
+  bool PollStream(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job,
+                  bool stopping);
 
   Engine* const engine_;
   const std::vector<TransferLane> lanes_;

@@ -6,11 +6,11 @@
 #   2. kv_ipc_bench: one 4,096-token Llama-3-8B-shape prompt (512 MiB) between two processes,
 #      contiguous and scattered, beside a same-process device copy (the ceiling);
 #   3. serving on the synthesized Llama-3-8B: `tandem serve --device cuda` aggregated, and 1P+1D
-#      with the default --kv-transfer auto (cuda_ipc), `tandem bench` with 4,096 input and 64
-#      output tokens at concurrency 1 and 8; the router's /metrics before and after each.
+#      with the default --kv-transfer auto (cuda_ipc) with layer-wise streaming on and off,
+#      `tandem bench` with 4,096 input and 64 output tokens at concurrency 1 and 8 (and 7,936 at
+#      1); the router's /metrics before and after each, the workers' after (cases below).
 # Everything lands in $OUT/r.tgz (dc_finish).
-#   SERVE_CASES="agg auto ucx" picks the serving cases (also: ipc512, cuda_ipc with 512-token
-#   prefill steps); PROMPTS1 / PROMPTS8 the prompt counts.
+#   SERVE_CASES picks the serving cases; PROMPTS1 / PROMPTS8 the prompt counts.
 set -u
 source bench/engine/device_call.sh
 dc_setup || exit 1
@@ -27,10 +27,11 @@ timeout 120 "$B/kv_ipc_bench" --peer "$B/kvtransfer_cuda_ipc_peer" --tokens 1638
 
 dc_wait_synth || echo "synth failed" >> "$R/tests.txt"
 
-# serve_case NAME ARGS...: serve, bench at concurrency 1 and 8, scrape /metrics, stop.
+# serve_case NAME INPUT_LEN "CONCURRENCIES" ARGS...: serve, bench at each concurrency (4,096 or
+# INPUT_LEN input tokens, 64 output), scrape /metrics before and after each, stop.
 serve_case() {
-  local name="$1"
-  shift
+  local name="$1" input="$2" concurrencies="$3"
+  shift 3
   local port=18100
   "$B/tandem" serve --model "$M8B" --device cuda --port $port --kv-cache-mib 12288 \
     --startup-timeout-s 200 "$@" > "$R/serve_$name.log" 2>&1 &
@@ -42,15 +43,19 @@ serve_case() {
     sleep 1
   done
   if ((up)); then
-    for c in 1 8; do
+    for c in $concurrencies; do
       local n=${PROMPTS1:-12}
       ((c == 8)) && n=${PROMPTS8:-40}
       curl -s "http://127.0.0.1:$port/metrics" > "$R/metrics_${name}_c${c}_before.txt"
       timeout 200 "$B/tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
-        --tokenizer "$M8B" --input-len 4096 --output-len 64 --num-prompts "$n" --max-concurrency $c --warmup 2 \
-        --seed 1 --json "$R/bench_${name}_c$c.json" > "$R/bench_${name}_c$c.txt" 2>&1
+        --tokenizer "$M8B" --input-len "$input" --output-len 64 --num-prompts "$n" \
+        --max-concurrency $c --warmup 2 --seed 1 --json "$R/bench_${name}_c$c.json" \
+        > "$R/bench_${name}_c$c.txt" 2>&1
       curl -s "http://127.0.0.1:$port/metrics" > "$R/metrics_${name}_c$c.txt"
     done
+    # The workers' own metrics (KV bytes, streamed bytes, fallbacks) through serve's ports.
+    grep -o "metrics on http://[0-9.:]*" "$R/serve_$name.log" | sed 's/metrics on //' |
+      while read -r url; do curl -s "$url/metrics" >> "$R/worker_metrics_$name.txt"; done
   else
     echo "serve $name did not come up" >> "$R/tests.txt"
   fi
@@ -60,26 +65,33 @@ serve_case() {
   wait $pid 2>/dev/null
 }
 
-for c in ${SERVE_CASES:-agg auto ucx}; do
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d
+}
+mps_off() {
+  echo quit | nvidia-cuda-mps-control
+  sleep 2
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+# Cases: agg (aggregated, default 512-token steps), agg8k (aggregated, 8192-token steps), on /
+# off (1P+1D, --kv-transfer auto = cuda_ipc, streaming on / off), ucx (the host path), *_mps (the
+# same under CUDA MPS: a user-space daemon started and stopped here, no device setting changed),
+# *_long (7,936-token prompts: the synthesized model's context is 8,192).
+for c in ${SERVE_CASES:-agg agg8k on off on_mps agg_long on_long off_long}; do
   case $c in
-    agg) serve_case agg --aggregated ;;
-    auto) serve_case auto ;;  # the default: cuda_ipc chosen by the pair handshake
-    ipc512) serve_case ipc512 --kv-transfer cuda_ipc --prefill-max-num-batched-tokens 512 ;;
-    ucx) serve_case ucx --kv-transfer ucx ;;
-    # The same 1P+1D under CUDA MPS (a user-space daemon started and stopped here; no device
-    # setting changes): kernels of the two processes may then run at once instead of
-    # time-sliced.
-    auto_mps)
-      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-      mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-      if nvidia-cuda-mps-control -d; then
-        serve_case auto_mps
-        echo quit | nvidia-cuda-mps-control
-        sleep 2
-      else
-        echo "MPS did not start" >> "$R/tests.txt"
-      fi
-      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    agg) serve_case agg 4096 "1 8" --aggregated ;;
+    agg8k) serve_case agg8k 4096 "1 8" --aggregated --max-num-batched-tokens 8192 ;;
+    on) serve_case on 4096 "1 8" --kv-streaming on ;;
+    off) serve_case off 4096 "1 8" --kv-streaming off ;;
+    ucx) serve_case ucx 4096 "1 8" --kv-transfer ucx ;;
+    on_mps) if mps_on; then serve_case on_mps 4096 "1 8"; mps_off; fi ;;
+    agg_mps) if mps_on; then serve_case agg_mps 4096 "1 8" --aggregated; mps_off; fi ;;
+    agg_long) serve_case agg_long 7936 "1" --aggregated ;;
+    on_long) serve_case on_long 7936 "1" --kv-streaming on ;;
+    off_long) serve_case off_long 7936 "1" --kv-streaming off ;;
   esac
 done
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1

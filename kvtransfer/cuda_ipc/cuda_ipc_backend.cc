@@ -282,11 +282,12 @@ class CudaIpcBackend final : public TransferBackend {
     RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cuda_ipc: cudaSetDevice");
     ASSIGN_OR_RETURN(const Mapping* mapping,
                      Map(request.peer, peer->second, request.remote_region));
-    ASSIGN_OR_RETURN(
-        std::vector<CopyPiece> pieces,
-        cuda_ipc::PlanPieces(request.ops, reinterpret_cast<uint64_t>(region->second.base),
-                             region->second.length, mapping->base, mapping->length));
-    ASSIGN_OR_RETURN(Slot slot, TakeSlot(pieces.size()));
+    ASSIGN_OR_RETURN(const size_t pieces,
+                     cuda_ipc::CountPieces(request.ops, region->second.length, mapping->length));
+    ASSIGN_OR_RETURN(Slot slot, TakeSlot(pieces));
+    // Straight into the pinned upload buffer: no other copy of the pieces on the host.
+    cuda_ipc::FillPieces(request.ops, reinterpret_cast<uint64_t>(region->second.base),
+                         mapping->base, slot.host);
     absl::Status launched = Launch(slot, pieces);
     if (!launched.ok()) {
       // Nothing was queued after a failed call; the slot's buffers are still ours.
@@ -453,16 +454,14 @@ class CudaIpcBackend final : public TransferBackend {
     return slot;
   }
 
-  absl::Status Launch(const Slot& slot, const std::vector<CopyPiece>& pieces) {
-    if (!pieces.empty()) {
-      std::memcpy(slot.host, pieces.data(), pieces.size() * sizeof(CopyPiece));
+  absl::Status Launch(const Slot& slot, size_t pieces) {
+    if (pieces > 0) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(slot.device, slot.host, pieces * sizeof(CopyPiece),
+                                           cudaMemcpyHostToDevice, stream_),
+                           "cuda_ipc: uploading the pieces");
       RETURN_IF_CUDA_ERROR(
-          cudaMemcpyAsync(slot.device, slot.host, pieces.size() * sizeof(CopyPiece),
-                          cudaMemcpyHostToDevice, stream_),
-          "cuda_ipc: uploading the pieces");
-      RETURN_IF_CUDA_ERROR(cuda_ipc::LaunchScatterCopy(slot.device, static_cast<int>(pieces.size()),
-                                                       num_sms_, stream_),
-                           "cuda_ipc: scatter copy");
+          cuda_ipc::LaunchScatterCopy(slot.device, static_cast<int>(pieces), num_sms_, stream_),
+          "cuda_ipc: scatter copy");
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(slot.event, stream_), "cuda_ipc: event record");
     return absl::OkStatus();

@@ -54,12 +54,6 @@ TEST(PlanPiecesTest, RejectsOpsOutsideEitherRegionWithoutOverflow) {
           .ok());
 }
 
-TEST(PlanPiecesTest, RejectsOverlappingDestinations) {
-  const std::vector<CopyOp> ops = {{.local_offset = 0, .remote_offset = 0, .length = 100},
-                                   {.local_offset = 200, .remote_offset = 99, .length = 10}};
-  EXPECT_EQ(PlanPieces(ops, 0, 4096, 0, 4096).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 AgentAddress SomeAddress() {
   AgentAddress a;
   a.boot_id = "0d3c5a52-7b1e-4f57-9a43-3a3d5a0e2f11";

@@ -88,16 +88,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
       options.max_model_len > 0 ? options.max_model_len : runner->config().max_position_embeddings;
   const int kv_capacity = runner->num_blocks() * runner->block_size();
   if (max_len <= 0 || max_len > kv_capacity) max_len = kv_capacity;
-  return std::unique_ptr<Engine>(new Engine(std::move(runner), tokenizer, options, max_len));
+  bool reports_kv_chunks = false;
+  if (options.kv_layer_progress) {
+    // Before the loop thread exists, so this thread may still call the runner.
+    const absl::Status progress = runner->EnableKvProgress();
+    if (!progress.ok() && !absl::IsUnimplemented(progress)) return progress;
+    reports_kv_chunks = progress.ok();
+  }
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(runner), tokenizer, options, max_len, reports_kv_chunks));
+  return engine;
 }
 
 Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
-               const EngineOptions& options, int max_model_len)
+               const EngineOptions& options, int max_model_len, bool reports_kv_chunks)
     : runner_(std::move(runner)),
       tokenizer_(tokenizer),
       options_(options),
       max_model_len_(max_model_len),
       kv_layout_(runner_->kv_layout()),
+      reports_kv_chunks_(reports_kv_chunks),
       scheduler_(MakeSchedulerConfig(*runner_, options)),
       seed_rng_(std::random_device{}()) {
   for (int id : runner_->config().eos_token_ids) eos_ids_.insert(id);
@@ -477,9 +487,24 @@ bool Engine::Step() {
     batch.chunks.push_back(chunk);
   }
   const absl::Time step_start = absl::Now();
+  const KvProgress progress = reports_kv_chunks_ ? runner_->kv_progress() : KvProgress{};
   for (const ScheduledChunk& c : plan.chunks) {
     Active& a = *active_.at(c.seq_id);
     if (!a.queued_until.has_value()) a.queued_until = step_start;
+    // Layer-wise streaming: the chunk's KV is reported before it is computed.
+    if (reports_kv_chunks_ && a.request.hold_kv_after_prefill && a.request.on_kv_chunk) {
+      const int block_size = runner_->block_size();
+      const int end = c.start_pos + c.num_tokens;
+      const std::span<const int32_t> table = scheduler_.BlockTable(c.seq_id);
+      KvChunk chunk;
+      chunk.request_id = a.request.request_id;
+      chunk.block_ids.assign(table.begin(), table.begin() + (end + block_size - 1) / block_size);
+      chunk.begin = c.start_pos;
+      chunk.end = end;
+      chunk.progress = progress.counter;
+      chunk.first_value = progress.next;
+      a.request.on_kv_chunk(chunk);
+    }
   }
   ForwardOutput out;
   absl::Status status = runner_->Forward(batch, &out);

@@ -128,6 +128,21 @@ struct PrefilledKv {
   int prefix_cached_tokens = 0;  // leading prompt tokens served from this engine's prefix cache
 };
 
+// Prefill side, layer-wise streaming: one step's chunk of a held prompt, reported on the engine
+// thread just BEFORE the step's forward pass runs. The KV of positions [begin, end) is complete
+// for layer l once *progress >= first_value + l + 1 (progress non-null; the runner's layer
+// progress, model_runner.h), and for every layer once the step has finished (on_prefilled for
+// the last chunk, or the next chunk's report). Positions [0, begin) were computed by earlier
+// steps or came from the prefix cache.
+struct KvChunk {
+  std::string request_id;
+  std::vector<int32_t> block_ids;  // the blocks of positions [0, end), position order
+  int begin = 0;
+  int end = 0;
+  const volatile uint64_t* progress = nullptr;
+  uint64_t first_value = 0;
+};
+
 struct GenerateRequest {
   std::string request_id;  // unique among the engine's live requests
   std::vector<int32_t> prompt_token_ids;
@@ -145,6 +160,9 @@ struct GenerateRequest {
   // transfer_layout() (staged when that is a host mirror). False when the transfer reads or
   // writes the KV cache itself (a device backend such as cuda_ipc): no staging at all.
   bool stage_kv = true;
+  // hold_kv_after_prefill only: called with each chunk of the prompt before its step runs (engine
+  // thread; must return quickly). Only when EngineOptions::kv_layer_progress took effect.
+  std::function<void(const KvChunk&)> on_kv_chunk;
 };
 
 // Decode side: the blocks reserved for a remote prefill.
@@ -173,6 +191,10 @@ struct EngineOptions {
   absl::Duration reserve_timeout = absl::Seconds(10);
   // hold_kv_after_prefill: blocks not released by then are freed (with a warning).
   absl::Duration held_kv_lease = absl::Seconds(30);
+  // Layer-wise KV streaming (prefill workers): turn on the runner's layer progress and report
+  // held prompts' chunks (GenerateRequest::on_kv_chunk). A runner without it (host runners)
+  // reports nothing: its KV is whole when the step ends.
+  bool kv_layer_progress = false;
 };
 
 struct EngineStats {
@@ -241,6 +263,9 @@ class Engine {
   EngineStats stats() const;
   int max_model_len() const { return max_model_len_; }
   const ModelConfig& config() const { return runner_->config(); }
+  // Whether held prompts' chunks are reported (EngineOptions::kv_layer_progress on a runner that
+  // has layer progress). Fixed after Create.
+  bool reports_kv_chunks() const { return reports_kv_chunks_; }
   // The runner's KV memory; immutable after Create, callable from any thread.
   const KvCacheLayout& kv_layout() const { return kv_layout_; }
   // What a transfer backend registers and addresses: the runner's transfer_layout() (the KV
@@ -252,7 +277,7 @@ class Engine {
  private:
   struct Active;
   Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
-         const EngineOptions& options, int max_model_len);
+         const EngineOptions& options, int max_model_len, bool reports_kv_chunks);
   using ReservedCallback = std::function<void(absl::StatusOr<RemoteKvReservation>)>;
   struct Incoming {
     GenerateRequest request;
@@ -305,6 +330,7 @@ class Engine {
   const EngineOptions options_;
   const int max_model_len_;
   const KvCacheLayout kv_layout_;
+  const bool reports_kv_chunks_;
   // Set once by transfer_layout(); stages_kv_: that layout is a mirror (StageKv around transfers).
   absl::Mutex transfer_mu_;
   std::optional<KvCacheLayout> transfer_layout_ ABSL_GUARDED_BY(transfer_mu_);

@@ -69,6 +69,10 @@ struct WorkerMetrics {
   // tandem_kv_transfer_fallbacks_total{backend, reason}: endpoints a pair handshake skipped
   // (reason: the status code name of why, e.g. FAILED_PRECONDITION for cuda_ipc across hosts).
   prometheus::Family<prometheus::Counter>& kv_transfer_fallbacks;
+  // tandem_kv_transfer_streamed_bytes_total: bytes whose writes were posted while their prompt
+  // was still being computed (layer-wise streaming); / tandem_kv_transfer_bytes_total = the
+  // fraction of KV sent under compute.
+  prometheus::Counter& kv_transfer_streamed_bytes;
   prometheus::Counter& prompt_tokens;      // tandem_prompt_tokens_total (computed here)
   prometheus::Counter& generation_tokens;  // tandem_generation_tokens_total
 };

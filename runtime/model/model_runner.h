@@ -19,6 +19,13 @@
 // the prefill side after computing them and before handing them to the transfer, and mirror ->
 // device on the decode side after the transfer wrote them and before decoding reads them.
 //
+// Layer-wise KV progress (device runners, for layer-wise KV streaming): after EnableKvProgress the
+// runner advances a host-readable counter by one after each layer's KV append in every eager
+// Forward (a CUDA-graph replay does not advance it), once that layer's KV of the step is complete
+// in device memory. So the step's layer l is done once *counter >= kv_progress().next + l + 1,
+// with `next` read before the Forward. Host runners have no counter: their KV is complete when
+// Forward returns.
+//
 // Sampling on the runner: a runner whose SupportsDeviceSampling() is true samples the batch's
 // rows itself when EVERY chunk with need_logits carries a `sample` request: ForwardOutput then
 // holds one token and logprob per row and no logits, so a step moves [rows] ints instead of
@@ -57,6 +64,11 @@ struct SequenceChunk {
 enum class KvStage {
   kToMirror,    // device KV cache -> transfer mirror (prefill side, before sending)
   kFromMirror,  // transfer mirror -> device KV cache (decode side, after receiving)
+};
+
+struct KvProgress {
+  const volatile uint64_t* counter = nullptr;  // host-readable from any thread; null: none
+  uint64_t next = 0;  // the counter's value before the next Forward's first layer
 };
 
 struct ForwardBatch {
@@ -137,6 +149,13 @@ class ModelRunner {
   virtual absl::Status StageKv(std::span<const int32_t> blocks, KvStage dir) {
     return absl::OkStatus();
   }
+  // Starts layer progress (see the header comment). Engine thread only. Unimplemented for runners
+  // without a device (their KV is complete when Forward returns).
+  virtual absl::Status EnableKvProgress() {
+    return absl::UnimplementedError("this runner has no layer progress");
+  }
+  // Engine thread only. counter null until EnableKvProgress succeeded.
+  virtual KvProgress kv_progress() const { return {}; }
   // Whether Forward samples rows that carry a SampleRequest (see the header comment). Fixed for
   // the runner's lifetime.
   virtual bool SupportsDeviceSampling() const { return false; }

@@ -17,7 +17,7 @@ WorkerMetricsReporter::~WorkerMetricsReporter() {
 }
 
 absl::Status WorkerMetricsReporter::Serve(const std::string& host, int port) {
-  if (port <= 0) return absl::InvalidArgumentError(absl::StrCat("metrics port ", port));
+  if (port < 0) return absl::InvalidArgumentError(absl::StrCat("metrics port ", port));
   if (http_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
   router::HttpServerOptions options;
   options.host = host;
@@ -46,6 +46,8 @@ absl::Status WorkerMetricsReporter::Serve(const std::string& host, int port) {
   http_ = *std::move(server);
   return absl::OkStatus();
 }
+
+int WorkerMetricsReporter::port() const { return http_ == nullptr ? 0 : http_->port(); }
 
 void WorkerMetricsReporter::Refresh() {
   const EngineStats stats = engine_->stats();

@@ -35,9 +35,10 @@ class WorkerMetricsReporter {
 
   metrics::WorkerMetrics& metrics() { return metrics_; }
 
-  // Serves GET /metrics on host:port. InvalidArgument for port <= 0; Unavailable when the port
-  // cannot be bound. At most once.
+  // Serves GET /metrics on host:port (0: any free port; port() tells which). InvalidArgument for
+  // port < 0; Unavailable when the port cannot be bound. At most once.
   absl::Status Serve(const std::string& host, int port);
+  int port() const;  // the bound metrics port; 0 before Serve
 
   // Copies the engine's stats into the metrics.
   void Refresh();

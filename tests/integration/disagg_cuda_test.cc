@@ -105,8 +105,10 @@ class DisaggCudaTest : public ::testing::TestWithParam<std::tuple<std::string, s
       }
     }
   }
-  std::unique_ptr<server::LoadedModel> Load(const std::string& device) {
+  std::unique_ptr<server::LoadedModel> Load(const std::string& device,
+                                            bool layer_progress = false) {
     server::ModelLoadOptions o;
+    o.engine.kv_layer_progress = layer_progress;
     o.model_dir = model_dir_;
     o.device = device;
     o.block_size = 16;
@@ -124,12 +126,16 @@ std::string* DisaggCudaTest::tiny_dir_ = nullptr;
 TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
   auto cpu = Load("cpu");
   auto local = Load("cuda");
-  auto p = Load("cuda");
+  // "cuda_ipc_streamed": P reports each chunk's layers and writes them as they are computed.
+  const std::string variant = std::get<1>(GetParam());
+  const bool streamed = variant == "cuda_ipc_streamed";
+  auto p = Load("cuda", streamed);
   auto d = Load("cuda");
   ASSERT_TRUE(cpu && local && p && d);
   {
     DisaggStack stack;
-    const std::string backend = std::get<1>(GetParam());
+    const std::string backend = streamed ? "cuda_ipc" : variant;
+    EXPECT_EQ(p->engine->reports_kv_chunks(), streamed);
     const absl::Status started = stack.Start(p->engine.get(), d->engine.get(), backend);
     ASSERT_TRUE(started.ok()) << started;
     if (backend == "loopback") {
@@ -183,6 +189,13 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
     }
     EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer_failures.Value(), 0);
     EXPECT_GT(stack.prefill().metrics().metrics().kv_transfer_bytes.Value(), 0);
+    // Streamed: some bytes went while prompts were still computed.
+    const double early = stack.prefill().metrics().metrics().kv_transfer_streamed_bytes.Value();
+    if (streamed) {
+      EXPECT_GT(early, 0);
+    } else {
+      EXPECT_EQ(early, 0);
+    }
     EXPECT_TRUE(WaitIdle(*p->engine));
     EXPECT_TRUE(WaitIdle(*d->engine));
     stack.Stop();
@@ -191,12 +204,11 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
     m->engine->Shutdown(absl::ZeroDuration());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DisaggCudaTest,
-                         ::testing::Combine(::testing::Values("tiny", "target"),
-                                            ::testing::Values("loopback", "cuda_ipc")),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DisaggCudaTest,
+    ::testing::Combine(::testing::Values("tiny", "target"),
+                       ::testing::Values("loopback", "cuda_ipc", "cuda_ipc_streamed")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 }  // namespace
 }  // namespace tandem

@@ -253,6 +253,12 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
   return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float);
 }
 
+absl::Status LaunchStoreProgress(uint64_t* counter, uint64_t value, void* stream) {
+  if (counter == nullptr) return absl::InvalidArgumentError("StoreProgress: null counter");
+  return CudaStatus(internal::LaunchStoreProgressRaw(counter, value, Native(stream)),
+                    "StoreProgress kernel launch");
+}
+
 absl::Status LaunchEmbedding(const int32_t* ids, const void* table, int n, int hidden, int vocab,
                              void* out, void* stream) {
   if (n < 0 || hidden <= 0 || vocab <= 0) {

@@ -47,6 +47,11 @@ struct PagedKvCache {
 void* KvCacheLayerK(const PagedKvCache& cache, int layer);
 void* KvCacheLayerV(const PagedKvCache& cache, int layer);
 
+// Writes `value` to `counter` (host-mapped pinned memory, by its device address) once every
+// earlier launch on `stream` has completed: the layer progress of layer-wise KV streaming
+// (model_runner.h, kv_progress). A plain launch, so it is a full dependency for what follows.
+absl::Status LaunchStoreProgress(uint64_t* counter, uint64_t value, void* stream);
+
 // out[r, :] = table[ids[r], :] for r in [0, n).
 // ids: [n] in [0, vocab); table: bf16 [vocab, hidden]; out: bf16 [n, hidden].
 absl::Status LaunchEmbedding(const int32_t* ids, const void* table, int n, int hidden, int vocab,

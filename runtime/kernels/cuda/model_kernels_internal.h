@@ -16,6 +16,9 @@ namespace tandem::cuda::internal {
 // the environment sets TANDEM_DISABLE_PDL to something other than "0". Read once.
 bool PdlEnabled();
 
+// A plain (non-programmatic) launch: `*counter = value` once all earlier work of `stream` is done.
+cudaError_t LaunchStoreProgressRaw(uint64_t* counter, uint64_t value, cudaStream_t stream);
+
 cudaError_t LaunchEmbeddingRaw(const int32_t* ids, const void* table, int n, int hidden, void* out,
                                cudaStream_t stream);
 

@@ -116,7 +116,8 @@ class Runner final : public CudaModelRunner {
     for (cudaEvent_t e : {upload_events_[0], upload_events_[1]}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
-    for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_), host_sampling_}) {
+    for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_), host_sampling_,
+                    static_cast<void*>(progress_host_)}) {
       if (p != nullptr) cudaFreeHost(p);
     }
     gemm_.reset();
@@ -160,6 +161,25 @@ class Runner final : public CudaModelRunner {
     return config_.vocab_size <= cuda::kSamplingMaxVocab;
   }
   CudaStepStats last_step_stats() const override { return stats_; }
+
+  absl::Status EnableKvProgress() override {
+    if (progress_host_ != nullptr) return absl::OkStatus();
+    void* p = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaHostAlloc(&p, sizeof(uint64_t), cudaHostAllocMapped),
+                         "KV progress counter");
+    *static_cast<volatile uint64_t*>(p) = 0;
+    void* device = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(&device, p, 0); e != cudaSuccess) {
+      cudaFreeHost(p);
+      return CudaStatus(e, "KV progress counter: device address");
+    }
+    progress_host_ = static_cast<uint64_t*>(p);
+    progress_device_ = static_cast<uint64_t*>(device);
+    return absl::OkStatus();
+  }
+  KvProgress kv_progress() const override {
+    return KvProgress{.counter = progress_host_, .next = progress_value_};
+  }
   size_t weight_bytes() const override { return weight_bytes_; }
 
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
@@ -723,7 +743,9 @@ class Runner final : public CudaModelRunner {
     if (failed_graphs_.contains(key)) return absl::OkStatus();
     RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                          "cudaStreamBeginCapture");
+    capturing_ = true;
     absl::Status captured = RunDevice(nullptr);
+    capturing_ = false;
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (captured.ok()) captured = CudaStatus(end, "cudaStreamEndCapture");
@@ -835,6 +857,11 @@ class Runner final : public CudaModelRunner {
             qkv, meta + p.off.positions, static_cast<const float*>(inv_freq_.data),
             meta + p.off.slots, T, c.num_heads, cache_, li, s));
         RETURN_IF_ERROR(mark("rope_kv_append"));
+      }
+      // This layer's KV of the step is in the cache: advance the layer progress (eager runs
+      // only: a captured value would be replayed stale).
+      if (progress_device_ != nullptr && !capturing_) {
+        RETURN_IF_ERROR(cuda::LaunchStoreProgress(progress_device_, ++progress_value_, s));
       }
       if (D > 0) {
         cuda::DecodeAttentionArgs a;
@@ -962,6 +989,12 @@ class Runner final : public CudaModelRunner {
   int num_blocks_ = 0;
   KvCacheLayout layout_;
   KvHostMirror mirror_;  // transfer_layout()
+  // Layer progress (EnableKvProgress): pinned mapped host memory, its device address, the last
+  // value launched; capturing_ while RunDevice records a graph.
+  uint64_t* progress_host_ = nullptr;
+  uint64_t* progress_device_ = nullptr;
+  uint64_t progress_value_ = 0;
+  bool capturing_ = false;
   cuda::PagedKvCache cache_;
   DeviceBuffer inv_freq_;
   DeviceBuffer cublas_ws_;
