@@ -194,11 +194,25 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
       ++out->rows;
     }
   }
+  // Its one layer's KV of the step is written: the layer progress (streaming transfers may
+  // start reading it now, while this Forward is still "running" its remaining work).
+  if (progress_enabled_) progress_.store(++progress_value_, std::memory_order_release);
   if (nan_count_ > 0) {
     --nan_count_;
     std::fill(out->logits.begin(), out->logits.end(), std::nanf(""));
   }
   return absl::OkStatus();
+}
+
+absl::Status FakeModelRunner::EnableKvProgress() {
+  progress_enabled_ = true;
+  return absl::OkStatus();
+}
+
+KvProgress FakeModelRunner::kv_progress() const {
+  if (!progress_enabled_) return {};
+  return KvProgress{.counter = reinterpret_cast<const volatile uint64_t*>(&progress_),
+                    .next = progress_value_};
 }
 
 }  // namespace tandem

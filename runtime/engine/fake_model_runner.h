@@ -21,10 +21,14 @@
 // (K and V) between the two and logs every call. Without it the runner is a host runner
 // (transfer_layout() == kv_layout(), StageKv a no-op).
 //
+// Layer progress (EnableKvProgress, as a device runner has): its one layer counts as done once
+// every chunk of the step is written, before the step's checks and logits.
+//
 // Thread-safety: like every runner, engine thread only (kv_layout and transfer_layout from any
 // thread); read counters after the engine stopped (or from an engine callback, which runs on the
 // engine thread).
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -47,6 +51,8 @@ class FakeModelRunner : public ModelRunner {
   int num_blocks() const override { return num_blocks_; }
   KvCacheLayout kv_layout() const override;
   absl::StatusOr<KvCacheLayout> transfer_layout() override;
+  absl::Status EnableKvProgress() override;
+  KvProgress kv_progress() const override;
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override;
   // InvalidArgument for a block id out of range (nothing copied); the injected failure of
   // FailNextStages zero-fills the destination blocks (a torn copy) and returns its status.
@@ -103,6 +109,9 @@ class FakeModelRunner : public ModelRunner {
   int block_size_;
   std::vector<Slot> slots_;   // [2 (K, V), num_blocks, block_size]
   std::vector<Slot> mirror_;  // empty, or as slots_ (EnableTransferMirror)
+  bool progress_enabled_ = false;
+  uint64_t progress_value_ = 0;
+  std::atomic<uint64_t> progress_{0};  // read by other threads through kv_progress()
   std::vector<StageCall> stage_calls_;
   int stage_fail_count_ = 0;
   absl::Status stage_fail_status_;

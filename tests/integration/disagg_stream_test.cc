@@ -1,0 +1,195 @@
+// Layer-wise KV streaming on the CPU: a prefill worker whose engine reports each chunk of a held
+// prompt before its step (FakeModelRunner's layer progress stands in for the CUDA runner's) posts
+// the chunk's writes while the step is still running, KV moving through the loopback backend
+// into a decode worker over real gRPC. Prompts span several chunks (8-token steps), end in
+// partial blocks, and hit the prefix cache on either side. D's fake runner checks every position
+// of every sequence it decodes, so a block written wrong, late or not at all fails the test.
+// Every transfer failure point (post, mid-transfer, release) falls back to D's recompute with
+// the same tokens and leaves no block held on either side.
+#include <memory>
+#include <vector>
+
+#include "decode/decode_worker.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/fault_injecting_backend.h"
+#include "prefill/prefill_worker.h"
+#include "runtime/base/logging.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/fake_model_runner.h"
+#include "tests/integration/disagg_stack.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::IsEmpty;
+using testing_util::Streamed;
+using testing_util::UniqueId;
+using testing_util::WaitIdle;
+
+constexpr int kVocab = 64;
+constexpr int kBlock = 4;
+constexpr int kMaxTokens = 6;
+
+struct Side {
+  explicit Side(bool layer_progress) {
+    auto owned = std::make_unique<FakeModelRunner>(kVocab, 96, kBlock, 1024);
+    runner = owned.get();
+    EngineOptions options;
+    options.kv_layer_progress = layer_progress;
+    options.max_num_batched_tokens = 8;  // prompts span several steps
+    auto created = Engine::Create(std::move(owned), nullptr, options);
+    CHECK(created.ok()) << created.status();
+    engine = std::move(*created);
+  }
+  FakeModelRunner* runner;
+  std::unique_ptr<Engine> engine;
+};
+
+class DisaggStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(p_.engine->reports_kv_chunks());
+    ASSERT_FALSE(d_.engine->reports_kv_chunks());
+    kvtransfer::BackendOptions options;
+    options.agent_name = UniqueId("p-loopback");
+    auto p_backend = kvtransfer::CreateTransferBackend("loopback", options);
+    options.agent_name = UniqueId("d-loopback");
+    auto d_backend = kvtransfer::CreateTransferBackend("loopback", options);
+    ASSERT_TRUE(p_backend.ok() && d_backend.ok());
+    auto faults = std::make_unique<kvtransfer::FaultInjectingBackend>(std::move(*p_backend));
+    faults_ = faults.get();
+    auto p = prefill::PrefillWorker::Create(p_.engine.get(), std::move(faults), {});
+    ASSERT_TRUE(p.ok()) << p.status();
+    prefill_ = std::move(*p);
+    auto d = decode::DecodeWorker::Create(d_.engine.get(), std::move(*d_backend), {});
+    ASSERT_TRUE(d.ok()) << d.status();
+    decode_ = std::move(*d);
+    stub_ = v1::Decode::NewStub(
+        grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    EXPECT_TRUE(WaitIdle(*p_.engine));
+    EXPECT_TRUE(WaitIdle(*d_.engine));
+    stub_.reset();
+    decode_->Shutdown(absl::ZeroDuration());
+    prefill_->Shutdown(absl::ZeroDuration());
+    p_.engine->Shutdown(absl::ZeroDuration());
+    d_.engine->Shutdown(absl::ZeroDuration());
+    EXPECT_THAT(p_.runner->violations(), IsEmpty());
+    EXPECT_THAT(d_.runner->violations(), IsEmpty());
+  }
+  Streamed Generate(const std::vector<int32_t>& prompt) {
+    v1::GenerateRequest request;
+    request.set_request_id(UniqueId("req"));
+    for (int32_t t : prompt) request.add_prompt_token_ids(t);
+    v1::SamplingParams* s = request.mutable_sampling();
+    s->set_temperature(0.0f);
+    s->set_max_tokens(kMaxTokens);
+    s->set_ignore_eos(true);
+    s->set_logprobs(-1);
+    request.set_prefill_worker(prefill_->address());
+    Streamed out;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto reader = stub_->Generate(&context, request);
+    v1::GenerateResponse message;
+    bool first = true;
+    while (reader->Read(&message)) {
+      if (first) out.prefilled_remotely = message.prefilled_remotely();
+      first = false;
+      out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
+      if (!message.finish_reason().empty()) out.finish_reason = message.finish_reason();
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+  static std::vector<int32_t> Prompt(int length, int seed) {
+    std::vector<int32_t> p(length);
+    for (int i = 0; i < length; ++i) p[i] = (seed * 31 + i * 17 + i * i) % kVocab;
+    return p;
+  }
+  const metrics::WorkerMetrics& p_metrics() { return prefill_->metrics().metrics(); }
+
+  Side p_{/*layer_progress=*/true}, d_{/*layer_progress=*/false};
+  kvtransfer::FaultInjectingBackend* faults_ = nullptr;
+  std::unique_ptr<prefill::PrefillWorker> prefill_;
+  std::unique_ptr<decode::DecodeWorker> decode_;
+  std::unique_ptr<v1::Decode::Stub> stub_;
+};
+
+TEST_F(DisaggStreamTest, ChunkedPromptsStreamAndMatchTheReference) {
+  // 1 token, one partial block, exactly two steps, and many steps with a partial last block.
+  int seed = 1;
+  for (int length : {1, 3, 16, 37}) {
+    const std::vector<int32_t> prompt = Prompt(length, seed++);
+    const Streamed got = Generate(prompt);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_TRUE(got.prefilled_remotely) << length;
+    EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(prompt, kMaxTokens, kVocab)) << length;
+  }
+  EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(p_metrics().kv_transfers.Value(), 4);
+  // Every chunk but the last is sent while later steps still run.
+  EXPECT_GT(p_metrics().kv_transfer_streamed_bytes.Value(), 0);
+  EXPECT_LE(p_metrics().kv_transfer_streamed_bytes.Value(), p_metrics().kv_transfer_bytes.Value());
+}
+
+TEST_F(DisaggStreamTest, PrefixCacheHitsOnEitherSide) {
+  const std::vector<int32_t> a = Prompt(29, 5);
+  ASSERT_TRUE(Generate(a).status.ok());
+  // The same prompt again: D holds all of it but the last partial block; P too.
+  const Streamed again = Generate(a);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.tokens, FakeModelRunner::ReferenceGreedy(a, kMaxTokens, kVocab));
+  // A prompt sharing 20 tokens with `a`: P's prefix-cache part goes first, then the new chunks.
+  std::vector<int32_t> b(a.begin(), a.begin() + 20);
+  for (int i = 0; i < 15; ++i) b.push_back((i * 7 + 3) % kVocab);
+  const Streamed got = Generate(b);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_TRUE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(b, kMaxTokens, kVocab));
+  EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), 0);
+}
+
+TEST_F(DisaggStreamTest, EveryFailurePointFallsBackToIdenticalTokens) {
+  const struct {
+    kvtransfer::FaultStage stage;
+    const char* name;
+    bool fails;
+  } cases[] = {{kvtransfer::FaultStage::kPost, "post", true},
+               {kvtransfer::FaultStage::kMidTransfer, "mid-transfer", true},
+               {kvtransfer::FaultStage::kRelease, "release", false}};
+  int seed = 40;
+  double failures = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    kvtransfer::FaultPlan plan;
+    plan.stage = c.stage;
+    plan.once = true;
+    plan.polls_before_failure = 2;
+    const int injected = faults_->faults_injected();
+    faults_->SetPlan(plan);
+    const std::vector<int32_t> prompt = Prompt(27, seed++);
+    const Streamed got = Generate(prompt);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(prompt, kMaxTokens, kVocab));
+    EXPECT_EQ(faults_->faults_injected(), injected + 1);
+    EXPECT_EQ(got.prefilled_remotely, !c.fails);
+    if (c.fails) ++failures;
+    EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), failures);
+    EXPECT_TRUE(WaitIdle(*p_.engine));
+    EXPECT_TRUE(WaitIdle(*d_.engine));
+    // The next request streams again.
+    const std::vector<int32_t> next = Prompt(19, seed++);
+    const Streamed again = Generate(next);
+    ASSERT_TRUE(again.status.ok());
+    EXPECT_TRUE(again.prefilled_remotely);
+    EXPECT_EQ(again.tokens, FakeModelRunner::ReferenceGreedy(next, kMaxTokens, kVocab));
+  }
+}
+
+}  // namespace
+}  // namespace tandem
