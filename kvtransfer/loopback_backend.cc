@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/copy_ops.h"
 #include "runtime/base/status.h"
 
 namespace tandem::kvtransfer {
@@ -81,20 +82,6 @@ absl::StatusOr<RemoteRegion> DecodeRegion(const std::string& blob) {
   r.base = static_cast<uintptr_t>(base);
   r.length = static_cast<size_t>(length);
   return r;
-}
-
-absl::Status CheckOps(const std::vector<CopyOp>& ops, size_t local_length, size_t remote_length) {
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const CopyOp& op = ops[i];
-    if (op.length > local_length || op.local_offset > local_length - op.length ||
-        op.length > remote_length || op.remote_offset > remote_length - op.length) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "loopback: op ", i, " (local ", op.local_offset, ", remote ", op.remote_offset,
-          ", length ", op.length, ") lies outside the regions (local ", local_length,
-          " bytes, remote ", remote_length, " bytes)"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 class LoopbackBackend final : public TransferBackend {
@@ -227,7 +214,7 @@ class LoopbackBackend final : public TransferBackend {
     if (target == nullptr) {
       return absl::NotFoundError(absl::StrCat("loopback: peer '", request.peer, "' is gone"));
     }
-    RETURN_IF_ERROR(CheckOps(request.ops, local.length, remote.length));
+    RETURN_IF_ERROR(CheckOpsInRegions("loopback", request.ops, local.length, remote.length));
     {
       // Holding the target's lock keeps its region registered while we copy.
       absl::MutexLock lock(&target->mu);

@@ -3,23 +3,16 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/copy_ops.h"
 
 namespace tandem::kvtransfer::cuda_ipc {
 
 absl::StatusOr<size_t> CountPieces(std::span<const CopyOp> ops, uint64_t src_length,
                                    uint64_t dst_length) {
+  const absl::Status in_regions = CheckOpsInRegions("cuda_ipc", ops, src_length, dst_length);
+  if (!in_regions.ok()) return in_regions;
   size_t pieces = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const CopyOp& op = ops[i];
-    if (op.length > src_length || op.local_offset > src_length - op.length ||
-        op.length > dst_length || op.remote_offset > dst_length - op.length) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_ipc: op ", i, " (local ", op.local_offset, ", remote ", op.remote_offset,
-          ", length ", op.length, ") lies outside the regions (local ", src_length,
-          " bytes, remote ", dst_length, " bytes)"));
-    }
-    pieces += (op.length + kMaxPieceBytes - 1) / kMaxPieceBytes;
-  }
+  for (const CopyOp& op : ops) pieces += (op.length + kMaxPieceBytes - 1) / kMaxPieceBytes;
   return pieces;
 }
 

@@ -39,6 +39,35 @@ inline std::string UniqueId(const std::string& prefix) {
   return absl::StrCat(prefix, "-", counter.fetch_add(1));
 }
 
+// Decode.Generate on `stub`: greedy, EOS ignored, prefilled on `prefill_address` ("" = locally),
+// collected into one Streamed.
+inline Streamed GreedyGenerate(v1::Decode::Stub& stub, const std::vector<int32_t>& prompt,
+                               int max_tokens, const std::string& prefill_address) {
+  v1::GenerateRequest request;
+  request.set_request_id(UniqueId("req"));
+  for (int32_t t : prompt) request.add_prompt_token_ids(t);
+  v1::SamplingParams* s = request.mutable_sampling();
+  s->set_temperature(0.0f);
+  s->set_max_tokens(max_tokens);
+  s->set_ignore_eos(true);
+  s->set_logprobs(-1);
+  request.set_prefill_worker(prefill_address);
+  Streamed out;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  auto reader = stub.Generate(&context, request);
+  v1::GenerateResponse message;
+  bool first = true;
+  while (reader->Read(&message)) {
+    if (first) out.prefilled_remotely = message.prefilled_remotely();
+    first = false;
+    out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
+    if (!message.finish_reason().empty()) out.finish_reason = message.finish_reason();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
 class DisaggStack {
  public:
   // Starts P over `p` and D over `d` (`backend` agents, one each). Errors: the backends' and the
@@ -66,29 +95,7 @@ class DisaggStack {
 
   // Greedy, EOS ignored; through P unless `remote` is false.
   Streamed Generate(const std::vector<int32_t>& prompt, int max_tokens, bool remote = true) {
-    v1::GenerateRequest request;
-    request.set_request_id(UniqueId("req"));
-    for (int32_t t : prompt) request.add_prompt_token_ids(t);
-    v1::SamplingParams* s = request.mutable_sampling();
-    s->set_temperature(0.0f);
-    s->set_max_tokens(max_tokens);
-    s->set_ignore_eos(true);
-    s->set_logprobs(-1);
-    if (remote) request.set_prefill_worker(prefill_->address());
-    Streamed out;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    auto reader = stub_->Generate(&context, request);
-    v1::GenerateResponse message;
-    bool first = true;
-    while (reader->Read(&message)) {
-      if (first) out.prefilled_remotely = message.prefilled_remotely();
-      first = false;
-      out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
-      if (!message.finish_reason().empty()) out.finish_reason = message.finish_reason();
-    }
-    out.status = reader->Finish();
-    return out;
+    return GreedyGenerate(*stub_, prompt, max_tokens, remote ? prefill_->address() : "");
   }
 
  private:

@@ -82,29 +82,7 @@ class DisaggStreamTest : public ::testing::Test {
     EXPECT_THAT(d_.runner->violations(), IsEmpty());
   }
   Streamed Generate(const std::vector<int32_t>& prompt) {
-    v1::GenerateRequest request;
-    request.set_request_id(UniqueId("req"));
-    for (int32_t t : prompt) request.add_prompt_token_ids(t);
-    v1::SamplingParams* s = request.mutable_sampling();
-    s->set_temperature(0.0f);
-    s->set_max_tokens(kMaxTokens);
-    s->set_ignore_eos(true);
-    s->set_logprobs(-1);
-    request.set_prefill_worker(prefill_->address());
-    Streamed out;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    auto reader = stub_->Generate(&context, request);
-    v1::GenerateResponse message;
-    bool first = true;
-    while (reader->Read(&message)) {
-      if (first) out.prefilled_remotely = message.prefilled_remotely();
-      first = false;
-      out.tokens.insert(out.tokens.end(), message.token_ids().begin(), message.token_ids().end());
-      if (!message.finish_reason().empty()) out.finish_reason = message.finish_reason();
-    }
-    out.status = reader->Finish();
-    return out;
+    return testing_util::GreedyGenerate(*stub_, prompt, kMaxTokens, prefill_->address());
   }
   static std::vector<int32_t> Prompt(int length, int seed) {
     std::vector<int32_t> p(length);
@@ -121,6 +99,10 @@ class DisaggStreamTest : public ::testing::Test {
 };
 
 TEST_F(DisaggStreamTest, ChunkedPromptsStreamAndMatchTheReference) {
+  // Each step of P takes 20 ms, so the transfer thread (polling every 50 us) sees a chunk's layer
+  // progress, and posts its writes, before the prompt's next step ends: some bytes are sent under
+  // compute however loaded the machine is.
+  p_.runner->set_forward_hook([] { absl::SleepFor(absl::Milliseconds(20)); });
   // 1 token, one partial block, exactly two steps, and many steps with a partial last block.
   int seed = 1;
   for (int length : {1, 3, 16, 37}) {
