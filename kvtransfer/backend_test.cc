@@ -33,7 +33,7 @@ std::string UniqueName(std::string_view role) {
 }
 
 // Test parameter -> backend: "loopback", "ucx" (tcp,sm,self), "ucx_tcp" (tcp,self only),
-// "ucx_sm" (sm,self only: see SharedMemoryOnlyFailsAtConnect).
+// "ucx_sm" (sm,self only: see SharedMemoryOnlyWorksOnOneHostAndFailsAcrossHosts).
 std::unique_ptr<FaultInjectingBackend> MakeAgent(const std::string& param) {
   BackendOptions options;
   options.agent_name = UniqueName(param);
@@ -394,18 +394,51 @@ TEST(TransferBackendFactoryTest, CapabilitiesAndDuplicateLoopbackNames) {
   EXPECT_EQ((*ucx)->name(), "ucx");
 }
 
-// UCX 1.13 quirk: its shared-memory transports (posix/sysv/cma) cannot detect a dead peer, so with
-// the error-handling mode we require they cannot carry the endpoint alone. That must surface as a
-// Connect error (not a crash or a hang); with "tcp,sm,self" tcp carries what sm cannot.
-TEST(UcxTransportsTest, SharedMemoryOnlyFailsAtConnect) {
+// UCX 1.13 quirk: its shared-memory transports (posix/sysv/cma) cannot detect a dead peer, so they
+// cannot carry an endpoint with peer error handling. Peers on one host (same boot id in the
+// address) go without it (the backend watches the peer's pid instead), so shared memory alone
+// carries them; a peer on another host keeps error handling, and shared memory alone must then
+// fail at Connect (not crash, not hang).
+TEST(UcxTransportsTest, SharedMemoryOnlyWorksOnOneHostAndFailsAcrossHosts) {
   auto a = MakeAgent("ucx_sm");
   auto b = MakeAgent("ucx_sm");
+  ASSERT_TRUE(ConnectPumping(*a, *b).ok());
+  std::vector<uint8_t> src(1 << 20), dst(1 << 20, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  auto local = a->RegisterMemory(src.data(), src.size(), MemoryKind::kHost);
+  auto remote = b->RegisterMemory(dst.data(), dst.size(), MemoryKind::kHost);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto h = a->PostWrite({.local_region = local->id,
+                         .peer = b->agent_name(),
+                         .remote_region = *b->ExportRegion(remote->id),
+                         .ops = {{.local_offset = 0, .remote_offset = 0, .length = src.size()}},
+                         .notification = ""});
+  ASSERT_TRUE(h.ok()) << h.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<TransferState> state;
+  do {
+    b->Progress();
+    state = a->Poll(*h);
+  } while (state.ok() && *state == TransferState::kInProgress && absl::Now() < deadline);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ(*state, TransferState::kDone);
+  EXPECT_TRUE(a->Release(*h).ok());
+  EXPECT_TRUE(dst == src);
+
+  // The same address claiming another host (another boot id): error handling, no transport.
+  auto c = MakeAgent("ucx_sm");
+  std::string address = *c->LocalAddress();
+  const size_t boot = address.find(' ') + 1;
+  address.replace(boot, 36, std::string(36, '0'));
   const absl::Time start = absl::Now();
-  absl::Status status = ConnectPumping(*a, *b);
+  absl::Status status = a->Connect(c->agent_name(), address);
   EXPECT_FALSE(status.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // The failed Connect left nothing behind: the peer is unknown.
-  EXPECT_EQ(a->Disconnect(b->agent_name()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a->Disconnect(c->agent_name()).code(), absl::StatusCode::kNotFound);
+  // A blob that is no tandem-ucx address at all.
+  EXPECT_EQ(a->Connect("garbage", std::string(16, '\x01')).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendTest, ::testing::Values("loopback", "ucx", "ucx_tcp"),

@@ -1,9 +1,13 @@
 #include "kvtransfer/ucx/ucx_backend.h"
 
+#include <signal.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -57,7 +61,12 @@ struct RemoteKey {
 struct Peer {
   std::string name;
   std::string address;
+  std::string ucx_address;  // UCX's part of `address`
   ucp_ep_h ep = nullptr;
+  // Same host over shared memory (no UCX peer error handling, which would drop the shared-memory
+  // transports): the peer's death is seen by its pid instead.
+  pid_t pid = 0;
+  absl::Time next_liveness_check;
   bool failed = false;
   ucs_status_t error = UCS_OK;
   absl::flat_hash_map<std::string, RemoteKey> rkeys;  // by region blob
@@ -96,6 +105,47 @@ ucs_status_t Track(ucs_status_ptr_t result, std::vector<void*>& requests) {
   if (UCS_PTR_IS_ERR(result)) return UCS_PTR_STATUS(result);
   if (result != nullptr) requests.push_back(result);
   return UCS_OK;
+}
+
+constexpr char kAddressMagic[] = "tandem-ucx/1";
+
+std::string ReadBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id.size() == 36 ? id : std::string();
+}
+
+struct ParsedAddress {
+  std::string boot_id;
+  pid_t pid = 0;
+  std::string ucx;  // UCX's worker address
+};
+
+// The header LocalAddress puts before UCX's address; InvalidArgument for anything else.
+absl::StatusOr<ParsedAddress> ParseAddress(const std::string& blob) {
+  const size_t nl = blob.find('\n');
+  if (nl == std::string::npos || nl > 128 ||
+      blob.compare(0, std::strlen(kAddressMagic), kAddressMagic) != 0) {
+    return absl::InvalidArgumentError("ucx: the peer address is not a tandem-ucx/1 address");
+  }
+  const std::string header = blob.substr(0, nl);
+  const size_t a = header.find(' '), b = header.rfind(' ');
+  ParsedAddress p;
+  long pid = 0;
+  if (a == std::string::npos || b == a) {
+    return absl::InvalidArgumentError("ucx: malformed peer address header");
+  }
+  p.boot_id = header.substr(a + 1, b - a - 1);
+  char* end = nullptr;
+  pid = std::strtol(header.c_str() + b + 1, &end, 10);
+  if (end == nullptr || *end != '\0' || pid <= 0 || pid > (1L << 22)) {
+    return absl::InvalidArgumentError("ucx: malformed peer pid");
+  }
+  p.pid = static_cast<pid_t>(pid);
+  p.ucx = blob.substr(nl + 1);
+  if (p.ucx.empty()) return absl::InvalidArgumentError("ucx: empty peer address");
+  return p;
 }
 
 class UcxBackend final : public TransferBackend {
@@ -162,7 +212,12 @@ class UcxBackend final : public TransferBackend {
     size_t address_length = 0;
     status = ucp_worker_get_address(worker_, &address, &address_length);
     if (status != UCS_OK) return UcsError(status, "ucp_worker_get_address");
-    address_.assign(reinterpret_cast<const char*>(address), address_length);
+    // "tandem-ucx/1 <boot id> <pid>\n" before UCX's worker address: a peer on the same host (same
+    // boot id) may use shared memory without UCX's peer error handling (see Connect).
+    boot_id_ = ReadBootId();
+    address_ =
+        absl::StrCat(kAddressMagic, " ", boot_id_.empty() ? "-" : boot_id_, " ", getpid(), "\n");
+    address_.append(reinterpret_cast<const char*>(address), address_length);
     ucp_worker_release_address(worker_, address);
     return absl::OkStatus();
   }
@@ -248,15 +303,20 @@ class UcxBackend final : public TransferBackend {
       }
       ClosePeer(peer_name);
     }
-    if (address.empty()) return absl::InvalidArgumentError("ucx: empty peer address");
+    ASSIGN_OR_RETURN(ParsedAddress parsed, ParseAddress(address));
     auto peer = std::make_unique<Peer>();
     peer->name = peer_name;
     peer->address = address;
+    peer->ucx_address = std::move(parsed.ucx);
+    // UCX 1.13 drops its shared-memory transports from endpoints with peer error handling; on one
+    // host (and with shared memory among the transports) go without it and watch the peer's pid.
+    const bool same_host = !boot_id_.empty() && parsed.boot_id == boot_id_;
+    if (same_host && SharedMemoryAllowed()) peer->pid = parsed.pid;
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.address = reinterpret_cast<const ucp_address_t*>(peer->address.data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.address = reinterpret_cast<const ucp_address_t*>(peer->ucx_address.data());
+    params.err_mode = peer->pid > 0 ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &UcxBackend::OnEndpointError;
     params.err_handler.arg = peer.get();
     ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
@@ -272,6 +332,7 @@ class UcxBackend final : public TransferBackend {
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     if (status == UCS_OK && !requests.empty()) {
       DrainUntil(deadline, [&] {
+        CheckLiveness(*raw);
         return ucp_request_check_status(requests[0]) != UCS_INPROGRESS || raw->failed;
       });
       status = ucp_request_check_status(requests[0]);
@@ -499,6 +560,7 @@ class UcxBackend final : public TransferBackend {
   void Advance(Transfer& t) {
     auto peer_it = peers_.find(t.peer);
     Peer* peer = peer_it == peers_.end() ? nullptr : peer_it->second.get();
+    if (peer != nullptr) CheckLiveness(*peer);
     if (t.stage == Stage::kData) {
       ucs_status_t first_error = UCS_OK;
       std::vector<void*> pending;
@@ -560,6 +622,17 @@ class UcxBackend final : public TransferBackend {
   void ReapZombies() {
     for (size_t i = 0; i < zombies_.size();) {
       Transfer& z = *zombies_[i];
+      // Without UCX error handling (a same-host peer) the requests of a transfer to a peer whose
+      // process is gone never complete: once its endpoint is force-closed nothing progresses
+      // them, so hand them back to UCX (freed whenever they finish) and drop the zombie.
+      auto peer = peers_.find(z.peer);
+      if (peer != peers_.end() && peer->second->pid > 0 && peer->second->failed &&
+          peer->second->ep == nullptr) {
+        for (void* r : z.requests) ucp_request_free(r);
+        if (z.notify_request != nullptr) ucp_request_free(z.notify_request);
+        z.requests.clear();
+        z.notify_request = nullptr;
+      }
       std::vector<void*> pending;
       for (void* r : z.requests) {
         if (CheckAndFree(r) == UCS_INPROGRESS) pending.push_back(r);
@@ -578,6 +651,32 @@ class UcxBackend final : public TransferBackend {
 
   // A failed endpoint must be closed (forcibly); the Peer entry stays, marked failed, so that
   // transfers and Connect see the error, until Connect replaces it or Disconnect removes it.
+  // A same-host peer without UCX error handling: dead once its pid is gone (checked at most every
+  // 10 ms while a transfer to it waits).
+  void CheckLiveness(Peer& peer) {
+    if (peer.pid <= 0 || peer.failed) return;
+    const absl::Time now = absl::Now();
+    if (now < peer.next_liveness_check) return;
+    peer.next_liveness_check = now + absl::Milliseconds(10);
+    if (kill(peer.pid, 0) != 0 && errno == ESRCH) {
+      peer.failed = true;
+      peer.error = UCS_ERR_CONNECTION_RESET;
+    }
+  }
+
+  // Whether the configured transports include a shared-memory one (UCX's default, "", does).
+  bool SharedMemoryAllowed() const {
+    const std::string& t = options_.ucx_transports;
+    if (t.empty() || t == "all") return true;
+    for (const char* name : {"sm", "shm", "posix", "sysv", "cma", "xpmem", "knem"}) {
+      for (size_t at = t.find(name); at != std::string::npos; at = t.find(name, at + 1)) {
+        const size_t end = at + std::strlen(name);
+        if ((at == 0 || t[at - 1] == ',') && (end == t.size() || t[end] == ',')) return true;
+      }
+    }
+    return false;
+  }
+
   void ReapFailedPeers() {
     for (auto& [name, peer] : peers_) {
       if (peer->failed && peer->ep != nullptr) CloseEndpoint(*peer);
@@ -630,6 +729,7 @@ class UcxBackend final : public TransferBackend {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
+  std::string boot_id_;
   uint64_t next_region_id_ = 1;
   TransferHandle next_handle_ = 1;
   absl::flat_hash_map<uint64_t, Region> regions_;

@@ -4,9 +4,15 @@
 // target; callers go through CreateTransferBackend("ucx", ...) in kvtransfer/transfer_backend.h.
 //
 // Mechanics: one ucp context (features RMA | AM) and one ucp worker in UCS_THREAD_MODE_SINGLE;
-// LocalAddress() is the worker address; a region blob is {magic, base, length, packed rkey};
-// Connect creates an endpoint in error-handling mode PEER (a dead peer becomes an error) and waits,
-// up to BackendOptions::connect_timeout, for its wireup (the peer must be progressing meanwhile);
+// LocalAddress() is "tandem-ucx/1 <boot id> <pid>\n" followed by the worker address; a region
+// blob is {magic, base, length, packed rkey}. Connect (InvalidArgument for any other address)
+// creates an endpoint in error-handling mode PEER (a dead peer becomes an error), except for a
+// peer on the same host (same boot id) when shared-memory transports are allowed: UCX 1.13 leaves
+// posix/sysv/cma out of endpoints with error handling, so such a peer gets none, and its death is
+// seen by its pid instead (checked every 10 ms while a transfer to it waits; the transfer then
+// fails, and its stuck requests are handed back to UCX once the endpoint is force-closed).
+// Connect waits, up to BackendOptions::connect_timeout, for the wireup (the peer must be
+// progressing meanwhile);
 // PostWrite issues one ucp_put_nbx per CopyOp and an endpoint flush; once the flush completes
 // (remote completion) the notification goes out as a UCP active message, and Poll reports kDone
 // when that send completed too. Rkeys are unpacked once per (peer, region blob) and cached.
