@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/server/kv_layout_convert.h"
@@ -21,32 +20,24 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
 absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
     const DecodeWorkerOptions& options) {
-  if (backends.empty()) return absl::InvalidArgumentError("decode worker: no transfer backend");
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker());
   worker->engine_ = engine;
   worker->host_ = options.host;
+  // Transfers write the KV cache itself, or its pinned host mirror when the backend moves only
+  // host memory and the cache is on a GPU (transfer_memory.h).
+  ASSIGN_OR_RETURN(std::vector<server::TransferLaneSetup> setups,
+                   server::StartTransferLanes(*engine, std::move(backends), options.setup_timeout));
   std::vector<DecodeEndpoint> endpoints;
-  absl::flat_hash_set<std::string> names;
-  for (std::unique_ptr<kvtransfer::TransferBackend>& backend : backends) {
-    const std::string name(backend->name());
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("decode worker: backend '", name, "' twice"));
-    }
-    // Transfers write the KV cache itself, or its pinned host mirror when the backend moves only
-    // host memory and the cache is on a GPU (transfer_memory.h).
-    ASSIGN_OR_RETURN(const server::TransferMemory memory,
-                     server::ChooseTransferMemory(*engine, backend->capabilities(), name));
-    worker->transfers_.push_back(std::make_unique<server::TransferThread>(std::move(backend)));
-    // This worker's identity on the backend, filled on its transfer thread.
+  for (server::TransferLaneSetup& setup : setups) {
+    // This worker's identity on the backend, read on its transfer thread.
     DecodeEndpoint endpoint;
-    endpoint.staged = memory.staged;
+    endpoint.staged = setup.memory.staged;
     v1::KvEndpoint& e = endpoint.endpoint;
-    e.set_backend(name);
-    RETURN_IF_ERROR(worker->transfers_.back()->Run(
-        [&e, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
-          ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
-                           b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
-          ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region.id));
+    e.set_backend(setup.thread->backend_name());
+    const uint64_t region_id = setup.region_id;
+    RETURN_IF_ERROR(setup.thread->Run(
+        [&e, region_id](kvtransfer::TransferBackend& b) -> absl::Status {
+          ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region_id));
           ASSIGN_OR_RETURN(std::string address, b.LocalAddress());
           e.set_agent_name(b.agent_name());
           e.set_agent_address(std::move(address));
@@ -54,8 +45,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
           return absl::OkStatus();
         },
         options.setup_timeout));
-    server::KvLayoutToProto(server::ToTransferLayout(memory.layout), e.mutable_layout());
+    server::KvLayoutToProto(server::ToTransferLayout(setup.memory.layout), e.mutable_layout());
     endpoints.push_back(std::move(endpoint));
+    worker->transfers_.push_back(std::move(setup.thread));
   }
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);

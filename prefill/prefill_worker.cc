@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/server/transfer_memory.h"
@@ -20,33 +19,18 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
     const PrefillWorkerOptions& options) {
-  if (backends.empty()) return absl::InvalidArgumentError("prefill worker: no transfer backend");
   std::unique_ptr<PrefillWorker> worker(new PrefillWorker());
   worker->host_ = options.host;
+  // Transfers read the KV cache itself, or its pinned host mirror when the backend moves only
+  // host memory and the cache is on a GPU (transfer_memory.h).
+  ASSIGN_OR_RETURN(std::vector<server::TransferLaneSetup> setups,
+                   server::StartTransferLanes(*engine, std::move(backends), options.setup_timeout));
   std::vector<TransferLane> lanes;
-  absl::flat_hash_set<std::string> names;
-  for (std::unique_ptr<kvtransfer::TransferBackend>& backend : backends) {
-    const std::string name(backend->name());
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("prefill worker: backend '", name, "' twice"));
-    }
-    // Transfers read the KV cache itself, or its pinned host mirror when the backend moves only
-    // host memory and the cache is on a GPU (transfer_memory.h).
-    ASSIGN_OR_RETURN(const server::TransferMemory memory,
-                     server::ChooseTransferMemory(*engine, backend->capabilities(), name));
-    worker->transfers_.push_back(std::make_unique<server::TransferThread>(std::move(backend)));
-    uint64_t region_id = 0;
-    RETURN_IF_ERROR(worker->transfers_.back()->Run(
-        [&region_id, &memory](kvtransfer::TransferBackend& b) -> absl::Status {
-          ASSIGN_OR_RETURN(kvtransfer::MemoryRegion region,
-                           b.RegisterMemory(memory.layout.base, memory.layout.bytes, memory.kind));
-          region_id = region.id;
-          return absl::OkStatus();
-        },
-        options.setup_timeout));
-    lanes.push_back(TransferLane{.transfer = worker->transfers_.back().get(),
-                                 .local_region = region_id,
-                                 .staged = memory.staged});
+  for (server::TransferLaneSetup& setup : setups) {
+    lanes.push_back(TransferLane{.transfer = setup.thread.get(),
+                                 .local_region = setup.region_id,
+                                 .staged = setup.memory.staged});
+    worker->transfers_.push_back(std::move(setup.thread));
   }
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);

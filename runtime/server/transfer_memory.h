@@ -11,11 +11,15 @@
 //
 // Thread-safety: callable from any thread (Engine::transfer_layout is).
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/engine/engine.h"
+#include "runtime/server/transfer_thread.h"
 
 namespace tandem::server {
 
@@ -28,5 +32,20 @@ struct TransferMemory {
 absl::StatusOr<TransferMemory> ChooseTransferMemory(Engine& engine,
                                                     const kvtransfer::Capabilities& backend,
                                                     const std::string& backend_name);
+
+// One backend of a worker, running: its transfer thread (which owns it) and the id under which
+// its transfer memory is registered.
+struct TransferLaneSetup {
+  std::unique_ptr<TransferThread> thread;
+  uint64_t region_id = 0;
+  TransferMemory memory;
+};
+
+// Starts a transfer thread per backend (in order) and registers each backend's transfer memory
+// on it. InvalidArgument for no backend or two of one name; else ChooseTransferMemory's and the
+// registration's errors (threads already started are stopped again).
+absl::StatusOr<std::vector<TransferLaneSetup>> StartTransferLanes(
+    Engine& engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
+    absl::Duration setup_timeout);
 
 }  // namespace tandem::server
