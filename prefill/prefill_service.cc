@@ -2,15 +2,15 @@
 
 #include <algorithm>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
-#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/logging.h"
 #include "runtime/server/grpc_status.h"
@@ -24,6 +24,20 @@ namespace {
 constexpr absl::Duration kSlice = absl::Milliseconds(20);
 
 int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
+
+// (decode worker, backend) fallbacks logged at most once each, for this many pairs of names.
+constexpr size_t kMaxLoggedFallbacks = 1024;
+
+// 128 bits from the kernel's CSPRNG, hex: a pair id nobody can guess.
+absl::StatusOr<std::string> NewPairId() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16];
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+    return absl::InternalError("cannot read /dev/urandom for a pair id");
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
 
 grpc::Status Error(grpc::StatusCode code, std::string message) {
   return grpc::Status(code, std::move(message));
@@ -156,29 +170,31 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
           options_.connect_timeout);
     }
     if (usable.ok()) {
-      absl::BitGen bits;
-      const std::string pair_id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(bits),
-                                                  absl::Uniform<uint64_t>(bits));
+      absl::StatusOr<std::string> pair_id = NewPairId();
+      if (!pair_id.ok()) return server::ToGrpcStatus(pair_id.status());
       absl::MutexLock lock(&pairs_mu_);
-      pairs_[pair_id] = Pair{lane, endpoint, layout};
-      pair_order_.push_back(pair_id);
+      pairs_[*pair_id] = Pair{lane, endpoint, layout};
+      pair_order_.push_back(*pair_id);
       while (pair_order_.size() > options_.max_pairs) {
         pairs_.erase(pair_order_.front());
         pair_order_.pop_front();
       }
-      response->set_pair_id(pair_id);
+      response->set_pair_id(*pair_id);
       response->set_backend(endpoint.backend());
       for (std::string& f : fallbacks) response->add_fallbacks(std::move(f));
       LOG(INFO) << "prefill: paired with decode worker " << who << " over " << endpoint.backend();
       return grpc::Status::OK;
     }
     std::string reason = absl::StrCat(endpoint.backend(), ": ", usable.message());
+    // Labels from our own names only: a peer must not mint metric series.
     metrics_->kv_transfer_fallbacks
-        .Add({{"backend", endpoint.backend()}, {"reason", absl::StatusCodeToString(usable.code())}})
+        .Add({{"backend", lane == lanes_.size() ? "other" : endpoint.backend()},
+              {"reason", absl::StatusCodeToString(usable.code())}})
         .Increment();
     {
       absl::MutexLock lock(&pairs_mu_);
-      if (logged_fallbacks_.insert(absl::StrCat(who, "/", endpoint.backend())).second) {
+      if (logged_fallbacks_.size() < kMaxLoggedFallbacks &&
+          logged_fallbacks_.insert(absl::StrCat(who, "/", endpoint.backend())).second) {
         LOG(WARNING) << "prefill: decode worker " << who << ": not using " << reason;
       }
     }

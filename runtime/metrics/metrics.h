@@ -67,7 +67,8 @@ struct WorkerMetrics {
   prometheus::Counter& kv_transfer_failures;   // tandem_kv_transfer_failures_total
   prometheus::Histogram& kv_transfer_latency;  // tandem_kv_transfer_latency_seconds (post->done)
   // tandem_kv_transfer_fallbacks_total{backend, reason}: endpoints a pair handshake skipped
-  // (reason: the status code name of why, e.g. FAILED_PRECONDITION for cuda_ipc across hosts).
+  // (backend: ours, or "other"; reason: the status code name of why, e.g. FAILED_PRECONDITION for
+  // cuda_ipc across hosts).
   prometheus::Family<prometheus::Counter>& kv_transfer_fallbacks;
   // tandem_kv_transfer_streamed_bytes_total: bytes whose writes were posted while their prompt
   // was still being computed (layer-wise streaming); / tandem_kv_transfer_bytes_total = the
