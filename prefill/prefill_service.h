@@ -1,7 +1,7 @@
 #pragma once
 // Prefill.Connect and Prefill.Prefill: computes a prompt's KV, writes it into the caller's (a
 // decode worker's) blocks through kvtransfer, and answers with the first token once every write
-// is acknowledged (DESIGN.md "A request, end to end", step 4; whole-prompt transfer).
+// is acknowledged (DESIGN.md "A request, end to end", step 4).
 //
 // Pairs: a decode worker first calls Connect with its endpoints (one per backend it runs, in its
 // preference order) and its model's compatibility fields. The service refuses a model or layout
@@ -17,6 +17,12 @@
 // target agent (connections cached), plans block copies (skipping blocks the target already
 // caches), posts the writes and polls them to completion, then releases the transfer and the held
 // blocks. The handler waits for that with a deadline.
+// Layer-wise streaming (options.kv_streaming, a device lane, an engine that reports chunks):
+// before each step of the prompt the engine reports the chunk (on_kv_chunk); the lane's transfer
+// thread plans its writes per layer and posts each once the runner's layer progress passes it,
+// under the remaining layers; on_prefilled then posts whatever is left and the job finishes when
+// every write has landed. Every posted write is released (Release waits for a running copy)
+// before the job answers, also when it fails.
 // Failures: any transfer failure answers with an error status (the decode worker then prefills
 // locally). If the handler's deadline passes or its client goes away, everything is released
 // (transfer handle, held blocks; the engine's held-KV lease is the last resort). P holds nothing
