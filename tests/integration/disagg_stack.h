@@ -41,8 +41,9 @@ inline std::string UniqueId(const std::string& prefix) {
 
 // Decode.Generate on `stub`: greedy, EOS ignored, prefilled on `prefill_address` ("" = locally),
 // collected into one Streamed.
-inline Streamed GreedyGenerate(v1::Decode::Stub& stub, const std::vector<int32_t>& prompt,
-                               int max_tokens, const std::string& prefill_address) {
+// A greedy Decode.GenerateRequest (EOS ignored, no logprobs) with a fresh id.
+inline v1::GenerateRequest GreedyRequest(const std::vector<int32_t>& prompt, int max_tokens,
+                                         const std::string& prefill_address) {
   v1::GenerateRequest request;
   request.set_request_id(UniqueId("req"));
   for (int32_t t : prompt) request.add_prompt_token_ids(t);
@@ -52,6 +53,12 @@ inline Streamed GreedyGenerate(v1::Decode::Stub& stub, const std::vector<int32_t
   s->set_ignore_eos(true);
   s->set_logprobs(-1);
   request.set_prefill_worker(prefill_address);
+  return request;
+}
+
+inline Streamed GreedyGenerate(v1::Decode::Stub& stub, const std::vector<int32_t>& prompt,
+                               int max_tokens, const std::string& prefill_address) {
+  const v1::GenerateRequest request = GreedyRequest(prompt, max_tokens, prefill_address);
   Streamed out;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));

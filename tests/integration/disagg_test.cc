@@ -36,6 +36,7 @@
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/integration/disagg_stack.h"
 
 namespace tandem {
 namespace {
@@ -187,16 +188,7 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
 
   static v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens,
                                      const std::string& prefill_worker) {
-    v1::GenerateRequest request;
-    request.set_request_id(UniqueId("req"));
-    for (int32_t t : prompt) request.add_prompt_token_ids(t);
-    v1::SamplingParams* s = request.mutable_sampling();
-    s->set_temperature(0.0f);
-    s->set_max_tokens(max_tokens);
-    s->set_ignore_eos(true);
-    s->set_logprobs(-1);
-    request.set_prefill_worker(prefill_worker);
-    return request;
+    return testing_util::GreedyRequest(prompt, max_tokens, prefill_worker);
   }
 
   Streamed Generate(const v1::GenerateRequest& request, int cancel_after_messages = -1) {
