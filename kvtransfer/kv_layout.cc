@@ -23,7 +23,57 @@ absl::Status ValidateKvLayout(const KvLayout& layout) {
                                                    " != block_size*heads*head_dim*elem_bytes ",
                                                    expected));
   }
+  if (layout.dtype != KvDtype::kRaw && layout.dtype != KvDtype::kF32 &&
+      layout.dtype != KvDtype::kBf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout dtype ", static_cast<int>(layout.dtype), " is unknown"));
+  }
+  if (layout.dtype != KvDtype::kRaw && KvDtypeBytes(layout.dtype) != layout.elem_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout elem_bytes ", layout.elem_bytes,
+                                                   " does not fit dtype ",
+                                                   KvDtypeName(layout.dtype)));
+  }
+  const int64_t total = layout.total_kv_heads == 0 ? layout.num_kv_heads : layout.total_kv_heads;
+  if (layout.head_begin < 0 || total <= 0 ||
+      static_cast<int64_t>(layout.head_begin) + layout.num_kv_heads > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout heads [", layout.head_begin, ", ",
+                     static_cast<int64_t>(layout.head_begin) + layout.num_kv_heads,
+                     ") outside the model's ", total));
+  }
   return absl::OkStatus();
+}
+
+int KvDtypeBytes(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return 4;
+    case KvDtype::kBf16:
+      return 2;
+    case KvDtype::kRaw:
+      break;
+  }
+  return 0;
+}
+
+const char* KvDtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kBf16:
+      return "bf16";
+    case KvDtype::kRaw:
+      break;
+  }
+  return "raw";
+}
+
+bool SameBlockFormat(const KvLayout& a, const KvLayout& b) {
+  const int32_t a_total = a.total_kv_heads == 0 ? a.num_kv_heads : a.total_kv_heads;
+  const int32_t b_total = b.total_kv_heads == 0 ? b.num_kv_heads : b.total_kv_heads;
+  return a.block_size == b.block_size && a.num_kv_heads == b.num_kv_heads &&
+         a.head_begin == b.head_begin && a_total == b_total && a.head_dim == b.head_dim &&
+         a.elem_bytes == b.elem_bytes && a.block_bytes == b.block_bytes && a.dtype == b.dtype;
 }
 
 uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block) {
@@ -35,14 +85,14 @@ uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block) {
 namespace {
 
 absl::Status CheckCompatible(const KvLayout& src, const KvLayout& dst) {
-  if (src.num_layers != dst.num_layers || src.block_size != dst.block_size ||
-      src.num_kv_heads != dst.num_kv_heads || src.head_dim != dst.head_dim ||
-      src.elem_bytes != dst.elem_bytes || src.block_bytes != dst.block_bytes) {
+  if (src.num_layers != dst.num_layers || !SameBlockFormat(src, dst)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "incompatible KV layouts: src (layers=", src.num_layers, " block_size=", src.block_size,
-        " kv_heads=", src.num_kv_heads, " head_dim=", src.head_dim, " elem_bytes=", src.elem_bytes,
-        ") vs dst (layers=", dst.num_layers, " block_size=", dst.block_size, " kv_heads=",
-        dst.num_kv_heads, " head_dim=", dst.head_dim, " elem_bytes=", dst.elem_bytes, ")"));
+        "KV layouts differ (byte copies cannot convert them): src (layers=", src.num_layers,
+        " block_size=", src.block_size, " heads=[", src.head_begin, "+", src.num_kv_heads,
+        "] head_dim=", src.head_dim, " ", KvDtypeName(src.dtype), "/", src.elem_bytes,
+        ") vs dst (layers=", dst.num_layers, " block_size=", dst.block_size, " heads=[",
+        dst.head_begin, "+", dst.num_kv_heads, "] head_dim=", dst.head_dim, " ",
+        KvDtypeName(dst.dtype), "/", dst.elem_bytes, ")"));
   }
   return absl::OkStatus();
 }

@@ -175,7 +175,7 @@ TEST(KvLayoutTest, RejectsIncompatibleLayouts) {
     auto ops = PlanBlockCopies(a, b, ids, ids, 4, 0);
     ASSERT_FALSE(ops.ok()) << "field " << field;
     EXPECT_EQ(ops.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(ops.status().message(), HasSubstr("incompatible"));
+    EXPECT_THAT(ops.status().message(), HasSubstr("layouts differ"));
   }
   KvLayout bad = a;
   bad.block_bytes += 1;
