@@ -73,7 +73,8 @@ bool SameBlockFormat(const KvLayout& a, const KvLayout& b) {
   const int32_t b_total = b.total_kv_heads == 0 ? b.num_kv_heads : b.total_kv_heads;
   return a.block_size == b.block_size && a.num_kv_heads == b.num_kv_heads &&
          a.head_begin == b.head_begin && a_total == b_total && a.head_dim == b.head_dim &&
-         a.elem_bytes == b.elem_bytes && a.block_bytes == b.block_bytes && a.dtype == b.dtype;
+         a.elem_bytes == b.elem_bytes && a.block_bytes == b.block_bytes &&
+         (a.dtype == b.dtype || a.dtype == KvDtype::kRaw || b.dtype == KvDtype::kRaw);
 }
 
 uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block) {

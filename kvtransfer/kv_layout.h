@@ -51,7 +51,8 @@ const char* KvDtypeName(KvDtype dtype);
 absl::Status ValidateKvLayout(const KvLayout& layout);
 
 // True when KV moves between the two by byte copies of whole blocks (PlanBlockCopies): same block
-// size, head range, head_dim and element type. Otherwise it needs conversion (kv_convert.h).
+// size, head range, head_dim and element size, and the same dtype or one side kRaw (a peer that
+// does not say). Otherwise it needs conversion (kv_convert.h).
 bool SameBlockFormat(const KvLayout& a, const KvLayout& b);
 
 // Byte offset of (layer, kv, block) in `layout`.

@@ -12,7 +12,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kvtransfer/kv_convert.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/status.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
@@ -62,6 +64,24 @@ struct PrefillService::Stream {
   int chunks = 0;
   absl::Time first_post = absl::InfiniteFuture();
   absl::Time prefilled_at;
+};
+
+// A converted prompt's KV in the destination's format, registered with the lane's backend for
+// one transfer (transfer thread only). Free deregisters it; the buffer goes with the last owner.
+struct PrefillService::Staging {
+  std::unique_ptr<char[]> bytes;
+  uint64_t length = 0;
+  uint64_t region_id = 0;
+  bool registered = false;
+  std::vector<kvtransfer::CopyOp> ops;  // buffer -> destination region
+
+  void Free(kvtransfer::TransferBackend& backend) {
+    if (!registered) return;
+    registered = false;
+    if (absl::Status s = backend.DeregisterMemory(region_id); !s.ok()) {
+      LOG(WARNING) << "prefill: deregistering a KV conversion buffer: " << s;
+    }
+  }
 };
 
 // One Prefill call, shared by the handler, the engine callbacks and the transfer thread.
@@ -122,29 +142,34 @@ size_t PrefillService::FindLane(const std::string& backend) const {
   return lanes_.size();
 }
 
+absl::Status PrefillService::CheckLayouts(const TransferLane& lane,
+                                          const kvtransfer::KvLayout& target) const {
+  if (kvtransfer::SameBlockFormat(layout_, target)) {
+    // Byte copies: the geometry must still be sound (a dry run of one block).
+    const std::vector<int32_t> one = {0};
+    return kvtransfer::PlanBlockCopies(layout_, target, one, one, 1, 0).status();
+  }
+  RETURN_IF_ERROR(kvtransfer::CheckConvertible(layout_, target));
+  if (lane.host_memory == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV needs converting (block size ", layout_.block_size, " -> ", target.block_size, ", ",
+        kvtransfer::KvDtypeName(layout_.dtype), " -> ", kvtransfer::KvDtypeName(target.dtype),
+        ") and this worker converts only from host memory, which its ",
+        lane.transfer->backend_name(), " lane does not read"));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status PrefillService::Connect(grpc::ServerContext* context,
                                      const v1::ConnectRequest* request,
                                      v1::ConnectResponse* response) {
   const std::string who =
       request->decode_worker().empty() ? context->peer() : request->decode_worker();
   // The model and the layout formula must match before anything else is looked at.
-  const ModelConfig& c = engine_->config();
-  const v1::KvCompatibility& theirs = request->compatibility();
-  const std::vector<std::pair<const char*, std::pair<double, double>>> fields = {
-      {"layout_version", {theirs.layout_version(), server::kKvLayoutVersion}},
-      {"num_layers", {theirs.num_layers(), c.num_layers}},
-      {"num_kv_heads", {theirs.num_kv_heads(), c.num_kv_heads}},
-      {"head_dim", {theirs.head_dim(), c.head_dim}},
-      {"vocab_size", {theirs.vocab_size(), c.vocab_size}},
-      {"rope_theta", {theirs.rope_theta(), c.rope_theta}},
-      {"hidden_size", {theirs.hidden_size(), c.hidden_size}},
-  };
-  for (const auto& [name, values] : fields) {
-    if (values.first != values.second) {
-      return Error(grpc::StatusCode::FAILED_PRECONDITION,
-                   absl::StrCat("incompatible models: ", name, " is ", values.first,
-                                " on decode worker ", who, " but ", values.second, " here"));
-    }
+  if (absl::Status s = server::CheckCompatibility(engine_->config(), request->compatibility(),
+                                                  absl::StrCat("decode worker ", who));
+      !s.ok()) {
+    return server::ToGrpcStatus(s);
   }
   if (request->endpoints_size() == 0 || request->endpoints_size() > 8) {
     return Error(grpc::StatusCode::INVALID_ARGUMENT, "endpoints: expected 1 to 8");
@@ -157,10 +182,7 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
     if (lane == lanes_.size()) {
       usable = absl::UnimplementedError("this prefill worker does not run it");
     } else {
-      // The layouts must be convertible: plan one block as a dry run.
-      const std::vector<int32_t> one = {0};
-      auto plan = kvtransfer::PlanBlockCopies(layout_, layout, one, one, 1, 0);
-      usable = plan.ok() ? absl::OkStatus() : plan.status();
+      usable = CheckLayouts(lanes_[lane], layout);
     }
     if (usable.ok()) {
       usable = lanes_[lane].transfer->Run(
@@ -174,6 +196,12 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
       if (!pair_id.ok()) return server::ToGrpcStatus(pair_id.status());
       absl::MutexLock lock(&pairs_mu_);
       pairs_[*pair_id] = Pair{lane, endpoint, layout};
+      if (!kvtransfer::SameBlockFormat(layout_, layout)) {
+        LOG(INFO) << "prefill: decode worker " << who << " gets its KV converted: block size "
+                  << layout_.block_size << " -> " << layout.block_size << ", "
+                  << kvtransfer::KvDtypeName(layout_.dtype) << " -> "
+                  << kvtransfer::KvDtypeName(layout.dtype);
+      }
       pair_order_.push_back(*pair_id);
       while (pair_order_.size() > options_.max_pairs) {
         pairs_.erase(pair_order_.front());
@@ -268,13 +296,20 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   {
     const int blocks = (num_tokens + layout_.block_size - 1) / layout_.block_size;
     const std::vector<int32_t> stand_in(blocks, 0);
-    auto plan = kvtransfer::PlanBlockCopies(
-        layout_, target_layout, stand_in,
-        std::span<const int32_t>(target.block_ids().data(), target.block_ids_size()), num_tokens,
-        target.num_cached_tokens());
-    if (!plan.ok()) {
+    absl::Status usable = CheckLayouts(lanes_[job->lane], target_layout);
+    if (usable.ok()) {
+      const std::span<const int32_t> dst(target.block_ids().data(), target.block_ids_size());
+      usable = kvtransfer::SameBlockFormat(layout_, target_layout)
+                   ? kvtransfer::PlanBlockCopies(layout_, target_layout, stand_in, dst, num_tokens,
+                                                 target.num_cached_tokens())
+                         .status()
+                   : kvtransfer::PlanKvConversion(layout_, target_layout, stand_in, dst, num_tokens,
+                                                  target.num_cached_tokens(), 0, layout_.num_layers)
+                         .status();
+    }
+    if (!usable.ok()) {
       return Error(grpc::StatusCode::FAILED_PRECONDITION,
-                   absl::StrCat("target: ", plan.status().message()));
+                   absl::StrCat("target: ", usable.message()));
     }
   }
 
@@ -310,8 +345,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       job->Finish(absl::UnavailableError("prefill worker shutting down"));
     }
   };
-  // Layer-wise streaming: device lanes only (a host mirror is staged after the whole prompt).
-  if (options_.kv_streaming && !lanes_[job->lane].staged && engine_->reports_kv_chunks()) {
+  // Layer-wise streaming: device lanes only (a host mirror is staged after the whole prompt, and
+  // converted KV goes after the whole prompt too).
+  if (options_.kv_streaming && !lanes_[job->lane].staged && engine_->reports_kv_chunks() &&
+      kvtransfer::SameBlockFormat(layout_, target_layout)) {
     engine_request.on_kv_chunk = [dispatch = dispatch_, job](const KvChunk& chunk) {
       absl::MutexLock lock(&dispatch->mu);
       PrefillService* service = dispatch->service;
@@ -412,14 +449,30 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   const std::string& peer = job->agent_name;
   absl::flat_hash_map<std::string, std::string>& peers = peers_[job->lane];
   if (absl::Status s = EnsurePeer(backend, *job); !s.ok()) return fail(s);
-  auto ops = kvtransfer::PlanBlockCopies(
-      layout_, job->target_layout, kv.block_ids,
-      std::span<const int32_t>(job->target.block_ids().data(), job->target.block_ids_size()),
-      kv.num_tokens, job->target.num_cached_tokens());
+  const std::span<const int32_t> dst(job->target.block_ids().data(), job->target.block_ids_size());
+  // Layouts of another block format: convert into a staging buffer of the destination's format
+  // here, then write that (Connect admitted the pair only for a lane reading host memory).
+  std::shared_ptr<Staging> staging;
+  absl::StatusOr<std::vector<kvtransfer::CopyOp>> ops;
+  if (kvtransfer::SameBlockFormat(layout_, job->target_layout)) {
+    ops = kvtransfer::PlanBlockCopies(layout_, job->target_layout, kv.block_ids, dst, kv.num_tokens,
+                                      job->target.num_cached_tokens());
+  } else {
+    absl::StatusOr<std::shared_ptr<Staging>> staged =
+        Convert(backend, lanes_[job->lane], job->target_layout, kv.block_ids, dst, kv.num_tokens,
+                job->target.num_cached_tokens());
+    if (!staged.ok()) {
+      ops = staged.status();
+    } else {
+      staging = *staged;
+      ops = std::move(staging->ops);
+    }
+  }
   if (!ops.ok()) return fail(absl::FailedPreconditionError(ops.status().message()));
   int64_t bytes = 0;
   for (const kvtransfer::CopyOp& op : *ops) bytes += static_cast<int64_t>(op.length);
   if (ops->empty()) {  // the target already holds every block
+    if (staging != nullptr) staging->Free(backend);
     engine_->ReleaseHeldKv(kv.request_id);
     metrics_->kv_transfers.Increment();
     job->Finish(absl::OkStatus());
@@ -427,13 +480,14 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   }
 
   kvtransfer::TransferRequest transfer;
-  transfer.local_region = lanes_[job->lane].local_region;
+  transfer.local_region = staging != nullptr ? staging->region_id : lanes_[job->lane].local_region;
   transfer.peer = peer;
   transfer.remote_region = job->region;
   transfer.ops = std::move(*ops);
   const absl::Time posted = absl::Now();
   auto handle = backend.PostWrite(transfer);
   if (!handle.ok()) {
+    if (staging != nullptr) staging->Free(backend);
     // Reconnect next time: the connection may be what failed.
     (void)backend.Disconnect(peer);
     peers.erase(peer);
@@ -443,7 +497,7 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   const absl::Time deadline = std::min(job->deadline, posted + options_.transfer_timeout);
   const std::string request_id = kv.request_id;
   const bool polling = lanes_[job->lane].transfer->AddPoller(
-      [this, job, h = *handle, bytes, posted, deadline, request_id](
+      [this, job, h = *handle, bytes, posted, deadline, request_id, staging](
           kvtransfer::TransferBackend& backend, bool stopping) {
         absl::Status failure;
         const absl::Time now = absl::Now();
@@ -465,6 +519,7 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
         if (absl::Status released = backend.Release(h); !released.ok()) {
           LOG(WARNING) << "request " << request_id << ": releasing its KV transfer: " << released;
         }
+        if (staging != nullptr) staging->Free(backend);  // after Release: nothing reads it now
         engine_->ReleaseHeldKv(request_id);
         if (!failure.ok()) {
           metrics_->kv_transfer_failures.Increment();
@@ -479,8 +534,39 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
       });
   if (!polling) {  // stopping: nobody will poll it
     (void)backend.Release(*handle);
+    if (staging != nullptr) staging->Free(backend);
     fail(absl::UnavailableError("prefill worker shutting down"));
   }
+}
+
+absl::StatusOr<std::shared_ptr<PrefillService::Staging>> PrefillService::Convert(
+    kvtransfer::TransferBackend& backend, const TransferLane& lane,
+    const kvtransfer::KvLayout& target, std::span<const int32_t> src_blocks,
+    std::span<const int32_t> dst_blocks, int num_tokens, int skip_tokens) {
+  if (lane.host_memory == nullptr) {
+    return absl::FailedPreconditionError("KV conversion needs a lane reading host memory");
+  }
+  ASSIGN_OR_RETURN(kvtransfer::ConversionPlan plan,
+                   kvtransfer::PlanKvConversion(layout_, target, src_blocks, dst_blocks, num_tokens,
+                                                skip_tokens, 0, layout_.num_layers));
+  kvtransfer::StagedConversion staged = kvtransfer::StageConversion(plan);
+  auto staging = std::make_shared<Staging>();
+  staging->ops = std::move(staged.ops);
+  if (staged.staging_bytes == 0) return staging;
+  staging->length = staged.staging_bytes;
+  staging->bytes.reset(new (std::nothrow) char[staging->length]);
+  if (staging->bytes == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no memory for a ", staging->length, "-byte KV conversion buffer"));
+  }
+  RETURN_IF_ERROR(kvtransfer::ConvertOnHost(staged.pack, lane.host_memory, lane.host_bytes,
+                                            staging->bytes.get(), staging->length));
+  ASSIGN_OR_RETURN(
+      kvtransfer::MemoryRegion region,
+      backend.RegisterMemory(staging->bytes.get(), staging->length, kvtransfer::MemoryKind::kHost));
+  staging->region_id = region.id;
+  staging->registered = true;
+  return staging;
 }
 
 absl::Status PrefillService::EnsurePeer(kvtransfer::TransferBackend& backend, const Job& job) {

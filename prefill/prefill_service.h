@@ -23,6 +23,9 @@
 // under the remaining layers; on_prefilled then posts whatever is left and the job finishes when
 // every write has landed. Every posted write is released (Release waits for a running copy)
 // before the job answers, also when it fails.
+// Layout conversion: a pair whose layouts differ in block size, dtype or head range (kv_convert.h)
+// is admitted when the lane reads host memory; each prompt's KV is then converted on the transfer
+// thread into a buffer of the destination's format, written in one transfer, and freed after.
 // Failures: any transfer failure answers with an error status (the decode worker then prefills
 // locally). If the handler's deadline passes or its client goes away, everything is released
 // (transfer handle, held blocks; the engine's held-KV lease is the last resort). P holds nothing
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +76,10 @@ struct TransferLane {
   server::TransferThread* transfer = nullptr;  // not owned
   uint64_t local_region = 0;
   bool staged = false;
+  // The registered memory when it is host memory (the KV cache of a CPU engine, or the host
+  // mirror): KV of another block format is converted from it. Null for device memory.
+  const void* host_memory = nullptr;
+  size_t host_bytes = 0;
 };
 
 class PrefillService final : public v1::Prefill::Service {
@@ -93,6 +101,7 @@ class PrefillService final : public v1::Prefill::Service {
  private:
   struct Job;
   struct Stream;
+  struct Staging;
   struct Dispatch {
     absl::Mutex mu;
     PrefillService* service ABSL_GUARDED_BY(mu);
@@ -105,6 +114,16 @@ class PrefillService final : public v1::Prefill::Service {
   };
   // The lane running `backend`, or lanes_.size().
   size_t FindLane(const std::string& backend) const;
+  // OK when this worker can write its KV into `target` over `lane`: byte copies of the same block
+  // format, or a conversion (kv_convert.h) from the lane's host memory.
+  absl::Status CheckLayouts(const TransferLane& lane, const kvtransfer::KvLayout& target) const;
+  // Transfer thread: converts the KV into a staging buffer registered with `backend`.
+  absl::StatusOr<std::shared_ptr<Staging>> Convert(kvtransfer::TransferBackend& backend,
+                                                   const TransferLane& lane,
+                                                   const kvtransfer::KvLayout& target,
+                                                   std::span<const int32_t> src_blocks,
+                                                   std::span<const int32_t> dst_blocks,
+                                                   int num_tokens, int skip_tokens);
   // Transfer thread of the job's lane only.
   void StartTransfer(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job);
   // Connects to the job's agent unless connected with its address (transfer thread).

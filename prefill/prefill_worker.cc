@@ -29,7 +29,11 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   for (server::TransferLaneSetup& setup : setups) {
     lanes.push_back(TransferLane{.transfer = setup.thread.get(),
                                  .local_region = setup.region_id,
-                                 .staged = setup.memory.staged});
+                                 .staged = setup.memory.staged,
+                                 .host_memory = setup.memory.kind == kvtransfer::MemoryKind::kHost
+                                                    ? setup.memory.layout.base
+                                                    : nullptr,
+                                 .host_bytes = setup.memory.layout.bytes});
     worker->transfers_.push_back(std::move(setup.thread));
   }
 

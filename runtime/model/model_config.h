@@ -42,6 +42,9 @@ struct ModelConfig {
   std::string torch_dtype;         // informational: "bfloat16", "float16", "float32"
   int bos_token_id = -1;           // -1 when absent
   std::vector<int> eos_token_ids;  // config.json "eos_token_id" (int or list)
+  // Not from config.json: the weights' ModelFingerprint (model_fingerprint.h), set when a runner
+  // is created from a model directory; "" when unknown (runners built in tests).
+  std::string fingerprint;
 };
 
 // Parses `<model_dir>/config.json`. Errors name the file and the offending field.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/model/cpu_model_runner.h"
+#include "runtime/model/model_fingerprint.h"
 #include "runtime/model/weights.h"
 
 #if TANDEM_HAVE_CUDA
@@ -83,6 +84,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view 
   if (d.cuda && !CudaRunnerCompiledIn()) return NoCudaRunner(d.ordinal);
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(model_dir));
+  config.fingerprint = ModelFingerprint(*store);
   return CreateModelRunner(device, config, *store, options);
 }
 

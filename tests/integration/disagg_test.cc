@@ -32,6 +32,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/synth.h"
+#include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/model_loader.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -91,11 +92,12 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
     delete dir_;
   }
 
-  static std::unique_ptr<server::LoadedModel> NewEngine(bool prefix_caching = true) {
+  static std::unique_ptr<server::LoadedModel> NewEngine(bool prefix_caching = true,
+                                                        int block_size = kBlockSize) {
     server::ModelLoadOptions options;
     options.model_dir = *dir_;
-    options.block_size = kBlockSize;
-    options.num_blocks = kNumBlocks;
+    options.block_size = block_size;
+    options.num_blocks = kNumBlocks * kBlockSize / block_size;
     options.engine.enable_prefix_caching = prefix_caching;
     auto model = server::LoadModel(options);
     CHECK(model.ok()) << model.status();
@@ -159,9 +161,10 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Starts P and D with `kind` backends; P's backend is wrapped for fault injection.
-  void StartStack(const std::string& kind, const decode::DecodeWorkerOptions& d_options = {}) {
+  void StartStack(const std::string& kind, const decode::DecodeWorkerOptions& d_options = {},
+                  int d_block_size = kBlockSize) {
     p_model_ = NewEngine();
-    d_model_ = NewEngine();
+    d_model_ = NewEngine(/*prefix_caching=*/true, d_block_size);
     auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
     p_faults_ = faults.get();
     auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults), {});
@@ -501,13 +504,8 @@ TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
   request.set_decode_worker("test");
   const ModelConfig& config = d_model_->engine->config();
   v1::KvCompatibility* compat = request.mutable_compatibility();
-  compat->set_layout_version(1);
-  compat->set_num_layers(config.num_layers);
-  compat->set_num_kv_heads(config.num_kv_heads);
-  compat->set_head_dim(config.head_dim);
-  compat->set_vocab_size(config.vocab_size);
-  compat->set_rope_theta(config.rope_theta);
-  compat->set_hidden_size(config.hidden_size);
+  server::CompatibilityToProto(config, compat);
+  EXPECT_EQ(compat->model_fingerprint().size(), 16u);  // loaded from a directory: known
   // An endpoint of a backend P does not run, then one P can't connect to, then a usable one
   // made from scratch: a fresh D-side agent of the same kind over D's KV cache layout.
   v1::KvEndpoint* pigeon = request.add_endpoints();
@@ -590,7 +588,54 @@ TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(refused.error_message().find("num_layers"), std::string::npos)
       << refused.error_message();
+  // Same shapes, other weights (another checkpoint): refused, naming the fingerprint.
+  compat->set_num_layers(config.num_layers);
+  compat->set_model_fingerprint("0123456789abcdef");
+  grpc::ClientContext c3;
+  const grpc::Status other_weights = stub->Connect(&c3, request, &response);
+  EXPECT_EQ(other_weights.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(other_weights.error_message().find("fingerprint"), std::string::npos)
+      << other_weights.error_message();
+  // RoPE scaling that differs: refused.
+  server::CompatibilityToProto(config, compat);
+  compat->set_rope_scaling_factor(compat->rope_scaling_factor() + 1.0f);
+  grpc::ClientContext c4;
+  EXPECT_NE(stub->Connect(&c4, request, &response).error_message().find("rope_scaling"),
+            std::string::npos);
   EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
+// A decode worker with another block size: P converts its KV into D's layout (kv_convert.h). The
+// tokens equal the plain local engine's, the bytes written are D's blocks (at D's block size), and
+// a prefix cached on D at D's block granularity is skipped.
+TEST_P(DisaggTest, DecodeBlockSizeDiffersKvIsConvertedAndTokensMatch) {
+  for (const int d_block_size : {8, 32}) {
+    SCOPED_TRACE(absl::StrCat("decode block size ", d_block_size));
+    StartStack(GetParam(), {}, d_block_size);
+    const int64_t per_token = KvBytes(kBlockSize) / kBlockSize;
+    for (const int length : {5, 21, 40, 77}) {
+      const std::vector<int32_t> prompt = Prompt(length, 500 + length);
+      const double before = PrefillBytes();
+      const Streamed out = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+      ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+      EXPECT_TRUE(out.prefilled_remotely) << length;
+      EXPECT_EQ(out.tokens, Reference(prompt, kMaxTokens)) << length;
+      // Converted KV is written token by token: the prompt's tokens, no block padding.
+      EXPECT_EQ(PrefillBytes() - before, static_cast<double>(length * per_token)) << length;
+    }
+    // The same 40-token prefix again with another tail: D holds its full blocks of the prefix.
+    std::vector<int32_t> prompt = Prompt(40, 540);
+    prompt.resize(35);
+    for (int32_t t : Prompt(9, 7)) prompt.push_back(t);
+    const double before = PrefillBytes();
+    const Streamed again = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    EXPECT_EQ(again.tokens, Reference(prompt, kMaxTokens));
+    const int cached = 35 / d_block_size * d_block_size;
+    EXPECT_EQ(PrefillBytes() - before, static_cast<double>((44 - cached) * per_token));
+    EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+    TearDown();
+  }
 }
 
 // A prefill worker that restarts forgets its pairs: the decode worker's next request falls back
