@@ -67,8 +67,8 @@ absl::Status CheckConvertible(const KvLayout& src, const KvLayout& dst) {
   RETURN_IF_ERROR(ValidateKvLayout(src));
   RETURN_IF_ERROR(ValidateKvLayout(dst));
   const auto differ = [](const char* what, int64_t a, int64_t b) {
-    return absl::InvalidArgumentError(absl::StrCat("KV layouts cannot be converted: ", what,
-                                                   " is ", a, " at the source, ", b,
+    return absl::InvalidArgumentError(absl::StrCat("KV layouts cannot be converted: ", what, " is ",
+                                                   a, " at the source, ", b,
                                                    " at the destination"));
   };
   if (src.num_layers != dst.num_layers) return differ("num_layers", src.num_layers, dst.num_layers);
@@ -77,31 +77,30 @@ absl::Status CheckConvertible(const KvLayout& src, const KvLayout& dst) {
     return differ("the model's KV heads", TotalHeads(src), TotalHeads(dst));
   }
   const bool typed = src.dtype != KvDtype::kRaw && dst.dtype != KvDtype::kRaw;
-  const bool raw_same = src.dtype == KvDtype::kRaw && dst.dtype == KvDtype::kRaw &&
-                        src.elem_bytes == dst.elem_bytes;
+  const bool raw_same =
+      src.dtype == KvDtype::kRaw && dst.dtype == KvDtype::kRaw && src.elem_bytes == dst.elem_bytes;
   if (!typed && !raw_same) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layouts cannot be converted: element types ", KvDtypeName(src.dtype), "/",
-        src.elem_bytes, " bytes to ", KvDtypeName(dst.dtype), "/", dst.elem_bytes,
-        " bytes (both sides must name f32 or bf16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layouts cannot be converted: element types ", KvDtypeName(src.dtype), "/",
+                     src.elem_bytes, " bytes to ", KvDtypeName(dst.dtype), "/", dst.elem_bytes,
+                     " bytes (both sides must name f32 or bf16)"));
   }
   const int32_t begin = std::max(src.head_begin, dst.head_begin);
   const int32_t end =
       std::min(src.head_begin + src.num_kv_heads, dst.head_begin + dst.num_kv_heads);
   if (begin >= end) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layouts cannot be converted: the source holds heads [", src.head_begin, ", ",
-        src.head_begin + src.num_kv_heads, "), the destination [", dst.head_begin, ", ",
-        dst.head_begin + dst.num_kv_heads, "): none in common"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layouts cannot be converted: the source holds heads [", src.head_begin,
+                     ", ", src.head_begin + src.num_kv_heads, "), the destination [",
+                     dst.head_begin, ", ", dst.head_begin + dst.num_kv_heads, "): none in common"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLayout& dst,
                                                 std::span<const int32_t> src_blocks,
-                                                std::span<const int32_t> dst_blocks,
-                                                int num_tokens, int skip_tokens, int layer_begin,
-                                                int layer_end) {
+                                                std::span<const int32_t> dst_blocks, int num_tokens,
+                                                int skip_tokens, int layer_begin, int layer_end) {
   RETURN_IF_ERROR(CheckConvertible(src, dst));
   if (num_tokens < 0 || skip_tokens < 0 || skip_tokens > num_tokens) {
     return absl::InvalidArgumentError(
@@ -115,8 +114,7 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
     return (static_cast<size_t>(num_tokens) + block_size - 1) / block_size;
   };
   RETURN_IF_ERROR(CheckIds(src_blocks, blocks_for(src.block_size), src.num_blocks, "source"));
-  RETURN_IF_ERROR(
-      CheckIds(dst_blocks, blocks_for(dst.block_size), dst.num_blocks, "destination"));
+  RETURN_IF_ERROR(CheckIds(dst_blocks, blocks_for(dst.block_size), dst.num_blocks, "destination"));
 
   ConversionPlan plan;
   plan.src_dtype = src.dtype;
@@ -125,7 +123,8 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
   plan.dst_elem_bytes = dst.elem_bytes;
 
   const int32_t h_begin = std::max(src.head_begin, dst.head_begin);
-  const int32_t h_end = std::min(src.head_begin + src.num_kv_heads, dst.head_begin + dst.num_kv_heads);
+  const int32_t h_end =
+      std::min(src.head_begin + src.num_kv_heads, dst.head_begin + dst.num_kv_heads);
   const uint64_t hd = static_cast<uint64_t>(src.head_dim);
   const uint64_t row_elems = static_cast<uint64_t>(h_end - h_begin) * hd;
   const uint64_t src_pitch = static_cast<uint64_t>(src.num_kv_heads) * hd * src.elem_bytes;
@@ -133,8 +132,8 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
   const uint64_t src_head = static_cast<uint64_t>(h_begin - src.head_begin) * hd * src.elem_bytes;
   const uint64_t dst_head = static_cast<uint64_t>(h_begin - dst.head_begin) * hd * dst.elem_bytes;
   // Rows are back to back on both sides when each side's rows are exactly the common heads.
-  const bool contiguous = row_elems * src.elem_bytes == src_pitch &&
-                          row_elems * dst.elem_bytes == dst_pitch;
+  const bool contiguous =
+      row_elems * src.elem_bytes == src_pitch && row_elems * dst.elem_bytes == dst_pitch;
 
   const int first = (skip_tokens / dst.block_size) * dst.block_size;
   for (int layer = layer_begin; layer < layer_end; ++layer) {
@@ -143,7 +142,8 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
       for (int t = first; t < num_tokens;) {
         const int s_slot = t % src.block_size;
         const int d_slot = t % dst.block_size;
-        const int run = std::min({src.block_size - s_slot, dst.block_size - d_slot, num_tokens - t});
+        const int run =
+            std::min({src.block_size - s_slot, dst.block_size - d_slot, num_tokens - t});
         ConvertPiece piece;
         piece.src_offset = KvBlockOffset(src, layer, kv, src_blocks[t / src.block_size]) +
                            static_cast<uint64_t>(s_slot) * src_pitch + src_head;
@@ -163,8 +163,7 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
         t += run;
         if (plan.pieces.size() > layer_first) {  // merge within one (layer, kv)
           ConvertPiece& last = plan.pieces.back();
-          if (contiguous &&
-              last.src_offset + last.row_elems * src.elem_bytes == piece.src_offset &&
+          if (contiguous && last.src_offset + last.row_elems * src.elem_bytes == piece.src_offset &&
               last.dst_offset + last.row_elems * dst.elem_bytes == piece.dst_offset) {
             last.row_elems += piece.row_elems;
             last.src_pitch = last.row_elems * src.elem_bytes;
@@ -237,8 +236,8 @@ StagedConversion StageConversion(const ConversionPlan& plan) {
     packed.dst_pitch = row_bytes;
     staged.pack.pieces.push_back(packed);
     for (uint64_t r = 0; r < p.rows; ++r) {
-      const CopyOp op{.local_offset = at, .remote_offset = p.dst_offset + r * p.dst_pitch,
-                      .length = row_bytes};
+      const CopyOp op{
+          .local_offset = at, .remote_offset = p.dst_offset + r * p.dst_pitch, .length = row_bytes};
       at += row_bytes;
       if (!staged.ops.empty()) {
         CopyOp& last = staged.ops.back();

@@ -59,9 +59,8 @@ absl::Status CheckConvertible(const KvLayout& src, const KvLayout& dst);
 // num_tokens, skip_tokens or the layer range are out of range.
 absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLayout& dst,
                                                 std::span<const int32_t> src_blocks,
-                                                std::span<const int32_t> dst_blocks,
-                                                int num_tokens, int skip_tokens, int layer_begin,
-                                                int layer_end);
+                                                std::span<const int32_t> dst_blocks, int num_tokens,
+                                                int skip_tokens, int layer_begin, int layer_end);
 
 // Destination bytes the plan writes.
 uint64_t ConversionBytes(const ConversionPlan& plan);

@@ -62,14 +62,13 @@ uint64_t RegionBytes(const KvLayout& l) {
 // the largest finite values, subnormals), stored in the layout's dtype.
 std::vector<char> FillSource(const KvLayout& l, std::mt19937& rng) {
   std::vector<char> bytes(RegionBytes(l));
-  const float specials[] = {
-      1.0f + 0x1p-8f,                            // bf16 tie, rounds down to even
-      1.0f + 3 * 0x1p-8f,                        // tie, rounds up to even
-      std::numeric_limits<float>::quiet_NaN(),   //
-      -std::numeric_limits<float>::infinity(),   //
-      std::numeric_limits<float>::max(),         // rounds to inf
-      std::numeric_limits<float>::denorm_min(),  //
-      -0.0f};
+  const float specials[] = {1.0f + 0x1p-8f,      // bf16 tie, rounds down to even
+                            1.0f + 3 * 0x1p-8f,  // tie, rounds up to even
+                            std::numeric_limits<float>::quiet_NaN(),   //
+                            -std::numeric_limits<float>::infinity(),   //
+                            std::numeric_limits<float>::max(),         // rounds to inf
+                            std::numeric_limits<float>::denorm_min(),  //
+                            -0.0f};
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const size_t count = bytes.size() / l.elem_bytes;
   for (size_t i = 0; i < count; ++i) {
@@ -96,14 +95,18 @@ void ReferenceConvert(const KvLayout& src, const KvLayout& dst, const std::vecto
       for (int kv = 0; kv < 2; ++kv) {
         for (int h = h_begin; h < h_end; ++h) {
           for (int d = 0; d < kHeadDim; ++d) {
-            const uint64_t si =
-                KvBlockOffset(src, layer, kv, sb[t / src.block_size]) +
-                ((static_cast<uint64_t>(t % src.block_size) * src.num_kv_heads +
-                  (h - src.head_begin)) * kHeadDim + d) * src.elem_bytes;
-            const uint64_t di =
-                KvBlockOffset(dst, layer, kv, db[t / dst.block_size]) +
-                ((static_cast<uint64_t>(t % dst.block_size) * dst.num_kv_heads +
-                  (h - dst.head_begin)) * kHeadDim + d) * dst.elem_bytes;
+            const uint64_t si = KvBlockOffset(src, layer, kv, sb[t / src.block_size]) +
+                                ((static_cast<uint64_t>(t % src.block_size) * src.num_kv_heads +
+                                  (h - src.head_begin)) *
+                                     kHeadDim +
+                                 d) *
+                                    src.elem_bytes;
+            const uint64_t di = KvBlockOffset(dst, layer, kv, db[t / dst.block_size]) +
+                                ((static_cast<uint64_t>(t % dst.block_size) * dst.num_kv_heads +
+                                  (h - dst.head_begin)) *
+                                     kHeadDim +
+                                 d) *
+                                    dst.elem_bytes;
             float f;
             if (src.dtype == KvDtype::kF32) {
               std::memcpy(&f, in.data() + si, 4);
@@ -162,10 +165,10 @@ TEST(KvConvertTest, ExhaustiveMatchesTheElementwiseDefinition) {
               const int le = kLayers;
               const int src_needed = (num_tokens + bs - 1) / bs;
               const int dst_needed = (num_tokens + bd - 1) / bd;
-              const KvLayout src = MakeLayout(src_needed + 3, bs, ts, hr.src_begin, hr.src_count,
-                                              variant != 1);
-              const KvLayout dst = MakeLayout(dst_needed + 5, bd, td, hr.dst_begin, hr.dst_count,
-                                              variant == 0);
+              const KvLayout src =
+                  MakeLayout(src_needed + 3, bs, ts, hr.src_begin, hr.src_count, variant != 1);
+              const KvLayout dst =
+                  MakeLayout(dst_needed + 5, bd, td, hr.dst_begin, hr.dst_count, variant == 0);
               std::vector<int32_t> sb(src.num_blocks), db(dst.num_blocks);
               std::iota(sb.begin(), sb.end(), 0);
               std::iota(db.begin(), db.end(), 0);
@@ -195,9 +198,9 @@ TEST(KvConvertTest, ExhaustiveMatchesTheElementwiseDefinition) {
               const StagedConversion staged = StageConversion(*plan);
               EXPECT_EQ(staged.staging_bytes, ConversionBytes(*plan)) << what;
               std::vector<char> staging(staged.staging_bytes);
-              ASSERT_TRUE(ConvertOnHost(staged.pack, in.data(), in.size(), staging.data(),
-                                        staging.size())
-                              .ok())
+              ASSERT_TRUE(
+                  ConvertOnHost(staged.pack, in.data(), in.size(), staging.data(), staging.size())
+                      .ok())
                   << what;
               std::vector<char> via = canary;
               for (const CopyOp& op : staged.ops) {
