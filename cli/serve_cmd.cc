@@ -1,7 +1,8 @@
 // `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
 //   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
 //                [--host 127.0.0.1] [--aggregated] [--kv-transfer auto|cuda_ipc|ucx|loopback]
-//                [--device cpu|cuda|cuda:N] [--kv-cache-mib M]
+//                [--device cpu|cuda|cuda:N] [--prefill-device D] [--decode-device D]
+//                [--block-size N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
@@ -12,7 +13,9 @@
 // Children run in their own process group (a terminal's Ctrl-C reaches only serve, which stops
 // them in order) and get PR_SET_PDEATHSIG(SIGKILL): none outlives serve, even a SIGKILLed one.
 // --aggregated: no prefill workers; decode workers prefill locally (the baseline).
-// --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]).
+// --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]);
+// --prefill-device / --decode-device place one pool elsewhere (e.g. prefill on the GPU, decode
+// on CPUs: the pair handshake converts the KV between their layouts).
 // Default model: models/target when present, else a random-weight tiny model created once under
 // $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
 // Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
@@ -59,6 +62,9 @@ struct ServeFlags {
   bool aggregated = false;
   std::string kv_transfer = "auto";
   std::string device = "cpu";
+  std::string prefill_device;              // "" = device
+  std::string decode_device;               // "" = device (decode and aggregated workers)
+  int block_size = 0;                      // 0: the workers' default
   int kv_cache_mib = 0;                    // 0: the workers' default
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
@@ -334,17 +340,23 @@ std::string PortOf(const std::string& address) {
 }
 
 int RunServe(ServeFlags flags) {
+  if (flags.prefill_device.empty()) flags.prefill_device = flags.device;
+  if (flags.decode_device.empty()) flags.decode_device = flags.device;
   // A device this build or name cannot give is a usage error, found before anything starts.
-  absl::StatusOr<RunnerDevice> device = ParseRunnerDevice(flags.device);
-  if (!device.ok()) {
-    std::cerr << "tandem serve: --device: " << device.status().message() << "\n";
-    return 2;
-  }
-  if (device->cuda && !CudaRunnerCompiledIn()) {
-    std::cerr << "tandem serve: --device " << flags.device
-              << ": this build of Tandem has no CUDA runner (configure with -DTANDEM_CUDA=ON and "
-                 "a CUDA toolkit)\n";
-    return 2;
+  for (const auto& [flag, name] :
+       {std::pair<const char*, const std::string&>{"--prefill-device", flags.prefill_device},
+        {"--decode-device", flags.decode_device}}) {
+    absl::StatusOr<RunnerDevice> device = ParseRunnerDevice(name);
+    if (!device.ok()) {
+      std::cerr << "tandem serve: " << flag << ": " << device.status().message() << "\n";
+      return 2;
+    }
+    if (device->cuda && !CudaRunnerCompiledIn()) {
+      std::cerr << "tandem serve: " << flag << " " << name
+                << ": this build of Tandem has no CUDA runner (configure with -DTANDEM_CUDA=ON "
+                   "and a CUDA toolkit)\n";
+      return 2;
+    }
   }
   const std::string exe = SelfExe();
   Supervisor supervisor(exe);
@@ -359,9 +371,13 @@ int RunServe(ServeFlags flags) {
     flags.model_dir = *model;
   }
   const int num_prefill = flags.aggregated ? 0 : flags.prefill_workers;
-  Say(absl::StrCat("starting ", num_prefill, " prefill + ", flags.decode_workers,
-                   " decode workers on ", flags.model_dir, flags.aggregated ? " (aggregated)" : "",
-                   ", device ", flags.device, ", KV transfer ", flags.kv_transfer));
+  Say(absl::StrCat(
+      "starting ", num_prefill, " prefill + ", flags.decode_workers, " decode workers on ",
+      flags.model_dir, flags.aggregated ? " (aggregated)" : "", ", device ",
+      flags.prefill_device == flags.decode_device
+          ? flags.decode_device
+          : absl::StrCat(flags.prefill_device, " (prefill) / ", flags.decode_device, " (decode)"),
+      ", KV transfer ", flags.kv_transfer));
 
   const auto stop = [&](int code) {
     supervisor.StopAll(absl::Seconds(flags.stop_timeout_s));
@@ -369,8 +385,11 @@ int RunServe(ServeFlags flags) {
   };
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
-  std::vector<std::string> common = {"--model",       flags.model_dir,   "--port",   "0",
-                                     "--kv-transfer", flags.kv_transfer, "--device", flags.device};
+  std::vector<std::string> common = {"--model", flags.model_dir, "--port",
+                                     "0",       "--kv-transfer", flags.kv_transfer};
+  if (flags.block_size > 0) {
+    common.insert(common.end(), {"--block-size", std::to_string(flags.block_size)});
+  }
   if (flags.kv_cache_mib > 0) {
     common.insert(common.end(), {"--kv-cache-mib", std::to_string(flags.kv_cache_mib)});
   }
@@ -378,6 +397,7 @@ int RunServe(ServeFlags flags) {
     const bool is_prefill = i < num_prefill;
     std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
     args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), {"--device", is_prefill ? flags.prefill_device : flags.decode_device});
     const int batched =
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
@@ -496,6 +516,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
+  cmd->add_option("--prefill-device", flags->prefill_device,
+                  "Device of the prefill workers (default: --device)");
+  cmd->add_option("--decode-device", flags->decode_device,
+                  "Device of the decode workers (default: --device); pools may differ, e.g. "
+                  "--prefill-device cuda --decode-device cpu");
+  cmd->add_option("--block-size", flags->block_size,
+                  "Tokens per KV block of every worker (default: theirs, 16)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib,
                   "KV cache per worker in MiB (default: the workers' 256); with --device cuda "
                   "as much again of pinned host memory")

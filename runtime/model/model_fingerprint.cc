@@ -46,7 +46,8 @@ std::string ModelFingerprint(const TensorStore& store) {
     const size_t head = std::min(n, kSample);
     h.Add(bytes, head);
     if (n > 2 * kSample) h.Add(bytes + n / 2, kSample);
-    if (n > kSample) h.Add(bytes + n - std::min(kSample, n - kSample), std::min(kSample, n - kSample));
+    if (n > kSample)
+      h.Add(bytes + n - std::min(kSample, n - kSample), std::min(kSample, n - kSample));
   }
   return absl::StrFormat("%016x", h.value());
 }

@@ -14,8 +14,7 @@ namespace tandem {
 namespace {
 
 std::string Synth(uint64_t seed) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/fingerprint_", getpid(), "_", seed);
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/fingerprint_", getpid(), "_", seed);
   SynthOptions options;
   options.like = "tiny";
   options.out_dir = dir;
