@@ -51,6 +51,11 @@ absl::Status FaultInjectingBackend::Connect(const std::string& peer, const std::
   return inner_->Connect(peer, address);
 }
 
+absl::Status FaultInjectingBackend::Accept(const std::string& peer, const std::string& reply) {
+  if (Fire(FaultStage::kAccept)) return Injected(absl::StrCat("Accept of '", peer, "'"));
+  return inner_->Accept(peer, reply);
+}
+
 absl::StatusOr<TransferHandle> FaultInjectingBackend::PostWrite(const TransferRequest& request) {
   return Post(request, /*write=*/true);
 }

@@ -3,6 +3,8 @@
 // (STYLE.md 10: every handoff test also runs once per failure point). It forwards every call to
 // the wrapped backend except where its FaultPlan says to fail:
 //   kRegister, kExport, kConnect, kPost: the call returns an injected error and does nothing.
+//   kAccept: the target's Accept returns an injected error and does nothing (ConnectReply is
+//     always forwarded).
 //   kMidTransfer: the next posted transfer is posted WITHOUT its notification (as if the link
 //     died mid-way, the target never hears of it), reports kInProgress for `polls_before_failure`
 //     polls and then kFailed; Release still releases the inner transfer.
@@ -35,6 +37,7 @@ enum class FaultStage {
   kMidTransfer,
   kRelease,
   kNotificationDrop,
+  kAccept,
 };
 
 struct FaultPlan {
@@ -62,6 +65,10 @@ class FaultInjectingBackend final : public TransferBackend {
     return inner_->DeregisterMemory(region_id);
   }
   absl::Status Connect(const std::string& peer, const std::string& address) override;
+  absl::StatusOr<std::string> ConnectReply(const std::string& peer) override {
+    return inner_->ConnectReply(peer);
+  }
+  absl::Status Accept(const std::string& peer, const std::string& reply) override;
   absl::Status Disconnect(const std::string& peer) override { return inner_->Disconnect(peer); }
   absl::StatusOr<TransferHandle> PostWrite(const TransferRequest& request) override;
   absl::StatusOr<TransferHandle> PostRead(const TransferRequest& request) override;

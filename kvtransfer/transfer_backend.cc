@@ -7,6 +7,9 @@
 #if TANDEM_KVTRANSFER_CUDA_IPC
 #include "kvtransfer/cuda_ipc/cuda_ipc_backend.h"
 #endif
+#if TANDEM_KVTRANSFER_NCCL
+#include "kvtransfer/nccl/nccl_backend.h"
+#endif
 
 namespace tandem::kvtransfer {
 
@@ -22,8 +25,15 @@ absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
         "cuda_ipc: this build has no CUDA (configure with TANDEM_CUDA=ON)");
 #endif
   }
+  if (name == "nccl") {
+#if TANDEM_KVTRANSFER_NCCL
+    return CreateNcclBackend(options);
+#else
+    return absl::UnimplementedError("nccl: this build has no CUDA (configure with TANDEM_CUDA=ON)");
+#endif
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown transfer backend '", std::string(name),
-                                                 "' (choices: loopback, ucx, cuda_ipc)"));
+                                                 "' (choices: loopback, ucx, cuda_ipc, nccl)"));
 }
 
 }  // namespace tandem::kvtransfer

@@ -3,12 +3,17 @@
 // and knows nothing of requests or models. One interface, backends created by name
 // (CreateTransferBackend): "loopback" (in-process reference), "ucx" (UCX one-sided puts over
 // tcp / shared memory / RDMA), "cuda_ipc" (device memory of processes on one host, through CUDA
-// IPC; cuda_ipc/cuda_ipc_backend.h), and a fault-injecting wrapper for tests.
+// IPC; cuda_ipc/cuda_ipc_backend.h), "nccl" (device memory of GPUs on any hosts, NCCL send/recv
+// over one two-rank communicator per pair; nccl/nccl_backend.h), and a fault-injecting wrapper
+// for tests.
 //
 // Life of a transfer (STYLE.md 2: prepare -> post -> poll -> release):
 //   target:    region = RegisterMemory(kv_base, kv_bytes); blob = ExportRegion(region);
 //              send {LocalAddress(), blob} to the initiator out of band (gRPC).
-//   initiator: Connect(peer, address); h = PostWrite({local region, peer, blob, ops, notify});
+//   initiator: Connect(peer, address); reply = ConnectReply(peer);
+//              send reply to the target out of band when it is not empty ("nccl" needs one);
+//   target:    Accept(initiator, reply) when a reply came;
+//   initiator: h = PostWrite({local region, peer, blob, ops, notify});
 //              while (Poll(h) == kInProgress) {...}   // never blocks
 //              Release(h);
 //   target:    Progress() regularly (UCX's tcp/shm transports need target-side progress);
@@ -82,9 +87,20 @@ struct BackendOptions {
   // UCX: transports (UCX_TLS syntax, e.g. "tcp,sm,self"); "" = UCX's default.
   std::string ucx_transports;
   absl::Duration connect_timeout = absl::Seconds(5);
-  // cuda_ipc: the GPU (CUDA ordinal in this process) whose memory is registered and whose
+  // cuda_ipc, nccl: the GPU (CUDA ordinal in this process) whose memory is registered and whose
   // stream runs the copies.
   int cuda_device = 0;
+  // nccl: how long one posted transfer may take, waiting for the pair's communicator included
+  // (the target applies it from a message's header to its last byte). Past it the pair's
+  // communicator is aborted and every transfer on it fails. connect_timeout bounds the
+  // communicator's set-up on both sides (from Connect on the initiator, Accept on the target).
+  absl::Duration transfer_timeout = absl::Seconds(5);
+  // nccl: the largest device staging buffer per communicator (grown on demand up to this). A
+  // transfer with more bytes is sent as several messages of at most this (the smaller of both
+  // sides' values); each is acknowledged on its own.
+  uint64_t nccl_staging_bytes = uint64_t{256} << 20;
+  // nccl: the library dlopen()ed at backend creation (found through LD_LIBRARY_PATH).
+  std::string nccl_library = "libnccl.so.2";
 };
 
 class TransferBackend {
@@ -108,6 +124,21 @@ class TransferBackend {
 
   // Connects to a peer by its LocalAddress blob. Idempotent for the same name and address.
   virtual absl::Status Connect(const std::string& peer, const std::string& address) = 0;
+  // Two-sided pairing. After a successful Connect(peer, ...) on the initiator: the blob the peer
+  // must receive (out of band) and pass to Accept before transfers can flow; "" = nothing to
+  // send (the default: one-sided backends). NotFound for a peer that is not connected.
+  virtual absl::StatusOr<std::string> ConnectReply(const std::string& peer) {
+    (void)peer;
+    return std::string();
+  }
+  // On the target: joins the connection that initiator `peer` started, given its ConnectReply.
+  // Returns at once (the connection may finish later, within connect_timeout). Default: OK for
+  // an empty reply, InvalidArgument otherwise.
+  virtual absl::Status Accept(const std::string& peer, const std::string& reply) {
+    if (reply.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(std::string(name()) + ": Accept of peer '" + peer +
+                                      "' got a reply, but this backend pairs one-sided");
+  }
   virtual absl::Status Disconnect(const std::string& peer) = 0;
 
   // Posts the writes of `request`; returns at once. InvalidArgument for ops outside either
@@ -127,8 +158,8 @@ class TransferBackend {
   virtual std::vector<Notification> GetNotifications() = 0;
 };
 
-// The one factory: "loopback", "ucx" or "cuda_ipc" (InvalidArgument for others, naming the
-// choices; Unimplemented for a backend this build lacks, saying so).
+// The one factory: "loopback", "ucx", "cuda_ipc" or "nccl" (InvalidArgument for others, naming
+// the choices; Unimplemented for a backend this build lacks, saying so).
 absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
     std::string_view name, const BackendOptions& options);
 
