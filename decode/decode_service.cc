@@ -41,6 +41,12 @@ struct DecodeService::Call {
   grpc::ClientContext prefill_context;
   v1::PrefillRequest prefill_request;
   v1::PrefillResponse prefill_response;
+  // Prefill.Fence after a failed Prefill call (same lifetime rule).
+  bool fence_done ABSL_GUARDED_BY(mu) = false;
+  grpc::Status fence_status ABSL_GUARDED_BY(mu);
+  grpc::ClientContext fence_context;
+  v1::FenceRequest fence_request;
+  v1::FenceResponse fence_response;
 };
 
 DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
@@ -189,7 +195,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       prefill_worker.clear();
     }
   }
-  enum class Phase { kReserving, kPrefilling, kStreaming };
+  enum class Phase { kReserving, kPrefilling, kFencing, kStreaming };
   Phase phase = prefill_worker.empty() ? Phase::kStreaming : Phase::kReserving;
   absl::Status submitted =
       prefill_worker.empty()
@@ -213,15 +219,57 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   bool cancel_rpc_applied = false;  // Decode.Cancel has reached the engine
   grpc::Status cancel_status;
   absl::Time cancel_deadline = absl::InfiniteFuture();
+  // While a Prefill call is in flight or its blocks are quarantined, cancelling waits: the engine
+  // is told only once nothing of the prefill worker may still write into the blocks.
+  const auto blocks_fenced = [&phase] {
+    return phase != Phase::kPrefilling && phase != Phase::kFencing;
+  };
   auto request_cancel = [&](grpc::Status why) {
     if (cancelled) return;
     cancelled = true;
     cancel_status = std::move(why);
     cancel_deadline = absl::Now() + options_.cancel_timeout;
-    if (phase == Phase::kPrefilling) {
-      if (shutting_down()) call->prefill_context.TryCancel();
+    if (!blocks_fenced()) {
+      if (phase == Phase::kPrefilling && shutting_down()) call->prefill_context.TryCancel();
     } else {
       engine_->Cancel(id);
+    }
+  };
+  // Quarantine state of a failed Prefill call.
+  uint64_t epoch = 0;
+  int quarantined = 0;
+  absl::Time lease_end;
+  grpc::Status failed_prefill;
+  // The Prefill call is over and its blocks are safe to use: complete the remote prefill (or, when
+  // cancelled, let the engine free them).
+  bool fence_answered = false;
+  grpc::Status fence_status;
+  auto after_prefill = [&](const grpc::Status& status, absl::Time now, bool cancel_rpc) {
+    phase = Phase::kStreaming;
+    last_output = now;
+    if (cancelled || cancel_rpc) {
+      cancel_rpc_applied = cancel_rpc;
+      engine_->Cancel(id);  // the prefill worker is done with our blocks now
+    } else if (status.ok()) {
+      const v1::PrefillResponse& response = call->prefill_response;
+      RemotePrefillResult result;
+      result.first_token = response.first_token_id();
+      if (want_logprobs && response.has_first_token_logprobs()) {
+        result.first_token_logprobs =
+            server::TokenLogprobsFromProto(response.first_token_logprobs());
+      }
+      engine_->CompleteRemotePrefill(id, std::move(result));
+      remote_ok = true;
+      metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
+      metrics_->kv_transfers.Increment();
+    } else {
+      // The prefill worker restarted: pair again next time.
+      if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        ForgetPair(prefill_worker, pairing.pair_id);
+      }
+      // The engine logs the fallback with this status (which names what failed).
+      metrics_->kv_transfer_failures.Increment();
+      engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(status));
     }
   };
 
@@ -237,7 +285,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         return !call->outputs.empty() ||
                (phase == Phase::kReserving && call->reservation.has_value()) ||
                (phase == Phase::kPrefilling && call->prefill_done) ||
-               (call->cancel_requested && !cancel_rpc_applied && phase != Phase::kPrefilling);
+               (phase == Phase::kFencing && call->fence_done && !fence_answered) ||
+               (call->cancel_requested && !cancel_rpc_applied && blocks_fenced());
       };
       call->mu.AwaitWithTimeout(absl::Condition(&ready), kSlice);
       outputs.swap(call->outputs);
@@ -250,6 +299,10 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         prefill_done = true;
         prefill_status = call->prefill_status;
       }
+      if (phase == Phase::kFencing && call->fence_done && !fence_answered) {
+        fence_answered = true;
+        fence_status = call->fence_status;
+      }
     }
     const absl::Time now = absl::Now();
 
@@ -261,6 +314,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       *pr.mutable_prompt_token_ids() = request->prompt_token_ids();
       *pr.mutable_sampling() = request->sampling();
       pr.set_pair_id(pairing.pair_id);
+      epoch = next_epoch_.fetch_add(1);
+      pr.set_transfer_epoch(epoch);
       v1::KvTarget* target = pr.mutable_target();
       for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
       target->set_num_cached_tokens((*reservation)->num_cached_tokens);
@@ -279,31 +334,41 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     }
 
     if (prefill_done) {
-      phase = Phase::kStreaming;
-      last_output = now;
-      if (cancelled || cancel_rpc) {
-        cancel_rpc_applied = cancel_rpc;
-        engine_->Cancel(id);  // the prefill worker is done with our blocks now
-      } else if (prefill_status.ok()) {
-        const v1::PrefillResponse& response = call->prefill_response;
-        RemotePrefillResult result;
-        result.first_token = response.first_token_id();
-        if (want_logprobs && response.has_first_token_logprobs()) {
-          result.first_token_logprobs =
-              server::TokenLogprobsFromProto(response.first_token_logprobs());
-        }
-        engine_->CompleteRemotePrefill(id, std::move(result));
-        remote_ok = true;
-        metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
-        metrics_->kv_transfers.Increment();
+      if (prefill_status.ok()) {
+        after_prefill(prefill_status, now, cancel_rpc);
       } else {
-        // The prefill worker restarted: pair again next time.
-        if (prefill_status.error_code() == grpc::StatusCode::NOT_FOUND) {
-          ForgetPair(prefill_worker, pairing.pair_id);
+        // Writes of the failed transfer may still be in flight: quarantine the blocks and ask.
+        phase = Phase::kFencing;
+        failed_prefill = prefill_status;
+        quarantined = static_cast<int>(call->prefill_request.target().block_ids_size());
+        metrics_->kv_quarantined_blocks.Increment(quarantined);
+        lease_end = now + options_.fence_lease;
+        call->fence_request.set_pair_id(pairing.pair_id);
+        call->fence_request.set_transfer_epoch(epoch);
+        call->fence_context.set_deadline(absl::ToChronoTime(now + options_.fence_timeout));
+        PrefillStub(prefill_worker)
+            ->async()
+            ->Fence(&call->fence_context, &call->fence_request, &call->fence_response,
+                    [call](grpc::Status status) {
+                      absl::MutexLock lock(&call->mu);
+                      call->fence_status = std::move(status);
+                      call->fence_done = true;
+                    });
+      }
+    }
+    if (phase == Phase::kFencing) {
+      const bool confirmed =
+          fence_answered && fence_status.ok() && call->fence_response.quiescent();
+      if (confirmed || now >= lease_end || shutting_down()) {
+        metrics_->kv_quarantined_blocks.Decrement(quarantined);
+        metrics_->kv_fences.Add({{"result", confirmed ? "confirmed" : "lease"}}).Increment();
+        if (!confirmed) {
+          LOG(WARNING) << "decode: request " << id << ": prefill worker " << prefill_worker
+                       << " did not confirm its transfer stopped ("
+                       << (fence_answered ? fence_status.error_message() : "no answer")
+                       << "); reusing its blocks after the lease";
         }
-        // The engine logs the fallback with this status (which names what failed).
-        metrics_->kv_transfer_failures.Increment();
-        engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(prefill_status));
+        after_prefill(failed_prefill, now, cancel_rpc);
       }
     }
 
@@ -365,7 +430,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     if (!cancelled) {
       if (context->IsCancelled()) {
         request_cancel(Error(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-      } else if (cancel_rpc && !cancel_rpc_applied && phase != Phase::kPrefilling) {
+      } else if (cancel_rpc && !cancel_rpc_applied && blocks_fenced()) {
         // Decode.Cancel: the stream ends with finish_reason "abort". While a Prefill call is in
         // flight this waits for its answer (the prefill worker may still be writing our blocks).
         cancel_rpc_applied = true;

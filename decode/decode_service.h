@@ -13,6 +13,11 @@
 // worker fails (down, transfer failure, deadline), the engine recomputes the prompt locally: the
 // client sees the same tokens. Tokens stream back as the engine emits them; a client that goes away
 // cancels the request and its blocks are freed.
+// Fencing (DESIGN.md "Trust and failure model"): each Prefill call carries a transfer epoch. When
+// the call does not succeed (error, deadline, cancel) the request's blocks are quarantined (the
+// gauge tandem_kv_quarantined_blocks): nothing recomputes into them and nobody else gets them
+// until Prefill.Fence confirms that no write of that epoch is in flight, or options.fence_lease
+// passes. Only then does the engine recompute the prompt locally, or free the blocks.
 //
 // Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
 // thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
@@ -20,6 +25,7 @@
 // cached per address.
 // Ownership: engine and metrics are not owned and must outlive the service.
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +54,10 @@ struct DecodeServiceOptions {
   absl::Duration cancel_timeout = absl::Seconds(5);
   // Prefill.Connect (the pair handshake).
   absl::Duration connect_timeout = absl::Seconds(10);
+  // After a Prefill call that failed or was given up: Prefill.Fence's deadline, and the lease
+  // after which the quarantined blocks are reused without the prefill worker's confirmation.
+  absl::Duration fence_timeout = absl::Seconds(5);
+  absl::Duration fence_lease = absl::Seconds(10);
 };
 
 // One backend's endpoint of this worker, and whether the engine stages KV that arrives through it
@@ -95,6 +105,7 @@ class DecodeService final : public v1::Decode::Service {
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> next_epoch_{1};
 };
 
 }  // namespace tandem::decode

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -99,6 +100,8 @@ struct PrefillService::Job {
 
   absl::Mutex mu;
   bool abandoned ABSL_GUARDED_BY(mu) = false;  // the handler gave up: release everything
+  // Writes posted and not yet released (transfer thread changes it; Fence waits for 0).
+  int unreleased ABSL_GUARDED_BY(mu) = 0;
   std::optional<PrefilledKv> kv ABSL_GUARDED_BY(mu);
   absl::Time prefilled_at ABSL_GUARDED_BY(mu);
   std::optional<FirstTokenTimings> timings ABSL_GUARDED_BY(mu);
@@ -110,6 +113,10 @@ struct PrefillService::Job {
   bool is_abandoned() {
     absl::MutexLock lock(&mu);
     return abandoned;
+  }
+  void AddUnreleased(int n) {
+    absl::MutexLock lock(&mu);
+    unreleased += n;
   }
   // The first call wins.
   void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration()) {
@@ -269,6 +276,19 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                    "pair_id: unknown pair (this prefill worker restarted or forgot it): connect "
                    "again");
     }
+    if (request->transfer_epoch() != 0) {
+      absl::MutexLock jobs_lock(&jobs_mu_);
+      const std::string key = absl::StrCat(request->pair_id(), "/", request->transfer_epoch());
+      auto [slot, inserted] = jobs_.try_emplace(key);
+      if (!inserted && !slot->second.expired()) {
+        return Error(grpc::StatusCode::ALREADY_EXISTS,
+                     "transfer_epoch: already used by a live transfer of this pair");
+      }
+      slot->second = job;
+      if (jobs_.size() > 2 * options_.max_pairs) {  // forget the ones nobody holds any more
+        absl::erase_if(jobs_, [](const auto& entry) { return entry.second.expired(); });
+      }
+    }
     job->lane = it->second.lane;
     job->agent_name = it->second.endpoint.agent_name();
     job->agent_address = it->second.endpoint.agent_address();
@@ -418,6 +438,52 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status PrefillService::Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
+                                   v1::FenceResponse* response) {
+  {
+    absl::MutexLock lock(&pairs_mu_);
+    if (!pairs_.contains(request->pair_id())) {
+      return Error(grpc::StatusCode::NOT_FOUND, "pair_id: unknown pair");
+    }
+  }
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    auto it = jobs_.find(absl::StrCat(request->pair_id(), "/", request->transfer_epoch()));
+    if (it != jobs_.end()) job = it->second.lock();
+  }
+  if (job == nullptr) {  // finished and dropped, or never started: nothing of it can post
+    response->set_quiescent(true);
+    return grpc::Status::OK;
+  }
+  // On the transfer thread, between its tasks: from here on no write of the job is posted.
+  const absl::Time deadline =
+      std::min(absl::Now() + options_.fence_timeout, absl::FromChrono(context->deadline()));
+  absl::Status marked = lanes_[job->lane].transfer->Run(
+      [job](kvtransfer::TransferBackend&) {
+        absl::MutexLock lock(&job->mu);
+        job->abandoned = true;
+        return absl::OkStatus();
+      },
+      std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  if (!marked.ok()) {
+    response->set_quiescent(false);
+    return grpc::Status::OK;
+  }
+  bool computing;
+  {
+    absl::MutexLock lock(&job->mu);
+    computing = !job->kv.has_value() && !job->done;
+  }
+  if (computing) engine_->Cancel(job->request_id);
+  // The pollers see `abandoned` on their next tick and release what they posted.
+  absl::MutexLock lock(&job->mu);
+  auto released = [&job]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu) { return job->unreleased == 0; };
+  job->mu.AwaitWithDeadline(absl::Condition(&released), deadline);
+  response->set_quiescent(job->unreleased == 0);
+  return grpc::Status::OK;
+}
+
 void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
                                    const std::shared_ptr<Job>& job) {
   PrefilledKv kv;
@@ -494,6 +560,7 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
     return fail(absl::UnavailableError(
         absl::StrCat("posting KV writes to '", peer, "': ", handle.status().message())));
   }
+  job->AddUnreleased(1);
   const absl::Time deadline = std::min(job->deadline, posted + options_.transfer_timeout);
   const std::string request_id = kv.request_id;
   const bool polling = lanes_[job->lane].transfer->AddPoller(
@@ -519,6 +586,7 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
         if (absl::Status released = backend.Release(h); !released.ok()) {
           LOG(WARNING) << "request " << request_id << ": releasing its KV transfer: " << released;
         }
+        job->AddUnreleased(-1);
         if (staging != nullptr) staging->Free(backend);  // after Release: nothing reads it now
         engine_->ReleaseHeldKv(request_id);
         if (!failure.ok()) {
@@ -534,6 +602,7 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
       });
   if (!polling) {  // stopping: nobody will poll it
     (void)backend.Release(*handle);
+    job->AddUnreleased(-1);
     if (staging != nullptr) staging->Free(backend);
     fail(absl::UnavailableError("prefill worker shutting down"));
   }
@@ -661,6 +730,7 @@ bool PrefillService::PollStream(kvtransfer::TransferBackend& backend,
       break;
     }
     st.posted.push_back(*handle);
+    job->AddUnreleased(1);
     st.first_post = std::min(st.first_post, now);
     st.bytes += bytes;
     if (!st.prefilled) st.early_bytes += bytes;
@@ -685,6 +755,7 @@ bool PrefillService::PollStream(kvtransfer::TransferBackend& backend,
       LOG(WARNING) << "request " << job->request_id << ": releasing its KV transfer: " << released;
     }
   }
+  job->AddUnreleased(-static_cast<int>(st.posted.size()));
   st.posted.clear();
   st.polling = false;
   if (!st.failure.ok()) {

@@ -26,6 +26,10 @@
 // Layout conversion: a pair whose layouts differ in block size, dtype or head range (kv_convert.h)
 // is admitted when the lane reads host memory; each prompt's KV is then converted on the transfer
 // thread into a buffer of the destination's format, written in one transfer, and freed after.
+// Fencing: a request naming a pair carries a transfer epoch. Prefill.Fence(pair, epoch) marks the
+// job abandoned ON its lane's transfer thread (every post happens there, after an abandoned check,
+// so no write is posted afterwards), then waits until every posted write has been released, and
+// answers quiescent. The decode worker reuses the blocks of a failed transfer only after that.
 // Failures: any transfer failure answers with an error status (the decode worker then prefills
 // locally). If the handler's deadline passes or its client goes away, everything is released
 // (transfer handle, held blocks; the engine's held-KV lease is the last resort). P holds nothing
@@ -68,6 +72,8 @@ struct PrefillServiceOptions {
   // (EngineOptions::kv_layer_progress): each layer's writes are posted as soon as its KV is
   // computed, under the remaining layers. Off: one transfer after the whole prompt.
   bool kv_streaming = true;
+  // Prefill.Fence: how long it waits for an abandoned transfer's writes to be released.
+  absl::Duration fence_timeout = absl::Seconds(5);
 };
 
 // One transfer backend of the worker: its thread, the region its transfer memory is registered
@@ -93,6 +99,8 @@ class PrefillService final : public v1::Prefill::Service {
                        v1::ConnectResponse* response) override;
   grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
                        v1::PrefillResponse* response) override;
+  grpc::Status Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
+                     v1::FenceResponse* response) override;
 
   // Before the transfer thread stops: KV that becomes ready afterwards is released at once (the
   // engine may still call back after the service is gone, so callbacks hold only `dispatch_`).
@@ -148,6 +156,10 @@ class PrefillService final : public v1::Prefill::Service {
   std::deque<std::string> pair_order_ ABSL_GUARDED_BY(pairs_mu_);  // oldest first (bounded)
   // (decode worker, backend) fallbacks already logged.
   absl::flat_hash_set<std::string> logged_fallbacks_ ABSL_GUARDED_BY(pairs_mu_);
+
+  // Fenceable jobs by "pair_id/epoch" (weak: a job nobody holds can post nothing).
+  absl::Mutex jobs_mu_;
+  absl::flat_hash_map<std::string, std::weak_ptr<Job>> jobs_ ABSL_GUARDED_BY(jobs_mu_);
 
   // Per lane, its transfer thread only: connected peers, agent name -> address.
   std::vector<absl::flat_hash_map<std::string, std::string>> peers_;

@@ -74,6 +74,12 @@ struct WorkerMetrics {
   // was still being computed (layer-wise streaming); / tandem_kv_transfer_bytes_total = the
   // fraction of KV sent under compute.
   prometheus::Counter& kv_transfer_streamed_bytes;
+  // tandem_kv_quarantined_blocks: decode-side KV blocks of failed or abandoned transfers, held back
+  // until the prefill worker confirms no write of theirs is in flight or their lease expires.
+  prometheus::Gauge& kv_quarantined_blocks;
+  // tandem_kv_fences_total{result}: how quarantines ended: "confirmed" (the prefill worker said
+  // nothing is in flight) or "lease" (no confirmation; the lease expired).
+  prometheus::Family<prometheus::Counter>& kv_fences;
   prometheus::Counter& prompt_tokens;      // tandem_prompt_tokens_total (computed here)
   prometheus::Counter& generation_tokens;  // tandem_generation_tokens_total
 };

@@ -730,6 +730,75 @@ TEST_P(DisaggTest, StreamStatsReportsTheEngine) {
   reader->Finish();
 }
 
+// Fencing: D gives up on a Prefill call whose writes P still has in flight (stuck mid-transfer).
+// D quarantines the request's blocks and asks P (Prefill.Fence); P abandons the transfer on its
+// transfer thread and releases it; only then does D recompute into the blocks. The tokens equal
+// the local engine's, the quarantine ends confirmed well inside the lease, and nothing stays held
+// or quarantined on either side.
+TEST_P(DisaggTest, GivenUpTransferIsFencedBeforeItsBlocksAreReused) {
+  decode::DecodeWorkerOptions d_options;
+  d_options.service.prefill_timeout = absl::Milliseconds(400);
+  d_options.service.fence_lease = absl::Seconds(20);
+  StartStack(GetParam(), d_options);
+  FaultPlan plan;
+  plan.stage = FaultStage::kMidTransfer;
+  plan.once = true;
+  plan.polls_before_failure = 1 << 30;  // in progress until someone releases it
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(45, 77);
+  const absl::Time start = absl::Now();
+  const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_EQ(p_faults_->faults_injected(), 1);
+  auto& dm = decode_->metrics().metrics();
+  EXPECT_EQ(dm.kv_fences.Add({{"result", "confirmed"}}).Value(), 1);
+  EXPECT_EQ(dm.kv_fences.Add({{"result", "lease"}}).Value(), 0);
+  EXPECT_EQ(dm.kv_quarantined_blocks.Value(), 0);
+  EXPECT_LT(took, absl::Seconds(10)) << "the fence, not the lease, ended the quarantine";
+  EXPECT_TRUE(testing_util::WaitIdle(*p_model_->engine));
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+  // The blocks are clean for the next request, which goes through P again.
+  const std::vector<int32_t> next = Prompt(33, 78);
+  const Streamed again = Generate(Request(next, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(again.prefilled_remotely);
+  EXPECT_EQ(again.tokens, Reference(next, kMaxTokens));
+}
+
+// The prefill worker goes away mid-request, so nobody can confirm its transfer stopped: D keeps
+// the blocks quarantined for the whole lease, then recomputes. Same tokens; counted as "lease".
+TEST_P(DisaggTest, UnconfirmedTransferWaitsOutTheLease) {
+  decode::DecodeWorkerOptions d_options;
+  d_options.service.fence_lease = absl::Milliseconds(1500);
+  d_options.service.fence_timeout = absl::Milliseconds(500);
+  StartStack(GetParam(), d_options);
+  FaultPlan plan;
+  plan.stage = FaultStage::kMidTransfer;
+  plan.once = true;
+  plan.polls_before_failure = 1 << 30;
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(38, 79);
+  std::thread kill([this] {
+    absl::SleepFor(absl::Milliseconds(300));
+    prefill_->Shutdown(absl::ZeroDuration());
+  });
+  const absl::Time start = absl::Now();
+  const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  const absl::Duration took = absl::Now() - start;
+  kill.join();
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  auto& dm = decode_->metrics().metrics();
+  EXPECT_EQ(dm.kv_fences.Add({{"result", "lease"}}).Value(), 1);
+  EXPECT_EQ(dm.kv_quarantined_blocks.Value(), 0);
+  EXPECT_GE(took, absl::Milliseconds(1500)) << "reused before the lease expired";
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
 // Every failure point of P's transfer (STYLE.md 10): the client still gets exactly the local
 // engine's tokens (D recomputes), and the next request goes through P again.
 TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
