@@ -574,6 +574,8 @@ std::string StageName(FaultStage stage) {
       return "Release";
     case FaultStage::kNotificationDrop:
       return "NotificationDrop";
+    case FaultStage::kAccept:
+      return "Accept";  // two-sided backends only (nccl); loopback and ucx need no Accept
   }
   return "Unknown";
 }
