@@ -193,8 +193,8 @@ uint64_t ConversionBytes(const ConversionPlan& plan) {
   return bytes;
 }
 
-absl::Status ConvertOnHost(const ConversionPlan& plan, const void* src, uint64_t src_length,
-                           void* dst, uint64_t dst_length) {
+absl::Status CheckPiecesInBuffers(const ConversionPlan& plan, uint64_t src_length,
+                                  uint64_t dst_length) {
   if (plan.src_elem_bytes <= 0 || plan.dst_elem_bytes <= 0) {
     return absl::InvalidArgumentError("conversion plan without element sizes");
   }
@@ -208,6 +208,12 @@ absl::Status ConvertOnHost(const ConversionPlan& plan, const void* src, uint64_t
                        " bytes) or the destination (", dst_length, " bytes)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ConvertOnHost(const ConversionPlan& plan, const void* src, uint64_t src_length,
+                           void* dst, uint64_t dst_length) {
+  RETURN_IF_ERROR(CheckPiecesInBuffers(plan, src_length, dst_length));
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
   for (const ConvertPiece& p : plan.pieces) {

@@ -65,6 +65,11 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
 // Destination bytes the plan writes.
 uint64_t ConversionBytes(const ConversionPlan& plan);
 
+// InvalidArgument naming the first piece outside a source of `src_length` or a destination of
+// `dst_length` bytes (overflow-safe), or a plan without element sizes.
+absl::Status CheckPiecesInBuffers(const ConversionPlan& plan, uint64_t src_length,
+                                  uint64_t dst_length);
+
 // The CPU routine: converts and scatters every piece from `src` into `dst`. InvalidArgument (and
 // nothing written) when a piece lies outside either buffer.
 absl::Status ConvertOnHost(const ConversionPlan& plan, const void* src, uint64_t src_length,
