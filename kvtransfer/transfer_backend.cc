@@ -29,7 +29,9 @@ absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
 #if TANDEM_KVTRANSFER_NCCL
     return CreateNcclBackend(options);
 #else
-    return absl::UnimplementedError("nccl: this build has no CUDA (configure with TANDEM_CUDA=ON)");
+    return absl::UnimplementedError(
+        "nccl: this build has no nccl backend (configure with TANDEM_CUDA=ON where nccl.h is "
+        "found)");
 #endif
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown transfer backend '", std::string(name),

@@ -51,9 +51,8 @@ InitiatorSession::~InitiatorSession() = default;
 
 absl::StatusOr<uint64_t> InitiatorSession::Post(std::vector<Segment> segments, absl::Time now) {
   if (failed()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("nccl: the connection failed (", status_.message(),
-                     "); Disconnect and Connect again"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nccl: the connection failed (", status_.message(), "); Disconnect and Connect again"));
   }
   const uint64_t id = next_id_++;
   Transfer& t = transfers_[id];
@@ -88,9 +87,8 @@ void InitiatorSession::PostReady() {
       absl::StatusOr<OpId> op = channel_->PostExchange(
           EncodeHeader(h), EncodeControl(s.ops, s.notification), s.gather, s.data_bytes);
       if (!op.ok()) {
-        Fail(absl::UnavailableError(
-            absl::StrCat("nccl: posting message ", next_sequence_, " failed: ",
-                         op.status().message())));
+        Fail(absl::UnavailableError(absl::StrCat("nccl: posting message ", next_sequence_,
+                                                 " failed: ", op.status().message())));
         return;
       }
       in_flight_.push_back(InFlight{.op = *op, .sequence = next_sequence_, .transfer = it->first});
@@ -107,19 +105,19 @@ void InitiatorSession::Reap() {
     const OpState state = channel_->Query(f.op);
     if (state == OpState::kPending) return;
     if (state == OpState::kFailed) {
-      Fail(absl::UnavailableError(absl::StrCat("nccl: message ", f.sequence,
-                                               " to the peer failed: ", channel_->FailureReason())));
+      Fail(absl::UnavailableError(absl::StrCat(
+          "nccl: message ", f.sequence, " to the peer failed: ", channel_->FailureReason())));
       return;
     }
     const std::string bytes = channel_->TakeReceived(f.op);
     absl::StatusOr<Ack> ack = DecodeAck(bytes);
     if (!ack.ok() || ack->sequence != f.sequence || !SameSecret(ack->secret, secret_)) {
-      Fail(absl::InvalidArgumentError(absl::StrCat(
-          "nccl: bad ack for message ", f.sequence, ": ",
-          !ack.ok() ? std::string(ack.status().message())
-                    : (ack->sequence != f.sequence
-                           ? absl::StrCat("it acknowledges message ", ack->sequence)
-                           : std::string("wrong pairing secret")))));
+      Fail(absl::InvalidArgumentError(
+          absl::StrCat("nccl: bad ack for message ", f.sequence, ": ",
+                       !ack.ok() ? std::string(ack.status().message())
+                                 : (ack->sequence != f.sequence
+                                        ? absl::StrCat("it acknowledges message ", ack->sequence)
+                                        : std::string("wrong pairing secret")))));
       return;
     }
     in_flight_.pop_front();
@@ -134,18 +132,16 @@ void InitiatorSession::Progress(absl::Time now) {
   if (failed()) return;
   const ChannelState state = channel_->Poll();
   if (state == ChannelState::kFailed) {
-    Fail(absl::UnavailableError(
-        absl::StrCat(ready_ ? "nccl: the communicator failed: "
-                            : "nccl: setting up the communicator failed: ",
-                     channel_->FailureReason())));
+    Fail(absl::UnavailableError(absl::StrCat(
+        ready_ ? "nccl: the communicator failed: " : "nccl: setting up the communicator failed: ",
+        channel_->FailureReason())));
     return;
   }
   if (!ready_ && state == ChannelState::kReady) ready_ = true;
   if (!ready_ && now >= init_deadline_) {
-    Fail(absl::DeadlineExceededError(
-        absl::StrCat("nccl: the peer did not join the communicator within connect_timeout (",
-                     absl::FormatDuration(options_.connect_timeout),
-                     "); the communicator was aborted")));
+    Fail(absl::DeadlineExceededError(absl::StrCat(
+        "nccl: the peer did not join the communicator within connect_timeout (",
+        absl::FormatDuration(options_.connect_timeout), "); the communicator was aborted")));
     return;
   }
   if (ready_) {
@@ -155,9 +151,9 @@ void InitiatorSession::Progress(absl::Time now) {
   }
   for (auto& [id, t] : transfers_) {
     if (t.state != TransferState::kInProgress || now < t.deadline) continue;
-    const absl::Status late = absl::DeadlineExceededError(absl::StrCat(
-        "nccl: transfer ", id, " did not complete within transfer_timeout (",
-        absl::FormatDuration(options_.transfer_timeout), ")"));
+    const absl::Status late = absl::DeadlineExceededError(
+        absl::StrCat("nccl: transfer ", id, " did not complete within transfer_timeout (",
+                     absl::FormatDuration(options_.transfer_timeout), ")"));
     if (t.posted == 0) {
       // Nothing of it reached the channel (still waiting for set-up): fail it alone.
       t.state = TransferState::kFailed;
@@ -234,8 +230,8 @@ void TargetSession::Progress(absl::Time now) {
         }
         return;
       case ChannelState::kFailed:
-        Fail(absl::UnavailableError(absl::StrCat(
-            "nccl: setting up the communicator failed: ", channel_->FailureReason())));
+        Fail(absl::UnavailableError(
+            absl::StrCat("nccl: setting up the communicator failed: ", channel_->FailureReason())));
         return;
       case ChannelState::kReady:
         break;
@@ -318,15 +314,14 @@ absl::Status TargetSession::OnHeader(const std::string& bytes, absl::Time now) {
                      "-byte notification (at most ", kMaxNotificationBytes, ")"));
   }
   if (absl::StatusOr<LocalRegion> region = lookup_(h->region); !region.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl: message ", h->sequence,
-                                                   " names region ", h->region, ": ",
-                                                   region.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("nccl: message ", h->sequence, " names region ",
+                                                   h->region, ": ", region.status().message()));
   }
   absl::StatusOr<OpId> op =
       channel_->PostRecvBody(h->op_count * kWireOpBytes + h->notification_bytes, h->data_bytes);
   if (!op.ok()) {
-    return absl::UnavailableError(absl::StrCat("nccl: posting the receive of message ",
-                                               h->sequence, " failed: ", op.status().message()));
+    return absl::UnavailableError(absl::StrCat("nccl: posting the receive of message ", h->sequence,
+                                               " failed: ", op.status().message()));
   }
   header_ = *h;
   op_ = *op;
@@ -351,13 +346,12 @@ absl::Status TargetSession::OnBody(const std::string& bytes) {
   uint64_t staged = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].length > header_.data_bytes - staged) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl: message ", header_.sequence, ": op ", i,
-                       " runs past the message's ", header_.data_bytes, " data bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("nccl: message ", header_.sequence, ": op ", i,
+                                                     " runs past the message's ",
+                                                     header_.data_bytes, " data bytes"));
     }
-    copies.push_back(CopyOp{.local_offset = staged,
-                            .remote_offset = ops[i].remote_offset,
-                            .length = ops[i].length});
+    copies.push_back(CopyOp{
+        .local_offset = staged, .remote_offset = ops[i].remote_offset, .length = ops[i].length});
     staged += ops[i].length;
   }
   if (staged != header_.data_bytes) {
@@ -381,17 +375,17 @@ absl::Status TargetSession::OnBody(const std::string& bytes) {
   absl::StatusOr<OpId> scattered = channel_->PostScatter(scatter);
   if (!scattered.ok()) {
     return absl::UnavailableError(absl::StrCat("nccl: posting the scatter of message ",
-                                               header_.sequence, " failed: ",
-                                               scattered.status().message()));
+                                               header_.sequence,
+                                               " failed: ", scattered.status().message()));
   }
   scatters_.push_back(PendingScatter{
       .op = *scattered, .region = header_.region, .notification = std::move(notification)});
-  absl::StatusOr<OpId> next =
-      channel_->PostAckAndRecvHeader(EncodeAck(Ack{.sequence = header_.sequence, .secret = secret_}));
+  absl::StatusOr<OpId> next = channel_->PostAckAndRecvHeader(
+      EncodeAck(Ack{.sequence = header_.sequence, .secret = secret_}));
   if (!next.ok()) {
     return absl::UnavailableError(absl::StrCat("nccl: posting the ack of message ",
-                                               header_.sequence, " failed: ",
-                                               next.status().message()));
+                                               header_.sequence,
+                                               " failed: ", next.status().message()));
   }
   op_ = *next;
   ++next_sequence_;

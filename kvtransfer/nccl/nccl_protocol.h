@@ -101,11 +101,11 @@ struct SessionOptions {
 
 // One message of a transfer, as the initiator plans it (PlanSegments).
 struct Segment {
-  uint64_t region = 0;                // the target's region id
-  std::vector<WireOp> ops;            // what the target receives
-  std::vector<StagedPiece> gather;    // local address -> staging offset, one per op
+  uint64_t region = 0;              // the target's region id
+  std::vector<WireOp> ops;          // what the target receives
+  std::vector<StagedPiece> gather;  // local address -> staging offset, one per op
   uint64_t data_bytes = 0;
-  std::string notification;           // only on the last segment
+  std::string notification;  // only on the last segment
 };
 
 // Splits already bounds-checked `ops` (offsets into a local region at `local_base` and the

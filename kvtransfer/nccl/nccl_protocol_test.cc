@@ -301,7 +301,8 @@ std::vector<CopyOp> ScatteredOps(size_t bytes, size_t block, int count, uint32_t
   std::shuffle(dst.begin(), dst.end(), rng);
   std::vector<CopyOp> ops;
   for (int i = 0; i < count; ++i) {
-    ops.push_back({.local_offset = src[i] * block, .remote_offset = dst[i] * block, .length = block});
+    ops.push_back(
+        {.local_offset = src[i] * block, .remote_offset = dst[i] * block, .length = block});
   }
   return ops;
 }
@@ -479,10 +480,9 @@ INSTANTIATE_TEST_SUITE_P(
                    [](MessageHeader& h, std::vector<WireOp>&, std::string&) {
                      h.op_count = kMaxOpsPerMessage + 1;
                    }},
-        Corruption{"SizeMismatchShort", absl::StatusCode::kInvalidArgument, "sum to 384",
-                   [](MessageHeader&, std::vector<WireOp>& ops, std::string&) {
-                     ops[1].length = 128;
-                   }},
+        Corruption{
+            "SizeMismatchShort", absl::StatusCode::kInvalidArgument, "sum to 384",
+            [](MessageHeader&, std::vector<WireOp>& ops, std::string&) { ops[1].length = 128; }},
         Corruption{"SizeMismatchLong", absl::StatusCode::kInvalidArgument, "runs past",
                    [](MessageHeader&, std::vector<WireOp>& ops, std::string&) {
                      ops[1].length = 1 << 20;
@@ -495,10 +495,9 @@ INSTANTIATE_TEST_SUITE_P(
                    [](MessageHeader& h, std::vector<WireOp>&, std::string&) { h.sequence = 5; }},
         Corruption{"ReplayedSequence", absl::StatusCode::kInvalidArgument, "expected 2",
                    [](MessageHeader& h, std::vector<WireOp>&, std::string&) { h.sequence = 1; }},
-        Corruption{"WrongSecret", absl::StatusCode::kPermissionDenied, "pairing secret",
-                   [](MessageHeader& h, std::vector<WireOp>&, std::string&) {
-                     h.secret[15] ^= 0x80;
-                   }},
+        Corruption{
+            "WrongSecret", absl::StatusCode::kPermissionDenied, "pairing secret",
+            [](MessageHeader& h, std::vector<WireOp>&, std::string&) { h.secret[15] ^= 0x80; }},
         Corruption{"UnknownRegion", absl::StatusCode::kInvalidArgument, "names region 8",
                    [](MessageHeader& h, std::vector<WireOp>&, std::string&) { h.region = 8; }},
         Corruption{"HugeNotification", absl::StatusCode::kInvalidArgument, "notification",
@@ -592,8 +591,12 @@ TEST(NcclProtocolTest, SilentTargetFailsTheTransferAtItsDeadline) {
 TEST(NcclProtocolTest, InitiatorDyingAfterTheHeaderFailsTheTargetAtItsDeadline) {
   Pair p(4096);
   const std::vector<unsigned char> before = p.dst.Contents();
-  MessageHeader h{.sequence = 1, .secret = TestSecret(1), .region = kRegionId, .op_count = 1,
-                  .data_bytes = 4096, .notification_bytes = 0};
+  MessageHeader h{.sequence = 1,
+                  .secret = TestSecret(1),
+                  .region = kRegionId,
+                  .op_count = 1,
+                  .data_bytes = 4096,
+                  .notification_bytes = 0};
   p.link->to_target.push_back(EncodeHeader(h));  // then nothing: the initiator died
   p.target->Progress(kT0);
   EXPECT_TRUE(p.target->UsesRegion(kRegionId));  // DeregisterMemory must wait
@@ -707,8 +710,12 @@ TEST(NcclWireTest, BlobsRoundTrip) {
   EXPECT_EQ(g2->region, 12u);
   EXPECT_EQ(g2->length, g.length);
 
-  MessageHeader h{.sequence = 99, .secret = TestSecret(5), .region = 3, .op_count = 4,
-                  .data_bytes = 1 << 20, .notification_bytes = 17};
+  MessageHeader h{.sequence = 99,
+                  .secret = TestSecret(5),
+                  .region = 3,
+                  .op_count = 4,
+                  .data_bytes = 1 << 20,
+                  .notification_bytes = 17};
   const std::string raw = EncodeHeader(h);
   EXPECT_EQ(raw.size(), kHeaderBytes);
   auto h2 = DecodeHeader(raw);

@@ -105,9 +105,8 @@ absl::Status CheckFraming(absl::string_view bytes, size_t size, uint32_t magic,
     return absl::InvalidArgumentError(absl::StrCat("nccl: ", what, " has a bad magic"));
   }
   if (Get(bytes, 4, 2) != kWireVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl: ", what, " has wire version ",
-                                                   Get(bytes, 4, 2), " (expected ",
-                                                   kWireVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl: ", what, " has wire version ", Get(bytes, 4, 2), " (expected ", kWireVersion, ")"));
   }
   if (Get(bytes, 6, 2) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("nccl: ", what, " has reserved bits set"));
@@ -202,8 +201,7 @@ std::string EncodeHeader(const MessageHeader& h) {
 }
 
 absl::StatusOr<MessageHeader> DecodeHeader(absl::string_view bytes) {
-  if (absl::Status s = CheckFraming(bytes, kHeaderBytes, kHeaderMagic, "message header");
-      !s.ok()) {
+  if (absl::Status s = CheckFraming(bytes, kHeaderBytes, kHeaderMagic, "message header"); !s.ok()) {
     return s;
   }
   if (Get(bytes, 60, 4) != 0) {
@@ -249,14 +247,13 @@ std::string EncodeControl(const std::vector<WireOp>& ops, absl::string_view noti
   return out;
 }
 
-absl::Status DecodeControl(absl::string_view bytes, uint64_t op_count,
-                           uint32_t notification_bytes, std::vector<WireOp>* ops,
-                           std::string* notification) {
-  if (op_count > kMaxOpsPerMessage || bytes.size() != op_count * kWireOpBytes + notification_bytes) {
+absl::Status DecodeControl(absl::string_view bytes, uint64_t op_count, uint32_t notification_bytes,
+                           std::vector<WireOp>* ops, std::string* notification) {
+  if (op_count > kMaxOpsPerMessage ||
+      bytes.size() != op_count * kWireOpBytes + notification_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("nccl: op list of ", bytes.size(),
-                                                   " bytes does not hold ", op_count,
-                                                   " ops and a ", notification_bytes,
-                                                   "-byte notification"));
+                                                   " bytes does not hold ", op_count, " ops and a ",
+                                                   notification_bytes, "-byte notification"));
   }
   ops->resize(op_count);
   for (uint64_t i = 0; i < op_count; ++i) {

@@ -111,9 +111,8 @@ absl::StatusOr<Ack> DecodeAck(absl::string_view bytes);
 // The op list and notification of one message; `bytes` must be exactly op_count ops plus
 // notification_bytes.
 std::string EncodeControl(const std::vector<WireOp>& ops, absl::string_view notification);
-absl::Status DecodeControl(absl::string_view bytes, uint64_t op_count,
-                           uint32_t notification_bytes, std::vector<WireOp>* ops,
-                           std::string* notification);
+absl::Status DecodeControl(absl::string_view bytes, uint64_t op_count, uint32_t notification_bytes,
+                           std::vector<WireOp>* ops, std::string* notification);
 
 // Constant-time equality of two secrets (or tokens).
 bool SameSecret(const Secret& a, const Secret& b);
