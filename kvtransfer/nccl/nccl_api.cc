@@ -36,12 +36,12 @@ absl::StatusOr<std::shared_ptr<const NcclApi>> LoadNccl(const std::string& libra
                   Resolve(handle, "ncclGetLastError", &api->GetLastError);
   if (!ok) {
     const char* why = dlerror();
-    return absl::UnavailableError(absl::StrCat("nccl: ", library, " not found: ",
-                                               why != nullptr ? why : "a symbol is missing"));
+    return absl::UnavailableError(absl::StrCat(
+        "nccl: ", library, " not found: ", why != nullptr ? why : "a symbol is missing"));
   }
   if (api->GetVersion(&api->version) != ncclSuccess || api->version < 21900) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "nccl: ", library, " is NCCL ", api->version, "; the nccl backend needs 2.19 or newer"));
+    return absl::FailedPreconditionError(absl::StrCat("nccl: ", library, " is NCCL ", api->version,
+                                                      "; the nccl backend needs 2.19 or newer"));
   }
   return std::shared_ptr<const NcclApi>(std::move(api));
 }

@@ -123,8 +123,8 @@ class NcclBackend final : public TransferBackend {
     }
     for (const auto& [peer, target] : targets_) {
       if (target.session->UsesRegion(region_id)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "nccl: region ", region_id, " is receiving a message from '", peer, "'"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("nccl: region ", region_id, " is receiving a message from '", peer, "'"));
       }
     }
     regions_.erase(it);
@@ -141,17 +141,17 @@ class NcclBackend final : public TransferBackend {
       existing->second.session->Progress(absl::Now());
       if (!existing->second.session->failed()) return absl::OkStatus();
       if (HasTransfers(peer)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "nccl: the connection to '", peer, "' failed; Release its transfers first"));
+        return absl::FailedPreconditionError(absl::StrCat("nccl: the connection to '", peer,
+                                                          "' failed; Release its transfers first"));
       }
       initiators_.erase(existing);  // a failed pair: start a new communicator
     }
     ASSIGN_OR_RETURN(AgentAddress a, nccl::DecodeAgentAddress(address));
     if (a.gpu == self_.gpu) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "nccl: peer '", peer, "' uses this agent's own GPU (UUID ",
-          nccl::HexString(a.gpu.data(), a.gpu.size()),
-          "); NCCL cannot put both ranks on one GPU (use cuda_ipc)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("nccl: peer '", peer, "' uses this agent's own GPU (UUID ",
+                       nccl::HexString(a.gpu.data(), a.gpu.size()),
+                       "); NCCL cannot put both ranks on one GPU (use cuda_ipc)"));
     }
     RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "nccl: cudaSetDevice");
     ASSIGN_OR_RETURN(nccl::UniqueId id, nccl::NewUniqueId(*api_));
@@ -227,26 +227,24 @@ class NcclBackend final : public TransferBackend {
       return absl::NotFoundError(absl::StrCat("nccl: peer '", request.peer, "' is not connected"));
     }
     if (request.notification.size() > nccl::kMaxNotificationBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl: notification of ",
-                                                     request.notification.size(),
-                                                     " bytes (at most ",
-                                                     nccl::kMaxNotificationBytes, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl: notification of ", request.notification.size(), " bytes (at most ",
+                       nccl::kMaxNotificationBytes, ")"));
     }
     ASSIGN_OR_RETURN(nccl::RegionBlob remote, nccl::DecodeRegionBlob(request.remote_region));
     if (remote.token != peer->second.peer.token) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "nccl: the remote region is not one of peer '", request.peer, "' (another process)"));
+      return absl::InvalidArgumentError(absl::StrCat("nccl: the remote region is not one of peer '",
+                                                     request.peer, "' (another process)"));
     }
-    RETURN_IF_ERROR(
-        CheckOpsInRegions("nccl", request.ops, region->second.length, remote.length));
+    RETURN_IF_ERROR(CheckOpsInRegions("nccl", request.ops, region->second.length, remote.length));
     RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "nccl: cudaSetDevice");
     const uint64_t max_bytes = std::min(staging_cap_, peer->second.peer.staging_bytes);
     InitiatorSession& session = *peer->second.session;
-    ASSIGN_OR_RETURN(const uint64_t id,
-                     session.Post(nccl::PlanSegments(request.ops, region->second.base,
-                                                     remote.region, request.notification,
-                                                     max_bytes, nccl::kMaxOpsPerMessage),
-                                  absl::Now()));
+    ASSIGN_OR_RETURN(
+        const uint64_t id,
+        session.Post(nccl::PlanSegments(request.ops, region->second.base, remote.region,
+                                        request.notification, max_bytes, nccl::kMaxOpsPerMessage),
+                     absl::Now()));
     const TransferHandle h = next_handle_++;
     transfers_.emplace(h, Transfer{.peer = request.peer, .id = id, .region = request.local_region});
     return h;

@@ -132,7 +132,8 @@ class NcclChannel final : public Channel {
     op.upload = pieces_at + op.num_pieces * sizeof(CopyPiece);
     ASSIGN_OR_RETURN(op.buffer, TakeBuffer(op.recv_offset + kAckBytes));
     std::memcpy(op.buffer.host, header.data(), kHeaderBytes);
-    if (!control.empty()) std::memcpy(op.buffer.host + kHeaderBytes, control.data(), control.size());
+    if (!control.empty())
+      std::memcpy(op.buffer.host + kHeaderBytes, control.data(), control.size());
     return Add(std::move(op));
   }
 
@@ -242,7 +243,7 @@ class NcclChannel final : public Channel {
     size_t upload = 0;         // bytes of buffer copied to the device before the op
     size_t pieces_offset = 0;  // where its CopyPieces go in the buffer
     size_t num_pieces = 0;
-    size_t recv_offset = 0;    // where received control bytes land in the buffer
+    size_t recv_offset = 0;  // where received control bytes land in the buffer
     size_t recv_bytes = 0;
     uint64_t control_bytes = 0, data_bytes = 0;
     std::vector<StagedPiece> pieces;
@@ -260,9 +261,9 @@ class NcclChannel final : public Channel {
   absl::StatusOr<OpId> Add(Op op) {
     if (op.data_bytes > config_.max_staging_bytes) {
       config_.pool->Give(op.buffer);
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl: ", op.data_bytes, " data bytes exceed the staging cap (",
-                       config_.max_staging_bytes, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("nccl: ", op.data_bytes,
+                                                     " data bytes exceed the staging cap (",
+                                                     config_.max_staging_bytes, ")"));
     }
     if (!free_events_.empty()) {
       op.event = free_events_.back();
@@ -388,8 +389,8 @@ class NcclChannel final : public Channel {
         case Kind::kExchange:
           keep(api_->Send(dev, kHeaderBytes, ncclUint8, peer_, comm_, stream_));
           if (op.control_bytes > 0) {
-            keep(api_->Send(dev + kHeaderBytes, op.control_bytes, ncclUint8, peer_, comm_,
-                            stream_));
+            keep(
+                api_->Send(dev + kHeaderBytes, op.control_bytes, ncclUint8, peer_, comm_, stream_));
           }
           if (op.data_bytes > 0) {
             keep(api_->Send(staging_, op.data_bytes, ncclUint8, peer_, comm_, stream_));
@@ -429,10 +430,10 @@ class NcclChannel final : public Channel {
 
   absl::Status IssueTail(Op& op) {
     if (op.recv_bytes > 0) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(op.buffer.host + op.recv_offset,
-                                           op.buffer.device + op.recv_offset, op.recv_bytes,
-                                           cudaMemcpyDeviceToHost, stream_),
-                           "nccl: downloading a message");
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(op.buffer.host + op.recv_offset, op.buffer.device + op.recv_offset,
+                          op.recv_bytes, cudaMemcpyDeviceToHost, stream_),
+          "nccl: downloading a message");
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(op.event, stream_), "nccl: event record");
     op.issued = true;

@@ -39,9 +39,7 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-void Answer(const std::string& line) {
-  std::cout << line << std::endl;
-}
+void Answer(const std::string& line) { std::cout << line << std::endl; }
 
 }  // namespace
 
