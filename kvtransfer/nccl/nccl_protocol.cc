@@ -70,8 +70,8 @@ absl::StatusOr<uint64_t> InitiatorSession::Post(std::vector<Segment> segments, a
 void InitiatorSession::PostReady() {
   while (!failed() && !unposted_.empty()) {
     auto it = transfers_.find(unposted_.front());
-    if (it == transfers_.end()) {  // released before it went out
-      unposted_.pop_front();
+    if (it == transfers_.end() || it->second.state != TransferState::kInProgress) {
+      unposted_.pop_front();  // released, or failed at its deadline, before it went out
       continue;
     }
     Transfer& t = it->second;

@@ -572,6 +572,7 @@ TEST(NcclProtocolTest, TransferQueuedBeforeReadyFailsAloneAtItsDeadline) {
   p.Run(kT0 + absl::Milliseconds(1500));
   EXPECT_EQ(*p.initiator->State(*later), TransferState::kDone);
   EXPECT_THAT(p.target->TakeNotifications(), ::testing::ElementsAre("later"));
+  EXPECT_EQ(p.target->messages_received(), 1u) << "the expired transfer must never be sent";
 }
 
 TEST(NcclProtocolTest, SilentTargetFailsTheTransferAtItsDeadline) {
