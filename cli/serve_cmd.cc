@@ -508,12 +508,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags->host, "Router bind address (default 127.0.0.1)");
   cmd->add_flag("--aggregated", flags->aggregated,
                 "No prefill workers: decode workers prefill locally (the baseline)");
-  cmd->add_option("--kv-transfer", flags->kv_transfer,
-                  "KV transfer backend: auto (default: cuda_ipc then ucx on GPUs, ucx on CPUs; "
-                  "each worker pair's handshake picks), cuda_ipc (GPU to GPU on this host; needs "
-                  "--device cuda), ucx, or loopback (one process only: across processes decode "
-                  "workers then recompute prompts locally)")
-      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "loopback"}));
+  cmd->add_option(
+         "--kv-transfer", flags->kv_transfer,
+         "KV transfer backend: auto (default: cuda_ipc, nccl, then ucx on GPUs, ucx on CPUs; "
+         "each worker pair's handshake picks), cuda_ipc (GPU to GPU on this host; needs "
+         "--device cuda), nccl (GPU to GPU across hosts; needs libnccl.so.2), ucx, or "
+         "loopback (one process only: across processes decode "
+         "workers then recompute prompts locally)")
+      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "nccl", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
   cmd->add_option("--prefill-device", flags->prefill_device,

@@ -121,10 +121,11 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--port", flags->port, "gRPC port (0: any free port)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
-  cmd->add_option("--kv-transfer", flags->kv_transfer,
-                  "KV transfer backend: auto (default: cuda_ipc then ucx for a GPU cache, ucx "
-                  "otherwise; the pair handshake picks), cuda_ipc, ucx or loopback")
-      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "loopback"}));
+  cmd->add_option(
+         "--kv-transfer", flags->kv_transfer,
+         "KV transfer backend: auto (default: cuda_ipc, nccl, then ucx for a GPU cache, ucx "
+         "otherwise; the pair handshake picks), cuda_ipc, nccl, ucx or loopback")
+      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "nccl", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "cpu (default), cuda or cuda:N: where the weights and the KV cache live");
   cmd->add_option("--ucx-transports", flags->ucx_transports,

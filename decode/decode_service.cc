@@ -80,9 +80,11 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   Pairing pairing;
   pairing.pair_id = response.pair_id();
   bool known = false;
+  server::TransferThread* transfer = nullptr;
   for (const DecodeEndpoint& e : endpoints_) {
     if (e.endpoint.backend() == response.backend()) {
       pairing.staged = e.staged;
+      transfer = e.transfer;
       known = true;
     }
   }
@@ -90,6 +92,23 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
     return absl::InternalError(
         absl::StrCat("prefill worker ", address, " answered the handshake with backend '",
                      response.backend(), "', which this worker did not offer"));
+  }
+  if (!response.connect_reply().empty()) {
+    // A two-sided backend (nccl): this side joins the connection the prefill worker started.
+    if (transfer == nullptr || response.agent_name().empty()) {
+      return absl::InternalError(absl::StrCat("prefill worker ", address,
+                                              " sent a connect reply this worker cannot take"));
+    }
+    // By value: on a timeout the task may still run after this returns.
+    absl::Status accepted =
+        transfer->Run([peer = response.agent_name(), reply = response.connect_reply()](
+                          kvtransfer::TransferBackend& b) { return b.Accept(peer, reply); },
+                      options_.connect_timeout);
+    if (!accepted.ok()) {
+      return absl::Status(accepted.code(),
+                          absl::StrCat("pairing with prefill worker ", address, ": accepting its ",
+                                       response.backend(), " connection: ", accepted.message()));
+    }
   }
   for (const std::string& fallback : response.fallbacks()) {
     LOG(WARNING) << "decode: prefill worker " << address << " skipped " << fallback;

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
+#include "runtime/server/transfer_thread.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/kv.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -65,6 +66,8 @@ struct DecodeServiceOptions {
 struct DecodeEndpoint {
   v1::KvEndpoint endpoint;
   bool staged = false;
+  // The lane's transfer thread (not owned): two-sided backends Accept a pair's reply on it.
+  server::TransferThread* transfer = nullptr;
 };
 
 class DecodeService final : public v1::Decode::Service {

@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     // This worker's identity on the backend, read on its transfer thread.
     DecodeEndpoint endpoint;
     endpoint.staged = setup.memory.staged;
+    endpoint.transfer = setup.thread.get();
     v1::KvEndpoint& e = endpoint.endpoint;
     e.set_backend(setup.thread->backend_name());
     const uint64_t region_id = setup.region_id;

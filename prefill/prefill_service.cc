@@ -191,10 +191,20 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
     } else {
       usable = CheckLayouts(lanes_[lane], layout);
     }
+    // Shared with the task: on a timeout it may still run after Run returns.
+    struct Joined {
+      std::string reply;
+      std::string agent;
+    };
+    auto joined = std::make_shared<Joined>();
     if (usable.ok()) {
       usable = lanes_[lane].transfer->Run(
-          [&endpoint](kvtransfer::TransferBackend& backend) {
-            return backend.Connect(endpoint.agent_name(), endpoint.agent_address());
+          [name = endpoint.agent_name(), address = endpoint.agent_address(),
+           joined](kvtransfer::TransferBackend& backend) -> absl::Status {
+            RETURN_IF_ERROR(backend.Connect(name, address));
+            ASSIGN_OR_RETURN(joined->reply, backend.ConnectReply(name));
+            joined->agent = backend.agent_name();
+            return absl::OkStatus();
           },
           options_.connect_timeout);
     }
@@ -216,6 +226,8 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
       }
       response->set_pair_id(*pair_id);
       response->set_backend(endpoint.backend());
+      response->set_connect_reply(joined->reply);
+      response->set_agent_name(joined->agent);
       for (std::string& f : fallbacks) response->add_fallbacks(std::move(f));
       LOG(INFO) << "prefill: paired with decode worker " << who << " over " << endpoint.backend();
       return grpc::Status::OK;
@@ -495,7 +507,12 @@ void PrefillService::StartTransfer(kvtransfer::TransferBackend& backend,
   }
   auto fail = [&](absl::Status status) {
     engine_->ReleaseHeldKv(kv.request_id);
-    metrics_->kv_transfer_failures.Increment();
+    bool finished;  // a streamed job that failed (and counted it) before its KV was whole
+    {
+      absl::MutexLock lock(&job->mu);
+      finished = job->done;
+    }
+    if (!finished) metrics_->kv_transfer_failures.Increment();
     job->Finish(std::move(status));
   };
   if (abandoned) return fail(absl::CancelledError("the caller gave up"));

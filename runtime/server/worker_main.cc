@@ -43,6 +43,13 @@ absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> Create
       LOG(WARNING) << role << ": --kv-transfer auto: no cuda_ipc (" << ipc.status()
                    << "); KV moves through ucx and a host mirror";
     }
+    // GPU to GPU between hosts, or where CUDA IPC cannot work (DESIGN.md: cuda_ipc, then nccl).
+    auto nccl = kvtransfer::CreateTransferBackend("nccl", options);
+    if (nccl.ok()) {
+      backends.push_back(*std::move(nccl));
+    } else {
+      LOG(INFO) << role << ": --kv-transfer auto: no nccl (" << nccl.status() << ")";
+    }
   }
   ASSIGN_OR_RETURN(auto ucx, kvtransfer::CreateTransferBackend("ucx", options));
   backends.push_back(std::move(ucx));
