@@ -14,21 +14,6 @@ int32_t TotalHeads(const KvLayout& l) {
   return l.total_kv_heads == 0 ? l.num_kv_heads : l.total_kv_heads;
 }
 
-absl::Status CheckIds(std::span<const int32_t> ids, size_t needed, int32_t num_blocks,
-                      const char* which) {
-  if (ids.size() < needed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(which, " blocks: ", ids.size(), " ids given, ", needed, " needed"));
-  }
-  for (size_t i = 0; i < needed; ++i) {
-    if (ids[i] < 0 || ids[i] >= num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(which, " block id ", ids[i], " at position ",
-                                                     i, " is out of range [0, ", num_blocks, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // [begin, end) of a piece's bytes on one side, overflow-safe; false when it does not fit.
 bool Fits(uint64_t offset, uint64_t rows, uint64_t pitch, uint64_t row_bytes, uint64_t length) {
   if (rows == 0 || row_bytes == 0) return true;
@@ -113,8 +98,9 @@ absl::StatusOr<ConversionPlan> PlanKvConversion(const KvLayout& src, const KvLay
   const auto blocks_for = [num_tokens](int block_size) {
     return (static_cast<size_t>(num_tokens) + block_size - 1) / block_size;
   };
-  RETURN_IF_ERROR(CheckIds(src_blocks, blocks_for(src.block_size), src.num_blocks, "source"));
-  RETURN_IF_ERROR(CheckIds(dst_blocks, blocks_for(dst.block_size), dst.num_blocks, "destination"));
+  RETURN_IF_ERROR(CheckBlockIds(src_blocks, blocks_for(src.block_size), src.num_blocks, "source"));
+  RETURN_IF_ERROR(
+      CheckBlockIds(dst_blocks, blocks_for(dst.block_size), dst.num_blocks, "destination"));
 
   ConversionPlan plan;
   plan.src_dtype = src.dtype;

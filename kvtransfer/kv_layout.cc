@@ -77,6 +77,21 @@ bool SameBlockFormat(const KvLayout& a, const KvLayout& b) {
          (a.dtype == b.dtype || a.dtype == KvDtype::kRaw || b.dtype == KvDtype::kRaw);
 }
 
+absl::Status CheckBlockIds(std::span<const int32_t> ids, size_t needed, int32_t num_blocks,
+                           const char* which) {
+  if (ids.size() < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " blocks: ", ids.size(), " ids given, ", needed, " needed"));
+  }
+  for (size_t i = 0; i < needed; ++i) {
+    if (ids[i] < 0 || ids[i] >= num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(which, " block id ", ids[i], " at position ",
+                                                     i, " is out of range [0, ", num_blocks, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block) {
   return static_cast<uint64_t>(layer) * layout.layer_stride +
          static_cast<uint64_t>(kv) * layout.kv_stride +
@@ -98,21 +113,6 @@ absl::Status CheckCompatible(const KvLayout& src, const KvLayout& dst) {
   return absl::OkStatus();
 }
 
-absl::Status CheckIds(std::span<const int32_t> ids, size_t needed, int32_t num_blocks,
-                      const char* which) {
-  if (ids.size() < needed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(which, " blocks: ", ids.size(), " ids given, ", needed, " needed"));
-  }
-  for (size_t i = 0; i < needed; ++i) {
-    if (ids[i] < 0 || ids[i] >= num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(which, " block id ", ids[i], " at position ",
-                                                     i, " is out of range [0, ", num_blocks, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 namespace {
@@ -130,8 +130,8 @@ absl::StatusOr<std::vector<CopyOp>> Plan(const KvLayout& src, const KvLayout& ds
         absl::StrCat("need 0 <= skip_tokens (", skip_tokens, ") <= num_tokens (", num_tokens, ")"));
   }
   const size_t needed = (static_cast<size_t>(num_tokens) + src.block_size - 1) / src.block_size;
-  RETURN_IF_ERROR(CheckIds(src_blocks, needed, src.num_blocks, "source"));
-  RETURN_IF_ERROR(CheckIds(dst_blocks, needed, dst.num_blocks, "destination"));
+  RETURN_IF_ERROR(CheckBlockIds(src_blocks, needed, src.num_blocks, "source"));
+  RETURN_IF_ERROR(CheckBlockIds(dst_blocks, needed, dst.num_blocks, "destination"));
   // Block i holds tokens [i*bs, (i+1)*bs): wholly cached iff (i+1)*bs <= skip_tokens.
   const size_t first = static_cast<size_t>(skip_tokens) / src.block_size;
   if (layer_begin < 0 || layer_begin >= layer_end || layer_end > src.num_layers) {

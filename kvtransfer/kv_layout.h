@@ -55,6 +55,11 @@ absl::Status ValidateKvLayout(const KvLayout& layout);
 // does not say). Otherwise it needs conversion (kv_convert.h).
 bool SameBlockFormat(const KvLayout& a, const KvLayout& b);
 
+// InvalidArgument unless `ids` holds at least `needed` ids and each of the first `needed` is in
+// [0, num_blocks); `which` ("source", "destination") names the side in the message.
+absl::Status CheckBlockIds(std::span<const int32_t> ids, size_t needed, int32_t num_blocks,
+                           const char* which);
+
 // Byte offset of (layer, kv, block) in `layout`.
 uint64_t KvBlockOffset(const KvLayout& layout, int layer, int kv, int block);
 

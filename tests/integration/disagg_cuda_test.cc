@@ -46,7 +46,7 @@ struct Generated {
 };
 
 // Greedy (EOS ignored) through a local engine, with the top-2 logprobs of every step.
-Generated Local(Engine& engine, const std::vector<int32_t>& prompt) {
+Generated Local(Engine& engine, const std::vector<int32_t>& prompt, int max_tokens = kMaxTokens) {
   absl::Mutex mu;
   Generated out;
   bool done = false;
@@ -54,7 +54,7 @@ Generated Local(Engine& engine, const std::vector<int32_t>& prompt) {
   r.request_id = UniqueId("local");
   r.prompt_token_ids = prompt;
   r.params.temperature = 0.0f;
-  r.params.max_tokens = kMaxTokens;
+  r.params.max_tokens = max_tokens;
   r.params.ignore_eos = true;
   r.params.logprobs = 2;
   r.on_output = [&](const GenerationOutput& o) {
@@ -249,27 +249,7 @@ TEST_P(DisaggHeteroTest, MixedDevicePairServesLikeTheCpuEngine) {
               static_cast<double>(length * d_token_bytes))
         << what;
 
-    absl::Mutex mu;
-    Generated want;
-    bool done = false;
-    GenerateRequest r;
-    r.request_id = UniqueId("cpu");
-    r.prompt_token_ids = prompt;
-    r.params.temperature = 0.0f;
-    r.params.max_tokens = kSteps;
-    r.params.ignore_eos = true;
-    r.params.logprobs = 2;
-    r.on_output = [&](const GenerationOutput& o) {
-      absl::MutexLock lock(&mu);
-      want.tokens.insert(want.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      want.logprobs.insert(want.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-      if (o.finish_reason.has_value()) done = true;
-    };
-    ASSERT_TRUE(cpu->engine->Submit(std::move(r)).ok());
-    {
-      absl::MutexLock lock(&mu);
-      ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120)));
-    }
+    const Generated want = Local(*cpu->engine, prompt, kSteps);
     int compared = 0;
     for (size_t i = 0; i < want.tokens.size() && i < got.tokens.size(); ++i) {
       const std::vector<TokenLogprob>& top = want.logprobs[i].top;
