@@ -441,6 +441,308 @@ TEST(UcxTransportsTest, SharedMemoryOnlyWorksOnOneHostAndFailsAcrossHosts) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// ---- kLateWrite and kCorruptBytes: faults that report nothing, so the tests look at the bytes.
+
+// A source and a destination region on a connected pair, and KV-like ops between them.
+struct PairedRegions {
+  KvLayout layout = TestLayout(2, 16, 1024);
+  std::vector<uint8_t> src, dst, before, expected;  // before/expected: dst before/after `ops`
+  std::vector<CopyOp> ops;
+  MemoryRegion src_region, dst_region;
+  std::string peer, blob;
+
+  TransferRequest Request(std::string notification) const {
+    return {.local_region = src_region.id,
+            .peer = peer,
+            .remote_region = blob,
+            .ops = ops,
+            .notification = std::move(notification)};
+  }
+};
+
+void SetUpPair(FaultInjectingBackend& a, FaultInjectingBackend& b, uint32_t seed,
+               PairedRegions& t) {
+  t.src = RandomBytes(LayoutBytes(t.layout), seed);
+  t.dst = RandomBytes(LayoutBytes(t.layout), seed + 1);
+  t.before = t.dst;
+  t.ops = KvOps(t.layout, 5, seed + 2);
+  t.expected = Expected(t.dst, t.src, t.ops);
+  ASSERT_NE(t.expected, t.before);
+  auto src_region = a.RegisterMemory(t.src.data(), t.src.size(), MemoryKind::kHost);
+  auto dst_region = b.RegisterMemory(t.dst.data(), t.dst.size(), MemoryKind::kHost);
+  ASSERT_TRUE(src_region.ok() && dst_region.ok());
+  t.src_region = *src_region;
+  t.dst_region = *dst_region;
+  auto blob = b.ExportRegion(dst_region->id);
+  ASSERT_TRUE(blob.ok());
+  t.blob = *blob;
+  t.peer = b.agent_name();
+  ASSERT_TRUE(ConnectPumping(a, b).ok());
+}
+
+TEST_P(BackendTest, LateWriteLandsAfterReleaseOnlyInItsRangesOnceItsDelayPassed) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 21, t));
+  constexpr absl::Duration kDelay = absl::Milliseconds(300);
+  a_->SetPlan({.stage = FaultStage::kLateWrite, .late_write_delay = kDelay});
+  TransferRequest request = t.Request("late");
+  const absl::Time posted = absl::Now();  // before PostWrite: the write is due no earlier
+  auto h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(a_->faults_injected(), 1);
+  EXPECT_EQ(a_->late_writes_pending(), 1);
+  auto state = a_->Poll(*h);
+  ASSERT_TRUE(state.ok());
+  if (absl::Now() < posted + kDelay) {
+    EXPECT_EQ(*state, TransferState::kInProgress);
+  }
+  // The initiator gives up; the write is still held, and still uses its region and peer.
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_EQ(a_->Poll(*h).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a_->late_writes_pending(), 1);
+  EXPECT_EQ(a_->DeregisterMemory(t.src_region.id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a_->Disconnect(b_->agent_name()).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Until the delay passed nothing lands (the wrapper posts only inside these calls).
+  int notifications = 0;
+  for (;;) {
+    a_->Progress();
+    b_->Progress();
+    notifications += static_cast<int>(b_->GetNotifications().size());
+    if (absl::Now() >= posted + kDelay) break;
+    ASSERT_EQ(t.dst, t.before) << "a late write landed before its delay";
+    ASSERT_EQ(notifications, 0);
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Then it lands, in exactly the ops' ranges, and the target is told.
+  const absl::Time deadline = absl::Now() + kDeadline;
+  while ((a_->late_writes_pending() > 0 || notifications == 0) && absl::Now() < deadline) {
+    a_->Progress();
+    b_->Progress();
+    notifications += static_cast<int>(b_->GetNotifications().size());
+  }
+  EXPECT_EQ(a_->late_writes_pending(), 0);
+  EXPECT_EQ(notifications, 1);
+  EXPECT_GE(absl::Now() - posted, kDelay);
+  EXPECT_EQ(t.dst, t.expected);
+  EXPECT_TRUE(a_->DeregisterMemory(t.src_region.id).ok());
+  EXPECT_TRUE(b_->DeregisterMemory(t.dst_region.id).ok());
+  EXPECT_TRUE(a_->Disconnect(b_->agent_name()).ok());
+}
+
+TEST_P(BackendTest, LateWriteReportsInProgressUntilItsDelayThenCompletes) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 31, t));
+  constexpr absl::Duration kDelay = absl::Milliseconds(200);
+  a_->SetPlan({.stage = FaultStage::kLateWrite, .late_write_delay = kDelay});
+  TransferRequest request = t.Request("");
+  // Only the local side is checked while the write is held; a bad request posts nothing.
+  TransferRequest bad = request;
+  bad.ops = {{.local_offset = t.src.size(), .remote_offset = 0, .length = 1}};
+  EXPECT_EQ(a_->PostWrite(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.local_region = 9999;
+  EXPECT_EQ(a_->PostWrite(bad).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a_->faults_injected(), 0);
+
+  const absl::Time posted = absl::Now();
+  auto h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  absl::StatusOr<TransferState> state;
+  const absl::Time deadline = posted + kDeadline;
+  do {
+    const bool early = absl::Now() < posted + kDelay;
+    state = a_->Poll(*h);
+    ASSERT_TRUE(state.ok()) << state.status();
+    if (early) {
+      ASSERT_EQ(t.dst, t.before);
+    }
+    b_->Progress();
+  } while (*state == TransferState::kInProgress && absl::Now() < deadline);
+  EXPECT_EQ(*state, TransferState::kDone);
+  EXPECT_GE(absl::Now() - posted, kDelay);
+  EXPECT_EQ(t.dst, t.expected);
+  EXPECT_EQ(a_->late_writes_pending(), 0);
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_TRUE(a_->DeregisterMemory(t.src_region.id).ok());
+}
+
+TEST_P(BackendTest, LateWriteReleasedBeforeItsDelayCanBeDropped) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 41, t));
+  constexpr absl::Duration kDelay = absl::Milliseconds(100);
+  a_->SetPlan({.stage = FaultStage::kLateWrite,
+               .late_write_delay = kDelay,
+               .late_write_survives_release = false});
+  TransferRequest request = t.Request("dropped");
+  auto h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_EQ(a_->late_writes_pending(), 0);
+  EXPECT_TRUE(a_->DeregisterMemory(t.src_region.id).ok());  // nothing uses it any more
+  const absl::Time until = absl::Now() + 3 * kDelay;
+  int notifications = 0;
+  while (absl::Now() < until) {
+    a_->Progress();
+    b_->Progress();
+    notifications += static_cast<int>(b_->GetNotifications().size());
+  }
+  EXPECT_EQ(notifications, 0);
+  EXPECT_EQ(t.dst, t.before);
+}
+
+TEST_P(BackendTest, DestroyingTheWrapperDropsItsHeldWrites) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 51, t));
+  constexpr absl::Duration kDelay = absl::Milliseconds(100);
+  a_->SetPlan({.stage = FaultStage::kLateWrite, .once = false, .late_write_delay = kDelay});
+  TransferRequest request = t.Request("never");
+  auto owned = a_->PostWrite(request);
+  auto released = a_->PostWrite(request);
+  ASSERT_TRUE(owned.ok() && released.ok());
+  EXPECT_TRUE(a_->Release(*released).ok());
+  EXPECT_EQ(a_->late_writes_pending(), 2);
+  a_.reset();
+  const absl::Time until = absl::Now() + 3 * kDelay;
+  int notifications = 0;
+  while (absl::Now() < until) {
+    b_->Progress();
+    notifications += static_cast<int>(b_->GetNotifications().size());
+  }
+  EXPECT_EQ(notifications, 0);
+  EXPECT_EQ(t.dst, t.before);
+}
+
+// `expected` with the bytes kCorruptBytes overwrites for `ops` (host source: flipped bits).
+std::vector<uint8_t> Corrupted(std::vector<uint8_t> expected, const std::vector<uint8_t>& src,
+                               const std::vector<CopyOp>& ops) {
+  const CopyOp& first = ops.front();
+  const size_t length = std::min<size_t>(16, first.length);
+  const size_t middle = (first.length - length) / 2;
+  for (size_t i = 0; i < length; ++i) {
+    expected[first.remote_offset + middle + i] =
+        static_cast<uint8_t>(~src[first.local_offset + middle + i]);
+  }
+  return expected;
+}
+
+// Offsets where the two differ.
+std::vector<size_t> Differences(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) at.push_back(i);
+  }
+  return at;
+}
+
+TEST_P(BackendTest, CorruptBytesDifferFromTheSourceInExactlyTheCorruptedRange) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 61, t));
+  a_->SetPlan({.stage = FaultStage::kCorruptBytes});
+  TransferRequest request = t.Request("corrupt");
+  const std::vector<uint8_t> corrupted = Corrupted(t.expected, t.src, t.ops);
+  auto h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  int notifications = 0;
+  bool done = false;
+  const absl::Time deadline = absl::Now() + kDeadline;
+  while ((!done || notifications == 0) && absl::Now() < deadline) {
+    if (!done) {
+      auto state = a_->Poll(*h);
+      ASSERT_TRUE(state.ok()) << state.status();
+      ASSERT_NE(*state, TransferState::kFailed);
+      done = *state == TransferState::kDone;
+      if (done) {
+        EXPECT_EQ(t.dst, corrupted) << "kDone before the corrupting write landed";
+      }
+    }
+    for (const Notification& n : b_->GetNotifications()) {
+      ++notifications;
+      EXPECT_EQ(n.message, "corrupt");
+      EXPECT_EQ(t.dst, corrupted) << "notification before the corrupting write landed";
+    }
+  }
+  ASSERT_TRUE(done);
+  EXPECT_EQ(notifications, 1);
+  EXPECT_EQ(a_->faults_injected(), 1);
+  // 16 bytes in the middle of the first op's destination, every one unlike the source.
+  const CopyOp& first = t.ops.front();
+  ASSERT_GE(first.length, 16u);
+  const size_t begin = first.remote_offset + (first.length - 16) / 2;
+  std::vector<size_t> expected_at(16);
+  std::iota(expected_at.begin(), expected_at.end(), begin);
+  EXPECT_EQ(Differences(t.dst, t.expected), expected_at);
+  EXPECT_TRUE(a_->Release(*h).ok());
+
+  // Disarmed: the same write again repairs the range.
+  h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto state = PollToEnd(*a_, *b_, *h);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, TransferState::kDone);
+  EXPECT_EQ(t.dst, t.expected);
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_TRUE(a_->DeregisterMemory(t.src_region.id).ok());
+  EXPECT_TRUE(b_->DeregisterMemory(t.dst_region.id).ok());
+}
+
+TEST_P(BackendTest, CorruptBytesOfShortAndEmptyFirstOps) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 71, t));
+  a_->SetPlan({.stage = FaultStage::kCorruptBytes});
+  TransferRequest request = t.Request("");
+  // An empty first op has nothing to corrupt: the write is clean and the plan stays armed.
+  request.ops = {{.local_offset = 0, .remote_offset = 0, .length = 0},
+                 {.local_offset = 0, .remote_offset = 4096, .length = 64}};
+  auto h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto state = PollToEnd(*a_, *b_, *h);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, TransferState::kDone);
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_EQ(a_->faults_injected(), 0);
+  std::vector<uint8_t> expected = Expected(t.before, t.src, request.ops);
+  EXPECT_EQ(t.dst, expected);
+
+  // A first op shorter than 16 bytes is corrupted whole; the second op lands intact.
+  request.ops = {{.local_offset = 100, .remote_offset = 200, .length = 5},
+                 {.local_offset = 1000, .remote_offset = 8192, .length = 300}};
+  h = a_->PostWrite(request);
+  ASSERT_TRUE(h.ok()) << h.status();
+  state = PollToEnd(*a_, *b_, *h);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, TransferState::kDone);
+  EXPECT_TRUE(a_->Release(*h).ok());
+  EXPECT_EQ(a_->faults_injected(), 1);
+  expected = Expected(expected, t.src, request.ops);
+  EXPECT_EQ(Differences(t.dst, expected), (std::vector<size_t>{200, 201, 202, 203, 204}));
+  EXPECT_EQ(t.dst, Corrupted(expected, t.src, request.ops));
+}
+
+TEST_P(BackendTest, ManyCorruptedWritesInFlightEachStayInsideItsOwnRange) {
+  PairedRegions t;
+  ASSERT_NO_FATAL_FAILURE(SetUpPair(*a_, *b_, 81, t));
+  a_->SetPlan({.stage = FaultStage::kCorruptBytes, .once = false});
+  std::vector<TransferHandle> handles;
+  std::vector<uint8_t> expected = t.before;
+  for (int block = 0; block < 8; ++block) {
+    TransferRequest request = t.Request(absl::StrCat("c", block));
+    const uint64_t off = KvBlockOffset(t.layout, 1, 0, block);
+    request.ops = {{.local_offset = off, .remote_offset = off, .length = t.layout.block_bytes}};
+    expected = Corrupted(Expected(expected, t.src, request.ops), t.src, request.ops);
+    auto h = a_->PostWrite(request);
+    ASSERT_TRUE(h.ok()) << h.status();
+    handles.push_back(*h);
+  }
+  for (TransferHandle h : handles) {
+    auto state = PollToEnd(*a_, *b_, h);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(*state, TransferState::kDone);
+    EXPECT_TRUE(a_->Release(h).ok());
+  }
+  EXPECT_EQ(a_->faults_injected(), 8);
+  EXPECT_EQ(t.dst, expected);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BackendTest, ::testing::Values("loopback", "ucx", "ucx_tcp"),
                          [](const auto& info) { return info.param; });
 
@@ -451,6 +753,7 @@ struct HandoffResult {
   absl::Status status;
   int notifications = 0;
   bool bytes_ok = false;
+  absl::Duration elapsed;
 };
 
 // One full KV handoff: register both sides, export, connect, write, wait, release, deregister.
@@ -503,7 +806,9 @@ HandoffResult RunHandoff(TransferBackend& a, TransferBackend& b, uint32_t seed) 
     if (status.ok()) status = dereg;
     return status;
   };
+  const absl::Time start = absl::Now();
   result.status = run();
+  result.elapsed = absl::Now() - start;
   for (int i = 0; i < 20; ++i) {
     a.Progress();
     result.notifications += static_cast<int>(b.GetNotifications().size());
@@ -523,10 +828,22 @@ TEST_P(FaultTest, FailureSurfacesAndBackendStaysUsable) {
   faulty.SetPlan({.stage = stage, .once = true, .polls_before_failure = 2});
   HandoffResult failed = RunHandoff(*a, *b, 11);
   EXPECT_EQ(faulty.faults_injected(), 1);
+  // kLateWrite and kCorruptBytes report no failure at all: the handoff "succeeds".
+  const bool silent = stage == FaultStage::kLateWrite || stage == FaultStage::kCorruptBytes;
   if (stage == FaultStage::kNotificationDrop) {
     // The data lands, the notice does not: the waiter sees a deadline, never a false success.
     EXPECT_EQ(failed.status.code(), absl::StatusCode::kDeadlineExceeded) << failed.status;
     EXPECT_TRUE(failed.bytes_ok);
+  } else if (stage == FaultStage::kLateWrite) {
+    // A waiter that waits long enough sees the whole write, after the (default) delay.
+    EXPECT_TRUE(failed.status.ok()) << failed.status;
+    EXPECT_TRUE(failed.bytes_ok);
+    EXPECT_GE(failed.elapsed, FaultPlan{}.late_write_delay);
+    EXPECT_EQ(a->late_writes_pending(), 0);
+  } else if (stage == FaultStage::kCorruptBytes) {
+    // Done and notified, with wrong bytes: only a checksum of the KV tells.
+    EXPECT_TRUE(failed.status.ok()) << failed.status;
+    EXPECT_FALSE(failed.bytes_ok);
   } else {
     EXPECT_FALSE(failed.status.ok());
     EXPECT_THAT(failed.status.message(),
@@ -536,6 +853,8 @@ TEST_P(FaultTest, FailureSurfacesAndBackendStaysUsable) {
     // The transfer itself completed before the injected Release error.
     EXPECT_TRUE(failed.bytes_ok);
     EXPECT_LE(failed.notifications, 1);
+  } else if (silent) {
+    EXPECT_EQ(failed.notifications, 1);
   } else {
     EXPECT_EQ(failed.notifications, 0);
   }
@@ -546,13 +865,23 @@ TEST_P(FaultTest, FailureSurfacesAndBackendStaysUsable) {
   EXPECT_EQ(ok.notifications, 1);
   EXPECT_EQ(faulty.faults_injected(), 1);
 
-  // An "always" plan keeps failing, and clearing it heals.
+  // An "always" plan keeps failing (a silent one keeps being late or corrupt), and clearing it
+  // heals.
   if (stage != FaultStage::kNotificationDrop) {
     faulty.SetPlan({.stage = stage, .once = false});
-    EXPECT_FALSE(RunHandoff(*a, *b, 13).status.ok());
-    EXPECT_FALSE(RunHandoff(*a, *b, 14).status.ok());
+    for (uint32_t seed : {13, 14}) {
+      HandoffResult always = RunHandoff(*a, *b, seed);
+      if (silent) {
+        EXPECT_TRUE(always.status.ok()) << always.status;
+        EXPECT_EQ(always.bytes_ok, stage == FaultStage::kLateWrite);
+      } else {
+        EXPECT_FALSE(always.status.ok());
+      }
+    }
     faulty.SetPlan({});
-    EXPECT_TRUE(RunHandoff(*a, *b, 15).status.ok());
+    HandoffResult healed = RunHandoff(*a, *b, 15);
+    EXPECT_TRUE(healed.status.ok()) << healed.status;
+    EXPECT_TRUE(healed.bytes_ok);
   }
 }
 
@@ -576,6 +905,10 @@ std::string StageName(FaultStage stage) {
       return "NotificationDrop";
     case FaultStage::kAccept:
       return "Accept";  // two-sided backends only (nccl); loopback and ucx need no Accept
+    case FaultStage::kLateWrite:
+      return "LateWrite";
+    case FaultStage::kCorruptBytes:
+      return "CorruptBytes";
   }
   return "Unknown";
 }
@@ -586,7 +919,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(FaultStage::kRegister, FaultStage::kExport,
                                          FaultStage::kConnect, FaultStage::kPost,
                                          FaultStage::kMidTransfer, FaultStage::kRelease,
-                                         FaultStage::kNotificationDrop)),
+                                         FaultStage::kNotificationDrop, FaultStage::kLateWrite,
+                                         FaultStage::kCorruptBytes)),
     [](const auto& info) {
       return absl::StrCat(std::get<0>(info.param), "_", StageName(std::get<1>(info.param)));
     });
