@@ -54,7 +54,9 @@ DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
     : engine_(engine),
       metrics_(metrics),
       endpoints_(std::move(endpoints)),
-      options_(std::move(options)) {}
+      options_(std::move(options)) {
+  for (const DecodeEndpoint& e : endpoints_) (void)metrics_->kv_transfer.For(e.endpoint.backend());
+}
 
 absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string& address,
                                                                absl::Time deadline) {
@@ -79,8 +81,9 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   }
   Pairing pairing;
   pairing.pair_id = response.pair_id();
+  pairing.backend = response.backend();
   bool known = false;
-  server::TransferThread* transfer = nullptr;
+  kvtransfer::TransferThread* transfer = nullptr;
   for (const DecodeEndpoint& e : endpoints_) {
     if (e.endpoint.backend() == response.backend()) {
       pairing.staged = e.staged;
@@ -210,7 +213,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       engine_request.stage_kv = pairing.staged;
     } else {
       LOG(WARNING) << "decode: request " << id << ": " << paired.status() << "; prefilling locally";
-      metrics_->kv_transfer_failures.Increment();
+      metrics_->kv_transfer.CountFailure(
+          endpoints_.empty() ? std::string("other") : endpoints_[0].endpoint.backend(), "connect");
       prefill_worker.clear();
     }
   }
@@ -279,15 +283,20 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       }
       engine_->CompleteRemotePrefill(id, std::move(result));
       remote_ok = true;
-      metrics_->kv_transfer_bytes.Increment(static_cast<double>(response.kv_bytes_written()));
-      metrics_->kv_transfers.Increment();
+      // Received: bytes and count (the prefill worker times the writes it posted).
+      metrics_->kv_transfer.CountTransfer(pairing.backend,
+                                          static_cast<double>(response.kv_bytes_written()), 0, 0,
+                                          absl::ZeroDuration(), absl::ZeroDuration());
     } else {
       // The prefill worker restarted: pair again next time.
       if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
         ForgetPair(prefill_worker, pairing.pair_id);
       }
       // The engine logs the fallback with this status (which names what failed).
-      metrics_->kv_transfer_failures.Increment();
+      metrics_->kv_transfer.CountFailure(
+          pairing.backend, status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "deadline"
+                           : status.error_code() == grpc::StatusCode::CANCELLED       ? "cancelled"
+                                                                                      : "remote");
       engine_->CompleteRemotePrefill(id, server::FromGrpcStatus(status));
     }
   };

@@ -35,9 +35,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kvtransfer/handoff/transfer_thread.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
-#include "runtime/server/transfer_thread.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/kv.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -67,7 +67,7 @@ struct DecodeEndpoint {
   v1::KvEndpoint endpoint;
   bool staged = false;
   // The lane's transfer thread (not owned): two-sided backends Accept a pair's reply on it.
-  server::TransferThread* transfer = nullptr;
+  kvtransfer::TransferThread* transfer = nullptr;
 };
 
 class DecodeService final : public v1::Decode::Service {
@@ -89,6 +89,7 @@ class DecodeService final : public v1::Decode::Service {
   struct Call;
   struct Pairing {
     std::string pair_id;
+    std::string backend;  // the chosen endpoint's (metrics label)
     bool staged = false;  // the chosen endpoint's KV lands in the host mirror
   };
   v1::Prefill::Stub* PrefillStub(const std::string& address);

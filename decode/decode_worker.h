@@ -25,7 +25,7 @@
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
-#include "runtime/server/transfer_thread.h"
+#include "kvtransfer/handoff/transfer_thread.h"
 #include "runtime/server/worker_metrics.h"
 #include "runtime/server/worker_stats_service.h"
 
@@ -69,7 +69,7 @@ class DecodeWorker {
   Engine* engine_ = nullptr;
   std::string host_;
   int port_ = 0;
-  std::vector<std::unique_ptr<server::TransferThread>> transfers_;
+  std::vector<std::unique_ptr<kvtransfer::TransferThread>> transfers_;
   std::unique_ptr<server::WorkerMetricsReporter> metrics_;
   std::unique_ptr<DecodeService> decode_service_;
   std::unique_ptr<server::WorkerStatsService> stats_service_;

@@ -1,7 +1,8 @@
-// The one file that knows which transfer backends exist (STYLE.md 8, 9).
+// The one file that knows which transfer backends exist (STYLE.md 8, 9): the registry.
 #include "kvtransfer/transfer_backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kvtransfer/loopback_backend.h"
 #include "kvtransfer/ucx/ucx_backend.h"
 #if TANDEM_KVTRANSFER_CUDA_IPC
@@ -13,29 +14,68 @@
 
 namespace tandem::kvtransfer {
 
+const std::vector<BackendEntry>& TransferBackendRegistry() {
+  static const std::vector<BackendEntry>* const registry = new std::vector<BackendEntry>{
+      {
+          .name = "cuda_ipc",
+          .summary = "GPU memory of processes on one host (same GPU, NVLink or PCIe peers)",
+          .moves_device_memory = true,
+          .in_process_only = false,
+#if TANDEM_KVTRANSFER_CUDA_IPC
+          .create = &CreateCudaIpcBackend,
+          .missing = "",
+#else
+          .create = nullptr,
+          .missing = "this build has no CUDA (configure with TANDEM_CUDA=ON)",
+#endif
+      },
+      {
+          .name = "nccl",
+          .summary =
+              "GPU memory between GPUs on any hosts (NCCL send/recv, a communicator per pair)",
+          .moves_device_memory = true,
+          .in_process_only = false,
+#if TANDEM_KVTRANSFER_NCCL
+          .create = &CreateNcclBackend,
+          .missing = "",
+#else
+          .create = nullptr,
+          .missing =
+              "this build has no nccl backend (configure with TANDEM_CUDA=ON where nccl.h is "
+              "found)",
+#endif
+      },
+      {.name = "ucx",
+       .summary = "host memory anywhere (UCX one-sided puts: shared memory, tcp, RDMA)",
+       .moves_device_memory = false,
+       .in_process_only = false,
+       .create = &CreateUcxBackend,
+       .missing = ""},
+      {.name = "loopback",
+       .summary = "host memory between agents of one process (the reference backend)",
+       .moves_device_memory = false,
+       .in_process_only = true,
+       .create = &CreateLoopbackBackend,
+       .missing = ""},
+  };
+  return *registry;
+}
+
 absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
     std::string_view name, const BackendOptions& options) {
-  if (name == "loopback") return CreateLoopbackBackend(options);
-  if (name == "ucx") return CreateUcxBackend(options);
-  if (name == "cuda_ipc") {
-#if TANDEM_KVTRANSFER_CUDA_IPC
-    return CreateCudaIpcBackend(options);
-#else
-    return absl::UnimplementedError(
-        "cuda_ipc: this build has no CUDA (configure with TANDEM_CUDA=ON)");
-#endif
-  }
-  if (name == "nccl") {
-#if TANDEM_KVTRANSFER_NCCL
-    return CreateNcclBackend(options);
-#else
-    return absl::UnimplementedError(
-        "nccl: this build has no nccl backend (configure with TANDEM_CUDA=ON where nccl.h is "
-        "found)");
-#endif
+  std::vector<std::string> names;
+  for (const BackendEntry& entry : TransferBackendRegistry()) {
+    if (entry.name == name) {
+      if (entry.create == nullptr) {
+        return absl::UnimplementedError(
+            absl::StrCat(std::string(name), ": ", std::string(entry.missing)));
+      }
+      return entry.create(options);
+    }
+    names.emplace_back(entry.name);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown transfer backend '", std::string(name),
-                                                 "' (choices: loopback, ucx, cuda_ipc, nccl)"));
+                                                 "' (choices: ", absl::StrJoin(names, ", "), ")"));
 }
 
 }  // namespace tandem::kvtransfer

@@ -158,8 +158,22 @@ class TransferBackend {
   virtual std::vector<Notification> GetNotifications() = 0;
 };
 
-// The one factory: "loopback", "ucx", "cuda_ipc" or "nccl" (InvalidArgument for others, naming
-// the choices; Unimplemented for a backend this build lacks, saying so).
+// The registry: every backend of the project, in the order `--kv-transfer auto` prefers them
+// (DESIGN.md: same host with IPC, then GPU to GPU anywhere, then UCX; loopback is in-process
+// only). Each backend is its own CMake target with its SDK private; an entry this build lacks has
+// no `create` and says in `missing` what it would need.
+struct BackendEntry {
+  std::string_view name;
+  std::string_view summary;  // what it moves, and between whom
+  bool moves_device_memory = false;
+  bool in_process_only = false;  // never chosen by auto
+  absl::StatusOr<std::unique_ptr<TransferBackend>> (*create)(const BackendOptions&) = nullptr;
+  std::string_view missing;  // when create is null: why this build has no such backend
+};
+const std::vector<BackendEntry>& TransferBackendRegistry();
+
+// Creates a backend by its registry name (InvalidArgument for an unknown name, naming the
+// choices; Unimplemented for a backend this build lacks, saying why).
 absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(
     std::string_view name, const BackendOptions& options);
 

@@ -11,38 +11,34 @@
 // that name the pair carry only block ids; the region, layout and agent come from the handshake.
 // Requests without a pair id carry the whole target (the older protocol).
 //
-// Flow: the handler validates the request (target layout incompatible with ours or another
-// backend: FAILED_PRECONDITION) and submits it to the engine with hold_kv_after_prefill. On the
-// engine thread, on_prefilled hands the held blocks to the transfer thread, which connects to the
-// target agent (connections cached), plans block copies (skipping blocks the target already
-// caches), posts the writes and polls them to completion, then releases the transfer and the held
-// blocks. The handler waits for that with a deadline.
-// Layer-wise streaming (options.kv_streaming, a device lane, an engine that reports chunks):
-// before each step of the prompt the engine reports the chunk (on_kv_chunk); the lane's transfer
-// thread plans its writes per layer and posts each once the runner's layer progress passes it,
-// under the remaining layers; on_prefilled then posts whatever is left and the job finishes when
-// every write has landed. Every posted write is released (Release waits for a running copy)
-// before the job answers, also when it fails.
+// Flow: the handler validates the request (target layout incompatible with ours, or blocks that
+// do not cover the prompt: FAILED_PRECONDITION), begins a send on the pair's lane
+// (kvtransfer/handoff/kv_sender.h, which owns the handoff from there) and submits the prompt to
+// the engine with hold_kv_after_prefill. The engine's callbacks only forward to the send: each
+// chunk before its step (layer-wise streaming: options.kv_streaming, a device lane, an engine that
+// reports chunks, same block format), the held KV when the prompt is done (the send gives the
+// blocks back to the engine, once), or the prefill's failure. The handler waits for the send's
+// report with a deadline and answers with the first token once every write has landed.
 // Layout conversion: a pair whose layouts differ in block size, dtype or head range (kv_convert.h)
-// is admitted when the lane reads host memory; each prompt's KV is then converted on the transfer
-// thread into a buffer of the destination's format, written in one transfer, and freed after.
-// Fencing: a request naming a pair carries a transfer epoch. Prefill.Fence(pair, epoch) marks the
-// job abandoned ON its lane's transfer thread (every post happens there, after an abandoned check,
-// so no write is posted afterwards), then waits until every posted write has been released, and
+// is admitted when the lane reads host memory; the sender converts each prompt into a buffer of
+// the destination's format and writes that (not streamed).
+// Fencing: a request naming a pair carries a transfer epoch. Prefill.Fence(pair, epoch) fences
+// that send (no write is posted after it; it waits until the posted ones are released) and
 // answers quiescent. The decode worker reuses the blocks of a failed transfer only after that.
 // Failures: any transfer failure answers with an error status (the decode worker then prefills
-// locally). If the handler's deadline passes or its client goes away, everything is released
-// (transfer handle, held blocks; the engine's held-KV lease is the last resort). P holds nothing
-// after it replies.
-//
+// locally). If the handler's deadline passes or its client goes away, the send is abandoned and
+// releases everything (the engine's held-KV lease is the last resort). P holds nothing after it
+// replies.
+// Metrics: every send's report is counted with its backend as a label (worker_metrics: bytes,
+// transfers, ops, latency, exposed time, bandwidth, hidden fraction, failures by stage).
 // Threading (STYLE.md 12): the engine thread owns the batch, each lane's transfer thread owns its
-// backend; gRPC handler threads only validate, enqueue and wait.
-// Ownership: engine, transfer threads and metrics are not owned and must outlive the service.
+// backend (inside its KvSender); gRPC handler threads only validate, enqueue and wait.
+// Ownership: engine, senders and metrics are not owned; the engine and metrics must outlive the
+// service, the senders its Detach.
 
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -51,10 +47,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/kv_layout.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
-#include "runtime/server/transfer_thread.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
 namespace tandem::prefill {
@@ -62,7 +58,8 @@ namespace tandem::prefill {
 struct PrefillServiceOptions {
   // Whole call (queue + compute + transfer), capped by the client's deadline.
   absl::Duration prefill_timeout = absl::Seconds(60);
-  // From the KV being ready to the last write acknowledged; keep below the engine's held-KV lease.
+  // From the KV being ready to the last write acknowledged (each lane's KvSenderOptions, set by
+  // the worker); keep below the engine's held-KV lease.
   absl::Duration transfer_timeout = absl::Seconds(20);
   // Connect: the backend connection to a decode worker's agent, per endpoint tried.
   absl::Duration connect_timeout = absl::Seconds(10);
@@ -76,22 +73,17 @@ struct PrefillServiceOptions {
   absl::Duration fence_timeout = absl::Seconds(5);
 };
 
-// One transfer backend of the worker: its thread, the region its transfer memory is registered
-// as, and whether that memory is the engine's host mirror (the engine stages through it).
+// One transfer backend of the worker: its sender, and whether the engine stages KV through the
+// host mirror for it.
 struct TransferLane {
-  server::TransferThread* transfer = nullptr;  // not owned
-  uint64_t local_region = 0;
+  kvtransfer::KvSender* sender = nullptr;  // not owned
   bool staged = false;
-  // The registered memory when it is host memory (the KV cache of a CPU engine, or the host
-  // mirror): KV of another block format is converted from it. Null for device memory.
-  const void* host_memory = nullptr;
-  size_t host_bytes = 0;
 };
 
 class PrefillService final : public v1::Prefill::Service {
  public:
-  // `lanes`: the worker's backends (distinct names), each with its registered transfer memory
-  // (the engine's kv_layout() offsets).
+  // `lanes`: the worker's backends (distinct names), each a sender of the engine's KV (its
+  // transfer memory registered with the lane's backend).
   PrefillService(Engine* engine, std::vector<TransferLane> lanes, metrics::WorkerMetrics* metrics,
                  PrefillServiceOptions options);
 
@@ -102,14 +94,12 @@ class PrefillService final : public v1::Prefill::Service {
   grpc::Status Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
                      v1::FenceResponse* response) override;
 
-  // Before the transfer thread stops: KV that becomes ready afterwards is released at once (the
-  // engine may still call back after the service is gone, so callbacks hold only `dispatch_`).
+  // Before the senders stop: sends that end from now on are not counted (the engine may still
+  // call back after the service is gone, so callbacks hold only `dispatch_`).
   void Detach();
 
  private:
   struct Job;
-  struct Stream;
-  struct Staging;
   struct Dispatch {
     absl::Mutex mu;
     PrefillService* service ABSL_GUARDED_BY(mu);
@@ -122,26 +112,8 @@ class PrefillService final : public v1::Prefill::Service {
   };
   // The lane running `backend`, or lanes_.size().
   size_t FindLane(const std::string& backend) const;
-  // OK when this worker can write its KV into `target` over `lane`: byte copies of the same block
-  // format, or a conversion (kv_convert.h) from the lane's host memory.
-  absl::Status CheckLayouts(const TransferLane& lane, const kvtransfer::KvLayout& target) const;
-  // Transfer thread: converts the KV into a staging buffer registered with `backend`.
-  absl::StatusOr<std::shared_ptr<Staging>> Convert(kvtransfer::TransferBackend& backend,
-                                                   const TransferLane& lane,
-                                                   const kvtransfer::KvLayout& target,
-                                                   std::span<const int32_t> src_blocks,
-                                                   std::span<const int32_t> dst_blocks,
-                                                   int num_tokens, int skip_tokens);
-  // Transfer thread of the job's lane only.
-  void StartTransfer(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job);
-  // Connects to the job's agent unless connected with its address (transfer thread).
-  absl::Status EnsurePeer(kvtransfer::TransferBackend& backend, const Job& job);
-  // Layer-wise streaming (transfer thread): queues a chunk's per-layer writes, and the poller
-  // that posts each once its layer is computed and finishes the job after on_prefilled.
-  void OnKvChunk(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job,
-                 const KvChunk& chunk);
-  bool PollStream(kvtransfer::TransferBackend& backend, const std::shared_ptr<Job>& job,
-                  bool stopping);
+  // Counts a send's report on the metrics of its lane's backend.
+  void Record(const std::string& backend, const kvtransfer::KvSendReport& report);
 
   Engine* const engine_;
   const std::vector<TransferLane> lanes_;
@@ -157,12 +129,9 @@ class PrefillService final : public v1::Prefill::Service {
   // (decode worker, backend) fallbacks already logged.
   absl::flat_hash_set<std::string> logged_fallbacks_ ABSL_GUARDED_BY(pairs_mu_);
 
-  // Fenceable jobs by "pair_id/epoch" (weak: a job nobody holds can post nothing).
+  // Fenceable calls by "pair_id/epoch" (weak: a send nobody holds can post nothing).
   absl::Mutex jobs_mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<Job>> jobs_ ABSL_GUARDED_BY(jobs_mu_);
-
-  // Per lane, its transfer thread only: connected peers, agent name -> address.
-  std::vector<absl::flat_hash_map<std::string, std::string>> peers_;
 };
 
 }  // namespace tandem::prefill

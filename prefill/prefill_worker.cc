@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
+#include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/transfer_memory.h"
 
 namespace tandem::prefill {
@@ -26,15 +27,18 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   ASSIGN_OR_RETURN(std::vector<server::TransferLaneSetup> setups,
                    server::StartTransferLanes(*engine, std::move(backends), options.setup_timeout));
   std::vector<TransferLane> lanes;
+  const kvtransfer::KvLayout layout = server::ToTransferLayout(engine->kv_layout());
   for (server::TransferLaneSetup& setup : setups) {
-    lanes.push_back(TransferLane{.transfer = setup.thread.get(),
-                                 .local_region = setup.region_id,
-                                 .staged = setup.memory.staged,
-                                 .host_memory = setup.memory.kind == kvtransfer::MemoryKind::kHost
-                                                    ? setup.memory.layout.base
-                                                    : nullptr,
-                                 .host_bytes = setup.memory.layout.bytes});
-    worker->transfers_.push_back(std::move(setup.thread));
+    const bool host = setup.memory.kind == kvtransfer::MemoryKind::kHost;
+    auto sender = std::make_unique<kvtransfer::KvSender>(
+        std::move(setup.thread),
+        kvtransfer::KvSource{.layout = layout,
+                             .region_id = setup.region_id,
+                             .host_memory = host ? setup.memory.layout.base : nullptr,
+                             .host_bytes = host ? setup.memory.layout.bytes : 0},
+        kvtransfer::KvSenderOptions{.transfer_timeout = options.service.transfer_timeout});
+    lanes.push_back(TransferLane{.sender = sender.get(), .staged = setup.memory.staged});
+    worker->senders_.push_back(std::move(sender));
   }
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
@@ -59,10 +63,10 @@ void PrefillWorker::Shutdown(absl::Duration drain) {
   absl::MutexLock lock(&shutdown_mu_);
   if (stats_service_ != nullptr) stats_service_->Stop();
   server_.Shutdown(drain);
-  // KV that becomes ready from now on is released at once; live transfers are released by the
-  // transfer threads' last poll.
+  // Sends that end from now on are not counted; every live send fails and gives its KV back
+  // (KV that becomes ready later goes back at once).
   if (prefill_service_ != nullptr) prefill_service_->Detach();
-  for (auto& transfer : transfers_) transfer->Stop();
+  for (auto& sender : senders_) sender->Stop();
 }
 
 }  // namespace tandem::prefill

@@ -7,7 +7,8 @@
 // runs one; integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
-// (prefill_service.h); one transfer thread per backend owns it (connect, post, poll, release).
+// (prefill_service.h); one KvSender per backend owns it on its transfer thread (connect, post,
+// poll, release; kvtransfer/handoff/kv_sender.h).
 // Lifetime: Create starts serving (health SERVING); Shutdown (also the destructor) stops
 // accepting, gives in-flight calls `drain`, cancels the rest, releases every transfer and held
 // block, and stops the transfer thread. The engine must outlive the worker; shut the engine down
@@ -20,11 +21,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/transfer_backend.h"
 #include "prefill/prefill_service.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
-#include "runtime/server/transfer_thread.h"
 #include "runtime/server/worker_metrics.h"
 #include "runtime/server/worker_stats_service.h"
 
@@ -67,7 +68,7 @@ class PrefillWorker {
 
   std::string host_;
   int port_ = 0;
-  std::vector<std::unique_ptr<server::TransferThread>> transfers_;
+  std::vector<std::unique_ptr<kvtransfer::KvSender>> senders_;
   std::unique_ptr<server::WorkerMetricsReporter> metrics_;
   std::unique_ptr<PrefillService> prefill_service_;
   std::unique_ptr<server::WorkerStatsService> stats_service_;

@@ -1,5 +1,6 @@
 #include "runtime/metrics/metrics.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "prometheus/text_serializer.h"
@@ -47,6 +48,12 @@ std::vector<double> TransferBuckets() {
           0.025, 0.05, 0.1,  0.25,   0.5,  1.0,  2.5,    5.0,  10.0};
 }
 
+std::vector<double> BandwidthBuckets() {
+  return {1e7, 1e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2.5e11, 5e11, 1e12, 2e12, 4e12};
+}
+
+std::vector<double> RatioBuckets() { return {0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1}; }
+
 std::string Serialize(prometheus::Registry& registry) {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry.Collect());
@@ -91,6 +98,113 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
       worker_healthy(GaugeFamily(r, "tandem_worker_healthy",
                                  "1 when the worker's stats stream is live, else 0")) {}
 
+namespace {
+
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r,
+                                                       const std::string& name,
+                                                       const std::string& help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& r,
+                                                           const std::string& name,
+                                                           const std::string& help) {
+  return BuildHistogram().Name(name).Help(help).Register(r);
+}
+
+double Sum(const absl::node_hash_map<std::string, KvTransferMetrics::Backend>& backends,
+           prometheus::Counter* KvTransferMetrics::Backend::*series) {
+  double sum = 0;
+  for (const auto& [name, backend] : backends) sum += (backend.*series)->Value();
+  return sum;
+}
+
+}  // namespace
+
+KvTransferMetrics::KvTransferMetrics(prometheus::Registry& r)
+    : bytes_(CounterFamily(r, "tandem_kv_transfer_bytes_total",
+                           "KV bytes moved by kvtransfer (sent on prefill, received on decode)")),
+      transfers_(CounterFamily(r, "tandem_kv_transfers_total", "KV transfers completed")),
+      ops_(CounterFamily(
+          r, "tandem_kv_transfer_ops_total",
+          "Copy operations posted for KV transfers (/ transfers = ops per transfer)")),
+      streamed_bytes_(
+          CounterFamily(r, "tandem_kv_transfer_streamed_bytes_total",
+                        "KV bytes whose writes were posted while the prompt was still computed")),
+      failures_(CounterFamily(r, "tandem_kv_transfer_failures_total",
+                              "KV transfers that failed, by the stage where they stopped")),
+      latency_(HistogramFamily(r, "tandem_kv_transfer_latency_seconds",
+                               "KV transfer time from its first post to its last write landing")),
+      exposed_(HistogramFamily(r, "tandem_kv_transfer_exposed_seconds",
+                               "KV transfer time after the prompt's KV was complete (not hidden "
+                               "under compute)")),
+      bandwidth_(HistogramFamily(r, "tandem_kv_transfer_bandwidth_bytes_per_second",
+                                 "Effective bandwidth of each KV transfer (bytes / latency)")),
+      hidden_(HistogramFamily(r, "tandem_kv_transfer_hidden_ratio",
+                              "Fraction of each KV transfer's time hidden under compute")) {}
+
+const KvTransferMetrics::Backend& KvTransferMetrics::For(const std::string& backend) {
+  absl::MutexLock lock(&mu_);
+  auto it = backends_.find(backend);
+  if (it != backends_.end()) return it->second;
+  const prometheus::Labels labels = {{"backend", backend}};
+  Backend series{.bytes = &bytes_.Add(labels),
+                 .transfers = &transfers_.Add(labels),
+                 .ops = &ops_.Add(labels),
+                 .streamed_bytes = &streamed_bytes_.Add(labels),
+                 .latency = &latency_.Add(labels, TransferBuckets()),
+                 .exposed = &exposed_.Add(labels, TransferBuckets()),
+                 .bandwidth = &bandwidth_.Add(labels, BandwidthBuckets()),
+                 .hidden = &hidden_.Add(labels, RatioBuckets())};
+  return backends_.emplace(backend, series).first->second;
+}
+
+void KvTransferMetrics::CountFailure(const std::string& backend, const std::string& stage) {
+  prometheus::Counter* counter;
+  {
+    absl::MutexLock lock(&mu_);
+    prometheus::Counter*& slot = failure_series_[backend + "\n" + stage];
+    if (slot == nullptr) slot = &failures_.Add({{"backend", backend}, {"stage", stage}});
+    counter = slot;
+  }
+  counter->Increment();
+}
+
+void KvTransferMetrics::CountTransfer(const std::string& backend, double bytes, double ops,
+                                      double streamed_bytes, absl::Duration latency,
+                                      absl::Duration exposed) {
+  const Backend& series = For(backend);
+  series.bytes->Increment(bytes);
+  series.transfers->Increment();
+  series.ops->Increment(ops);
+  series.streamed_bytes->Increment(streamed_bytes);
+  if (latency <= absl::ZeroDuration()) return;
+  const double seconds = absl::ToDoubleSeconds(latency);
+  series.latency->Observe(seconds);
+  series.exposed->Observe(absl::ToDoubleSeconds(exposed));
+  series.bandwidth->Observe(bytes / seconds);
+  series.hidden->Observe(std::clamp(1.0 - absl::ToDoubleSeconds(exposed) / seconds, 0.0, 1.0));
+}
+
+double KvTransferMetrics::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return Sum(backends_, &Backend::bytes);
+}
+double KvTransferMetrics::transfers() const {
+  absl::MutexLock lock(&mu_);
+  return Sum(backends_, &Backend::transfers);
+}
+double KvTransferMetrics::streamed_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return Sum(backends_, &Backend::streamed_bytes);
+}
+double KvTransferMetrics::failures() const {
+  absl::MutexLock lock(&mu_);
+  double sum = 0;
+  for (const auto& [key, counter] : failure_series_) sum += counter->Value();
+  return sum;
+}
+
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
     : requests_running(Gauge(r, "tandem_requests_running", "Sequences in the running batch")),
       requests_waiting(Gauge(r, "tandem_requests_waiting", "Requests waiting to be scheduled")),
@@ -100,22 +214,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                                    "Prompt tokens looked up in the prefix cache")),
       prefix_cache_hits(
           Counter(r, "tandem_prefix_cache_hits_total", "Prompt tokens found in the prefix cache")),
-      kv_transfer_bytes(
-          Counter(r, "tandem_kv_transfer_bytes_total",
-                  "KV bytes moved by kvtransfer (sent on prefill, received on decode)")),
-      kv_transfers(Counter(r, "tandem_kv_transfers_total", "KV transfers completed")),
-      kv_transfer_failures(
-          Counter(r, "tandem_kv_transfer_failures_total", "KV transfers that failed")),
-      kv_transfer_latency(Histogram(r, "tandem_kv_transfer_latency_seconds",
-                                    "KV transfer time from post to completion", TransferBuckets())),
+      kv_transfer(r),
       kv_transfer_fallbacks(BuildCounter()
                                 .Name("tandem_kv_transfer_fallbacks_total")
                                 .Help("KV transfer endpoints a pair handshake skipped, by backend "
                                       "and reason")
                                 .Register(r)),
-      kv_transfer_streamed_bytes(
-          Counter(r, "tandem_kv_transfer_streamed_bytes_total",
-                  "KV bytes whose writes were posted while the prompt was still computed")),
       kv_quarantined_blocks(Gauge(r, "tandem_kv_quarantined_blocks",
                                   "KV blocks held back after a failed transfer until fenced")),
       kv_fences(BuildCounter()

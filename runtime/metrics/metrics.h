@@ -10,6 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -22,6 +27,8 @@ std::vector<double> TtftBuckets();        // seconds, 1 ms .. 2560 s
 std::vector<double> InterTokenBuckets();  // seconds, 10 ms .. 80 s (plus 1/2.5/5 ms for CPU)
 std::vector<double> E2eBuckets();         // seconds, 0.3 .. 7680 s (plus sub-0.3 for small models)
 std::vector<double> TransferBuckets();    // seconds, 10 us .. 10 s
+std::vector<double> BandwidthBuckets();   // bytes per second, 10 MB/s .. 4 TB/s
+std::vector<double> RatioBuckets();       // 0 .. 1
 
 // Prometheus text exposition format of everything in `registry`.
 std::string Serialize(prometheus::Registry& registry);
@@ -53,27 +60,78 @@ struct RouterMetrics {
   prometheus::Family<prometheus::Gauge>& worker_healthy;
 };
 
+// KV transfer metrics with the backend as a label. The label values are this worker's own backend
+// names and fixed stage names, never a peer's words, so no peer can mint series.
+//   tandem_kv_transfer_bytes_total{backend}          bytes moved (sent / received)
+//   tandem_kv_transfers_total{backend}                transfers completed
+//   tandem_kv_transfer_ops_total{backend}             copy ops posted (/ transfers = ops per one)
+//   tandem_kv_transfer_streamed_bytes_total{backend}  bytes posted while the prompt was computed
+//   tandem_kv_transfer_failures_total{backend,stage}  failed transfers by where they stopped
+//   tandem_kv_transfer_latency_seconds{backend}       first post -> last write landed
+//   tandem_kv_transfer_exposed_seconds{backend}       KV complete -> last write landed (what the
+//                                                     first token waited for)
+//   tandem_kv_transfer_bandwidth_bytes_per_second{backend}  bytes / latency, per transfer
+//   tandem_kv_transfer_hidden_ratio{backend}          1 - exposed / latency, per transfer: the
+//                                                     fraction of its time under compute
+class KvTransferMetrics {
+ public:
+  explicit KvTransferMetrics(prometheus::Registry& registry);
+
+  struct Backend {
+    prometheus::Counter* bytes;
+    prometheus::Counter* transfers;
+    prometheus::Counter* ops;
+    prometheus::Counter* streamed_bytes;
+    prometheus::Histogram* latency;
+    prometheus::Histogram* exposed;
+    prometheus::Histogram* bandwidth;
+    prometheus::Histogram* hidden;
+  };
+  // The series of `backend`, created on first use (thread-safe; the reference stays valid).
+  const Backend& For(const std::string& backend);
+  void CountFailure(const std::string& backend, const std::string& stage);
+  // One completed transfer: its bytes, ops, streamed bytes, and its latencies when it wrote
+  // anything (zero durations are not observed).
+  void CountTransfer(const std::string& backend, double bytes, double ops, double streamed_bytes,
+                     absl::Duration latency, absl::Duration exposed);
+
+  // Sums over every backend (and stage): tests and logs.
+  double bytes() const;
+  double transfers() const;
+  double failures() const;
+  double streamed_bytes() const;
+
+ private:
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Counter>& transfers_;
+  prometheus::Family<prometheus::Counter>& ops_;
+  prometheus::Family<prometheus::Counter>& streamed_bytes_;
+  prometheus::Family<prometheus::Counter>& failures_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Histogram>& exposed_;
+  prometheus::Family<prometheus::Histogram>& bandwidth_;
+  prometheus::Family<prometheus::Histogram>& hidden_;
+  mutable absl::Mutex mu_;
+  absl::node_hash_map<std::string, Backend> backends_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Counter*> failure_series_ ABSL_GUARDED_BY(mu_);
+};
+
 struct WorkerMetrics {
   explicit WorkerMetrics(prometheus::Registry& registry);
 
-  prometheus::Gauge& requests_running;         // tandem_requests_running
-  prometheus::Gauge& requests_waiting;         // tandem_requests_waiting
-  prometheus::Gauge& kv_blocks_used;           // tandem_kv_blocks_used
-  prometheus::Gauge& kv_blocks_total;          // tandem_kv_blocks_total
-  prometheus::Counter& prefix_cache_queries;   // tandem_prefix_cache_queries_total (tokens)
-  prometheus::Counter& prefix_cache_hits;      // tandem_prefix_cache_hits_total (tokens)
-  prometheus::Counter& kv_transfer_bytes;      // tandem_kv_transfer_bytes_total (sent or received)
-  prometheus::Counter& kv_transfers;           // tandem_kv_transfers_total
-  prometheus::Counter& kv_transfer_failures;   // tandem_kv_transfer_failures_total
-  prometheus::Histogram& kv_transfer_latency;  // tandem_kv_transfer_latency_seconds (post->done)
+  prometheus::Gauge& requests_running;        // tandem_requests_running
+  prometheus::Gauge& requests_waiting;        // tandem_requests_waiting
+  prometheus::Gauge& kv_blocks_used;          // tandem_kv_blocks_used
+  prometheus::Gauge& kv_blocks_total;         // tandem_kv_blocks_total
+  prometheus::Counter& prefix_cache_queries;  // tandem_prefix_cache_queries_total (tokens)
+  prometheus::Counter& prefix_cache_hits;     // tandem_prefix_cache_hits_total (tokens)
+  // tandem_kv_transfer_*{backend}: KV transfers by this worker's backend (sent on prefill,
+  // received on decode).
+  KvTransferMetrics kv_transfer;
   // tandem_kv_transfer_fallbacks_total{backend, reason}: endpoints a pair handshake skipped
   // (backend: ours, or "other"; reason: the status code name of why, e.g. FAILED_PRECONDITION for
   // cuda_ipc across hosts).
   prometheus::Family<prometheus::Counter>& kv_transfer_fallbacks;
-  // tandem_kv_transfer_streamed_bytes_total: bytes whose writes were posted while their prompt
-  // was still being computed (layer-wise streaming); / tandem_kv_transfer_bytes_total = the
-  // fraction of KV sent under compute.
-  prometheus::Counter& kv_transfer_streamed_bytes;
   // tandem_kv_quarantined_blocks: decode-side KV blocks of failed or abandoned transfers, held back
   // until the prefill worker confirms no write of theirs is in flight or their lease expires.
   prometheus::Gauge& kv_quarantined_blocks;

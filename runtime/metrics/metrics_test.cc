@@ -22,16 +22,42 @@ TEST(Metrics, RouterAndWorkerMetricsSerializeWithTheirNames) {
 
   prometheus::Registry worker_registry;
   WorkerMetrics worker(worker_registry);
-  worker.kv_transfer_bytes.Increment(4096);
+  worker.kv_transfer.CountTransfer("cuda_ipc", 4096, 16, 1024, absl::Milliseconds(4),
+                                   absl::Milliseconds(1));
+  worker.kv_transfer.CountTransfer("ucx", 100, 1, 0, absl::ZeroDuration(), absl::ZeroDuration());
+  worker.kv_transfer.CountFailure("ucx", "deadline");
+  worker.kv_transfer.CountFailure("ucx", "deadline");
   worker.kv_blocks_used.Set(3);
   text = Serialize(worker_registry);
-  EXPECT_NE(text.find("tandem_kv_transfer_bytes_total 4096"), std::string::npos) << text;
+  EXPECT_NE(text.find("tandem_kv_transfer_bytes_total{backend=\"cuda_ipc\"} 4096"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_kv_transfer_ops_total{backend=\"cuda_ipc\"} 16"), std::string::npos);
+  EXPECT_NE(text.find("tandem_kv_transfer_failures_total{backend=\"ucx\",stage=\"deadline\"} 2"),
+            std::string::npos)
+      << text;
+  // 4096 bytes in 4 ms = 1.024 MB/s; 3 of the 4 ms were under compute.
+  EXPECT_NE(text.find("tandem_kv_transfer_bandwidth_bytes_per_second_sum{backend=\"cuda_ipc\"} "
+                      "1024000"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_kv_transfer_hidden_ratio_sum{backend=\"cuda_ipc\"} 0.75"),
+            std::string::npos)
+      << text;
+  // A transfer with no timing (the receiving side) observes no latency.
+  EXPECT_NE(text.find("tandem_kv_transfer_latency_seconds_count{backend=\"ucx\"} 0"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("tandem_kv_blocks_used 3"), std::string::npos) << text;
+  EXPECT_EQ(worker.kv_transfer.bytes(), 4196);
+  EXPECT_EQ(worker.kv_transfer.transfers(), 2);
+  EXPECT_EQ(worker.kv_transfer.failures(), 2);
+  EXPECT_EQ(worker.kv_transfer.streamed_bytes(), 1024);
 }
 
 TEST(Metrics, BucketsAreStrictlyIncreasing) {
-  for (const auto& buckets :
-       {TtftBuckets(), InterTokenBuckets(), E2eBuckets(), TransferBuckets()}) {
+  for (const auto& buckets : {TtftBuckets(), InterTokenBuckets(), E2eBuckets(), TransferBuckets(),
+                              BandwidthBuckets(), RatioBuckets()}) {
     EXPECT_TRUE(std::is_sorted(buckets.begin(), buckets.end()));
     EXPECT_EQ(std::adjacent_find(buckets.begin(), buckets.end()), buckets.end());
   }

@@ -1,16 +1,9 @@
 // Unit tests of the service-edge helpers: status and proto conversions, and the transfer thread
 // (over a fake backend that records which thread calls it).
-#include <atomic>
-#include <set>
-#include <thread>
-
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
-#include "runtime/server/transfer_thread.h"
 
 namespace tandem::server {
 namespace {
@@ -134,141 +127,6 @@ TEST(KvLayoutConvertTest, RunnerLayoutToProtoAndBack) {
   EXPECT_EQ(back.num_blocks, 10);
   EXPECT_EQ(back.head_dim, 8);
   EXPECT_EQ(back.elem_bytes, 4);
-}
-
-// Records the threads that call it; transfers complete after `polls_to_done` polls.
-class FakeBackend final : public kvtransfer::TransferBackend {
- public:
-  std::string_view name() const override { return "fake"; }
-  kvtransfer::Capabilities capabilities() const override { return {}; }
-  const std::string& agent_name() const override { return agent_; }
-  absl::StatusOr<std::string> LocalAddress() override { return Touch("addr"); }
-  absl::StatusOr<kvtransfer::MemoryRegion> RegisterMemory(void* base, size_t length,
-                                                          kvtransfer::MemoryKind kind) override {
-    Touch("");
-    return kvtransfer::MemoryRegion{1, kind, base, length};
-  }
-  absl::StatusOr<std::string> ExportRegion(uint64_t) override { return Touch("region"); }
-  absl::Status DeregisterMemory(uint64_t) override { return absl::OkStatus(); }
-  absl::Status Connect(const std::string&, const std::string&) override {
-    Touch("");
-    return absl::OkStatus();
-  }
-  absl::Status Disconnect(const std::string&) override { return absl::OkStatus(); }
-  absl::StatusOr<kvtransfer::TransferHandle> PostWrite(
-      const kvtransfer::TransferRequest&) override {
-    Touch("");
-    polls_left_ = 3;
-    return 7;
-  }
-  absl::StatusOr<kvtransfer::TransferState> Poll(kvtransfer::TransferHandle) override {
-    Touch("");
-    return --polls_left_ > 0 ? kvtransfer::TransferState::kInProgress
-                             : kvtransfer::TransferState::kDone;
-  }
-  absl::Status Release(kvtransfer::TransferHandle) override {
-    Touch("");
-    return absl::OkStatus();
-  }
-  void Progress() override {
-    Touch("");
-    progress_calls.fetch_add(1);
-  }
-  std::vector<kvtransfer::Notification> GetNotifications() override { return {}; }
-
-  std::string Touch(std::string value) {
-    absl::MutexLock lock(&mu);
-    threads.insert(std::this_thread::get_id());
-    return value;
-  }
-
-  absl::Mutex mu;
-  std::set<std::thread::id> threads ABSL_GUARDED_BY(mu);
-  std::atomic<int> progress_calls{0};
-
- private:
-  std::string agent_ = "fake-agent";
-  int polls_left_ = 0;
-};
-
-TEST(TransferThreadTest, OneThreadRunsTasksPollersAndProgress) {
-  auto owned = std::make_unique<FakeBackend>();
-  FakeBackend* backend = owned.get();
-  TransferThread thread(std::move(owned), absl::Microseconds(200));
-  EXPECT_EQ(thread.backend_name(), "fake");
-
-  std::vector<int> order;
-  absl::Mutex order_mu;
-  for (int i = 0; i < 5; ++i) {
-    thread.Post([i, &order, &order_mu](kvtransfer::TransferBackend&) {
-      absl::MutexLock lock(&order_mu);
-      order.push_back(i);
-    });
-  }
-  std::string address;
-  ASSERT_TRUE(thread
-                  .Run(
-                      [&address](kvtransfer::TransferBackend& b) {
-                        auto a = b.LocalAddress();
-                        if (!a.ok()) return a.status();
-                        address = *a;
-                        return absl::OkStatus();
-                      },
-                      absl::Seconds(5))
-                  .ok());
-  EXPECT_EQ(address, "addr");
-  {
-    absl::MutexLock lock(&order_mu);
-    EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
-  }
-  EXPECT_EQ(thread
-                .Run([](kvtransfer::TransferBackend&) { return absl::NotFoundError("peer"); },
-                     absl::Seconds(5))
-                .code(),
-            absl::StatusCode::kNotFound);
-
-  // A transfer polled to completion by a poller.
-  absl::Notification done;
-  int polls = 0;
-  thread.Post([&](kvtransfer::TransferBackend& b) {
-    auto h = b.PostWrite({});
-    ASSERT_TRUE(h.ok());
-    const kvtransfer::TransferHandle handle = *h;
-    thread.AddPoller([&, handle](kvtransfer::TransferBackend& b, bool stopping) {
-      ++polls;
-      auto state = b.Poll(handle);
-      if (!state.ok() || *state == kvtransfer::TransferState::kInProgress) return false;
-      EXPECT_TRUE(b.Release(handle).ok());
-      done.Notify();
-      return true;
-    });
-  });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_EQ(polls, 3);
-
-  // Progress happens while idle (the target side of a transfer needs it).
-  const int before = backend->progress_calls.load();
-  absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_GT(backend->progress_calls.load(), before);
-
-  // Stop gives a live poller its last call, then refuses new work.
-  bool stopped_poller_called = false;
-  thread.AddPoller([&](kvtransfer::TransferBackend&, bool stopping) {
-    if (stopping) stopped_poller_called = true;
-    return stopping;
-  });
-  absl::SleepFor(absl::Milliseconds(5));
-  {
-    absl::MutexLock lock(&backend->mu);
-    EXPECT_EQ(backend->threads.size(), 1u);
-  }
-  thread.Stop();
-  EXPECT_TRUE(stopped_poller_called);
-  EXPECT_FALSE(thread.Post([](kvtransfer::TransferBackend&) {}));
-  EXPECT_EQ(
-      thread.Run([](kvtransfer::TransferBackend&) { return absl::OkStatus(); }, absl::Seconds(1))
-          .code(),
-      absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ absl::StatusOr<std::vector<TransferLaneSetup>> StartTransferLanes(
     }
     TransferLaneSetup lane;
     ASSIGN_OR_RETURN(lane.memory, ChooseTransferMemory(engine, backend->capabilities(), name));
-    lane.thread = std::make_unique<TransferThread>(std::move(backend));
+    lane.thread = std::make_unique<kvtransfer::TransferThread>(std::move(backend));
     const TransferMemory& memory = lane.memory;
     uint64_t* region_id = &lane.region_id;
     RETURN_IF_ERROR(lane.thread->Run(

@@ -17,9 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/handoff/transfer_thread.h"
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/engine/engine.h"
-#include "runtime/server/transfer_thread.h"
 
 namespace tandem::server {
 
@@ -36,7 +36,7 @@ absl::StatusOr<TransferMemory> ChooseTransferMemory(Engine& engine,
 // One backend of a worker, running: its transfer thread (which owns it) and the id under which
 // its transfer memory is registered.
 struct TransferLaneSetup {
-  std::unique_ptr<TransferThread> thread;
+  std::unique_ptr<kvtransfer::TransferThread> thread;
   uint64_t region_id = 0;
   TransferMemory memory;
 };

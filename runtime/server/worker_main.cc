@@ -35,24 +35,29 @@ absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> Create
     backends.push_back(std::move(backend));
     return backends;
   }
-  if (kv_on_device) {
-    auto ipc = kvtransfer::CreateTransferBackend("cuda_ipc", options);
-    if (ipc.ok()) {
-      backends.push_back(*std::move(ipc));
-    } else {
-      LOG(WARNING) << role << ": --kv-transfer auto: no cuda_ipc (" << ipc.status()
-                   << "); KV moves through ucx and a host mirror";
+  // The registry's preference order; device-memory backends only for a KV cache on a GPU. A
+  // backend that cannot be created is skipped, saying why; the pair handshake then picks the
+  // first one both sides run.
+  absl::Status last = absl::NotFoundError("no backend");
+  for (const kvtransfer::BackendEntry& entry : kvtransfer::TransferBackendRegistry()) {
+    if (entry.in_process_only || (entry.moves_device_memory && !kv_on_device)) continue;
+    absl::StatusOr<std::unique_ptr<kvtransfer::TransferBackend>> backend =
+        entry.create != nullptr ? entry.create(options)
+                                : absl::UnimplementedError(std::string(entry.missing));
+    if (backend.ok()) {
+      backends.push_back(*std::move(backend));
+      continue;
     }
-    // GPU to GPU between hosts, or where CUDA IPC cannot work (DESIGN.md: cuda_ipc, then nccl).
-    auto nccl = kvtransfer::CreateTransferBackend("nccl", options);
-    if (nccl.ok()) {
-      backends.push_back(*std::move(nccl));
-    } else {
-      LOG(INFO) << role << ": --kv-transfer auto: no nccl (" << nccl.status() << ")";
-    }
+    last = backend.status();
+    LOG(WARNING) << role << ": --kv-transfer auto: no " << entry.name << " (" << backend.status()
+                 << ")";
   }
-  ASSIGN_OR_RETURN(auto ucx, kvtransfer::CreateTransferBackend("ucx", options));
-  backends.push_back(std::move(ucx));
+  if (backends.empty()) {
+    return absl::Status(last.code(),
+                        absl::StrCat("--kv-transfer auto: no backend could be created; the last "
+                                     "one said: ",
+                                     last.message()));
+  }
   return backends;
 }
 

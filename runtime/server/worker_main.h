@@ -15,9 +15,11 @@
 namespace tandem::server {
 
 // The worker's transfer backends for `--kv-transfer KIND`, in preference order, each with agent
-// name "<role>-<hostname>-<pid>": "ucx", "loopback" or "cuda_ipc" alone (kvtransfer's factory;
-// cuda_ipc on GPU `cuda_device`), or "auto": cuda_ipc then ucx for a KV cache on a GPU (cuda_ipc
-// left out, with a warning saying why, where it cannot be created), ucx for a host cache.
+// name "<role>-<hostname>-<pid>": one backend by its registry name (kvtransfer's
+// TransferBackendRegistry; cuda_ipc and nccl on GPU `cuda_device`), or "auto": every registry
+// backend in its preference order (cuda_ipc, nccl, ucx), the device-memory ones only for a KV
+// cache on a GPU; one that cannot be created is left out with a warning saying why (an error when
+// none can).
 absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
     bool kv_on_device, int cuda_device);

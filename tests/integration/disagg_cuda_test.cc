@@ -187,10 +187,10 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
                   want_cpu.tokens.size());
       EXPECT_TRUE(compared > 0 || flipped_near_tie) << what;
     }
-    EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer_failures.Value(), 0);
-    EXPECT_GT(stack.prefill().metrics().metrics().kv_transfer_bytes.Value(), 0);
+    EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer.failures(), 0);
+    EXPECT_GT(stack.prefill().metrics().metrics().kv_transfer.bytes(), 0);
     // Streamed: some bytes went while prompts were still computed.
-    const double early = stack.prefill().metrics().metrics().kv_transfer_streamed_bytes.Value();
+    const double early = stack.prefill().metrics().metrics().kv_transfer.streamed_bytes();
     if (streamed) {
       EXPECT_GT(early, 0);
     } else {
@@ -239,13 +239,13 @@ TEST_P(DisaggHeteroTest, MixedDevicePairServesLikeTheCpuEngine) {
     for (int i = 0; i < length; ++i) prompt[i] = 3 + (n * 7919 + i * 104729) % (vocab - 3);
     const std::string what =
         absl::StrCat(std::get<0>(GetParam()), " ", std::get<1>(GetParam()), ", prompt of ", length);
-    const double bytes_before = stack.prefill().metrics().metrics().kv_transfer_bytes.Value();
+    const double bytes_before = stack.prefill().metrics().metrics().kv_transfer.bytes();
     const Streamed got = stack.Generate(prompt, kSteps);
     ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
     EXPECT_TRUE(got.prefilled_remotely) << what;
     ASSERT_EQ(got.tokens.size(), static_cast<size_t>(kSteps)) << what;
     // Converted KV is written in the decode worker's element size, token by token.
-    EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer_bytes.Value() - bytes_before,
+    EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer.bytes() - bytes_before,
               static_cast<double>(length * d_token_bytes))
         << what;
 
@@ -268,7 +268,7 @@ TEST_P(DisaggHeteroTest, MixedDevicePairServesLikeTheCpuEngine) {
       std::get<0>(GetParam()).c_str(), std::get<1>(GetParam()).c_str(), exact, kSteps,
       steps_compared, 16 * kSteps);
   EXPECT_GT(exact, 0);
-  EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(stack.prefill().metrics().metrics().kv_transfer.failures(), 0);
   EXPECT_TRUE(WaitIdle(*p->engine));
   EXPECT_TRUE(WaitIdle(*d->engine));
   stack.Stop();

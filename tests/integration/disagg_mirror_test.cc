@@ -74,7 +74,7 @@ TEST_F(DisaggMirrorTest, KvTravelsMirrorToMirrorAndMatchesTheReference) {
     EXPECT_TRUE(got.prefilled_remotely) << length;
     EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(prompt, kMaxTokens, kVocab)) << length;
   }
-  EXPECT_EQ(stack_.prefill().metrics().metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(stack_.prefill().metrics().metrics().kv_transfer.failures(), 0);
   StopAndCheck();
   // One device -> mirror copy per prompt on P, one mirror -> device copy per prompt on D.
   ASSERT_EQ(p_.runner->stage_calls().size(), 3u);

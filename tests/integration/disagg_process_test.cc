@@ -252,7 +252,7 @@ TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   const int64_t kv_bytes = blocks * 2 * config["num_hidden_layers"].get<int64_t>() * 16 *
                            config["num_key_value_heads"].get<int64_t>() *
                            config["head_dim"].get<int64_t>() * 4;
-  EXPECT_EQ(MetricValue(FetchMetrics(p_metrics), "tandem_kv_transfer_bytes_total"),
+  EXPECT_EQ(MetricValue(FetchMetrics(p_metrics), "tandem_kv_transfer_bytes_total{backend=\"ucx\"}"),
             static_cast<double>(kv_bytes));
   const absl::Time drained_by = absl::Now() + absl::Seconds(10);
   double used = -1;

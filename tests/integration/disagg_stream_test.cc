@@ -112,11 +112,11 @@ TEST_F(DisaggStreamTest, ChunkedPromptsStreamAndMatchTheReference) {
     EXPECT_TRUE(got.prefilled_remotely) << length;
     EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(prompt, kMaxTokens, kVocab)) << length;
   }
-  EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), 0);
-  EXPECT_EQ(p_metrics().kv_transfers.Value(), 4);
+  EXPECT_EQ(p_metrics().kv_transfer.failures(), 0);
+  EXPECT_EQ(p_metrics().kv_transfer.transfers(), 4);
   // Every chunk but the last is sent while later steps still run.
-  EXPECT_GT(p_metrics().kv_transfer_streamed_bytes.Value(), 0);
-  EXPECT_LE(p_metrics().kv_transfer_streamed_bytes.Value(), p_metrics().kv_transfer_bytes.Value());
+  EXPECT_GT(p_metrics().kv_transfer.streamed_bytes(), 0);
+  EXPECT_LE(p_metrics().kv_transfer.streamed_bytes(), p_metrics().kv_transfer.bytes());
 }
 
 TEST_F(DisaggStreamTest, PrefixCacheHitsOnEitherSide) {
@@ -133,7 +133,7 @@ TEST_F(DisaggStreamTest, PrefixCacheHitsOnEitherSide) {
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_TRUE(got.prefilled_remotely);
   EXPECT_EQ(got.tokens, FakeModelRunner::ReferenceGreedy(b, kMaxTokens, kVocab));
-  EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(p_metrics().kv_transfer.failures(), 0);
 }
 
 TEST_F(DisaggStreamTest, EveryFailurePointFallsBackToIdenticalTokens) {
@@ -161,7 +161,7 @@ TEST_F(DisaggStreamTest, EveryFailurePointFallsBackToIdenticalTokens) {
     EXPECT_EQ(faults_->faults_injected(), injected + 1);
     EXPECT_EQ(got.prefilled_remotely, !c.fails);
     if (c.fails) ++failures;
-    EXPECT_EQ(p_metrics().kv_transfer_failures.Value(), failures);
+    EXPECT_EQ(p_metrics().kv_transfer.failures(), failures);
     EXPECT_TRUE(WaitIdle(*p_.engine));
     EXPECT_TRUE(WaitIdle(*d_.engine));
     // The next request streams again.

@@ -217,8 +217,8 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
     return out;
   }
 
-  double PrefillBytes() { return prefill_->metrics().metrics().kv_transfer_bytes.Value(); }
-  double DecodeBytes() { return decode_->metrics().metrics().kv_transfer_bytes.Value(); }
+  double PrefillBytes() { return prefill_->metrics().metrics().kv_transfer.bytes(); }
+  double DecodeBytes() { return decode_->metrics().metrics().kv_transfer.bytes(); }
 
   // Waits until D holds no blocks and runs nothing.
   bool DecodeDrained(absl::Duration timeout) {
@@ -270,7 +270,7 @@ TEST_P(DisaggTest, RemotePrefillMatchesLocalEngineAndMovesThePromptKv) {
     EXPECT_EQ(PrefillBytes() - p_before, KvBytes(length)) << "prompt length " << length;
     EXPECT_EQ(DecodeBytes() - d_before, KvBytes(length)) << "prompt length " << length;
   }
-  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), 0);
+  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer.failures(), 0);
   EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
   EXPECT_NE(prefill_->metrics().Scrape().find("tandem_kv_transfer_bytes_total"), std::string::npos);
 }
@@ -322,7 +322,7 @@ TEST_P(DisaggTest, PrefillDeadlineReleasesEverythingOnBothSides) {
   }
   EXPECT_EQ(p.held_kv, 0);
   EXPECT_EQ(p.blocks_used, 0);
-  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), 1);
+  EXPECT_EQ(prefill_->metrics().metrics().kv_transfer.failures(), 1);
 }
 
 TEST_P(DisaggTest, LocalPrefillWhenNoPrefillWorkerIsNamed) {
@@ -826,7 +826,7 @@ TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
     EXPECT_EQ(got.tokens, want);
     EXPECT_EQ(p_faults_->faults_injected(), 1);
     EXPECT_EQ(got.prefilled_remotely, !c.fails);
-    EXPECT_EQ(prefill_->metrics().metrics().kv_transfer_failures.Value(), c.fails ? 1 : 0);
+    EXPECT_EQ(prefill_->metrics().metrics().kv_transfer.failures(), c.fails ? 1 : 0);
     // The fault fired once; the next request is prefilled remotely again.
     const std::vector<int32_t> next = Prompt(18, seed++);
     const Streamed again = Generate(Request(next, kMaxTokens, prefill_->address()));

@@ -1,13 +1,13 @@
-#include "runtime/server/transfer_thread.h"
+#include "kvtransfer/handoff/transfer_thread.h"
 
 #include <utility>
 
 #include "absl/synchronization/notification.h"
 
-namespace tandem::server {
+namespace tandem::kvtransfer {
 
-TransferThread::TransferThread(std::unique_ptr<kvtransfer::TransferBackend> backend,
-                               absl::Duration busy_tick, absl::Duration idle_tick)
+TransferThread::TransferThread(std::unique_ptr<TransferBackend> backend, absl::Duration busy_tick,
+                               absl::Duration idle_tick)
     : backend_name_(backend->name()),
       busy_tick_(busy_tick),
       idle_tick_(idle_tick),
@@ -31,14 +31,14 @@ bool TransferThread::AddPoller(Poller poller) {
   return true;
 }
 
-absl::Status TransferThread::Run(std::function<absl::Status(kvtransfer::TransferBackend&)> fn,
+absl::Status TransferThread::Run(std::function<absl::Status(TransferBackend&)> fn,
                                  absl::Duration timeout) {
   struct Result {
     absl::Notification done;
     absl::Status status;
   };
   auto result = std::make_shared<Result>();
-  const bool posted = Post([result, fn = std::move(fn)](kvtransfer::TransferBackend& backend) {
+  const bool posted = Post([result, fn = std::move(fn)](TransferBackend& backend) {
     result->status = fn(backend);
     result->done.Notify();
   });
@@ -95,4 +95,4 @@ void TransferThread::Loop() {
   }
 }
 
-}  // namespace tandem::server
+}  // namespace tandem::kvtransfer

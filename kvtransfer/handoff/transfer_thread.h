@@ -24,18 +24,18 @@
 #include "absl/time/time.h"
 #include "kvtransfer/transfer_backend.h"
 
-namespace tandem::server {
+namespace tandem::kvtransfer {
 
 class TransferThread {
  public:
-  using Task = std::function<void(kvtransfer::TransferBackend&)>;
+  using Task = std::function<void(TransferBackend&)>;
   // Returns true when done (then it is dropped). With `stopping`, it must clean up and return true.
-  using Poller = std::function<bool(kvtransfer::TransferBackend&, bool stopping)>;
+  using Poller = std::function<bool(TransferBackend&, bool stopping)>;
 
   // `busy_tick`: how often pollers run while any is waiting (a transfer in flight: this bounds
   // how late its completion is seen); `idle_tick`: how often the backend progresses otherwise
   // (target-side progress for UCX tcp / shared memory).
-  explicit TransferThread(std::unique_ptr<kvtransfer::TransferBackend> backend,
+  explicit TransferThread(std::unique_ptr<TransferBackend> backend,
                           absl::Duration busy_tick = absl::Microseconds(50),
                           absl::Duration idle_tick = absl::Milliseconds(2));
   ~TransferThread();
@@ -49,8 +49,7 @@ class TransferThread {
   bool AddPoller(Poller poller);
   // Runs `fn` on the thread and returns its status; DeadlineExceeded when it has not finished
   // within `timeout` (it may still run later), Unavailable after Stop.
-  absl::Status Run(std::function<absl::Status(kvtransfer::TransferBackend&)> fn,
-                   absl::Duration timeout);
+  absl::Status Run(std::function<absl::Status(TransferBackend&)> fn, absl::Duration timeout);
 
   void Stop();
 
@@ -60,7 +59,7 @@ class TransferThread {
   const std::string backend_name_;
   const absl::Duration busy_tick_;
   const absl::Duration idle_tick_;
-  std::unique_ptr<kvtransfer::TransferBackend> backend_;  // used on thread_ only
+  std::unique_ptr<TransferBackend> backend_;  // used on thread_ only
 
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
@@ -71,4 +70,4 @@ class TransferThread {
   std::thread thread_;
 };
 
-}  // namespace tandem::server
+}  // namespace tandem::kvtransfer
