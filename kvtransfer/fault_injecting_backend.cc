@@ -283,8 +283,10 @@ absl::Status FaultInjectingBackend::Release(TransferHandle handle) {
   Transfer t = std::move(it->second);
   transfers_.erase(it);
   absl::Status status = absl::OkStatus();
+  t.handle = handle;
   if (t.inner) {
     status = inner_->Release(*t.inner);
+    if (inner_->Lingering(*t.inner)) lingering_inner_[handle] = *t.inner;
     t.inner.reset();
   }
   bool orphan = false;
@@ -312,6 +314,18 @@ absl::Status FaultInjectingBackend::Release(TransferHandle handle) {
   RETURN_IF_ERROR(status);
   if (Fire(FaultStage::kRelease)) return Injected("Release");
   return absl::OkStatus();
+}
+
+bool FaultInjectingBackend::Lingering(TransferHandle released) {
+  Pump();
+  for (const Transfer& t : orphans_) {
+    if (t.handle == released) return true;
+  }
+  auto it = lingering_inner_.find(released);
+  if (it == lingering_inner_.end()) return false;
+  if (inner_->Lingering(it->second)) return true;
+  lingering_inner_.erase(it);
+  return false;
 }
 
 bool FaultInjectingBackend::AdvanceOrphan(Transfer& t, absl::Time now) {

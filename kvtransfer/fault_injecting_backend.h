@@ -106,6 +106,9 @@ class FaultInjectingBackend final : public TransferBackend {
   absl::StatusOr<TransferHandle> PostRead(const TransferRequest& request) override;
   absl::StatusOr<TransferState> Poll(TransferHandle handle) override;
   absl::Status Release(TransferHandle handle) override;
+  // True for a released late write still to post or finish, and for a released transfer the
+  // wrapped backend still has in flight.
+  bool Lingering(TransferHandle released) override;
   void Progress() override;
   std::vector<Notification> GetNotifications() override;
 
@@ -133,6 +136,7 @@ class FaultInjectingBackend final : public TransferBackend {
   };
   // One transfer of this wrapper: a wrapped transfer plus what its fault adds.
   struct Transfer {
+    TransferHandle handle = 0;             // this wrapper's handle (kept by an orphan)
     std::optional<TransferHandle> inner;   // the wrapped transfer, once posted
     std::optional<HeldWrite> held;         // kLateWrite, until posted
     bool late = false;                     // kLateWrite, counted in late_pending_ until finished
@@ -176,8 +180,10 @@ class FaultInjectingBackend final : public TransferBackend {
   // Owning thread only (as the wrapped backend).
   absl::flat_hash_map<TransferHandle, Transfer> transfers_;
   TransferHandle next_handle_ = 1;
-  int held_owned_ = 0;                                   // transfers_ entries with a held write
-  std::vector<Transfer> orphans_;                        // released, still to post or finish
+  int held_owned_ = 0;             // transfers_ entries with a held write
+  std::vector<Transfer> orphans_;  // released, still to post or finish
+  // Released transfers whose wrapped transfer was still lingering: handle -> wrapped handle.
+  absl::flat_hash_map<TransferHandle, TransferHandle> lingering_inner_;
   absl::flat_hash_map<uint64_t, MemoryRegion> regions_;  // registered through the wrapper
   std::optional<uint64_t> scratch_region_;
   uint64_t scratch_busy_ = 0;  // bit i: slot i holds bytes of an unfinished corrupting write

@@ -151,6 +151,14 @@ class TransferBackend {
   virtual absl::StatusOr<TransferState> Poll(TransferHandle handle) = 0;
   // Frees the handle; a transfer still in progress is cancelled (best effort) first.
   virtual absl::Status Release(TransferHandle handle) = 0;
+  // After Release(handle): true while that transfer's bytes may still land in the target, or its
+  // local memory still be read (a backend that cannot recall an in-flight write keeps it until it
+  // finishes: UCX). Whoever fences a transfer, or reuses its source or destination memory, waits
+  // for false. Progresses the backend; cheap. Default: false (Release finished it).
+  virtual bool Lingering(TransferHandle released) {
+    (void)released;
+    return false;
+  }
 
   // Drives the backend's progress engine (target side too). Cheap when idle.
   virtual void Progress() = 0;

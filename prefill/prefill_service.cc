@@ -278,13 +278,13 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   if (!fence_key.empty()) {
     absl::MutexLock lock(&jobs_mu_);
     auto [slot, inserted] = jobs_.try_emplace(fence_key);
-    if (!inserted && !slot->second.expired()) {
+    if (!inserted && !slot->second.send.expired()) {
       return Error(grpc::StatusCode::ALREADY_EXISTS,
                    "transfer_epoch: already used by a live transfer of this pair");
     }
-    slot->second = job;
+    slot->second = Fenceable{job, job->send};
     if (jobs_.size() > 2 * options_.max_pairs) {  // forget the ones nobody holds any more
-      absl::erase_if(jobs_, [](const auto& entry) { return entry.second.expired(); });
+      absl::erase_if(jobs_, [](const auto& entry) { return entry.second.send.expired(); });
     }
   }
 
@@ -389,25 +389,30 @@ grpc::Status PrefillService::Fence(grpc::ServerContext* context, const v1::Fence
     }
   }
   std::shared_ptr<Job> job;
+  std::shared_ptr<kvtransfer::KvSend> send;
   {
     absl::MutexLock lock(&jobs_mu_);
     auto it = jobs_.find(absl::StrCat(request->pair_id(), "/", request->transfer_epoch()));
-    if (it != jobs_.end()) job = it->second.lock();
+    if (it != jobs_.end()) {
+      job = it->second.job.lock();
+      send = it->second.send.lock();
+    }
   }
-  if (job == nullptr) {  // finished and dropped, or never started: nothing of it can post
+  if (send == nullptr) {  // finished and dropped, or never started: nothing of it can post
     response->set_quiescent(true);
     return grpc::Status::OK;
   }
   const absl::Time deadline =
       std::min(absl::Now() + options_.fence_timeout, absl::FromChrono(context->deadline()));
-  bool computing;
-  {
+  bool computing = false;
+  if (job != nullptr) {
     absl::MutexLock lock(&job->mu);
     computing = !job->kv.has_value() && !job->done;
   }
   // No write of the send is posted from here on; the held KV of a finished prompt goes back once
-  // its writes are released, and a prompt still computing is aborted.
-  response->set_quiescent(kvtransfer::KvSender::Fence(job->send, deadline));
+  // its writes are released (and, for writes the backend could not recall, finished); a prompt
+  // still computing is aborted.
+  response->set_quiescent(kvtransfer::KvSender::Fence(send, deadline));
   if (computing) engine_->Cancel(job->request_id);
   return grpc::Status::OK;
 }

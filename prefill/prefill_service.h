@@ -129,9 +129,14 @@ class PrefillService final : public v1::Prefill::Service {
   // (decode worker, backend) fallbacks already logged.
   absl::flat_hash_set<std::string> logged_fallbacks_ ABSL_GUARDED_BY(pairs_mu_);
 
-  // Fenceable calls by "pair_id/epoch" (weak: a send nobody holds can post nothing).
+  // Fenceable calls by "pair_id/epoch". Weak: a send nobody holds (its thread ticks it while
+  // anything of it is in flight) can post nothing; the job tells whether it still computes.
+  struct Fenceable {
+    std::weak_ptr<Job> job;
+    std::weak_ptr<kvtransfer::KvSend> send;
+  };
   absl::Mutex jobs_mu_;
-  absl::flat_hash_map<std::string, std::weak_ptr<Job>> jobs_ ABSL_GUARDED_BY(jobs_mu_);
+  absl::flat_hash_map<std::string, Fenceable> jobs_ ABSL_GUARDED_BY(jobs_mu_);
 };
 
 }  // namespace tandem::prefill

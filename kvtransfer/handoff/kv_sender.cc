@@ -178,6 +178,7 @@ class KvSend {
   };
   std::deque<Pending> pending;  // thresholds ascending
   std::vector<TransferHandle> posted;
+  std::vector<TransferHandle> lingering;  // released, still writing (Drain waits them out)
   const volatile uint64_t* progress = nullptr;
   std::optional<SourceRelease> source;  // set by Whole
   std::optional<Staging> staging;
@@ -186,7 +187,8 @@ class KvSend {
   int chunks = 0;
   bool whole = false;
   bool polling = false;
-  bool ended = false;  // every write released and the report made
+  bool reported = false;  // the report is made; only lingering writes keep it live
+  bool ended = false;     // every write finished, the source given back
   absl::Time first_post = absl::InfiniteFuture();
   absl::Time whole_at;
   int64_t bytes = 0;
@@ -241,9 +243,32 @@ absl::StatusOr<std::vector<CopyOp>> Convert(Core& core, TransferBackend& backend
   return std::move(staged.ops);
 }
 
+// Lane thread: after the send's report, waits out writes that linger after Release, then frees
+// the staging buffer and gives the source back. True once the send has ended. Stopping: the
+// backend is about to be destroyed, which drains what it still holds.
+bool Drain(TransferBackend& backend, KvSend& send, bool stopping) {
+  for (size_t i = 0; i < send.lingering.size();) {
+    if (stopping || !backend.Lingering(send.lingering[i])) {
+      send.AddUnreleased(-1);
+      send.lingering[i] = send.lingering.back();
+      send.lingering.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  send.reported = true;
+  if (!send.lingering.empty()) return false;
+  if (send.staging.has_value()) send.staging->Free(backend);  // nothing reads it now
+  send.polling = false;
+  send.ended = true;
+  if (send.source.has_value()) send.source->Run();  // before Whole: Whole gives it back
+  return true;
+}
+
 // Lane thread, every tick while the send is live: posts what is ready, polls what is posted, and
 // ends the send (releasing everything) when it is done or failed. True when it ended.
 bool Tick(Core& core, TransferBackend& backend, KvSend& send, bool stopping) {
+  if (send.reported) return Drain(backend, send, stopping);
   const absl::Time now = absl::Now();
   if (stopping) {
     send.Fail(SendStage::kShutdown, absl::UnavailableError("prefill worker shutting down"));
@@ -298,19 +323,17 @@ bool Tick(Core& core, TransferBackend& backend, KvSend& send, bool stopping) {
   const bool finished = send.failure.ok() && send.whole && send.pending.empty() && all_landed;
   if (!finished && send.failure.ok()) return false;
 
-  // Done or failed: nothing of the send may stay in flight (Release waits for running copies).
+  // Done or failed: release every write. One the backend could not recall (Lingering) keeps the
+  // send unfenced and its source held until it finished; the report goes out now either way.
   for (TransferHandle h : send.posted) {
     if (absl::Status released = backend.Release(h); !released.ok()) {
       LOG(WARNING) << "request " << send.id << ": releasing its KV transfer: " << released;
     }
+    if (backend.Lingering(h)) send.lingering.push_back(h);
   }
-  send.AddUnreleased(-static_cast<int>(send.posted.size()));
+  send.AddUnreleased(-static_cast<int>(send.posted.size() - send.lingering.size()));
   send.posted.clear();
   send.pending.clear();
-  if (send.staging.has_value()) send.staging->Free(backend);  // nothing reads it now
-  send.polling = false;
-  send.ended = true;
-  if (send.source.has_value()) send.source->Run();  // before Whole: Whole gives it back
 
   KvSendReport report;
   report.status = send.failure;
@@ -321,8 +344,12 @@ bool Tick(Core& core, TransferBackend& backend, KvSend& send, bool stopping) {
   report.writes = send.writes;
   if (send.writes > 0) report.latency = now - send.first_post;
   if (send.whole && send.writes > 0) report.exposed = now - send.whole_at;
+  if (!send.lingering.empty()) {
+    LOG(WARNING) << "request " << send.id << ": " << send.lingering.size()
+                 << " KV write(s) could not be recalled; holding its blocks until they finish";
+  }
   send.Report(std::move(report));
-  return true;
+  return Drain(backend, send, stopping);
 }
 
 // Lane thread: makes sure a live send is ticked (it ends itself).

@@ -20,7 +20,8 @@
 //   KvSender::Fence(send, deadline)  abandon, and wait until no write of it is in flight
 // Contracts:
 // - release_source runs exactly once per Whole: after every write that reads the source blocks
-//   was released, on the lane's thread, or at once on the caller's thread when the sender has
+//   was released and, when the backend could not recall it (TransferBackend::Lingering), has
+//   finished; on the lane's thread, or at once on the caller's thread when the sender has
 //   stopped or the send already ended.
 // - on_done runs exactly once per send with its report, when the send succeeded (every write
 //   landed remotely) or failed. A send that fails before Whole reports then; its writes are
@@ -28,7 +29,8 @@
 // - A streamed send posts a layer's writes once the chunk's progress counter passes that layer,
 //   never earlier; everything left goes after Whole.
 // - Every wait is bounded: the send's deadline, and options.transfer_timeout from Whole on.
-// - After Fence returns quiescent, no write of that send is posted or in flight.
+// - After Fence returns quiescent, no write of that send is posted or in flight, lingering ones
+//   included.
 // Threading: the sender and sends are thread-safe; callbacks run without the sender's locks held.
 // Lifetime: sends may outlive the sender (engine callbacks hold them); a send whose sender has
 // stopped fails with Unavailable and gives its source back at once.

@@ -258,6 +258,31 @@ TEST_F(KvSenderTest, FenceStopsPostingAndReturnsQuiescentOnceReleased) {
   EXPECT_EQ(out.release_count(), 1);
 }
 
+// A write the backend cannot recall (it lands after Release): the send reports at its deadline,
+// but its source stays held and Fence is not quiescent until the write has landed.
+TEST_F(KvSenderTest, LingeringWriteHoldsTheSourceAndTheFenceUntilItLands) {
+  faulty_->SetPlan({.stage = FaultStage::kLateWrite,
+                    .once = true,
+                    .late_write_delay = absl::Milliseconds(600),
+                    .late_write_survives_release = true});
+  const int tokens = 4 * kBlockSize;
+  Outcome out;
+  auto send =
+      sender_->Begin("r1", destination_, absl::Now() + absl::Milliseconds(100), false, out.Done());
+  KvSender::Whole(send, source_blocks_, tokens, out.Release());
+  ASSERT_TRUE(out.Wait(/*released=*/false));
+  EXPECT_EQ(out.last().failed_stage, SendStage::kDeadline);
+  EXPECT_EQ(out.release_count(), 0) << "the source went back while a write still reads it";
+  EXPECT_FALSE(KvSender::Fence(send, absl::Now() + absl::Milliseconds(50)));
+  EXPECT_TRUE(Landed(tokens, 0)) << "the held write landed early";
+  EXPECT_TRUE(KvSender::Fence(send, absl::Now() + absl::Seconds(5)));
+  EXPECT_TRUE(Landed(tokens)) << "quiescent before the late write landed";
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (out.release_count() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(out.release_count(), 1);
+  EXPECT_EQ(out.report_count(), 1);
+}
+
 TEST_F(KvSenderTest, FencedStreamPostsNoLaterLayer) {
   const int tokens = kBlocks * kBlockSize;
   volatile uint64_t progress = 0;

@@ -81,6 +81,7 @@ struct Region {
 enum class Stage { kData, kNotify, kDone, kFailed };
 
 struct Transfer {
+  TransferHandle handle = 0;  // 0 until posted
   uint64_t local_region = 0;
   std::string peer;
   std::vector<void*> requests;  // outstanding put/get/flush requests
@@ -406,6 +407,15 @@ class UcxBackend final : public TransferBackend {
     return absl::OkStatus();
   }
 
+  // A released transfer whose puts could not be recalled stays a zombie until they finish.
+  bool Lingering(TransferHandle released) override {
+    ReapZombies();
+    for (const auto& zombie : zombies_) {
+      if (zombie->handle == released) return true;
+    }
+    return false;
+  }
+
   void Progress() override {
     for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
     }
@@ -547,6 +557,7 @@ class UcxBackend final : public TransferBackend {
       return UcsError(status, write ? "ucp_put_nbx" : "ucp_get_nbx");
     }
     const TransferHandle handle = next_handle_++;
+    transfer->handle = handle;
     transfers_[handle] = std::move(transfer);
     return handle;
   }

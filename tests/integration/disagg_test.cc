@@ -768,6 +768,44 @@ TEST_P(DisaggTest, GivenUpTransferIsFencedBeforeItsBlocksAreReused) {
   EXPECT_EQ(again.tokens, Reference(next, kMaxTokens));
 }
 
+// A late write: P's backend cannot recall a write it already issued (UCX keeps such puts until
+// they finish), and this one lands long after D gave up and P released it. P's fence waits for
+// it (TransferBackend::Lingering), so D's blocks stay quarantined until the bytes have landed and
+// only then are recomputed: the quarantine outlives the late write, and ends confirmed.
+TEST_P(DisaggTest, LateWriteAfterTheDecodeWorkerGaveUpIsWaitedOutByTheFence) {
+  decode::DecodeWorkerOptions d_options;
+  d_options.service.prefill_timeout = absl::Milliseconds(400);
+  d_options.service.fence_lease = absl::Seconds(20);
+  StartStack(GetParam(), d_options);
+  FaultPlan plan;
+  plan.stage = FaultStage::kLateWrite;
+  plan.once = true;
+  plan.late_write_delay = absl::Milliseconds(1500);
+  plan.late_write_survives_release = true;
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(45, 81);
+  const absl::Time start = absl::Now();
+  const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_FALSE(got.prefilled_remotely);
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_EQ(p_faults_->faults_injected(), 1);
+  EXPECT_EQ(p_faults_->late_writes_pending(), 0) << "recomputed while a write was still due";
+  EXPECT_GE(took, absl::Milliseconds(1500)) << "the blocks were reused before the late write";
+  auto& dm = decode_->metrics().metrics();
+  EXPECT_EQ(dm.kv_fences.Add({{"result", "confirmed"}}).Value(), 1);
+  EXPECT_EQ(dm.kv_fences.Add({{"result", "lease"}}).Value(), 0);
+  EXPECT_EQ(dm.kv_quarantined_blocks.Value(), 0);
+  EXPECT_TRUE(testing_util::WaitIdle(*p_model_->engine));
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+  const std::vector<int32_t> next = Prompt(33, 82);
+  const Streamed again = Generate(Request(next, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_TRUE(again.prefilled_remotely);
+  EXPECT_EQ(again.tokens, Reference(next, kMaxTokens));
+}
+
 // The prefill worker goes away mid-request, so nobody can confirm its transfer stopped: D keeps
 // the blocks quarantined for the whole lease, then recomputes. Same tokens; counted as "lease".
 TEST_P(DisaggTest, UnconfirmedTransferWaitsOutTheLease) {
