@@ -22,10 +22,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "decode/decode_service.h"
+#include "kvtransfer/handoff/transfer_thread.h"
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
-#include "kvtransfer/handoff/transfer_thread.h"
 #include "runtime/server/worker_metrics.h"
 #include "runtime/server/worker_stats_service.h"
 

@@ -381,6 +381,28 @@ TEST(TransferBackendFactoryTest, UnknownNameListsChoices) {
   EXPECT_THAT(backend.status().message(), HasSubstr("ucx"));
 }
 
+// The registry lists every backend once, in auto's order (device-memory backends first, the
+// in-process reference last); each entry either creates its backend or says what the build lacks,
+// and CreateTransferBackend answers for each name accordingly.
+TEST(TransferBackendFactoryTest, RegistryListsEveryBackendAndWhatABuildLacks) {
+  const std::vector<BackendEntry>& registry = TransferBackendRegistry();
+  std::vector<std::string> names;
+  for (const BackendEntry& e : registry) names.emplace_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"cuda_ipc", "nccl", "ucx", "loopback"}));
+  for (const BackendEntry& e : registry) {
+    SCOPED_TRACE(std::string(e.name));
+    EXPECT_FALSE(e.summary.empty());
+    EXPECT_NE(e.create == nullptr, e.missing.empty()) << "exactly one of create and missing";
+    if (e.create == nullptr) {
+      auto made = CreateTransferBackend(std::string(e.name), Options(UniqueName("reg")));
+      EXPECT_EQ(made.status().code(), absl::StatusCode::kUnimplemented);
+      EXPECT_THAT(made.status().message(), HasSubstr(std::string(e.missing)));
+    }
+  }
+  EXPECT_TRUE(registry.back().in_process_only);
+  EXPECT_TRUE(registry[0].moves_device_memory);
+}
+
 TEST(TransferBackendFactoryTest, CapabilitiesAndDuplicateLoopbackNames) {
   auto loopback = CreateTransferBackend("loopback", Options("dup"));
   ASSERT_TRUE(loopback.ok());
