@@ -69,6 +69,7 @@ struct ServeFlags {
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   std::string kv_streaming = "on";         // prefill workers
+  std::string kv_verify = "off";           // decode workers
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -402,6 +403,7 @@ int RunServe(ServeFlags flags) {
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
+    if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
     // Every worker's own /metrics (KV transfer bytes, fallbacks, streaming) on a free port; each
     // prints "metrics on http://HOST:PORT/metrics" at start.
     args.insert(args.end(), {"--metrics-port", "-1"});
@@ -539,6 +541,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-streaming", flags->kv_streaming,
                   "on (default): prefill workers write each layer's KV as soon as it is computed "
                   "(device backends); off: after the whole prompt")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--kv-verify", flags->kv_verify,
+                  "on: decode workers check each prompt's KV that landed in host memory against "
+                  "the prefill worker's checksum (a mismatch recomputes it); off (default)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
       ->check(CLI::IsMember({"least-loaded", "round-robin"}));

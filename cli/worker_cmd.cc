@@ -44,6 +44,7 @@ struct WorkerFlags {
   int max_num_batched_tokens = 512;
   double drain_seconds = 2.0;
   std::string kv_streaming = "on";  // prefill workers only
+  std::string kv_verify = "off";    // decode workers only
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -86,6 +87,8 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   WorkerOptions options;
   if constexpr (std::is_same_v<WorkerOptions, prefill::PrefillWorkerOptions>) {
     options.service.kv_streaming = streaming;
+  } else {
+    options.service.verify_kv = flags.kv_verify == "on";
   }
   options.host = flags.host;
   options.port = flags.port;
@@ -159,6 +162,11 @@ void AddPrefillCommand(CLI::App& app, int* exit_code) {
   flags->max_num_batched_tokens = 8192;
   CLI::App* cmd =
       AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags);
+  cmd->add_option("--kv-verify", flags->kv_verify,
+                  "decode workers: on = check each remotely prefilled prompt's KV where it landed "
+                  "in host memory against the prefill worker's checksum (a mismatch recomputes "
+                  "it); off (default)")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--kv-streaming", flags->kv_streaming,
                   "on (default): over a device backend (cuda_ipc) each layer's KV is written as "
                   "soon as it is computed; off: after the whole prompt")

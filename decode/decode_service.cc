@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <deque>
 #include <optional>
+#include <span>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "kvtransfer/kv_checksum.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/status.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
@@ -84,8 +87,10 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   pairing.backend = response.backend();
   bool known = false;
   kvtransfer::TransferThread* transfer = nullptr;
-  for (const DecodeEndpoint& e : endpoints_) {
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    const DecodeEndpoint& e = endpoints_[i];
     if (e.endpoint.backend() == response.backend()) {
+      pairing.endpoint = i;
       pairing.staged = e.staged;
       transfer = e.transfer;
       known = true;
@@ -120,6 +125,25 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   absl::MutexLock lock(&mu_);
   pairs_[address] = pairing;
   return pairing;
+}
+
+absl::Status DecodeService::VerifyKv(const Pairing& pairing, const v1::KvTarget& target,
+                                     int num_tokens, uint64_t checksum) const {
+  const DecodeEndpoint& e = endpoints_[pairing.endpoint];
+  const kvtransfer::KvLayout layout = server::KvLayoutFromProto(e.endpoint.layout());
+  const std::span<const int32_t> blocks(target.block_ids().data(), target.block_ids_size());
+  ASSIGN_OR_RETURN(
+      uint64_t landed,
+      kvtransfer::KvChecksum(layout, e.host_memory, e.host_bytes, blocks,
+                             target.num_cached_tokens(), num_tokens, layout.head_begin,
+                             layout.head_begin + layout.num_kv_heads, 0, layout.num_layers));
+  if (landed != checksum) {
+    return absl::DataLossError(
+        absl::StrCat("the KV that landed does not match what the prefill "
+                     "worker sent (checksum ",
+                     absl::Hex(landed), " != ", absl::Hex(checksum), ")"));
+  }
+  return absl::OkStatus();
 }
 
 void DecodeService::ForgetPair(const std::string& address, const std::string& pair_id) {
@@ -275,6 +299,19 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       engine_->Cancel(id);  // the prefill worker is done with our blocks now
     } else if (status.ok()) {
       const v1::PrefillResponse& response = call->prefill_response;
+      const v1::PrefillRequest& sent = call->prefill_request;
+      absl::Status verified;
+      if (sent.want_kv_checksum() && response.has_kv_checksum()) {
+        verified =
+            VerifyKv(pairing, sent.target(), sent.prompt_token_ids_size(), response.kv_checksum());
+      }
+      if (!verified.ok()) {
+        // Every write has landed (the call succeeded): nothing to fence; recompute into them.
+        LOG(WARNING) << "decode: request " << id << ": " << verified << "; prefilling locally";
+        metrics_->kv_transfer.CountFailure(pairing.backend, "checksum");
+        engine_->CompleteRemotePrefill(id, verified);
+        return;
+      }
       RemotePrefillResult result;
       result.first_token = response.first_token_id();
       if (want_logprobs && response.has_first_token_logprobs()) {
@@ -344,6 +381,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       pr.set_pair_id(pairing.pair_id);
       epoch = next_epoch_.fetch_add(1);
       pr.set_transfer_epoch(epoch);
+      pr.set_want_kv_checksum(options_.verify_kv &&
+                              endpoints_[pairing.endpoint].host_memory != nullptr);
       v1::KvTarget* target = pr.mutable_target();
       for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
       target->set_num_cached_tokens((*reservation)->num_cached_tokens);

@@ -59,6 +59,11 @@ struct DecodeServiceOptions {
   // after which the quarantined blocks are reused without the prefill worker's confirmation.
   absl::Duration fence_timeout = absl::Seconds(5);
   absl::Duration fence_lease = absl::Seconds(10);
+  // Verify each remotely prefilled prompt's KV where it landed in host memory (this worker's CPU
+  // cache or host mirror): the prefill worker sends a checksum of what it wrote
+  // (kvtransfer/kv_checksum.h) and a mismatch makes the prompt recompute locally, counted as
+  // tandem_kv_transfer_failures_total{stage="checksum"}. Costs one pass over the KV on each side.
+  bool verify_kv = false;
 };
 
 // One backend's endpoint of this worker, and whether the engine stages KV that arrives through it
@@ -68,6 +73,9 @@ struct DecodeEndpoint {
   bool staged = false;
   // The lane's transfer thread (not owned): two-sided backends Accept a pair's reply on it.
   kvtransfer::TransferThread* transfer = nullptr;
+  // The region's memory when it is host memory (verify_kv reads it); null for device memory.
+  const void* host_memory = nullptr;
+  size_t host_bytes = 0;
 };
 
 class DecodeService final : public v1::Decode::Service {
@@ -91,12 +99,17 @@ class DecodeService final : public v1::Decode::Service {
     std::string pair_id;
     std::string backend;  // the chosen endpoint's (metrics label)
     bool staged = false;  // the chosen endpoint's KV lands in the host mirror
+    size_t endpoint = 0;  // index in endpoints_
   };
   v1::Prefill::Stub* PrefillStub(const std::string& address);
   bool shutting_down();
   // The pair with the prefill worker at `address`, handshaking first if there is none.
   absl::StatusOr<Pairing> PairWith(const std::string& address, absl::Time deadline);
   void ForgetPair(const std::string& address, const std::string& pair_id);
+  // verify_kv: OK when the KV in `target`'s blocks (tokens [num_cached_tokens, num_tokens)) has
+  // `checksum`; DataLoss when it differs.
+  absl::Status VerifyKv(const Pairing& pairing, const v1::KvTarget& target, int num_tokens,
+                        uint64_t checksum) const;
 
   Engine* const engine_;
   metrics::WorkerMetrics* const metrics_;

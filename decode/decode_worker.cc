@@ -33,6 +33,10 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     DecodeEndpoint endpoint;
     endpoint.staged = setup.memory.staged;
     endpoint.transfer = setup.thread.get();
+    if (setup.memory.kind == kvtransfer::MemoryKind::kHost) {
+      endpoint.host_memory = setup.memory.layout.base;
+      endpoint.host_bytes = setup.memory.layout.bytes;
+    }
     v1::KvEndpoint& e = endpoint.endpoint;
     e.set_backend(setup.thread->backend_name());
     const uint64_t region_id = setup.region_id;

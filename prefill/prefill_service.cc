@@ -58,15 +58,18 @@ struct PrefillService::Job {
   absl::Status status ABSL_GUARDED_BY(mu);
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;
   absl::Duration transfer_time ABSL_GUARDED_BY(mu);
+  std::optional<uint64_t> checksum ABSL_GUARDED_BY(mu);
 
   // The first call wins.
-  void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration()) {
+  void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration(),
+              std::optional<uint64_t> sum = std::nullopt) {
     absl::MutexLock lock(&mu);
     if (done) return;
     done = true;
     status = std::move(s);
     bytes = written;
     transfer_time = time;
+    checksum = sum;
   }
 };
 
@@ -245,6 +248,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   }
   destination.block_ids.assign(target.block_ids().begin(), target.block_ids().end());
   destination.num_cached_tokens = target.num_cached_tokens();
+  destination.want_checksum = request->want_kv_checksum();
   kvtransfer::KvSender& sender = *lanes_[lane].sender;
   // The layouts must be compatible and the target's block ids must cover the prompt: found out
   // before computing anything.
@@ -272,7 +276,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                        if (dispatch->service != nullptr) dispatch->service->Record(backend, report);
                      }
                      if (std::shared_ptr<Job> job = job_weak.lock()) {
-                       job->Finish(report.status, report.bytes, report.exposed);
+                       job->Finish(report.status, report.bytes, report.exposed, report.checksum);
                      }
                    });
   if (!fence_key.empty()) {
@@ -376,6 +380,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     response->set_prefill_us(Micros(job->prefilled_at - submitted));
   }
   response->set_transfer_us(Micros(job->transfer_time));
+  if (job->checksum.has_value()) response->set_kv_checksum(*job->checksum);
   metrics_->prompt_tokens.Increment(std::max(0, num_tokens - kv.prefix_cached_tokens));
   return grpc::Status::OK;
 }

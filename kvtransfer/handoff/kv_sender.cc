@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kvtransfer/kv_checksum.h"
 #include "kvtransfer/kv_convert.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -195,6 +196,7 @@ class KvSend {
   int64_t early_bytes = 0;
   int64_t ops = 0;
   int writes = 0;
+  std::optional<uint64_t> checksum;
 
   void Fail(SendStage at, absl::Status status) {
     if (!failure.ok()) return;
@@ -342,6 +344,7 @@ bool Tick(Core& core, TransferBackend& backend, KvSend& send, bool stopping) {
   report.streamed_bytes = send.early_bytes;
   report.ops = send.ops;
   report.writes = send.writes;
+  report.checksum = send.checksum;
   if (send.writes > 0) report.latency = now - send.first_post;
   if (send.whole && send.writes > 0) report.exposed = now - send.whole_at;
   if (!send.lingering.empty()) {
@@ -407,6 +410,27 @@ void OnChunk(Core& core, TransferBackend& backend, const std::shared_ptr<KvSend>
   StartTicking(core, send);
 }
 
+// KvChecksum of what the send writes, read from the source, when the source is host memory of the
+// destination's element format and holds the destination's heads; nullopt otherwise.
+std::optional<uint64_t> SourceChecksum(const Core& core, const KvSend& s,
+                                       std::span<const int32_t> block_ids, int num_tokens) {
+  const KvSource& src = core.source;
+  const KvLayout& dst = s.dst.layout;
+  if (src.host_memory == nullptr || src.layout.elem_bytes != dst.elem_bytes ||
+      (src.layout.dtype != dst.dtype && src.layout.dtype != KvDtype::kRaw &&
+       dst.dtype != KvDtype::kRaw)) {
+    return std::nullopt;
+  }
+  absl::StatusOr<uint64_t> sum = KvChecksum(
+      src.layout, src.host_memory, src.host_bytes, block_ids, s.dst.num_cached_tokens, num_tokens,
+      dst.head_begin, dst.head_begin + dst.num_kv_heads, 0, src.layout.num_layers);
+  if (!sum.ok()) {
+    LOG(WARNING) << "request " << s.id << ": no KV checksum: " << sum.status();
+    return std::nullopt;
+  }
+  return *sum;
+}
+
 void OnWhole(Core& core, TransferBackend& backend, const std::shared_ptr<KvSend>& send,
              std::span<const int32_t> block_ids, int num_tokens, SourceRelease release) {
   KvSend& s = *send;
@@ -417,6 +441,8 @@ void OnWhole(Core& core, TransferBackend& backend, const std::shared_ptr<KvSend>
     s.source->Run();
     return;
   }
+  if (s.dst.want_checksum && s.failure.ok())
+    s.checksum = SourceChecksum(core, s, block_ids, num_tokens);
   if (s.failure.ok() && !s.abandoned() && s.chunks == 0) {
     // Not streamed (or no chunk came): every write goes now.
     if (absl::Status st = core.EnsurePeer(backend, s.dst); !st.ok()) {

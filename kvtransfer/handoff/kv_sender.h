@@ -69,6 +69,9 @@ struct KvDestination {
   KvLayout layout;
   std::vector<int32_t> block_ids;  // position order, covering the prompt
   int num_cached_tokens = 0;       // leading positions the destination holds already (not sent)
+  // Compute KvSendReport::checksum over the source (kv_checksum.h) when the source is host memory
+  // of the destination's element format.
+  bool want_checksum = false;
 };
 
 // One step's chunk of a prompt about to be computed (see Engine's KvChunk): the KV of positions
@@ -107,6 +110,9 @@ struct KvSendReport {
   // waited for); zero when nothing was written.
   absl::Duration latency;
   absl::Duration exposed;
+  // With KvDestination::want_checksum, where it could be computed: KvChecksum of what was sent
+  // (tokens [num_cached_tokens, num_tokens), the destination's heads, every layer).
+  std::optional<uint64_t> checksum;
 };
 
 struct KvSenderOptions {

@@ -806,6 +806,38 @@ TEST_P(DisaggTest, LateWriteAfterTheDecodeWorkerGaveUpIsWaitedOutByTheFence) {
   EXPECT_EQ(again.tokens, Reference(next, kMaxTokens));
 }
 
+// Corrupted bytes: P's backend reports a write done whose bytes landed wrong. With verify_kv the
+// decode worker compares the KV in its blocks with P's checksum of what it sent, sees the
+// mismatch, and recomputes: the client gets the local engine's tokens, and the failure is counted
+// with stage "checksum". Clean transfers verify equal (no false alarm) and stay remote.
+TEST_P(DisaggTest, CorruptedKvIsCaughtByTheChecksumAndRecomputed) {
+  decode::DecodeWorkerOptions d_options;
+  d_options.service.verify_kv = true;
+  StartStack(GetParam(), d_options);
+  const std::vector<int32_t> clean = Prompt(40, 83);
+  const Streamed ok = Generate(Request(clean, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_TRUE(ok.prefilled_remotely) << "a clean transfer failed verification";
+  EXPECT_EQ(ok.tokens, Reference(clean, kMaxTokens));
+
+  FaultPlan plan;
+  plan.stage = FaultStage::kCorruptBytes;
+  plan.once = true;
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(52, 84);
+  const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(p_faults_->faults_injected(), 1);
+  EXPECT_FALSE(got.prefilled_remotely) << "corrupted KV was used";
+  EXPECT_EQ(got.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_NE(
+      decode_->metrics().Scrape().find(absl::StrCat("tandem_kv_transfer_failures_total{backend=\"",
+                                                    GetParam(), "\",stage=\"checksum\"} 1")),
+      std::string::npos)
+      << decode_->metrics().Scrape();
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+}
+
 // The prefill worker goes away mid-request, so nobody can confirm its transfer stopped: D keeps
 // the blocks quarantined for the whole lease, then recomputes. Same tokens; counted as "lease".
 TEST_P(DisaggTest, UnconfirmedTransferWaitsOutTheLease) {
