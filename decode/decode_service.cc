@@ -53,12 +53,17 @@ struct DecodeService::Call {
 };
 
 DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
-                             std::vector<DecodeEndpoint> endpoints, DecodeServiceOptions options)
-    : engine_(engine),
-      metrics_(metrics),
-      endpoints_(std::move(endpoints)),
-      options_(std::move(options)) {
-  for (const DecodeEndpoint& e : endpoints_) (void)metrics_->kv_transfer.For(e.endpoint.backend());
+                             kvtransfer::KvReceiver* receiver, DecodeServiceOptions options)
+    : engine_(engine), metrics_(metrics), receiver_(receiver), options_(std::move(options)) {
+  for (const kvtransfer::ReceiverEndpoint& e : receiver_->endpoints()) {
+    (void)metrics_->kv_transfer.For(e.backend);
+    v1::KvEndpoint& endpoint = endpoints_.emplace_back();
+    endpoint.set_backend(e.backend);
+    endpoint.set_agent_name(e.agent_name);
+    endpoint.set_agent_address(e.agent_address);
+    endpoint.set_region(e.region);
+    server::KvLayoutToProto(e.layout, endpoint.mutable_layout());
+  }
 }
 
 absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string& address,
@@ -69,8 +74,8 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
     if (it != pairs_.end()) return it->second;
   }
   v1::ConnectRequest request;
-  request.set_decode_worker(endpoints_.empty() ? "" : endpoints_[0].endpoint.agent_name());
-  for (const DecodeEndpoint& e : endpoints_) *request.add_endpoints() = e.endpoint;
+  request.set_decode_worker(endpoints_.empty() ? "" : endpoints_[0].agent_name());
+  for (const v1::KvEndpoint& e : endpoints_) *request.add_endpoints() = e;
   server::CompatibilityToProto(engine_->config(), request.mutable_compatibility());
   grpc::ClientContext context;
   context.set_deadline(
@@ -85,33 +90,22 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   Pairing pairing;
   pairing.pair_id = response.pair_id();
   pairing.backend = response.backend();
-  bool known = false;
-  kvtransfer::TransferThread* transfer = nullptr;
-  for (size_t i = 0; i < endpoints_.size(); ++i) {
-    const DecodeEndpoint& e = endpoints_[i];
-    if (e.endpoint.backend() == response.backend()) {
-      pairing.endpoint = i;
-      pairing.staged = e.staged;
-      transfer = e.transfer;
-      known = true;
-    }
-  }
-  if (!known || pairing.pair_id.empty()) {
+  const std::optional<size_t> chosen = receiver_->FindEndpoint(response.backend());
+  if (!chosen.has_value() || pairing.pair_id.empty()) {
     return absl::InternalError(
         absl::StrCat("prefill worker ", address, " answered the handshake with backend '",
                      response.backend(), "', which this worker did not offer"));
   }
+  pairing.endpoint = *chosen;
+  pairing.staged = receiver_->endpoints()[*chosen].staged;
   if (!response.connect_reply().empty()) {
     // A two-sided backend (nccl): this side joins the connection the prefill worker started.
-    if (transfer == nullptr || response.agent_name().empty()) {
-      return absl::InternalError(absl::StrCat("prefill worker ", address,
-                                              " sent a connect reply this worker cannot take"));
+    if (response.agent_name().empty()) {
+      return absl::InternalError(
+          absl::StrCat("prefill worker ", address, " sent a connect reply without its agent name"));
     }
-    // By value: on a timeout the task may still run after this returns.
-    absl::Status accepted =
-        transfer->Run([peer = response.agent_name(), reply = response.connect_reply()](
-                          kvtransfer::TransferBackend& b) { return b.Accept(peer, reply); },
-                      options_.connect_timeout);
+    absl::Status accepted = receiver_->Accept(*chosen, response.agent_name(),
+                                              response.connect_reply(), options_.connect_timeout);
     if (!accepted.ok()) {
       return absl::Status(accepted.code(),
                           absl::StrCat("pairing with prefill worker ", address, ": accepting its ",
@@ -125,25 +119,6 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   absl::MutexLock lock(&mu_);
   pairs_[address] = pairing;
   return pairing;
-}
-
-absl::Status DecodeService::VerifyKv(const Pairing& pairing, const v1::KvTarget& target,
-                                     int num_tokens, uint64_t checksum) const {
-  const DecodeEndpoint& e = endpoints_[pairing.endpoint];
-  const kvtransfer::KvLayout layout = server::KvLayoutFromProto(e.endpoint.layout());
-  const std::span<const int32_t> blocks(target.block_ids().data(), target.block_ids_size());
-  ASSIGN_OR_RETURN(
-      uint64_t landed,
-      kvtransfer::KvChecksum(layout, e.host_memory, e.host_bytes, blocks,
-                             target.num_cached_tokens(), num_tokens, layout.head_begin,
-                             layout.head_begin + layout.num_kv_heads, 0, layout.num_layers));
-  if (landed != checksum) {
-    return absl::DataLossError(
-        absl::StrCat("the KV that landed does not match what the prefill "
-                     "worker sent (checksum ",
-                     absl::Hex(landed), " != ", absl::Hex(checksum), ")"));
-  }
-  return absl::OkStatus();
 }
 
 void DecodeService::ForgetPair(const std::string& address, const std::string& pair_id) {
@@ -238,7 +213,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     } else {
       LOG(WARNING) << "decode: request " << id << ": " << paired.status() << "; prefilling locally";
       metrics_->kv_transfer.CountFailure(
-          endpoints_.empty() ? std::string("other") : endpoints_[0].endpoint.backend(), "connect");
+          endpoints_.empty() ? std::string("other") : endpoints_[0].backend(), "connect");
       prefill_worker.clear();
     }
   }
@@ -282,10 +257,9 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       engine_->Cancel(id);
     }
   };
-  // Quarantine state of a failed Prefill call.
-  uint64_t epoch = 0;
-  int quarantined = 0;
-  absl::Time lease_end;
+  // The remote prefill's blocks: what the receiver expects in them, and their quarantine after a
+  // failed Prefill call.
+  std::unique_ptr<kvtransfer::KvReceiver::Expected> expected;
   grpc::Status failed_prefill;
   // The Prefill call is over and its blocks are safe to use: complete the remote prefill (or, when
   // cancelled, let the engine free them).
@@ -300,11 +274,10 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     } else if (status.ok()) {
       const v1::PrefillResponse& response = call->prefill_response;
       const v1::PrefillRequest& sent = call->prefill_request;
-      absl::Status verified;
-      if (sent.want_kv_checksum() && response.has_kv_checksum()) {
-        verified =
-            VerifyKv(pairing, sent.target(), sent.prompt_token_ids_size(), response.kv_checksum());
-      }
+      const absl::Status verified =
+          expected->Landed(sent.want_kv_checksum() && response.has_kv_checksum()
+                               ? std::optional<uint64_t>(response.kv_checksum())
+                               : std::nullopt);
       if (!verified.ok()) {
         // Every write has landed (the call succeeded): nothing to fence; recompute into them.
         LOG(WARNING) << "decode: request " << id << ": " << verified << "; prefilling locally";
@@ -379,10 +352,11 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       *pr.mutable_prompt_token_ids() = request->prompt_token_ids();
       *pr.mutable_sampling() = request->sampling();
       pr.set_pair_id(pairing.pair_id);
-      epoch = next_epoch_.fetch_add(1);
-      pr.set_transfer_epoch(epoch);
-      pr.set_want_kv_checksum(options_.verify_kv &&
-                              endpoints_[pairing.endpoint].host_memory != nullptr);
+      expected =
+          receiver_->Expect(pairing.endpoint, (*reservation)->block_ids,
+                            (*reservation)->num_cached_tokens, request->prompt_token_ids_size());
+      pr.set_transfer_epoch(expected->epoch());
+      pr.set_want_kv_checksum(options_.verify_kv && expected->verifiable());
       v1::KvTarget* target = pr.mutable_target();
       for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
       target->set_num_cached_tokens((*reservation)->num_cached_tokens);
@@ -407,11 +381,9 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         // Writes of the failed transfer may still be in flight: quarantine the blocks and ask.
         phase = Phase::kFencing;
         failed_prefill = prefill_status;
-        quarantined = static_cast<int>(call->prefill_request.target().block_ids_size());
-        metrics_->kv_quarantined_blocks.Increment(quarantined);
-        lease_end = now + options_.fence_lease;
+        expected->Quarantine(now);
         call->fence_request.set_pair_id(pairing.pair_id);
-        call->fence_request.set_transfer_epoch(epoch);
+        call->fence_request.set_transfer_epoch(expected->epoch());
         call->fence_context.set_deadline(absl::ToChronoTime(now + options_.fence_timeout));
         PrefillStub(prefill_worker)
             ->async()
@@ -426,8 +398,8 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     if (phase == Phase::kFencing) {
       const bool confirmed =
           fence_answered && fence_status.ok() && call->fence_response.quiescent();
-      if (confirmed || now >= lease_end || shutting_down()) {
-        metrics_->kv_quarantined_blocks.Decrement(quarantined);
+      if (expected->Release(confirmed, now) || shutting_down()) {
+        expected->Drop();
         metrics_->kv_fences.Add({{"result", confirmed ? "confirmed" : "lease"}}).Increment();
         if (!confirmed) {
           LOG(WARNING) << "decode: request " << id << ": prefill worker " << prefill_worker

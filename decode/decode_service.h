@@ -13,17 +13,19 @@
 // worker fails (down, transfer failure, deadline), the engine recomputes the prompt locally: the
 // client sees the same tokens. Tokens stream back as the engine emits them; a client that goes away
 // cancels the request and its blocks are freed.
-// Fencing (DESIGN.md "Trust and failure model"): each Prefill call carries a transfer epoch. When
-// the call does not succeed (error, deadline, cancel) the request's blocks are quarantined (the
-// gauge tandem_kv_quarantined_blocks): nothing recomputes into them and nobody else gets them
-// until Prefill.Fence confirms that no write of that epoch is in flight, or options.fence_lease
-// passes. Only then does the engine recompute the prompt locally, or free the blocks.
+// The blocks a prefill worker writes are the receiver's expectation (kv_receiver.h): it gives the
+// call its transfer epoch, verifies a checksum where asked (options.verify_kv), and holds the
+// quarantine. Fencing (DESIGN.md "Trust and failure model"): when the call does not succeed
+// (error, deadline, cancel) the request's blocks are quarantined (the gauge
+// tandem_kv_quarantined_blocks): nothing recomputes into them and nobody else gets them until
+// Prefill.Fence confirms that no write of that epoch is in flight, or the lease passes. Only then
+// does the engine recompute the prompt locally, or free the blocks.
 //
 // Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
 // thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
 // append to the call's queue. Calls to the prefill worker use gRPC's callback client; channels are
 // cached per address.
-// Ownership: engine and metrics are not owned and must outlive the service.
+// Ownership: engine, receiver and metrics are not owned and must outlive the service.
 
 #include <atomic>
 #include <memory>
@@ -35,7 +37,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kvtransfer/handoff/transfer_thread.h"
+#include "kvtransfer/handoff/kv_receiver.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -56,7 +58,8 @@ struct DecodeServiceOptions {
   // Prefill.Connect (the pair handshake).
   absl::Duration connect_timeout = absl::Seconds(10);
   // After a Prefill call that failed or was given up: Prefill.Fence's deadline, and the lease
-  // after which the quarantined blocks are reused without the prefill worker's confirmation.
+  // after which the quarantined blocks are reused without the prefill worker's confirmation (the
+  // worker gives it to its KvReceiver).
   absl::Duration fence_timeout = absl::Seconds(5);
   absl::Duration fence_lease = absl::Seconds(10);
   // Verify each remotely prefilled prompt's KV where it landed in host memory (this worker's CPU
@@ -66,24 +69,12 @@ struct DecodeServiceOptions {
   bool verify_kv = false;
 };
 
-// One backend's endpoint of this worker, and whether the engine stages KV that arrives through it
-// (its region is the host mirror of a GPU cache).
-struct DecodeEndpoint {
-  v1::KvEndpoint endpoint;
-  bool staged = false;
-  // The lane's transfer thread (not owned): two-sided backends Accept a pair's reply on it.
-  kvtransfer::TransferThread* transfer = nullptr;
-  // The region's memory when it is host memory (verify_kv reads it); null for device memory.
-  const void* host_memory = nullptr;
-  size_t host_bytes = 0;
-};
-
 class DecodeService final : public v1::Decode::Service {
  public:
-  // `endpoints`: this worker's transfer identities (backend, agent name and address, exported KV
-  // region, layout), in preference order; each remote prefill adds its block ids.
-  DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
-                std::vector<DecodeEndpoint> endpoints, DecodeServiceOptions options);
+  // `receiver`: this worker's lanes (kvtransfer/handoff/kv_receiver.h): the endpoints it offers
+  // in the pair handshake, in preference order, and the owner of every expected transfer's blocks.
+  DecodeService(Engine* engine, metrics::WorkerMetrics* metrics, kvtransfer::KvReceiver* receiver,
+                DecodeServiceOptions options);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -106,15 +97,12 @@ class DecodeService final : public v1::Decode::Service {
   // The pair with the prefill worker at `address`, handshaking first if there is none.
   absl::StatusOr<Pairing> PairWith(const std::string& address, absl::Time deadline);
   void ForgetPair(const std::string& address, const std::string& pair_id);
-  // verify_kv: OK when the KV in `target`'s blocks (tokens [num_cached_tokens, num_tokens)) has
-  // `checksum`; DataLoss when it differs.
-  absl::Status VerifyKv(const Pairing& pairing, const v1::KvTarget& target, int num_tokens,
-                        uint64_t checksum) const;
 
   Engine* const engine_;
   metrics::WorkerMetrics* const metrics_;
-  const std::vector<DecodeEndpoint> endpoints_;
+  kvtransfer::KvReceiver* const receiver_;
   const DecodeServiceOptions options_;
+  std::vector<v1::KvEndpoint> endpoints_;  // the receiver's, as offered in the handshake
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
@@ -122,7 +110,6 @@ class DecodeService final : public v1::Decode::Service {
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<uint64_t> next_epoch_{1};
 };
 
 }  // namespace tandem::decode

@@ -27,37 +27,29 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   // host memory and the cache is on a GPU (transfer_memory.h).
   ASSIGN_OR_RETURN(std::vector<server::TransferLaneSetup> setups,
                    server::StartTransferLanes(*engine, std::move(backends), options.setup_timeout));
-  std::vector<DecodeEndpoint> endpoints;
-  for (server::TransferLaneSetup& setup : setups) {
-    // This worker's identity on the backend, read on its transfer thread.
-    DecodeEndpoint endpoint;
-    endpoint.staged = setup.memory.staged;
-    endpoint.transfer = setup.thread.get();
-    if (setup.memory.kind == kvtransfer::MemoryKind::kHost) {
-      endpoint.host_memory = setup.memory.layout.base;
-      endpoint.host_bytes = setup.memory.layout.bytes;
-    }
-    v1::KvEndpoint& e = endpoint.endpoint;
-    e.set_backend(setup.thread->backend_name());
-    const uint64_t region_id = setup.region_id;
-    RETURN_IF_ERROR(setup.thread->Run(
-        [&e, region_id](kvtransfer::TransferBackend& b) -> absl::Status {
-          ASSIGN_OR_RETURN(std::string blob, b.ExportRegion(region_id));
-          ASSIGN_OR_RETURN(std::string address, b.LocalAddress());
-          e.set_agent_name(b.agent_name());
-          e.set_agent_address(std::move(address));
-          e.set_region(std::move(blob));
-          return absl::OkStatus();
-        },
-        options.setup_timeout));
-    server::KvLayoutToProto(server::ToTransferLayout(setup.memory.layout), e.mutable_layout());
-    endpoints.push_back(std::move(endpoint));
-    worker->transfers_.push_back(std::move(setup.thread));
-  }
-
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
-  worker->decode_service_ = std::make_unique<DecodeService>(engine, &worker->metrics_->metrics(),
-                                                            std::move(endpoints), options.service);
+  std::vector<kvtransfer::ReceiverLane> lanes;
+  for (server::TransferLaneSetup& setup : setups) {
+    const bool host = setup.memory.kind == kvtransfer::MemoryKind::kHost;
+    lanes.push_back(
+        kvtransfer::ReceiverLane{.thread = std::move(setup.thread),
+                                 .region_id = setup.region_id,
+                                 .layout = server::ToTransferLayout(setup.memory.layout),
+                                 .staged = setup.memory.staged,
+                                 .host_memory = host ? setup.memory.layout.base : nullptr,
+                                 .host_bytes = host ? setup.memory.layout.bytes : 0});
+  }
+  metrics::WorkerMetrics* metrics = &worker->metrics_->metrics();
+  ASSIGN_OR_RETURN(
+      worker->receiver_,
+      kvtransfer::KvReceiver::Create(std::move(lanes), {.fence_lease = options.service.fence_lease,
+                                                        .setup_timeout = options.setup_timeout,
+                                                        .on_quarantine = [metrics](int n) {
+                                                          metrics->kv_quarantined_blocks.Increment(
+                                                              static_cast<double>(n));
+                                                        }}));
+  worker->decode_service_ = std::make_unique<DecodeService>(
+      engine, &worker->metrics_->metrics(), worker->receiver_.get(), options.service);
   worker->stats_service_ =
       std::make_unique<server::WorkerStatsService>("decode", options.model_name, engine);
   ASSIGN_OR_RETURN(
@@ -79,7 +71,7 @@ void DecodeWorker::Shutdown(absl::Duration drain) {
   // In-flight calls get `drain`; those cancelled after it stop waiting for their prefill worker.
   if (decode_service_ != nullptr) decode_service_->BeginShutdown();
   server_.Shutdown(drain);
-  for (auto& transfer : transfers_) transfer->Stop();
+  if (receiver_ != nullptr) receiver_->Stop();
 }
 
 }  // namespace tandem::decode

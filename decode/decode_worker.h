@@ -8,8 +8,9 @@
 // integration tests run several in one process on port 0).
 //
 // Threads: the engine's loop thread owns the batch; gRPC threads run the handlers
-// (decode_service.h); one transfer thread per backend owns it and keeps it progressing (UCX's
-// tcp / shared-memory transports need target-side progress for writes to land).
+// (decode_service.h); the KvReceiver (kvtransfer/handoff/kv_receiver.h) owns the lanes: one
+// transfer thread per backend owns it and keeps it progressing (UCX's tcp / shared-memory
+// transports need target-side progress for writes to land).
 // Lifetime: Create starts serving (health SERVING); Shutdown (also the destructor) stops
 // accepting, gives in-flight calls `drain` to finish, cancels the rest and stops the transfer
 // thread. The engine must outlive the worker; shut the engine down after the worker.
@@ -22,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "decode/decode_service.h"
-#include "kvtransfer/handoff/transfer_thread.h"
+#include "kvtransfer/handoff/kv_receiver.h"
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
@@ -69,8 +70,8 @@ class DecodeWorker {
   Engine* engine_ = nullptr;
   std::string host_;
   int port_ = 0;
-  std::vector<std::unique_ptr<kvtransfer::TransferThread>> transfers_;
-  std::unique_ptr<server::WorkerMetricsReporter> metrics_;
+  std::unique_ptr<server::WorkerMetricsReporter> metrics_;  // outlives the receiver's callback
+  std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   std::unique_ptr<DecodeService> decode_service_;
   std::unique_ptr<server::WorkerStatsService> stats_service_;
   server::GrpcServer server_;
