@@ -4,6 +4,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kvtransfer/loopback_backend.h"
+#if TANDEM_KVTRANSFER_CMA
+#include "kvtransfer/cma/cma_backend.h"
+#endif
 #include "kvtransfer/ucx/ucx_backend.h"
 #if TANDEM_KVTRANSFER_CUDA_IPC
 #include "kvtransfer/cuda_ipc/cuda_ipc_backend.h"
@@ -43,6 +46,20 @@ const std::vector<BackendEntry>& TransferBackendRegistry() {
           .missing =
               "this build has no nccl backend (configure with TANDEM_CUDA=ON where nccl.h is "
               "found)",
+#endif
+      },
+      {
+          .name = "cma",
+          .summary =
+              "host memory between processes on one host (process_vm_writev from copy threads)",
+          .moves_device_memory = false,
+          .in_process_only = false,
+#if TANDEM_KVTRANSFER_CMA
+          .create = &CreateCmaBackend,
+          .missing = "",
+#else
+          .create = nullptr,
+          .missing = "this build has no cma backend (it needs Linux: process_vm_writev)",
 #endif
       },
       {.name = "ucx",

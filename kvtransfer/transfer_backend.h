@@ -4,8 +4,9 @@
 // (CreateTransferBackend): "loopback" (in-process reference), "ucx" (UCX one-sided puts over
 // tcp / shared memory / RDMA), "cuda_ipc" (device memory of processes on one host, through CUDA
 // IPC; cuda_ipc/cuda_ipc_backend.h), "nccl" (device memory of GPUs on any hosts, NCCL send/recv
-// over one two-rank communicator per pair; nccl/nccl_backend.h), and a fault-injecting wrapper
-// for tests.
+// over one two-rank communicator per pair; nccl/nccl_backend.h), "cma" (host memory of processes
+// on one host, process_vm_writev from a pool of copy threads; cma/cma_backend.h), and a
+// fault-injecting wrapper for tests.
 //
 // Life of a transfer (STYLE.md 2: prepare -> post -> poll -> release):
 //   target:    region = RegisterMemory(kv_base, kv_bytes); blob = ExportRegion(region);
@@ -101,6 +102,9 @@ struct BackendOptions {
   uint64_t nccl_staging_bytes = uint64_t{256} << 20;
   // nccl: the library dlopen()ed at backend creation (found through LD_LIBRARY_PATH).
   std::string nccl_library = "libnccl.so.2";
+  // cma: the copy threads the backend owns (1..64); each transfer's ops are split over them in
+  // shares of about equal bytes (at least 1 MiB each), each share written by process_vm_writev.
+  int cma_threads = 2;
 };
 
 class TransferBackend {
@@ -167,9 +171,9 @@ class TransferBackend {
 };
 
 // The registry: every backend of the project, in the order `--kv-transfer auto` prefers them
-// (DESIGN.md: same host with IPC, then GPU to GPU anywhere, then UCX; loopback is in-process
-// only). Each backend is its own CMake target with its SDK private; an entry this build lacks has
-// no `create` and says in `missing` what it would need.
+// (DESIGN.md: same host with IPC, then GPU to GPU anywhere, then host memory on one host (cma),
+// then UCX; loopback is in-process only). Each backend is its own CMake target with its SDK
+// private; an entry this build lacks has no `create` and says in `missing` what it would need.
 struct BackendEntry {
   std::string_view name;
   std::string_view summary;  // what it moves, and between whom
