@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/transfer_memory.h"
@@ -29,13 +30,27 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
   std::vector<TransferLane> lanes;
   const kvtransfer::KvLayout layout = server::ToTransferLayout(engine->kv_layout());
   for (server::TransferLaneSetup& setup : setups) {
-    const bool host = setup.memory.kind == kvtransfer::MemoryKind::kHost;
+    const kvtransfer::MemoryKind kind = setup.memory.kind;
+    // KV another pool needs in another block format is converted where the lane reads it: on the
+    // host, or on the GPU of a device lane.
+    std::unique_ptr<kvtransfer::KvStaging> staging;
+    if (kind == kvtransfer::MemoryKind::kHost) {
+      staging = kvtransfer::CreateHostStaging();
+    } else if (auto device = kvtransfer::CreateDeviceStaging(setup.memory.layout.device_ordinal);
+               device.ok()) {
+      staging = *std::move(device);
+    } else {
+      LOG(WARNING) << "prefill: the " << setup.thread->backend_name()
+                   << " lane cannot convert KV for other pools: " << device.status();
+    }
     auto sender = std::make_unique<kvtransfer::KvSender>(
         std::move(setup.thread),
         kvtransfer::KvSource{.layout = layout,
                              .region_id = setup.region_id,
-                             .host_memory = host ? setup.memory.layout.base : nullptr,
-                             .host_bytes = host ? setup.memory.layout.bytes : 0},
+                             .kind = kind,
+                             .memory = setup.memory.layout.base,
+                             .bytes = setup.memory.layout.bytes},
+        std::move(staging),
         kvtransfer::KvSenderOptions{.transfer_timeout = options.service.transfer_timeout});
     lanes.push_back(TransferLane{.sender = sender.get(), .staged = setup.memory.staged});
     worker->senders_.push_back(std::move(sender));

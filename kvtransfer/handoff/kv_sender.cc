@@ -37,20 +37,23 @@ class SourceRelease {
   std::function<void()> fn_;
 };
 
-// A converted prompt's KV in the destination's format, registered with the lane's backend for
-// one send (lane thread only).
+// A converted prompt's KV in the destination's format, in the lane's staging memory and
+// registered with its backend for one send (lane thread only).
 struct Staging {
-  std::unique_ptr<char[]> bytes;
+  KvStaging* owner = nullptr;
+  void* buffer = nullptr;
   uint64_t length = 0;
   uint64_t region_id = 0;
   bool registered = false;
 
   void Free(TransferBackend& backend) {
-    if (!registered) return;
-    registered = false;
-    if (absl::Status s = backend.DeregisterMemory(region_id); !s.ok()) {
-      LOG(WARNING) << "kv sender: deregistering a KV conversion buffer: " << s;
+    if (registered) {
+      registered = false;
+      if (absl::Status s = backend.DeregisterMemory(region_id); !s.ok()) {
+        LOG(WARNING) << "kv sender: deregistering a KV conversion buffer: " << s;
+      }
     }
+    if (buffer != nullptr) owner->Free(std::exchange(buffer, nullptr));
   }
 };
 
@@ -91,14 +94,17 @@ std::string_view SendStageName(SendStage stage) {
 struct KvSender::Core {
   std::unique_ptr<TransferThread> thread;
   const KvSource source;
+  const std::unique_ptr<KvStaging> staging;  // used on the lane thread only
   const KvSenderOptions options;
   const std::string backend_name;
   // Lane thread only: connected agents, name -> address.
   absl::flat_hash_map<std::string, std::string> peers;
 
-  Core(std::unique_ptr<TransferThread> t, KvSource s, KvSenderOptions o)
+  Core(std::unique_ptr<TransferThread> t, KvSource s, std::unique_ptr<KvStaging> st,
+       KvSenderOptions o)
       : thread(std::move(t)),
         source(std::move(s)),
+        staging(std::move(st)),
         options(o),
         backend_name(thread->backend_name()) {}
 
@@ -220,8 +226,8 @@ using Core = KvSender::Core;
 absl::StatusOr<std::vector<CopyOp>> Convert(Core& core, TransferBackend& backend, KvSend& send,
                                             std::span<const int32_t> src_blocks, int num_tokens) {
   const KvSource& src = core.source;
-  if (src.host_memory == nullptr) {
-    return absl::FailedPreconditionError("KV conversion needs a lane reading host memory");
+  if (core.staging == nullptr) {
+    return absl::FailedPreconditionError("this lane has no KV conversion staging");
   }
   ASSIGN_OR_RETURN(
       ConversionPlan plan,
@@ -230,16 +236,13 @@ absl::StatusOr<std::vector<CopyOp>> Convert(Core& core, TransferBackend& backend
   StagedConversion staged = StageConversion(plan);
   if (staged.staging_bytes == 0) return std::move(staged.ops);
   Staging& staging = send.staging.emplace();
+  staging.owner = core.staging.get();
   staging.length = staged.staging_bytes;
-  staging.bytes.reset(new (std::nothrow) char[staging.length]);
-  if (staging.bytes == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("no memory for a ", staging.length, "-byte KV conversion buffer"));
-  }
-  RETURN_IF_ERROR(ConvertOnHost(staged.pack, src.host_memory, src.host_bytes, staging.bytes.get(),
-                                staging.length));
+  ASSIGN_OR_RETURN(staging.buffer, core.staging->Allocate(staging.length));
+  RETURN_IF_ERROR(
+      core.staging->Convert(staged.pack, src.memory, src.bytes, staging.buffer, staging.length));
   ASSIGN_OR_RETURN(MemoryRegion region,
-                   backend.RegisterMemory(staging.bytes.get(), staging.length, MemoryKind::kHost));
+                   backend.RegisterMemory(staging.buffer, staging.length, core.staging->kind()));
   staging.region_id = region.id;
   staging.registered = true;
   return std::move(staged.ops);
@@ -416,14 +419,15 @@ std::optional<uint64_t> SourceChecksum(const Core& core, const KvSend& s,
                                        std::span<const int32_t> block_ids, int num_tokens) {
   const KvSource& src = core.source;
   const KvLayout& dst = s.dst.layout;
-  if (src.host_memory == nullptr || src.layout.elem_bytes != dst.elem_bytes ||
+  if (src.kind != MemoryKind::kHost || src.memory == nullptr ||
+      src.layout.elem_bytes != dst.elem_bytes ||
       (src.layout.dtype != dst.dtype && src.layout.dtype != KvDtype::kRaw &&
        dst.dtype != KvDtype::kRaw)) {
     return std::nullopt;
   }
-  absl::StatusOr<uint64_t> sum = KvChecksum(
-      src.layout, src.host_memory, src.host_bytes, block_ids, s.dst.num_cached_tokens, num_tokens,
-      dst.head_begin, dst.head_begin + dst.num_kv_heads, 0, src.layout.num_layers);
+  absl::StatusOr<uint64_t> sum =
+      KvChecksum(src.layout, src.memory, src.bytes, block_ids, s.dst.num_cached_tokens, num_tokens,
+                 dst.head_begin, dst.head_begin + dst.num_kv_heads, 0, src.layout.num_layers);
   if (!sum.ok()) {
     LOG(WARNING) << "request " << s.id << ": no KV checksum: " << sum.status();
     return std::nullopt;
@@ -472,8 +476,10 @@ void OnWhole(Core& core, TransferBackend& backend, const std::shared_ptr<KvSend>
 
 }  // namespace
 
-KvSender::KvSender(std::unique_ptr<TransferThread> thread, KvSource source, KvSenderOptions options)
-    : core_(std::make_shared<Core>(std::move(thread), std::move(source), options)) {}
+KvSender::KvSender(std::unique_ptr<TransferThread> thread, KvSource source,
+                   std::unique_ptr<KvStaging> staging, KvSenderOptions options)
+    : core_(std::make_shared<Core>(std::move(thread), std::move(source), std::move(staging),
+                                   options)) {}
 
 KvSender::~KvSender() { Stop(); }
 
@@ -489,12 +495,11 @@ absl::Status KvSender::Admit(const KvLayout& target) const {
     return PlanBlockCopies(layout, target, one, one, 1, 0).status();
   }
   RETURN_IF_ERROR(CheckConvertible(layout, target));
-  if (core_->source.host_memory == nullptr) {
+  if (core_->staging == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the KV needs converting (block size ", layout.block_size, " -> ", target.block_size, ", ",
-        KvDtypeName(layout.dtype), " -> ", KvDtypeName(target.dtype),
-        ") and this worker converts only from host memory, which its ", core_->backend_name,
-        " lane does not read"));
+        KvDtypeName(layout.dtype), " -> ", KvDtypeName(target.dtype), ") and this worker's ",
+        core_->backend_name, " lane has no conversion staging"));
   }
   return absl::OkStatus();
 }

@@ -4,7 +4,8 @@
 // TransferThread, and so its backend, the connections to decode workers' agents, and every send
 // from start to end:
 // - planning the block copies, or converting the KV into a staging buffer of the destination's
-//   format (kv_convert.h) when block size, dtype or head range differ;
+//   format (kv_convert.h; kv_staging.h: on the host, or on the GPU for device lanes) when block
+//   size, dtype or head range differ;
 // - posting the writes, whole after the prompt, or layer by layer while the prompt is still
 //   being computed (streamed);
 // - polling them to remote completion, releasing every handle;
@@ -45,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/handoff/kv_staging.h"
 #include "kvtransfer/handoff/transfer_thread.h"
 #include "kvtransfer/kv_layout.h"
 #include "kvtransfer/transfer_backend.h"
@@ -55,10 +57,11 @@ namespace tandem::kvtransfer {
 struct KvSource {
   KvLayout layout;         // offsets within the registered region
   uint64_t region_id = 0;  // the region's id in the lane's backend
-  // The registered memory when it is host memory (a CPU KV cache or the engine's pinned host
-  // mirror): KV of another block format is converted from it. Null for device memory.
-  const void* host_memory = nullptr;
-  size_t host_bytes = 0;
+  // The registered memory: host memory (a CPU KV cache or the engine's pinned host mirror) or a
+  // GPU's. KV of another block format is converted from it (KvStaging).
+  MemoryKind kind = MemoryKind::kHost;
+  const void* memory = nullptr;
+  size_t bytes = 0;
 };
 
 // Where one prompt's KV goes: a decode worker's agent, region and blocks.
@@ -124,7 +127,10 @@ class KvSend;
 
 class KvSender {
  public:
-  KvSender(std::unique_ptr<TransferThread> thread, KvSource source, KvSenderOptions options);
+  // `staging`: where KV of another block format is converted (of the source's memory kind); null:
+  // this lane sends only byte copies of its own format.
+  KvSender(std::unique_ptr<TransferThread> thread, KvSource source,
+           std::unique_ptr<KvStaging> staging, KvSenderOptions options);
   ~KvSender();  // Stop()
   KvSender(const KvSender&) = delete;
   KvSender& operator=(const KvSender&) = delete;
@@ -133,7 +139,7 @@ class KvSender {
   TransferThread& thread();
 
   // OK when this lane can write its KV into blocks of `target`'s format: byte copies of the same
-  // block format, or a conversion from host memory. FailedPrecondition saying why not.
+  // block format, or a conversion through its staging. FailedPrecondition saying why not.
   absl::Status Admit(const KvLayout& target) const;
   // Admit, and the destination's blocks cover a prompt of `num_tokens` (planned with stand-in
   // source blocks, before anything is computed).

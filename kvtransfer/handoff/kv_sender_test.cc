@@ -123,8 +123,10 @@ class KvSenderTest : public ::testing::Test {
     sender_ = std::make_unique<KvSender>(std::move(thread),
                                          KvSource{.layout = layout_,
                                                   .region_id = own->id,
-                                                  .host_memory = src_.data(),
-                                                  .host_bytes = src_.size()},
+                                                  .kind = MemoryKind::kHost,
+                                                  .memory = src_.data(),
+                                                  .bytes = src_.size()},
+                                         CreateHostStaging(),
                                          KvSenderOptions{.transfer_timeout = absl::Seconds(5)});
 
     destination_.agent_name = target_options.agent_name;

@@ -106,13 +106,13 @@ class DisaggCudaTest : public ::testing::TestWithParam<std::tuple<std::string, s
     }
   }
   std::unique_ptr<server::LoadedModel> Load(const std::string& device,
-                                            bool layer_progress = false) {
+                                            bool layer_progress = false, int block_size = 16) {
     server::ModelLoadOptions o;
     o.engine.kv_layer_progress = layer_progress;
     o.model_dir = model_dir_;
     o.device = device;
-    o.block_size = 16;
-    o.num_blocks = 128;
+    o.block_size = block_size;
+    o.num_blocks = 128 * 16 / block_size;
     auto m = server::LoadModel(o);
     EXPECT_TRUE(m.ok()) << device << ": " << m.status();
     return m.ok() ? std::make_unique<server::LoadedModel>(std::move(*m)) : nullptr;
@@ -127,14 +127,17 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
   auto cpu = Load("cpu");
   auto local = Load("cuda");
   // "cuda_ipc_streamed": P reports each chunk's layers and writes them as they are computed.
+  // "cuda_ipc_convert": D's blocks hold 32 tokens, P's 16: P converts each prompt's KV on its GPU
+  // (kv_staging.h) into a device buffer of D's format and writes that GPU to GPU.
   const std::string variant = std::get<1>(GetParam());
   const bool streamed = variant == "cuda_ipc_streamed";
+  const bool convert = variant == "cuda_ipc_convert";
   auto p = Load("cuda", streamed);
-  auto d = Load("cuda");
+  auto d = Load("cuda", false, convert ? 32 : 16);
   ASSERT_TRUE(cpu && local && p && d);
   {
     DisaggStack stack;
-    const std::string backend = streamed ? "cuda_ipc" : variant;
+    const std::string backend = streamed || convert ? "cuda_ipc" : variant;
     EXPECT_EQ(p->engine->reports_kv_chunks(), streamed);
     const absl::Status started = stack.Start(p->engine.get(), d->engine.get(), backend);
     ASSERT_TRUE(started.ok()) << started;
@@ -207,7 +210,8 @@ TEST_P(DisaggCudaTest, GreedyTokensEqualLocalCudaAndCpuEngines) {
 INSTANTIATE_TEST_SUITE_P(
     Models, DisaggCudaTest,
     ::testing::Combine(::testing::Values("tiny", "target"),
-                       ::testing::Values("loopback", "cuda_ipc", "cuda_ipc_streamed")),
+                       ::testing::Values("loopback", "cuda_ipc", "cuda_ipc_streamed",
+                                         "cuda_ipc_convert")),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 // Heterogeneous pools: prefill on the GPU and decode on the CPU, and the reverse, over the
