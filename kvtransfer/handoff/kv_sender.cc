@@ -194,7 +194,7 @@ class KvSend {
   int chunks = 0;
   bool whole = false;
   bool polling = false;
-  bool reported = false;  // the report is made; only lingering writes keep it live
+  bool draining = false;  // reported; only lingering writes keep it live
   bool ended = false;     // every write finished, the source given back
   absl::Time first_post = absl::InfiniteFuture();
   absl::Time whole_at;
@@ -261,7 +261,7 @@ bool Drain(TransferBackend& backend, KvSend& send, bool stopping) {
       ++i;
     }
   }
-  send.reported = true;
+  send.draining = true;
   if (!send.lingering.empty()) return false;
   if (send.staging.has_value()) send.staging->Free(backend);  // nothing reads it now
   send.polling = false;
@@ -273,7 +273,7 @@ bool Drain(TransferBackend& backend, KvSend& send, bool stopping) {
 // Lane thread, every tick while the send is live: posts what is ready, polls what is posted, and
 // ends the send (releasing everything) when it is done or failed. True when it ended.
 bool Tick(Core& core, TransferBackend& backend, KvSend& send, bool stopping) {
-  if (send.reported) return Drain(backend, send, stopping);
+  if (send.draining) return Drain(backend, send, stopping);
   const absl::Time now = absl::Now();
   if (stopping) {
     send.Fail(SendStage::kShutdown, absl::UnavailableError("prefill worker shutting down"));
