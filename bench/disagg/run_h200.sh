@@ -77,8 +77,10 @@ mps_off() {
 }
 
 # Cases: agg (aggregated, default 512-token steps), agg8k (aggregated, 8192-token steps), on /
-# off (1P+1D, --kv-transfer auto = cuda_ipc, streaming on / off), ucx (the host path), *_mps (the
-# same under CUDA MPS: a user-space daemon started and stopped here, no device setting changed),
+# off (1P+1D, --kv-transfer auto = cuda_ipc, streaming on / off), ucx and cma (the host path:
+# pinned mirrors, UCX or cross-memory attach), *_mps (the same under CUDA MPS: a user-space
+# daemon started and stopped here, no device setting changed; on_mps2k: prefill workers in
+# 2,048-token steps),
 # *_long (7,936-token prompts: the synthesized model's context is 8,192).
 for c in ${SERVE_CASES:-agg agg8k on off on_mps agg_long on_long off_long}; do
   case $c in
@@ -87,7 +89,12 @@ for c in ${SERVE_CASES:-agg agg8k on off on_mps agg_long on_long off_long}; do
     on) serve_case on 4096 "1 8" --kv-streaming on ;;
     off) serve_case off 4096 "1 8" --kv-streaming off ;;
     ucx) serve_case ucx 4096 "1 8" --kv-transfer ucx ;;
+    cma) serve_case cma 4096 "1" --kv-transfer cma ;;
     on_mps) if mps_on; then serve_case on_mps 4096 "1 8"; mps_off; fi ;;
+    on_mps2k) if mps_on; then
+        serve_case on_mps2k 4096 "1 8" --prefill-max-num-batched-tokens 2048
+        mps_off
+      fi ;;
     agg_mps) if mps_on; then serve_case agg_mps 4096 "1 8" --aggregated; mps_off; fi ;;
     agg_long) serve_case agg_long 7936 "1" --aggregated ;;
     on_long) serve_case on_long 7936 "1" --kv-streaming on ;;
