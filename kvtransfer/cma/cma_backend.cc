@@ -104,51 +104,80 @@ std::string AccessError(int err, pid_t pid, std::string_view what) {
   }
 }
 
-// Writes every byte `local[0..n)` describes to `remote[0..n)` (equal lengths pairwise), resuming
-// after partial writes. Mutates the iovecs. Returns "" or why it failed.
-std::string WriteAll(pid_t pid, iovec* local, iovec* remote, int n) {
-  int k = 0;
-  while (k < n) {
-    const ssize_t r = process_vm_writev(pid, local + k, static_cast<unsigned long>(n - k),
-                                        remote + k, static_cast<unsigned long>(n - k), 0);
+// Moves the first `bytes` of iovecs[*first..n) out of the way (a partial write ended there).
+void Advance(iovec* iovecs, int n, int* first, size_t bytes) {
+  while (bytes > 0 && *first < n) {
+    iovec& v = iovecs[*first];
+    if (bytes >= v.iov_len) {
+      bytes -= v.iov_len;
+      ++*first;
+    } else {
+      v.iov_base = static_cast<char*>(v.iov_base) + bytes;
+      v.iov_len -= bytes;
+      bytes = 0;
+    }
+  }
+}
+
+// Writes the byte stream local[0..nl) describes into the one remote[0..nr) describes (the same
+// total), resuming after partial writes. Mutates the iovecs. Returns "" or why it failed.
+std::string WriteAll(pid_t pid, iovec* local, int nl, iovec* remote, int nr) {
+  int kl = 0, kr = 0;
+  while (kl < nl) {
+    const ssize_t r = process_vm_writev(pid, local + kl, static_cast<unsigned long>(nl - kl),
+                                        remote + kr, static_cast<unsigned long>(nr - kr), 0);
     if (r < 0) {
       if (errno == EINTR) continue;
       return AccessError(errno, pid, "process_vm_writev");
     }
     if (r == 0) return absl::StrCat("cma: process_vm_writev to process ", pid, " wrote nothing");
-    size_t left = static_cast<size_t>(r);
-    while (left > 0 && k < n) {
-      if (left >= local[k].iov_len) {
-        left -= local[k].iov_len;
-        ++k;
-      } else {
-        local[k].iov_base = static_cast<char*>(local[k].iov_base) + left;
-        local[k].iov_len -= left;
-        remote[k].iov_base = static_cast<char*>(remote[k].iov_base) + left;
-        remote[k].iov_len -= left;
-        left = 0;
-      }
-    }
+    Advance(local, nl, &kl, static_cast<size_t>(r));
+    Advance(remote, nr, &kr, static_cast<size_t>(r));
   }
   return "";
 }
 
-// Runs one share: calls of at most IOV_MAX iovecs and kMaxCallBytes, stopping early once the
+// Appends [base, base+len) to iovecs[0..*n), merged into the last one when adjacent.
+void Append(iovec* iovecs, int* n, uintptr_t base, size_t len) {
+  if (*n > 0) {
+    iovec& last = iovecs[*n - 1];
+    if (reinterpret_cast<uintptr_t>(last.iov_base) + last.iov_len == base) {
+      last.iov_len += len;
+      return;
+    }
+  }
+  iovecs[(*n)++] = {.iov_base = reinterpret_cast<void*>(base), .iov_len = len};
+}
+
+bool Adjacent(const iovec* iovecs, int n, uintptr_t base) {
+  return n > 0 &&
+         reinterpret_cast<uintptr_t>(iovecs[n - 1].iov_base) + iovecs[n - 1].iov_len == base;
+}
+
+// Runs one share: its segments in the order of their remote addresses (so that blocks landing
+// next to each other become one remote iovec: the kernel pins the target's pages per remote
+// iovec), in calls of at most IOV_MAX iovecs a side and kMaxCallBytes, stopping early once the
 // transfer is cancelled or failed.
-void RunShare(const Share& share) {
+void RunShare(Share& share) {
   Posted& t = *share.transfer;
+  std::vector<Segment>& segments = share.segments;
+  std::sort(segments.begin(), segments.end(),
+            [](const Segment& a, const Segment& b) { return a.remote < b.remote; });
   iovec local[IOV_MAX], remote[IOV_MAX];
-  const std::vector<Segment>& segments = share.segments;
   size_t next = 0, offset = 0;  // the first byte not yet written: segments[next] + offset
   while (next < segments.size() && !t.Stopped()) {
-    int n = 0;
+    int nl = 0, nr = 0;
     size_t bytes = 0;
-    while (next < segments.size() && n < IOV_MAX && bytes < kMaxCallBytes) {
+    while (next < segments.size() && bytes < kMaxCallBytes) {
       const Segment& s = segments[next];
+      const uintptr_t l = s.local + offset, r = s.remote + offset;
+      if ((nl == IOV_MAX && !Adjacent(local, nl, l)) ||
+          (nr == IOV_MAX && !Adjacent(remote, nr, r))) {
+        break;
+      }
       const size_t len = std::min(s.length - offset, kMaxCallBytes - bytes);
-      local[n] = {.iov_base = reinterpret_cast<void*>(s.local + offset), .iov_len = len};
-      remote[n] = {.iov_base = reinterpret_cast<void*>(s.remote + offset), .iov_len = len};
-      ++n;
+      Append(local, &nl, l, len);
+      Append(remote, &nr, r, len);
       bytes += len;
       offset += len;
       if (offset == s.length) {
@@ -156,7 +185,7 @@ void RunShare(const Share& share) {
         offset = 0;
       }
     }
-    std::string error = WriteAll(t.pid(), local, remote, n);
+    std::string error = WriteAll(t.pid(), local, nl, remote, nr);
     if (!error.empty()) t.Fail(std::move(error));
   }
   t.ShareDone();

@@ -6,13 +6,14 @@
 //
 // Mechanics: PostWrite checks the request (regions, bounds: copy_ops.h), splits its ops into
 // BackendOptions::cma_threads shares of about equal bytes (ops straddling a share are split) and
-// hands them to that many copy threads the backend owns; each writes its share in calls of at most
-// IOV_MAX iovecs and 16 MiB. Poll reads the transfer's atomics (never blocks); kDone means every
-// call returned every byte, so the bytes are in the target's memory. Release of a running
-// transfer cancels what has not started and waits for the calls in flight (memory copies of at
-// most 16 MiB each), so nothing lingers. Host memory only; no PostRead, no notifications (the
-// product acknowledges over gRPC; capabilities().notifications is false and PostWrite refuses a
-// request with one).
+// hands them to that many copy threads the backend owns; each writes its share sorted by
+// destination (adjacent blocks merge into one remote iovec) in calls of at most IOV_MAX iovecs a
+// side and 16 MiB. Ops of one transfer whose destinations overlap land in no defined order. Poll
+// reads the transfer's atomics (never blocks); kDone means every call returned every byte, so the
+// bytes are in the target's memory. Release of a running transfer cancels what has not started and
+// waits for the calls in flight (memory copies of at most 16 MiB each), so nothing lingers. Host
+// memory only; no PostRead, no notifications (the product acknowledges over gRPC;
+// capabilities().notifications is false and PostWrite refuses a request with one).
 //
 // Trust: the peer's address blob (cma_wire.h) is a claim. Connect refuses another host's boot id,
 // a pid whose start time differs (pid reuse), and a pid whose memory does not hold the 16-byte

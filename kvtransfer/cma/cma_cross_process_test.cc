@@ -203,8 +203,9 @@ TEST(CmaBackendTest, CapabilitiesAndHostMemoryOnly) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// 256 MiB of random bytes as 8,192 shuffled 32 KiB blocks, then as one op, with 1, 2 and 4 copy
-// threads; the child's region must hash to exactly what the ops describe.
+// 256 MiB of random bytes as 8,192 shuffled 32 KiB blocks, then as one op, then as 20,000 small
+// scattered ops, with 1, 2 and 4 copy threads; the child's region must hash to exactly what the
+// ops describe.
 TEST(CmaCrossProcessTest, BytesLandExactly) {
   const size_t bytes = kBlock * kBlocks;
   auto peer = PeerProcess::Start(bytes);
@@ -247,6 +248,23 @@ TEST(CmaCrossProcessTest, BytesLandExactly) {
     }
     std::memcpy(expected.data() + 4099, src.data() + 13, bytes - 8191);
     state = WriteAndWait(*backend, region->id, **peer, big);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(*state, TransferState::kDone);
+    hash = (*peer)->Hash();
+    ASSERT_TRUE(hash.ok()) << hash.status();
+    EXPECT_EQ(*hash, cma::RegionHash(expected.data(), expected.size()));
+
+    // 20,000 small ops that touch neither side's neighbour: every call is IOV_MAX iovecs a side.
+    std::vector<CopyOp> gapped;
+    for (size_t i = 0; i < 20000; ++i) {
+      gapped.push_back({.local_offset = ((i * 7919) % 20000) * 8192 + 5,
+                        .remote_offset = i * 8192 + 100,
+                        .length = 3000});
+    }
+    for (const CopyOp& op : gapped) {
+      std::memcpy(expected.data() + op.remote_offset, src.data() + op.local_offset, op.length);
+    }
+    state = WriteAndWait(*backend, region->id, **peer, gapped);
     ASSERT_TRUE(state.ok()) << state.status();
     EXPECT_EQ(*state, TransferState::kDone);
     hash = (*peer)->Hash();
