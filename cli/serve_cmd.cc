@@ -1,6 +1,7 @@
 // `tandem serve`: the whole disaggregated stack on this machine, as separate processes.
 //   tandem serve [--model DIR] [--prefill-workers N] [--decode-workers M] [--port 8000]
-//                [--host 127.0.0.1] [--aggregated] [--kv-transfer auto|cuda_ipc|ucx|loopback]
+//                [--host 127.0.0.1] [--aggregated]
+//                [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //                [--device cpu|cuda|cuda:N] [--prefill-device D] [--decode-device D]
 //                [--block-size N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
@@ -512,12 +513,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                 "No prefill workers: decode workers prefill locally (the baseline)");
   cmd->add_option(
          "--kv-transfer", flags->kv_transfer,
-         "KV transfer backend: auto (default: cuda_ipc, nccl, then ucx on GPUs, ucx on CPUs; "
-         "each worker pair's handshake picks), cuda_ipc (GPU to GPU on this host; needs "
-         "--device cuda), nccl (GPU to GPU across hosts; needs libnccl.so.2), ucx, or "
-         "loopback (one process only: across processes decode "
-         "workers then recompute prompts locally)")
-      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "nccl", "loopback"}));
+         "KV transfer backend: auto (default: cuda_ipc, nccl, cma, then ucx on GPUs; cma, then "
+         "ucx on CPUs; each worker pair's handshake picks), cuda_ipc (GPU to GPU on this host; "
+         "needs --device cuda), nccl (GPU to GPU across hosts; needs libnccl.so.2), cma (host "
+         "memory on this host, process_vm_writev), ucx, or loopback (one process only: across "
+         "processes decode workers then recompute prompts locally)")
+      ->check(CLI::IsMember({"auto", "ucx", "cma", "cuda_ipc", "nccl", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "Worker device: cpu (default), cuda or cuda:N (every worker on that GPU)");
   cmd->add_option("--prefill-device", flags->prefill_device,

@@ -1,14 +1,14 @@
 // `tandem prefill` and `tandem decode`: one worker role each (Prefill or Decode + Worker gRPC
 // services, grpc.health.v1), with the same flags:
 //   tandem prefill|decode --model DIR --port P [--host H]
-//       [--kv-transfer auto|cuda_ipc|ucx|loopback]
+//       [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
 // --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU. With
 // --kv-transfer cuda_ipc the backend registers that cache itself and moves KV GPU to GPU; with a
-// host-memory backend (ucx) it uses a pinned host mirror of the same size that the engine copies
-// a prompt's blocks through (runtime/server/transfer_memory.h).
+// host-memory backend (cma, ucx) it uses a pinned host mirror of the same size that the engine
+// copies a prompt's blocks through (runtime/server/transfer_memory.h).
 // Each prints one line "tandem ROLE: serving on HOST:PORT" to stdout once it serves (launchers
 // wait for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
 // Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error (including a CUDA
@@ -126,9 +126,10 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--host", flags->host, "address to bind (default 127.0.0.1)");
   cmd->add_option(
          "--kv-transfer", flags->kv_transfer,
-         "KV transfer backend: auto (default: cuda_ipc, nccl, then ucx for a GPU cache, ucx "
-         "otherwise; the pair handshake picks), cuda_ipc, nccl, ucx or loopback")
-      ->check(CLI::IsMember({"auto", "ucx", "cuda_ipc", "nccl", "loopback"}));
+         "KV transfer backend: auto (default: cuda_ipc, nccl, cma, then ucx for a GPU cache; "
+         "cma, then ucx otherwise; the pair handshake picks), cuda_ipc, nccl, cma (host memory "
+         "on one host), ucx or loopback")
+      ->check(CLI::IsMember({"auto", "ucx", "cma", "cuda_ipc", "nccl", "loopback"}));
   cmd->add_option("--device", flags->device,
                   "cpu (default), cuda or cuda:N: where the weights and the KV cache live");
   cmd->add_option("--ucx-transports", flags->ucx_transports,
