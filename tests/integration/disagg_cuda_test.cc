@@ -105,8 +105,8 @@ class DisaggCudaTest : public ::testing::TestWithParam<std::tuple<std::string, s
       }
     }
   }
-  std::unique_ptr<server::LoadedModel> Load(const std::string& device,
-                                            bool layer_progress = false, int block_size = 16) {
+  std::unique_ptr<server::LoadedModel> Load(const std::string& device, bool layer_progress = false,
+                                            int block_size = 16) {
     server::ModelLoadOptions o;
     o.engine.kv_layer_progress = layer_progress;
     o.model_dir = model_dir_;
