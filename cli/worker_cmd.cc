@@ -163,11 +163,6 @@ void AddPrefillCommand(CLI::App& app, int* exit_code) {
   flags->max_num_batched_tokens = 8192;
   CLI::App* cmd =
       AddWorkerCommand(app, "prefill", "Run a prefill worker (Prefill + Worker gRPC)", flags);
-  cmd->add_option("--kv-verify", flags->kv_verify,
-                  "decode workers: on = check each remotely prefilled prompt's KV where it landed "
-                  "in host memory against the prefill worker's checksum (a mismatch recomputes "
-                  "it); off (default)")
-      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--kv-streaming", flags->kv_streaming,
                   "on (default): over a device backend (cuda_ipc) each layer's KV is written as "
                   "soon as it is computed; off: after the whole prompt")
@@ -180,10 +175,15 @@ void AddPrefillCommand(CLI::App& app, int* exit_code) {
 
 void AddDecodeCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<WorkerFlags>();
-  AddWorkerCommand(app, "decode", "Run a decode worker (Decode + Worker gRPC)", flags)
-      ->callback([flags, exit_code] {
-        *exit_code = RunWorker<decode::DecodeWorker, decode::DecodeWorkerOptions>("decode", *flags);
-      });
+  CLI::App* cmd =
+      AddWorkerCommand(app, "decode", "Run a decode worker (Decode + Worker gRPC)", flags);
+  cmd->add_option("--kv-verify", flags->kv_verify,
+                  "on: check each remotely prefilled prompt's KV where it landed in host memory "
+                  "against the prefill worker's checksum (a mismatch recomputes it); off (default)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->callback([flags, exit_code] {
+    *exit_code = RunWorker<decode::DecodeWorker, decode::DecodeWorkerOptions>("decode", *flags);
+  });
 }
 
 }  // namespace tandem::cli
