@@ -325,6 +325,40 @@ TEST_P(DisaggTest, PrefillDeadlineReleasesEverythingOnBothSides) {
   EXPECT_EQ(prefill_->metrics().metrics().kv_transfer.failures(), 1);
 }
 
+// The decode worker vanishes while P's write into it is stuck: its Prefill call is cancelled,
+// and P gives back the held KV at once, long before its own deadlines (60 s prefill, 20 s
+// transfer), which are the last resort.
+TEST_P(DisaggTest, PrefillWorkerFreesHeldKvWhenTheDecodeWorkerVanishes) {
+  decode::DecodeWorkerOptions options;
+  options.service.prefill_timeout = absl::Seconds(30);
+  options.service.fence_lease = absl::Seconds(1);
+  StartStack(GetParam(), options);
+  FaultPlan plan;
+  plan.stage = FaultStage::kMidTransfer;
+  plan.once = true;
+  plan.polls_before_failure = 1 << 30;
+  p_faults_->SetPlan(plan);
+  const std::vector<int32_t> prompt = Prompt(30, 85);
+  std::thread client([&] { (void)Generate(Request(prompt, kMaxTokens, prefill_->address())); });
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (p_model_->engine->stats().held_kv == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(p_model_->engine->stats().held_kv, 1) << "the stuck transfer never held the KV";
+  const absl::Time vanished = absl::Now();
+  decode_->Shutdown(absl::ZeroDuration());
+  EngineStats p = p_model_->engine->stats();
+  while ((p.held_kv != 0 || p.blocks_used != 0) && absl::Now() < vanished + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(10));
+    p = p_model_->engine->stats();
+  }
+  const absl::Duration took = absl::Now() - vanished;
+  client.join();
+  EXPECT_EQ(p.held_kv, 0);
+  EXPECT_EQ(p.blocks_used, 0);
+  EXPECT_LT(took, absl::Seconds(3)) << "P waited for a deadline instead of the cancellation";
+}
+
 TEST_P(DisaggTest, LocalPrefillWhenNoPrefillWorkerIsNamed) {
   StartStack(GetParam());
   const std::vector<int32_t> prompt = Prompt(23, 99);
