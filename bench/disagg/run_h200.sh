@@ -15,7 +15,8 @@ set -u
 source bench/engine/device_call.sh
 dc_setup || exit 1
 M8B=/tmp/tandem_m8b
-dc_synth llama-3-8b "$M8B"
+# SYNTH_LIKE=llama-3.1-8b: the same shape with a 128K context, for the *_16k cases.
+dc_synth "${SYNTH_LIKE:-llama-3-8b}" "$M8B"
 
 DC_TEST_S=240 dc_test cuda_ipc "$B/cuda_ipc_backend_cuda_test"
 DC_TEST_S=300 dc_test disagg_cuda "$B/disagg_cuda_test"
@@ -81,7 +82,8 @@ mps_off() {
 # pinned mirrors, UCX or cross-memory attach), *_mps (the same under CUDA MPS: a user-space
 # daemon started and stopped here, no device setting changed; on_mps2k: prefill workers in
 # 2,048-token steps),
-# *_long (7,936-token prompts: the synthesized model's context is 8,192).
+# *_long (7,936-token prompts: the synthesized model's context is 8,192), *_16k (16,128-token
+# prompts; needs SYNTH_LIKE=llama-3.1-8b).
 for c in ${SERVE_CASES:-agg agg8k on off on_mps agg_long on_long off_long}; do
   case $c in
     agg) serve_case agg 4096 "1 8" --aggregated ;;
@@ -99,6 +101,9 @@ for c in ${SERVE_CASES:-agg agg8k on off on_mps agg_long on_long off_long}; do
     agg_long) serve_case agg_long 7936 "1" --aggregated ;;
     on_long) serve_case on_long 7936 "1" --kv-streaming on ;;
     off_long) serve_case off_long 7936 "1" --kv-streaming off ;;
+    agg_16k) serve_case agg_16k 16128 "1" --aggregated ;;
+    on_16k) serve_case on_16k 16128 "1" --kv-streaming on ;;
+    off_16k) serve_case off_16k 16128 "1" --kv-streaming off ;;
   esac
 done
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1

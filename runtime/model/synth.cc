@@ -415,14 +415,16 @@ absl::StatusOr<Json> ConfigJson(const std::string& like, const Tokenizer& tok,
                 {"rope_scaling", LlamaRopeScaling(32.0, 8192)},
                 {"tie_word_embeddings", true},
                 {"vocab_size", 128256}});
-    } else if (like == "llama-3-8b") {
+    } else if (like == "llama-3-8b" || like == "llama-3.1-8b") {
+      // Llama-3.1-8B is the same shape with a 128K context (llama3 RoPE scaling).
+      const bool long_context = like == "llama-3.1-8b";
       c.update({{"hidden_size", 4096},
                 {"intermediate_size", 14336},
                 {"num_hidden_layers", 32},
                 {"num_attention_heads", 32},
                 {"num_key_value_heads", 8},
-                {"max_position_embeddings", 8192},
-                {"rope_scaling", nullptr},
+                {"max_position_embeddings", long_context ? 131072 : 8192},
+                {"rope_scaling", long_context ? LlamaRopeScaling(8.0, 8192) : nullptr},
                 {"tie_word_embeddings", false},
                 {"vocab_size", 128256}});
     } else {
@@ -599,7 +601,7 @@ absl::StatusOr<Tokenizer> TokenizerFor(const SynthOptions& options) {
 }  // namespace
 
 std::vector<std::string> SynthModelNames() {
-  return {"tiny", "llama-3.2-1b", "llama-3-8b", "qwen2.5-7b"};
+  return {"tiny", "llama-3.2-1b", "llama-3-8b", "llama-3.1-8b", "qwen2.5-7b"};
 }
 
 absl::StatusOr<ModelConfig> SynthConfigFor(const std::string& like) {

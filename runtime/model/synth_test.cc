@@ -237,6 +237,16 @@ TEST_F(SynthTest, RealShapeConfigsMatchPublishedModels) {
   EXPECT_EQ(l8->rope_scaling.kind, RopeScaling::Kind::kNone);
   EXPECT_FALSE(l8->tie_word_embeddings);
   EXPECT_EQ(ParamCount(*l8), 8030261248);
+  EXPECT_EQ(l8->max_position_embeddings, 8192);
+
+  // Llama-3.1-8B: the same weights' shape, a 128K context through llama3 RoPE scaling.
+  absl::StatusOr<ModelConfig> l31 = SynthConfigFor("llama-3.1-8b");
+  ASSERT_TRUE(l31.ok()) << l31.status();
+  EXPECT_EQ(ParamCount(*l31), 8030261248);
+  EXPECT_EQ(l31->max_position_embeddings, 131072);
+  EXPECT_EQ(l31->rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_FLOAT_EQ(l31->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(l31->rope_scaling.original_max_position_embeddings, 8192);
 
   absl::StatusOr<ModelConfig> l1 = SynthConfigFor("llama-3.2-1b");
   ASSERT_TRUE(l1.ok()) << l1.status();
