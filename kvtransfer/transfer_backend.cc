@@ -7,7 +7,9 @@
 #if TANDEM_KVTRANSFER_CMA
 #include "kvtransfer/cma/cma_backend.h"
 #endif
+#if TANDEM_KVTRANSFER_UCX
 #include "kvtransfer/ucx/ucx_backend.h"
+#endif
 #if TANDEM_KVTRANSFER_CUDA_IPC
 #include "kvtransfer/cuda_ipc/cuda_ipc_backend.h"
 #endif
@@ -62,12 +64,20 @@ const std::vector<BackendEntry>& TransferBackendRegistry() {
           .missing = "this build has no cma backend (it needs Linux: process_vm_writev)",
 #endif
       },
-      {.name = "ucx",
-       .summary = "host memory anywhere (UCX one-sided puts: shared memory, tcp, RDMA)",
-       .moves_device_memory = false,
-       .in_process_only = false,
-       .create = &CreateUcxBackend,
-       .missing = ""},
+      {
+          .name = "ucx",
+          .summary = "host memory anywhere (UCX one-sided puts: shared memory, tcp, RDMA)",
+          .moves_device_memory = false,
+          .in_process_only = false,
+#if TANDEM_KVTRANSFER_UCX
+          .create = &CreateUcxBackend,
+          .missing = "",
+#else
+          .create = nullptr,
+          .missing =
+              "this build has no UCX (apt-get install libucx-dev, configure with TANDEM_UCX=ON)",
+#endif
+      },
       {.name = "loopback",
        .summary = "host memory between agents of one process (the reference backend)",
        .moves_device_memory = false,
@@ -76,6 +86,13 @@ const std::vector<BackendEntry>& TransferBackendRegistry() {
        .missing = ""},
   };
   return *registry;
+}
+
+bool TransferBackendBuilt(std::string_view name) {
+  for (const BackendEntry& entry : TransferBackendRegistry()) {
+    if (entry.name == name) return entry.create != nullptr;
+  }
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<TransferBackend>> CreateTransferBackend(

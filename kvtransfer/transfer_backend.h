@@ -183,6 +183,8 @@ struct BackendEntry {
   std::string_view missing;  // when create is null: why this build has no such backend
 };
 const std::vector<BackendEntry>& TransferBackendRegistry();
+// True when the registry names `name` and this build has it.
+bool TransferBackendBuilt(std::string_view name);
 
 // Creates a backend by its registry name (InvalidArgument for an unknown name, naming the
 // choices; Unimplemented for a backend this build lacks, saying why).
