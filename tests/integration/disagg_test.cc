@@ -906,19 +906,40 @@ TEST_P(DisaggTest, UnconfirmedTransferWaitsOutTheLease) {
 
 // Every failure point of P's transfer (STYLE.md 10): the client still gets exactly the local
 // engine's tokens (D recomputes), and the next request goes through P again.
+// Every failure point of the transfer (and a write that lands late) ends in the local engine's
+// tokens. A bystander request decoding on D meanwhile, whose KV came through P before the fault
+// was armed, keeps its tokens: no write of the faulty transfer lands in its blocks.
 TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
   const struct {
     FaultStage stage;
     const char* name;
     bool fails;
-  } cases[] = {{FaultStage::kConnect, "connect", true},
-               {FaultStage::kPost, "post", true},
-               {FaultStage::kMidTransfer, "mid-transfer", true},
-               {FaultStage::kRelease, "release", false}};
+    bool bystander;  // connect fails before the first transfer: there is none to run beside it
+  } cases[] = {{FaultStage::kConnect, "connect", true, false},
+               {FaultStage::kPost, "post", true, true},
+               {FaultStage::kMidTransfer, "mid-transfer", true, true},
+               {FaultStage::kRelease, "release", false, true},
+               {FaultStage::kLateWrite, "late-write", false, true}};
+  constexpr int kBystanderTokens = 256;
   int seed = 40;
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     StartStack(GetParam());
+    const std::vector<int32_t> bystander = Prompt(41, seed++);
+    const std::vector<int32_t> bystander_want = Reference(bystander, kBystanderTokens);
+    Streamed bystander_got;
+    absl::Time bystander_done;
+    std::thread bystander_client([&] {
+      if (!c.bystander) return;
+      bystander_got = Generate(Request(bystander, kBystanderTokens, prefill_->address()));
+      bystander_done = absl::Now();
+    });
+    // Arm the fault once the bystander's KV has landed (its transfer is counted).
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (c.bystander && prefill_->metrics().metrics().kv_transfer.transfers() < 1 &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
     FaultPlan plan;
     plan.stage = c.stage;
     plan.once = true;
@@ -926,12 +947,20 @@ TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
     p_faults_->SetPlan(plan);
     const std::vector<int32_t> prompt = Prompt(29, seed++);
     const std::vector<int32_t> want = Reference(prompt, kMaxTokens);
+    const absl::Time faulty_start = absl::Now();
     const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+    bystander_client.join();
     ASSERT_TRUE(got.status.ok()) << got.status.error_message();
     EXPECT_EQ(got.tokens, want);
     EXPECT_EQ(p_faults_->faults_injected(), 1);
     EXPECT_EQ(got.prefilled_remotely, !c.fails);
     EXPECT_EQ(prefill_->metrics().metrics().kv_transfer.failures(), c.fails ? 1 : 0);
+    if (c.bystander) {
+      ASSERT_TRUE(bystander_got.status.ok()) << bystander_got.status.error_message();
+      EXPECT_TRUE(bystander_got.prefilled_remotely);
+      EXPECT_EQ(bystander_got.tokens, bystander_want) << "the bystander's KV was written into";
+      EXPECT_GT(bystander_done, faulty_start) << "the bystander was done before the fault";
+    }
     // The fault fired once; the next request is prefilled remotely again.
     const std::vector<int32_t> next = Prompt(18, seed++);
     const Streamed again = Generate(Request(next, kMaxTokens, prefill_->address()));
