@@ -3,16 +3,13 @@
 #include <algorithm>
 #include <deque>
 #include <optional>
-#include <span>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "kvtransfer/kv_checksum.h"
 #include "runtime/base/logging.h"
-#include "runtime/base/status.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
