@@ -1,8 +1,9 @@
 // `tandem router`: the OpenAI HTTP frontend over the decode and prefill pools.
-//   tandem router --model DIR [--port 8000] [--host 0.0.0.0] [--served-model-name NAME]
+//   tandem router --model DIR [--port 8000] [--host 127.0.0.1] [--served-model-name NAME]
 //                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
 //                 [--routing least-loaded|round-robin] [--local-prefill-threshold N]
+//                 [--api-key KEY]... [--api-key-file FILE] [--allowed-host HOST]...
 // With no prefill workers every prompt is prefilled on its decode worker (aggregated serving).
 // Prints "tandem router: serving on http://HOST:PORT/v1 ..." to stdout once it accepts requests
 // (after waiting up to --wait-ready-s for a healthy decode worker), then serves until SIGINT or
@@ -22,6 +23,7 @@
 #include "cli/commands.h"
 #include "prometheus/registry.h"
 #include "runtime/metrics/metrics.h"
+#include "runtime/router/access_policy.h"
 #include "runtime/router/discovery.h"
 #include "runtime/router/frontend.h"
 #include "runtime/router/grpc_generation_backend.h"
@@ -33,8 +35,11 @@ namespace {
 
 struct RouterFlags {
   std::string model_dir;
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
   int port = 8000;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  std::vector<std::string> allowed_hosts;
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -101,6 +106,17 @@ int RunRouter(const RouterFlags& flags) {
   if (flags.request_timeout_s > 0) {
     frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
   }
+  frontend_options.access.api_keys = flags.api_keys;
+  if (!flags.api_key_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> keys = router::ReadApiKeyFile(flags.api_key_file);
+    if (!keys.ok()) {
+      std::cerr << "tandem router: " << keys.status().message() << "\n";
+      return 2;
+    }
+    frontend_options.access.api_keys.insert(frontend_options.access.api_keys.end(), keys->begin(),
+                                            keys->end());
+  }
+  frontend_options.access.allowed_hosts = flags.allowed_hosts;
   auto frontend = router::RouterFrontend::Create(frontend_options, &backend, &registry);
   if (!frontend.ok()) {
     std::cerr << "tandem router: " << frontend.status().message() << "\n";
@@ -178,7 +194,19 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "Model directory (tokenizer, chat template, config.json)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--host", flags->host, "HTTP bind address (default 0.0.0.0)");
+  cmd->add_option("--host", flags->host,
+                  "HTTP bind address (default 127.0.0.1; 0.0.0.0 for every interface)");
+  cmd->add_option("--api-key", flags->api_keys,
+                  "API key clients must send as 'Authorization: Bearer KEY' on /v1/ routes "
+                  "(401 otherwise); repeatable. Visible to other local users in the process "
+                  "list: prefer --api-key-file");
+  cmd->add_option("--api-key-file", flags->api_key_file,
+                  "File of API keys, one per line ('#' comments)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--allowed-host", flags->allowed_hosts,
+                  "Host header values served (name or address, no port; '*': any); repeatable. "
+                  "Default: loopback names and the bound address when bound to loopback, any "
+                  "host otherwise");
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

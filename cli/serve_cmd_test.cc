@@ -43,7 +43,8 @@ int FreePort() {
 }
 
 // One HTTP/1.1 request with Connection: close; the whole response ("" on connect failure).
-std::string HttpPost(int port, const std::string& path, const std::string& body) {
+std::string HttpPost(int port, const std::string& path, const std::string& body,
+                     const std::string& extra_headers = "", const std::string& host = "127.0.0.1") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -56,8 +57,8 @@ std::string HttpPost(int port, const std::string& path, const std::string& body)
     return "";
   }
   const std::string request = absl::StrCat(
-      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
-      "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+      "POST ", path, " HTTP/1.1\r\nHost: ", host, "\r\nContent-Type: application/json\r\n",
+      extra_headers, "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
   size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = write(fd, request.data() + sent, request.size() - sent);
@@ -244,6 +245,40 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
   for (pid_t child : children) EXPECT_TRUE(IsDead(child)) << "orphan " << child;
   EXPECT_NE(serve.output().find("[serve] signal 2: stopping"), std::string::npos);
+}
+
+// --api-key: the router answers 401 without the key and serves with it; the key reaches the
+// router through a private file, never a command line. A Host that is not this server's is
+// refused (DNS rebinding).
+TEST_F(ServeTest, ApiKeyGuardsTheApiAndNeverShowsOnACommandLine) {
+  const int port = FreePort();
+  const std::string key = "tandem-test-key-7f3a";
+  ServeProcess serve({"--port", std::to_string(port), "--aggregated", "--api-key", key},
+                     cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port, 2);
+  ASSERT_EQ(children.size(), 2u) << serve.output();
+  for (pid_t child : children) {
+    std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
+    const std::string text((std::istreambuf_iterator<char>(cmdline)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.find(key), std::string::npos) << "the key is on a child's command line";
+  }
+  const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 2})";
+  const std::string denied = HttpPost(port, "/v1/completions", body);
+  EXPECT_EQ(denied.rfind("HTTP/1.1 401", 0), 0u) << denied;
+  EXPECT_NE(denied.find("\"invalid_api_key\""), std::string::npos) << denied;
+  const std::string wrong =
+      HttpPost(port, "/v1/completions", body, "Authorization: Bearer not-the-key\r\n");
+  EXPECT_EQ(wrong.rfind("HTTP/1.1 401", 0), 0u) << wrong;
+  const std::string ok =
+      HttpPost(port, "/v1/completions", body, absl::StrCat("Authorization: Bearer ", key, "\r\n"));
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
+  const std::string rebound =
+      HttpPost(port, "/v1/completions", body, absl::StrCat("Authorization: Bearer ", key, "\r\n"),
+               "attacker.example:8000");
+  EXPECT_EQ(rebound.rfind("HTTP/1.1 421", 0), 0u) << rebound;
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  EXPECT_NE(serve.Wait(absl::Seconds(40)), -1) << serve.output();
 }
 
 TEST_F(ServeTest, ChildrenDieWithAKilledServe) {

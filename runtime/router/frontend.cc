@@ -64,8 +64,14 @@ absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir) {
 
 // State shared by the HTTP handler and every in-flight request (kept alive by them).
 struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core> {
-  Core(RouterFrontendOptions o, FrontendModel m, GenerationBackend* b, prometheus::Registry* r)
-      : options(std::move(o)), model(std::move(m)), backend(b), registry(r), metrics(*r) {
+  Core(RouterFrontendOptions o, FrontendModel m, AccessPolicy a, GenerationBackend* b,
+       prometheus::Registry* r)
+      : options(std::move(o)),
+        model(std::move(m)),
+        access(std::move(a)),
+        backend(b),
+        registry(r),
+        metrics(*r) {
     std::random_device rd;
     id_prefix = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     created = absl::ToUnixSeconds(absl::Now());
@@ -121,6 +127,7 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
 
   RouterFrontendOptions options;
   FrontendModel model;
+  const AccessPolicy access;
   GenerationBackend* backend;
   prometheus::Registry* registry;
   metrics::RouterMetrics metrics;
@@ -388,6 +395,14 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
 
 void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
   const std::string& path = request.path;
+  if (std::optional<ApiError> denied = access.Check(request)) {
+    HttpResponse r = ErrorResponse(*denied);
+    if (denied->http_status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+    const bool known = path == kCompletionsPath || path == kChatPath || path == kModelsPath ||
+                       path == "/health" || path == "/metrics";
+    return Finish(known ? absl::string_view(path) : absl::string_view("other"), *exchange,
+                  std::move(r));
+  }
   auto method_not_allowed = [&](absl::string_view label, absl::string_view allow) {
     HttpResponse r = ErrorResponse(
         MakeApiError(405, absl::StrCat("method ", request.method, " is not allowed on ", path)));
@@ -589,8 +604,11 @@ absl::StatusOr<std::unique_ptr<RouterFrontend>> RouterFrontend::Create(
   if (options.served_model_name.empty()) {
     return absl::InvalidArgumentError("router frontend: no served model name (and no model dir)");
   }
-  return std::unique_ptr<RouterFrontend>(new RouterFrontend(
-      std::make_shared<Core>(std::move(options), std::move(model), backend, registry)));
+  options.access.bind_host = options.http.host;
+  absl::StatusOr<AccessPolicy> access = AccessPolicy::Create(options.access);
+  if (!access.ok()) return access.status();
+  return std::unique_ptr<RouterFrontend>(new RouterFrontend(std::make_shared<Core>(
+      std::move(options), std::move(model), *std::move(access), backend, registry)));
 }
 
 absl::Status RouterFrontend::Start() {

@@ -6,6 +6,9 @@
 //   GET  /v1/models, GET /v1/models/{name}
 //   GET  /health   200 {"status":"ok"} when backend->Ready(), else 503 with the reason
 //   GET  /metrics  Prometheus text of `registry` (RouterMetrics) plus options.extra_metrics()
+// Before routing, options.access is checked (access_policy.h): 421 for a Host this server does
+// not answer for, 401 without a valid API key on /v1/ routes (when keys are set), 415 for a POST
+// that is not application/json.
 // Errors use the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 bad input
 // (unknown model: code "model_not_found"; prompt too long: code "context_length_exceeded"),
 // 404 unknown route, 405 wrong method (with Allow), 413 oversized body, 503 backend not ready or
@@ -17,7 +20,8 @@
 // their final events for every request before being destroyed; Stop() waits for that, bounded).
 // Threading: Create/Start/Stop/port from one controlling thread; requests are served on
 // options.http.num_threads io threads; backend callbacks may come from any thread.
-// Failure: Create fails (nothing started) on an unreadable model dir; Start fails when the port
+// Failure: Create fails (nothing started) on an unreadable model dir or bad access options
+// (an empty key, an allowed host with a port); Start fails when the port
 // cannot be bound (the frontend can then be destroyed or Start retried).
 //
 //   auto frontend = RouterFrontend::Create(options, &backend, &registry);   // StatusOr
@@ -35,6 +39,7 @@
 #include "absl/time/time.h"
 #include "runtime/model/chat_template.h"
 #include "runtime/model/tokenizer.h"
+#include "runtime/router/access_policy.h"
 #include "runtime/router/generation_backend.h"
 #include "runtime/router/http_server.h"
 
@@ -62,6 +67,8 @@ struct RouterFrontendOptions {
   absl::Duration request_timeout = absl::InfiniteDuration();
   // Extra Prometheus text appended to /metrics (called on an io thread; may be empty).
   std::function<std::string()> extra_metrics;
+  // API keys and accepted Host names (access_policy.h); bind_host is taken from http.host.
+  AccessOptions access;
 };
 
 // What the frontend needs of the model.
