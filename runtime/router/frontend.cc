@@ -527,7 +527,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   OpenAiRequest& req = *parsed;
   if (!req.model.empty() && req.model != options.served_model_name) {
     return Finish(label, *exchange,
-                  ErrorResponse(MakeApiError(400,
+                  ErrorResponse(MakeApiError(404,
                                              absl::StrCat("the model '", req.model,
                                                           "' does not exist; this server serves '",
                                                           options.served_model_name, "'"),

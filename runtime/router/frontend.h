@@ -10,8 +10,8 @@
 // not answer for, 401 without a valid API key on /v1/ routes (when keys are set), 415 for a POST
 // that is not application/json.
 // Errors use the OpenAI body {"error": {"message", "type", "param", "code"}}: 400 bad input
-// (unknown model: code "model_not_found"; prompt too long: code "context_length_exceeded"),
-// 404 unknown route, 405 wrong method (with Allow), 413 oversized body, 503 backend not ready or
+// (prompt too long: code "context_length_exceeded"), 404 unknown model (code "model_not_found")
+// or route, 405 wrong method (with Allow), 413 oversized body, 503 backend not ready or
 // Unavailable/ResourceExhausted before anything was streamed, 500 other backend errors before
 // streaming; an error after streaming started is a `data: {"error": ...}` event then `[DONE]`.
 // A client that disconnects has its backend requests cancelled (GenerationBackend::Cancel).

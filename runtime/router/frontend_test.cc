@@ -252,9 +252,26 @@ std::vector<BadCase> BadCases() {
        ""},
       {"ignore_eos type", "POST", kC, c({{"ignore_eos", "yes"}}), 400, bad, "ignore_eos", ""},
       {"tools", "POST", kChat, ch({{"tools", {{{"type", "function"}}}}}), 400, bad, "tools", ""},
-      {"unknown model", "POST", kC, c({{"model", "gpt-4"}}), 400, bad, "model", "model_not_found"},
-      {"unknown model chat", "POST", kChat, ch({{"model", "gpt-4"}}), 400, bad, "model",
+      {"unknown model", "POST", kC, c({{"model", "gpt-4"}}), 404, "not_found_error", "model",
        "model_not_found"},
+      {"unknown model chat", "POST", kChat, ch({{"model", "gpt-4"}}), 404, "not_found_error",
+       "model", "model_not_found"},
+      {"unknown role", "POST", kChat, ch({{"messages", {{{"role", "bad"}, {"content", "x"}}}}}),
+       400, bad, "messages[0].role", ""},
+      {"template in a role", "POST", kChat,
+       ch({{"messages", {{{"role", "{{ raise }}"}, {"content", "x"}}}}}), 400, bad,
+       "messages[0].role", ""},
+      {"legacy functions", "POST", kChat, ch({{"functions", json::array()}}), 400, bad, "functions",
+       ""},
+      {"legacy function_call", "POST", kChat, ch({{"function_call", "auto"}}), 400, bad,
+       "function_call", ""},
+      {"tool_choice without tools", "POST", kChat, ch({{"tool_choice", "auto"}}), 400, bad,
+       "tool_choice", ""},
+      {"audio", "POST", kChat, ch({{"audio", json::object()}}), 400, bad, "audio", ""},
+      {"prediction", "POST", kChat, ch({{"prediction", json::object()}}), 400, bad, "prediction",
+       ""},
+      {"audio modality", "POST", kChat, ch({{"modalities", {"text", "audio"}}}), 400, bad,
+       "modalities", ""},
       {"missing messages", "POST", kChat, no_messages.dump(), 400, bad, "messages", ""},
       {"empty messages", "POST", kChat, ch({{"messages", json::array()}}), 400, bad, "messages",
        ""},
@@ -794,7 +811,7 @@ TEST_F(FrontendTest, ServedModelNameIsSettable) {
                  json({{"model", "my-model"}, {"prompt", "x"}, {"max_tokens", 1}}).dump());
   EXPECT_EQ(r->status, 200);
   r = Fetch(port, "POST", "/v1/completions", CompletionBody().dump());
-  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->status, 404);
 }
 
 TEST_F(FrontendTest, MetricsExposeRouterHistogramsAndExtraText) {

@@ -135,6 +135,20 @@ absl::Status RejectUnsupported(const json& j) {
   if (const json* v = Field(j, "suffix"); v != nullptr) {
     return InvalidParam("suffix", "'suffix' is not supported");
   }
+  // Legacy function calling and modalities this server does not have: refused, never ignored.
+  for (const char* name : {"functions", "function_call", "audio", "prediction"}) {
+    if (Field(j, name) != nullptr) {
+      return InvalidParam(name, absl::StrCat("'", name, "' is not supported"));
+    }
+  }
+  if (Field(j, "tool_choice") != nullptr) {
+    return InvalidParam("tool_choice", "'tool_choice' needs 'tools', which is not supported");
+  }
+  if (const json* v = Field(j, "modalities"); v != nullptr) {
+    if (!(v->is_array() && v->size() == 1 && (*v)[0] == "text")) {
+      return InvalidParam("modalities", "only [\"text\"] is supported");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -305,7 +319,12 @@ absl::Status ParseMessages(const json& j, OpenAiRequest* r) {
     if (role == nullptr) return InvalidParam(where + ".role", "'role' is required");
     if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
     msg.role = role->get<std::string>();
-    if (msg.role.empty()) return InvalidParam(where + ".role", "'role' must not be empty");
+    if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
+        msg.role != "assistant" && msg.role != "tool") {
+      return InvalidParam(where + ".role",
+                          absl::StrCat("unknown role '", msg.role,
+                                       "' (expected system, developer, user, assistant or tool)"));
+    }
     if (const json* c = Field(m, "content"); c == nullptr) {
       if (msg.role != "assistant") {
         return InvalidParam(where + ".content", "'content' is required");
