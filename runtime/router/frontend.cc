@@ -1,9 +1,10 @@
 #include "runtime/router/frontend.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <random>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -72,8 +73,6 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
         backend(b),
         registry(r),
         metrics(*r) {
-    std::random_device rd;
-    id_prefix = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     created = absl::ToUnixSeconds(absl::Now());
   }
 
@@ -83,7 +82,17 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   // Tokenizes and checks limits; fills prompt ids and text (for echo) and max_tokens.
   absl::Status PreparePrompt(OpenAiRequest& req, std::vector<int32_t>* ids,
                              std::string* text) const;
-  std::string NewId() { return absl::StrFormat("%016x%016x", id_prefix, next_id.fetch_add(1)); }
+  // 128 bits from the kernel's CSPRNG per request: nobody can guess another client's id (the
+  // workers' Cancel takes it). A counter only if getrandom fails (it does not once booted).
+  std::string NewId() {
+    uint64_t words[2];
+    if (getrandom(words, sizeof(words), 0) != static_cast<ssize_t>(sizeof(words))) {
+      LOG(ERROR) << "router frontend: getrandom failed; request ids are not random";
+      words[0] = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+      words[1] = next_id.fetch_add(1);
+    }
+    return absl::StrFormat("%016x%016x", words[0], words[1]);
+  }
   void CountRequest(absl::string_view endpoint, int code) {
     WithMetrics([&](metrics::RouterMetrics& m) {
       m.requests.Add({{"endpoint", std::string(endpoint)}, {"code", absl::StrCat(code)}})
@@ -131,7 +140,6 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   GenerationBackend* backend;
   prometheus::Registry* registry;
   metrics::RouterMetrics metrics;
-  uint64_t id_prefix = 0;
   std::atomic<uint64_t> next_id{0};
   int64_t created = 0;
 

@@ -345,6 +345,26 @@ TEST_F(FrontendTest, WrongMethodNamesTheAllowedOne) {
 
 // ---- Good requests ----
 
+// Request ids carry 128 random bits each: two consecutive ids share no half (the old scheme, a
+// per-process prefix plus a counter, let one client predict the next client's id and cancel it).
+TEST_F(FrontendTest, RequestIdsAreUnguessable) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 1}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::string id = Json(r)["id"].get<std::string>();
+    ASSERT_TRUE(absl::StartsWith(id, "cmpl-"));
+    id = id.substr(5);
+    ASSERT_EQ(id.size(), 32u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+    ids.push_back(id);
+  }
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_NE(ids[i].substr(0, 16), ids[i - 1].substr(0, 16));
+    EXPECT_NE(ids[i].substr(16), ids[i - 1].substr(16));
+  }
+}
+
 TEST_F(FrontendTest, CompletionNonStreaming) {
   const int64_t before = absl::ToUnixSeconds(absl::Now());
   auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 5}}));
