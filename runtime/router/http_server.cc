@@ -123,6 +123,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Phase phase_ = Phase::kReading;
   uint64_t seq_ = 0;  // the current request's exchange
   bool keep_alive_ = false;
+  bool http10_ = false;  // an HTTP/1.0 client: no chunked encoding, streams end at close
   bool response_started_ = false;
   bool streaming_ = false;
   bool response_queued_ = false;  // the whole response is in writes_
@@ -424,6 +425,7 @@ void Session::OnBody(beast::error_code ec, size_t /*bytes*/) {
 
   phase_ = Phase::kHandling;
   ++seq_;
+  http10_ = msg.version() < 11;
   keep_alive_ = msg.keep_alive() && !server_->stopping();
   response_started_ = false;
   streaming_ = false;
@@ -604,6 +606,14 @@ void Session::DoStartStream(uint64_t seq, int status, const std::string& content
   if (seq != seq_ || phase_ != Phase::kHandling || response_started_) return;
   response_started_ = true;
   streaming_ = true;
+  if (http10_) {
+    // HTTP/1.0 has no chunked encoding: the body runs until the connection closes.
+    keep_alive_ = false;
+    Enqueue(absl::StrCat(StatusLine(status), "Content-Type: ", content_type,
+                         "\r\nCache-Control: no-cache\r\nConnection: close\r\n",
+                         FormatHeaders(headers), "\r\n"));
+    return;
+  }
   Enqueue(absl::StrCat(StatusLine(status), "Content-Type: ", content_type,
                        "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n",
                        "Connection: ", keep_alive_ ? "keep-alive" : "close", "\r\n",
@@ -612,13 +622,16 @@ void Session::DoStartStream(uint64_t seq, int status, const std::string& content
 
 void Session::DoWriteChunk(uint64_t seq, const std::string& data) {
   if (seq != seq_ || phase_ != Phase::kHandling || !streaming_ || response_queued_) return;
-  Enqueue(absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
+  if (data.empty()) return;
+  Enqueue(http10_ ? data : absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
 }
 
 void Session::DoEndStream(uint64_t seq) {
   if (seq != seq_ || phase_ != Phase::kHandling || !streaming_ || response_queued_) return;
   response_queued_ = true;
-  Enqueue("0\r\n\r\n");
+  if (!http10_) return Enqueue("0\r\n\r\n");
+  // Nothing terminates an HTTP/1.0 body but the close, once the writes are out.
+  if (!writing_ && writes_.empty()) FinishResponse();
 }
 
 void Session::DoSetCloseHandler(uint64_t seq, std::function<void()> on_close) {

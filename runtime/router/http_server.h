@@ -59,7 +59,8 @@ class HttpExchange {
   // A complete response. Only the first of Respond/StartStream takes effect.
   virtual void Respond(HttpResponse response) = 0;
   // Starts a chunked (Transfer-Encoding: chunked) response; `content_type` e.g.
-  // "text/event-stream". Then any number of WriteChunk, then EndStream.
+  // "text/event-stream". Then any number of WriteChunk, then EndStream. To an HTTP/1.0 client
+  // the body is sent as is and ends when the server closes the connection.
   virtual void StartStream(int status, std::string content_type, HttpHeaders headers) = 0;
   // One HTTP chunk, written as soon as the previous writes are done. Empty data is skipped.
   virtual void WriteChunk(std::string data) = 0;

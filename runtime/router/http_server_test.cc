@@ -148,6 +148,26 @@ TEST(HttpServerTest, ChunksAreFlushedOneByOne) {
   EXPECT_TRUE(conn.ReadHead().has_value());
 }
 
+// An HTTP/1.0 client cannot read chunked encoding: a stream reaches it as the raw body, ended by
+// the server closing the connection.
+TEST(HttpServerTest, StreamToAnHttp10ClientIsCloseDelimited) {
+  auto server = StartServer([](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->StartStream(200, "text/event-stream", {});
+    ex->WriteChunk("data: one\n\n");
+    ex->WriteChunk("data: two\n\n");
+    ex->EndStream();
+  });
+  ASSERT_NE(server, nullptr);
+  TestConnection conn(server->port());
+  ASSERT_TRUE(conn.Send("GET /s HTTP/1.0\r\nHost: localhost\r\n\r\n"));
+  const std::string all = conn.ReadUntilClosed();
+  EXPECT_EQ(all.find("Transfer-Encoding"), std::string::npos) << all;
+  EXPECT_NE(all.find("Connection: close"), std::string::npos) << all;
+  const size_t body = all.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << all;
+  EXPECT_EQ(all.substr(body + 4), "data: one\n\ndata: two\n\n");
+}
+
 TEST(HttpServerTest, ClientDisconnectRunsCloseHandlerPromptly) {
   absl::Notification closed;
   absl::Mutex mu;

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -130,6 +131,13 @@ class TestConnection {
     const ssize_t n = ::recv(fd_, &c, 1, 0);
     if (n == 1) buffer_.push_back(c);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+
+  // Everything the peer sends until it closes the connection (or the read timeout passes).
+  std::string ReadUntilClosed() {
+    while (Fill()) {
+    }
+    return std::exchange(buffer_, std::string());
   }
 
   void Close() {
