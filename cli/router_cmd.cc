@@ -40,6 +40,7 @@ struct RouterFlags {
   std::vector<std::string> api_keys;
   std::string api_key_file;
   std::vector<std::string> allowed_hosts;
+  std::vector<std::string> cors_origins;
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -117,6 +118,7 @@ int RunRouter(const RouterFlags& flags) {
                                             keys->end());
   }
   frontend_options.access.allowed_hosts = flags.allowed_hosts;
+  frontend_options.access.cors_origins = flags.cors_origins;
   auto frontend = router::RouterFrontend::Create(frontend_options, &backend, &registry);
   if (!frontend.ok()) {
     std::cerr << "tandem router: " << frontend.status().message() << "\n";
@@ -207,6 +209,9 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "Host header values served (name or address, no port; '*': any); repeatable. "
                   "Default: loopback names and the bound address when bound to loopback, any "
                   "host otherwise");
+  cmd->add_option("--cors-origin", flags->cors_origins,
+                  "Origin allowed to call the API from a browser (e.g. https://app.example; "
+                  "'*': any); repeatable. Default: none (no CORS headers)");
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

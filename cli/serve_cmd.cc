@@ -74,6 +74,7 @@ struct ServeFlags {
   std::vector<std::string> api_keys;       // the router's
   std::string api_key_file;
   std::vector<std::string> allowed_hosts;
+  std::vector<std::string> cors_origins;
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -466,6 +467,9 @@ int RunServe(ServeFlags flags) {
   for (const std::string& host : flags.allowed_hosts) {
     router_args.insert(router_args.end(), {"--allowed-host", host});
   }
+  for (const std::string& origin : flags.cors_origins) {
+    router_args.insert(router_args.end(), {"--cors-origin", origin});
+  }
   if (!flags.api_key_file.empty()) {
     router_args.insert(router_args.end(), {"--api-key-file", flags.api_key_file});
   }
@@ -592,6 +596,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Host header values the router serves (no port; '*': any); repeatable. "
                   "Default: loopback names and the bound address when bound to loopback, any "
                   "host otherwise");
+  cmd->add_option("--cors-origin", flags->cors_origins,
+                  "Origin allowed to call the API from a browser ('*': any); repeatable. "
+                  "Default: none");
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")

@@ -124,6 +124,48 @@ std::optional<ApiError> AccessPolicy::Check(const HttpRequest& request) const {
   return std::nullopt;
 }
 
+bool AccessPolicy::OriginAllowed(absl::string_view origin) const {
+  if (origin.empty()) return false;
+  for (const std::string& allowed : options_.cors_origins) {
+    if (allowed == "*" || allowed == origin) return true;
+  }
+  return false;
+}
+
+std::optional<HttpResponse> AccessPolicy::Preflight(const HttpRequest& request) const {
+  if (request.method != "OPTIONS" || request.Header("Access-Control-Request-Method").empty()) {
+    return std::nullopt;
+  }
+  const std::string origin = request.Header("Origin");
+  HttpResponse r;
+  if (!HostAllowed(request.Header("Host"))) {
+    r.status = 421;
+    r.body = ErrorJson(MakeApiError(
+        421, absl::StrCat("this server does not answer for host '", request.Header("Host"), "'")));
+    return r;
+  }
+  if (!OriginAllowed(origin)) {
+    r.status = 403;
+    r.body = ErrorJson(MakeApiError(
+        403, absl::StrCat("cross-origin requests from '", origin, "' are not allowed")));
+    return r;
+  }
+  r.status = 204;
+  r.content_type = "text/plain";
+  r.headers = {{"Access-Control-Allow-Origin", origin},
+               {"Vary", "Origin"},
+               {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+               {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+               {"Access-Control-Max-Age", "600"}};
+  return r;
+}
+
+HttpHeaders AccessPolicy::ResponseHeaders(const HttpRequest& request) const {
+  const std::string origin = request.Header("Origin");
+  if (!OriginAllowed(origin)) return {};
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+}
+
 absl::StatusOr<std::vector<std::string>> ReadApiKeyFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--api-key-file: cannot read ", path));

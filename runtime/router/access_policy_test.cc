@@ -85,6 +85,51 @@ TEST(AccessPolicyTest, PostsMustBeJson) {
   EXPECT_EQ(Status(p, Request("GET", "/v1/models", "localhost", "", "")), 200);
 }
 
+TEST(AccessPolicyTest, CorsOnlyForListedOriginsAndPreflightNeedsNoKey) {
+  const AccessPolicy off = Make({.bind_host = "127.0.0.1"});
+  HttpRequest pre = Request("OPTIONS", "/v1/completions", "localhost", "", "");
+  pre.headers.emplace_back("Origin", "https://app.example");
+  pre.headers.emplace_back("Access-Control-Request-Method", "POST");
+  std::optional<HttpResponse> r = off.Preflight(pre);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 403) << "no CORS without an allow-list";
+  EXPECT_TRUE(off.ResponseHeaders(pre).empty());
+
+  const AccessPolicy on =
+      Make({.api_keys = {"k"}, .bind_host = "127.0.0.1", .cors_origins = {"https://app.example"}});
+  r = on.Preflight(pre);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 204);
+  const auto header = [](const HttpResponse& resp, const std::string& name) {
+    for (const auto& [k, v] : resp.headers) {
+      if (k == name) return v;
+    }
+    return std::string();
+  };
+  EXPECT_EQ(header(*r, "Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_NE(header(*r, "Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  HttpRequest other = pre;
+  for (auto& [k, v] : other.headers) {
+    if (k == "Origin") v = "https://evil.example";
+  }
+  r = on.Preflight(other);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 403);
+  EXPECT_TRUE(on.ResponseHeaders(other).empty());
+  EXPECT_FALSE(on.Preflight(Request("GET", "/v1/models", "localhost")).has_value());
+  HttpRequest get = Request("GET", "/v1/models", "localhost", "Bearer k");
+  get.headers.emplace_back("Origin", "https://app.example");
+  EXPECT_EQ(on.ResponseHeaders(get).size(), 2u);
+  // A rebinding page cannot preflight either.
+  HttpRequest rebound = pre;
+  for (auto& [k, v] : rebound.headers) {
+    if (k == "Host") v = "evil.example";
+  }
+  r = on.Preflight(rebound);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 421);
+}
+
 TEST(AccessPolicyTest, BadOptionsAndKeyFiles) {
   EXPECT_FALSE(AccessPolicy::Create({.api_keys = {""}}).ok());
   EXPECT_FALSE(AccessPolicy::Create({.api_keys = {"two words"}}).ok());

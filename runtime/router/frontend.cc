@@ -36,6 +36,30 @@ HttpResponse JsonResponse(int status, std::string body) {
 
 HttpResponse ErrorResponse(const ApiError& e) { return JsonResponse(e.http_status, ErrorJson(e)); }
 
+// Adds fixed headers (CORS) to whatever response the wrapped exchange sends.
+class HeaderAddingExchange final : public HttpExchange {
+ public:
+  HeaderAddingExchange(std::shared_ptr<HttpExchange> inner, HttpHeaders headers)
+      : inner_(std::move(inner)), headers_(std::move(headers)) {}
+  void Respond(HttpResponse response) override {
+    response.headers.insert(response.headers.end(), headers_.begin(), headers_.end());
+    inner_->Respond(std::move(response));
+  }
+  void StartStream(int status, std::string content_type, HttpHeaders headers) override {
+    headers.insert(headers.end(), headers_.begin(), headers_.end());
+    inner_->StartStream(status, std::move(content_type), std::move(headers));
+  }
+  void WriteChunk(std::string data) override { inner_->WriteChunk(std::move(data)); }
+  void EndStream() override { inner_->EndStream(); }
+  void SetCloseHandler(std::function<void()> on_close) override {
+    inner_->SetCloseHandler(std::move(on_close));
+  }
+
+ private:
+  const std::shared_ptr<HttpExchange> inner_;
+  const HttpHeaders headers_;
+};
+
 // Unicode code points in `s` (OpenAI text offsets count characters, not bytes).
 int CodePoints(absl::string_view s) {
   int n = 0;
@@ -403,13 +427,20 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
 
 void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
   const std::string& path = request.path;
+  const bool known = path == kCompletionsPath || path == kChatPath || path == kModelsPath ||
+                     path == "/health" || path == "/metrics";
+  const absl::string_view label = known ? absl::string_view(path) : absl::string_view("other");
+  if (std::optional<HttpResponse> preflight = access.Preflight(request)) {
+    return Finish(label, *exchange, *std::move(preflight));
+  }
+  // CORS headers (a listed Origin) go on every response to this request, errors included.
+  if (HttpHeaders extra = access.ResponseHeaders(request); !extra.empty()) {
+    exchange = std::make_shared<HeaderAddingExchange>(std::move(exchange), std::move(extra));
+  }
   if (std::optional<ApiError> denied = access.Check(request)) {
     HttpResponse r = ErrorResponse(*denied);
     if (denied->http_status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
-    const bool known = path == kCompletionsPath || path == kChatPath || path == kModelsPath ||
-                       path == "/health" || path == "/metrics";
-    return Finish(known ? absl::string_view(path) : absl::string_view("other"), *exchange,
-                  std::move(r));
+    return Finish(label, *exchange, std::move(r));
   }
   auto method_not_allowed = [&](absl::string_view label, absl::string_view allow) {
     HttpResponse r = ErrorResponse(

@@ -834,6 +834,55 @@ TEST_F(FrontendTest, ServedModelNameIsSettable) {
   EXPECT_EQ(r->status, 404);
 }
 
+// Access checks on the served API: a listed browser origin gets CORS headers on every answer
+// (also the 401 and the stream), its preflight needs no key, and the key guards /v1/.
+TEST_F(FrontendTest, AccessChecksAndCorsOnServedResponses) {
+  frontend_->Stop();
+  RouterFrontendOptions options;
+  options.http.host = "127.0.0.1";
+  options.model_dir = *model_dir_;
+  options.access.api_keys = {"sekrit"};
+  options.access.cors_origins = {"https://app.example"};
+  auto frontend = RouterFrontend::Create(options, &backend_, &registry_);
+  ASSERT_TRUE(frontend.ok()) << frontend.status();
+  ASSERT_TRUE((*frontend)->Start().ok());
+  const int port = (*frontend)->port();
+  const std::string body = CompletionBody({{"max_tokens", 2}}).dump();
+  const auto send = [&](const std::string& method, const std::string& path,
+                        const std::string& payload, const std::string& headers) {
+    TestConnection conn(port);
+    EXPECT_TRUE(conn.Send(RawRequest(method, path, payload, false, headers)));
+    return conn.ReadResponse();
+  };
+  const std::string origin = "Origin: https://app.example\r\n";
+  auto r = send("POST", "/v1/completions", body, origin);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->Header("access-control-allow-origin"), "https://app.example");
+  EXPECT_EQ(r->Header("www-authenticate"), "Bearer");
+  r = send("OPTIONS", "/v1/completions", "", origin + "Access-Control-Request-Method: POST\r\n");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 204);
+  r = send("POST", "/v1/completions", body, origin + "Authorization: Bearer sekrit\r\n");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->Header("access-control-allow-origin"), "https://app.example");
+  json streamed = CompletionBody({{"max_tokens", 2}, {"stream", true}});
+  r = send("POST", "/v1/completions", streamed.dump(), origin + "Authorization: Bearer sekrit\r\n");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->Header("access-control-allow-origin"), "https://app.example");
+  r = send("POST", "/v1/completions", body,
+           "Origin: https://evil.example\r\nAuthorization: Bearer sekrit\r\n");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200) << "CORS is the browser's check: the server only omits the header";
+  EXPECT_EQ(r->Header("access-control-allow-origin"), "");
+  r = send("GET", "/health", "", "");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->status, 401) << "probes need no key";
+  (*frontend)->Stop();
+}
+
 TEST_F(FrontendTest, MetricsExposeRouterHistogramsAndExtraText) {
   ASSERT_EQ(Post("/v1/completions", CompletionBody({{"max_tokens", 3}})).status, 200);
   ASSERT_EQ(Post("/v1/completions", CompletionBody({{"temperature", 9}})).status, 400);
