@@ -43,8 +43,9 @@ struct WorkerFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
   double drain_seconds = 2.0;
-  std::string kv_streaming = "on";  // prefill workers only
-  std::string kv_verify = "off";    // decode workers only
+  std::string kv_streaming = "on";                   // prefill workers only
+  std::string kv_verify = "off";                     // decode workers only
+  std::vector<std::string> allowed_prefill_workers;  // decode workers only
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -89,6 +90,8 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     options.service.kv_streaming = streaming;
   } else {
     options.service.verify_kv = flags.kv_verify == "on";
+    options.service.allowed_prefill_workers.insert(flags.allowed_prefill_workers.begin(),
+                                                   flags.allowed_prefill_workers.end());
   }
   options.host = flags.host;
   options.port = flags.port;
@@ -177,6 +180,10 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<WorkerFlags>();
   CLI::App* cmd =
       AddWorkerCommand(app, "decode", "Run a decode worker (Decode + Worker gRPC)", flags);
+  cmd->add_option("--allowed-prefill-worker", flags->allowed_prefill_workers,
+                  "host:port of a prefill worker this decode worker may dial (others are refused "
+                  "with PERMISSION_DENIED); repeatable or comma-separated. Default: any")
+      ->delimiter(',');
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: check each remotely prefilled prompt's KV where it landed in host memory "
                   "against the prefill worker's checksum (a mismatch recomputes it); off (default)")

@@ -173,6 +173,14 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     return server::ToGrpcStatus(s);
   }
   const bool want_logprobs = params.logprobs.has_value();
+  // Only known prefill workers are dialed: a request cannot make this worker connect (and send
+  // its transfer endpoints) to an address of its choosing.
+  if (!request->prefill_worker().empty() && !options_.allowed_prefill_workers.empty() &&
+      !options_.allowed_prefill_workers.contains(request->prefill_worker())) {
+    return Error(grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat("prefill_worker: '", request->prefill_worker(),
+                              "' is not one of this decode worker's prefill workers"));
+  }
 
   auto call = std::make_shared<Call>();
   GenerateRequest engine_request;

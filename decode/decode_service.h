@@ -67,6 +67,9 @@ struct DecodeServiceOptions {
   // (kvtransfer/kv_checksum.h) and a mismatch makes the prompt recompute locally, counted as
   // tandem_kv_transfer_failures_total{stage="checksum"}. Costs one pass over the KV on each side.
   bool verify_kv = false;
+  // The prefill workers (host:port) this worker may dial; a Generate naming another is refused
+  // with PERMISSION_DENIED. Empty: any (the request's address is trusted: set it in production).
+  absl::flat_hash_set<std::string> allowed_prefill_workers;
 };
 
 class DecodeService final : public v1::Decode::Service {

@@ -161,8 +161,9 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Starts P and D with `kind` backends; P's backend is wrapped for fault injection.
-  void StartStack(const std::string& kind, const decode::DecodeWorkerOptions& d_options = {},
-                  int d_block_size = kBlockSize) {
+  // `allow_only_this_prefill`: D may dial only the stack's P (allowed_prefill_workers).
+  void StartStack(const std::string& kind, decode::DecodeWorkerOptions d_options = {},
+                  int d_block_size = kBlockSize, bool allow_only_this_prefill = false) {
     p_model_ = NewEngine();
     d_model_ = NewEngine(/*prefix_caching=*/true, d_block_size);
     auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
@@ -170,6 +171,7 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
     auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults), {});
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
+    if (allow_only_this_prefill) d_options.service.allowed_prefill_workers = {prefill_->address()};
     auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"), d_options);
     ASSERT_TRUE(d.ok()) << d.status();
     decode_ = std::move(*d);
@@ -357,6 +359,22 @@ TEST_P(DisaggTest, PrefillWorkerFreesHeldKvWhenTheDecodeWorkerVanishes) {
   EXPECT_EQ(p.held_kv, 0);
   EXPECT_EQ(p.blocks_used, 0);
   EXPECT_LT(took, absl::Seconds(3)) << "P waited for a deadline instead of the cancellation";
+}
+
+// A decode worker given its prefill workers dials no other address a request names (no SSRF,
+// no endpoint blobs sent to strangers): PERMISSION_DENIED, and its own prefill worker still works.
+TEST_P(DisaggTest, DecodeWorkerDialsOnlyItsPrefillWorkers) {
+  StartStack(GetParam(), {}, kBlockSize, /*allow_only_this_prefill=*/true);
+  const std::vector<int32_t> prompt = Prompt(20, 86);
+  const Streamed stranger = Generate(Request(prompt, kMaxTokens, "127.0.0.1:1"));
+  EXPECT_EQ(stranger.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << stranger.status.error_message();
+  EXPECT_TRUE(stranger.tokens.empty());
+  const Streamed ok = Generate(Request(prompt, kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_TRUE(ok.prefilled_remotely);
+  EXPECT_EQ(ok.tokens, Reference(prompt, kMaxTokens));
+  EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
 }
 
 TEST_P(DisaggTest, LocalPrefillWhenNoPrefillWorkerIsNamed) {
