@@ -80,7 +80,7 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   }
   const KvCacheLayout& kv = model->engine->kv_layout();
   auto backends = server::CreateWorkerBackends(flags.kv_transfer, role, flags.ucx_transports,
-                                               kv.on_device, kv.device_ordinal);
+                                               kv.on_device, kv.device_ordinal, flags.host);
   if (!backends.ok()) {
     std::cerr << prefix << "--kv-transfer: " << backends.status().message() << "\n";
     return backends.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

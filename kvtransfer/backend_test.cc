@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -415,6 +420,52 @@ TEST(TransferBackendFactoryTest, CapabilitiesAndDuplicateLoopbackNames) {
   ASSERT_TRUE(ucx.ok()) << ucx.status();
   EXPECT_TRUE((*ucx)->capabilities().cross_process);
   EXPECT_EQ((*ucx)->name(), "ucx");
+}
+
+// The socket inodes this process holds (/proc/self/fd).
+std::set<std::string> SocketInodes() {
+  std::set<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (!ec && absl::StartsWith(target, "socket:[")) {
+      out.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  return out;
+}
+
+// Local addresses (hex, as /proc/net/tcp writes them) of listening TCP sockets among `inodes`.
+std::vector<std::string> ListeningAddresses(const std::set<std::string>& inodes) {
+  std::vector<std::string> out;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() > 9 && f[3] == "0A" && inodes.contains(f[9])) out.push_back(f[1]);
+  }
+  return out;
+}
+
+// A worker bound to loopback gives UCX only the loopback device: its tcp transport must not
+// listen on the machine's other interfaces.
+TEST(UcxTransportsTest, LoopbackNetDevicesListenOnlyOnLoopback) {
+  if (!TransferBackendBuilt("ucx")) GTEST_SKIP() << "this build has no UCX";
+  const std::set<std::string> before = SocketInodes();
+  BackendOptions options = Options(UniqueName("lo"));
+  options.ucx_net_devices = "lo";
+  auto backend = CreateTransferBackend("ucx", options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::set<std::string> added;
+  for (const std::string& inode : SocketInodes()) {
+    if (!before.contains(inode)) added.insert(inode);
+  }
+  const std::vector<std::string> listening = ListeningAddresses(added);
+  EXPECT_FALSE(listening.empty()) << "UCX's tcp transport opened no listener";
+  for (const std::string& address : listening) {
+    EXPECT_TRUE(absl::StartsWith(address, "0100007F:")) << "listening on " << address;
+  }
 }
 
 // UCX 1.13 quirk: its shared-memory transports (posix/sysv/cma) cannot detect a dead peer, so they

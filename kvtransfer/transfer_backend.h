@@ -87,6 +87,9 @@ struct BackendOptions {
   std::string agent_name;  // this process's agent name, unique among peers
   // UCX: transports (UCX_TLS syntax, e.g. "tcp,sm,self"); "" = UCX's default.
   std::string ucx_transports;
+  // UCX: network devices (UCX_NET_DEVICES syntax, e.g. "lo"); "" = every device. A worker bound
+  // to loopback sets "lo", so UCX's tcp transport does not listen on the other interfaces.
+  std::string ucx_net_devices;
   absl::Duration connect_timeout = absl::Seconds(5);
   // cuda_ipc, nccl: the GPU (CUDA ordinal in this process) whose memory is registered and whose
   // stream runs the copies.

@@ -186,6 +186,13 @@ class UcxBackend final : public TransferBackend {
         return UcsError(status, absl::StrCat("transports '", options_.ucx_transports, "'"));
       }
     }
+    if (!options_.ucx_net_devices.empty()) {
+      status = ucp_config_modify(config, "NET_DEVICES", options_.ucx_net_devices.c_str());
+      if (status != UCS_OK) {
+        ucp_config_release(config);
+        return UcsError(status, absl::StrCat("network devices '", options_.ucx_net_devices, "'"));
+      }
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
@@ -22,12 +23,16 @@ sigset_t TerminationSignals() {
 
 absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
-    bool kv_on_device, int cuda_device) {
+    bool kv_on_device, int cuda_device, const std::string& bind_host) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   kvtransfer::BackendOptions options;
   options.agent_name = absl::StrCat(role, "-", host, "-", getpid());
   options.ucx_transports = ucx_transports;
+  // A worker bound to loopback keeps UCX's tcp listener on loopback too.
+  if (bind_host == "localhost" || absl::StartsWith(bind_host, "127.") || bind_host == "::1") {
+    options.ucx_net_devices = "lo";
+  }
   options.cuda_device = cuda_device;
   std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends;
   if (kind != "auto") {

@@ -17,12 +17,12 @@ namespace tandem::server {
 // The worker's transfer backends for `--kv-transfer KIND`, in preference order, each with agent
 // name "<role>-<hostname>-<pid>": one backend by its registry name (kvtransfer's
 // TransferBackendRegistry; cuda_ipc and nccl on GPU `cuda_device`), or "auto": every registry
-// backend in its preference order (cuda_ipc, nccl, ucx), the device-memory ones only for a KV
-// cache on a GPU; one that cannot be created is left out with a warning saying why (an error when
-// none can).
+// backend in its preference order (cuda_ipc, nccl, cma, ucx), the device-memory ones only for a
+// KV cache on a GPU; one that cannot be created is left out with a warning saying why (an error
+// when none can). A worker bound to a loopback `bind_host` keeps UCX on the loopback device.
 absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
-    bool kv_on_device, int cuda_device);
+    bool kv_on_device, int cuda_device, const std::string& bind_host = "");
 
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.
