@@ -24,6 +24,9 @@ constexpr absl::Duration kSlice = absl::Milliseconds(20);
 
 int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
+// Epochs of a pair accepted out of order below the highest one seen (anti-replay window).
+constexpr uint64_t kEpochWindow = 4096;
+
 // (decode worker, backend) fallbacks logged at most once each, for this many pairs of names.
 constexpr size_t kMaxLoggedFallbacks = 1024;
 
@@ -141,7 +144,8 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
       absl::StatusOr<std::string> pair_id = NewPairId();
       if (!pair_id.ok()) return server::ToGrpcStatus(pair_id.status());
       absl::MutexLock lock(&pairs_mu_);
-      pairs_[*pair_id] = Pair{lane, endpoint, layout};
+      pairs_[*pair_id] = Pair{
+          .lane = lane, .endpoint = endpoint, .layout = layout, .max_epoch = 0, .seen_epochs = {}};
       if (!kvtransfer::SameBlockFormat(layout_, layout)) {
         LOG(INFO) << "prefill: decode worker " << who << " gets its KV converted: block size "
                   << layout_.block_size << " -> " << layout.block_size << ", "
@@ -213,12 +217,19 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   size_t lane = lanes_.size();
   kvtransfer::KvDestination destination;
   std::string fence_key;
-  if (!request->pair_id().empty()) {
-    if (!target.backend().empty() || !target.agent_name().empty() ||
-        !target.agent_address().empty() || !target.region().empty() || target.has_layout()) {
-      return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                   "target: with pair_id only block_ids and num_cached_tokens may be set");
-    }
+  // Only paired requests: the region, layout and agent come from the handshake, never from the
+  // request (a whole target in a request could point the writes anywhere).
+  if (request->pair_id().empty()) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 "pair_id: required (pair with Prefill.Connect first; requests carry block ids "
+                 "only)");
+  }
+  if (!target.backend().empty() || !target.agent_name().empty() ||
+      !target.agent_address().empty() || !target.region().empty() || target.has_layout()) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 "target: with pair_id only block_ids and num_cached_tokens may be set");
+  }
+  {
     absl::MutexLock lock(&pairs_mu_);
     auto it = pairs_.find(request->pair_id());
     if (it == pairs_.end()) {
@@ -226,25 +237,35 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                    "pair_id: unknown pair (this prefill worker restarted or forgot it): connect "
                    "again");
     }
-    if (request->transfer_epoch() != 0) {
-      fence_key = absl::StrCat(request->pair_id(), "/", request->transfer_epoch());
+    if (request->transfer_epoch() == 0) {
+      return Error(grpc::StatusCode::INVALID_ARGUMENT, "transfer_epoch: required (non-zero)");
     }
-    lane = it->second.lane;
-    destination.agent_name = it->second.endpoint.agent_name();
-    destination.agent_address = it->second.endpoint.agent_address();
-    destination.region = it->second.endpoint.region();
-    destination.layout = it->second.layout;
-  } else {
-    lane = FindLane(target.backend());
-    if (lane == lanes_.size()) {
-      return Error(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("target.backend: '", target.backend(), "' is not a backend of this worker"));
+    Pair& pair = it->second;
+    // Anti-replay: each epoch of a pair is accepted once, within a window below the highest seen
+    // (the decode worker's epochs only grow; concurrent calls may arrive out of order).
+    const uint64_t epoch = request->transfer_epoch();
+    if (epoch + kEpochWindow <= pair.max_epoch) {
+      return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                   absl::StrCat("transfer_epoch: ", epoch,
+                                " is older than this pair's window "
+                                "(a replayed or stale request)"));
     }
-    destination.agent_name = target.agent_name();
-    destination.agent_address = target.agent_address();
-    destination.region = target.region();
-    destination.layout = server::KvLayoutFromProto(target.layout());
+    if (!pair.seen_epochs.insert(epoch).second) {
+      return Error(grpc::StatusCode::ALREADY_EXISTS,
+                   absl::StrCat("transfer_epoch: ", epoch,
+                                " was already used by this pair (a replayed request)"));
+    }
+    if (epoch > pair.max_epoch) pair.max_epoch = epoch;
+    if (pair.seen_epochs.size() > 2 * kEpochWindow) {
+      absl::erase_if(pair.seen_epochs,
+                     [&pair](uint64_t e) { return e + kEpochWindow <= pair.max_epoch; });
+    }
+    fence_key = absl::StrCat(request->pair_id(), "/", epoch);
+    lane = pair.lane;
+    destination.agent_name = pair.endpoint.agent_name();
+    destination.agent_address = pair.endpoint.agent_address();
+    destination.region = pair.endpoint.region();
+    destination.layout = pair.layout;
   }
   destination.block_ids.assign(target.block_ids().begin(), target.block_ids().end());
   destination.num_cached_tokens = target.num_cached_tokens();
@@ -279,14 +300,10 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                        job->Finish(report.status, report.bytes, report.exposed, report.checksum);
                      }
                    });
-  if (!fence_key.empty()) {
+  {
+    // The epoch is new to the pair (checked above), so no other call holds this key.
     absl::MutexLock lock(&jobs_mu_);
-    auto [slot, inserted] = jobs_.try_emplace(fence_key);
-    if (!inserted && !slot->second.send.expired()) {
-      return Error(grpc::StatusCode::ALREADY_EXISTS,
-                   "transfer_epoch: already used by a live transfer of this pair");
-    }
-    slot->second = Fenceable{job, job->send};
+    jobs_[fence_key] = Fenceable{job, job->send};
     if (jobs_.size() > 2 * options_.max_pairs) {  // forget the ones nobody holds any more
       absl::erase_if(jobs_, [](const auto& entry) { return entry.second.send.expired(); });
     }

@@ -9,7 +9,8 @@
 // it runs too and can connect to (each skipped one is a fallback: logged once per decode worker
 // and backend, counted, and returned), and answers with an unguessable pair id. Prefill requests
 // that name the pair carry only block ids; the region, layout and agent come from the handshake.
-// Requests without a pair id carry the whole target (the older protocol).
+// A request must name a pair (a whole target in a request is refused) and a transfer epoch the
+// pair has not used, within a window below its highest (a captured request cannot be replayed).
 //
 // Flow: the handler validates the request (target layout incompatible with ours, or blocks that
 // do not cover the prompt: FAILED_PRECONDITION), begins a send on the pair's lane
@@ -109,6 +110,9 @@ class PrefillService final : public v1::Prefill::Service {
     size_t lane = 0;
     v1::KvEndpoint endpoint;
     kvtransfer::KvLayout layout;
+    // Anti-replay: the highest transfer epoch accepted and those accepted within the window.
+    uint64_t max_epoch = 0;
+    absl::flat_hash_set<uint64_t> seen_epochs;
   };
   // The lane running `backend`, or lanes_.size().
   size_t FindLane(const std::string& backend) const;

@@ -510,35 +510,25 @@ TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
   bad = Request({}, 4, "");
   EXPECT_EQ(Generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
-  // Prefill.Prefill with a target whose layout does not match P's.
+  // Prefill.Prefill naming no pair, with a whole target (region, layout, agent) of its own: the
+  // arbitrary-address write of issue 21. Refused before anything is computed.
   auto prefill_stub = v1::Prefill::NewStub(
       grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
   v1::PrefillRequest request;
-  request.set_request_id("bad-layout");
+  request.set_request_id("unpaired");
   for (int32_t t : Prompt(8, 2)) request.add_prompt_token_ids(t);
   request.mutable_sampling()->set_logprobs(-1);
   v1::KvTarget* target = request.mutable_target();
   target->set_backend(GetParam());
+  target->set_region("0x1000:1099511627776");
   target->add_block_ids(0);
-  v1::KvLayout* layout = target->mutable_layout();
-  layout->set_num_layers(4);
-  layout->set_num_blocks(8);
-  layout->set_block_size(8);  // P uses 16
-  layout->set_num_kv_heads(2);
-  layout->set_head_dim(32);
-  layout->set_elem_bytes(4);
-  layout->set_block_bytes(8 * 2 * 32 * 4);
-  layout->set_block_stride(8 * 2 * 32 * 4);
-  layout->set_kv_stride(8 * 8 * 2 * 32 * 4);
-  layout->set_layer_stride(2 * 8 * 8 * 2 * 32 * 4);
   grpc::ClientContext context;
   v1::PrefillResponse response;
-  EXPECT_EQ(prefill_stub->Prefill(&context, request, &response).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  target->set_backend("carrier-pigeon");
-  grpc::ClientContext context2;
-  EXPECT_EQ(prefill_stub->Prefill(&context2, request, &response).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  const grpc::Status unpaired = prefill_stub->Prefill(&context, request, &response);
+  EXPECT_EQ(unpaired.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(unpaired.error_message().find("pair_id"), std::string::npos)
+      << unpaired.error_message();
+  EXPECT_EQ(p_model_->engine->stats().blocks_used, 0);
 }
 
 // The pair handshake (Prefill.Connect): a model mismatch is refused before any byte moves; an
@@ -629,9 +619,26 @@ TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
     v1::PrefillResponse r1;
     EXPECT_EQ(stub->Prefill(&c1, prefill, &r1).error_code(), grpc::StatusCode::NOT_FOUND);
     prefill.set_pair_id(response.pair_id());
+    prefill.set_transfer_epoch(7);
     prefill.mutable_target()->set_region("0x1000:1099511627776");
     grpc::ClientContext c2;
     EXPECT_EQ(stub->Prefill(&c2, prefill, &r1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    // Replays: an epoch is accepted once per pair, and never far below the highest one.
+    prefill.mutable_target()->clear_region();
+    prefill.set_transfer_epoch(0);
+    grpc::ClientContext c3;
+    EXPECT_EQ(stub->Prefill(&c3, prefill, &r1).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << "no epoch";
+    const auto call = [&](uint64_t epoch) {
+      prefill.set_transfer_epoch(epoch);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      return stub->Prefill(&ctx, prefill, &r1).error_code();
+    };
+    (void)call(7);  // accepted (its outcome does not matter here)
+    EXPECT_EQ(call(7), grpc::StatusCode::ALREADY_EXISTS) << "a replayed epoch";
+    (void)call(7 + 10000);
+    EXPECT_EQ(call(8), grpc::StatusCode::FAILED_PRECONDITION) << "far below the highest epoch";
   }
   // Another model: refused outright.
   compat->set_num_layers(config.num_layers + 1);
@@ -945,6 +952,9 @@ TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
     StartStack(GetParam());
     const std::vector<int32_t> bystander = Prompt(41, seed++);
     const std::vector<int32_t> bystander_want = Reference(bystander, kBystanderTokens);
+    // Computed before the bystander starts, so it runs while the faulty request does.
+    const std::vector<int32_t> prompt = Prompt(29, seed++);
+    const std::vector<int32_t> want = Reference(prompt, kMaxTokens);
     Streamed bystander_got;
     absl::Time bystander_done;
     std::thread bystander_client([&] {
@@ -963,8 +973,6 @@ TEST_P(DisaggTest, EveryTransferFailurePointFallsBackToIdenticalTokens) {
     plan.once = true;
     plan.polls_before_failure = 2;
     p_faults_->SetPlan(plan);
-    const std::vector<int32_t> prompt = Prompt(29, seed++);
-    const std::vector<int32_t> want = Reference(prompt, kMaxTokens);
     const absl::Time faulty_start = absl::Now();
     const Streamed got = Generate(Request(prompt, kMaxTokens, prefill_->address()));
     bystander_client.join();
