@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "cli/access_flags.h"
 #include "cli/commands.h"
 #include "prometheus/registry.h"
 #include "runtime/metrics/metrics.h"
@@ -37,10 +38,7 @@ struct RouterFlags {
   std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::vector<std::string> api_keys;
-  std::string api_key_file;
-  std::vector<std::string> allowed_hosts;
-  std::vector<std::string> cors_origins;
+  AccessFlags access;
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -107,9 +105,10 @@ int RunRouter(const RouterFlags& flags) {
   if (flags.request_timeout_s > 0) {
     frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
   }
-  frontend_options.access.api_keys = flags.api_keys;
-  if (!flags.api_key_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> keys = router::ReadApiKeyFile(flags.api_key_file);
+  frontend_options.access.api_keys = flags.access.api_keys;
+  if (!flags.access.api_key_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> keys =
+        router::ReadApiKeyFile(flags.access.api_key_file);
     if (!keys.ok()) {
       std::cerr << "tandem router: " << keys.status().message() << "\n";
       return 2;
@@ -117,8 +116,8 @@ int RunRouter(const RouterFlags& flags) {
     frontend_options.access.api_keys.insert(frontend_options.access.api_keys.end(), keys->begin(),
                                             keys->end());
   }
-  frontend_options.access.allowed_hosts = flags.allowed_hosts;
-  frontend_options.access.cors_origins = flags.cors_origins;
+  frontend_options.access.allowed_hosts = flags.access.allowed_hosts;
+  frontend_options.access.cors_origins = flags.access.cors_origins;
   auto frontend = router::RouterFrontend::Create(frontend_options, &backend, &registry);
   if (!frontend.ok()) {
     std::cerr << "tandem router: " << frontend.status().message() << "\n";
@@ -198,20 +197,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--host", flags->host,
                   "HTTP bind address (default 127.0.0.1; 0.0.0.0 for every interface)");
-  cmd->add_option("--api-key", flags->api_keys,
-                  "API key clients must send as 'Authorization: Bearer KEY' on /v1/ routes "
-                  "(401 otherwise); repeatable. Visible to other local users in the process "
-                  "list: prefer --api-key-file");
-  cmd->add_option("--api-key-file", flags->api_key_file,
-                  "File of API keys, one per line ('#' comments)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--allowed-host", flags->allowed_hosts,
-                  "Host header values served (name or address, no port; '*': any); repeatable. "
-                  "Default: loopback names and the bound address when bound to loopback, any "
-                  "host otherwise");
-  cmd->add_option("--cors-origin", flags->cors_origins,
-                  "Origin allowed to call the API from a browser (e.g. https://app.example; "
-                  "'*': any); repeatable. Default: none (no CORS headers)");
+  AddAccessFlags(cmd, &flags->access);
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

@@ -46,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/access_flags.h"
 #include "cli/commands.h"
 #include "runtime/model/runner_factory.h"
 
@@ -71,10 +72,7 @@ struct ServeFlags {
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   std::string kv_streaming = "on";         // prefill workers
   std::string kv_verify = "off";           // decode workers
-  std::vector<std::string> api_keys;       // the router's
-  std::string api_key_file;
-  std::vector<std::string> allowed_hosts;
-  std::vector<std::string> cors_origins;
+  AccessFlags access;                      // the router's
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -464,19 +462,19 @@ int RunServe(ServeFlags flags) {
   if (!flags.served_model_name.empty()) {
     router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
   }
-  for (const std::string& host : flags.allowed_hosts) {
+  for (const std::string& host : flags.access.allowed_hosts) {
     router_args.insert(router_args.end(), {"--allowed-host", host});
   }
-  for (const std::string& origin : flags.cors_origins) {
+  for (const std::string& origin : flags.access.cors_origins) {
     router_args.insert(router_args.end(), {"--cors-origin", origin});
   }
-  if (!flags.api_key_file.empty()) {
-    router_args.insert(router_args.end(), {"--api-key-file", flags.api_key_file});
+  if (!flags.access.api_key_file.empty()) {
+    router_args.insert(router_args.end(), {"--api-key-file", flags.access.api_key_file});
   }
   // --api-key values reach the router through a file only this user can read (mkstemp: 0600),
   // never its command line, and the file is removed once the router has read it.
   std::string key_file;
-  if (!flags.api_keys.empty()) {
+  if (!flags.access.api_keys.empty()) {
     char path[] = "/tmp/tandem-api-keys-XXXXXX";
     const int fd = mkstemp(path);
     if (fd < 0) {
@@ -484,7 +482,7 @@ int RunServe(ServeFlags flags) {
       return stop(1);
     }
     key_file = path;
-    const std::string keys = absl::StrCat(absl::StrJoin(flags.api_keys, "\n"), "\n");
+    const std::string keys = absl::StrCat(absl::StrJoin(flags.access.api_keys, "\n"), "\n");
     const bool written = write(fd, keys.data(), keys.size()) == static_cast<ssize_t>(keys.size());
     close(fd);
     if (!written) {
@@ -580,25 +578,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "on (default): prefill workers write each layer's KV as soon as it is computed "
                   "(device backends); off: after the whole prompt")
       ->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--api-key", flags->api_keys,
-                  "API key clients must send as 'Authorization: Bearer KEY' on /v1/ routes "
-                  "(401 otherwise); repeatable. Prefer --api-key-file: a command line is "
-                  "visible to other local users")
-      ->check([](const std::string& key) {
-        return key.empty() || key.find_first_of(" \t\r\n") != std::string::npos
-                   ? std::string("a key must be non-empty, without whitespace")
-                   : std::string();
-      });
-  cmd->add_option("--api-key-file", flags->api_key_file,
-                  "File of API keys, one per line ('#' comments)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--allowed-host", flags->allowed_hosts,
-                  "Host header values the router serves (no port; '*': any); repeatable. "
-                  "Default: loopback names and the bound address when bound to loopback, any "
-                  "host otherwise");
-  cmd->add_option("--cors-origin", flags->cors_origins,
-                  "Origin allowed to call the API from a browser ('*': any); repeatable. "
-                  "Default: none");
+  AddAccessFlags(cmd, &flags->access);
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")
