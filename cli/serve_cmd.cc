@@ -20,10 +20,13 @@
 // Default model: models/target when present, else a random-weight tiny model created once under
 // $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
 // Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,6 +57,24 @@ namespace tandem::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A TCP port free on 127.0.0.1 right now (bound to port 0, read back, released).
+absl::StatusOr<int> FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    return absl::InternalError(absl::StrCat("bind: ", error));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 struct ServeFlags {
   std::string model_dir;
@@ -389,8 +410,23 @@ int RunServe(ServeFlags flags) {
   };
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
-  std::vector<std::string> common = {"--model", flags.model_dir, "--port",
-                                     "0",       "--kv-transfer", flags.kv_transfer};
+  std::vector<std::string> common = {"--model", flags.model_dir, "--kv-transfer",
+                                     flags.kv_transfer};
+  // Prefill workers get their ports chosen here, so the decode workers can be told at start
+  // which prefill workers they may dial (--allowed-prefill-worker): a request naming any other
+  // address is refused. (A port taken between the pick and the worker's bind fails its start.)
+  std::vector<int> prefill_ports;
+  for (int i = 0; i < num_prefill; ++i) {
+    absl::StatusOr<int> port = FreeLoopbackPort();
+    if (!port.ok()) {
+      std::cerr << "tandem serve: a port for prefill-" << i << ": " << port.status().message()
+                << "\n";
+      return stop(1);
+    }
+    prefill_ports.push_back(*port);
+  }
+  std::vector<std::string> allowed_prefill;
+  for (int port : prefill_ports) allowed_prefill.push_back(absl::StrCat("127.0.0.1:", port));
   if (flags.block_size > 0) {
     common.insert(common.end(), {"--block-size", std::to_string(flags.block_size)});
   }
@@ -405,8 +441,13 @@ int RunServe(ServeFlags flags) {
     const int batched =
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
+    args.insert(args.end(),
+                {"--port", is_prefill ? std::to_string(prefill_ports[i]) : std::string("0")});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
     if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
+    if (!is_prefill && !allowed_prefill.empty()) {
+      args.insert(args.end(), {"--allowed-prefill-worker", absl::StrJoin(allowed_prefill, ",")});
+    }
     // Every worker's own /metrics (KV transfer bytes, fallbacks, streaming) on a free port; each
     // prints "metrics on http://HOST:PORT/metrics" at start.
     args.insert(args.end(), {"--metrics-port", "-1"});

@@ -238,6 +238,15 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
   EXPECT_NE(response.find("\"finish_reason\":\"length\""), std::string::npos) << response;
   // The prompt's KV came from the prefill worker over UCX, not a local recompute.
   EXPECT_EQ(serve.output().find("prefilling locally"), std::string::npos) << serve.output();
+  // The decode worker was told which prefill worker it may dial (and dialed it: no fallback).
+  int told = 0;
+  for (pid_t child : children) {
+    std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
+    const std::string text((std::istreambuf_iterator<char>(cmdline)),
+                           std::istreambuf_iterator<char>());
+    if (text.find("--allowed-prefill-worker") != std::string::npos) ++told;
+  }
+  EXPECT_EQ(told, 1) << "exactly the decode worker gets --allowed-prefill-worker";
 
   ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
   const int status = serve.Wait(absl::Seconds(40));
