@@ -10,31 +10,18 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/kv_checksum.h"
+#include "kvtransfer/testing/test_layout.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
-KvLayout Layout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_blocks = 8;
-  l.block_size = 16;
-  l.num_kv_heads = 2;
-  l.head_dim = 8;
-  l.elem_bytes = 2;
-  l.dtype = KvDtype::kBf16;
-  l.block_bytes = static_cast<uint64_t>(l.block_size) * l.num_kv_heads * l.head_dim * l.elem_bytes;
-  l.block_stride = l.block_bytes;
-  l.kv_stride = l.block_stride * l.num_blocks;
-  l.layer_stride = 2 * l.kv_stride;
-  return l;
-}
+KvLayout Layout() { return testing::DenseBf16Layout(2, 8, 16, 2, 8); }
 
 class KvReceiverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     layout_ = Layout();
-    memory_.resize(layout_.layer_stride * layout_.num_layers);
+    memory_.resize(testing::LayoutBytes(layout_));
     std::mt19937 rng(5);
     for (auto& b : memory_) b = static_cast<uint8_t>(rng());
     static std::atomic<int> counter{0};

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/fault_injecting_backend.h"
 #include "kvtransfer/kv_layout.h"
+#include "kvtransfer/testing/test_layout.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -25,23 +26,9 @@ constexpr int kLayers = 4;
 constexpr int kBlocks = 16;
 constexpr int kBlockSize = 16;
 
-KvLayout Layout() {
-  KvLayout l;
-  l.num_layers = kLayers;
-  l.num_blocks = kBlocks;
-  l.block_size = kBlockSize;
-  l.num_kv_heads = 2;
-  l.head_dim = 8;
-  l.elem_bytes = 2;
-  l.dtype = KvDtype::kBf16;
-  l.block_bytes = static_cast<uint64_t>(l.block_size) * l.num_kv_heads * l.head_dim * l.elem_bytes;
-  l.block_stride = l.block_bytes;
-  l.kv_stride = l.block_stride * l.num_blocks;
-  l.layer_stride = 2 * l.kv_stride;
-  return l;
-}
+KvLayout Layout() { return testing::DenseBf16Layout(kLayers, kBlocks, kBlockSize, 2, 8); }
 
-uint64_t Bytes(const KvLayout& l) { return l.layer_stride * l.num_layers; }
+uint64_t Bytes(const KvLayout& l) { return testing::LayoutBytes(l); }
 
 std::string UniqueName(std::string_view role) {
   static std::atomic<int> counter{0};
@@ -393,12 +380,7 @@ TEST_F(KvSenderTest, StopFailsLiveSendsAndLaterOnesGiveBackAtOnce) {
 
 TEST_F(KvSenderTest, ConversionNeedsHostMemoryAndBlocksMustCoverThePrompt) {
   KvDestination other = destination_;
-  other.layout.block_size = 8;
-  other.layout.num_blocks = 2 * kBlocks;
-  other.layout.block_bytes /= 2;
-  other.layout.block_stride = other.layout.block_bytes;
-  other.layout.kv_stride = other.layout.block_stride * other.layout.num_blocks;
-  other.layout.layer_stride = 2 * other.layout.kv_stride;
+  other.layout = testing::DenseBf16Layout(kLayers, 2 * kBlocks, 8, 2, 8);
   EXPECT_TRUE(sender_->Admit(other.layout).ok()) << "host memory converts";
   KvDestination short_ids = destination_;
   short_ids.block_ids.resize(2);
