@@ -3,7 +3,6 @@
 // into them and asks for a hash of their region to check where the bytes landed. Also forged
 // addresses, ops outside the region, a peer killed mid-run and Release of a running transfer.
 // Every wait has a deadline, so a bug fails the test instead of hanging it.
-#include <poll.h>
 #include <signal.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -22,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/cma/cma_wire.h"
 #include "kvtransfer/cma/test_peer_protocol.h"
+#include "kvtransfer/testing/framed_pipe.h"
 #include "kvtransfer/transfer_backend.h"
 #include "runtime/base/status.h"
 
@@ -118,28 +118,10 @@ class PeerProcess {
   PeerProcess(pid_t pid, int in, int out) : pid_(pid), in_(in), out_(out) {}
 
   absl::Status ReadExact(void* data, size_t n) {
-    char* p = static_cast<char*>(data);
-    const absl::Time deadline = absl::Now() + kDeadline;
-    while (n > 0) {
-      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms <= 0) return absl::DeadlineExceededError("reading from the child timed out");
-      pollfd fd{.fd = out_, .events = POLLIN, .revents = 0};
-      if (poll(&fd, 1, static_cast<int>(left_ms)) <= 0) continue;
-      const ssize_t r = read(out_, p, n);
-      if (r <= 0) return absl::UnavailableError("child closed its pipe");
-      p += r;
-      n -= static_cast<size_t>(r);
-    }
-    return absl::OkStatus();
+    return testing::ReadExact(out_, data, n, absl::Now() + kDeadline);
   }
-
   absl::StatusOr<std::string> ReadField() {
-    uint32_t n = 0;
-    RETURN_IF_ERROR(ReadExact(&n, sizeof(n)));
-    if (n > (1u << 20)) return absl::InternalError("oversized field from child");
-    std::string field(n, '\0');
-    RETURN_IF_ERROR(ReadExact(field.data(), n));
-    return field;
+    return testing::ReadField(out_, absl::Now() + kDeadline);
   }
 
   pid_t pid_;

@@ -16,24 +16,17 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
+#include "kvtransfer/testing/framed_pipe.h"
 #include "kvtransfer/transfer_backend.h"
 
 namespace {
 
 bool WriteAll(const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = write(STDOUT_FILENO, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
+  return tandem::kvtransfer::testing::WriteAll(STDOUT_FILENO, data, n);
 }
 
 bool WriteField(const std::string& field) {
-  const uint32_t n = static_cast<uint32_t>(field.size());
-  return WriteAll(&n, sizeof(n)) && WriteAll(field.data(), field.size());
+  return tandem::kvtransfer::testing::WriteField(STDOUT_FILENO, field);
 }
 
 }  // namespace
