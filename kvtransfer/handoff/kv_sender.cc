@@ -485,8 +485,6 @@ KvSender::~KvSender() { Stop(); }
 
 const std::string& KvSender::backend_name() const { return core_->backend_name; }
 
-TransferThread& KvSender::thread() { return *core_->thread; }
-
 absl::Status KvSender::Admit(const KvLayout& target) const {
   const KvLayout& layout = core_->source.layout;
   if (SameBlockFormat(layout, target)) {

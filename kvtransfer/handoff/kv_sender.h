@@ -136,7 +136,6 @@ class KvSender {
   KvSender& operator=(const KvSender&) = delete;
 
   const std::string& backend_name() const;
-  TransferThread& thread();
 
   // OK when this lane can write its KV into blocks of `target`'s format: byte copies of the same
   // block format, or a conversion through its staging. FailedPrecondition saying why not.
