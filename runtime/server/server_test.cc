@@ -4,6 +4,7 @@
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
+#include "runtime/server/worker_main.h"
 
 namespace tandem::server {
 namespace {
@@ -127,6 +128,19 @@ TEST(KvLayoutConvertTest, RunnerLayoutToProtoAndBack) {
   EXPECT_EQ(back.num_blocks, 10);
   EXPECT_EQ(back.head_dim, 8);
   EXPECT_EQ(back.elem_bytes, 4);
+}
+
+TEST(TransferNetDevicesTest, FollowTheBindAddress) {
+  EXPECT_EQ(*TransferNetDevices(""), "");
+  EXPECT_EQ(*TransferNetDevices("0.0.0.0"), "");
+  EXPECT_EQ(*TransferNetDevices("::"), "");
+  EXPECT_EQ(*TransferNetDevices("127.0.0.1"), "lo");
+  EXPECT_EQ(*TransferNetDevices("localhost"), "lo");
+  EXPECT_EQ(*TransferNetDevices("[::1]"), "lo");
+  // TEST-NET-3: an address no interface here holds.
+  EXPECT_EQ(TransferNetDevices("203.0.113.7").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TransferNetDevices("no-such-host.invalid").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

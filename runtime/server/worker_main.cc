@@ -1,7 +1,13 @@
 #include "runtime/server/worker_main.h"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,9 +35,10 @@ absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> Create
   kvtransfer::BackendOptions options;
   options.agent_name = absl::StrCat(role, "-", host, "-", getpid());
   options.ucx_transports = ucx_transports;
-  // A worker bound to loopback keeps UCX's tcp listener on loopback too.
-  if (bind_host == "localhost" || absl::StartsWith(bind_host, "127.") || bind_host == "::1") {
-    options.ucx_net_devices = "lo";
+  // UCX listens only on the interface the worker's gRPC is bound to. With explicit transports
+  // (--ucx-transports, e.g. RDMA ones) the devices are UCX's choice: an HCA has no IP address.
+  if (ucx_transports.empty()) {
+    ASSIGN_OR_RETURN(options.ucx_net_devices, TransferNetDevices(bind_host));
   }
   options.cuda_device = cuda_device;
   std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends;
@@ -64,6 +71,61 @@ absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> Create
                                      last.message()));
   }
   return backends;
+}
+
+absl::StatusOr<std::string> TransferNetDevices(const std::string& bind_host) {
+  if (bind_host.empty() || bind_host == "0.0.0.0" || bind_host == "::" || bind_host == "[::]") {
+    return std::string();
+  }
+  if (bind_host == "localhost" || absl::StartsWith(bind_host, "127.") || bind_host == "::1" ||
+      bind_host == "[::1]") {
+    return std::string("lo");
+  }
+  std::string host = bind_host;
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]"))
+    host = host.substr(1, host.size() - 2);
+  // The host's addresses (numeric, or a name of this machine).
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0 || resolved == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host ", bind_host, ": not an address or a name that resolves"));
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) {
+    freeaddrinfo(resolved);
+    return absl::InternalError("getifaddrs failed");
+  }
+  const auto same = [](const sockaddr* a, const sockaddr* b) {
+    if (a == nullptr || b == nullptr || a->sa_family != b->sa_family) return false;
+    if (a->sa_family == AF_INET) {
+      return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+             reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+    }
+    if (a->sa_family == AF_INET6) {
+      return memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                    &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
+    }
+    return false;
+  };
+  std::string device;
+  for (const addrinfo* r = resolved; r != nullptr && device.empty(); r = r->ai_next) {
+    for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+      if (same(i->ifa_addr, r->ai_addr)) {
+        device = i->ifa_name;
+        break;
+      }
+    }
+  }
+  freeifaddrs(interfaces);
+  freeaddrinfo(resolved);
+  if (device.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host ", bind_host, ": no interface of this machine has that address"));
+  }
+  return device;
 }
 
 void BlockTerminationSignals() {

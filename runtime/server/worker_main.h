@@ -19,10 +19,18 @@ namespace tandem::server {
 // TransferBackendRegistry; cuda_ipc and nccl on GPU `cuda_device`), or "auto": every registry
 // backend in its preference order (cuda_ipc, nccl, cma, ucx), the device-memory ones only for a
 // KV cache on a GPU; one that cannot be created is left out with a warning saying why (an error
-// when none can). A worker bound to a loopback `bind_host` keeps UCX on the loopback device.
+// when none can). UCX's network devices follow `bind_host` (TransferNetDevices), so the data plane
+// listens only where the worker's gRPC does.
 absl::StatusOr<std::vector<std::unique_ptr<kvtransfer::TransferBackend>>> CreateWorkerBackends(
     const std::string& kind, const std::string& role, const std::string& ucx_transports,
     bool kv_on_device, int cuda_device, const std::string& bind_host = "");
+
+// The UCX network devices (UCX_NET_DEVICES syntax) for a worker bound to `bind_host`: "lo" for
+// loopback names and addresses; the interface that holds the address for any other address of
+// this machine (found with getifaddrs); "" (every device) for "", 0.0.0.0 or ::, which ask for
+// every interface. InvalidArgument for an address no interface of this machine has, or a name
+// that does not resolve to one.
+absl::StatusOr<std::string> TransferNetDevices(const std::string& bind_host);
 
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.
