@@ -25,3 +25,52 @@ void AddAccessFlags(CLI::App* cmd, AccessFlags* flags) {
 }
 
 }  // namespace tandem::cli
+
+namespace tandem::cli {
+
+void AddServiceAuthFlags(CLI::App* cmd, ServiceAuthFlags* flags) {
+  cmd->add_option("--service-token-file", flags->token_file,
+                  "Shared secret of this deployment's services (one token per line, >= 16 "
+                  "characters, mode 0600): sent on every gRPC call this process makes and "
+                  "required on every call it serves")
+      ->envname("TANDEM_SERVICE_TOKEN_FILE");
+  cmd->add_option("--tls-ca", flags->tls_ca,
+                  "mTLS: PEM bundle of the cluster CA that peers' certificates must chain to")
+      ->envname("TANDEM_TLS_CA");
+  cmd->add_option("--tls-cert", flags->tls_cert,
+                  "mTLS: this service's PEM certificate chain (reloaded when it changes)")
+      ->envname("TANDEM_TLS_CERT");
+  cmd->add_option("--tls-key", flags->tls_key, "mTLS: this service's PEM private key")
+      ->envname("TANDEM_TLS_KEY");
+  cmd->add_flag("--insecure-services", flags->insecure,
+                "Serve and call gRPC without any authentication (any local process can then "
+                "drive, read and cancel requests): only on a network you vouch for");
+}
+
+std::vector<std::string> ServiceAuthFlags::Args() const {
+  std::vector<std::string> args;
+  if (!token_file.empty()) args.insert(args.end(), {"--service-token-file", token_file});
+  if (!tls_ca.empty()) args.insert(args.end(), {"--tls-ca", tls_ca});
+  if (!tls_cert.empty()) args.insert(args.end(), {"--tls-cert", tls_cert});
+  if (!tls_key.empty()) args.insert(args.end(), {"--tls-key", tls_key});
+  if (insecure) args.push_back("--insecure-services");
+  return args;
+}
+
+absl::StatusOr<std::shared_ptr<const auth::ServiceIdentity>> MakeServiceIdentity(
+    const ServiceAuthFlags& flags) {
+  if (flags.insecure && (!flags.token_file.empty() || !flags.tls_ca.empty() ||
+                         !flags.tls_cert.empty() || !flags.tls_key.empty())) {
+    return absl::InvalidArgumentError(
+        "--insecure-services contradicts --service-token-file / --tls-*: choose one");
+  }
+  auth::ServiceAuthOptions options;
+  options.token_file = flags.token_file;
+  options.tls_ca_file = flags.tls_ca;
+  options.tls_cert_file = flags.tls_cert;
+  options.tls_key_file = flags.tls_key;
+  options.allow_unauthenticated = flags.insecure;
+  return auth::ServiceIdentity::Create(options);
+}
+
+}  // namespace tandem::cli

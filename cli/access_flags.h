@@ -1,12 +1,20 @@
 #pragma once
-// The router's access flags, shared by `tandem router` and `tandem serve` (which hands them to
-// its router): --api-key, --api-key-file, --allowed-host, --cors-origin
-// (runtime/router/access_policy.h says what each enforces).
+// Flags shared by several commands.
+//   AccessFlags: the router's HTTP access flags, for `tandem router` and `tandem serve` (which
+//   hands them to its router): --api-key, --api-key-file, --allowed-host, --cors-origin
+//   (runtime/router/access_policy.h says what each enforces).
+//   ServiceAuthFlags: the service identity of every gRPC hop, for `tandem prefill|decode|router|
+//   serve`: --service-token-file, --tls-ca/--tls-cert/--tls-key (each also from an environment
+//   variable: TANDEM_SERVICE_TOKEN_FILE, TANDEM_TLS_CA, TANDEM_TLS_CERT, TANDEM_TLS_KEY),
+//   --insecure-services (runtime/auth/service_identity.h says what each mode protects).
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "runtime/auth/service_identity.h"
 
 namespace tandem::cli {
 
@@ -18,5 +26,27 @@ struct AccessFlags {
 };
 
 void AddAccessFlags(CLI::App* cmd, AccessFlags* flags);
+
+struct ServiceAuthFlags {
+  std::string token_file;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  bool insecure = false;
+
+  bool any() const {
+    return !token_file.empty() || !tls_ca.empty() || !tls_cert.empty() || !tls_key.empty() ||
+           insecure;
+  }
+  // The same flags as command-line arguments (for a child process).
+  std::vector<std::string> Args() const;
+};
+
+void AddServiceAuthFlags(CLI::App* cmd, ServiceAuthFlags* flags);
+
+// The identity the flags describe (ServiceIdentity::Create's errors; --insecure-services together
+// with a credential is InvalidArgument).
+absl::StatusOr<std::shared_ptr<const auth::ServiceIdentity>> MakeServiceIdentity(
+    const ServiceAuthFlags& flags);
 
 }  // namespace tandem::cli

@@ -4,6 +4,10 @@
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
 //                 [--routing least-loaded|round-robin] [--local-prefill-threshold N]
 //                 [--api-key KEY]... [--api-key-file FILE] [--allowed-host HOST]...
+//                 (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K |
+//                  --insecure-services)
+// The service flags (cli/access_flags.h) are required: they are what the router presents to
+// every worker.
 // With no prefill workers every prompt is prefilled on its decode worker (aggregated serving).
 // Prints "tandem router: serving on http://HOST:PORT/v1 ..." to stdout once it accepts requests
 // (after waiting up to --wait-ready-s for a healthy decode worker), then serves until SIGINT or
@@ -39,6 +43,7 @@ struct RouterFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   AccessFlags access;
+  ServiceAuthFlags service_auth;
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -82,12 +87,18 @@ int RunRouter(const RouterFlags& flags) {
     return usage("no decode workers: give --decode-workers or --decode-dns");
   }
   const bool disaggregated = !prefill_static->empty() || !flags.prefill_dns.empty();
+  auto identity = MakeServiceIdentity(flags.service_auth);
+  if (!identity.ok()) return usage(std::string(identity.status().message()));
 
-  router::WorkerPool decode_pool(router::WorkerPoolOptions{.role = "decode"});
+  router::WorkerPoolOptions decode_pool_options;
+  decode_pool_options.role = "decode";
+  decode_pool_options.identity = *identity;
+  router::WorkerPool decode_pool(decode_pool_options);
   std::unique_ptr<router::WorkerPool> prefill_pool;
   if (disaggregated) {
-    prefill_pool =
-        std::make_unique<router::WorkerPool>(router::WorkerPoolOptions{.role = "prefill"});
+    router::WorkerPoolOptions prefill_pool_options = decode_pool_options;
+    prefill_pool_options.role = "prefill";
+    prefill_pool = std::make_unique<router::WorkerPool>(prefill_pool_options);
   }
   router::GrpcBackendOptions backend_options;
   backend_options.policy = *policy;
@@ -198,6 +209,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags->host,
                   "HTTP bind address (default 127.0.0.1; 0.0.0.0 for every interface)");
   AddAccessFlags(cmd, &flags->access);
+  AddServiceAuthFlags(cmd, &flags->service_auth);
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

@@ -19,6 +19,11 @@
 // on CPUs: the pair handshake converts the KV between their layouts).
 // Default model: models/target when present, else a random-weight tiny model created once under
 // $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
+// Service identity: with none of --service-token-file / --tls-* / --insecure-services, serve
+// makes a fresh 256-bit token in a file only this user can read (a 0700 directory under $TMPDIR),
+// hands it to every child with --service-token-file, and removes it once they have all read it
+// (and on every exit). So the local stack is authenticated by default: a local process that
+// cannot read that file cannot call any worker. Given flags are passed through unchanged.
 // Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -42,6 +47,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +57,7 @@
 #include "absl/time/time.h"
 #include "cli/access_flags.h"
 #include "cli/commands.h"
+#include "runtime/base/secrets.h"
 #include "runtime/model/runner_factory.h"
 
 namespace tandem::cli {
@@ -76,6 +83,27 @@ absl::StatusOr<int> FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
+// A fresh service token in `*dir` (a new 0700 directory) as a 0600 file; returns its path.
+absl::StatusOr<std::string> WriteServiceToken(std::string* dir) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tandem-serve-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  }
+  *dir = pattern;
+  absl::StatusOr<std::string> token = RandomHex(32);
+  if (!token.ok()) return token.status();
+  const std::string path = absl::StrCat(pattern, "/service-token");
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
+  const std::string line = absl::StrCat(*token, "\n");
+  const bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!written) return absl::InternalError(absl::StrCat("writing ", path, " failed"));
+  return path;
+}
+
 struct ServeFlags {
   std::string model_dir;
   int prefill_workers = 1;
@@ -94,6 +122,7 @@ struct ServeFlags {
   std::string kv_streaming = "on";         // prefill workers
   std::string kv_verify = "off";           // decode workers
   AccessFlags access;                      // the router's
+  ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -408,6 +437,29 @@ int RunServe(ServeFlags flags) {
     supervisor.StopAll(absl::Seconds(flags.stop_timeout_s));
     return code;
   };
+  // The service identity every child gets.
+  std::string secret_dir;
+  const auto remove_secret = [&secret_dir] {
+    if (secret_dir.empty()) return;
+    std::error_code ignored;
+    fs::remove_all(secret_dir, ignored);
+    secret_dir.clear();
+  };
+  absl::Cleanup remove_secret_on_exit = remove_secret;
+  if (!flags.service_auth.any()) {
+    absl::StatusOr<std::string> path = WriteServiceToken(&secret_dir);
+    if (!path.ok()) {
+      std::cerr << "tandem serve: a service token: " << path.status().message() << "\n";
+      return stop(1);
+    }
+    flags.service_auth.token_file = *path;
+  } else if (absl::StatusOr<std::shared_ptr<const auth::ServiceIdentity>> given =
+                 MakeServiceIdentity(flags.service_auth);
+             !given.ok()) {
+    std::cerr << "tandem serve: " << given.status().message() << "\n";
+    return stop(2);
+  }
+  const std::vector<std::string> service_args = flags.service_auth.Args();
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
   std::vector<std::string> common = {"--model", flags.model_dir, "--kv-transfer",
@@ -451,6 +503,7 @@ int RunServe(ServeFlags flags) {
     // Every worker's own /metrics (KV transfer bytes, fallbacks, streaming) on a free port; each
     // prints "metrics on http://HOST:PORT/metrics" at start.
     args.insert(args.end(), {"--metrics-port", "-1"});
+    args.insert(args.end(), service_args.begin(), service_args.end());
     const std::string name =
         is_prefill ? absl::StrCat("prefill-", i) : absl::StrCat("decode-", i - num_prefill);
     auto child = supervisor.Start(name, args);
@@ -500,6 +553,7 @@ int RunServe(ServeFlags flags) {
   if (!prefill.empty()) {
     router_args.insert(router_args.end(), {"--prefill-workers", addresses(prefill)});
   }
+  router_args.insert(router_args.end(), service_args.begin(), service_args.end());
   if (!flags.served_model_name.empty()) {
     router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
   }
@@ -541,6 +595,7 @@ int RunServe(ServeFlags flags) {
   }
   absl::Status router_ready = supervisor.WaitReady({*router}, startup);
   if (!key_file.empty()) unlink(key_file.c_str());  // read at the router's start-up
+  remove_secret();                                  // every child has read the token
   if (!router_ready.ok()) {
     if (absl::IsCancelled(router_ready)) return stop(0);
     std::cerr << "tandem serve: router: " << router_ready.message() << "\n";
@@ -620,6 +675,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "(device backends); off: after the whole prompt")
       ->check(CLI::IsMember({"on", "off"}));
   AddAccessFlags(cmd, &flags->access);
+  AddServiceAuthFlags(cmd, &flags->service_auth);
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")

@@ -5,6 +5,9 @@
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
+//       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
+// The service flags (cli/access_flags.h) are required: every call served is authenticated, and
+// a decode worker presents the same identity to its prefill workers.
 // --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU. With
 // --kv-transfer cuda_ipc the backend registers that cache itself and moves KV GPU to GPU; with a
 // host-memory backend (cma, ucx) it uses a pinned host mirror of the same size that the engine
@@ -19,6 +22,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "cli/access_flags.h"
 #include "cli/commands.h"
 #include "decode/decode_worker.h"
 #include "prefill/prefill_worker.h"
@@ -46,6 +50,7 @@ struct WorkerFlags {
   std::string kv_streaming = "on";                   // prefill workers only
   std::string kv_verify = "off";                     // decode workers only
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
+  ServiceAuthFlags service_auth;
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -54,6 +59,11 @@ template <typename Worker, typename WorkerOptions>
 int RunWorker(const char* role, const WorkerFlags& flags) {
   const std::string prefix = absl::StrCat("tandem ", role, ": ");
   server::BlockTerminationSignals();
+  auto identity = MakeServiceIdentity(flags.service_auth);
+  if (!identity.ok()) {
+    std::cerr << prefix << identity.status().message() << "\n";
+    return 2;
+  }
   if (absl::Status device = ParseRunnerDevice(flags.device).status(); !device.ok()) {
     std::cerr << prefix << "--device: " << device.message() << "\n";
     return 2;
@@ -96,6 +106,7 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   options.host = flags.host;
   options.port = flags.port;
   options.model_name = model->name;
+  options.identity = *identity;
   auto worker = Worker::Create(model->engine.get(), std::move(*backends), options);
   if (!worker.ok()) {
     std::cerr << prefix << worker.status().message() << "\n";
@@ -110,6 +121,7 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     std::cerr << prefix << "metrics on http://" << flags.host << ":" << (*worker)->metrics().port()
               << "/metrics\n";
   }
+  std::cerr << prefix << "service authentication: " << (*identity)->mode() << "\n";
   std::cout << prefix << "serving on " << flags.host << ":" << (*worker)->port() << std::endl;
   const int signal = server::WaitForTerminationSignal();
   std::cerr << prefix << "signal " << signal << ", draining\n";
@@ -156,6 +168,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
   cmd->add_option("--drain-seconds", flags->drain_seconds,
                   "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
       ->check(CLI::NonNegativeNumber);
+  AddServiceAuthFlags(cmd, &flags->service_auth);
   return cmd;
 }
 

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "runtime/auth/kv_grant.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/secrets.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
@@ -20,6 +22,9 @@ namespace {
 // How often a waiting handler looks at its client (cancellation) and its deadlines.
 constexpr absl::Duration kSlice = absl::Milliseconds(20);
 
+// A cancel token shorter than this is refused (a guessable one would protect nothing).
+constexpr size_t kMinCancelTokenBytes = 16;
+
 grpc::Status Error(grpc::StatusCode code, std::string message) {
   return grpc::Status(code, std::move(message));
 }
@@ -29,6 +34,8 @@ grpc::Status Error(grpc::StatusCode code, std::string message) {
 // One Generate call's mailbox: engine callbacks and the Prefill completion write it, the handler
 // thread reads it.
 struct DecodeService::Call {
+  std::string cancel_token;  // GenerateRequest.cancel_token; empty: not cancellable by Cancel
+  std::string owner;         // ServiceIdentity::Peer of the caller
   absl::Mutex mu;
   std::deque<GenerationOutput> outputs ABSL_GUARDED_BY(mu);
   std::optional<absl::StatusOr<RemoteKvReservation>> reservation ABSL_GUARDED_BY(mu);
@@ -38,6 +45,7 @@ struct DecodeService::Call {
   // flight it waits for its answer first (the prefill worker may still be writing our blocks).
   bool cancel_requested ABSL_GUARDED_BY(mu) = false;
   // The Prefill call's state lives here so it outlives the call even if the handler returns.
+  std::shared_ptr<v1::Prefill::Stub> prefill_stub;
   grpc::ClientContext prefill_context;
   v1::PrefillRequest prefill_request;
   v1::PrefillResponse prefill_response;
@@ -50,8 +58,14 @@ struct DecodeService::Call {
 };
 
 DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
-                             kvtransfer::KvReceiver* receiver, DecodeServiceOptions options)
-    : engine_(engine), metrics_(metrics), receiver_(receiver), options_(std::move(options)) {
+                             kvtransfer::KvReceiver* receiver,
+                             std::shared_ptr<const auth::ServiceIdentity> identity,
+                             DecodeServiceOptions options)
+    : engine_(engine),
+      metrics_(metrics),
+      receiver_(receiver),
+      identity_(std::move(identity)),
+      options_(std::move(options)) {
   for (const kvtransfer::ReceiverEndpoint& e : receiver_->endpoints()) {
     (void)metrics_->kv_transfer.For(e.backend);
     v1::KvEndpoint& endpoint = endpoints_.emplace_back();
@@ -74,6 +88,9 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   request.set_decode_worker(endpoints_.empty() ? "" : endpoints_[0].agent_name());
   for (const v1::KvEndpoint& e : endpoints_) *request.add_endpoints() = e;
   server::CompatibilityToProto(engine_->config(), request.mutable_compatibility());
+  absl::StatusOr<std::string> grant_key = auth::NewGrantKey();
+  if (!grant_key.ok()) return grant_key.status();
+  request.set_grant_key(*grant_key);
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(std::min(deadline, absl::Now() + options_.connect_timeout)));
@@ -87,6 +104,7 @@ absl::StatusOr<DecodeService::Pairing> DecodeService::PairWith(const std::string
   Pairing pairing;
   pairing.pair_id = response.pair_id();
   pairing.backend = response.backend();
+  pairing.grant_key = *std::move(grant_key);
   const std::optional<size_t> chosen = receiver_->FindEndpoint(response.backend());
   if (!chosen.has_value() || pairing.pair_id.empty()) {
     return absl::InternalError(
@@ -134,22 +152,34 @@ bool DecodeService::shutting_down() {
   return shutting_down_;
 }
 
-v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& address) {
+std::shared_ptr<v1::Prefill::Stub> DecodeService::PrefillStub(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<v1::Prefill::Stub>& stub = stubs_[address];
+  std::shared_ptr<v1::Prefill::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
-    stub = v1::Prefill::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub = v1::Prefill::NewStub(identity_->Dial(address));
+    stub_order_.push_back(address);
+    while (stub_order_.size() > kMaxPrefillChannels) {
+      stubs_.erase(stub_order_.front());
+      stub_order_.pop_front();
+    }
   }
-  return stub.get();
+  return stub;
 }
 
 grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                                    v1::CancelResponse* response) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   std::shared_ptr<Call> call;
   {
     absl::MutexLock lock(&mu_);
     auto it = live_.find(request->request_id());
-    if (it != live_.end()) call = it->second;
+    // Only the owner: the same peer, presenting the token it chose (compared in constant time).
+    // A miss looks like an unknown id.
+    if (it != live_.end() && !it->second->cancel_token.empty() &&
+        ConstantTimeEquals(request->cancel_token(), it->second->cancel_token) &&
+        it->second->owner == identity_->Peer(*context)) {
+      call = it->second;
+    }
   }
   if (call != nullptr) {
     absl::MutexLock lock(&call->mu);
@@ -162,6 +192,7 @@ grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::Cance
 grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                                      const v1::GenerateRequest* request,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   const absl::Time arrival = absl::Now();
   const std::string& id = request->request_id();
   if (id.empty()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
@@ -182,7 +213,13 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
                               "' is not one of this decode worker's prefill workers"));
   }
 
+  if (!request->cancel_token().empty() && request->cancel_token().size() < kMinCancelTokenBytes) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("cancel_token: at least ", kMinCancelTokenBytes, " bytes"));
+  }
   auto call = std::make_shared<Call>();
+  call->cancel_token = request->cancel_token();
+  call->owner = identity_->Peer(*context);
   GenerateRequest engine_request;
   engine_request.request_id = id;
   engine_request.prompt_token_ids.assign(request->prompt_token_ids().begin(),
@@ -365,18 +402,26 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       v1::KvTarget* target = pr.mutable_target();
       for (int32_t block : (*reservation)->block_ids) target->add_block_ids(block);
       target->set_num_cached_tokens((*reservation)->num_cached_tokens);
+      absl::StatusOr<std::string> grant =
+          auth::KvGrant(pairing.grant_key, pairing.pair_id, expected->epoch(), id,
+                        (*reservation)->num_cached_tokens, (*reservation)->block_ids);
+      // Without a grant the prefill worker refuses the request: the usual failure path follows.
+      if (grant.ok()) {
+        pr.set_grant(*std::move(grant));
+      } else {
+        LOG(ERROR) << "decode: request " << id << ": " << grant.status();
+      }
       absl::Time deadline = now + options_.prefill_timeout;
       deadline = std::min(deadline, absl::FromChrono(context->deadline()));
       call->prefill_context.set_deadline(absl::ToChronoTime(deadline));
       phase = Phase::kPrefilling;
-      PrefillStub(prefill_worker)
-          ->async()
-          ->Prefill(&call->prefill_context, &call->prefill_request, &call->prefill_response,
-                    [call](grpc::Status status) {
-                      absl::MutexLock lock(&call->mu);
-                      call->prefill_status = std::move(status);
-                      call->prefill_done = true;
-                    });
+      call->prefill_stub = PrefillStub(prefill_worker);
+      call->prefill_stub->async()->Prefill(&call->prefill_context, &call->prefill_request,
+                                           &call->prefill_response, [call](grpc::Status status) {
+                                             absl::MutexLock lock(&call->mu);
+                                             call->prefill_status = std::move(status);
+                                             call->prefill_done = true;
+                                           });
     }
 
     if (prefill_done) {
@@ -390,14 +435,13 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
         call->fence_request.set_pair_id(pairing.pair_id);
         call->fence_request.set_transfer_epoch(expected->epoch());
         call->fence_context.set_deadline(absl::ToChronoTime(now + options_.fence_timeout));
-        PrefillStub(prefill_worker)
-            ->async()
-            ->Fence(&call->fence_context, &call->fence_request, &call->fence_response,
-                    [call](grpc::Status status) {
-                      absl::MutexLock lock(&call->mu);
-                      call->fence_status = std::move(status);
-                      call->fence_done = true;
-                    });
+        call->prefill_stub = PrefillStub(prefill_worker);
+        call->prefill_stub->async()->Fence(&call->fence_context, &call->fence_request,
+                                           &call->fence_response, [call](grpc::Status status) {
+                                             absl::MutexLock lock(&call->mu);
+                                             call->fence_status = std::move(status);
+                                             call->fence_done = true;
+                                           });
       }
     }
     if (phase == Phase::kFencing) {

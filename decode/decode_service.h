@@ -21,6 +21,13 @@
 // Prefill.Fence confirms that no write of that epoch is in flight, or the lease passes. Only then
 // does the engine recompute the prompt locally, or free the blocks.
 //
+// Authentication: every handler first checks the caller's service identity (UNAUTHENTICATED
+// touches nothing). Cancel is honoured only with the request's cancel_token (chosen by the caller
+// that sent Generate) and from the same peer (ServiceIdentity::Peer); anything else answers
+// found=false, so request ids cannot be probed either.
+// Prefill workers dialled: those of options.allowed_prefill_workers, else the address the
+// authenticated caller (the router, which knows its prefill pool) names; at most
+// kMaxPrefillChannels cached (the least recently added is dropped).
 // Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
 // thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
 // append to the call's queue. Calls to the prefill worker use gRPC's callback client; channels are
@@ -28,6 +35,7 @@
 // Ownership: engine, receiver and metrics are not owned and must outlive the service.
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtransfer/handoff/kv_receiver.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -76,7 +85,9 @@ class DecodeService final : public v1::Decode::Service {
  public:
   // `receiver`: this worker's lanes (kvtransfer/handoff/kv_receiver.h): the endpoints it offers
   // in the pair handshake, in preference order, and the owner of every expected transfer's blocks.
+  // `identity`: checked on every call, and presented when dialling prefill workers.
   DecodeService(Engine* engine, metrics::WorkerMetrics* metrics, kvtransfer::KvReceiver* receiver,
+                std::shared_ptr<const auth::ServiceIdentity> identity,
                 DecodeServiceOptions options);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -91,11 +102,14 @@ class DecodeService final : public v1::Decode::Service {
   struct Call;
   struct Pairing {
     std::string pair_id;
-    std::string backend;  // the chosen endpoint's (metrics label)
-    bool staged = false;  // the chosen endpoint's KV lands in the host mirror
-    size_t endpoint = 0;  // index in endpoints_
+    std::string backend;    // the chosen endpoint's (metrics label)
+    bool staged = false;    // the chosen endpoint's KV lands in the host mirror
+    size_t endpoint = 0;    // index in endpoints_
+    std::string grant_key;  // sent at Connect; signs each request's block ids (kv_grant.h)
   };
-  v1::Prefill::Stub* PrefillStub(const std::string& address);
+  static constexpr size_t kMaxPrefillChannels = 256;
+  // Shared: a call in flight keeps its stub (and channel) even if the cache drops it.
+  std::shared_ptr<v1::Prefill::Stub> PrefillStub(const std::string& address);
   bool shutting_down();
   // The pair with the prefill worker at `address`, handshaking first if there is none.
   absl::StatusOr<Pairing> PairWith(const std::string& address, absl::Time deadline);
@@ -104,11 +118,13 @@ class DecodeService final : public v1::Decode::Service {
   Engine* const engine_;
   metrics::WorkerMetrics* const metrics_;
   kvtransfer::KvReceiver* const receiver_;
+  const std::shared_ptr<const auth::ServiceIdentity> identity_;
   const DecodeServiceOptions options_;
   std::vector<v1::KvEndpoint> endpoints_;  // the receiver's, as offered in the handshake
 
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> stub_order_ ABSL_GUARDED_BY(mu_);               // oldest first
   absl::flat_hash_map<std::string, Pairing> pairs_ ABSL_GUARDED_BY(mu_);  // by prefill address
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);

@@ -20,6 +20,9 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
 absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
     Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
     const DecodeWorkerOptions& options) {
+  if (options.identity == nullptr) {
+    return absl::InvalidArgumentError("decode worker: no service identity");
+  }
   std::unique_ptr<DecodeWorker> worker(new DecodeWorker());
   worker->engine_ = engine;
   worker->host_ = options.host;
@@ -48,15 +51,16 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
                                                           metrics->kv_quarantined_blocks.Increment(
                                                               static_cast<double>(n));
                                                         }}));
-  worker->decode_service_ = std::make_unique<DecodeService>(
-      engine, &worker->metrics_->metrics(), worker->receiver_.get(), options.service);
-  worker->stats_service_ =
-      std::make_unique<server::WorkerStatsService>("decode", options.model_name, engine);
+  worker->decode_service_ =
+      std::make_unique<DecodeService>(engine, &worker->metrics_->metrics(), worker->receiver_.get(),
+                                      options.identity, options.service);
+  worker->stats_service_ = std::make_unique<server::WorkerStatsService>(
+      "decode", options.model_name, engine, options.identity);
   ASSIGN_OR_RETURN(
       worker->server_,
-      server::StartGrpcServer(options.host, options.port,
-                              {worker->decode_service_.get(), worker->stats_service_.get()},
-                              {v1::Decode::service_full_name(), v1::Worker::service_full_name()}));
+      server::StartGrpcServer(
+          options.host, options.port, {worker->decode_service_.get(), worker->stats_service_.get()},
+          {v1::Decode::service_full_name(), v1::Worker::service_full_name()}, options.identity));
   worker->port_ = worker->server_.port;
   return worker;
 }

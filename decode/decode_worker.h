@@ -25,6 +25,7 @@
 #include "decode/decode_service.h"
 #include "kvtransfer/handoff/kv_receiver.h"
 #include "kvtransfer/transfer_backend.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
 #include "runtime/server/worker_metrics.h"
@@ -36,6 +37,9 @@ struct DecodeWorkerOptions {
   std::string host = "127.0.0.1";  // gRPC bind address
   int port = 0;                    // 0: any free port (see port())
   std::string model_name;          // reported in Worker.StreamStats
+  // Required: who may call this worker (the router) and what it presents to prefill workers
+  // (runtime/auth/service_identity.h).
+  std::shared_ptr<const auth::ServiceIdentity> identity = nullptr;
   DecodeServiceOptions service;
   // Registering and exporting the KV cache with the backend at start-up.
   absl::Duration setup_timeout = absl::Seconds(30);
@@ -44,7 +48,7 @@ struct DecodeWorkerOptions {
 class DecodeWorker {
  public:
   // Registers the engine's transfer memory with each backend (on its transfer thread) and starts
-  // serving. Errors: no backend or two of one name (InvalidArgument), the engine's
+  // serving. Errors: no identity, no backend or two of one name (InvalidArgument), the engine's
   // transfer_layout() (mirror allocation), a backend's (register, export, address) or Unavailable
   // when the port can't be bound; nothing is left running then.
   static absl::StatusOr<std::unique_ptr<DecodeWorker>> Create(

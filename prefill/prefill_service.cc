@@ -10,7 +10,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/auth/kv_grant.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/secrets.h"
 #include "runtime/base/status.h"
 #include "runtime/server/grpc_status.h"
 #include "runtime/server/kv_layout_convert.h"
@@ -31,15 +33,7 @@ constexpr uint64_t kEpochWindow = 4096;
 constexpr size_t kMaxLoggedFallbacks = 1024;
 
 // 128 bits from the kernel's CSPRNG, hex: a pair id nobody can guess.
-absl::StatusOr<std::string> NewPairId() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  unsigned char bytes[16];
-  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
-    return absl::InternalError("cannot read /dev/urandom for a pair id");
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+absl::StatusOr<std::string> NewPairId() { return RandomHex(16); }
 
 grpc::Status Error(grpc::StatusCode code, std::string message) {
   return grpc::Status(code, std::move(message));
@@ -77,10 +71,13 @@ struct PrefillService::Job {
 };
 
 PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
-                               metrics::WorkerMetrics* metrics, PrefillServiceOptions options)
+                               metrics::WorkerMetrics* metrics,
+                               std::shared_ptr<const auth::ServiceIdentity> identity,
+                               PrefillServiceOptions options)
     : engine_(engine),
       lanes_(std::move(lanes)),
       metrics_(metrics),
+      identity_(std::move(identity)),
       options_(std::move(options)),
       layout_(server::ToTransferLayout(engine->kv_layout())),
       dispatch_(std::make_shared<Dispatch>()) {
@@ -112,6 +109,7 @@ void PrefillService::Record(const std::string& backend, const kvtransfer::KvSend
 grpc::Status PrefillService::Connect(grpc::ServerContext* context,
                                      const v1::ConnectRequest* request,
                                      v1::ConnectResponse* response) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   const std::string who =
       request->decode_worker().empty() ? context->peer() : request->decode_worker();
   // The model and the layout formula must match before anything else is looked at.
@@ -122,6 +120,10 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
   }
   if (request->endpoints_size() == 0 || request->endpoints_size() > 8) {
     return Error(grpc::StatusCode::INVALID_ARGUMENT, "endpoints: expected 1 to 8");
+  }
+  if (request->grant_key().size() != auth::kGrantKeyBytes) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("grant_key: expected ", auth::kGrantKeyBytes, " random bytes"));
   }
   std::vector<std::string> fallbacks;
   for (const v1::KvEndpoint& endpoint : request->endpoints()) {
@@ -144,8 +146,12 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
       absl::StatusOr<std::string> pair_id = NewPairId();
       if (!pair_id.ok()) return server::ToGrpcStatus(pair_id.status());
       absl::MutexLock lock(&pairs_mu_);
-      pairs_[*pair_id] = Pair{
-          .lane = lane, .endpoint = endpoint, .layout = layout, .max_epoch = 0, .seen_epochs = {}};
+      pairs_[*pair_id] = Pair{.lane = lane,
+                              .endpoint = endpoint,
+                              .layout = layout,
+                              .grant_key = request->grant_key(),
+                              .max_epoch = 0,
+                              .seen_epochs = {}};
       if (!kvtransfer::SameBlockFormat(layout_, layout)) {
         LOG(INFO) << "prefill: decode worker " << who << " gets its KV converted: block size "
                   << layout_.block_size << " -> " << layout.block_size << ", "
@@ -197,6 +203,7 @@ void PrefillService::Detach() {
 grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
                                      const v1::PrefillRequest* request,
                                      v1::PrefillResponse* response) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   const absl::Time arrival = absl::Now();
   const std::string& id = request->request_id();
   if (id.empty()) return Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
@@ -241,6 +248,14 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
       return Error(grpc::StatusCode::INVALID_ARGUMENT, "transfer_epoch: required (non-zero)");
     }
     Pair& pair = it->second;
+    // The block ids must be the ones the decode worker reserved for this request and epoch.
+    if (absl::Status granted = auth::VerifyKvGrant(
+            pair.grant_key, request->grant(), request->pair_id(), request->transfer_epoch(), id,
+            target.num_cached_tokens(),
+            absl::MakeConstSpan(target.block_ids().data(), target.block_ids_size()));
+        !granted.ok()) {
+      return server::ToGrpcStatus(granted);
+    }
     // Anti-replay: each epoch of a pair is accepted once, within a window below the highest seen
     // (the decode worker's epochs only grow; concurrent calls may arrive out of order).
     const uint64_t epoch = request->transfer_epoch();
@@ -404,6 +419,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
 
 grpc::Status PrefillService::Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
                                    v1::FenceResponse* response) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   {
     absl::MutexLock lock(&pairs_mu_);
     if (!pairs_.contains(request->pair_id())) {

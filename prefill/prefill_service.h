@@ -3,14 +3,19 @@
 // decode worker's) blocks through kvtransfer, and answers with the first token once every write
 // is acknowledged (DESIGN.md "A request, end to end", step 4).
 //
+// Authentication: every handler first checks the caller's service identity (UNAUTHENTICATED
+// touches nothing; runtime/auth/service_identity.h).
 // Pairs: a decode worker first calls Connect with its endpoints (one per backend it runs, in its
 // preference order) and its model's compatibility fields. The service refuses a model or layout
 // mismatch (FAILED_PRECONDITION, before any byte moves), takes the first endpoint whose backend
 // it runs too and can connect to (each skipped one is a fallback: logged once per decode worker
 // and backend, counted, and returned), and answers with an unguessable pair id. Prefill requests
 // that name the pair carry only block ids; the region, layout and agent come from the handshake.
-// A request must name a pair (a whole target in a request is refused) and a transfer epoch the
-// pair has not used, within a window below its highest (a captured request cannot be replayed).
+// A request must name a pair (a whole target in a request is refused), carry the decode worker's
+// grant for exactly its block ids (runtime/auth/kv_grant.h: an HMAC under the key the decode
+// worker sent at Connect; PERMISSION_DENIED otherwise, checked before anything else of the pair
+// changes), and a transfer epoch the pair has not used, within a window below its highest (a
+// captured request cannot be replayed).
 //
 // Flow: the handler validates the request (target layout incompatible with ours, or blocks that
 // do not cover the prompt: FAILED_PRECONDITION), begins a send on the pair's lane
@@ -50,6 +55,7 @@
 #include "absl/time/time.h"
 #include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/kv_layout.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -86,6 +92,7 @@ class PrefillService final : public v1::Prefill::Service {
   // `lanes`: the worker's backends (distinct names), each a sender of the engine's KV (its
   // transfer memory registered with the lane's backend).
   PrefillService(Engine* engine, std::vector<TransferLane> lanes, metrics::WorkerMetrics* metrics,
+                 std::shared_ptr<const auth::ServiceIdentity> identity,
                  PrefillServiceOptions options);
 
   grpc::Status Connect(grpc::ServerContext* context, const v1::ConnectRequest* request,
@@ -110,6 +117,7 @@ class PrefillService final : public v1::Prefill::Service {
     size_t lane = 0;
     v1::KvEndpoint endpoint;
     kvtransfer::KvLayout layout;
+    std::string grant_key;  // the decode worker's (runtime/auth/kv_grant.h)
     // Anti-replay: the highest transfer epoch accepted and those accepted within the window.
     uint64_t max_epoch = 0;
     absl::flat_hash_set<uint64_t> seen_epochs;
@@ -122,6 +130,7 @@ class PrefillService final : public v1::Prefill::Service {
   Engine* const engine_;
   const std::vector<TransferLane> lanes_;
   metrics::WorkerMetrics* const metrics_;
+  const std::shared_ptr<const auth::ServiceIdentity> identity_;
   const PrefillServiceOptions options_;
   const kvtransfer::KvLayout layout_;
 

@@ -21,6 +21,9 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
 absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     Engine* engine, std::vector<std::unique_ptr<kvtransfer::TransferBackend>> backends,
     const PrefillWorkerOptions& options) {
+  if (options.identity == nullptr) {
+    return absl::InvalidArgumentError("prefill worker: no service identity");
+  }
   std::unique_ptr<PrefillWorker> worker(new PrefillWorker());
   worker->host_ = options.host;
   // Transfers read the KV cache itself, or its pinned host mirror when the backend moves only
@@ -58,14 +61,15 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
 
   worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
   worker->prefill_service_ = std::make_unique<PrefillService>(
-      engine, std::move(lanes), &worker->metrics_->metrics(), options.service);
-  worker->stats_service_ =
-      std::make_unique<server::WorkerStatsService>("prefill", options.model_name, engine);
+      engine, std::move(lanes), &worker->metrics_->metrics(), options.identity, options.service);
+  worker->stats_service_ = std::make_unique<server::WorkerStatsService>(
+      "prefill", options.model_name, engine, options.identity);
   ASSIGN_OR_RETURN(
       worker->server_,
       server::StartGrpcServer(options.host, options.port,
                               {worker->prefill_service_.get(), worker->stats_service_.get()},
-                              {v1::Prefill::service_full_name(), v1::Worker::service_full_name()}));
+                              {v1::Prefill::service_full_name(), v1::Worker::service_full_name()},
+                              options.identity));
   worker->port_ = worker->server_.port;
   return worker;
 }

@@ -24,6 +24,7 @@
 #include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/transfer_backend.h"
 #include "prefill/prefill_service.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/server/grpc_server.h"
 #include "runtime/server/worker_metrics.h"
@@ -35,6 +36,9 @@ struct PrefillWorkerOptions {
   std::string host = "127.0.0.1";  // gRPC bind address
   int port = 0;                    // 0: any free port (see port())
   std::string model_name;          // reported in Worker.StreamStats
+  // Required: who may call this worker (router, decode workers) and what it presents when it
+  // dials (runtime/auth/service_identity.h).
+  std::shared_ptr<const auth::ServiceIdentity> identity = nullptr;
   PrefillServiceOptions service;
   // Registering the KV cache with the backend at start-up.
   absl::Duration setup_timeout = absl::Seconds(30);
@@ -43,7 +47,7 @@ struct PrefillWorkerOptions {
 class PrefillWorker {
  public:
   // Registers the engine's transfer memory with each backend (on its transfer thread) and starts
-  // serving. Errors: no backend or two of one name (InvalidArgument), the engine's
+  // serving. Errors: no identity, no backend or two of one name (InvalidArgument), the engine's
   // transfer_layout() (mirror allocation), a backend's registration error, or Unavailable when
   // the port can't be bound; nothing is left running then.
   static absl::StatusOr<std::unique_ptr<PrefillWorker>> Create(

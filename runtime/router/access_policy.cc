@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/secrets.h"
 
 namespace tandem::router {
 namespace {
@@ -39,18 +40,6 @@ std::string HostName(absl::string_view header) {
   }
   const size_t colon = host.rfind(':');
   return colon == std::string::npos ? host : host.substr(0, colon);
-}
-
-// Equal strings in time independent of where they first differ.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
 }
 
 }  // namespace

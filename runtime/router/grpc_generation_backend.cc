@@ -9,6 +9,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "runtime/base/logging.h"
+#include "runtime/base/secrets.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
 namespace tandem::router {
@@ -66,6 +67,8 @@ struct GrpcGenerationBackend::Stream {
   BackendEventCallback on_event;
   bool duplicate = false;
   BackendUsage usage;  // latest running totals
+  // Sent with Generate; Decode.Cancel must present it (the decode worker honours no other).
+  std::string cancel_token;
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -123,6 +126,12 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   stream->usage.prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
   stream->request = std::move(request);
   stream->on_event = std::move(on_event);
+  if (absl::StatusOr<std::string> token = RandomBytes(16); token.ok()) {
+    stream->cancel_token = *std::move(token);
+  } else {
+    stream->on_event(token.status());
+    return;
+  }
   bool at_capacity = false;
   {
     absl::MutexLock lock(&mu_);
@@ -158,11 +167,12 @@ void GrpcGenerationBackend::Cancel(const std::string& request_id) {
     if (stream->context != nullptr) stream->context->TryCancel();
     decode = stream->decode;
   }
-  if (decode != nullptr) SendCancel(decode, request_id);
+  if (decode != nullptr) SendCancel(decode, request_id, stream->cancel_token);
 }
 
 void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& decode,
-                                       const std::string& request_id) {
+                                       const std::string& request_id,
+                                       const std::string& cancel_token) {
   // Cancelling the stream already tells D; Decode.Cancel also reaches a D whose stream has not
   // seen the cancellation yet. Fire and forget: the callback owns everything it touches.
   struct Call {
@@ -174,6 +184,7 @@ void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& dec
   auto* call = new Call;
   call->stub = v1::Decode::NewStub(decode->channel());
   call->request.set_request_id(request_id);
+  call->request.set_cancel_token(cancel_token);
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.cancel_timeout));
   call->stub->async()->Cancel(&call->context, &call->request, &call->response,
                               [call](grpc::Status) { delete call; });
@@ -328,6 +339,7 @@ GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
                                            request.prompt_token_ids.end());
   SamplingToProto(request.params, proto.mutable_sampling());
   proto.set_prefill_worker(prefill);
+  proto.set_cancel_token(stream.cancel_token);
 
   std::shared_ptr<WorkerChannel> prefill_channel =
       prefill.empty() || prefill_pool_ == nullptr ? nullptr : prefill_pool_->Get(prefill);

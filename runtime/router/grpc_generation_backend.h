@@ -67,7 +67,8 @@ class GrpcGenerationBackend final : public GenerationBackend {
   Outcome Attempt(Stream& stream, const std::shared_ptr<WorkerChannel>& decode,
                   const std::string& prefill_address, absl::Status* error);
   std::string ChoosePrefill(int prompt_tokens);
-  void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id);
+  void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id,
+                  const std::string& cancel_token);
   void Watchdog();
 
   WorkerPool* const decode_pool_;

@@ -62,6 +62,7 @@ class FakeDecode final : public v1::Decode::Service {
   std::atomic<int> num_tokens{4};
   std::atomic<int> generate_calls{0};
   std::atomic<int> cancel_calls{0};
+  std::atomic<bool> cancel_tokens_match{false};
 
   v1::GenerateRequest last_request() {
     absl::MutexLock lock(&mu_);
@@ -133,8 +134,13 @@ class FakeDecode final : public v1::Decode::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest*,
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
                       v1::CancelResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_tokens_match =
+          request->cancel_token().size() >= 16 && request->cancel_token() == last_.cancel_token();
+    }
     ++cancel_calls;
     response->set_found(true);
     return grpc::Status::OK;
@@ -440,6 +446,9 @@ TEST_F(BackendTest, CancelEndsWithAbortAndTellsTheDecodeWorker) {
   ASSERT_TRUE(c.final_status().ok()) << c.final_status();
   EXPECT_EQ(c.chunks().back().finish_reason.value_or(""), "abort");
   EXPECT_TRUE(WaitFor([&] { return decode_workers_[0]->decode.cancel_calls == 1; }));
+  // Decode.Cancel presents the random token the Generate call carried (the worker honours no
+  // other).
+  EXPECT_TRUE(decode_workers_[0]->decode.cancel_tokens_match.load());
   backend->Cancel("r");  // late and unknown ids are no-ops
   backend->Cancel("nope");
 }

@@ -61,19 +61,23 @@ int DecodeHealthStatus(const grpc::ByteBuffer& buffer) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const auth::ServiceIdentity* identity) {
   grpc::ChannelArguments args;
   // gRPC's default reconnect backoff grows to 120 s; a restarted worker should be back in seconds.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (identity == nullptr) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return identity->Dial(address, args);
 }
 
 struct WorkerPool::Worker {
-  explicit Worker(const std::string& address, const std::string& role)
-      : channel(std::make_shared<WorkerChannel>(address, MakeWorkerChannel(address))),
+  Worker(const std::string& address, const std::string& role, const auth::ServiceIdentity* identity)
+      : channel(std::make_shared<WorkerChannel>(address, MakeWorkerChannel(address, identity))),
         stats_stub(v1::Worker::NewStub(channel->channel())),
         health_stub(channel->channel()),
         health_service(role == "prefill" ? "tandem.v1.Prefill" : "tandem.v1.Decode") {}
@@ -134,7 +138,7 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
     }
     for (const std::string& address : wanted) {
       if (workers_.contains(address)) continue;
-      auto worker = std::make_shared<Worker>(address, options_.role);
+      auto worker = std::make_shared<Worker>(address, options_.role, options_.identity.get());
       {
         absl::MutexLock wlock(&worker->mu);
         worker->stats.address = address;

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/metrics/metrics.h"
 #include "runtime/router/routing_policy.h"
 
@@ -47,6 +48,9 @@ struct WorkerPoolOptions {
   absl::Duration reconnect_min = absl::Milliseconds(100);
   absl::Duration reconnect_max = absl::Seconds(2);
   metrics::RouterMetrics* metrics = nullptr;  // optional (or SetMetrics); must outlive the pool
+  // What the router presents to the workers on every call (stats, health, Generate, Cancel);
+  // null: no credential (in-process tests only: `tandem router` always sets one).
+  std::shared_ptr<const auth::ServiceIdentity> identity = nullptr;
 };
 
 // One worker's channel, shared by the pool and the requests on it.
@@ -65,8 +69,10 @@ class WorkerChannel {
   std::atomic<int> inflight_{0};
 };
 
-// A channel with the router's settings (fast reconnect backoff, large messages).
-std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address);
+// A channel with the router's settings (fast reconnect backoff, large messages) presenting
+// `identity` (null: none).
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const auth::ServiceIdentity* identity);
 
 class WorkerPool {
  public:

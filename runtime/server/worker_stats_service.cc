@@ -5,8 +5,12 @@
 
 namespace tandem::server {
 
-WorkerStatsService::WorkerStatsService(std::string role, std::string model, const Engine* engine)
-    : role_(std::move(role)), model_(std::move(model)), engine_(engine) {}
+WorkerStatsService::WorkerStatsService(std::string role, std::string model, const Engine* engine,
+                                       std::shared_ptr<const auth::ServiceIdentity> identity)
+    : role_(std::move(role)),
+      model_(std::move(model)),
+      engine_(engine),
+      identity_(std::move(identity)) {}
 
 v1::WorkerStats WorkerStatsService::Snapshot() const {
   const EngineStats stats = engine_->stats();
@@ -26,6 +30,7 @@ v1::WorkerStats WorkerStatsService::Snapshot() const {
 grpc::Status WorkerStatsService::StreamStats(grpc::ServerContext* context,
                                              const v1::StatsRequest* request,
                                              grpc::ServerWriter<v1::WorkerStats>* writer) {
+  if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   const absl::Duration interval =
       request->interval_ms() <= 0
           ? kDefaultInterval

@@ -3,15 +3,18 @@
 // blocks) every interval until the client goes away or the service is stopped. The router's
 // load-aware policies and discovery read it.
 //
+// Every call is authenticated first (runtime/auth/service_identity.h).
 // Threading: StreamStats runs on a gRPC thread and only reads Engine::stats() (thread-safe).
 // Stop() may be called from any thread; open streams then end within one interval.
 // Ownership: `engine` is not owned and must outlive the service.
 
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -22,7 +25,8 @@ class WorkerStatsService final : public v1::Worker::Service {
   static constexpr absl::Duration kDefaultInterval = absl::Milliseconds(200);
   static constexpr absl::Duration kMinInterval = absl::Milliseconds(10);
 
-  WorkerStatsService(std::string role, std::string model, const Engine* engine);
+  WorkerStatsService(std::string role, std::string model, const Engine* engine,
+                     std::shared_ptr<const auth::ServiceIdentity> identity);
 
   grpc::Status StreamStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                            grpc::ServerWriter<v1::WorkerStats>* writer) override;
@@ -35,6 +39,7 @@ class WorkerStatsService final : public v1::Worker::Service {
   const std::string role_;
   const std::string model_;
   const Engine* const engine_;
+  const std::shared_ptr<const auth::ServiceIdentity> identity_;
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -1,6 +1,7 @@
 // Starts a real Tandem stack (prefill, decode, router as separate processes) on free localhost
 // ports, and stops it. Every wait has a deadline; on any failure the children are killed.
 import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
 import net from 'node:net';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -53,8 +54,13 @@ export class Stack {
     const [prefill, prefillMetrics, decode, decodeMetrics, router] = await Promise.all(
       [0, 1, 2, 3, 4].map(() => freePort()));
     Object.assign(this, { prefillMetrics, decodeMetrics, routerPort: router });
+    // The services' shared secret (the workers refuse calls without it), private to this user.
+    const tokenFile = path.join(this.logDir, 'service-token');
+    fs.writeFileSync(tokenFile, `${crypto.randomBytes(32).toString('hex')}\n`, { mode: 0o600 });
+    fs.chmodSync(tokenFile, 0o600);
+    const auth = ['--service-token-file', tokenFile];
     const common = ['--model', this.model, '--kv-transfer', this.kvTransfer,
-                    '--block-size', String(this.blockSize)];
+                    '--block-size', String(this.blockSize), ...auth];
     this.spawnRole('prefill', ['prefill', ...common, '--port', String(prefill),
                                '--metrics-port', String(prefillMetrics)]);
     this.spawnRole('decode', ['decode', ...common, '--port', String(decode),
@@ -62,7 +68,7 @@ export class Stack {
     this.spawnRole('router', ['router', '--model', this.model, '--port', String(router),
                               '--host', '127.0.0.1',
                               '--prefill-workers', `127.0.0.1:${prefill}`,
-                              '--decode-workers', `127.0.0.1:${decode}`]);
+                              '--decode-workers', `127.0.0.1:${decode}`, ...auth]);
     this.baseURL = `http://127.0.0.1:${router}/v1`;
     try {
       await waitFor('router /health 200', async () => {

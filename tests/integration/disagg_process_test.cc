@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/auth/service_identity.h"
 #include "runtime/model/synth.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
@@ -188,9 +190,16 @@ TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   synth.num_threads = 2;
   ASSERT_TRUE(SynthesizeModel(synth, nullptr).ok());
 
-  const std::vector<std::string> common = {"--model",       dir,   "--port",       "0",
-                                           "--kv-transfer", "ucx", "--block-size", "16",
-                                           "--num-blocks",  "64"};
+  // The service token both workers require, in a file only this user can read.
+  const std::string token = "process-test-token-0123456789abcdef";
+  const std::string token_file = dir + "/service-token";
+  {
+    std::ofstream(token_file) << token << "\n";
+    ASSERT_EQ(chmod(token_file.c_str(), 0600), 0);
+  }
+  const std::vector<std::string> common = {
+      "--model",      dir,  "--port",       "0",  "--kv-transfer",        "ucx",
+      "--block-size", "16", "--num-blocks", "64", "--service-token-file", token_file};
   const int p_metrics = FreePort();
   const int d_metrics = FreePort();
   ASSERT_TRUE(p_metrics > 0 && d_metrics > 0 && p_metrics != d_metrics);
@@ -213,8 +222,23 @@ TEST(DisaggProcessTest, PrefillAndDecodeProcessesOverUcxMatchGenerate) {
   constexpr int kMaxTokens = 12;
 
   // Through the two worker processes.
-  auto stub =
-      v1::Decode::NewStub(grpc::CreateChannel(*d_address, grpc::InsecureChannelCredentials()));
+  auto identity = auth::ServiceIdentity::FromTokens({token});
+  ASSERT_TRUE(identity.ok());
+  {
+    // Without the token the worker process refuses the call and runs nothing.
+    auto anonymous =
+        v1::Decode::NewStub(auth::ServiceIdentity::Unauthenticated()->Dial(*d_address));
+    v1::GenerateRequest request;
+    request.set_request_id("anonymous");
+    request.add_prompt_token_ids(17);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto reader = anonymous->Generate(&context, request);
+    v1::GenerateResponse message;
+    EXPECT_FALSE(reader->Read(&message));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  auto stub = v1::Decode::NewStub((*identity)->Dial(*d_address));
   v1::GenerateRequest request;
   request.set_request_id("process-test");
   for (int32_t t : prompt) request.add_prompt_token_ids(t);

@@ -21,6 +21,8 @@
 #include "grpcpp/security/credentials.h"
 #include "kvtransfer/transfer_backend.h"
 #include "prefill/prefill_worker.h"
+#include "runtime/auth/service_identity.h"
+#include "runtime/base/secrets.h"
 #include "runtime/base/status.h"
 #include "runtime/engine/engine.h"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -75,6 +77,21 @@ inline Streamed GreedyGenerate(v1::Decode::Stub& stub, const std::vector<int32_t
   return out;
 }
 
+// The service identity of every in-process worker and client of these tests: a token, fresh
+// per test process (the workers refuse calls without it).
+inline const std::shared_ptr<const auth::ServiceIdentity>& TestIdentity() {
+  static const auto* identity = new std::shared_ptr<const auth::ServiceIdentity>(
+      *auth::ServiceIdentity::FromTokens({*RandomHex(16)}));
+  return *identity;
+}
+
+// `options` (a worker's) with the tests' identity.
+template <typename Options>
+Options WithIdentity(Options options) {
+  options.identity = TestIdentity();
+  return options;
+}
+
 class DisaggStack {
  public:
   // Starts P over `p` and D over `d` (`backend` agents, one each). Errors: the backends' and the
@@ -82,10 +99,13 @@ class DisaggStack {
   absl::Status Start(Engine* p, Engine* d, const std::string& backend = "loopback") {
     ASSIGN_OR_RETURN(auto p_backend, Backend(backend, "p"));
     ASSIGN_OR_RETURN(auto d_backend, Backend(backend, "d"));
-    ASSIGN_OR_RETURN(prefill_, prefill::PrefillWorker::Create(p, std::move(p_backend), {}));
-    ASSIGN_OR_RETURN(decode_, decode::DecodeWorker::Create(d, std::move(d_backend), {}));
-    stub_ = v1::Decode::NewStub(
-        grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials()));
+    ASSIGN_OR_RETURN(prefill_,
+                     prefill::PrefillWorker::Create(p, std::move(p_backend),
+                                                    WithIdentity(prefill::PrefillWorkerOptions{})));
+    ASSIGN_OR_RETURN(decode_,
+                     decode::DecodeWorker::Create(d, std::move(d_backend),
+                                                  WithIdentity(decode::DecodeWorkerOptions{})));
+    stub_ = v1::Decode::NewStub(TestIdentity()->Dial(decode_->address()));
     return absl::OkStatus();
   }
   void Stop() {

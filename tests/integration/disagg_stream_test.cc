@@ -26,8 +26,10 @@ namespace {
 
 using ::testing::IsEmpty;
 using testing_util::Streamed;
+using testing_util::TestIdentity;
 using testing_util::UniqueId;
 using testing_util::WaitIdle;
+using testing_util::WithIdentity;
 
 constexpr int kVocab = 64;
 constexpr int kBlock = 4;
@@ -61,14 +63,15 @@ class DisaggStreamTest : public ::testing::Test {
     ASSERT_TRUE(p_backend.ok() && d_backend.ok());
     auto faults = std::make_unique<kvtransfer::FaultInjectingBackend>(std::move(*p_backend));
     faults_ = faults.get();
-    auto p = prefill::PrefillWorker::Create(p_.engine.get(), std::move(faults), {});
+    auto p = prefill::PrefillWorker::Create(p_.engine.get(), std::move(faults),
+                                            WithIdentity(prefill::PrefillWorkerOptions{}));
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
-    auto d = decode::DecodeWorker::Create(d_.engine.get(), std::move(*d_backend), {});
+    auto d = decode::DecodeWorker::Create(d_.engine.get(), std::move(*d_backend),
+                                          WithIdentity(decode::DecodeWorkerOptions{}));
     ASSERT_TRUE(d.ok()) << d.status();
     decode_ = std::move(*d);
-    stub_ = v1::Decode::NewStub(
-        grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials()));
+    stub_ = v1::Decode::NewStub(TestIdentity()->Dial(decode_->address()));
   }
   void TearDown() override {
     EXPECT_TRUE(WaitIdle(*p_.engine));

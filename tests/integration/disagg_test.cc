@@ -29,6 +29,7 @@
 #include "kvtransfer/transfer_backend.h"
 #include "nlohmann/json.hpp"
 #include "prefill/prefill_worker.h"
+#include "runtime/auth/kv_grant.h"
 #include "runtime/base/logging.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/synth.h"
@@ -45,6 +46,8 @@ namespace {
 using kvtransfer::FaultInjectingBackend;
 using kvtransfer::FaultPlan;
 using kvtransfer::FaultStage;
+using testing_util::TestIdentity;
+using testing_util::WithIdentity;
 
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 96;
@@ -168,14 +171,16 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
     d_model_ = NewEngine(/*prefix_caching=*/true, d_block_size);
     auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
     p_faults_ = faults.get();
-    auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults), {});
+    auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults),
+                                            WithIdentity(prefill::PrefillWorkerOptions{}));
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
     if (allow_only_this_prefill) d_options.service.allowed_prefill_workers = {prefill_->address()};
-    auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"), d_options);
+    auto d = decode::DecodeWorker::Create(d_model_->engine.get(), Backend(kind, "d"),
+                                          WithIdentity(d_options));
     ASSERT_TRUE(d.ok()) << d.status();
     decode_ = std::move(*d);
-    channel_ = grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials());
+    channel_ = TestIdentity()->Dial(decode_->address());
     stub_ = v1::Decode::NewStub(channel_);
   }
 
@@ -451,7 +456,8 @@ TEST_P(DisaggTest, ClientCancelMidStreamFreesDecodeBlocks) {
 
 TEST_P(DisaggTest, DecodeCancelRpcAbortsTheStream) {
   StartStack(GetParam());
-  const v1::GenerateRequest request = Request(Prompt(12, 4), 1200, prefill_->address());
+  v1::GenerateRequest request = Request(Prompt(12, 4), 1200, prefill_->address());
+  request.set_cancel_token("the-callers-own-random-token");
   absl::Notification started;
   Streamed got;
   std::thread client([&] {
@@ -475,7 +481,12 @@ TEST_P(DisaggTest, DecodeCancelRpcAbortsTheStream) {
   v1::CancelRequest cancel;
   cancel.set_request_id(request.request_id());
   v1::CancelResponse response;
+  // Only with the request's cancel token (attack_replay_test tries the others).
   ASSERT_TRUE(stub_->Cancel(&context, cancel, &response).ok());
+  EXPECT_FALSE(response.found());
+  cancel.set_cancel_token(request.cancel_token());
+  grpc::ClientContext owner;
+  ASSERT_TRUE(stub_->Cancel(&owner, cancel, &response).ok());
   EXPECT_TRUE(response.found());
   client.join();
   EXPECT_TRUE(got.status.ok());
@@ -512,8 +523,7 @@ TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
 
   // Prefill.Prefill naming no pair, with a whole target (region, layout, agent) of its own: the
   // arbitrary-address write of issue 21. Refused before anything is computed.
-  auto prefill_stub = v1::Prefill::NewStub(
-      grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
+  auto prefill_stub = v1::Prefill::NewStub(TestIdentity()->Dial(prefill_->address()));
   v1::PrefillRequest request;
   request.set_request_id("unpaired");
   for (int32_t t : Prompt(8, 2)) request.add_prompt_token_ids(t);
@@ -535,8 +545,7 @@ TEST_P(DisaggTest, BadRequestsAreRejectedWithStatusCodes) {
 // endpoint the prefill worker cannot use is skipped, named and counted; pair ids are checked.
 TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
   StartStack(GetParam());
-  auto stub = v1::Prefill::NewStub(
-      grpc::CreateChannel(prefill_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Prefill::NewStub(TestIdentity()->Dial(prefill_->address()));
   // D's real endpoint, as its first Generate offers it: take it from a successful pairing.
   const std::vector<int32_t> prompt = Prompt(21, 31);
   const Streamed first = Generate(Request(prompt, kMaxTokens, prefill_->address()));
@@ -579,6 +588,16 @@ TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
   unreachable->set_agent_name("nobody");
   unreachable->set_agent_address(GetParam() == "loopback" ? "nobody" : std::string(32, '\x01'));
   *request.add_endpoints() = good;
+  {
+    // The pair's grant key is required, of the right size.
+    grpc::ClientContext context;
+    v1::ConnectResponse response;
+    const grpc::Status s = stub->Connect(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("grant_key"), std::string::npos) << s.error_message();
+  }
+  const std::string grant_key(auth::kGrantKeyBytes, '\x5a');
+  request.set_grant_key(grant_key);
   // A backend this worker does not run is counted as "other" (peers do not mint label values).
   const double fallbacks_before =
       prefill_->metrics()
@@ -629,8 +648,27 @@ TEST_P(DisaggTest, PairHandshakeRefusesMismatchesAndFallsBackVisibly) {
     grpc::ClientContext c3;
     EXPECT_EQ(stub->Prefill(&c3, prefill, &r1).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << "no epoch";
+    // Block ids the decode worker did not grant (no grant, or one for other blocks): refused
+    // before the epoch is used, so a forger cannot burn the decode worker's epochs either.
+    const auto grant = [&](uint64_t epoch) {
+      return *auth::KvGrant(grant_key, response.pair_id(), epoch, prefill.request_id(),
+                            prefill.target().num_cached_tokens(),
+                            absl::MakeConstSpan(prefill.target().block_ids().data(),
+                                                prefill.target().block_ids_size()));
+    };
+    prefill.set_transfer_epoch(7);
+    grpc::ClientContext c4;
+    EXPECT_EQ(stub->Prefill(&c4, prefill, &r1).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << "no grant";
+    prefill.set_grant(grant(7));
+    prefill.mutable_target()->add_block_ids(1);  // the grant covers block 0 only
+    grpc::ClientContext c5;
+    EXPECT_EQ(stub->Prefill(&c5, prefill, &r1).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << "a block the grant does not cover";
+    prefill.mutable_target()->mutable_block_ids()->RemoveLast();
     const auto call = [&](uint64_t epoch) {
       prefill.set_transfer_epoch(epoch);
+      prefill.set_grant(grant(epoch));
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
       return stub->Prefill(&ctx, prefill, &r1).error_code();
@@ -711,8 +749,8 @@ TEST_P(DisaggTest, DecodeWorkerPairsAgainAfterThePrefillWorkerRestarts) {
   prefill_.reset();
   prefill::PrefillWorkerOptions options;
   options.port = port;
-  auto p =
-      prefill::PrefillWorker::Create(p_model_->engine.get(), Backend(GetParam(), "p2"), options);
+  auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), Backend(GetParam(), "p2"),
+                                          WithIdentity(options));
   ASSERT_TRUE(p.ok()) << p.status();
   prefill_ = std::move(*p);
   const std::vector<int32_t> prompt = Prompt(23, 4);
@@ -730,7 +768,7 @@ TEST_P(DisaggTest, DecodeWorkerPairsAgainAfterThePrefillWorkerRestarts) {
 // (HealthCheckRequest{service = 1}, HealthCheckResponse{status = 1}): -1 when the call fails,
 // else the status (1 SERVING).
 int HealthStatus(const std::string& address, const std::string& service) {
-  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::GenericStub stub(TestIdentity()->Dial(address));
   std::string bytes;
   if (!service.empty()) {
     bytes.push_back(0x0a);
@@ -1029,7 +1067,8 @@ TEST(DisaggSetupTest, RegistrationFailureLeavesNothingRunning) {
   FaultPlan plan;
   plan.stage = FaultStage::kRegister;
   auto worker = decode::DecodeWorker::Create(
-      model->engine.get(), std::make_unique<FaultInjectingBackend>(std::move(*backend), plan), {});
+      model->engine.get(), std::make_unique<FaultInjectingBackend>(std::move(*backend), plan),
+      WithIdentity(decode::DecodeWorkerOptions{}));
   EXPECT_EQ(worker.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(worker.status().message().find("injected fault"), std::string::npos);
   model->engine->Shutdown(absl::ZeroDuration());
