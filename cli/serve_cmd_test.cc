@@ -24,7 +24,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "runtime/auth/service_identity.h"
 
 namespace {
 
@@ -248,12 +250,95 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
   }
   EXPECT_EQ(told, 1) << "exactly the decode worker gets --allowed-prefill-worker";
 
+  // Every child got the same fresh service token file, which is gone once they have read it,
+  // and a worker refuses a gRPC call without it.
+  std::vector<std::string> token_files;
+  for (pid_t child : children) {
+    std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
+    std::vector<std::string> args;
+    for (std::string arg; std::getline(cmdline, arg, '\0');) args.push_back(arg);
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == "--service-token-file") token_files.push_back(args[i + 1]);
+    }
+  }
+  ASSERT_EQ(token_files.size(), 3u);
+  for (const std::string& file : token_files) {
+    EXPECT_EQ(file, token_files[0]);
+    EXPECT_FALSE(fs::exists(file)) << file << " outlived the start-up";
+    EXPECT_FALSE(fs::exists(fs::path(file).parent_path())) << "its private directory too";
+  }
+  const std::string marker = "[decode-0] tandem decode: serving on ";
+  const size_t at = serve.output().find(marker);
+  ASSERT_NE(at, std::string::npos) << serve.output();
+  const std::string decode_address =
+      serve.output().substr(at + marker.size(), serve.output().find('\n', at) - at - marker.size());
+  auto health = grpc::health::v1::Health::NewStub(
+      tandem::auth::ServiceIdentity::Unauthenticated()->Dial(decode_address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  grpc::health::v1::HealthCheckRequest check;
+  grpc::health::v1::HealthCheckResponse answer;
+  EXPECT_EQ(health->Check(&context, check, &answer).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << decode_address;
+
   ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
   const int status = serve.Wait(absl::Seconds(40));
   ASSERT_NE(status, -1) << "serve did not exit after SIGINT\n" << serve.output();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
   for (pid_t child : children) EXPECT_TRUE(IsDead(child)) << "orphan " << child;
   EXPECT_NE(serve.output().find("[serve] signal 2: stopping"), std::string::npos);
+}
+
+// --tls-ca/--tls-cert/--tls-key: every hop (router to workers, decode to prefill) runs over mTLS
+// with certificates of one cluster CA (made here by the openssl CLI); the prompt is still
+// prefilled remotely, and a plaintext client gets nothing from a worker.
+TEST_F(ServeTest, MutualTlsBetweenEveryService) {
+  const fs::path certs = cache_dir_ / "certs";
+  fs::create_directories(certs);
+  const std::string script = absl::StrCat(
+      "set -e; cd '", certs.string(), "';",
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=tandem-test-ca 2>/dev/null;",
+      "openssl req -newkey rsa:2048 -nodes -keyout svc.key -out svc.csr -subj /CN=tandem "
+      "2>/dev/null;",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > svc.ext;",
+      "openssl x509 -req -in svc.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out svc.pem "
+      "-days 2 -extfile svc.ext 2>/dev/null; chmod 600 svc.key");
+  { std::ofstream(certs / "make.sh") << script; }
+  ASSERT_EQ(std::system(absl::StrCat("bash '", (certs / "make.sh").string(), "'").c_str()), 0);
+  const int port = FreePort();
+  ServeProcess serve(
+      {"--port", std::to_string(port), "--tls-ca", (certs / "ca.pem").string(), "--tls-cert",
+       (certs / "svc.pem").string(), "--tls-key", (certs / "svc.key").string()},
+      cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port);
+  ASSERT_EQ(children.size(), 3u) << serve.output();
+  EXPECT_NE(serve.output().find("service authentication: mtls"), std::string::npos)
+      << serve.output();
+  const std::string response =
+      HttpPost(port, "/v1/completions",
+               R"({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 4, )"
+               R"("temperature": 0, "ignore_eos": true})");
+  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  EXPECT_NE(response.find("\"completion_tokens\":4"), std::string::npos) << response;
+  EXPECT_EQ(serve.output().find("prefilling locally"), std::string::npos) << serve.output();
+
+  const std::string marker = "[prefill-0] tandem prefill: serving on ";
+  const size_t at = serve.output().find(marker);
+  ASSERT_NE(at, std::string::npos) << serve.output();
+  const std::string prefill_address =
+      serve.output().substr(at + marker.size(), serve.output().find('\n', at) - at - marker.size());
+  auto health = grpc::health::v1::Health::NewStub(
+      tandem::auth::ServiceIdentity::Unauthenticated()->Dial(prefill_address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::health::v1::HealthCheckRequest check;
+  grpc::health::v1::HealthCheckResponse answer;
+  EXPECT_FALSE(health->Check(&context, check, &answer).ok());
+
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  const int status = serve.Wait(absl::Seconds(40));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
 }
 
 // --api-key: the router answers 401 without the key and serves with it; the key reaches the
