@@ -7,8 +7,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "runtime/auth/kv_grant.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/secrets.h"

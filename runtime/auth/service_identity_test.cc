@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -258,6 +260,38 @@ TEST_F(MtlsTest, RequiresAClientCertificateOfTheClusterCa) {
   EXPECT_EQ(role, "test");
   EXPECT_EQ(server.service->served.load(), 1);
   EXPECT_THAT(server.service->last_peer, HasSubstr("router.tandem"));
+  server.server->Shutdown();
+}
+
+// Certificates are reloaded from their files (here every second): a client whose CA bundle was
+// wrong is fixed by rewriting the file, with no new identity and no restart.
+TEST_F(MtlsTest, RewrittenFilesAreReloaded) {
+  auto server_identity = ServiceIdentity::Create(Options("server"));
+  ASSERT_TRUE(server_identity.ok());
+  Server server = Serve(*server_identity, "127.0.0.1");
+  const std::string address = absl::StrCat("127.0.0.1:", server.port);
+
+  // The client trusts the rogue CA only: the server's certificate does not verify.
+  const std::string bundle = dir_.path() + "/client-bundle.pem";
+  std::filesystem::copy_file(dir_.path() + "/rogue-ca.pem", bundle);
+  ServiceAuthOptions options = Options("client");
+  options.tls_ca_file = bundle;
+  options.tls_reload_interval = absl::Seconds(1);
+  auto client = ServiceIdentity::Create(options);
+  ASSERT_TRUE(client.ok());
+  EXPECT_FALSE(Call((*client)->Dial(address)).ok());
+  EXPECT_EQ(server.service->served.load(), 0);
+
+  // Rotate the bundle to the cluster CA; within a few reload intervals new channels verify.
+  std::filesystem::copy_file(dir_.path() + "/ca.pem", bundle,
+                             std::filesystem::copy_options::overwrite_existing);
+  bool reloaded = false;
+  for (int i = 0; i < 40 && !reloaded; ++i) {
+    absl::SleepFor(absl::Milliseconds(250));
+    reloaded = Call((*client)->Dial(address)).ok();
+  }
+  EXPECT_TRUE(reloaded) << "the rewritten CA bundle was not picked up";
+  EXPECT_GE(server.service->served.load(), 1);
   server.server->Shutdown();
 }
 
