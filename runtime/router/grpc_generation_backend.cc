@@ -1,5 +1,6 @@
 #include "runtime/router/grpc_generation_backend.h"
 
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/support/client_callback.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/secrets.h"
 #include "tandem/v1/decode.grpc.pb.h"
@@ -62,6 +64,9 @@ bool IsRequestError(grpc::StatusCode code) {
 
 }  // namespace
 
+// One request: its state across attempts. `tried` and `last_error` are touched only by the
+// request's current step (Generate, then each attempt's OnDone, one after another); the fields
+// under `mu` also by Cancel and the watchdog.
 struct GrpcGenerationBackend::Stream {
   BackendRequest request;
   BackendEventCallback on_event;
@@ -69,11 +74,13 @@ struct GrpcGenerationBackend::Stream {
   BackendUsage usage;  // latest running totals
   // Sent with Generate; Decode.Cancel must present it (the decode worker honours no other).
   std::string cancel_token;
+  absl::flat_hash_set<std::string> tried;  // decode workers attempted
+  absl::Status last_error;                 // of the last failed attempt
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   bool worker_lost ABSL_GUARDED_BY(mu) = false;  // the watchdog took it off an unresponsive D
-  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the live attempt's
   std::shared_ptr<WorkerChannel> decode ABSL_GUARDED_BY(mu);
 
   bool is_cancelled() {
@@ -87,6 +94,86 @@ struct GrpcGenerationBackend::Stream {
     chunk.usage = usage;
     return chunk;
   }
+};
+
+// One Decode.Generate call of a request: a client read reactor that gRPC drives (no thread of
+// its own). Reads chunks and passes them on until the final one, then reports how the call ended
+// to AttemptDone from OnDone and deletes itself.
+class GrpcGenerationBackend::AttemptCall final
+    : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  AttemptCall(GrpcGenerationBackend* backend, std::shared_ptr<Stream> stream,
+              std::shared_ptr<WorkerChannel> decode, std::shared_ptr<WorkerChannel> prefill,
+              v1::GenerateRequest request)
+      : backend_(backend),
+        stream_(std::move(stream)),
+        decode_(std::move(decode)),
+        prefill_(std::move(prefill)),
+        stub_(v1::Decode::NewStub(decode_->channel())),
+        request_(std::move(request)) {
+    if (stream_->request.deadline != absl::InfiniteFuture()) {
+      context_.set_deadline(absl::ToChronoTime(stream_->request.deadline));
+    }
+  }
+
+  grpc::ClientContext* context() { return &context_; }
+
+  // Counts the call on its workers and starts it; OnDone follows, always. (A call never started
+  // may simply be deleted.)
+  void Start() {
+    decode_->AddInflight(1);
+    if (prefill_ != nullptr) prefill_->AddInflight(1);
+    stub_->async()->Generate(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    BackendChunk chunk = ChunkFromProto(response_);
+    stream_->usage = chunk.usage;
+    if (!chunk.token_ids.empty()) PrefillDone();
+    if (response_.finish_reason() == "error") {
+      outcome_.worker_error =
+          response_.error_message().empty() ? "worker error" : response_.error_message();
+      context_.TryCancel();
+      return;
+    }
+    if (chunk.finish_reason.has_value()) {
+      outcome_.final_chunk = std::move(chunk);
+      context_.TryCancel();  // nothing follows a final chunk
+      return;
+    }
+    if (!chunk.token_ids.empty() || !chunk.text.empty()) {
+      outcome_.delivered = true;
+      stream_->on_event(std::move(chunk));
+    }
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    PrefillDone();
+    decode_->AddInflight(-1);
+    outcome_.status = status;
+    backend_->AttemptDone(stream_, decode_->address(), std::move(outcome_));
+    delete this;
+  }
+
+ private:
+  void PrefillDone() {
+    if (prefill_ != nullptr) prefill_->AddInflight(-1);
+    prefill_ = nullptr;
+  }
+
+  GrpcGenerationBackend* const backend_;
+  const std::shared_ptr<Stream> stream_;
+  const std::shared_ptr<WorkerChannel> decode_;
+  std::shared_ptr<WorkerChannel> prefill_;  // until the first token (its in-flight count)
+  std::unique_ptr<v1::Decode::Stub> stub_;
+  grpc::ClientContext context_;
+  v1::GenerateRequest request_;
+  v1::GenerateResponse response_;
+  AttemptOutcome outcome_;
 };
 
 GrpcGenerationBackend::GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
@@ -106,12 +193,12 @@ GrpcGenerationBackend::~GrpcGenerationBackend() {
   for (const std::string& id : ids) Cancel(id);
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](int* threads) { return *threads == 0; }, &threads_));
+      +[](int* active) { return *active == 0; }, &active_));
 }
 
 int GrpcGenerationBackend::active_requests() const {
   absl::MutexLock lock(&mu_);
-  return threads_;
+  return active_;
 }
 
 absl::Status GrpcGenerationBackend::Ready() const {
@@ -135,9 +222,9 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   bool at_capacity = false;
   {
     absl::MutexLock lock(&mu_);
-    at_capacity = threads_ >= options_.max_streams;
+    at_capacity = active_ >= options_.max_streams;
     if (!at_capacity) {
-      ++threads_;
+      ++active_;
       stream->duplicate = !streams_.emplace(stream->request.request_id, stream).second;
     }
   }
@@ -148,7 +235,12 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
         absl::StrCat("router at capacity (", options_.max_streams, " requests in flight)")));
     return;
   }
-  std::thread([this, stream] { Run(stream); }).detach();
+  if (stream->duplicate) {
+    Finish(stream, absl::InvalidArgumentError(absl::StrCat(
+                       "request id ", stream->request.request_id, " is already in flight")));
+    return;
+  }
+  StartAttempt(stream);
 }
 
 void GrpcGenerationBackend::Cancel(const std::string& request_id) {
@@ -247,91 +339,54 @@ std::string GrpcGenerationBackend::ChoosePrefill(int prompt_tokens) {
   return workers[index].address;
 }
 
-void GrpcGenerationBackend::Run(std::shared_ptr<Stream> stream) {
-  const BackendRequest& request = stream->request;
-  const int prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
-  absl::StatusOr<BackendChunk> final_event = absl::InternalError("unset");
-  if (stream->duplicate) {
-    final_event = absl::InvalidArgumentError(
-        absl::StrCat("request id ", request.request_id, " is already in flight"));
-  } else {
-    absl::flat_hash_set<std::string> tried;
-    absl::Status last_error;
-    bool done = false;
-    for (int attempt = 0; attempt < options_.max_attempts && !done; ++attempt) {
-      if (stream->is_cancelled()) {
-        final_event = stream->AbortChunk();
-        done = true;
-        break;
-      }
-      if (absl::Now() >= request.deadline) {
-        final_event = absl::DeadlineExceededError("request deadline passed before it was sent");
-        done = true;
-        break;
-      }
-      std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
-      for (WorkerSnapshot& w : workers) {
-        if (tried.contains(w.address)) w.healthy = false;
-      }
-      int index;
-      {
-        absl::MutexLock lock(&mu_);
-        index = PickDecodeWorker(options_.policy, workers, prompt_tokens, decode_cursor_++);
-      }
-      std::shared_ptr<WorkerChannel> decode =
-          index == kNoWorker ? nullptr : decode_pool_->Get(workers[index].address);
-      if (decode == nullptr) {
-        final_event =
-            tried.empty()
-                ? absl::UnavailableError(
-                      absl::StrCat("no healthy decode worker (", workers.size(), " known)"))
-                : absl::UnavailableError(absl::StrCat(
-                      "decode worker failed before the first token and no other is healthy: ",
-                      last_error.message()));
-        done = true;
-        break;
-      }
-      tried.insert(decode->address());
-      const std::string prefill = ChoosePrefill(prompt_tokens);
-      absl::Status error;
-      decode->AddInflight(1);
-      const Outcome outcome = Attempt(*stream, decode, prefill, &error);
-      decode->AddInflight(-1);
-      if (outcome == Outcome::kDone) return;  // Attempt delivered the final event
-      LOG(WARNING) << "router: request " << request.request_id << " failed on decode worker "
-                   << decode->address() << " before its first token (" << error.message()
-                   << "); retrying elsewhere";
-      last_error = error;
-    }
-    if (!done) {
-      final_event = absl::UnavailableError(absl::StrCat(
-          "request failed on ", tried.size(), " decode workers; last: ", last_error.message()));
-    }
+void GrpcGenerationBackend::Finish(const std::shared_ptr<Stream>& stream,
+                                   absl::StatusOr<BackendChunk> event) {
+  {
+    absl::MutexLock lock(&stream->mu);
+    stream->context = nullptr;
   }
-  stream->on_event(std::move(final_event));
+  stream->on_event(std::move(event));
   absl::MutexLock lock(&mu_);
-  auto it = streams_.find(request.request_id);
+  auto it = streams_.find(stream->request.request_id);
   if (!stream->duplicate && it != streams_.end() && it->second == stream) streams_.erase(it);
-  --threads_;
+  --active_;
 }
 
-GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
-    Stream& stream, const std::shared_ptr<WorkerChannel>& decode, const std::string& prefill,
-    absl::Status* error) {
-  const BackendRequest& request = stream.request;
-  // Delivers the final event and releases the request; nothing touches `stream` after it.
-  const auto finish = [this, &stream](absl::StatusOr<BackendChunk> event) {
-    const std::string id = stream.request.request_id;
-    std::shared_ptr<Stream> keep;
-    stream.on_event(std::move(event));
+void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) {
+  const BackendRequest& request = stream->request;
+  const int prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
+  if (stream->is_cancelled()) return Finish(stream, stream->AbortChunk());
+  if (absl::Now() >= request.deadline) {
+    return Finish(stream,
+                  absl::DeadlineExceededError("request deadline passed before it was sent"));
+  }
+  if (static_cast<int>(stream->tried.size()) >= options_.max_attempts) {
+    return Finish(stream, absl::UnavailableError(absl::StrCat(
+                              "request failed on ", stream->tried.size(),
+                              " decode workers; last: ", stream->last_error.message())));
+  }
+  std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
+  for (WorkerSnapshot& w : workers) {
+    if (stream->tried.contains(w.address)) w.healthy = false;
+  }
+  int index;
+  {
     absl::MutexLock lock(&mu_);
-    auto it = streams_.find(id);
-    if (it != streams_.end() && it->second.get() == &stream) {
-      keep = std::move(it->second);
-      streams_.erase(it);
-    }
-    --threads_;
-  };
+    index = PickDecodeWorker(options_.policy, workers, prompt_tokens, decode_cursor_++);
+  }
+  std::shared_ptr<WorkerChannel> decode =
+      index == kNoWorker ? nullptr : decode_pool_->Get(workers[index].address);
+  if (decode == nullptr) {
+    return Finish(stream, stream->tried.empty()
+                              ? absl::UnavailableError(absl::StrCat("no healthy decode worker (",
+                                                                    workers.size(), " known)"))
+                              : absl::UnavailableError(absl::StrCat(
+                                    "decode worker failed before the first token and no other is "
+                                    "healthy: ",
+                                    stream->last_error.message())));
+  }
+  stream->tried.insert(decode->address());
+  const std::string prefill = ChoosePrefill(prompt_tokens);
 
   v1::GenerateRequest proto;
   proto.set_request_id(request.request_id);
@@ -339,101 +394,69 @@ GrpcGenerationBackend::Outcome GrpcGenerationBackend::Attempt(
                                            request.prompt_token_ids.end());
   SamplingToProto(request.params, proto.mutable_sampling());
   proto.set_prefill_worker(prefill);
-  proto.set_cancel_token(stream.cancel_token);
-
+  proto.set_cancel_token(stream->cancel_token);
   std::shared_ptr<WorkerChannel> prefill_channel =
       prefill.empty() || prefill_pool_ == nullptr ? nullptr : prefill_pool_->Get(prefill);
-  if (prefill_channel != nullptr) prefill_channel->AddInflight(1);
-  const auto prefill_done = [&prefill_channel] {
-    if (prefill_channel != nullptr) prefill_channel->AddInflight(-1);
-    prefill_channel = nullptr;
-  };
 
-  grpc::ClientContext context;
-  if (request.deadline != absl::InfiniteFuture()) {
-    context.set_deadline(absl::ToChronoTime(request.deadline));
-  }
+  auto* call = new AttemptCall(this, stream, decode, std::move(prefill_channel), std::move(proto));
+  bool cancelled;
   {
-    absl::MutexLock lock(&stream.mu);
-    if (stream.cancelled) {
-      prefill_done();
-      finish(stream.AbortChunk());
-      return Outcome::kDone;
+    absl::MutexLock lock(&stream->mu);
+    cancelled = stream->cancelled;
+    if (!cancelled) {
+      stream->context = call->context();
+      stream->decode = decode;
+      stream->worker_lost = false;
     }
-    stream.context = &context;
-    stream.decode = decode;
-    stream.worker_lost = false;
   }
-  std::unique_ptr<v1::Decode::Stub> stub = v1::Decode::NewStub(decode->channel());
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      stub->Generate(&context, proto);
+  if (cancelled) {
+    delete call;  // never started
+    return Finish(stream, stream->AbortChunk());
+  }
+  call->Start();
+}
 
-  bool delivered = false;  // some token reached the client: no retry from here on
-  std::optional<BackendChunk> final_chunk;
-  std::string worker_error;  // an "error" finish
-  v1::GenerateResponse response;
-  while (reader->Read(&response)) {
-    BackendChunk chunk = ChunkFromProto(response);
-    stream.usage = chunk.usage;
-    if (!chunk.token_ids.empty()) prefill_done();
-    if (response.finish_reason() == "error") {
-      worker_error = response.error_message().empty() ? "worker error" : response.error_message();
-      break;
-    }
-    if (chunk.finish_reason.has_value()) {
-      final_chunk = std::move(chunk);
-      break;
-    }
-    if (chunk.token_ids.empty() && chunk.text.empty()) continue;
-    delivered = true;
-    stream.on_event(std::move(chunk));
-  }
-  prefill_done();
-  if (final_chunk.has_value() || !worker_error.empty()) context.TryCancel();
-  const grpc::Status status = reader->Finish();
+void GrpcGenerationBackend::AttemptDone(const std::shared_ptr<Stream>& stream,
+                                        const std::string& decode_address, AttemptOutcome outcome) {
+  const BackendRequest& request = stream->request;
   bool cancelled;
   bool worker_lost;
   {
-    absl::MutexLock lock(&stream.mu);
-    stream.context = nullptr;
-    cancelled = stream.cancelled;
-    worker_lost = stream.worker_lost;
+    absl::MutexLock lock(&stream->mu);
+    stream->context = nullptr;
+    cancelled = stream->cancelled;
+    worker_lost = stream->worker_lost;
   }
-
-  if (final_chunk.has_value()) {
-    finish(*std::move(final_chunk));
-    return Outcome::kDone;
-  }
-  if (cancelled) {
-    finish(stream.AbortChunk());
-    return Outcome::kDone;
-  }
-  const std::string where = absl::StrCat("decode worker ", decode->address());
+  if (outcome.final_chunk.has_value()) return Finish(stream, *std::move(outcome.final_chunk));
+  if (cancelled) return Finish(stream, stream->AbortChunk());
+  const std::string where = absl::StrCat("decode worker ", decode_address);
+  std::string worker_error = std::move(outcome.worker_error);
   if (worker_lost) {
     worker_error = absl::StrCat("unresponsive (no fresh stats) for ",
                                 absl::FormatDuration(options_.unresponsive_timeout));
   }
+  const grpc::Status& status = outcome.status;
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
       absl::Now() >= request.deadline) {
-    finish(absl::DeadlineExceededError(absl::StrCat(where, ": request deadline exceeded")));
-    return Outcome::kDone;
+    return Finish(stream,
+                  absl::DeadlineExceededError(absl::StrCat(where, ": request deadline exceeded")));
   }
   if (worker_error.empty() && IsRequestError(status.error_code())) {
-    finish(
-        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
-    return Outcome::kDone;
+    return Finish(stream, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                       status.error_message()));
   }
   const std::string why = !worker_error.empty() ? worker_error
                           : status.ok()
                               ? std::string("stream ended without a finish reason")
                               : absl::StrCat("gRPC ", static_cast<int>(status.error_code()), ": ",
                                              status.error_message());
-  if (!delivered) {
-    *error = absl::UnavailableError(absl::StrCat(where, ": ", why));
-    return Outcome::kRetry;
+  if (outcome.delivered) {
+    return Finish(stream, absl::InternalError(absl::StrCat(where, " failed mid-stream: ", why)));
   }
-  finish(absl::InternalError(absl::StrCat(where, " failed mid-stream: ", why)));
-  return Outcome::kDone;
+  LOG(WARNING) << "router: request " << request.request_id << " failed on " << where
+               << " before its first token (" << why << "); retrying elsewhere";
+  stream->last_error = absl::UnavailableError(absl::StrCat(where, ": ", why));
+  StartAttempt(stream);
 }
 
 }  // namespace tandem::router

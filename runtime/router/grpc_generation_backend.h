@@ -12,15 +12,19 @@
 // later refinement). INVALID_ARGUMENT and the like from D are passed on with D's message. The
 // request deadline becomes the gRPC deadline (DeadlineExceeded).
 //
-// Threading: one thread per in-flight request runs its stream (synchronous gRPC reads), at most
-// `max_streams` at once; beyond that Generate answers Unavailable at once, on the caller's thread
-// (with no backend lock held). Otherwise on_event is called on the request's thread. Cancel is
-// thread-safe: it marks the request, cancels its ClientContext and sends Decode.Cancel to D; the
-// request ends with a finish_reason "abort" chunk. Exactly one final event per Generate, always.
+// Threading: no thread per request. Each request is one state object (Stream) and each attempt
+// one gRPC client read reactor (AttemptCall): gRPC's callback threads drive it, and on_event is
+// called from them (never concurrently for one request; it must not block). A retry starts from
+// the failed attempt's OnDone. At most `max_streams` requests at once; beyond that Generate
+// answers Unavailable at once, on the caller's thread (with no backend lock held). One watchdog
+// thread in all. Cancel is thread-safe: it marks the request, cancels its live call and sends
+// Decode.Cancel (with the request's cancel token) to D; the request ends with a finish_reason
+// "abort" chunk. Exactly one final event per Generate, always.
 // Ownership: the pools are not owned and must outlive the backend. The destructor cancels every
 // request still running and waits until each has delivered its final event.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -28,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "grpcpp/support/status.h"
 #include "runtime/router/generation_backend.h"
 #include "runtime/router/routing_policy.h"
 #include "runtime/router/worker_pool.h"
@@ -62,10 +67,21 @@ class GrpcGenerationBackend final : public GenerationBackend {
 
  private:
   struct Stream;
-  enum class Outcome { kDone, kRetry };
-  void Run(std::shared_ptr<Stream> stream);
-  Outcome Attempt(Stream& stream, const std::shared_ptr<WorkerChannel>& decode,
-                  const std::string& prefill_address, absl::Status* error);
+  class AttemptCall;
+  // How one Decode.Generate call ended.
+  struct AttemptOutcome {
+    std::optional<BackendChunk> final_chunk;
+    std::string worker_error;  // an "error" finish
+    bool delivered = false;    // some token reached the client: no retry from here on
+    grpc::Status status;
+  };
+  // Picks a decode (and prefill) worker and starts a call, or delivers the final event.
+  void StartAttempt(const std::shared_ptr<Stream>& stream);
+  // From an attempt's OnDone: the final event, or the next attempt.
+  void AttemptDone(const std::shared_ptr<Stream>& stream, const std::string& decode_address,
+                   AttemptOutcome outcome);
+  // Delivers the final event and forgets the request; nothing touches `stream` after it.
+  void Finish(const std::shared_ptr<Stream>& stream, absl::StatusOr<BackendChunk> event);
   std::string ChoosePrefill(int prompt_tokens);
   void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id,
                   const std::string& cancel_token);
@@ -77,7 +93,7 @@ class GrpcGenerationBackend final : public GenerationBackend {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
-  int threads_ ABSL_GUARDED_BY(mu_) = 0;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // requests without their final event yet
   uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   bool prefill_down_logged_ ABSL_GUARDED_BY(mu_) = false;
