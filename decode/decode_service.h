@@ -28,16 +28,20 @@
 // Prefill workers dialled: those of options.allowed_prefill_workers, else the address the
 // authenticated caller (the router, which knows its prefill pool) names; at most
 // kMaxPrefillChannels cached (the least recently added is dropped).
-// Threading (STYLE.md 12): the engine thread owns the batch; each Generate runs on its own gRPC
-// thread and only validates, enqueues and waits, every wait with a deadline. Engine callbacks only
-// append to the call's queue. Calls to the prefill worker use gRPC's callback client; channels are
-// cached per address.
+// Threading (STYLE.md 12): no thread per call and no polling. Each Generate is one state object
+// (GenerateCall, a gRPC server write reactor) whose steps run one at a time on the service's
+// CallExecutor (options.executor_threads threads, runtime/server/call_executor.h). Engine
+// callbacks, gRPC reactions (writes done, client gone, Prefill/Fence/Connect answered), Cancel
+// and timers (reservation, stall, cancel, fence lease deadlines) only post to the call's mailbox
+// and poke its strand. The engine thread owns the batch. The pair handshake with a prefill
+// worker is one shared Connect per address, whatever the number of calls waiting for it.
 // Ownership: engine, receiver and metrics are not owned and must outlive the service.
 
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +53,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
+#include "runtime/server/call_executor.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/kv.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -79,9 +84,11 @@ struct DecodeServiceOptions {
   // The prefill workers (host:port) this worker may dial; a Generate naming another is refused
   // with PERMISSION_DENIED. Empty: any (the request's address is trusted: set it in production).
   absl::flat_hash_set<std::string> allowed_prefill_workers;
+  // Threads that run the calls' steps (each step is short and never blocks on the network).
+  int executor_threads = 2;
 };
 
-class DecodeService final : public v1::Decode::Service {
+class DecodeService final : public v1::Decode::CallbackService {
  public:
   // `receiver`: this worker's lanes (kvtransfer/handoff/kv_receiver.h): the endpoints it offers
   // in the pair handshake, in preference order, and the owner of every expected transfer's blocks.
@@ -89,17 +96,21 @@ class DecodeService final : public v1::Decode::Service {
   DecodeService(Engine* engine, metrics::WorkerMetrics* metrics, kvtransfer::KvReceiver* receiver,
                 std::shared_ptr<const auth::ServiceIdentity> identity,
                 DecodeServiceOptions options);
+  // After the server has shut down (every call done): stops the executor.
+  ~DecodeService() override;
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
-  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
-                      v1::CancelResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
 
   // Shutdown began: in-flight Prefill calls are cancelled at once instead of awaited.
   void BeginShutdown();
 
  private:
-  struct Call;
+  class GenerateCall;
+  struct PairingAttempt;
   struct Pairing {
     std::string pair_id;
     std::string backend;    // the chosen endpoint's (metrics label)
@@ -111,8 +122,12 @@ class DecodeService final : public v1::Decode::Service {
   // Shared: a call in flight keeps its stub (and channel) even if the cache drops it.
   std::shared_ptr<v1::Prefill::Stub> PrefillStub(const std::string& address);
   bool shutting_down();
-  // The pair with the prefill worker at `address`, handshaking first if there is none.
-  absl::StatusOr<Pairing> PairWith(const std::string& address, absl::Time deadline);
+  // The cached pair with the prefill worker at `address`, or the handshake that will make it
+  // (started now unless one is in flight); `call` is poked when it ends.
+  std::variant<Pairing, std::shared_ptr<PairingAttempt>> PairWith(
+      const std::string& address, const std::shared_ptr<GenerateCall>& call);
+  // On the executor, when an attempt's Connect answered.
+  void FinishPairing(const std::shared_ptr<PairingAttempt>& attempt, const grpc::Status& status);
   void ForgetPair(const std::string& address, const std::string& pair_id);
 
   Engine* const engine_;
@@ -126,9 +141,11 @@ class DecodeService final : public v1::Decode::Service {
   absl::flat_hash_map<std::string, std::shared_ptr<v1::Prefill::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> stub_order_ ABSL_GUARDED_BY(mu_);               // oldest first
   absl::flat_hash_map<std::string, Pairing> pairs_ ABSL_GUARDED_BY(mu_);  // by prefill address
+  absl::flat_hash_map<std::string, std::shared_ptr<PairingAttempt>> pairing_ ABSL_GUARDED_BY(mu_);
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
-  absl::flat_hash_map<std::string, std::shared_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<server::CallExecutor> executor_;  // shared with the calls' strands
 };
 
 }  // namespace tandem::decode

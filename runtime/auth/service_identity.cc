@@ -204,7 +204,7 @@ std::shared_ptr<grpc::Channel> ServiceIdentity::Dial(const std::string& address,
                                                                  std::move(creators));
 }
 
-grpc::Status ServiceIdentity::Authenticate(const grpc::ServerContext& context) const {
+grpc::Status ServiceIdentity::Authenticate(const grpc::ServerContextBase& context) const {
   if (config_->tls != nullptr) {
     const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
     if (auth == nullptr || !auth->IsPeerAuthenticated()) {
@@ -236,7 +236,7 @@ grpc::Status ServiceIdentity::Authenticate(const grpc::ServerContext& context) c
   return grpc::Status::OK;
 }
 
-std::string ServiceIdentity::Peer(const grpc::ServerContext& context) const {
+std::string ServiceIdentity::Peer(const grpc::ServerContextBase& context) const {
   if (config_->tls == nullptr) return "deployment";
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return "";

@@ -70,10 +70,10 @@ class ServiceIdentity {
   std::shared_ptr<grpc::Channel> Dial(const std::string& address,
                                       grpc::ChannelArguments args = {}) const;
   // OK, or UNAUTHENTICATED naming what was missing (never what was expected).
-  grpc::Status Authenticate(const grpc::ServerContext& context) const;
+  grpc::Status Authenticate(const grpc::ServerContextBase& context) const;
   // Who called, for ownership checks: the verified certificate's identity under mtls, else
   // "deployment" (every token holder is the same principal).
-  std::string Peer(const grpc::ServerContext& context) const;
+  std::string Peer(const grpc::ServerContextBase& context) const;
 
   // Public for std::make_shared; use the factories.
   struct Config;
