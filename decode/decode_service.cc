@@ -160,6 +160,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   Pairing pairing_;
   std::shared_ptr<PairingAttempt> pairing_attempt_;
   absl::Time reserve_deadline_ = absl::InfiniteFuture();
+  absl::Time engine_request_deadline_ = absl::InfiniteFuture();
   bool remote_ok_ = false;
   bool first_token_sent_ = false;
   absl::Time last_output_;
@@ -222,7 +223,9 @@ void DecodeService::GenerateCall::Submit(std::optional<Pairing> pairing) {
   engine_request.prompt_token_ids.assign(request_->prompt_token_ids().begin(),
                                          request_->prompt_token_ids().end());
   engine_request.params = params_;
-  engine_request.deadline = arrival_ + service_->options_.reserve_timeout;
+  engine_request.deadline = std::min(arrival_ + service_->options_.reserve_timeout,
+                                     absl::FromChrono(context_->deadline()));
+  engine_request_deadline_ = engine_request.deadline;
   std::weak_ptr<GenerateCall> weak = shared_from_this();
   // Engine callbacks run on the engine thread: they only fill the mailbox and poke. The call
   // stays alive until the engine's final output (it is what ends the call).
@@ -256,7 +259,7 @@ void DecodeService::GenerateCall::Submit(std::optional<Pairing> pairing) {
   // The engine answers on_reserved(ResourceExhausted) at the request's deadline; this is a
   // backstop in case that answer never comes.
   if (phase_ == Phase::kReserving) {
-    reserve_deadline_ = arrival_ + service_->options_.reserve_timeout + absl::Seconds(5);
+    reserve_deadline_ = engine_request_deadline_ + absl::Seconds(5);
   }
 }
 

@@ -61,8 +61,9 @@
 namespace tandem::decode {
 
 struct DecodeServiceOptions {
-  // Waiting for KV blocks for a remotely prefilled prompt.
-  absl::Duration reserve_timeout = absl::Seconds(30);
+  // Waiting for KV blocks for a prompt (remotely prefilled or not), capped by the call's deadline:
+  // under overload requests queue in the engine, FCFS, instead of failing.
+  absl::Duration reserve_timeout = absl::Seconds(600);
   // Deadline of one Prefill.Prefill call (capped by the client's own deadline).
   absl::Duration prefill_timeout = absl::Seconds(60);
   // A request that gets no output for this long is cancelled.

@@ -187,8 +187,10 @@ struct EngineOptions {
   // Stop tokens besides the model config's eos_token_ids and the tokenizer's EOS.
   std::vector<int32_t> extra_eos_token_ids;
   absl::Duration idle_poll = absl::Milliseconds(50);  // loop wake-up when idle
-  // SubmitRemotePrefill: longest wait for enough free blocks before on_reserved(ResourceExhausted).
-  absl::Duration reserve_timeout = absl::Seconds(10);
+  // SubmitRemotePrefill: longest wait for enough free blocks before on_reserved(ResourceExhausted)
+  // (the request's own deadline cuts it shorter). Long: under overload requests queue for blocks
+  // rather than fail.
+  absl::Duration reserve_timeout = absl::Seconds(600);
   // hold_kv_after_prefill: blocks not released by then are freed (with a warning).
   absl::Duration held_kv_lease = absl::Seconds(30);
   // Layer-wise KV streaming (prefill workers): turn on the runner's layer progress and report
