@@ -21,9 +21,6 @@
 namespace tandem::prefill {
 namespace {
 
-// How often a waiting handler looks at its client (cancellation) and its deadline.
-constexpr absl::Duration kSlice = absl::Milliseconds(20);
-
 int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
 // Epochs of a pair accepted out of order below the highest one seen (anti-replay window).
@@ -57,18 +54,111 @@ struct PrefillService::Job {
   absl::Duration transfer_time ABSL_GUARDED_BY(mu);
   std::optional<uint64_t> checksum ABSL_GUARDED_BY(mu);
 
+  // Set before anything can finish the job; called once, by the first Finish, outside the lock.
+  std::function<void()> on_done;
+
   // The first call wins.
   void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration(),
               std::optional<uint64_t> sum = std::nullopt) {
-    absl::MutexLock lock(&mu);
-    if (done) return;
-    done = true;
-    status = std::move(s);
-    bytes = written;
-    transfer_time = time;
-    checksum = sum;
+    std::function<void()> notify;
+    {
+      absl::MutexLock lock(&mu);
+      if (done) return;
+      done = true;
+      status = std::move(s);
+      bytes = written;
+      transfer_time = time;
+      checksum = sum;
+      notify = std::move(on_done);
+    }
+    if (notify) notify();
   }
 };
+
+// One Prefill.Prefill call: a unary reactor finished once, by Complete (from the job's first
+// Finish) or not at all before the handler hands it to gRPC. OnCancel gives up on the job.
+class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor {
+ public:
+  PrefillCall(PrefillService* service, v1::PrefillResponse* response)
+      : service_(service), response_(response) {}
+
+  void Refuse(const grpc::Status& status) { Finish(status); }
+
+  // Wires the job to this call; from here on the job's first Finish completes it.
+  void Watch(std::shared_ptr<Job> job, absl::Time arrival, bool want_logprobs, int num_tokens) {
+    job_ = job;
+    arrival_ = arrival;
+    want_logprobs_ = want_logprobs;
+    num_tokens_ = num_tokens;
+    absl::MutexLock lock(&job->mu);
+    job->on_done = [this] { Complete(); };
+  }
+  void Submitted(absl::Time at) {
+    absl::MutexLock lock(&mu_);
+    submitted_ = at;
+  }
+
+  void OnCancel() override {
+    if (std::shared_ptr<Job> job = job_) {
+      service_->GiveUp(job, absl::CancelledError("cancelled by the client"));
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete() {
+    absl::Time submitted;
+    {
+      absl::MutexLock lock(&mu_);
+      submitted = submitted_;
+    }
+    std::shared_ptr<Job> job = job_;
+    absl::MutexLock lock(&job->mu);
+    if (!job->status.ok()) return Finish(server::ToGrpcStatus(job->status));
+    const PrefilledKv& kv = *job->kv;
+    response_->set_first_token_id(kv.first_token);
+    if (want_logprobs_ && kv.first_token_logprobs.has_value()) {
+      server::TokenLogprobsToProto(*kv.first_token_logprobs,
+                                   response_->mutable_first_token_logprobs());
+    }
+    response_->set_kv_bytes_written(job->bytes);
+    response_->set_prefix_cached_tokens(kv.prefix_cached_tokens);
+    if (job->timings.has_value()) {
+      response_->set_queue_us(Micros(submitted - arrival_) + job->timings->queue_us);
+      response_->set_prefill_us(job->timings->prefill_us);
+    } else {  // the engine's final output has not arrived yet: no finer split than ours
+      response_->set_queue_us(Micros(submitted - arrival_));
+      response_->set_prefill_us(Micros(job->prefilled_at - submitted));
+    }
+    response_->set_transfer_us(Micros(job->transfer_time));
+    if (job->checksum.has_value()) response_->set_kv_checksum(*job->checksum);
+    service_->metrics_->prompt_tokens.Increment(std::max(0, num_tokens_ - kv.prefix_cached_tokens));
+    Finish(grpc::Status::OK);
+  }
+
+  PrefillService* const service_;
+  v1::PrefillResponse* const response_;
+  std::shared_ptr<Job> job_;
+  absl::Time arrival_;
+  bool want_logprobs_ = false;
+  int num_tokens_ = 0;
+  absl::Mutex mu_;
+  absl::Time submitted_ ABSL_GUARDED_BY(mu_) = absl::Now();
+};
+
+void PrefillService::GiveUp(const std::shared_ptr<Job>& job, absl::Status status) {
+  bool computing;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->done) return;
+    computing = !job->kv.has_value();
+  }
+  // The send releases its writes, then the held blocks, so they are never reused while a write
+  // may still read them. Still computing: abort it too.
+  kvtransfer::KvSender::Abandon(job->send);
+  if (computing) engine_->Cancel(job->request_id);
+  job->Finish(std::move(status));
+}
 
 PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
                                metrics::WorkerMetrics* metrics,
@@ -80,7 +170,8 @@ PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
       identity_(std::move(identity)),
       options_(std::move(options)),
       layout_(server::ToTransferLayout(engine->kv_layout())),
-      dispatch_(std::make_shared<Dispatch>()) {
+      dispatch_(std::make_shared<Dispatch>()),
+      timers_(std::make_shared<server::CallExecutor>(1)) {
   // Every lane's series exists from the start (at zero), so a scrape shows them before traffic.
   for (const TransferLane& lane : lanes_)
     (void)metrics_->kv_transfer.For(lane.sender->backend_name());
@@ -195,14 +286,25 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
                absl::StrCat("no usable KV transfer endpoint: ", absl::StrJoin(fallbacks, "; ")));
 }
 
+PrefillService::~PrefillService() { timers_->Stop(); }
+
 void PrefillService::Detach() {
   absl::MutexLock lock(&dispatch_->mu);
   dispatch_->service = nullptr;
 }
 
-grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
-                                     const v1::PrefillRequest* request,
-                                     v1::PrefillResponse* response) {
+grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
+                                                  const v1::PrefillRequest* request,
+                                                  v1::PrefillResponse* response) {
+  auto* call = new PrefillCall(this, response);
+  if (grpc::Status refused = StartPrefill(context, request, call); !refused.ok()) {
+    call->Refuse(refused);
+  }
+  return call;
+}
+
+grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
+                                          const v1::PrefillRequest* request, PrefillCall* call) {
   if (grpc::Status s = identity_->Authenticate(*context); !s.ok()) return s;
   const absl::Time arrival = absl::Now();
   const std::string& id = request->request_id();
@@ -301,6 +403,9 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
 
   auto job = std::make_shared<Job>();
   job->request_id = id;
+  // From here on the job's first Finish (the send's report, a failed prefill, the client going
+  // away, the deadline) completes the call: no more refusals.
+  call->Watch(job, arrival, params.logprobs.has_value(), num_tokens);
   // The report may come after this service is gone (engine callbacks): count it only while the
   // service is attached.
   job->send =
@@ -370,50 +475,17 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
     kvtransfer::KvSender::Failed(job->send, std::move(status));
   };
   if (absl::Status s = engine_->Submit(std::move(engine_request)); !s.ok()) {
+    job->Finish(s);
     kvtransfer::KvSender::Failed(job->send, s);
-    return server::ToGrpcStatus(s);
+    return grpc::Status::OK;
   }
-  const absl::Time submitted = absl::Now();
-
-  // Wait for the transfer to be acknowledged (or to fail), watching the client and the deadline.
-  absl::MutexLock lock(&job->mu);
-  while (!job->done) {
-    job->mu.AwaitWithTimeout(absl::Condition(&job->done), kSlice);
-    if (job->done) break;
-    const bool cancelled = context->IsCancelled();
-    if (cancelled || absl::Now() > deadline) {
-      // The send releases its writes, then the held blocks, so they are never reused while a
-      // write may still read them. Still computing: abort it too.
-      kvtransfer::KvSender::Abandon(job->send);
-      if (!job->kv.has_value()) {
-        job->mu.Unlock();
-        engine_->Cancel(id);
-        job->mu.Lock();
-      }
-      return cancelled ? Error(grpc::StatusCode::CANCELLED, "cancelled by the client")
-                       : Error(grpc::StatusCode::DEADLINE_EXCEEDED,
-                               "prefill and KV transfer did not finish in time");
+  call->Submitted(absl::Now());
+  // The deadline: whatever is still running then is given up.
+  timers_->PostAt(deadline, [this, weak = std::weak_ptr<Job>(job)] {
+    if (std::shared_ptr<Job> job = weak.lock()) {
+      GiveUp(job, absl::DeadlineExceededError("prefill and KV transfer did not finish in time"));
     }
-  }
-  if (!job->status.ok()) return server::ToGrpcStatus(job->status);
-  const PrefilledKv& kv = *job->kv;
-  response->set_first_token_id(kv.first_token);
-  if (params.logprobs.has_value() && kv.first_token_logprobs.has_value()) {
-    server::TokenLogprobsToProto(*kv.first_token_logprobs,
-                                 response->mutable_first_token_logprobs());
-  }
-  response->set_kv_bytes_written(job->bytes);
-  response->set_prefix_cached_tokens(kv.prefix_cached_tokens);
-  if (job->timings.has_value()) {
-    response->set_queue_us(Micros(submitted - arrival) + job->timings->queue_us);
-    response->set_prefill_us(job->timings->prefill_us);
-  } else {  // the engine's final output has not arrived yet: no finer split than ours
-    response->set_queue_us(Micros(submitted - arrival));
-    response->set_prefill_us(Micros(job->prefilled_at - submitted));
-  }
-  response->set_transfer_us(Micros(job->transfer_time));
-  if (job->checksum.has_value()) response->set_kv_checksum(*job->checksum);
-  metrics_->prompt_tokens.Increment(std::max(0, num_tokens - kv.prefix_cached_tokens));
+  });
   return grpc::Status::OK;
 }
 

@@ -38,7 +38,9 @@
 // Metrics: every send's report is counted with its backend as a label (worker_metrics: bytes,
 // transfers, ops, latency, exposed time, bandwidth, hidden fraction, failures by stage).
 // Threading (STYLE.md 12): the engine thread owns the batch, each lane's transfer thread owns its
-// backend (inside its KvSender); gRPC handler threads only validate, enqueue and wait.
+// backend (inside its KvSender); a Prefill call's reactor is completed from whichever of them
+// reports first (or the client going away, or its deadline on a timer thread); Connect and Fence
+// run on gRPC's sync threads.
 // Ownership: engine, senders and metrics are not owned; the engine and metrics must outlive the
 // service, the senders its Detach.
 
@@ -58,6 +60,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
+#include "runtime/server/call_executor.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
 namespace tandem::prefill {
@@ -87,7 +90,10 @@ struct TransferLane {
   bool staged = false;
 };
 
-class PrefillService final : public v1::Prefill::Service {
+// Prefill.Prefill is a callback method (a reactor per call, completed by the send's report, the
+// client going away or the deadline: no thread waits); Connect and Fence, rare and bounded by
+// their timeouts, stay synchronous.
+class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::Prefill::Service> {
  public:
   // `lanes`: the worker's backends (distinct names), each a sender of the engine's KV (its
   // transfer memory registered with the lane's backend).
@@ -97,8 +103,10 @@ class PrefillService final : public v1::Prefill::Service {
 
   grpc::Status Connect(grpc::ServerContext* context, const v1::ConnectRequest* request,
                        v1::ConnectResponse* response) override;
-  grpc::Status Prefill(grpc::ServerContext* context, const v1::PrefillRequest* request,
-                       v1::PrefillResponse* response) override;
+  ~PrefillService() override;
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
+                                    v1::PrefillResponse* response) override;
   grpc::Status Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
                      v1::FenceResponse* response) override;
 
@@ -108,6 +116,14 @@ class PrefillService final : public v1::Prefill::Service {
 
  private:
   struct Job;
+  class PrefillCall;
+  // Gives up on a call (client gone, deadline): releases its send, aborts a prompt still
+  // computing, and finishes the call with `status`. No-op once the call is done.
+  void GiveUp(const std::shared_ptr<Job>& job, absl::Status status);
+  // Validates and starts a Prefill call: a refusal (nothing started), or OK once `call` is wired
+  // to its job (which then finishes it).
+  grpc::Status StartPrefill(grpc::CallbackServerContext* context, const v1::PrefillRequest* request,
+                            PrefillCall* call);
   struct Dispatch {
     absl::Mutex mu;
     PrefillService* service ABSL_GUARDED_BY(mu);
@@ -135,6 +151,8 @@ class PrefillService final : public v1::Prefill::Service {
   const kvtransfer::KvLayout layout_;
 
   const std::shared_ptr<Dispatch> dispatch_;
+  // Runs the calls' deadline timers (one thread).
+  std::shared_ptr<server::CallExecutor> timers_;
 
   absl::Mutex pairs_mu_;
   absl::flat_hash_map<std::string, Pair> pairs_ ABSL_GUARDED_BY(pairs_mu_);
