@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(
   // host memory and the cache is on a GPU (transfer_memory.h).
   ASSIGN_OR_RETURN(std::vector<server::TransferLaneSetup> setups,
                    server::StartTransferLanes(*engine, std::move(backends), options.setup_timeout));
-  worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
+  worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(
+      engine, /*count_generation=*/true, options.model_name);
   std::vector<kvtransfer::ReceiverLane> lanes;
   for (server::TransferLaneSetup& setup : setups) {
     const bool host = setup.memory.kind == kvtransfer::MemoryKind::kHost;

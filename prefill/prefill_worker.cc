@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(
     worker->senders_.push_back(std::move(sender));
   }
 
-  worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(engine);
+  worker->metrics_ = std::make_unique<server::WorkerMetricsReporter>(
+      engine, /*count_generation=*/false, options.model_name);
   worker->prefill_service_ = std::make_unique<PrefillService>(
       engine, std::move(lanes), &worker->metrics_->metrics(), options.identity, options.service);
   worker->stats_service_ = std::make_unique<server::WorkerStatsService>(

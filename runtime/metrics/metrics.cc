@@ -93,8 +93,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                                  "Requests waiting on each worker (from its stats stream)")),
       worker_kv_blocks_used(GaugeFamily(r, "tandem_worker_kv_blocks_used",
                                         "KV blocks in use on each worker (from its stats stream)")),
-      worker_kv_blocks_total(GaugeFamily(r, "tandem_worker_kv_blocks_total",
-                                         "KV blocks on each worker (from its stats stream)")),
+      worker_kv_blocks_capacity(GaugeFamily(r, "tandem_worker_kv_blocks_capacity",
+                                            "KV blocks on each worker (from its stats stream)")),
       worker_healthy(GaugeFamily(r, "tandem_worker_healthy",
                                  "1 when the worker's stats stream is live, else 0")) {}
 
@@ -205,11 +205,23 @@ double KvTransferMetrics::failures() const {
   return sum;
 }
 
-WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_name)
     : requests_running(Gauge(r, "tandem_requests_running", "Sequences in the running batch")),
       requests_waiting(Gauge(r, "tandem_requests_waiting", "Requests waiting to be scheduled")),
       kv_blocks_used(Gauge(r, "tandem_kv_blocks_used", "KV cache blocks in use")),
-      kv_blocks_total(Gauge(r, "tandem_kv_blocks_total", "KV cache blocks in the pool")),
+      kv_blocks_capacity(Gauge(r, "tandem_kv_blocks_capacity", "KV cache blocks in the pool")),
+      kv_cache_usage(Gauge(r, "tandem_kv_cache_usage_perc",
+                           "Fraction of the KV cache blocks in use (0 to 1)")),
+      vllm_requests_running(GaugeFamily(r, "vllm:num_requests_running",
+                                        "Requests running (vLLM's name; Tandem: sequences in "
+                                        "the running batch)")
+                                .Add({{"model_name", model_name}})),
+      vllm_requests_waiting(
+          GaugeFamily(r, "vllm:num_requests_waiting", "Requests waiting (vLLM's name)")
+              .Add({{"model_name", model_name}})),
+      vllm_kv_cache_usage(
+          GaugeFamily(r, "vllm:kv_cache_usage_perc", "KV cache usage, 0 to 1 (vLLM's name)")
+              .Add({{"model_name", model_name}})),
       prefix_cache_queries(Counter(r, "tandem_prefix_cache_queries_total",
                                    "Prompt tokens looked up in the prefix cache")),
       prefix_cache_hits(

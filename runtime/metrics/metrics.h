@@ -52,11 +52,11 @@ struct RouterMetrics {
   prometheus::Histogram& ttft_transfer;
   prometheus::Histogram& ttft_first_decode;
   // Per-worker view from the stats streams: tandem_worker_{requests_running,requests_waiting,
-  // kv_blocks_used,kv_blocks_total}{worker, role}, tandem_worker_healthy{worker, role}.
+  // kv_blocks_used,kv_blocks_capacity}{worker, role}, tandem_worker_healthy{worker, role}.
   prometheus::Family<prometheus::Gauge>& worker_running;
   prometheus::Family<prometheus::Gauge>& worker_waiting;
   prometheus::Family<prometheus::Gauge>& worker_kv_blocks_used;
-  prometheus::Family<prometheus::Gauge>& worker_kv_blocks_total;
+  prometheus::Family<prometheus::Gauge>& worker_kv_blocks_capacity;
   prometheus::Family<prometheus::Gauge>& worker_healthy;
 };
 
@@ -117,12 +117,20 @@ class KvTransferMetrics {
 };
 
 struct WorkerMetrics {
-  explicit WorkerMetrics(prometheus::Registry& registry);
+  // `model_name`: the label of the vLLM-compatible gauges below.
+  explicit WorkerMetrics(prometheus::Registry& registry, const std::string& model_name = "");
 
-  prometheus::Gauge& requests_running;        // tandem_requests_running
-  prometheus::Gauge& requests_waiting;        // tandem_requests_waiting
-  prometheus::Gauge& kv_blocks_used;          // tandem_kv_blocks_used
-  prometheus::Gauge& kv_blocks_total;         // tandem_kv_blocks_total
+  prometheus::Gauge& requests_running;    // tandem_requests_running
+  prometheus::Gauge& requests_waiting;    // tandem_requests_waiting
+  prometheus::Gauge& kv_blocks_used;      // tandem_kv_blocks_used
+  prometheus::Gauge& kv_blocks_capacity;  // tandem_kv_blocks_capacity
+  prometheus::Gauge& kv_cache_usage;      // tandem_kv_cache_usage_perc (0..1)
+  // The names vLLM exports, with a model_name label, so a Gateway API Inference Extension pool,
+  // KEDA or an HPA rule written for vLLM reads them unchanged: vllm:num_requests_running,
+  // vllm:num_requests_waiting, vllm:kv_cache_usage_perc (0..1).
+  prometheus::Gauge& vllm_requests_running;
+  prometheus::Gauge& vllm_requests_waiting;
+  prometheus::Gauge& vllm_kv_cache_usage;
   prometheus::Counter& prefix_cache_queries;  // tandem_prefix_cache_queries_total (tokens)
   prometheus::Counter& prefix_cache_hits;     // tandem_prefix_cache_hits_total (tokens)
   // tandem_kv_transfer_*{backend}: KV transfers by this worker's backend (sent on prefill,
@@ -138,8 +146,10 @@ struct WorkerMetrics {
   // tandem_kv_fences_total{result}: how quarantines ended: "confirmed" (the prefill worker said
   // nothing is in flight) or "lease" (no confirmation; the lease expired).
   prometheus::Family<prometheus::Counter>& kv_fences;
-  prometheus::Counter& prompt_tokens;      // tandem_prompt_tokens_total (computed here)
-  prometheus::Counter& generation_tokens;  // tandem_generation_tokens_total
+  prometheus::Counter& prompt_tokens;  // tandem_prompt_tokens_total (computed here)
+  // tandem_generation_tokens_total: tokens this worker delivers (decode and aggregated workers;
+  // a prefill worker's first token is delivered, and counted, by its decode worker).
+  prometheus::Counter& generation_tokens;
 };
 
 }  // namespace tandem::metrics

@@ -149,7 +149,7 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
         worker->running = &m->worker_running.Add(labels);
         worker->waiting = &m->worker_waiting.Add(labels);
         worker->kv_used = &m->worker_kv_blocks_used.Add(labels);
-        worker->kv_total = &m->worker_kv_blocks_total.Add(labels);
+        worker->kv_total = &m->worker_kv_blocks_capacity.Add(labels);
         worker->healthy = &m->worker_healthy.Add(labels);
       }
       LOG(INFO) << "router: " << options_.role << " worker " << address << " joined";
@@ -179,7 +179,7 @@ void WorkerPool::RemoveMetrics(Worker& worker) {
   m->worker_running.Remove(worker.running);
   m->worker_waiting.Remove(worker.waiting);
   m->worker_kv_blocks_used.Remove(worker.kv_used);
-  m->worker_kv_blocks_total.Remove(worker.kv_total);
+  m->worker_kv_blocks_capacity.Remove(worker.kv_total);
   m->worker_healthy.Remove(worker.healthy);
 }
 

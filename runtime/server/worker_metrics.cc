@@ -7,8 +7,12 @@
 
 namespace tandem::server {
 
-WorkerMetricsReporter::WorkerMetricsReporter(const Engine* engine)
-    : engine_(engine), registry_(std::make_shared<prometheus::Registry>()), metrics_(*registry_) {
+WorkerMetricsReporter::WorkerMetricsReporter(const Engine* engine, bool count_generation,
+                                             const std::string& model_name)
+    : engine_(engine),
+      count_generation_(count_generation),
+      registry_(std::make_shared<prometheus::Registry>()),
+      metrics_(*registry_, model_name) {
   Refresh();
 }
 
@@ -55,7 +59,13 @@ void WorkerMetricsReporter::Refresh() {
   metrics_.requests_running.Set(stats.running);
   metrics_.requests_waiting.Set(stats.waiting);
   metrics_.kv_blocks_used.Set(stats.blocks_used);
-  metrics_.kv_blocks_total.Set(stats.blocks_total);
+  metrics_.kv_blocks_capacity.Set(stats.blocks_total);
+  const double usage =
+      stats.blocks_total > 0 ? static_cast<double>(stats.blocks_used) / stats.blocks_total : 0.0;
+  metrics_.kv_cache_usage.Set(usage);
+  metrics_.vllm_requests_running.Set(stats.running);
+  metrics_.vllm_requests_waiting.Set(stats.waiting);
+  metrics_.vllm_kv_cache_usage.Set(usage);
   // Counters advance by the engine's deltas (engine counters only grow).
   auto advance = [](prometheus::Counter& counter, int64_t now, int64_t* last) {
     if (now > *last) counter.Increment(static_cast<double>(now - *last));
@@ -63,7 +73,9 @@ void WorkerMetricsReporter::Refresh() {
   };
   advance(metrics_.prefix_cache_queries, stats.prefix_query_tokens, &last_prefix_query_tokens_);
   advance(metrics_.prefix_cache_hits, stats.prefix_hit_tokens, &last_prefix_hit_tokens_);
-  advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
+  if (count_generation_) {
+    advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
+  }
 }
 
 std::string WorkerMetricsReporter::Scrape() {

@@ -28,7 +28,11 @@ namespace tandem::server {
 
 class WorkerMetricsReporter {
  public:
-  explicit WorkerMetricsReporter(const Engine* engine);
+  // `count_generation`: false on prefill workers, whose one token per prompt the decode worker
+  // delivers and counts (summing every worker's tandem_generation_tokens_total then counts each
+  // token once). `model_name`: the vLLM-compatible gauges' label.
+  explicit WorkerMetricsReporter(const Engine* engine, bool count_generation = true,
+                                 const std::string& model_name = "");
   ~WorkerMetricsReporter();
   WorkerMetricsReporter(const WorkerMetricsReporter&) = delete;
   WorkerMetricsReporter& operator=(const WorkerMetricsReporter&) = delete;
@@ -47,6 +51,7 @@ class WorkerMetricsReporter {
 
  private:
   const Engine* const engine_;
+  const bool count_generation_;
   std::shared_ptr<prometheus::Registry> registry_;
   metrics::WorkerMetrics metrics_;
   std::unique_ptr<router::HttpServer> http_;

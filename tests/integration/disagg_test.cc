@@ -454,6 +454,31 @@ TEST_P(DisaggTest, ClientCancelMidStreamFreesDecodeBlocks) {
   EXPECT_EQ(p.blocks_used, 0);
 }
 
+// Each delivered token is counted once over both workers' tandem_generation_tokens_total (the
+// prefill worker's first token is the decode worker's to count), and the decode worker exports
+// the vLLM-compatible gauges with its model name.
+TEST_P(DisaggTest, GeneratedTokensAreCountedOnceAcrossTheWorkers) {
+  StartStack(GetParam());
+  const auto generated = [this] {
+    prefill_->metrics().Refresh();
+    decode_->metrics().Refresh();
+    return prefill_->metrics().metrics().generation_tokens.Value() +
+           decode_->metrics().metrics().generation_tokens.Value();
+  };
+  const double before = generated();
+  const Streamed out = Generate(Request(Prompt(20, 9), kMaxTokens, prefill_->address()));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_TRUE(out.prefilled_remotely);
+  ASSERT_EQ(out.tokens.size(), static_cast<size_t>(kMaxTokens));
+  // The engine's counters settle when its step ends, just after the final output.
+  ASSERT_TRUE(DecodeDrained(absl::Seconds(10)));
+  EXPECT_EQ(generated() - before, kMaxTokens);
+  EXPECT_EQ(prefill_->metrics().metrics().generation_tokens.Value(), 0);
+  const std::string text = decode_->metrics().Scrape();
+  EXPECT_NE(text.find("vllm:num_requests_waiting{model_name="), std::string::npos) << text;
+  EXPECT_NE(text.find("tandem_kv_cache_usage_perc"), std::string::npos);
+}
+
 TEST_P(DisaggTest, DecodeCancelRpcAbortsTheStream) {
   StartStack(GetParam());
   v1::GenerateRequest request = Request(Prompt(12, 4), 1200, prefill_->address());
