@@ -34,7 +34,20 @@ HttpResponse JsonResponse(int status, std::string body) {
   return HttpResponse{status, "application/json", {}, std::move(body)};
 }
 
-HttpResponse ErrorResponse(const ApiError& e) { return JsonResponse(e.http_status, ErrorJson(e)); }
+// Seconds a client should wait before retrying a 429 (the router is full) or a 503 (no healthy
+// worker): the time the router needs to drain a little, or to see a restarted worker.
+constexpr int kRetryAfterFullSeconds = 1;
+constexpr int kRetryAfterUnavailableSeconds = 2;
+
+HttpResponse ErrorResponse(const ApiError& e) {
+  HttpResponse response = JsonResponse(e.http_status, ErrorJson(e));
+  if (e.http_status == 429 || e.http_status == 503) {
+    response.headers.emplace_back(
+        "Retry-After", absl::StrCat(e.http_status == 429 ? kRetryAfterFullSeconds
+                                                         : kRetryAfterUnavailableSeconds));
+  }
+  return response;
+}
 
 // Adds fixed headers (CORS) to whatever response the wrapped exchange sends.
 class HeaderAddingExchange final : public HttpExchange {

@@ -723,9 +723,24 @@ TEST_F(FrontendTest, BackendUnavailableBeforeFirstTokenIs503) {
   for (bool stream : {false, true}) {
     auto r = Post("/v1/chat/completions", ChatBody({{"stream", stream}}));
     EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_EQ(r.Header("retry-after"), "2");
     json j = Json(r);
     EXPECT_EQ(j["error"]["type"], "service_unavailable_error");
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("no healthy decode worker"));
+  }
+}
+
+TEST_F(FrontendTest, FullRouterIs429WithRetryAfter) {
+  FakeBackendBehavior b;
+  b.fail_status = absl::ResourceExhaustedError("router at capacity (1 requests in flight)");
+  backend_.set_behavior(b);
+  for (bool stream : {false, true}) {
+    auto r = Post("/v1/chat/completions", ChatBody({{"stream", stream}}));
+    EXPECT_EQ(r.status, 429) << r.body;
+    EXPECT_EQ(r.Header("retry-after"), "1");
+    json j = Json(r);
+    EXPECT_EQ(j["error"]["code"], "rate_limit_exceeded");
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("at capacity"));
   }
 }
 

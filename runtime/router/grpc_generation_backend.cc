@@ -231,8 +231,8 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   if (at_capacity) {
     // Answered on the caller's thread, with no lock held (the callback may call Cancel): the one
     // event of a request refused outright.
-    stream->on_event(absl::UnavailableError(
-        absl::StrCat("router at capacity (", options_.max_streams, " requests in flight)")));
+    stream->on_event(absl::ResourceExhaustedError(absl::StrCat(
+        "router at capacity (", options_.max_streams, " requests in flight); retry later")));
     return;
   }
   if (stream->duplicate) {

@@ -16,12 +16,12 @@
 // one gRPC client read reactor (AttemptCall): gRPC's callback threads drive it, and on_event is
 // called from them (never concurrently for one request; it must not block). A retry starts from
 // the failed attempt's OnDone. At most `max_streams` requests at once; beyond that Generate
-// answers Unavailable at once, on the caller's thread (with no backend lock held). One watchdog
-// thread in all. Cancel is thread-safe: it marks the request, cancels its live call and sends
-// Decode.Cancel (with the request's cancel token) to D; the request ends with a finish_reason
-// "abort" chunk. Exactly one final event per Generate, always.
-// Ownership: the pools are not owned and must outlive the backend. The destructor cancels every
-// request still running and waits until each has delivered its final event.
+// answers ResourceExhausted (HTTP 429) at once, on the caller's thread (with no backend lock held).
+// One watchdog thread in all. Cancel is thread-safe: it marks the request, cancels its live call
+// and sends Decode.Cancel (with the request's cancel token) to D; the request ends with a
+// finish_reason "abort" chunk. Exactly one final event per Generate, always. Ownership: the pools
+// are not owned and must outlive the backend. The destructor cancels every request still running
+// and waits until each has delivered its final event.
 
 #include <memory>
 #include <optional>

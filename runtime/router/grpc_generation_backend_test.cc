@@ -545,7 +545,7 @@ TEST_F(BackendTest, AtCapacityRequestsAreRefused) {
     record(std::move(event));
   });
   ASSERT_TRUE(second.WaitFinal());
-  EXPECT_EQ(second.final_status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(second.final_status().code(), absl::StatusCode::kResourceExhausted);
   backend->Cancel("a");
   ASSERT_TRUE(first.WaitFinal());
 }

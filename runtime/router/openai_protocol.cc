@@ -444,6 +444,9 @@ ApiError MakeApiError(int http_status, std::string message, std::string param, s
   e.code = std::move(code);
   if (http_status == 503) {
     e.type = "service_unavailable_error";
+  } else if (http_status == 429) {
+    e.type = "requests";  // OpenAI's type for rate limits (its SDKs raise RateLimitError)
+    if (e.code.empty()) e.code = "rate_limit_exceeded";
   } else if (http_status >= 500) {
     e.type = "server_error";
   } else if (http_status == 404) {
@@ -466,8 +469,10 @@ ApiError ToApiError(const absl::Status& status) {
       http = 404;
       break;
     case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kResourceExhausted:
       http = 503;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      http = 429;
       break;
     default:
       http = 500;
