@@ -156,7 +156,9 @@ absl::StatusOr<TransferHandle> FaultInjectingBackend::Post(const TransferRequest
     const CopyOp& first = request.ops[0];
     const size_t length = std::min(kCorruptBytes, first.length);
     const size_t middle = (first.length - length) / 2;
-    Corruption& c = t.corruption.emplace();
+    // (Assigned, not emplace()d: clang 14 judges the nested struct not default-constructible.)
+    t.corruption = Corruption{};
+    Corruption& c = *t.corruption;
     c.local_region = request.local_region;
     c.local_offset = first.local_offset + middle;
     c.remote_offset = first.remote_offset + middle;

@@ -239,8 +239,9 @@ absl::Status MapAndParse(const std::string& path, MappedFile* file_out,
   const uint64_t data_size = size - 8 - header_len;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor \"", name, "\": ", why));
+    // (An init-capture: clang before 16 cannot capture a structured binding.)
+    auto bad = [&path, &tensor = name](const std::string& why) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor, "\": ", why));
     };
     if (!entry.is_object()) return bad("header entry is not an object");
     if (!entry.contains("dtype") || !entry["dtype"].is_string()) return bad("missing dtype");
