@@ -1,7 +1,9 @@
 #include "kvtransfer/kv_layout.h"
 
 #include <cstddef>
+#include <limits>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 
@@ -15,13 +17,16 @@ absl::Status ValidateKvLayout(const KvLayout& layout) {
         layout.num_blocks, " block_size=", layout.block_size, " kv_heads=", layout.num_kv_heads,
         " head_dim=", layout.head_dim, " elem_bytes=", layout.elem_bytes));
   }
-  const uint64_t expected =
-      static_cast<uint64_t>(layout.block_size) * static_cast<uint64_t>(layout.num_kv_heads) *
-      static_cast<uint64_t>(layout.head_dim) * static_cast<uint64_t>(layout.elem_bytes);
-  if (layout.block_bytes != expected) {
+  // In 128 bits: a product of four int32 dimensions can wrap 64 bits and then match block_bytes.
+  const absl::uint128 expected = absl::uint128(static_cast<uint64_t>(layout.block_size)) *
+                                 static_cast<uint64_t>(layout.num_kv_heads) *
+                                 static_cast<uint64_t>(layout.head_dim) *
+                                 static_cast<uint64_t>(layout.elem_bytes);
+  if (expected != layout.block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("KV layout block_bytes ", layout.block_bytes,
-                                                   " != block_size*heads*head_dim*elem_bytes ",
-                                                   expected));
+                                                   " != block_size*heads*head_dim*elem_bytes (",
+                                                   layout.block_size, "*", layout.num_kv_heads, "*",
+                                                   layout.head_dim, "*", layout.elem_bytes, ")"));
   }
   if (layout.dtype != KvDtype::kRaw && layout.dtype != KvDtype::kF32 &&
       layout.dtype != KvDtype::kBf16) {
@@ -40,6 +45,19 @@ absl::Status ValidateKvLayout(const KvLayout& layout) {
         absl::StrCat("KV layout heads [", layout.head_begin, ", ",
                      static_cast<int64_t>(layout.head_begin) + layout.num_kv_heads,
                      ") outside the model's ", total));
+  }
+  // Offsets never wrap: the end of the last block (the largest offset plus block_bytes) must be
+  // addressable, or KvBlockOffset would name memory the layout does not describe.
+  const absl::uint128 end =
+      absl::uint128(static_cast<uint64_t>(layout.num_layers - 1)) * layout.layer_stride +
+      layout.kv_stride +
+      absl::uint128(static_cast<uint64_t>(layout.num_blocks - 1)) * layout.block_stride +
+      layout.block_bytes;
+  if (end > std::numeric_limits<uint64_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout strides (layer ", layout.layer_stride, ", kv ", layout.kv_stride,
+                     ", block ", layout.block_stride, ") put the last of ", layout.num_layers,
+                     " layers x ", layout.num_blocks, " blocks past 2^64 bytes"));
   }
   return absl::OkStatus();
 }

@@ -47,7 +47,8 @@ int KvDtypeBytes(KvDtype dtype);
 const char* KvDtypeName(KvDtype dtype);
 
 // InvalidArgument unless every dimension is positive, block_bytes matches the dimensions, a typed
-// dtype has its elem_bytes and the head range lies inside [0, total_kv_heads).
+// dtype has its elem_bytes, the head range lies inside [0, total_kv_heads) and every block's bytes
+// lie below 2^64 (offsets never wrap).
 absl::Status ValidateKvLayout(const KvLayout& layout);
 
 // True when KV moves between the two by byte copies of whole blocks (PlanBlockCopies): same block

@@ -187,6 +187,36 @@ TEST(KvLayoutTest, RejectsIncompatibleLayouts) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Found by fuzz/kv_layout_fuzz.cc: offsets and block_bytes were computed modulo 2^64, so a peer's
+// layout could pass validation with blocks past the end of the address space (offsets that wrap
+// onto other memory) or with a dimension product that wraps to the stated block_bytes.
+TEST(KvLayoutTest, RejectsLayoutsWhoseOffsetsOrBlockBytesWrap) {
+  const KvLayout ok = BlockMajorLayout(2, 4, 16, 4, 8, 4);
+  ASSERT_TRUE(ValidateKvLayout(ok).ok());
+  KvLayout wraps = ok;
+  wraps.layer_stride = uint64_t{1} << 63;
+  wraps.kv_stride = uint64_t{1} << 62;
+  wraps.block_stride = UINT64_MAX / 3;
+  EXPECT_THAT(ValidateKvLayout(wraps).message(), HasSubstr("past 2^64"));
+  const std::vector<int32_t> ids = {3};
+  EXPECT_FALSE(PlanBlockCopies(wraps, wraps, ids, ids, 16, 0).ok());
+  // The largest layout that still fits: its last byte is at 2^64 - 1.
+  KvLayout top = BlockMajorLayout(1, 2, 1, 1, 1, 1);
+  top.kv_stride = 0;
+  top.block_stride = UINT64_MAX - 1;
+  EXPECT_TRUE(ValidateKvLayout(top).ok());
+  top.block_stride = UINT64_MAX;
+  EXPECT_FALSE(ValidateKvLayout(top).ok());
+
+  KvLayout product = BlockMajorLayout(1, 1, 1, 1, 1, 1);
+  product.block_size = 1 << 30;
+  product.num_kv_heads = 1 << 30;
+  product.head_dim = 16;
+  product.elem_bytes = 1;
+  product.block_bytes = 0;  // 2^30 * 2^30 * 16 * 1 == 0 modulo 2^64
+  EXPECT_THAT(ValidateKvLayout(product).message(), HasSubstr("block_bytes"));
+}
+
 TEST(KvLayoutTest, RejectsOutOfRangeIdsAndCounts) {
   const KvLayout l = BlockMajorLayout(1, 4, 4, 1, 4, 2);
   const std::vector<int32_t> ok = {0, 1};
