@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -261,6 +262,11 @@ absl::Status MapAndParse(const std::string& path, MappedFile* file_out,
     for (const Json& d : entry["shape"]) {
       if (!d.is_number_unsigned()) return bad("shape has a non-integer or negative dimension");
       const uint64_t dim = d.get<uint64_t>();
+      // (With a zero dimension numel stays 0, so the bound below never sees the others.)
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return bad(
+            absl::StrCat("shape ", entry["shape"].dump(), " has a dimension above 2^63 - 1"));
+      }
       if (dim != 0 && numel > data_size / dim) {
         return bad(absl::StrCat("shape ", entry["shape"].dump(),
                                 " is larger than the file's data region"));

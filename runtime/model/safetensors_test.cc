@@ -346,6 +346,13 @@ TEST_F(SafetensorsTest, ShapeSizeMismatchFails) {
   WriteRaw("model.safetensors",
            R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4],"data_offsets":[0,0]}})", "");
   EXPECT_THAT(OpenError().message(), HasSubstr("\"w\""));
+  // Found by fuzz/safetensors_fuzz.cc: after a zero dimension the element count stays 0, and a
+  // dimension above 2^63 - 1 was accepted and read back as a negative one.
+  WriteRaw("model.safetensors",
+           R"({"w":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", "");
+  EXPECT_THAT(OpenError().message(), HasSubstr("above 2^63 - 1"));
+  WriteRaw("model.safetensors", R"({"w":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]}})", "");
+  EXPECT_TRUE(TensorStore::Open(dir_.string()).ok());
 }
 
 TEST_F(SafetensorsTest, WrongShapeNamesTensorAndFile) {
