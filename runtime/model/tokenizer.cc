@@ -174,7 +174,11 @@ absl::Status ParsePostProcessor(const json& j, PostProcessor& pp) {
             "post_processor TemplateProcessing: special token '", name, "' is not defined"));
       }
       auto& dst = seen_sequence ? pp.suffix : pp.prefix;
-      for (const json& id : specials[name].at("ids")) dst.push_back(id.get<int32_t>());
+      for (const json& id : specials[name].at("ids")) {
+        ASSIGN_OR_RETURN(const int32_t token, tokenizer_internal::TokenIdFromJson(
+                                                  id, "post_processor TemplateProcessing"));
+        dst.push_back(token);
+      }
     } else {
       return absl::InvalidArgumentError("post_processor TemplateProcessing: bad template item");
     }
@@ -229,7 +233,7 @@ class HfTokenizer : public Tokenizer {
     if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
       for (const json& a : j["added_tokens"]) {
         AddedToken tok;
-        tok.id = a.at("id").get<int32_t>();
+        ASSIGN_OR_RETURN(tok.id, tokenizer_internal::TokenIdFromJson(a.at("id"), "added_tokens"));
         tok.content = a.at("content").get<std::string>();
         tok.special = a.value("special", false);
         tok.lstrip = a.value("lstrip", false);
@@ -253,6 +257,15 @@ class HfTokenizer : public Tokenizer {
       t->added_by_content_[tok.content] = tok.id;
       (tok.normalized && t->normalizer_ != nullptr ? t->normalized_matcher_ : t->raw_matcher_)
           .Add(&tok);
+    }
+    for (const std::vector<int32_t>* ids : {&t->post_.prefix, &t->post_.suffix}) {
+      for (int32_t id : *ids) {
+        if (static_cast<size_t>(id) >= t->id_to_token_.size()) {
+          return absl::InvalidArgumentError(absl::StrCat("post_processor: token id ", id,
+                                                         " is outside the vocabulary (",
+                                                         t->id_to_token_.size(), " ids)"));
+        }
+      }
     }
     // Without tokenizer_config.json, the BOS is what the post-processor prepends.
     if (!t->post_.prefix.empty())

@@ -51,6 +51,16 @@ std::string RewriteWhitespaceClasses(const std::string& regex) {
 
 }  // namespace
 
+absl::StatusOr<int32_t> TokenIdFromJson(const json& v, std::string_view where) {
+  // (get<int32_t> on a float or a wide integer would be undefined or truncate.)
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > kMaxTokenId) ||
+      (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId))) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": token id ", v.dump(),
+                                                   " is not an integer in [0, ", kMaxTokenId, "]"));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pattern
 
@@ -780,7 +790,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& j) {
   if (!vocab.is_object()) return absl::InvalidArgumentError("model BPE: vocab must be an object");
   model->vocab_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    model->vocab_[it.key()] = it.value().get<int32_t>();
+    ASSIGN_OR_RETURN(model->vocab_[it.key()], TokenIdFromJson(it.value(), "model BPE: vocab"));
   }
   const json& merges = j.at("merges");
   if (!merges.is_array()) return absl::InvalidArgumentError("model BPE: merges must be an array");

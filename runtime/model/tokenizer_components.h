@@ -19,6 +19,13 @@
 
 namespace tandem::tokenizer_internal {
 
+// Token ids are dense indexes (the tokenizer keeps a table of max id + 1 entries), so larger ones
+// are refused rather than allocated for; real vocabularies are below 2^18.
+inline constexpr int32_t kMaxTokenId = (1 << 22) - 1;
+// A token id from tokenizer.json: an integer in [0, kMaxTokenId]; InvalidArgument naming `where`
+// otherwise (a float, a string, a negative or too large number).
+absl::StatusOr<int32_t> TokenIdFromJson(const nlohmann::json& v, std::string_view where);
+
 // A compiled PCRE2 pattern (UTF + UCP), or a literal string, found left to right.
 class Pattern {
  public:

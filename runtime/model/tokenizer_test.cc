@@ -323,6 +323,33 @@ TEST(TokenizerTest, MalformedModelIsAnError) {
   EXPECT_FALSE(Tokenizer::FromJson(j.dump(), "x").ok());
 }
 
+// Found by fuzz/tokenizer_json_fuzz.cc: ids were read with get<int32_t>, undefined for a float out
+// of range and truncating for wide integers, and the id table was sized by the largest id.
+TEST(TokenizerTest, TokenIdsMustBeSmallIntegers) {
+  for (const json& bad :
+       {json(6.3e120), json(5.0), json(-1), json(uint64_t{1} << 32), json(2147483647), json("7")}) {
+    json j = ByteLevelJson({}, json::array());
+    j["model"]["vocab"]["x"] = bad;
+    auto t = Tokenizer::FromJson(j.dump(), "x");
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_THAT(t.status().message(), HasSubstr("token id")) << bad;
+    j = ByteLevelJson({}, json::array(),
+                      json::array({{{"id", bad}, {"content", "<s>"}, {"special", true}}}));
+    EXPECT_FALSE(Tokenizer::FromJson(j.dump(), "x").ok()) << bad;
+  }
+  // The post-processor may only add ids of the vocabulary.
+  json j = ByteLevelJson({}, json::array());
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}})},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {300}}, {"tokens", {"<s>"}}}}}}};
+  auto t = Tokenizer::FromJson(j.dump(), "x");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("outside the vocabulary"));
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {255};
+  EXPECT_TRUE(Tokenizer::FromJson(j.dump(), "x").ok());
+}
+
 void ExpectUnsupported(const char* field, const json& value, const std::string& type) {
   json j = ByteLevelJson({}, json::array());
   j[field] = value;
