@@ -1,0 +1,251 @@
+// Every tandem.v1 message a worker (or the router) takes from a peer, parsed from bytes and run
+// through the pure checks and conversions the services apply before anything reaches an engine
+// or a transfer backend (runtime/server/proto_convert.h, kv_layout_convert.h; the KV planners;
+// the backends' blob decoders). No network, no engine: the service handlers' inline checks
+// (prefill/prefill_service.cc, decode/decode_service.cc) are mirrored here in the order they run.
+//
+// Input: one selector byte (mod 10), then the serialized message:
+//   0 PrefillRequest   1 ConnectRequest   2 FenceRequest    3 GenerateRequest  4 CancelRequest
+//   5 StatsRequest     6 ConnectResponse  7 PrefillResponse 8 GenerateResponse 9 WorkerStats
+// The worker serves the bundled model (its config.json); its KV is the CPU runner's f32 layout.
+// Properties: no crash; conversions round-trip (SamplingParams, KvLayout, TokenLogprobs); an
+// accepted compatibility block matches the model; every KV plan an accepted destination gets
+// stays inside both layouts (kv_plan_check.h).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fuzz/fuzz_support.h"
+#include "fuzz/kv_plan_check.h"
+#include "kvtransfer/cma/cma_wire.h"
+#include "kvtransfer/cuda_ipc/ipc_wire.h"
+#include "kvtransfer/kv_layout.h"
+#include "kvtransfer/nccl/nccl_wire.h"
+#include "runtime/model/model_config.h"
+#include "runtime/sampling/sampling_params.h"
+#include "runtime/server/kv_layout_convert.h"
+#include "runtime/server/proto_convert.h"
+#include "tandem/v1/decode.pb.h"
+#include "tandem/v1/prefill.pb.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace {
+
+namespace v1 = tandem::v1;
+namespace server = tandem::server;
+using tandem::kvtransfer::KvLayout;
+
+constexpr int kMaxEndpoints = 8;  // PrefillService::Connect
+
+const tandem::ModelConfig& Config() {
+  static const tandem::ModelConfig* config = [] {
+    absl::StatusOr<tandem::ModelConfig> c = tandem::LoadModelConfig(tandem::fuzz::ModelDir());
+    if (!c.ok()) std::abort();
+    return new tandem::ModelConfig(*std::move(c));
+  }();
+  return *config;
+}
+
+// The CPU runner's cache (cpu_model_runner.cc): f32, [layer][kv][block], 16-token blocks.
+KvLayout CpuLayout(int num_blocks) {
+  tandem::KvCacheLayout l;
+  const tandem::ModelConfig& c = Config();
+  l.num_layers = c.num_layers;
+  l.num_blocks = num_blocks;
+  l.block_size = 16;
+  l.num_kv_heads = c.num_kv_heads;
+  l.head_dim = c.head_dim;
+  l.elem_bytes = 4;
+  l.block_bytes = static_cast<size_t>(l.block_size) * l.num_kv_heads * l.head_dim * l.elem_bytes;
+  l.block_stride = l.block_bytes;
+  l.kv_stride = l.block_stride * static_cast<size_t>(num_blocks);
+  l.layer_stride = 2 * l.kv_stride;
+  return server::ToTransferLayout(l);
+}
+
+bool SameFloat(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// FromProto, then ToProto and FromProto again, changes nothing; then the services' validation.
+absl::Status CheckSampling(const v1::SamplingParams& proto) {
+  const tandem::SamplingParams p = server::SamplingParamsFromProto(proto);
+  const tandem::SamplingParams q =
+      server::SamplingParamsFromProto(server::SamplingParamsToProto(p));
+  FUZZ_CHECK(SameFloat(p.temperature, q.temperature) && p.top_k == q.top_k &&
+             SameFloat(p.top_p, q.top_p) && SameFloat(p.min_p, q.min_p) && p.seed == q.seed &&
+             SameFloat(p.repetition_penalty, q.repetition_penalty) &&
+             SameFloat(p.presence_penalty, q.presence_penalty) &&
+             SameFloat(p.frequency_penalty, q.frequency_penalty) &&
+             p.stop_token_ids == q.stop_token_ids && p.stop == q.stop &&
+             p.max_tokens == q.max_tokens && p.ignore_eos == q.ignore_eos &&
+             p.logprobs == q.logprobs);
+  const absl::Status s = tandem::ValidateSamplingParams(p, Config().vocab_size);
+  if (s.ok()) {
+    for (int32_t id : p.stop_token_ids) FUZZ_CHECK(id >= 0 && id < Config().vocab_size);
+    FUZZ_CHECK(!p.logprobs.has_value() ||
+               (*p.logprobs >= 0 && *p.logprobs <= tandem::kMaxLogprobs));
+  }
+  return s;
+}
+
+void CheckLayoutRoundTrip(const v1::KvLayout& proto) {
+  const KvLayout a = server::KvLayoutFromProto(proto);
+  v1::KvLayout back;
+  server::KvLayoutToProto(a, &back);
+  const KvLayout b = server::KvLayoutFromProto(back);
+  FUZZ_CHECK(a.num_layers == b.num_layers && a.num_blocks == b.num_blocks &&
+             a.block_size == b.block_size && a.num_kv_heads == b.num_kv_heads &&
+             a.head_dim == b.head_dim && a.elem_bytes == b.elem_bytes &&
+             a.block_bytes == b.block_bytes && a.layer_stride == b.layer_stride &&
+             a.kv_stride == b.kv_stride && a.block_stride == b.block_stride && a.dtype == b.dtype &&
+             a.head_begin == b.head_begin && a.total_kv_heads == b.total_kv_heads);
+}
+
+void CheckTokenLogprobs(const v1::TokenLogprobs& proto) {
+  const tandem::TokenLogprobs a = server::TokenLogprobsFromProto(proto);
+  v1::TokenLogprobs back;
+  server::TokenLogprobsToProto(a, &back);
+  const tandem::TokenLogprobs b = server::TokenLogprobsFromProto(back);
+  FUZZ_CHECK(a.token == b.token && SameFloat(a.logprob, b.logprob) && a.top.size() == b.top.size());
+  for (size_t i = 0; i < a.top.size(); ++i) {
+    FUZZ_CHECK(a.top[i].token == b.top[i].token && SameFloat(a.top[i].logprob, b.top[i].logprob));
+  }
+}
+
+// What the transfer backend named `backend` parses of a peer's connect and region blobs.
+void DecodeBlobs(const std::string& backend, const std::string& address,
+                 const std::string& region) {
+  namespace kv = tandem::kvtransfer;
+  if (backend == "cuda_ipc") {
+    (void)kv::cuda_ipc::DecodeAgentAddress(address);
+    (void)kv::cuda_ipc::DecodeRegionBlob(region);
+  } else if (backend == "cma") {
+    (void)kv::cma::DecodeAgentAddress(address);
+    (void)kv::cma::DecodeRegionBlob(region);
+  } else if (backend == "nccl") {
+    (void)kv::nccl::DecodeAgentAddress(address);
+    (void)kv::nccl::DecodeRegionBlob(region);
+  }
+  // ucx and loopback parse theirs inside the backend (docs/fuzzing.md).
+}
+
+// PrefillService::Prefill's checks, then KvSender::CheckDestination against `destination` (the
+// layout the pair agreed on at Connect; here the request's own, or the decode worker's CPU one).
+void Prefill(const v1::PrefillRequest& r) {
+  if (r.request_id().empty() || r.prompt_token_ids_size() == 0) return;
+  if (!CheckSampling(r.sampling()).ok()) return;
+  const v1::KvTarget& target = r.target();
+  const int num_tokens = r.prompt_token_ids_size();
+  if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) return;
+  if (target.has_layout()) CheckLayoutRoundTrip(target.layout());
+  const KvLayout destination =
+      target.has_layout() ? server::KvLayoutFromProto(target.layout()) : CpuLayout(512);
+  const std::vector<int32_t> block_ids(target.block_ids().begin(), target.block_ids().end());
+  (void)tandem::fuzz::CheckDestination(CpuLayout(256), destination, block_ids, num_tokens,
+                                       target.num_cached_tokens());
+}
+
+// PrefillService::Connect: compatibility first, then each endpoint's layout and blobs.
+void Connect(const v1::ConnectRequest& r) {
+  const tandem::ModelConfig& config = Config();
+  const absl::Status compatible = server::CheckCompatibility(
+      config, r.compatibility(), absl::StrCat("decode worker ", r.decode_worker()));
+  if (!compatible.ok()) return;
+  const v1::KvCompatibility& c = r.compatibility();
+  FUZZ_CHECK(c.layout_version() == server::kKvLayoutVersion);
+  FUZZ_CHECK(c.num_layers() == config.num_layers && c.num_kv_heads() == config.num_kv_heads &&
+             c.head_dim() == config.head_dim && c.vocab_size() == config.vocab_size &&
+             c.hidden_size() == config.hidden_size);
+  if (r.endpoints_size() == 0 || r.endpoints_size() > kMaxEndpoints) return;
+  const KvLayout local = CpuLayout(256);
+  for (const v1::KvEndpoint& endpoint : r.endpoints()) {
+    CheckLayoutRoundTrip(endpoint.layout());
+    const KvLayout layout = server::KvLayoutFromProto(endpoint.layout());
+    if (!tandem::fuzz::AdmitLayout(local, layout).ok()) continue;
+    DecodeBlobs(endpoint.backend(), endpoint.agent_address(), endpoint.region());
+  }
+}
+
+// DecodeService::Generate's checks and the engine's (Engine::Validate) on the prompt.
+void Generate(const v1::GenerateRequest& r) {
+  if (r.request_id().empty() || r.prompt_token_ids().empty()) return;
+  const absl::Status sampling = CheckSampling(r.sampling());
+  if (!sampling.ok()) return;
+  const tandem::ModelConfig& config = Config();
+  for (int32_t id : r.prompt_token_ids()) {
+    if (id < 0 || id >= config.vocab_size) return;
+  }
+  const tandem::SamplingParams p = server::SamplingParamsFromProto(r.sampling());
+  const int64_t len = r.prompt_token_ids_size();
+  if (len >= config.max_position_embeddings) return;
+  if (p.max_tokens.has_value()) FUZZ_CHECK(*p.max_tokens > 0);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t* bytes = data + 1;
+  const int n = static_cast<int>(size - 1);
+  switch (data[0] % 10) {
+    case 0: {
+      v1::PrefillRequest r;
+      if (r.ParseFromArray(bytes, n)) Prefill(r);
+      break;
+    }
+    case 1: {
+      v1::ConnectRequest r;
+      if (r.ParseFromArray(bytes, n)) Connect(r);
+      break;
+    }
+    case 2: {
+      v1::FenceRequest r;
+      (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+    case 3: {
+      v1::GenerateRequest r;
+      if (r.ParseFromArray(bytes, n)) Generate(r);
+      break;
+    }
+    case 4: {
+      v1::CancelRequest r;
+      (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+    case 5: {
+      v1::StatsRequest r;
+      (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+    case 6: {  // the decode worker's side of the handshake
+      v1::ConnectResponse r;
+      if (!r.ParseFromArray(bytes, n)) break;
+      if (r.backend() == "nccl" && !r.connect_reply().empty()) {
+        (void)tandem::kvtransfer::nccl::DecodeConnectReply(r.connect_reply());
+      }
+      break;
+    }
+    case 7: {
+      v1::PrefillResponse r;
+      if (!r.ParseFromArray(bytes, n)) break;
+      if (r.has_first_token_logprobs()) CheckTokenLogprobs(r.first_token_logprobs());
+      break;
+    }
+    case 8: {  // the router's side of a stream
+      v1::GenerateResponse r;
+      if (!r.ParseFromArray(bytes, n)) break;
+      for (const v1::TokenLogprobs& lp : r.logprobs()) CheckTokenLogprobs(lp);
+      break;
+    }
+    case 9: {
+      v1::WorkerStats r;
+      (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+  }
+  return 0;
+}
