@@ -1,5 +1,7 @@
 #include "cli/access_flags.h"
 
+#include "runtime/base/logging.h"
+
 namespace tandem::cli {
 
 void AddAccessFlags(CLI::App* cmd, AccessFlags* flags) {
@@ -45,6 +47,17 @@ void AddServiceAuthFlags(CLI::App* cmd, ServiceAuthFlags* flags) {
   cmd->add_flag("--insecure-services", flags->insecure,
                 "Serve and call gRPC without any authentication (any local process can then "
                 "drive, read and cancel requests): only on a network you vouch for");
+}
+
+void AddLogFormatFlag(CLI::App* cmd, std::string* format) {
+  cmd->add_option("--log-format", *format,
+                  "text (default) or json: one JSON object per log line (ts, level, source, msg)")
+      ->check(CLI::IsMember({"text", "json"}));
+}
+
+void ApplyLogFormat(const std::string& format) {
+  LogFormat parsed = LogFormat::kText;
+  if (ParseLogFormat(format, &parsed)) SetLogFormat(parsed);
 }
 
 std::vector<std::string> ServiceAuthFlags::Args() const {

@@ -44,6 +44,11 @@ struct ServiceAuthFlags {
 
 void AddServiceAuthFlags(CLI::App* cmd, ServiceAuthFlags* flags);
 
+// --log-format text|json (runtime/base/logging.h), for every serving command.
+void AddLogFormatFlag(CLI::App* cmd, std::string* format);
+// Sets the process's log format (the flag's check admits only the two names).
+void ApplyLogFormat(const std::string& format);
+
 // The identity the flags describe (ServiceIdentity::Create's errors; --insecure-services together
 // with a credential is InvalidArgument).
 absl::StatusOr<std::shared_ptr<const auth::ServiceIdentity>> MakeServiceIdentity(

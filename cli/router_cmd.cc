@@ -44,6 +44,7 @@ struct RouterFlags {
   int port = 8000;
   AccessFlags access;
   ServiceAuthFlags service_auth;
+  std::string log_format = "text";
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -66,6 +67,7 @@ bool WaitForSignal(const sigset_t& signals, absl::Duration timeout) {
 }
 
 int RunRouter(const RouterFlags& flags) {
+  ApplyLogFormat(flags.log_format);
   const auto usage = [](const std::string& message) {
     std::cerr << "tandem router: " << message << "\n";
     return 2;
@@ -210,6 +212,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "HTTP bind address (default 127.0.0.1; 0.0.0.0 for every interface)");
   AddAccessFlags(cmd, &flags->access);
   AddServiceAuthFlags(cmd, &flags->service_auth);
+  AddLogFormatFlag(cmd, &flags->log_format);
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

@@ -57,6 +57,7 @@
 #include "absl/time/time.h"
 #include "cli/access_flags.h"
 #include "cli/commands.h"
+#include "nlohmann/json.hpp"
 #include "runtime/base/secrets.h"
 #include "runtime/model/runner_factory.h"
 
@@ -123,6 +124,7 @@ struct ServeFlags {
   std::string kv_verify = "off";           // decode workers
   AccessFlags access;                      // the router's
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
+  std::string log_format = "text";         // every child's, and serve's own lines
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   std::string served_model_name;
@@ -132,12 +134,21 @@ struct ServeFlags {
 
 // One write per line so lines from different children never interleave.
 absl::Mutex output_mu;
+// --log-format json: children's lines are forwarded as JSON objects with a "process" field.
+bool json_output = false;
 void WriteLine(FILE* out, const std::string& line) {
   absl::MutexLock lock(&output_mu);
   fwrite(line.data(), 1, line.size(), out);
   fflush(out);
 }
-void Say(const std::string& message) { WriteLine(stderr, absl::StrCat("[serve] ", message, "\n")); }
+void Say(const std::string& message) {
+  WriteLine(stderr, json_output ? absl::StrCat(
+                                      "{\"process\":\"serve\",\"msg\":",
+                                      nlohmann::json(message).dump(
+                                          -1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                      "}\n")
+                                : absl::StrCat("[serve] ", message, "\n"));
+}
 
 // A child process and the threads forwarding its output.
 struct Child {
@@ -158,7 +169,19 @@ void Forward(Child* child, int fd, FILE* out) {
   std::string pending;
   char buf[4096];
   const auto emit = [&](const std::string& line) {
-    WriteLine(out, absl::StrCat("[", child->name, "] ", line, "\n"));
+    if (json_output) {
+      // A child's JSON log line gets a "process" field; any other line becomes one.
+      const std::string process = nlohmann::json(child->name).dump();
+      WriteLine(out,
+                !line.empty() && line.front() == '{' && line.back() == '}'
+                    ? absl::StrCat("{\"process\":", process, ",", line.substr(1), "\n")
+                    : absl::StrCat("{\"process\":", process, ",\"msg\":",
+                                   nlohmann::json(line).dump(
+                                       -1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                   "}\n"));
+    } else {
+      WriteLine(out, absl::StrCat("[", child->name, "] ", line, "\n"));
+    }
     const size_t at = line.find(": serving on ");
     if (at == std::string::npos) return;
     std::string address = line.substr(at + 13);
@@ -394,6 +417,8 @@ std::string PortOf(const std::string& address) {
 }
 
 int RunServe(ServeFlags flags) {
+  json_output = flags.log_format == "json";
+  ApplyLogFormat(flags.log_format);
   if (flags.prefill_device.empty()) flags.prefill_device = flags.device;
   if (flags.decode_device.empty()) flags.decode_device = flags.device;
   // A device this build or name cannot give is a usage error, found before anything starts.
@@ -459,7 +484,8 @@ int RunServe(ServeFlags flags) {
     std::cerr << "tandem serve: " << given.status().message() << "\n";
     return stop(2);
   }
-  const std::vector<std::string> service_args = flags.service_auth.Args();
+  std::vector<std::string> service_args = flags.service_auth.Args();
+  service_args.insert(service_args.end(), {"--log-format", flags.log_format});
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
   std::vector<std::string> common = {"--model", flags.model_dir, "--kv-transfer",
@@ -676,6 +702,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"on", "off"}));
   AddAccessFlags(cmd, &flags->access);
   AddServiceAuthFlags(cmd, &flags->service_auth);
+  AddLogFormatFlag(cmd, &flags->log_format);
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/auth/service_identity.h"
 
 namespace {
@@ -339,6 +341,43 @@ TEST_F(ServeTest, MutualTlsBetweenEveryService) {
   ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
   const int status = serve.Wait(absl::Seconds(40));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
+}
+
+// --log-format json: every line serve writes to stderr is one JSON object naming its process,
+// and each request leaves one access line with its ids.
+TEST_F(ServeTest, JsonLogsAndAnAccessLinePerRequest) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--log-format", "json"}, cache_dir_.string());
+  const std::vector<pid_t> children = StartServing(serve, port);
+  ASSERT_EQ(children.size(), 3u) << serve.output();
+  const std::string response = HttpPost(
+      port, "/v1/completions",
+      R"({"model": "tiny", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": true})",
+      "X-Request-Id: client-abc-123\r\n");
+  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
+  EXPECT_NE(response.find("X-Request-Id: client-abc-123"), std::string::npos) << response;
+  ASSERT_TRUE(serve.WaitForOutput("client_request_id=client-abc-123", absl::Seconds(20)))
+      << serve.output();
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  ASSERT_NE(serve.Wait(absl::Seconds(40)), -1);
+  int json_lines = 0;
+  bool access = false;
+  for (absl::string_view line : absl::StrSplit(serve.output(), '\n', absl::SkipEmpty())) {
+    // stdout's "Tandem is serving" line is for people; everything else is JSON.
+    if (absl::StartsWith(line, "Tandem is serving")) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << line;
+    EXPECT_TRUE(j.contains("process")) << line;
+    ++json_lines;
+    if (j.contains("msg") && j["msg"].get<std::string>().find(
+                                 "access /v1/completions status=200") != std::string::npos) {
+      access = true;
+      EXPECT_EQ(j["process"], "router");
+      EXPECT_NE(j["msg"].get<std::string>().find("completion_tokens=3"), std::string::npos);
+    }
+  }
+  EXPECT_GT(json_lines, 5);
+  EXPECT_TRUE(access) << serve.output();
 }
 
 // --api-key: the router answers 401 without the key and serves with it; the key reaches the

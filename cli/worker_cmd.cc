@@ -51,6 +51,7 @@ struct WorkerFlags {
   std::string kv_verify = "off";                     // decode workers only
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
   ServiceAuthFlags service_auth;
+  std::string log_format = "text";
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -59,6 +60,7 @@ template <typename Worker, typename WorkerOptions>
 int RunWorker(const char* role, const WorkerFlags& flags) {
   const std::string prefix = absl::StrCat("tandem ", role, ": ");
   server::BlockTerminationSignals();
+  ApplyLogFormat(flags.log_format);
   auto identity = MakeServiceIdentity(flags.service_auth);
   if (!identity.ok()) {
     std::cerr << prefix << identity.status().message() << "\n";
@@ -169,6 +171,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
                   "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
       ->check(CLI::NonNegativeNumber);
   AddServiceAuthFlags(cmd, &flags->service_auth);
+  AddLogFormatFlag(cmd, &flags->log_format);
   return cmd;
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -20,6 +21,58 @@ LogSeverity SeverityFromEnv() {
   if (v == "warning") return LogSeverity::kWarning;
   if (v == "error") return LogSeverity::kError;
   return LogSeverity::kInfo;
+}
+
+std::atomic<int>& FormatStorage() {
+  static std::atomic<int> format(static_cast<int>(LogFormat::kText));
+  return format;
+}
+
+const char* SeverityName(LogSeverity s) {
+  switch (s) {
+    case LogSeverity::kDebug:
+      return "DEBUG";
+    case LogSeverity::kInfo:
+      return "INFO";
+    case LogSeverity::kWarning:
+      return "WARNING";
+    case LogSeverity::kError:
+      return "ERROR";
+    case LogSeverity::kFatal:
+      return "FATAL";
+  }
+  return "?";
+}
+
+// `s` as the body of a JSON string.
+void AppendJsonEscaped(std::string_view s, std::string* out) {
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          *out += buf;
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
 }
 
 std::atomic<int>& MinSeverityStorage() {
@@ -50,21 +103,52 @@ void SetMinLogSeverity(LogSeverity severity) {
   MinSeverityStorage().store(static_cast<int>(severity));
 }
 
-LogMessage::LogMessage(const char* file, int line, LogSeverity severity) : severity_(severity) {
-  const char* base = std::strrchr(file, '/');
-  auto now = std::chrono::system_clock::now();
-  std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
-  stream_ << SeverityLetter(severity) << ' ' << buf << ' ' << (base ? base + 1 : file) << ':'
-          << line << "] ";
+void SetLogFormat(LogFormat format) { FormatStorage().store(static_cast<int>(format)); }
+
+bool ParseLogFormat(std::string_view name, LogFormat* format) {
+  if (name == "text") {
+    *format = LogFormat::kText;
+    return true;
+  }
+  if (name == "json") {
+    *format = LogFormat::kJson;
+    return true;
+  }
+  return false;
 }
 
+LogMessage::LogMessage(const char* file, int line, LogSeverity severity)
+    : severity_(severity), file_(file), line_(line) {}
+
 LogMessage::~LogMessage() {
-  stream_ << '\n';
-  std::string s = stream_.str();
+  const char* base = std::strrchr(file_, '/');
+  base = base ? base + 1 : file_;
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm;
+  gmtime_r(&t, &tm);
+  std::string s;
+  if (static_cast<LogFormat>(FormatStorage().load()) == LogFormat::kJson) {
+    char ts[40];
+    std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+    const int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+        1000);
+    char frac[8];
+    std::snprintf(frac, sizeof(frac), ".%03dZ", ms);
+    s.append("{\"ts\":\"").append(ts).append(frac);
+    s.append("\",\"level\":\"").append(SeverityName(severity_)).append("\",\"source\":\"");
+    AppendJsonEscaped(base, &s);
+    s.append(":").append(std::to_string(line_)).append("\",\"msg\":\"");
+    AppendJsonEscaped(stream_.str(), &s);
+    s.append("\"}\n");
+  } else {
+    char buf[32];
+    std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);
+    s.push_back(SeverityLetter(severity_));
+    s.append(" ").append(buf).append(" ").append(base).append(":");
+    s.append(std::to_string(line_)).append("] ").append(stream_.str()).append("\n");
+  }
   ssize_t unused = ::write(STDERR_FILENO, s.data(), s.size());
   (void)unused;
   if (severity_ == LogSeverity::kFatal) std::abort();

@@ -18,6 +18,14 @@ enum class LogSeverity { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal
 LogSeverity MinLogSeverity();
 void SetMinLogSeverity(LogSeverity severity);
 
+// kText: "I 12:34:56 file.cc:42] message". kJson: one JSON object per line,
+// {"ts":"2026-12-02T12:34:56.789Z","level":"INFO","source":"file.cc:42","msg":"message"}, for log
+// pipelines (`--log-format json`). Process-wide; set once at start-up.
+enum class LogFormat { kText, kJson };
+void SetLogFormat(LogFormat format);
+// "text" or "json"; InvalidArgument-free: false for anything else.
+bool ParseLogFormat(std::string_view name, LogFormat* format);
+
 class LogMessage {
  public:
   LogMessage(const char* file, int line, LogSeverity severity);
@@ -26,6 +34,8 @@ class LogMessage {
 
  private:
   LogSeverity severity_;
+  const char* file_;
+  int line_;
   std::ostringstream stream_;
 };
 

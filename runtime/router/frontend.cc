@@ -140,6 +140,29 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
     CountRequest(endpoint, response.status);
     exchange.Respond(std::move(response));
   }
+  // The access log: one line per generation request, when it has ended.
+  struct Access {
+    absl::string_view endpoint = {};
+    int status = 0;
+    absl::string_view id = {};         // ours ("-" when refused before one was made)
+    absl::string_view client_id = {};  // the client's X-Request-Id ("" when none)
+    int prompt_tokens = 0;
+    int completion_tokens = 0;
+    absl::Duration ttft = absl::InfiniteDuration();  // infinite: no token
+    absl::Duration e2e = {};
+    absl::string_view error = {};
+  };
+  void LogAccess(const Access& a) {
+    LOG(INFO) << "access " << a.endpoint << " status=" << a.status << " id=" << a.id
+              << " client_request_id=" << (a.client_id.empty() ? "-" : a.client_id)
+              << " prompt_tokens=" << a.prompt_tokens
+              << " completion_tokens=" << a.completion_tokens << " ttft_ms="
+              << (a.ttft == absl::InfiniteDuration()
+                      ? std::string("-")
+                      : absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(a.ttft)))
+              << " e2e_ms=" << absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(a.e2e))
+              << (a.error.empty() ? "" : " error=\"") << a.error << (a.error.empty() ? "" : "\"");
+  }
   // Runs `fn` unless the frontend stopped (the registry may then be gone).
   template <typename F>
   void WithMetrics(F fn) {
@@ -193,8 +216,9 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
  public:
   RequestState(std::shared_ptr<RouterFrontend::Core> core, std::shared_ptr<HttpExchange> exchange,
                const OpenAiRequest& req, ResponseMeta meta, std::string endpoint_label,
-               std::string prompt_text, int prompt_len)
+               std::string prompt_text, int prompt_len, std::string client_request_id)
       : core_(std::move(core)),
+        client_request_id_(std::move(client_request_id)),
         exchange_(std::move(exchange)),
         stream_(req.stream),
         include_usage_(req.include_usage),
@@ -239,6 +263,7 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
       finished_ = true;
       client_gone_ = true;
       core_->CountRequest(endpoint_label_, 499);  // nginx's "client closed request"
+      status_code_ = 499;
       for (const Choice& c : choices_) {
         if (!c.done) to_cancel.push_back(c.backend_id);
       }
@@ -267,6 +292,7 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
     if (has_tokens) {
       core_->WithMetrics([&](metrics::RouterMetrics& m) {
         if (!first_token_seen_) {
+          first_token_at_ = now;
           m.ttft.Observe(absl::ToDoubleSeconds(now - start_));
         } else if (c.tokens > 0) {
           m.inter_token.Observe(absl::ToDoubleSeconds(now - c.last_token));
@@ -328,7 +354,8 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
                              std::move(choices_[k].logprobs), choices_[k].finish_reason});
         }
         HttpResponse r = JsonResponse(200, ResponseJson(meta_, results, UsageLocked()));
-        r.headers.emplace_back("X-Request-Id", meta_.id);
+        r.headers.emplace_back("X-Request-Id", response_id());
+        status_code_ = 200;
         finished_ = true;
         core_->Finish(endpoint_label_, *exchange_, std::move(r));
       }
@@ -365,6 +392,7 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
       exchange_->EndStream();
       finished_ = true;
       core_->CountRequest(endpoint_label_, 200);
+      status_code_ = 200;
     }
   }
 
@@ -373,13 +401,16 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     ApiError e = ToApiError(status);
+    error_ = e.message;
     if (stream_started_) {
       exchange_->WriteChunk(ErrorEvent(e));
       exchange_->WriteChunk(std::string(kDoneEvent));
       exchange_->EndStream();
       core_->CountRequest(endpoint_label_, 200);
+      status_code_ = 200;  // the status line was sent; the error went as an event
     } else {
       core_->Finish(endpoint_label_, *exchange_, ErrorResponse(e));
+      status_code_ = e.http_status;
     }
     std::vector<std::string> to_cancel;
     for (const Choice& c : choices_) {
@@ -391,7 +422,7 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
   void EnsureStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stream_started_) return;
     stream_started_ = true;
-    exchange_->StartStream(200, "text/event-stream", {{"X-Request-Id", meta_.id}});
+    exchange_->StartStream(200, "text/event-stream", {{"X-Request-Id", response_id()}});
   }
 
   Usage UsageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -413,10 +444,26 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
       m.prompt_tokens.Increment(static_cast<double>(prompt_len_) * choices_.size());
       m.generation_tokens.Increment(u.completion_tokens);
     });
+    core_->LogAccess(
+        {.endpoint = endpoint_label_,
+         .status = status_code_,
+         .id = meta_.id,
+         .client_id = client_request_id_,
+         .prompt_tokens = prompt_len_,
+         .completion_tokens = u.completion_tokens,
+         .ttft = first_token_seen_ ? first_token_at_ - start_ : absl::InfiniteDuration(),
+         .e2e = e2e,
+         .error = error_});
     core_->RequestDone();
   }
 
+  // The response's X-Request-Id: the client's when it sent one, else ours.
+  const std::string& response_id() const {
+    return client_request_id_.empty() ? meta_.id : client_request_id_;
+  }
+
   const std::shared_ptr<RouterFrontend::Core> core_;
+  const std::string client_request_id_;
   const std::shared_ptr<HttpExchange> exchange_;
   const bool stream_;
   const bool include_usage_;
@@ -426,6 +473,9 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
   const std::string prompt_text_;
   const int prompt_len_;
   const absl::Time start_;
+  int status_code_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_token_at_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
@@ -572,26 +622,48 @@ absl::Status RouterFrontend::Core::PreparePrompt(OpenAiRequest& req, std::vector
 void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& request,
                                           std::shared_ptr<HttpExchange> exchange) {
   const std::string label(endpoint == Endpoint::kChatCompletions ? kChatPath : kCompletionsPath);
+  const absl::Time arrival = absl::Now();
+  std::string client_id = request.Header("X-Request-Id");
+  // A request refused before it ran: its access line, then the response.
+  const auto refuse = [&](HttpResponse response, absl::string_view error) {
+    LogAccess({.endpoint = label,
+               .status = response.status,
+               .id = "-",
+               .client_id = client_id,
+               .e2e = absl::Now() - arrival,
+               .error = error});
+    Finish(label, *exchange, std::move(response));
+  };
+  if (client_id.size() > 128 ||
+      std::any_of(client_id.begin(), client_id.end(), [](char c) { return c <= ' ' || c > '~'; })) {
+    client_id = "(invalid)";
+    return refuse(ErrorResponse(MakeApiError(400,
+                                             "X-Request-Id: at most 128 printable characters "
+                                             "without spaces")),
+                  "invalid X-Request-Id");
+  }
   absl::StatusOr<OpenAiRequest> parsed = endpoint == Endpoint::kChatCompletions
                                              ? ParseChatCompletionRequest(request.body)
                                              : ParseCompletionRequest(request.body);
-  if (!parsed.ok()) return Finish(label, *exchange, ErrorResponse(ToApiError(parsed.status())));
+  if (!parsed.ok()) {
+    return refuse(ErrorResponse(ToApiError(parsed.status())), parsed.status().message());
+  }
   OpenAiRequest& req = *parsed;
   if (!req.model.empty() && req.model != options.served_model_name) {
-    return Finish(label, *exchange,
-                  ErrorResponse(MakeApiError(404,
+    return refuse(ErrorResponse(MakeApiError(404,
                                              absl::StrCat("the model '", req.model,
                                                           "' does not exist; this server serves '",
                                                           options.served_model_name, "'"),
-                                             "model", "model_not_found")));
+                                             "model", "model_not_found")),
+                  "model_not_found");
   }
   std::vector<int32_t> prompt_ids;
   std::string prompt_text;
   if (absl::Status s = PreparePrompt(req, &prompt_ids, &prompt_text); !s.ok()) {
-    return Finish(label, *exchange, ErrorResponse(ToApiError(s)));
+    return refuse(ErrorResponse(ToApiError(s)), s.message());
   }
   if (absl::Status ready = backend->Ready(); !ready.ok()) {
-    return Finish(label, *exchange, ErrorResponse(MakeApiError(503, std::string(ready.message()))));
+    return refuse(ErrorResponse(MakeApiError(503, std::string(ready.message()))), ready.message());
   }
 
   ResponseMeta meta;
@@ -602,7 +674,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   meta.logprobs = req.logprobs.has_value();
   auto state = std::make_shared<RequestState>(shared_from_this(), exchange, req, std::move(meta),
                                               label, req.echo ? prompt_text : std::string(),
-                                              static_cast<int>(prompt_ids.size()));
+                                              static_cast<int>(prompt_ids.size()), client_id);
   exchange->SetCloseHandler([weak = std::weak_ptr<RequestState>(state)] {
     if (auto s = weak.lock()) s->OnClientGone();
   });

@@ -730,6 +730,23 @@ TEST_F(FrontendTest, BackendUnavailableBeforeFirstTokenIs503) {
   }
 }
 
+// X-Request-Id: a client's id is echoed (and logged beside ours); a malformed one is refused.
+TEST_F(FrontendTest, ClientRequestIdIsEchoedAndValidated) {
+  const std::string body = ChatBody().dump();
+  auto ok = Fetch(port_, "POST", "/v1/chat/completions", body, "X-Request-Id: trace-42\r\n");
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(ok->Header("x-request-id"), "trace-42");
+  auto ours = Fetch(port_, "POST", "/v1/chat/completions", body);
+  ASSERT_TRUE(ours.has_value());
+  EXPECT_EQ(ours->Header("x-request-id").rfind("chatcmpl-", 0), 0u);
+  auto bad = Fetch(port_, "POST", "/v1/chat/completions", body,
+                   absl::StrCat("X-Request-Id: ", std::string(200, 'x'), "\r\n"));
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_THAT(Json(*bad)["error"]["message"].get<std::string>(), HasSubstr("X-Request-Id"));
+}
+
 TEST_F(FrontendTest, FullRouterIs429WithRetryAfter) {
   FakeBackendBehavior b;
   b.fail_status = absl::ResourceExhaustedError("router at capacity (1 requests in flight)");

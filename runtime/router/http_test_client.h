@@ -193,9 +193,10 @@ inline std::string RawRequest(const std::string& method, const std::string& path
 
 // One request on a fresh connection.
 inline std::optional<ClientResponse> Fetch(int port, const std::string& method,
-                                           const std::string& path, const std::string& body = "") {
+                                           const std::string& path, const std::string& body = "",
+                                           const std::string& extra_headers = "") {
   TestConnection conn(port);
-  if (!conn.connected() || !conn.Send(RawRequest(method, path, body, false))) {
+  if (!conn.connected() || !conn.Send(RawRequest(method, path, body, false, extra_headers))) {
     return std::nullopt;
   }
   return conn.ReadResponse();
