@@ -10,7 +10,9 @@
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
 // stdout/stderr is forwarded line by line with a "[router]", "[prefill-0]", "[decode-0]" prefix.
 // SIGINT/SIGTERM: the router is stopped first, then the workers (SIGTERM, then SIGKILL after
-// --stop-timeout-s). A child that dies unexpectedly is reported and the rest are stopped (exit 1).
+// --stop-timeout-s). A child that dies unexpectedly is reported and started again after a backoff
+// (same arguments, same port) while the rest keep serving; more than --max-restarts crashes in a
+// row of one child stop everything (exit 1).
 // Children run in their own process group (a terminal's Ctrl-C reaches only serve, which stops
 // them in order) and get PR_SET_PDEATHSIG(SIGKILL): none outlives serve, even a SIGKILLed one.
 // --aggregated: no prefill workers; decode workers prefill locally (the baseline).
@@ -21,8 +23,8 @@
 // $XDG_CACHE_HOME/tandem/models/tiny (or BUILD_DIR/models/tiny beside the binary).
 // Service identity: with none of --service-token-file / --tls-* / --insecure-services, serve
 // makes a fresh 256-bit token in a file only this user can read (a 0700 directory under $TMPDIR),
-// hands it to every child with --service-token-file, and removes it once they have all read it
-// (and on every exit). So the local stack is authenticated by default: a local process that
+// hands it to every child with --service-token-file (a restarted child reads it again), and
+// removes it when serve exits. So the local stack is authenticated by default: a local process that
 // cannot read that file cannot call any worker. Given flags are passed through unchanged.
 // Exit status: 0 after a clean stop on a signal, 1 runtime error, 2 usage error.
 #include <arpa/inet.h>
@@ -48,6 +50,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -130,6 +133,7 @@ struct ServeFlags {
   std::string served_model_name;
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
+  int max_restarts = 5;  // consecutive crashes of one child before serve gives up
 };
 
 // One write per line so lines from different children never interleave.
@@ -153,6 +157,8 @@ void Say(const std::string& message) {
 // A child process and the threads forwarding its output.
 struct Child {
   std::string name;
+  std::vector<std::string> args;  // to start it again
+  absl::Time started = absl::InfinitePast();
   pid_t pid = -1;
   std::vector<std::thread> forwarders;
   bool reaped = false;
@@ -297,8 +303,25 @@ class Supervisor {
   absl::StatusOr<Child*> Start(const std::string& name, const std::vector<std::string>& args) {
     auto child = Spawn(exe_, name, args);
     if (!child.ok()) return child.status();
+    (*child)->args = args;
+    (*child)->started = absl::Now();
     children_.push_back(*std::move(child));
     return children_.back().get();
+  }
+
+  // Starts `dead` (reaped) again with the same name and arguments, in its place.
+  absl::StatusOr<Child*> Restart(Child* dead) {
+    for (auto& slot : children_) {
+      if (slot.get() != dead) continue;
+      auto child = Spawn(exe_, dead->name, dead->args);
+      if (!child.ok()) return child.status();
+      (*child)->args = dead->args;
+      (*child)->started = absl::Now();
+      for (std::thread& t : slot->forwarders) t.join();  // EOF came with the exit
+      slot = *std::move(child);
+      return slot.get();
+    }
+    return absl::NotFoundError(absl::StrCat("no child ", dead->name));
   }
 
   // Sleeps up to `timeout`; true when SIGINT/SIGTERM arrived.
@@ -493,16 +516,19 @@ int RunServe(ServeFlags flags) {
   // Prefill workers get their ports chosen here, so the decode workers can be told at start
   // which prefill workers they may dial (--allowed-prefill-worker): a request naming any other
   // address is refused. (A port taken between the pick and the worker's bind fails its start.)
-  std::vector<int> prefill_ports;
-  for (int i = 0; i < num_prefill; ++i) {
+  // Decode workers' ports too: a worker restarted after a crash comes back on its port, where
+  // the router (and, for prefill workers, the decode workers) still look for it.
+  std::vector<int> ports;
+  for (int i = 0; i < num_prefill + flags.decode_workers; ++i) {
     absl::StatusOr<int> port = FreeLoopbackPort();
     if (!port.ok()) {
-      std::cerr << "tandem serve: a port for prefill-" << i << ": " << port.status().message()
+      std::cerr << "tandem serve: a port for worker " << i << ": " << port.status().message()
                 << "\n";
       return stop(1);
     }
-    prefill_ports.push_back(*port);
+    ports.push_back(*port);
   }
+  const std::vector<int> prefill_ports(ports.begin(), ports.begin() + num_prefill);
   std::vector<std::string> allowed_prefill;
   for (int port : prefill_ports) allowed_prefill.push_back(absl::StrCat("127.0.0.1:", port));
   if (flags.block_size > 0) {
@@ -519,8 +545,7 @@ int RunServe(ServeFlags flags) {
     const int batched =
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
-    args.insert(args.end(),
-                {"--port", is_prefill ? std::to_string(prefill_ports[i]) : std::string("0")});
+    args.insert(args.end(), {"--port", std::to_string(ports[i])});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
     if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
     if (!is_prefill && !allowed_prefill.empty()) {
@@ -593,8 +618,11 @@ int RunServe(ServeFlags flags) {
     router_args.insert(router_args.end(), {"--api-key-file", flags.access.api_key_file});
   }
   // --api-key values reach the router through a file only this user can read (mkstemp: 0600),
-  // never its command line, and the file is removed once the router has read it.
+  // never its command line; it is removed when serve exits.
   std::string key_file;
+  absl::Cleanup remove_key_file = [&key_file] {
+    if (!key_file.empty()) unlink(key_file.c_str());
+  };
   if (!flags.access.api_keys.empty()) {
     char path[] = "/tmp/tandem-api-keys-XXXXXX";
     const int fd = mkstemp(path);
@@ -615,13 +643,12 @@ int RunServe(ServeFlags flags) {
   }
   auto router = supervisor.Start("router", router_args);
   if (!router.ok()) {
-    if (!key_file.empty()) unlink(key_file.c_str());
     std::cerr << "tandem serve: starting the router: " << router.status().message() << "\n";
     return stop(1);
   }
   absl::Status router_ready = supervisor.WaitReady({*router}, startup);
-  if (!key_file.empty()) unlink(key_file.c_str());  // read at the router's start-up
-  remove_secret();                                  // every child has read the token
+  // The token and key files stay (0600, in a 0700 directory / mkstemp) while serve runs: a
+  // child restarted after a crash reads them again. Both are removed on every exit.
   if (!router_ready.ok()) {
     if (absl::IsCancelled(router_ready)) return stop(0);
     std::cerr << "tandem serve: router: " << router_ready.message() << "\n";
@@ -637,15 +664,59 @@ int RunServe(ServeFlags flags) {
   WriteLine(stdout, absl::StrCat("Tandem is serving ", flags.model_dir, " at http://", host, ":",
                                  port, "/v1 (Ctrl-C to stop)\n"));
 
+  // The router keeps its port when restarted, even one it picked itself (--port 0).
+  std::vector<std::string>& restart_args = (*router)->args;
+  for (size_t i = 1; i < restart_args.size(); ++i) {
+    if (restart_args[i - 1] == "--port") restart_args[i] = port;
+  }
+
+  // Supervision: a child that dies is started again after a backoff (1 s, doubling up to 30 s;
+  // reset once it has run a minute) while the others keep serving: the router routes around a
+  // worker that is down and takes it back once it is healthy. More than --max-restarts
+  // consecutive crashes of one child stop everything (exit 1).
+  struct Pending {
+    Child* child;
+    absl::Time at;
+  };
+  std::vector<Pending> pending;
+  absl::flat_hash_map<std::string, int> crashes;  // consecutive, by child name
   while (true) {
     if (supervisor.WaitForSignal(absl::Milliseconds(100))) {
       Say(absl::StrCat("signal ", supervisor.signal(), ": stopping"));
       return stop(0);
     }
-    if (Child* dead = supervisor.FindExited(); dead != nullptr) {
+    while (Child* dead = supervisor.FindExited()) {
+      int& n = crashes[dead->name];
+      if (absl::Now() - dead->started >= absl::Minutes(1)) n = 0;
+      ++n;
+      if (n > flags.max_restarts) {
+        Say(absl::StrCat(
+            dead->name, " ", DescribeExit(dead->wait_status), " unexpectedly",
+            flags.max_restarts > 0 ? absl::StrCat(" (", n, " times in a row)") : std::string(),
+            "; stopping the rest"));
+        return stop(1);
+      }
+      const absl::Duration backoff =
+          std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(n - 1, 5)));
       Say(absl::StrCat(dead->name, " ", DescribeExit(dead->wait_status),
-                       " unexpectedly; stopping the rest"));
-      return stop(1);
+                       " unexpectedly; restarting it in ", absl::FormatDuration(backoff),
+                       " (restart ", n, " of at most ", flags.max_restarts, " in a row)"));
+      pending.push_back({dead, absl::Now() + backoff});
+    }
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (absl::Now() < it->at) {
+        ++it;
+        continue;
+      }
+      const std::string name = it->child->name;
+      absl::StatusOr<Child*> restarted = supervisor.Restart(it->child);
+      it = pending.erase(it);
+      if (!restarted.ok()) {
+        Say(absl::StrCat("restarting ", name, ": ", restarted.status().message(),
+                         "; stopping the rest"));
+        return stop(1);
+      }
+      Say(absl::StrCat(name, " restarted (pid ", (*restarted)->pid, ")"));
     }
   }
 }
@@ -717,6 +788,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-restarts", flags->max_restarts,
+                  "Consecutive crashes of one child that serve restarts (with a backoff from 1 s "
+                  "to 30 s) before it stops everything; 0: stop at the first (default 5)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--stop-timeout-s", flags->stop_timeout_s,
                   "Seconds children get to stop after SIGTERM before SIGKILL (default 10)")
       ->check(CLI::PositiveNumber);

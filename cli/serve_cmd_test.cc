@@ -252,8 +252,8 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
   }
   EXPECT_EQ(told, 1) << "exactly the decode worker gets --allowed-prefill-worker";
 
-  // Every child got the same fresh service token file, which is gone once they have read it,
-  // and a worker refuses a gRPC call without it.
+  // Every child got the same fresh service token file, private to this user (a restarted child
+  // reads it again; it goes when serve exits), and a worker refuses a gRPC call without it.
   std::vector<std::string> token_files;
   for (pid_t child : children) {
     std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
@@ -264,11 +264,11 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
     }
   }
   ASSERT_EQ(token_files.size(), 3u);
-  for (const std::string& file : token_files) {
-    EXPECT_EQ(file, token_files[0]);
-    EXPECT_FALSE(fs::exists(file)) << file << " outlived the start-up";
-    EXPECT_FALSE(fs::exists(fs::path(file).parent_path())) << "its private directory too";
-  }
+  for (const std::string& file : token_files) EXPECT_EQ(file, token_files[0]);
+  EXPECT_EQ(fs::status(token_files[0]).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(fs::status(fs::path(token_files[0]).parent_path()).permissions() & fs::perms::all,
+            fs::perms::owner_all);
   const std::string marker = "[decode-0] tandem decode: serving on ";
   const size_t at = serve.output().find(marker);
   ASSERT_NE(at, std::string::npos) << serve.output();
@@ -289,6 +289,7 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
   for (pid_t child : children) EXPECT_TRUE(IsDead(child)) << "orphan " << child;
   EXPECT_NE(serve.output().find("[serve] signal 2: stopping"), std::string::npos);
+  EXPECT_FALSE(fs::exists(fs::path(token_files[0]).parent_path())) << "the token outlived serve";
 }
 
 // --tls-ca/--tls-cert/--tls-key: every hop (router to workers, decode to prefill) runs over mTLS
@@ -426,9 +427,52 @@ TEST_F(ServeTest, ChildrenDieWithAKilledServe) {
   }
 }
 
+// The one of `children` whose role (argv[1]) is `role`, or -1.
+pid_t ChildWithRole(const std::vector<pid_t>& children, const std::string& role) {
+  for (pid_t child : children) {
+    std::ifstream cmdline(absl::StrCat("/proc/", child, "/cmdline"));
+    std::vector<std::string> args;
+    for (std::string arg; std::getline(cmdline, arg, '\0');) args.push_back(arg);
+    if (args.size() > 1 && args[1] == role) return child;
+  }
+  return -1;
+}
+
+// A worker killed with SIGKILL is started again (same port) while the others keep serving, and
+// takes requests again; the same for the prefill worker.
+TEST_F(ServeTest, AKilledWorkerIsRestartedAndServesAgain) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port)}, cache_dir_.string());
+  std::vector<pid_t> children = StartServing(serve, port);
+  ASSERT_EQ(children.size(), 3u) << serve.output();
+  const auto completes = [&] {
+    const std::string r =
+        HttpPost(port, "/v1/completions",
+                 R"({"model": "tiny", "prompt": "Hi", "max_tokens": 2, "temperature": 0})");
+    return r.rfind("HTTP/1.1 200", 0) == 0;
+  };
+  ASSERT_TRUE(completes()) << serve.output();
+  for (const char* role : {"decode", "prefill"}) {
+    SCOPED_TRACE(role);
+    const pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
+    ASSERT_NE(victim, -1) << serve.output();
+    ASSERT_EQ(kill(victim, SIGKILL), 0);
+    ASSERT_TRUE(serve.WaitForOutput(absl::StrCat(role, "-0 restarted"), absl::Seconds(30)))
+        << serve.output();
+    // Routed again once the router sees it healthy (its reconnect backoff is at most 2 s).
+    EXPECT_TRUE(WaitFor(completes, absl::Seconds(30))) << serve.output();
+    EXPECT_EQ(ChildrenOf(serve.pid()).size(), 3u);
+    EXPECT_NE(ChildWithRole(ChildrenOf(serve.pid()), role), victim);
+  }
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  const int status = serve.Wait(absl::Seconds(40));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
+}
+
 TEST_F(ServeTest, ADeadChildStopsTheRestWithAnError) {
   const int port = FreePort();
-  ServeProcess serve({"--port", std::to_string(port), "--aggregated"}, cache_dir_.string());
+  ServeProcess serve({"--port", std::to_string(port), "--aggregated", "--max-restarts", "0"},
+                     cache_dir_.string());
   const std::vector<pid_t> children = StartServing(serve, port, 2);
   ASSERT_EQ(children.size(), 2u) << "router and decode-0 only";
   // Kill the decode worker (not the router: the one whose command line says decode).
