@@ -45,6 +45,7 @@ struct RouterFlags {
   AccessFlags access;
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
+  double drain_seconds = 20;
   std::string served_model_name;
   std::string prefill_workers;
   std::string decode_workers;
@@ -187,8 +188,10 @@ int RunRouter(const RouterFlags& flags) {
     }
     std::cerr << "tandem router: shutting down\n";
   }
-  // In dependency order: requests end, discovery stops feeding the pools, the pools stop
-  // publishing into the frontend's metrics, then the frontend (and its metrics) go.
+  // In dependency order: requests end (new ones are refused; running ones get the drain time,
+  // then a final error event), discovery stops feeding the pools, the pools stop publishing into
+  // the frontend's metrics, then the frontend (and its metrics) go.
+  (*frontend)->Drain(absl::Seconds(flags.drain_seconds));
   (*frontend)->Stop();
   (*decode_discovery)->Stop();
   if (prefill_discovery != nullptr) prefill_discovery->Stop();
@@ -213,6 +216,10 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   AddAccessFlags(cmd, &flags->access);
   AddServiceAuthFlags(cmd, &flags->service_auth);
   AddLogFormatFlag(cmd, &flags->log_format);
+  cmd->add_option("--drain-seconds", flags->drain_seconds,
+                  "on SIGINT/SIGTERM: new requests get 503 at once, running ones get this long to "
+                  "finish, then end with an error event (default 20)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,

@@ -133,7 +133,8 @@ struct ServeFlags {
   std::string served_model_name;
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
-  int max_restarts = 5;  // consecutive crashes of one child before serve gives up
+  int max_restarts = 5;      // consecutive crashes of one child before serve gives up
+  double drain_seconds = 5;  // the router's and the workers' on stop
 };
 
 // One write per line so lines from different children never interleave.
@@ -482,7 +483,7 @@ int RunServe(ServeFlags flags) {
       ", KV transfer ", flags.kv_transfer));
 
   const auto stop = [&](int code) {
-    supervisor.StopAll(absl::Seconds(flags.stop_timeout_s));
+    supervisor.StopAll(absl::Seconds(flags.drain_seconds + flags.stop_timeout_s));
     return code;
   };
   // The service identity every child gets.
@@ -509,6 +510,7 @@ int RunServe(ServeFlags flags) {
   }
   std::vector<std::string> service_args = flags.service_auth.Args();
   service_args.insert(service_args.end(), {"--log-format", flags.log_format});
+  service_args.insert(service_args.end(), {"--drain-seconds", absl::StrCat(flags.drain_seconds)});
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
   std::vector<std::string> common = {"--model", flags.model_dir, "--kv-transfer",
@@ -788,6 +790,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--drain-seconds", flags->drain_seconds,
+                  "On SIGINT/SIGTERM: the router refuses new requests and gives running ones this "
+                  "long to finish, then ends them with an error event (default 5)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-restarts", flags->max_restarts,
                   "Consecutive crashes of one child that serve restarts (with a backoff from 1 s "
                   "to 30 s) before it stops everything; 0: stop at the first (default 5)")

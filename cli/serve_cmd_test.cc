@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -425,6 +426,59 @@ TEST_F(ServeTest, ChildrenDieWithAKilledServe) {
   for (pid_t child : children) {
     EXPECT_TRUE(WaitFor([&] { return IsDead(child); }, absl::Seconds(10))) << "orphan " << child;
   }
+}
+
+// SIGTERM during a long stream: the router stops taking requests and, after --drain-seconds, ends
+// the stream with an error event and [DONE]: the client is never left with a cut stream.
+TEST_F(ServeTest, SigtermEndsRunningStreamsWithAFinalEvent) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--drain-seconds", "0.5"},
+                     cache_dir_.string());
+  ASSERT_EQ(StartServing(serve, port).size(), 3u) << serve.output();
+  absl::Notification streaming;
+  std::string body;
+  std::thread client([&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{60, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      streaming.Notify();
+      close(fd);
+      return;
+    }
+    const std::string json =
+        R"({"model": "tiny", "prompt": "Once", "max_tokens": 4000, "temperature": 0, )"
+        R"("ignore_eos": true, "stream": true})";
+    const std::string request = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Connection: close\r\nContent-Length: ",
+        json.size(), "\r\n\r\n", json);
+    (void)!write(fd, request.data(), request.size());
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+      body.append(buf, static_cast<size_t>(n));
+      if (!streaming.HasBeenNotified() && body.find("data: {") != std::string::npos) {
+        streaming.Notify();
+      }
+    }
+    if (!streaming.HasBeenNotified()) streaming.Notify();
+    close(fd);
+  });
+  ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_EQ(kill(serve.pid(), SIGTERM), 0);
+  client.join();
+  const int status = serve.Wait(absl::Seconds(60));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << serve.output();
+  // The stream's end: an error event naming the shutdown, then [DONE].
+  const size_t error = body.find("\"error\"");
+  ASSERT_NE(error, std::string::npos) << body.substr(body.size() > 2000 ? body.size() - 2000 : 0);
+  EXPECT_NE(body.find("shutting down", error), std::string::npos);
+  EXPECT_NE(body.find("data: [DONE]", error), std::string::npos);
 }
 
 // The one of `children` whose role (argv[1]) is `role`, or -1.

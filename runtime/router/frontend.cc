@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -100,6 +101,14 @@ absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir) {
   return model;
 }
 
+// An in-flight generation request, as Drain sees it.
+class LiveRequest {
+ public:
+  virtual ~LiveRequest() = default;
+  // Ends the response now with `status` (its final event) unless it already ended.
+  virtual void Abort(const absl::Status& status) = 0;
+};
+
 // State shared by the HTTP handler and every in-flight request (kept alive by them).
 struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core> {
   Core(RouterFrontendOptions o, FrontendModel m, AccessPolicy a, GenerationBackend* b,
@@ -177,13 +186,19 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
     }
     for (const std::string& id : ids) backend->Cancel(id);
   }
-  void RequestStarted() {
+  void RequestStarted(const std::shared_ptr<LiveRequest>& request) {
     absl::MutexLock lock(&flight_mu);
     ++in_flight;
+    live[request.get()] = request;
   }
-  void RequestDone() {
+  void RequestDone(LiveRequest* request) {
     absl::MutexLock lock(&flight_mu);
     --in_flight;
+    live.erase(request);
+  }
+  bool draining() {
+    absl::MutexLock lock(&flight_mu);
+    return drain_started;
   }
   void WaitForBackend(absl::Duration timeout) {
     absl::MutexLock lock(&flight_mu);
@@ -207,12 +222,14 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   bool stopped ABSL_GUARDED_BY(gate_mu) = false;
   absl::Mutex flight_mu;
   int in_flight ABSL_GUARDED_BY(flight_mu) = 0;
+  absl::flat_hash_map<LiveRequest*, std::weak_ptr<LiveRequest>> live ABSL_GUARDED_BY(flight_mu);
+  bool drain_started ABSL_GUARDED_BY(flight_mu) = false;
 };
 
 namespace {
 
 // One generation request (n backend requests) from parse to the last byte.
-class RequestState : public std::enable_shared_from_this<RequestState> {
+class RequestState : public LiveRequest, public std::enable_shared_from_this<RequestState> {
  public:
   RequestState(std::shared_ptr<RouterFrontend::Core> core, std::shared_ptr<HttpExchange> exchange,
                const OpenAiRequest& req, ResponseMeta meta, std::string endpoint_label,
@@ -251,6 +268,16 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
         HandleChunkLocked(i, *std::move(event));
       }
       if (remaining_ == 0) DoneLocked();
+    }
+    core_->CancelBackend(to_cancel);
+  }
+
+  void Abort(const absl::Status& status) override {
+    std::vector<std::string> to_cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      to_cancel = FailLocked(status);
     }
     core_->CancelBackend(to_cancel);
   }
@@ -454,7 +481,7 @@ class RequestState : public std::enable_shared_from_this<RequestState> {
          .ttft = first_token_seen_ ? first_token_at_ - start_ : absl::InfiniteDuration(),
          .e2e = e2e,
          .error = error_});
-    core_->RequestDone();
+    core_->RequestDone(this);
   }
 
   // The response's X-Request-Id: the client's when it sent one, else ours.
@@ -665,6 +692,11 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   if (absl::Status ready = backend->Ready(); !ready.ok()) {
     return refuse(ErrorResponse(MakeApiError(503, std::string(ready.message()))), ready.message());
   }
+  if (draining()) {
+    return refuse(
+        ErrorResponse(MakeApiError(503, "the server is shutting down; retry on another replica")),
+        "shutting down");
+  }
 
   ResponseMeta meta;
   meta.endpoint = endpoint;
@@ -679,7 +711,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
     if (auto s = weak.lock()) s->OnClientGone();
   });
   WithMetrics([](metrics::RouterMetrics& m) { m.requests_running.Increment(); });
-  RequestStarted();
+  RequestStarted(state);
   const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options.request_timeout;
@@ -764,6 +796,31 @@ const std::string& RouterFrontend::served_model_name() const {
 }
 
 metrics::RouterMetrics& RouterFrontend::metrics() { return core_->metrics; }
+
+void RouterFrontend::Drain(absl::Duration timeout) {
+  Core& core = *core_;
+  {
+    absl::MutexLock lock(&core.flight_mu);
+    core.drain_started = true;
+    auto idle = [&core]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.flight_mu) { return core.in_flight == 0; };
+    if (core.flight_mu.AwaitWithTimeout(absl::Condition(&idle), timeout)) return;
+  }
+  std::vector<std::shared_ptr<LiveRequest>> rest;
+  {
+    absl::MutexLock lock(&core.flight_mu);
+    for (const auto& [ptr, weak] : core.live) {
+      if (std::shared_ptr<LiveRequest> request = weak.lock()) rest.push_back(std::move(request));
+    }
+  }
+  LOG(WARNING) << "router frontend: " << rest.size() << " requests still running after the "
+               << absl::FormatDuration(timeout) << " drain; ending them with an error";
+  for (const std::shared_ptr<LiveRequest>& request : rest) {
+    request->Abort(absl::UnavailableError(
+        "the server is shutting down and this request did not finish within its drain time"));
+  }
+  core.WaitForBackend(kBackendDrainTimeout);
+}
 
 void RouterFrontend::Stop() {
   if (server_ == nullptr) return;

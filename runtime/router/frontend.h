@@ -104,6 +104,12 @@ class RouterFrontend {
   const std::string& served_model_name() const;
   // The router metrics registered in `registry` (for the worker gauges of the pool).
   metrics::RouterMetrics& metrics();
+  // Graceful shutdown, before Stop: new generation requests get 503 ("shutting down", with
+  // Retry-After) at once; in-flight ones get up to `timeout` to finish; every one still running
+  // then ends with a final error (an SSE error event and [DONE] for a stream, a 503 otherwise)
+  // and its backend requests are cancelled. Returns once every response has its final event (or
+  // 5 s after the timeout).
+  void Drain(absl::Duration timeout);
   // Stops accepting, lets in-flight responses finish for http.shutdown_grace, then closes the
   // rest and cancels their backend requests, and waits (up to 5 s) for the backend's final
   // events. Idempotent; the frontend cannot be started again.
