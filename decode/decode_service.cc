@@ -70,7 +70,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   void Start() {
     self_ = shared_from_this();
     std::weak_ptr<GenerateCall> weak = self_;
-    strand_ = server::Strand::Create(service_->executor_, [weak] {
+    strand_ = Strand::Create(service_->executor_, [weak] {
       if (std::shared_ptr<GenerateCall> call = weak.lock()) call->Step();
     });
     strand_->Poke();
@@ -139,7 +139,7 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   const std::string cancel_token_;
   const std::string owner_;
   std::shared_ptr<GenerateCall> self_;  // until OnDone
-  std::shared_ptr<server::Strand> strand_;
+  std::shared_ptr<Strand> strand_;
 
   // The mailbox.
   absl::Mutex mu_;
@@ -631,7 +631,7 @@ DecodeService::DecodeService(Engine* engine, metrics::WorkerMetrics* metrics,
       receiver_(receiver),
       identity_(std::move(identity)),
       options_(std::move(options)),
-      executor_(std::make_shared<server::CallExecutor>(options_.executor_threads)) {
+      executor_(std::make_shared<CallExecutor>(options_.executor_threads)) {
   for (const kvtransfer::ReceiverEndpoint& e : receiver_->endpoints()) {
     (void)metrics_->kv_transfer.For(e.backend);
     v1::KvEndpoint& endpoint = endpoints_.emplace_back();

@@ -30,7 +30,7 @@
 // kMaxPrefillChannels cached (the least recently added is dropped).
 // Threading (STYLE.md 12): no thread per call and no polling. Each Generate is one state object
 // (GenerateCall, a gRPC server write reactor) whose steps run one at a time on the service's
-// CallExecutor (options.executor_threads threads, runtime/server/call_executor.h). Engine
+// CallExecutor (options.executor_threads threads, runtime/base/call_executor.h). Engine
 // callbacks, gRPC reactions (writes done, client gone, Prefill/Fence/Connect answered), Cancel
 // and timers (reservation, stall, cancel, fence lease deadlines) only post to the call's mailbox
 // and poke its strand. The engine thread owns the batch. The pair handshake with a prefill
@@ -51,9 +51,9 @@
 #include "absl/time/time.h"
 #include "kvtransfer/handoff/kv_receiver.h"
 #include "runtime/auth/service_identity.h"
+#include "runtime/base/call_executor.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
-#include "runtime/server/call_executor.h"
 #include "tandem/v1/decode.grpc.pb.h"
 #include "tandem/v1/kv.pb.h"
 #include "tandem/v1/prefill.grpc.pb.h"
@@ -146,7 +146,7 @@ class DecodeService final : public v1::Decode::CallbackService {
   // Live Generate calls by request id (Decode.Cancel reaches them through their mailbox).
   absl::flat_hash_map<std::string, std::shared_ptr<GenerateCall>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<server::CallExecutor> executor_;  // shared with the calls' strands
+  std::shared_ptr<CallExecutor> executor_;  // shared with the calls' strands
 };
 
 }  // namespace tandem::decode

@@ -171,7 +171,7 @@ PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
       options_(std::move(options)),
       layout_(server::ToTransferLayout(engine->kv_layout())),
       dispatch_(std::make_shared<Dispatch>()),
-      timers_(std::make_shared<server::CallExecutor>(1)) {
+      timers_(std::make_shared<CallExecutor>(1)) {
   // Every lane's series exists from the start (at zero), so a scrape shows them before traffic.
   for (const TransferLane& lane : lanes_)
     (void)metrics_->kv_transfer.For(lane.sender->backend_name());

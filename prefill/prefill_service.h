@@ -58,9 +58,9 @@
 #include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/kv_layout.h"
 #include "runtime/auth/service_identity.h"
+#include "runtime/base/call_executor.h"
 #include "runtime/engine/engine.h"
 #include "runtime/metrics/metrics.h"
-#include "runtime/server/call_executor.h"
 #include "tandem/v1/prefill.grpc.pb.h"
 
 namespace tandem::prefill {
@@ -152,7 +152,7 @@ class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::
 
   const std::shared_ptr<Dispatch> dispatch_;
   // Runs the calls' deadline timers (one thread).
-  std::shared_ptr<server::CallExecutor> timers_;
+  std::shared_ptr<CallExecutor> timers_;
 
   absl::Mutex pairs_mu_;
   absl::flat_hash_map<std::string, Pair> pairs_ ABSL_GUARDED_BY(pairs_mu_);

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
+#include "runtime/base/call_executor.h"
 #include "runtime/base/logging.h"
 #include "runtime/metrics/metrics.h"
 #include "runtime/model/model_config.h"
@@ -118,7 +119,8 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
         access(std::move(a)),
         backend(b),
         registry(r),
-        metrics(*r) {
+        metrics(*r),
+        prepare_pool(std::make_shared<CallExecutor>(std::max(1, options.prepare_threads))) {
     created = absl::ToUnixSeconds(absl::Now());
   }
 
@@ -220,6 +222,8 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
 
   absl::Mutex gate_mu;
   bool stopped ABSL_GUARDED_BY(gate_mu) = false;
+  std::shared_ptr<CallExecutor> prepare_pool;  // HandleGenerate runs here
+  std::atomic<int> pending_prepares{0};
   absl::Mutex flight_mu;
   int in_flight ABSL_GUARDED_BY(flight_mu) = 0;
   absl::flat_hash_map<LiveRequest*, std::weak_ptr<LiveRequest>> live ABSL_GUARDED_BY(flight_mu);
@@ -541,8 +545,22 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
 
   if (path == kCompletionsPath || path == kChatPath) {
     if (request.method != "POST") return method_not_allowed(path, "POST");
-    return HandleGenerate(path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions,
-                          request, std::move(exchange));
+    // Off the I/O thread, in a bounded queue.
+    if (pending_prepares.fetch_add(1) >= options.max_pending_requests) {
+      pending_prepares.fetch_sub(1);
+      return Finish(label, *exchange,
+                    ErrorResponse(MakeApiError(
+                        429, absl::StrCat("the router has ", options.max_pending_requests,
+                                          " requests waiting to be prepared; retry later"))));
+    }
+    const Endpoint endpoint =
+        path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions;
+    auto shared = std::make_shared<HttpRequest>(std::move(request));
+    prepare_pool->Post([self = shared_from_this(), endpoint, shared, exchange] {
+      self->pending_prepares.fetch_sub(1);
+      self->HandleGenerate(endpoint, *shared, exchange);
+    });
+    return;
   }
   if (path == kModelsPath || absl::StartsWith(path, absl::StrCat(kModelsPath, "/"))) {
     if (request.method != "GET") return method_not_allowed(kModelsPath, "GET");
@@ -826,6 +844,8 @@ void RouterFrontend::Stop() {
   if (server_ == nullptr) return;
   server_->Stop();
   server_.reset();
+  // Requests still waiting to be prepared had their connections closed with the server.
+  core_->prepare_pool->Stop();
   core_->WaitForBackend(kBackendDrainTimeout);
   absl::MutexLock lock(&core_->gate_mu);
   core_->stopped = true;

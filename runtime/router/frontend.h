@@ -69,6 +69,11 @@ struct RouterFrontendOptions {
   std::function<std::string()> extra_metrics;
   // API keys and accepted Host names (access_policy.h); bind_host is taken from http.host.
   AccessOptions access;
+  // Parsing, chat templating and tokenizing run on this many threads, off the HTTP I/O threads
+  // (a large prompt then never delays /health or another client's stream); at most
+  // `max_pending_requests` wait for them, beyond that a request gets 429 with Retry-After.
+  int prepare_threads = 2;
+  int max_pending_requests = 1024;
 };
 
 // What the frontend needs of the model.

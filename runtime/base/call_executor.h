@@ -1,8 +1,9 @@
 #pragma once
 // CallExecutor: a small, fixed pool of threads that runs posted tasks, now or at a given time.
-// It is what drives the workers' per-call state machines (gRPC callback reactors whose steps
-// must not run on gRPC's or the engine's threads, and must not block them): the number of
-// threads is fixed however many calls are in flight, and nothing polls.
+// It drives the workers' per-call state machines (gRPC callback reactors whose steps must not
+// run on gRPC's or the engine's threads, and must not block them) and the router's request
+// preparation (tokenizing off the HTTP I/O threads): the number of threads is fixed however many
+// calls are in flight, and nothing polls.
 //
 // Strand: runs one object's steps one at a time on the executor. Poke() from any thread (an engine
 // callback, a gRPC reaction, a timer) asks for one more run of `step`; runs never overlap, and a
@@ -23,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace tandem::server {
+namespace tandem {
 
 class CallExecutor {
  public:
@@ -77,4 +78,4 @@ class Strand : public std::enable_shared_from_this<Strand> {
   bool again_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace tandem::server
+}  // namespace tandem

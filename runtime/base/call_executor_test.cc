@@ -1,11 +1,11 @@
-#include "runtime/server/call_executor.h"
+#include "runtime/base/call_executor.h"
 
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
-namespace tandem::server {
+namespace tandem {
 namespace {
 
 TEST(CallExecutorTest, RunsPostedAndTimedTasksInTimeOrder) {
@@ -75,4 +75,4 @@ TEST(StrandTest, StepsNeverOverlapAndAPokeDuringAStepRunsItAgain) {
 }
 
 }  // namespace
-}  // namespace tandem::server
+}  // namespace tandem

@@ -1,9 +1,9 @@
-#include "runtime/server/call_executor.h"
+#include "runtime/base/call_executor.h"
 
 #include <algorithm>
 #include <utility>
 
-namespace tandem::server {
+namespace tandem {
 
 CallExecutor::CallExecutor(int threads) {
   for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Loop(); });
@@ -80,4 +80,4 @@ void Strand::Run() {
   }
 }
 
-}  // namespace tandem::server
+}  // namespace tandem
