@@ -73,15 +73,17 @@ std::optional<http::request<http::string_body>> ParseRequest(const uint8_t* data
   parser.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
   parser.eager(true);
   boost::beast::error_code ec;
+  // The whole request is at hand, so need_more means the client closed its side there (Beast's
+  // read loop calls put() again only with more bytes than before, which put() relies on).
   size_t offset = 0;
   while (!parser.is_done()) {
     size_t used = 0;
     if (offset < size) used = parser.put(boost::asio::buffer(data + offset, size - offset), ec);
     offset += used;
     if (ec && ec != http::error::need_more) return std::nullopt;
-    ec = {};
-    if (used == 0) {  // it can take nothing more: the client closed its side here
+    if (ec == http::error::need_more || used == 0) {
       if (!parser.got_some()) return std::nullopt;  // (Beast's read reports end_of_stream)
+      ec = {};
       parser.put_eof(ec);
       if (ec) return std::nullopt;
       break;
