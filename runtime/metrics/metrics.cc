@@ -95,6 +95,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                                         "KV blocks in use on each worker (from its stats stream)")),
       worker_kv_blocks_capacity(GaugeFamily(r, "tandem_worker_kv_blocks_capacity",
                                             "KV blocks on each worker (from its stats stream)")),
+      pool_saturation(GaugeFamily(r, "tandem_pool_saturation",
+                                  "Mean saturation of the pool's healthy workers (1: full)")),
+      pool_replicas(GaugeFamily(r, "tandem_pool_replicas", "Healthy workers in the pool")),
+      pool_recommended_replicas(GaugeFamily(r, "tandem_pool_recommended_replicas",
+                                            "Workers the pool should have at the target "
+                                            "saturation (0.8)")),
       worker_healthy(GaugeFamily(r, "tandem_worker_healthy",
                                  "1 when the worker's stats stream is live, else 0")) {}
 

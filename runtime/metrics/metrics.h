@@ -57,6 +57,11 @@ struct RouterMetrics {
   prometheus::Family<prometheus::Gauge>& worker_waiting;
   prometheus::Family<prometheus::Gauge>& worker_kv_blocks_used;
   prometheus::Family<prometheus::Gauge>& worker_kv_blocks_capacity;
+  // tandem_pool_{saturation,replicas,recommended_replicas}{pool}: each pool's load and the
+  // workers it should have (runtime/router/pool_load.h), for autoscalers.
+  prometheus::Family<prometheus::Gauge>& pool_saturation;
+  prometheus::Family<prometheus::Gauge>& pool_replicas;
+  prometheus::Family<prometheus::Gauge>& pool_recommended_replicas;
   prometheus::Family<prometheus::Gauge>& worker_healthy;
 };
 

@@ -95,6 +95,9 @@ TEST(Metrics, PromtoolFindsNoProblem) {
   router.worker_kv_blocks_used.Add({{"worker", "w:1"}, {"role", "decode"}}).Set(1);
   router.worker_kv_blocks_capacity.Add({{"worker", "w:1"}, {"role", "decode"}}).Set(1);
   router.worker_healthy.Add({{"worker", "w:1"}, {"role", "decode"}}).Set(1);
+  router.pool_saturation.Add({{"pool", "decode"}}).Set(0.5);
+  router.pool_replicas.Add({{"pool", "decode"}}).Set(1);
+  router.pool_recommended_replicas.Add({{"pool", "decode"}}).Set(1);
   prometheus::Registry worker_registry;
   WorkerMetrics worker(worker_registry, "target");
   worker.kv_transfer.CountTransfer("ucx", 100, 1, 0, absl::Milliseconds(1), absl::ZeroDuration());

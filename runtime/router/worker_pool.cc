@@ -12,6 +12,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "runtime/base/logging.h"
+#include "runtime/router/pool_load.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -96,6 +97,7 @@ struct WorkerPool::Worker {
   bool health_ok ABSL_GUARDED_BY(mu) = true;
   std::string health_service ABSL_GUARDED_BY(mu);
   bool logged_no_health_service ABSL_GUARDED_BY(mu) = false;
+  bool logged_unauthenticated ABSL_GUARDED_BY(mu) = false;
 
   metrics::RouterMetrics* metrics = nullptr;  // where the gauges below live (null: none)
   prometheus::Gauge* running = nullptr;
@@ -319,9 +321,23 @@ void WorkerPool::CheckHealthOnce() {
         }
       } else {
         worker.health_ok = false;
+        if (code == grpc::StatusCode::UNAUTHENTICATED && !worker.logged_unauthenticated) {
+          worker.logged_unauthenticated = true;
+          LOG(ERROR) << "router: " << options_.role << " worker " << worker.channel->address()
+                     << " refuses the router's service credential (" << call->status.error_message()
+                     << "): give both the same --service-token-file or --tls-* files";
+        }
       }
     }
     Publish(worker, IsHealthy(worker, now));
+  }
+  // The pool's load and recommended size (pool_load.h), for autoscalers.
+  if (metrics::RouterMetrics* m = metrics_.load()) {
+    const PoolLoad load = EstimatePoolLoad(Snapshot(), options_.role);
+    const prometheus::Labels labels = {{"pool", options_.role}};
+    m->pool_saturation.Add(labels).Set(load.saturation);
+    m->pool_replicas.Add(labels).Set(load.healthy);
+    m->pool_recommended_replicas.Add(labels).Set(load.recommended);
   }
 }
 
