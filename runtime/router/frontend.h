@@ -73,7 +73,7 @@ struct RouterFrontendOptions {
   // (a large prompt then never delays /health or another client's stream); at most
   // `max_pending_requests` wait for them, beyond that a request gets 429 with Retry-After.
   int prepare_threads = 2;
-  int max_pending_requests = 1024;
+  int max_pending_requests = 4096;
 };
 
 // What the frontend needs of the model.
