@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "decode/decode_worker.h"
 #include "prefill/prefill_worker.h"
+#include "runtime/base/logging.h"
 #include "runtime/model/runner_factory.h"
 #include "runtime/server/model_loader.h"
 #include "runtime/server/worker_main.h"
@@ -52,6 +53,7 @@ struct WorkerFlags {
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
+  double stats_interval_s = 10;
 };
 
 // Loads the model, starts the role's worker (prefill::PrefillWorker or decode::DecodeWorker: the
@@ -125,7 +127,23 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   }
   std::cerr << prefix << "service authentication: " << (*identity)->mode() << "\n";
   std::cout << prefix << "serving on " << flags.host << ":" << (*worker)->port() << std::endl;
-  const int signal = server::WaitForTerminationSignal();
+  // A stats line every --stats-interval-s until a signal.
+  int signal = 0;
+  EngineStats previous = model->engine->stats();
+  absl::Time previous_at = absl::Now();
+  while (signal == 0) {
+    if (flags.stats_interval_s <= 0) {
+      signal = server::WaitForTerminationSignal();
+      break;
+    }
+    signal = server::WaitForTerminationSignal(absl::Seconds(flags.stats_interval_s));
+    if (signal != 0) break;
+    const EngineStats now = model->engine->stats();
+    const absl::Time now_at = absl::Now();
+    LOG(INFO) << server::WorkerStatsLine(role, now, previous, now_at - previous_at);
+    previous = now;
+    previous_at = now_at;
+  }
   std::cerr << prefix << "signal " << signal << ", draining\n";
   (*worker)->Shutdown(absl::Seconds(flags.drain_seconds));
   model->engine->Shutdown(absl::ZeroDuration());
@@ -172,6 +190,10 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
       ->check(CLI::NonNegativeNumber);
   AddServiceAuthFlags(cmd, &flags->service_auth);
   AddLogFormatFlag(cmd, &flags->log_format);
+  cmd->add_option("--stats-interval-s", flags->stats_interval_s,
+                  "log a stats line (batch, queue, KV use, token rates) this often; 0: never "
+                  "(default 10)")
+      ->check(CLI::NonNegativeNumber);
   return cmd;
 }
 

@@ -143,5 +143,22 @@ TEST(TransferNetDevicesTest, FollowTheBindAddress) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(WorkerStatsLineTest, RatesOverTheInterval) {
+  EngineStats before;
+  before.generated_tokens = 100;
+  before.steps = 10;
+  EngineStats now = before;
+  now.generated_tokens = 300;
+  now.steps = 30;
+  now.running = 4;
+  now.waiting = 2;
+  now.blocks_used = 25;
+  now.blocks_total = 100;
+  now.finished_requests = 3;
+  EXPECT_EQ(WorkerStatsLine("decode", now, before, absl::Seconds(10)),
+            "stats decode: running=4 waiting=2 kv=25/100 (25%) generated_tokens/s=20.0 "
+            "prompt_tokens_cached/s=0.0 steps/s=2.0 finished=3");
+}
+
 }  // namespace
 }  // namespace tandem::server

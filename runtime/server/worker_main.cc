@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 
@@ -131,6 +132,28 @@ absl::StatusOr<std::string> TransferNetDevices(const std::string& bind_host) {
 void BlockTerminationSignals() {
   sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal(absl::Duration timeout) {
+  sigset_t set = TerminationSignals();
+  const int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout));
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  const int signal = sigtimedwait(&set, nullptr, &ts);
+  return signal > 0 ? signal : 0;
+}
+
+std::string WorkerStatsLine(const std::string& role, const EngineStats& now,
+                            const EngineStats& previous, absl::Duration elapsed) {
+  const double seconds = std::max(1e-3, absl::ToDoubleSeconds(elapsed));
+  const double kv_pct = now.blocks_total > 0 ? 100.0 * now.blocks_used / now.blocks_total : 0.0;
+  return absl::StrFormat(
+      "stats %s: running=%d waiting=%d kv=%d/%d (%.0f%%) generated_tokens/s=%.1f "
+      "prompt_tokens_cached/s=%.1f steps/s=%.1f finished=%d",
+      role, now.running, now.waiting, now.blocks_used, now.blocks_total, kv_pct,
+      (now.generated_tokens - previous.generated_tokens) / seconds,
+      (now.prefix_hit_tokens - previous.prefix_hit_tokens) / seconds,
+      (now.steps - previous.steps) / seconds,
+      static_cast<int>(now.finished_requests - previous.finished_requests));
 }
 
 int WaitForTerminationSignal() {

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvtransfer/transfer_backend.h"
+#include "runtime/engine/engine.h"
 
 namespace tandem::server {
 
@@ -35,5 +37,13 @@ absl::StatusOr<std::string> TransferNetDevices(const std::string& bind_host);
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.
 int WaitForTerminationSignal();
+// Waits up to `timeout` for SIGINT or SIGTERM: the signal number, or 0 when none came.
+int WaitForTerminationSignal(absl::Duration timeout);
+
+// One periodic stats line of a worker: "stats <role>: running=.. waiting=.. kv=used/total
+// (pct) tokens/s=.. steps=.. finished=..", rates over the time since `previous` (the previous
+// stats, taken `elapsed` ago).
+std::string WorkerStatsLine(const std::string& role, const EngineStats& now,
+                            const EngineStats& previous, absl::Duration elapsed);
 
 }  // namespace tandem::server
