@@ -253,10 +253,12 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         remaining_(req.n) {
     for (int i = 0; i < req.n; ++i) {
       choices_[i].backend_id = absl::StrCat(meta_.id, "-", i);
+      backend_ids_.push_back(choices_[i].backend_id);
     }
   }
 
-  const std::string& backend_id(int i) const { return choices_[i].backend_id; }
+  // Fixed at construction (before any concurrency), so readable without the lock.
+  const std::string& backend_id(int i) const { return backend_ids_[i]; }
 
   void OnEvent(int i, absl::StatusOr<BackendChunk> event) {
     std::vector<std::string> to_cancel;
@@ -321,12 +323,15 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     const absl::Time now = absl::Now();
     const bool has_tokens = !chunk.token_ids.empty();
     if (has_tokens) {
+      const bool first = !first_token_seen_;
+      if (first) first_token_at_ = now;
+      const int tokens_before = c.tokens;
+      const absl::Time last_token = c.last_token;
       core_->WithMetrics([&](metrics::RouterMetrics& m) {
-        if (!first_token_seen_) {
-          first_token_at_ = now;
+        if (first) {
           m.ttft.Observe(absl::ToDoubleSeconds(now - start_));
-        } else if (c.tokens > 0) {
-          m.inter_token.Observe(absl::ToDoubleSeconds(now - c.last_token));
+        } else if (tokens_before > 0) {
+          m.inter_token.Observe(absl::ToDoubleSeconds(now - last_token));
         }
         if (chunk.ttft.has_value()) {
           m.ttft_queue.Observe(chunk.ttft->queue_us * 1e-6);
@@ -469,10 +474,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   void DoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Usage u = UsageLocked();
     const absl::Duration e2e = absl::Now() - start_;
+    const double choices = static_cast<double>(choices_.size());
     core_->WithMetrics([&](metrics::RouterMetrics& m) {
       m.requests_running.Decrement();
       m.e2e.Observe(absl::ToDoubleSeconds(e2e));
-      m.prompt_tokens.Increment(static_cast<double>(prompt_len_) * choices_.size());
+      m.prompt_tokens.Increment(static_cast<double>(prompt_len_) * choices);
       m.generation_tokens.Increment(u.completion_tokens);
     });
     core_->LogAccess(
@@ -504,6 +510,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const std::string prompt_text_;
   const int prompt_len_;
   const absl::Time start_;
+  std::vector<std::string> backend_ids_;  // written in the constructor only
   int status_code_ ABSL_GUARDED_BY(mu_) = 0;
   std::string error_ ABSL_GUARDED_BY(mu_);
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_);
