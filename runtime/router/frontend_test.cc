@@ -918,9 +918,15 @@ TEST_F(FrontendTest, AccessChecksAndCorsOnServedResponses) {
 TEST_F(FrontendTest, MetricsExposeRouterHistogramsAndExtraText) {
   ASSERT_EQ(Post("/v1/completions", CompletionBody({{"max_tokens", 3}})).status, 200);
   ASSERT_EQ(Post("/v1/completions", CompletionBody({{"temperature", 9}})).status, 400);
-  auto r = Fetch(port_, "GET", "/metrics");
-  ASSERT_TRUE(r.has_value());
-  ASSERT_EQ(r->status, 200);
+  // The request's end is recorded just after its response is written: scrape until it shows.
+  std::optional<ClientResponse> r;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  do {
+    r = Fetch(port_, "GET", "/metrics");
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->status, 200);
+  } while (r->body.find("tandem_e2e_request_latency_seconds_count 1") == std::string::npos &&
+           absl::Now() < deadline);
   const std::string& m = r->body;
   EXPECT_THAT(m, HasSubstr("tandem_requests_total{code=\"200\",endpoint=\"/v1/completions\"} 1"));
   EXPECT_THAT(m, HasSubstr("tandem_requests_total{code=\"400\",endpoint=\"/v1/completions\"} 1"));
