@@ -76,12 +76,20 @@ struct GrpcGenerationBackend::Stream {
   std::string cancel_token;
   absl::flat_hash_set<std::string> tried;  // decode workers attempted
   absl::Status last_error;                 // of the last failed attempt
+  int attempts = 0;                        // Decode.Generate calls made
+  bool force_local = false;                // the next attempt prefills on its decode worker
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   bool worker_lost ABSL_GUARDED_BY(mu) = false;  // the watchdog took it off an unresponsive D
   grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the live attempt's
   std::shared_ptr<WorkerChannel> decode ABSL_GUARDED_BY(mu);
+  // The live attempt's request id on its decode worker (the request's id, then "id#2", ...: an
+  // abandoned attempt may linger there) and its prefill worker ("" = none).
+  std::string attempt_id ABSL_GUARDED_BY(mu);
+  std::string prefill ABSL_GUARDED_BY(mu);
+  bool delivered ABSL_GUARDED_BY(mu) = false;     // a token reached the client
+  bool prefill_lost ABSL_GUARDED_BY(mu) = false;  // the watchdog gave up on its prefill worker
 
   bool is_cancelled() {
     absl::MutexLock lock(&mu);
@@ -145,6 +153,10 @@ class GrpcGenerationBackend::AttemptCall final
       return;
     }
     if (!chunk.token_ids.empty() || !chunk.text.empty()) {
+      if (!outcome_.delivered) {
+        absl::MutexLock lock(&stream_->mu);
+        stream_->delivered = true;
+      }
       outcome_.delivered = true;
       stream_->on_event(std::move(chunk));
     }
@@ -252,14 +264,16 @@ void GrpcGenerationBackend::Cancel(const std::string& request_id) {
     stream = it->second;
   }
   std::shared_ptr<WorkerChannel> decode;
+  std::string attempt_id;
   {
     absl::MutexLock lock(&stream->mu);
     if (stream->cancelled) return;
     stream->cancelled = true;
     if (stream->context != nullptr) stream->context->TryCancel();
     decode = stream->decode;
+    attempt_id = stream->attempt_id;
   }
-  if (decode != nullptr) SendCancel(decode, request_id, stream->cancel_token);
+  if (decode != nullptr) SendCancel(decode, attempt_id, stream->cancel_token);
 }
 
 void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& decode,
@@ -285,8 +299,11 @@ void GrpcGenerationBackend::SendCancel(const std::shared_ptr<WorkerChannel>& dec
 void GrpcGenerationBackend::Watchdog() {
   while (!stop_watchdog_.WaitForNotificationWithTimeout(options_.watchdog_interval)) {
     const absl::Time now = absl::Now();
-    const std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
-    absl::flat_hash_set<std::string> lost;
+    std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
+    if (prefill_pool_ != nullptr) {
+      for (WorkerSnapshot& w : prefill_pool_->Snapshot()) workers.push_back(std::move(w));
+    }
+    absl::flat_hash_set<std::string> lost;  // decode and prefill addresses
     std::vector<std::shared_ptr<Stream>> streams;
     {
       absl::MutexLock lock(&mu_);
@@ -305,12 +322,15 @@ void GrpcGenerationBackend::Watchdog() {
     }
     for (const std::shared_ptr<Stream>& stream : streams) {
       absl::MutexLock lock(&stream->mu);
-      if (stream->context == nullptr || stream->decode == nullptr ||
-          !lost.contains(stream->decode->address())) {
-        continue;
+      if (stream->context == nullptr || stream->decode == nullptr) continue;
+      if (lost.contains(stream->decode->address())) {
+        stream->worker_lost = true;
+        stream->context->TryCancel();
+      } else if (!stream->prefill.empty() && !stream->delivered && lost.contains(stream->prefill)) {
+        // Its prefill worker froze: leave it and prefill on a decode worker instead.
+        stream->prefill_lost = true;
+        stream->context->TryCancel();
       }
-      stream->worker_lost = true;
-      stream->context->TryCancel();
     }
   }
 }
@@ -386,10 +406,14 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
                                     stream->last_error.message())));
   }
   stream->tried.insert(decode->address());
-  const std::string prefill = ChoosePrefill(prompt_tokens);
+  const std::string prefill = stream->force_local ? std::string() : ChoosePrefill(prompt_tokens);
+  const std::string attempt_id = stream->attempts == 0
+                                     ? request.request_id
+                                     : absl::StrCat(request.request_id, "#", stream->attempts + 1);
+  ++stream->attempts;
 
   v1::GenerateRequest proto;
-  proto.set_request_id(request.request_id);
+  proto.set_request_id(attempt_id);
   proto.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
                                            request.prompt_token_ids.end());
   SamplingToProto(request.params, proto.mutable_sampling());
@@ -407,6 +431,9 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
       stream->context = call->context();
       stream->decode = decode;
       stream->worker_lost = false;
+      stream->prefill_lost = false;
+      stream->attempt_id = attempt_id;
+      stream->prefill = prefill;
     }
   }
   if (cancelled) {
@@ -421,15 +448,31 @@ void GrpcGenerationBackend::AttemptDone(const std::shared_ptr<Stream>& stream,
   const BackendRequest& request = stream->request;
   bool cancelled;
   bool worker_lost;
+  bool prefill_lost;
+  std::string prefill;
   {
     absl::MutexLock lock(&stream->mu);
     stream->context = nullptr;
     cancelled = stream->cancelled;
     worker_lost = stream->worker_lost;
+    prefill_lost = stream->prefill_lost;
+    prefill = stream->prefill;
   }
   if (outcome.final_chunk.has_value()) return Finish(stream, *std::move(outcome.final_chunk));
   if (cancelled) return Finish(stream, stream->AbortChunk());
   const std::string where = absl::StrCat("decode worker ", decode_address);
+  if (prefill_lost && !outcome.delivered) {
+    // The decode worker is fine: try it again, prefilling there.
+    LOG(WARNING) << "router: request " << request.request_id << ": prefill worker " << prefill
+                 << " unresponsive (no fresh stats) for "
+                 << absl::FormatDuration(options_.unresponsive_timeout)
+                 << "; prefilling on a decode worker instead";
+    stream->tried.erase(decode_address);
+    stream->force_local = true;
+    stream->last_error =
+        absl::UnavailableError(absl::StrCat("prefill worker ", prefill, " unresponsive"));
+    return StartAttempt(stream);
+  }
   std::string worker_error = std::move(outcome.worker_error);
   if (worker_lost) {
     worker_error = absl::StrCat("unresponsive (no fresh stats) for ",

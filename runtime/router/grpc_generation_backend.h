@@ -5,6 +5,10 @@
 // the prefill pool has no healthy worker), opens Decode.Generate on D naming P, and turns each
 // GenerateResponse into a BackendChunk.
 //
+// A frozen prefill worker (its stats stale for `unresponsive_timeout`) is left the same way:
+// requests waiting on it before their first token are retried, prefilling on a decode worker.
+// Each attempt has its own id on the decode worker (the request's, then "id#2", ...), so an
+// abandoned attempt still winding down there never collides with the next.
 // Failures: if D fails before any token reached the client (stream broken, UNAVAILABLE, an
 // "error" finish, or D unresponsive for `unresponsive_timeout` per the pool), the request is
 // retried on another healthy D, up to `max_attempts` workers in all. After the first token a

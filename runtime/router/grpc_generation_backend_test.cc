@@ -35,6 +35,7 @@ enum class Behavior {
   kInvalidArgument,  // rejects the request
   kEndless,          // a token every 5 ms until cancelled
   kHang,             // nothing at all until cancelled
+  kHangIfRemote,     // kHang when the request names a prefill worker (it froze), else kNormal
 };
 
 class FakeStats final : public v1::Worker::Service {
@@ -100,7 +101,11 @@ class FakeDecode final : public v1::Decode::Service {
       if (last) r.set_finish_reason("length");
       return writer->Write(r);
     };
-    switch (behavior.load()) {
+    Behavior b = behavior.load();
+    if (b == Behavior::kHangIfRemote) {
+      b = request->prefill_worker().empty() ? Behavior::kNormal : Behavior::kHang;
+    }
+    switch (b) {
       case Behavior::kNormal:
         for (int i = 0; i < num_tokens; ++i) {
           if (!token(i, i + 1 == num_tokens)) break;
@@ -128,6 +133,7 @@ class FakeDecode final : public v1::Decode::Service {
         }
         return grpc::Status::CANCELLED;
       case Behavior::kHang:
+      case Behavior::kHangIfRemote:
         while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
         return grpc::Status::CANCELLED;
     }
@@ -371,6 +377,30 @@ TEST_F(BackendTest, HungDecodeWorkerIsLeftAndTheRequestRetried) {
   EXPECT_TRUE(c.final_status().ok()) << c.final_status();
   EXPECT_EQ(c.tokens(), 4);
   EXPECT_EQ(good.decode.generate_calls, 1);
+}
+
+// A prefill worker that freezes (its stats stop) while a request waits on it: the request is
+// retried on the same decode worker, prefilled there, under a new attempt id.
+TEST_F(BackendTest, FrozenPrefillWorkerIsLeftAndThePromptPrefilledOnDecode) {
+  StartDecode(1);
+  StartPrefill(1);
+  FakeDecode& decode = decode_workers_[0]->decode;
+  decode.behavior = Behavior::kHangIfRemote;
+  GrpcBackendOptions options;
+  options.unresponsive_timeout = absl::Milliseconds(200);
+  options.watchdog_interval = absl::Milliseconds(20);
+  auto backend = MakeBackend(options);
+  Collector c;
+  backend->Generate(Request("r", 20), c.callback());
+  ASSERT_TRUE(WaitFor([&] { return decode.generate_calls == 1; }));
+  EXPECT_EQ(decode.last_request().prefill_worker(), prefill_workers_[0]->address());
+  prefill_workers_[0]->stats.silent = true;
+  ASSERT_TRUE(c.WaitFinal());
+  EXPECT_TRUE(c.final_status().ok()) << c.final_status();
+  EXPECT_EQ(c.tokens(), 4);
+  EXPECT_EQ(decode.generate_calls, 2);
+  EXPECT_EQ(decode.last_request().prefill_worker(), "");
+  EXPECT_EQ(decode.last_request().request_id(), "r#2");
 }
 
 TEST_F(BackendTest, DecodeWorkerHungMidStreamIsAnError) {
