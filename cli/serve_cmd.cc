@@ -133,8 +133,9 @@ struct ServeFlags {
   std::string served_model_name;
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
-  int max_restarts = 5;      // consecutive crashes of one child before serve gives up
-  double drain_seconds = 5;  // the router's and the workers' on stop
+  int max_restarts = 5;          // consecutive crashes of one child before serve gives up
+  double drain_seconds = 5;      // the router's and the workers' on stop
+  double request_timeout_s = 0;  // the router's per-request deadline; 0: none
 };
 
 // One write per line so lines from different children never interleave.
@@ -607,6 +608,10 @@ int RunServe(ServeFlags flags) {
     router_args.insert(router_args.end(), {"--prefill-workers", addresses(prefill)});
   }
   router_args.insert(router_args.end(), service_args.begin(), service_args.end());
+  if (flags.request_timeout_s > 0) {
+    router_args.insert(router_args.end(),
+                       {"--request-timeout-s", absl::StrCat(flags.request_timeout_s)});
+  }
   if (!flags.served_model_name.empty()) {
     router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
   }
@@ -790,6 +795,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--request-timeout-s", flags->request_timeout_s,
+                  "Deadline of each request, from arrival to its last token: past it the client "
+                  "gets an error (504 or a final error event) and its work stops (default: none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--drain-seconds", flags->drain_seconds,
                   "On SIGINT/SIGTERM: the router refuses new requests and gives running ones this "
                   "long to finish, then ends them with an error event (default 5)")

@@ -474,6 +474,9 @@ ApiError ToApiError(const absl::Status& status) {
     case absl::StatusCode::kResourceExhausted:
       http = 429;
       break;
+    case absl::StatusCode::kDeadlineExceeded:
+      http = 504;  // the request's deadline (--request-timeout-s) passed
+      break;
     default:
       http = 500;
       break;

@@ -57,7 +57,8 @@ absl::Status InvalidParam(absl::string_view param, absl::string_view message,
                           absl::string_view code = "");
 // InvalidArgument/OutOfRange/FailedPrecondition -> 400 invalid_request_error; NotFound -> 404;
 // Unavailable -> 503 service_unavailable_error; ResourceExhausted (the router is full) -> 429
-// (type "requests", code rate_limit_exceeded, as OpenAI's rate limits); everything else -> 500
+// (type "requests", code rate_limit_exceeded, as OpenAI's rate limits); DeadlineExceeded -> 504;
+// everything else -> 500
 // server_error. `param`/`code` come from InvalidParam payloads.
 ApiError ToApiError(const absl::Status& status);
 ApiError MakeApiError(int http_status, std::string message, std::string param = "",

@@ -267,7 +267,7 @@ TEST(OpenAiProtocolTest, ErrorBodyIsOpenAiShaped) {
   EXPECT_EQ(ToApiError(absl::UnavailableError("x")).http_status, 503);
   EXPECT_EQ(ToApiError(absl::ResourceExhaustedError("x")).http_status, 429);
   EXPECT_EQ(ToApiError(absl::ResourceExhaustedError("x")).code, "rate_limit_exceeded");
-  EXPECT_EQ(ToApiError(absl::DeadlineExceededError("x")).http_status, 500);
+  EXPECT_EQ(ToApiError(absl::DeadlineExceededError("x")).http_status, 504);
 }
 
 TEST(OpenAiProtocolTest, CompletionResponseShape) {
