@@ -260,8 +260,25 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   // Fixed at construction (before any concurrency), so readable without the lock.
   const std::string& backend_id(int i) const { return backend_ids_[i]; }
 
+  // Starts the request's choices: at most `max_parallel` at a time, the next one as each ends
+  // (a request with n = 128 then takes a bounded share of the workers, not 128 batch slots).
+  void Launch(std::vector<int32_t> prompt_ids, SamplingParams params, absl::Time deadline,
+              int max_parallel) {
+    prompt_ids_ = std::move(prompt_ids);
+    params_ = std::move(params);
+    deadline_ = deadline;
+    int first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = std::min<int>(static_cast<int>(choices_.size()), std::max(1, max_parallel));
+      next_choice_ = first;
+    }
+    for (int i = 0; i < first; ++i) StartChoice(i);
+  }
+
   void OnEvent(int i, absl::StatusOr<BackendChunk> event) {
     std::vector<std::string> to_cancel;
+    int start = -1;
     {
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[i];
@@ -273,9 +290,13 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       } else {
         HandleChunkLocked(i, *std::move(event));
       }
+      if (c.done && !finished_ && next_choice_ < static_cast<int>(choices_.size())) {
+        start = next_choice_++;
+      }
       if (remaining_ == 0) DoneLocked();
     }
     core_->CancelBackend(to_cancel);
+    if (start >= 0) StartChoice(start);
   }
 
   void Abort(const absl::Status& status) override {
@@ -284,6 +305,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       absl::MutexLock lock(&mu_);
       if (finished_) return;
       to_cancel = FailLocked(status);
+      if (remaining_ == 0) DoneLocked();
     }
     core_->CancelBackend(to_cancel);
   }
@@ -297,6 +319,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       client_gone_ = true;
       core_->CountRequest(endpoint_label_, 499);  // nginx's "client closed request"
       status_code_ = 499;
+      AbandonUnstartedLocked();
+      if (remaining_ == 0) {
+        DoneLocked();
+        return;
+      }
       for (const Choice& c : choices_) {
         if (!c.done) to_cancel.push_back(c.backend_id);
       }
@@ -432,10 +459,33 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     }
   }
 
+  // Choices not started yet end here (the request failed or its client went away).
+  void AbandonUnstartedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int k = next_choice_; k < static_cast<int>(choices_.size()); ++k) {
+      choices_[k].done = true;
+      --remaining_;
+    }
+    next_choice_ = static_cast<int>(choices_.size());
+  }
+
+  void StartChoice(int i) {
+    BackendRequest br;
+    br.request_id = backend_ids_[i];
+    br.prompt_token_ids = prompt_ids_;
+    br.params = params_;
+    if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i);
+    br.deadline = deadline_;
+    core_->backend->Generate(std::move(br),
+                             [self = shared_from_this(), i](absl::StatusOr<BackendChunk> event) {
+                               self->OnEvent(i, std::move(event));
+                             });
+  }
+
   // The response fails with `status`; returns the backend requests to cancel.
   std::vector<std::string> FailLocked(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
+    AbandonUnstartedLocked();
     ApiError e = ToApiError(status);
     error_ = e.message;
     if (stream_started_) {
@@ -511,6 +561,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const int prompt_len_;
   const absl::Time start_;
   std::vector<std::string> backend_ids_;  // written in the constructor only
+  // Written by Launch before the first choice starts; read-only after.
+  std::vector<int32_t> prompt_ids_;
+  SamplingParams params_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  int next_choice_ ABSL_GUARDED_BY(mu_) = 0;  // choices [0, next_choice_) have started
   int status_code_ ABSL_GUARDED_BY(mu_) = 0;
   std::string error_ ABSL_GUARDED_BY(mu_);
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_);
@@ -740,17 +795,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options.request_timeout;
-  for (int i = 0; i < req.n; ++i) {
-    BackendRequest br;
-    br.request_id = state->backend_id(i);
-    br.prompt_token_ids = prompt_ids;
-    br.params = req.params;
-    if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i);
-    br.deadline = deadline;
-    backend->Generate(std::move(br), [state, i](absl::StatusOr<BackendChunk> event) {
-      state->OnEvent(i, std::move(event));
-    });
-  }
+  state->Launch(std::move(prompt_ids), req.params, deadline, options.max_parallel_choices);
 }
 
 RouterFrontend::RouterFrontend(std::shared_ptr<Core> core) : core_(std::move(core)) {}

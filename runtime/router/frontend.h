@@ -74,6 +74,9 @@ struct RouterFrontendOptions {
   // `max_pending_requests` wait for them, beyond that a request gets 429 with Retry-After.
   int prepare_threads = 2;
   int max_pending_requests = 4096;
+  // Fairness: the choices of one request (`n`) that run at once; the next starts as one ends. A
+  // request with n = 128 then holds at most this many batch slots.
+  int max_parallel_choices = 4;
 };
 
 // What the frontend needs of the model.

@@ -51,6 +51,8 @@ void FakeGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   running->id = request.request_id;
   running_.push_back(running);
   ++active_;
+  ++generating_;
+  max_generating_ = std::max(max_generating_, generating_);
   threads_.emplace_back(&FakeGenerationBackend::Run, this, std::move(request), std::move(on_event),
                         behavior_, std::move(running));
 }
@@ -78,12 +80,12 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
       BackendChunk c;
       c.finish_reason = "abort";
       c.usage = usage(j);
-      on_event(std::move(c));
+      Final(on_event, std::move(c));
       break;
     }
     if (!b.fail_status.ok() && j == b.fail_after_tokens &&
         absl::EndsWith(request.request_id, b.fail_only_suffix)) {
-      on_event(b.fail_status);
+      Final(on_event, b.fail_status);
       break;
     }
     BackendChunk c;
@@ -100,9 +102,12 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
     c.usage = usage(j + 1);
     if (j == 0) c.ttft = TtftParts{1000, 2000, 3000, 4000};
     const bool last = j + 1 >= limit;
-    if (last) c.finish_reason = limit_reason;
+    if (last) {
+      c.finish_reason = limit_reason;
+      Final(on_event, std::move(c));
+      break;
+    }
     on_event(std::move(c));
-    if (last) break;
     running->cancelled.WaitForNotificationWithTimeout(b.token_delay);
   }
   absl::MutexLock lock(&mu_);
@@ -123,6 +128,20 @@ std::vector<std::string> FakeGenerationBackend::cancelled() const {
 int FakeGenerationBackend::active() const {
   absl::MutexLock lock(&mu_);
   return active_;
+}
+
+int FakeGenerationBackend::max_generating() const {
+  absl::MutexLock lock(&mu_);
+  return max_generating_;
+}
+
+void FakeGenerationBackend::Final(const BackendEventCallback& on_event,
+                                  absl::StatusOr<BackendChunk> event) {
+  {
+    absl::MutexLock lock(&mu_);
+    --generating_;
+  }
+  on_event(std::move(event));
 }
 
 bool FakeGenerationBackend::WaitForCancel(const std::string& prefix, absl::Duration timeout,

@@ -53,6 +53,8 @@ class FakeGenerationBackend : public GenerationBackend {
   std::vector<BackendRequest> requests() const;
   std::vector<std::string> cancelled() const;
   int active() const;  // requests whose final event has not been sent
+  // The most requests at once between Generate and their final event so far.
+  int max_generating() const;
   // True once a request whose id starts with `prefix` was cancelled (or `count` of them).
   bool WaitForCancel(const std::string& prefix, absl::Duration timeout, int count = 1) const;
   bool WaitForIdle(absl::Duration timeout) const;
@@ -67,6 +69,8 @@ class FakeGenerationBackend : public GenerationBackend {
     std::string id;
     absl::Notification cancelled;
   };
+  // Delivers a request's final event (counted out of generating_ first).
+  void Final(const BackendEventCallback& on_event, absl::StatusOr<BackendChunk> event);
   void Run(BackendRequest request, BackendEventCallback on_event, FakeBackendBehavior behavior,
            std::shared_ptr<Running> running);
 
@@ -78,6 +82,8 @@ class FakeGenerationBackend : public GenerationBackend {
   std::vector<std::shared_ptr<Running>> running_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   int active_ ABSL_GUARDED_BY(mu_) = 0;
+  int generating_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_generating_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::router

@@ -747,6 +747,36 @@ TEST_F(FrontendTest, ClientRequestIdIsEchoedAndValidated) {
   EXPECT_THAT(Json(*bad)["error"]["message"].get<std::string>(), HasSubstr("X-Request-Id"));
 }
 
+// Fairness: a request's n choices run at most max_parallel_choices (4) at a time, all complete,
+// and each keeps its own seed offset.
+TEST_F(FrontendTest, ChoicesOfOneRequestRunAFewAtATime) {
+  FakeBackendBehavior b;
+  b.token_delay = absl::Milliseconds(2);
+  backend_.set_behavior(b);
+  for (bool stream : {false, true}) {
+    auto r = Post("/v1/completions",
+                  CompletionBody({{"n", 10}, {"max_tokens", 3}, {"seed", 7}, {"stream", stream}}));
+    ASSERT_EQ(r.status, 200) << r.body;
+    if (!stream) {
+      EXPECT_EQ(Json(r)["choices"].size(), 10u);
+    } else {
+      int finished = 0;
+      for (const json& e : Events(r)) {
+        if (e.is_object() && e.contains("choices") && !e["choices"].empty() &&
+            !e["choices"][0]["finish_reason"].is_null()) {
+          ++finished;
+        }
+      }
+      EXPECT_EQ(finished, 10);
+    }
+  }
+  EXPECT_LE(backend_.max_generating(), 4);
+  EXPECT_GE(backend_.max_generating(), 2);
+  std::set<uint64_t> seeds;
+  for (const BackendRequest& request : backend_.requests()) seeds.insert(*request.params.seed);
+  EXPECT_EQ(seeds.size(), 10u);
+}
+
 TEST_F(FrontendTest, FullRouterIs429WithRetryAfter) {
   FakeBackendBehavior b;
   b.fail_status = absl::ResourceExhaustedError("router at capacity (1 requests in flight)");
