@@ -54,6 +54,14 @@ BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
   return chunk;
 }
 
+// Whether a request can move to another decode worker mid-stream and continue exactly: greedy,
+// and nothing that depends on state the new worker would not have (penalties over the output,
+// held-back stop text).
+bool Migratable(const SamplingParams& p) {
+  return p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && p.stop.empty();
+}
+
 // Codes that say the request itself is at fault: another worker would answer the same.
 bool IsRequestError(grpc::StatusCode code) {
   return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::OUT_OF_RANGE ||
@@ -78,6 +86,9 @@ struct GrpcGenerationBackend::Stream {
   absl::Status last_error;                 // of the last failed attempt
   int attempts = 0;                        // Decode.Generate calls made
   bool force_local = false;                // the next attempt prefills on its decode worker
+  std::vector<int32_t> generated;          // tokens delivered to the client so far
+  int migrations = 0;                      // times moved to another decode worker mid-stream
+  int migrated_tokens = 0;                 // of `generated`, those in the live attempt's prompt
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -139,6 +150,12 @@ class GrpcGenerationBackend::AttemptCall final
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
     BackendChunk chunk = ChunkFromProto(response_);
+    if (const int moved = stream_->migrated_tokens; moved > 0) {
+      // A migrated request: the tokens already delivered are in this attempt's prompt.
+      chunk.usage.prompt_tokens -= moved;
+      chunk.usage.completion_tokens += moved;
+      chunk.ttft.reset();
+    }
     stream_->usage = chunk.usage;
     if (!chunk.token_ids.empty()) PrefillDone();
     if (response_.finish_reason() == "error") {
@@ -158,6 +175,8 @@ class GrpcGenerationBackend::AttemptCall final
         stream_->delivered = true;
       }
       outcome_.delivered = true;
+      stream_->generated.insert(stream_->generated.end(), chunk.token_ids.begin(),
+                                chunk.token_ids.end());
       stream_->on_event(std::move(chunk));
     }
     StartRead(&response_);
@@ -401,8 +420,11 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
                               ? absl::UnavailableError(absl::StrCat("no healthy decode worker (",
                                                                     workers.size(), " known)"))
                               : absl::UnavailableError(absl::StrCat(
-                                    "decode worker failed before the first token and no other is "
-                                    "healthy: ",
+                                    stream->generated.empty()
+                                        ? "decode worker failed before the first token and no "
+                                          "other is healthy: "
+                                        : "decode worker failed mid-stream and no other is "
+                                          "healthy to continue it: ",
                                     stream->last_error.message())));
   }
   stream->tried.insert(decode->address());
@@ -416,7 +438,16 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
   proto.set_request_id(attempt_id);
   proto.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
                                            request.prompt_token_ids.end());
-  SamplingToProto(request.params, proto.mutable_sampling());
+  SamplingParams params = request.params;
+  if (stream->migrated_tokens > 0) {
+    // Continue where the client is: its tokens so far join the prompt.
+    for (int k = 0; k < stream->migrated_tokens; ++k)
+      proto.add_prompt_token_ids(stream->generated[k]);
+    if (params.max_tokens.has_value()) {
+      params.max_tokens = std::max(1, *params.max_tokens - stream->migrated_tokens);
+    }
+  }
+  SamplingToProto(params, proto.mutable_sampling());
   proto.set_prefill_worker(prefill);
   proto.set_cancel_token(stream->cancel_token);
   std::shared_ptr<WorkerChannel> prefill_channel =
@@ -493,8 +524,26 @@ void GrpcGenerationBackend::AttemptDone(const std::shared_ptr<Stream>& stream,
                               ? std::string("stream ended without a finish reason")
                               : absl::StrCat("gRPC ", static_cast<int>(status.error_code()), ": ",
                                              status.error_message());
-  if (outcome.delivered) {
-    return Finish(stream, absl::InternalError(absl::StrCat(where, " failed mid-stream: ", why)));
+  if (!stream->generated.empty()) {
+    // Mid-stream (the client has tokens, from this attempt or an earlier one).
+    if (Migratable(request.params) && stream->migrations < options_.max_migrations) {
+      // Greedy decoding continues exactly from the tokens the client has: replay the prompt and
+      // them on another decode worker (the failed one counts as tried).
+      ++stream->migrations;
+      stream->migrated_tokens = static_cast<int>(stream->generated.size());
+      LOG(WARNING) << "router: request " << request.request_id << ": " << where
+                   << " failed mid-stream (" << why << "); migrating its "
+                   << stream->migrated_tokens << " tokens to another decode worker (migration "
+                   << stream->migrations << " of at most " << options_.max_migrations << ")";
+      stream->last_error = absl::UnavailableError(absl::StrCat(where, ": ", why));
+      return StartAttempt(stream);
+    }
+    return Finish(stream, absl::InternalError(absl::StrCat(
+                              where, " failed mid-stream: ", why,
+                              Migratable(request.params)
+                                  ? " (migrations exhausted)"
+                                  : " (only greedy requests without penalties or stop strings "
+                                    "are migrated)")));
   }
   LOG(WARNING) << "router: request " << request.request_id << " failed on " << where
                << " before its first token (" << why << "); retrying elsewhere";

@@ -12,9 +12,12 @@
 // Failures: if D fails before any token reached the client (stream broken, UNAVAILABLE, an
 // "error" finish, or D unresponsive for `unresponsive_timeout` per the pool), the request is
 // retried on another healthy D, up to `max_attempts` workers in all. After the first token a
-// failure is a final Internal error naming D (migrating prompt plus tokens so far to another D is a
-// later refinement). INVALID_ARGUMENT and the like from D are passed on with D's message. The
-// request deadline becomes the gRPC deadline (DeadlineExceeded).
+// greedy request without penalties or stop strings is migrated (up to `max_migrations` times):
+// its prompt plus the tokens delivered so far go to another D, which continues exactly where the
+// client is (usage stays the client's; no token is duplicated or missing). Any other request, or
+// one out of migrations, ends with a final Internal error naming D. INVALID_ARGUMENT and the like
+// from D are passed on with D's message. The request deadline becomes the gRPC deadline
+// (DeadlineExceeded).
 //
 // Threading: no thread per request. Each request is one state object (Stream) and each attempt
 // one gRPC client read reactor (AttemptCall): gRPC's callback threads drive it, and on_event is
@@ -47,7 +50,9 @@ struct GrpcBackendOptions {
   RoutingPolicy policy = RoutingPolicy::kLeastLoaded;
   int local_prefill_threshold = 0;  // prompts shorter than this prefill on D; 0: never
   int max_attempts = 3;             // decode workers tried before the first token
-  int max_streams = 4096;           // concurrent requests
+  // Mid-stream moves of a greedy request to another decode worker when its own fails.
+  int max_migrations = 2;
+  int max_streams = 4096;                            // concurrent requests
   absl::Duration cancel_timeout = absl::Seconds(2);  // of the Decode.Cancel call
   // A request whose decode worker has not been live (stats stream up and fresh) for this long is
   // taken off it: retried elsewhere before its first token, else ended with an error. Catches

@@ -106,11 +106,14 @@ class FakeDecode final : public v1::Decode::Service {
       b = request->prefill_worker().empty() ? Behavior::kNormal : Behavior::kHang;
     }
     switch (b) {
-      case Behavior::kNormal:
-        for (int i = 0; i < num_tokens; ++i) {
-          if (!token(i, i + 1 == num_tokens)) break;
+      case Behavior::kNormal: {
+        const int max = request->sampling().max_tokens();
+        const int n = max > 0 ? std::min<int>(num_tokens, max) : num_tokens.load();
+        for (int i = 0; i < n; ++i) {
+          if (!token(i, i + 1 == n)) break;
         }
         return grpc::Status::OK;
+      }
       case Behavior::kFailImmediately:
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker going away");
       case Behavior::kFailAfterTwo:
@@ -416,7 +419,9 @@ TEST_F(BackendTest, DecodeWorkerHungMidStreamIsAnError) {
   ASSERT_TRUE(WaitFor([&] { return c.tokens() >= 2; }));
   worker.stats.silent = true;
   ASSERT_TRUE(c.WaitFinal());
-  EXPECT_EQ(c.final_status().code(), absl::StatusCode::kInternal);
+  // Greedy, so it would migrate, but there is no other decode worker to continue on.
+  EXPECT_EQ(c.final_status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.final_status().message().find("mid-stream"), std::string::npos) << c.final_status();
   EXPECT_NE(c.final_status().message().find("unresponsive"), std::string::npos) << c.final_status();
 }
 
@@ -441,13 +446,49 @@ TEST_F(BackendTest, FailureAfterTheFirstTokenIsAnInternalErrorNotARetry) {
   decode_workers_[1]->decode.behavior = Behavior::kFailAfterTwo;
   auto backend = MakeBackend();
   Collector c;
-  backend->Generate(Request("r"), c.callback());
+  BackendRequest sampled = Request("r");
+  sampled.params.temperature = 0.7f;  // not greedy: cannot be continued exactly elsewhere
+  backend->Generate(sampled, c.callback());
   ASSERT_TRUE(c.WaitFinal());
   EXPECT_EQ(c.final_status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(c.final_status().message().find("engine exploded"), std::string::npos);
+  EXPECT_NE(c.final_status().message().find("only greedy"), std::string::npos);
   EXPECT_EQ(c.tokens(), 2);
   EXPECT_EQ(decode_workers_[0]->decode.generate_calls + decode_workers_[1]->decode.generate_calls,
             1);
+}
+
+// A greedy request whose decode worker fails mid-stream moves to another one, which gets the
+// prompt plus the tokens delivered so far and the remaining budget; the client sees every token
+// once, its own usage, and one final event.
+TEST_F(BackendTest, GreedyRequestMigratesMidStream) {
+  StartDecode(2);
+  FakeWorker& failing = *decode_workers_[0];
+  FakeWorker& other = *decode_workers_[1];
+  failing.decode.behavior = Behavior::kFailAfterTwo;
+  other.stats.running = 5;  // least-loaded picks the failing one first
+  absl::SleepFor(absl::Milliseconds(100));
+  auto backend = MakeBackend();
+  Collector c;
+  backend->Generate(Request("r"), c.callback());  // greedy, 5 prompt tokens, max_tokens 4
+  ASSERT_TRUE(c.WaitFinal());
+  ASSERT_TRUE(c.final_status().ok()) << c.final_status();
+  EXPECT_EQ(c.tokens(), 4);
+  EXPECT_EQ(failing.decode.generate_calls, 1);
+  ASSERT_EQ(other.decode.generate_calls, 1);
+  const v1::GenerateRequest moved = other.decode.last_request();
+  ASSERT_EQ(moved.prompt_token_ids_size(), 7);
+  EXPECT_EQ(moved.prompt_token_ids(5), 100);  // the two tokens the client already has
+  EXPECT_EQ(moved.prompt_token_ids(6), 101);
+  EXPECT_EQ(moved.sampling().max_tokens(), 2);
+  EXPECT_EQ(moved.request_id(), "r#2");
+  const std::vector<BackendChunk> chunks = c.chunks();
+  EXPECT_EQ(chunks.back().finish_reason.value_or(""), "length");
+  EXPECT_EQ(chunks.back().usage.prompt_tokens, 5);
+  EXPECT_EQ(chunks.back().usage.completion_tokens, 4);
+  int with_ttft = 0;
+  for (const BackendChunk& chunk : chunks) with_ttft += chunk.ttft.has_value();
+  EXPECT_EQ(with_ttft, 1);  // only the first token's
 }
 
 TEST_F(BackendTest, RequestErrorsPassThroughWithoutRetry) {
@@ -547,7 +588,9 @@ TEST_F(BackendTest, SixtyFourConcurrentStreams) {
   std::vector<std::unique_ptr<Collector>> collectors;
   for (int i = 0; i < kRequests; ++i) {
     collectors.push_back(std::make_unique<Collector>());
-    backend->Generate(Request(absl::StrCat("r", i)), collectors.back()->callback());
+    BackendRequest request = Request(absl::StrCat("r", i));
+    request.params.max_tokens = 20;
+    backend->Generate(request, collectors.back()->callback());
   }
   for (auto& c : collectors) {
     ASSERT_TRUE(c->WaitFinal());
