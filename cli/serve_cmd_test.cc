@@ -492,6 +492,74 @@ pid_t ChildWithRole(const std::vector<pid_t>& children, const std::string& role)
   return -1;
 }
 
+// Chaos, bounded: 2 prefill + 2 decode workers, 32 concurrent greedy streams; one decode worker
+// and one prefill worker are killed with SIGKILL mid-run. Every stream completes with the text of
+// an unfaulted run (streams on the dead decode worker migrate; prompts waiting on the dead
+// prefill worker are prefilled on their decode worker), none hangs, and the restarted workers
+// serve again.
+TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--prefill-workers", "2", "--decode-workers",
+                      "2", "--request-timeout-s", "120"},
+                     cache_dir_.string());
+  ASSERT_EQ(StartServing(serve, port, 5).size(), 5u) << serve.output();
+  constexpr int kStreams = 32;
+  const auto body = [](int i) {
+    return absl::StrCat(R"({"model": "tiny", "prompt": "Stream )", i,
+                        R"( tells a story about the river", "max_tokens": 48, "temperature": 0, )",
+                        R"("ignore_eos": true, "stream": true})");
+  };
+  // The text of each stream from its SSE events ("" with "<error>" when it ended in an error).
+  const auto text_of = [](const std::string& response) {
+    std::string text;
+    for (absl::string_view line : absl::StrSplit(response, '\n')) {
+      if (!absl::StartsWith(line, "data: {")) continue;
+      const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
+      if (j.is_discarded()) return std::string("<bad event>");
+      if (j.contains("error")) return std::string("<error>");
+      for (const auto& choice : j["choices"]) {
+        if (choice.contains("text") && choice["text"].is_string()) text += choice["text"];
+      }
+    }
+    if (response.find("data: [DONE]") == std::string::npos) return std::string("<cut>");
+    return text;
+  };
+  const auto run = [&](bool chaos) {
+    std::vector<std::string> texts(kStreams);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kStreams; ++i) {
+      clients.emplace_back(
+          [&, i] { texts[i] = text_of(HttpPost(port, "/v1/completions", body(i))); });
+    }
+    if (chaos) {
+      absl::SleepFor(absl::Milliseconds(300));
+      for (const char* role : {"decode", "prefill"}) {
+        const pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
+        EXPECT_NE(victim, -1);
+        if (victim != -1) kill(victim, SIGKILL);
+      }
+    }
+    for (std::thread& t : clients) t.join();
+    return texts;
+  };
+  const std::vector<std::string> reference = run(false);
+  for (const std::string& t : reference) ASSERT_FALSE(t.empty() || t[0] == '<') << t;
+  const std::vector<std::string> chaotic = run(true);
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(chaotic[i], reference[i]) << "stream " << i;
+  // The kill landed mid-stream: streams were moved (else this test proved nothing).
+  EXPECT_NE(serve.output().find("tokens to another decode worker"), std::string::npos)
+      << serve.output();
+  ASSERT_TRUE(WaitFor([&] { return serve.output().find(" restarted (pid") != std::string::npos; },
+                      absl::Seconds(30)));
+  // Everyone back: the same streams again, after the restarts.
+  EXPECT_TRUE(WaitFor([&] { return ChildrenOf(serve.pid()).size() == 5u; }, absl::Seconds(30)));
+  absl::SleepFor(absl::Seconds(3));
+  const std::vector<std::string> after = run(false);
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(after[i], reference[i]) << "stream " << i;
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  EXPECT_NE(serve.Wait(absl::Seconds(60)), -1);
+}
+
 // A worker killed with SIGKILL is started again (same port) while the others keep serving, and
 // takes requests again; the same for the prefill worker.
 TEST_F(ServeTest, AKilledWorkerIsRestartedAndServesAgain) {
