@@ -358,6 +358,10 @@ def safetensors_seeds():
                             "data_offsets": [0, 0]}}).encode()
     # Regression: a dimension above 2^63 - 1 after a zero one was accepted (as a negative dim).
     write(t, "regression-zero-then-huge-dimension", b"\x00" + struct.pack("<Q", len(bad)) + bad)
+    # Regression: ToFloat32 of an F32 tensor of no elements passed the empty vector's null data()
+    # to memcpy.
+    write(t, "regression-empty-f32-tensor", b"\x00" + safetensors_file(
+        {"w": ("F32", [0, 65014951], b"")}, metadata=False, pad=False))
     index = json.dumps({"weight_map": {"w": "../etc/passwd", "x": "missing.safetensors"}}).encode()
     write(t, "broken-index-shards", b"\x01" + struct.pack("<H", len(index)) + index + shard)
 

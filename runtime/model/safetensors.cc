@@ -360,6 +360,7 @@ void ConvertRange(const TensorView& view, float* out, size_t begin, size_t end) 
 void TensorStore::ToFloat32(const TensorView& view, std::vector<float>* out) {
   const size_t n = static_cast<size_t>(view.numel());
   out->resize(n);
+  if (n == 0) return;  // (an empty vector's data() may be null, and memcpy must not see it)
   // Large tensors (embeddings of a 1B model are 260M values) convert on several threads.
   constexpr size_t kPerThread = size_t{1} << 22;
   const size_t hw = std::max(1u, std::thread::hardware_concurrency());

@@ -214,6 +214,20 @@ TEST_F(SafetensorsTest, ToFloat32ConvertsLargeTensorsOnThreads) {
   }
 }
 
+// Found by fuzz/safetensors_fuzz.cc: an F32 tensor of no elements was converted with memcpy into
+// the (null) data() of an empty vector, which is undefined even for 0 bytes.
+TEST_F(SafetensorsTest, ToFloat32OfAnEmptyTensorIsEmpty) {
+  WriteRaw("model.safetensors", R"({"w":{"dtype":"F32","shape":[0,7],"data_offsets":[0,0]}})", "");
+  absl::StatusOr<std::unique_ptr<TensorStore>> store = TensorStore::Open(dir_.string());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<float> fresh;  // data() is null (UBSan, in the sanitizer build, saw the memcpy)
+  TensorStore::ToFloat32(*(*store)->Get("w"), &fresh);
+  EXPECT_TRUE(fresh.empty());
+  std::vector<float> used = {1.0f, 2.0f};
+  TensorStore::ToFloat32(*(*store)->Get("w"), &used);
+  EXPECT_TRUE(used.empty());
+}
+
 TEST_F(SafetensorsTest, WriteRejectsSizeMismatch) {
   std::map<std::string, TensorToWrite> tensors;
   tensors["x"] = {DType::kF32, {3}, std::vector<uint8_t>(8)};
