@@ -116,6 +116,27 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
   return done();
 }
 
+// "HOST:PORT" from serve's "[NAME] tandem ROLE: serving on HOST:PORT" line ("" when absent).
+std::string ServingAddress(const std::string& output, const std::string& name) {
+  const std::string role = name.substr(0, name.find('-'));
+  const std::string marker = absl::StrCat("[", name, "] tandem ", role, ": serving on ");
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + marker.size();
+  return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// grpc.health.v1.Health/Check on `address` with no service credential.
+grpc::Status AnonymousHealthCheck(const std::string& address) {
+  auto health = grpc::health::v1::Health::NewStub(
+      tandem::auth::ServiceIdentity::Unauthenticated()->Dial(address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  grpc::health::v1::HealthCheckRequest check;
+  grpc::health::v1::HealthCheckResponse answer;
+  return health->Check(&context, check, &answer);
+}
+
 // A `tandem serve` child with its output captured.
 class ServeProcess {
  public:
@@ -270,18 +291,9 @@ TEST_F(ServeTest, ServesACompletionAndLeavesNoProcessAfterSigint) {
             fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_EQ(fs::status(fs::path(token_files[0]).parent_path()).permissions() & fs::perms::all,
             fs::perms::owner_all);
-  const std::string marker = "[decode-0] tandem decode: serving on ";
-  const size_t at = serve.output().find(marker);
-  ASSERT_NE(at, std::string::npos) << serve.output();
-  const std::string decode_address =
-      serve.output().substr(at + marker.size(), serve.output().find('\n', at) - at - marker.size());
-  auto health = grpc::health::v1::Health::NewStub(
-      tandem::auth::ServiceIdentity::Unauthenticated()->Dial(decode_address));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  grpc::health::v1::HealthCheckRequest check;
-  grpc::health::v1::HealthCheckResponse answer;
-  EXPECT_EQ(health->Check(&context, check, &answer).error_code(), grpc::StatusCode::UNAUTHENTICATED)
+  const std::string decode_address = ServingAddress(serve.output(), "decode-0");
+  ASSERT_FALSE(decode_address.empty()) << serve.output();
+  EXPECT_EQ(AnonymousHealthCheck(decode_address).error_code(), grpc::StatusCode::UNAUTHENTICATED)
       << decode_address;
 
   ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
@@ -327,18 +339,9 @@ TEST_F(ServeTest, MutualTlsBetweenEveryService) {
   EXPECT_NE(response.find("\"completion_tokens\":4"), std::string::npos) << response;
   EXPECT_EQ(serve.output().find("prefilling locally"), std::string::npos) << serve.output();
 
-  const std::string marker = "[prefill-0] tandem prefill: serving on ";
-  const size_t at = serve.output().find(marker);
-  ASSERT_NE(at, std::string::npos) << serve.output();
-  const std::string prefill_address =
-      serve.output().substr(at + marker.size(), serve.output().find('\n', at) - at - marker.size());
-  auto health = grpc::health::v1::Health::NewStub(
-      tandem::auth::ServiceIdentity::Unauthenticated()->Dial(prefill_address));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  grpc::health::v1::HealthCheckRequest check;
-  grpc::health::v1::HealthCheckResponse answer;
-  EXPECT_FALSE(health->Check(&context, check, &answer).ok());
+  const std::string prefill_address = ServingAddress(serve.output(), "prefill-0");
+  ASSERT_FALSE(prefill_address.empty()) << serve.output();
+  EXPECT_FALSE(AnonymousHealthCheck(prefill_address).ok());
 
   ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
   const int status = serve.Wait(absl::Seconds(40));

@@ -10,6 +10,8 @@
 #include <ctime>
 #include <string>
 
+#include "runtime/base/json_string.h"
+
 namespace tandem {
 namespace {
 
@@ -42,37 +44,6 @@ const char* SeverityName(LogSeverity s) {
       return "FATAL";
   }
   return "?";
-}
-
-// `s` as the body of a JSON string.
-void AppendJsonEscaped(std::string_view s, std::string* out) {
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          *out += buf;
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
 }
 
 std::atomic<int>& MinSeverityStorage() {
@@ -137,11 +108,11 @@ LogMessage::~LogMessage() {
     char frac[8];
     std::snprintf(frac, sizeof(frac), ".%03dZ", ms);
     s.append("{\"ts\":\"").append(ts).append(frac);
-    s.append("\",\"level\":\"").append(SeverityName(severity_)).append("\",\"source\":\"");
-    AppendJsonEscaped(base, &s);
-    s.append(":").append(std::to_string(line_)).append("\",\"msg\":\"");
-    AppendJsonEscaped(stream_.str(), &s);
-    s.append("\"}\n");
+    s.append("\",\"level\":\"").append(SeverityName(severity_)).append("\",\"source\":");
+    AppendJsonString(std::string(base) + ":" + std::to_string(line_), &s);
+    s.append(",\"msg\":");
+    AppendJsonString(stream_.str(), &s);
+    s.append("}\n");
   } else {
     char buf[32];
     std::strftime(buf, sizeof(buf), "%H:%M:%S", &tm);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "runtime/base/json_string.h"
 #include "runtime/base/status.h"
 
 namespace tandem::jinja {
@@ -87,43 +88,6 @@ std::string PythonStringRepr(std::string_view s) {
   }
   out += quote;
   return out;
-}
-
-void AppendJsonString(std::string_view s, std::string* out) {
-  *out += '"';
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      case '\b':
-        *out += "\\b";
-        break;
-      case '\f':
-        *out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", c);
-        } else {
-          *out += ch;
-        }
-    }
-  }
-  *out += '"';
 }
 
 absl::Status AppendJson(const Value& v, int indent, int level, std::string* out) {
