@@ -47,9 +47,8 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// One HTTP/1.1 request with Connection: close; the whole response ("" on connect failure).
-std::string HttpPost(int port, const std::string& path, const std::string& body,
-                     const std::string& extra_headers = "", const std::string& host = "127.0.0.1") {
+// A TCP connection to 127.0.0.1:port with a 60 s read timeout; -1 on failure.
+int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -59,6 +58,16 @@ std::string HttpPost(int port, const std::string& path, const std::string& body,
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One HTTP/1.1 request with Connection: close; the whole response ("" on connect failure).
+std::string HttpPost(int port, const std::string& path, const std::string& body,
+                     const std::string& extra_headers = "", const std::string& host = "127.0.0.1") {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) {
     return "";
   }
   const std::string request = absl::StrCat(
@@ -441,16 +450,9 @@ TEST_F(ServeTest, SigtermEndsRunningStreamsWithAFinalEvent) {
   absl::Notification streaming;
   std::string body;
   std::thread client([&] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    timeval tv{60, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int fd = ConnectLoopback(port);
+    if (fd < 0) {
       streaming.Notify();
-      close(fd);
       return;
     }
     const std::string json =
