@@ -60,6 +60,8 @@ struct BenchFlags {
   int input_len = 1024;
   int output_len = 128;
   double range_ratio = 0;
+  int prefix_groups = 0;
+  int prefix_len = 0;
   std::string dataset;
   std::string tokenizer;
   uint64_t seed = 0;
@@ -229,6 +231,8 @@ int Run(BenchFlags flags) {
     spec.output_len = flags.output_len;
     spec.range_ratio = flags.range_ratio;
     spec.seed = flags.seed;
+    spec.prefix_groups = flags.prefix_groups;
+    spec.prefix_len = flags.prefix_len;
     items = bench::SyntheticWorkload(spec, tokenizer.get());
   }
 
@@ -383,6 +387,13 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--range-ratio", flags->range_ratio, "Lengths uniform in [len*(1-r), len*(1+r)]")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--shared-prefix-groups", flags->prefix_groups,
+                  "Synthetic prompts share one of this many random prefixes (round-robin over "
+                  "prompts, then shuffled)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--shared-prefix-len", flags->prefix_len,
+                  "Length of each shared prefix in tokens; prompts are prefix + --input-len")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dataset", flags->dataset,
                   "JSONL file: {\"prompt\": ..., \"output_len\": N} per line");
   cmd->add_option("--tokenizer", flags->tokenizer,

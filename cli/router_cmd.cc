@@ -2,7 +2,8 @@
 //   tandem router --model DIR [--port 8000] [--host 127.0.0.1] [--served-model-name NAME]
 //                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
-//                 [--routing least-loaded|round-robin] [--local-prefill-threshold N]
+//                 [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
+//                 [--kv-aware-request-cost N]
 //                 [--api-key KEY]... [--api-key-file FILE] [--allowed-host HOST]...
 //                 (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K |
 //                  --insecure-services)
@@ -53,7 +54,8 @@ struct RouterFlags {
   std::vector<std::string> decode_dns;
   double dns_refresh_s = 10;
   std::string routing = "least-loaded";
-  int local_prefill_threshold = 0;
+  int local_prefill_threshold = router::GrpcBackendOptions::kAutomatic;
+  double kv_aware_request_cost = router::KvAwareOptions{}.request_cost_tokens;
   int max_model_len = 0;
   double request_timeout_s = 0;
   int http_threads = 4;
@@ -96,6 +98,7 @@ int RunRouter(const RouterFlags& flags) {
   router::WorkerPoolOptions decode_pool_options;
   decode_pool_options.role = "decode";
   decode_pool_options.identity = *identity;
+  decode_pool_options.track_prefix_cache = *policy == router::RoutingPolicy::kKvAware;
   router::WorkerPool decode_pool(decode_pool_options);
   std::unique_ptr<router::WorkerPool> prefill_pool;
   if (disaggregated) {
@@ -106,6 +109,7 @@ int RunRouter(const RouterFlags& flags) {
   router::GrpcBackendOptions backend_options;
   backend_options.policy = *policy;
   backend_options.local_prefill_threshold = flags.local_prefill_threshold;
+  backend_options.kv_aware.request_cost_tokens = flags.kv_aware_request_cost;
   router::GrpcGenerationBackend backend(&decode_pool, prefill_pool.get(), backend_options);
 
   prometheus::Registry registry;
@@ -139,6 +143,7 @@ int RunRouter(const RouterFlags& flags) {
   }
   decode_pool.SetMetrics(&(*frontend)->metrics());
   if (prefill_pool != nullptr) prefill_pool->SetMetrics(&(*frontend)->metrics());
+  backend.SetMetrics(&(*frontend)->metrics());
 
   const auto make_discovery =
       [&](const std::vector<std::string>& addresses, const std::vector<std::string>& dns,
@@ -182,6 +187,10 @@ int RunRouter(const RouterFlags& flags) {
                 << "/v1 (model " << (*frontend)->served_model_name() << ", " << decode_pool.size()
                 << " decode + " << (prefill_pool != nullptr ? prefill_pool->size() : 0)
                 << " prefill workers, routing " << router::RoutingPolicyName(*policy)
+                << (backend.local_prefill_threshold() > 0
+                        ? absl::StrCat(", local prefill under ", backend.local_prefill_threshold(),
+                                       " uncached tokens")
+                        : std::string())
                 << (disaggregated ? "" : ", aggregated") << ")" << std::endl;
       while (!WaitForSignal(signals, absl::Seconds(1))) {
       }
@@ -239,11 +248,16 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "Seconds between DNS re-resolutions (default 10)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--routing", flags->routing,
-                  "Worker choice: least-loaded (KV headroom, then load) or round-robin")
-      ->check(CLI::IsMember({"least-loaded", "round-robin"}));
+                  "Worker choice: least-loaded (KV headroom, then load), round-robin, or kv-aware "
+                  "(cached prompt prefix against load, docs/routing.md)")
+      ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
-                  "Prompts shorter than this many tokens are prefilled on the decode worker "
-                  "(default 0: never)")
+                  "Prompts whose uncached part is shorter than this many tokens are prefilled on "
+                  "the decode worker; 0: never (default: 64 with kv-aware routing, else 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-aware-request-cost", flags->kv_aware_request_cost,
+                  "kv-aware routing: what one request already on a worker costs, in prompt "
+                  "tokens (default 64)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-model-len", flags->max_model_len,
                   "Context limit, prompt + output tokens (default: config.json)")

@@ -4,7 +4,8 @@
 //                [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //                [--device cpu|cuda|cuda:N] [--prefill-device D] [--decode-device D]
 //                [--block-size N] [--kv-cache-mib M]
-//                [--routing least-loaded|round-robin] [--local-prefill-threshold N]
+//                [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
+//                [--kv-aware-request-cost N]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -129,7 +130,8 @@ struct ServeFlags {
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
   std::string log_format = "text";         // every child's, and serve's own lines
   std::string routing = "least-loaded";
-  int local_prefill_threshold = 0;
+  int local_prefill_threshold = -1;   // -1: the router's automatic default
+  double kv_aware_request_cost = -1;  // -1: the router's default
   std::string served_model_name;
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
@@ -601,9 +603,15 @@ int RunServe(ServeFlags flags) {
                                           "--decode-workers",
                                           addresses(decode),
                                           "--routing",
-                                          flags.routing,
-                                          "--local-prefill-threshold",
-                                          std::to_string(flags.local_prefill_threshold)};
+                                          flags.routing};
+  if (flags.local_prefill_threshold >= 0) {
+    router_args.insert(router_args.end(), {"--local-prefill-threshold",
+                                           std::to_string(flags.local_prefill_threshold)});
+  }
+  if (flags.kv_aware_request_cost >= 0) {
+    router_args.insert(router_args.end(),
+                       {"--kv-aware-request-cost", absl::StrCat(flags.kv_aware_request_cost)});
+  }
   if (!prefill.empty()) {
     router_args.insert(router_args.end(), {"--prefill-workers", addresses(prefill)});
   }
@@ -785,10 +793,16 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")
       ->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--routing", flags->routing, "least-loaded (default) or round-robin")
-      ->check(CLI::IsMember({"least-loaded", "round-robin"}));
+  cmd->add_option("--routing", flags->routing,
+                  "least-loaded (default), round-robin or kv-aware (docs/routing.md)")
+      ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
-                  "Prompts shorter than this many tokens prefill on the decode worker")
+                  "Prompts whose uncached part is shorter than this many tokens prefill on the "
+                  "decode worker; 0: never (default: 64 with kv-aware routing, else 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-aware-request-cost", flags->kv_aware_request_cost,
+                  "kv-aware routing: what one request already on a worker costs, in prompt "
+                  "tokens (default 64)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name clients use (default: the model directory's name)");

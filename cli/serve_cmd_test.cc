@@ -509,10 +509,17 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
                      cache_dir_.string());
   ASSERT_EQ(StartServing(serve, port, 5).size(), 5u) << serve.output();
   constexpr int kStreams = 32;
+  // Even streams greedy; odd ones sampled with a seed, a penalty and a stop string that holds
+  // text back whenever the output ends in a space (it never completes): a migration must carry
+  // the seed position, the penalty's output tokens and the held-back text.
   const auto body = [](int i) {
+    const std::string sampling =
+        i % 2 == 0 ? R"("temperature": 0)"
+                   : absl::StrCat(R"("temperature": 0.8, "seed": )", i,
+                                  R"(, "presence_penalty": 0.5, "stop": [" xqzv"])");
     return absl::StrCat(R"({"model": "tiny", "prompt": "Stream )", i,
-                        R"( tells a story about the river", "max_tokens": 48, "temperature": 0, )",
-                        R"("ignore_eos": true, "stream": true})");
+                        R"( tells a story about the river", "max_tokens": 48, )", sampling,
+                        R"(, "ignore_eos": true, "stream": true})");
   };
   // The text of each stream from its SSE events ("" with "<error>" when it ended in an error).
   const auto text_of = [](const std::string& response) {

@@ -208,7 +208,8 @@ void DecodeService::GenerateCall::Begin() {
     registered_ = true;
   }
   last_output_ = arrival_;
-  prefill_worker_ = request_->prefill_worker();
+  // A resumed (migrated) request samples its first token here, at its seed position.
+  prefill_worker_ = request_->resumed_output_tokens() > 0 ? "" : request_->prefill_worker();
   if (prefill_worker_.empty()) return Submit(std::nullopt);
   auto paired = service_->PairWith(prefill_worker_, shared_from_this());
   if (Pairing* pairing = std::get_if<Pairing>(&paired)) return Submit(*pairing);
@@ -223,6 +224,9 @@ void DecodeService::GenerateCall::Submit(std::optional<Pairing> pairing) {
   engine_request.prompt_token_ids.assign(request_->prompt_token_ids().begin(),
                                          request_->prompt_token_ids().end());
   engine_request.params = params_;
+  engine_request.priority = request_->priority();
+  engine_request.resumed_output_tokens = request_->resumed_output_tokens();
+  engine_request.resumed_text_bytes = request_->resumed_text_bytes();
   engine_request.deadline = std::min(arrival_ + service_->options_.reserve_timeout,
                                      absl::FromChrono(context_->deadline()));
   engine_request_deadline_ = engine_request.deadline;
@@ -270,6 +274,7 @@ void DecodeService::GenerateCall::SendPrefill(const RemoteKvReservation& reserva
   pr.set_request_id(id);
   *pr.mutable_prompt_token_ids() = request_->prompt_token_ids();
   *pr.mutable_sampling() = request_->sampling();
+  pr.set_priority(request_->priority());
   pr.set_pair_id(pairing_.pair_id);
   expected_ =
       service_->receiver_->Expect(pairing_.endpoint, reservation.block_ids,

@@ -436,6 +436,7 @@ grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
   params.max_tokens = 1;  // only the first token is sampled here
   params.stop.clear();    // stop strings act on later text, on the decode worker
   engine_request.params = params;
+  engine_request.priority = request->priority();
   engine_request.hold_kv_after_prefill = true;
   engine_request.stage_kv = lanes_[lane].staged;
   Engine* engine = engine_;

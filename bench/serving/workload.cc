@@ -100,19 +100,24 @@ std::vector<WorkItem> SyntheticWorkload(const SyntheticSpec& spec, const Tokeniz
   std::vector<int32_t> pool;
   if (tokenizer != nullptr) pool = CleanIds(*tokenizer, rng);
   if (pool.empty()) tokenizer = nullptr;  // nothing usable: fall back to words
+  auto draw_text = [&](int len) {
+    return tokenizer != nullptr ? ExactTokens(*tokenizer, pool, len, rng) : RandomWords(len, rng);
+  };
+  std::vector<std::string> prefixes;
+  if (spec.prefix_groups > 0 && spec.prefix_len > 0) {
+    for (int g = 0; g < spec.prefix_groups; ++g) prefixes.push_back(draw_text(spec.prefix_len));
+  }
   for (int i = 0; i < spec.num_prompts; ++i) {
     WorkItem w;
     const int in = DrawLen(spec.input_len, spec.range_ratio, rng);
     w.output_len = DrawLen(spec.output_len, spec.range_ratio, rng);
-    if (tokenizer != nullptr) {
-      w.prompt = ExactTokens(*tokenizer, pool, in, rng);
-      w.input_len = static_cast<int>(tokenizer->Encode(w.prompt, false).size());
-    } else {
-      w.prompt = RandomWords(in, rng);
-      w.input_len = in;
-    }
+    w.prompt = draw_text(in);
+    if (!prefixes.empty()) w.prompt = absl::StrCat(prefixes[i % prefixes.size()], " ", w.prompt);
+    w.input_len = tokenizer != nullptr ? static_cast<int>(tokenizer->Encode(w.prompt, false).size())
+                                       : in + (prefixes.empty() ? 0 : spec.prefix_len);
     items.push_back(std::move(w));
   }
+  if (!prefixes.empty()) std::shuffle(items.begin(), items.end(), rng);
   return items;
 }
 

@@ -34,11 +34,17 @@ struct SyntheticSpec {
   int output_len = 128;
   double range_ratio = 0;  // lengths uniform in [len*(1-r), len*(1+r)], as vLLM's random dataset
   uint64_t seed = 0;
+  // Shared prefixes (vLLM's prefix-repetition dataset): with prefix_groups > 0, `prefix_groups`
+  // random prefixes of `prefix_len` tokens are drawn, and prompt i is prefix (i mod groups)
+  // followed by its own random input_len tokens; the prompts are then shuffled (seeded).
+  int prefix_groups = 0;
+  int prefix_len = 0;
 };
 
 // Prompts of random words (about one token each for BPE vocabularies), `input_len` words each.
 // With `tokenizer`, prompts are built from random non-special vocabulary tokens and re-encoded
-// until they encode to exactly the drawn length (without special tokens).
+// until they encode to exactly the drawn length (without special tokens). With shared prefixes,
+// input_len counts the prefix too.
 std::vector<WorkItem> SyntheticWorkload(const SyntheticSpec& spec, const Tokenizer* tokenizer);
 
 // JSON Lines, one request per line: {"prompt": "..."} with optional "output_len" (or

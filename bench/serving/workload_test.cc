@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +69,40 @@ TEST(SyntheticWorkloadTest, FixedLengthsInWords) {
     EXPECT_EQ(w.output_len, 7);
   }
   EXPECT_NE(items[0].prompt, items[1].prompt);
+}
+
+TEST(SyntheticWorkloadTest, SharedPrefixGroups) {
+  SyntheticSpec spec;
+  spec.num_prompts = 24;
+  spec.input_len = 5;
+  spec.output_len = 3;
+  spec.prefix_groups = 3;
+  spec.prefix_len = 40;
+  std::vector<WorkItem> items = SyntheticWorkload(spec, nullptr);
+  ASSERT_EQ(items.size(), 24u);
+  std::map<std::string, int> per_prefix;
+  std::set<std::string> suffixes;
+  for (const WorkItem& w : items) {
+    EXPECT_EQ(Words(w.prompt), 45);
+    EXPECT_EQ(w.input_len, 45);
+    std::vector<std::string> words = absl::StrSplit(w.prompt, ' ', absl::SkipEmpty());
+    ++per_prefix[absl::StrJoin(words.begin(), words.begin() + 40, " ")];
+    suffixes.insert(absl::StrJoin(words.begin() + 40, words.end(), " "));
+  }
+  EXPECT_EQ(per_prefix.size(), 3u);
+  for (const auto& [prefix, n] : per_prefix) EXPECT_EQ(n, 8);
+  EXPECT_EQ(suffixes.size(), 24u) << "every prompt has its own suffix";
+  // Shuffled: the groups are not in round-robin order.
+  bool interleaved_in_order = true;
+  for (size_t i = 0; i + 3 < items.size(); ++i) {
+    if (items[i].prompt.substr(0, 20) != items[i + 3].prompt.substr(0, 20)) {
+      interleaved_in_order = false;
+    }
+  }
+  EXPECT_FALSE(interleaved_in_order);
+  // Same seed, same prompts.
+  std::vector<WorkItem> again = SyntheticWorkload(spec, nullptr);
+  for (size_t i = 0; i < items.size(); ++i) EXPECT_EQ(items[i].prompt, again[i].prompt);
 }
 
 TEST(SyntheticWorkloadTest, RangeRatioSpreadsUniformly) {

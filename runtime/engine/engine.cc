@@ -34,6 +34,9 @@ struct Engine::Active {
   }
   GenerateRequest request;  // prompt moved into the scheduler
   int num_prompt_tokens = 0;
+  int resumed = 0;              // request.resumed_output_tokens
+  std::string resumed_text;     // resumed output's text the client does not have yet
+  int64_t skip_text_bytes = 0;  // text still to drop (the client has it)
   int max_tokens = 0;
   uint64_t seed = 0;
   std::unique_ptr<IncrementalDetokenizer> detok;
@@ -60,6 +63,7 @@ SchedulerConfig MakeSchedulerConfig(const ModelRunner& runner, const EngineOptio
   c.max_num_seqs = options.max_num_seqs;
   c.max_num_batched_tokens = options.max_num_batched_tokens;
   c.enable_prefix_caching = options.enable_prefix_caching;
+  c.record_prefix_cache_events = options.enable_prefix_caching;
   return c;
 }
 
@@ -148,6 +152,18 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
   }
   if (!r.params.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
+  }
+  if (r.resumed_output_tokens < 0 || r.resumed_output_tokens >= prompt_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resumed_output_tokens: ", r.resumed_output_tokens, " is not in [0, ",
+                     prompt_len, ") (the prompt's length)"));
+  }
+  if (r.resumed_text_bytes < 0) {
+    return absl::InvalidArgumentError("resumed_text_bytes: negative");
+  }
+  if (r.resumed_output_tokens > 0 && r.params.temperature > 0 && !r.params.seed.has_value()) {
+    return absl::InvalidArgumentError(
+        "seed: a resumed sampled request must carry the seed it was started with");
   }
   return absl::OkStatus();
 }
@@ -248,6 +264,9 @@ void Engine::PublishStats() {
   local_stats_.waiting = scheduler_.NumWaiting() + static_cast<int>(reservations_.size());
   local_stats_.awaiting_kv = scheduler_.NumAwaitingKv();
   local_stats_.held_kv = static_cast<int>(held_.size());
+  local_stats_.waiting_prompt_tokens = scheduler_.WaitingPromptTokens();
+  const std::vector<PrefixCacheEvent> events = scheduler_.TakePrefixCacheEvents();
+  prefix_cache_events_.Append(events);
   absl::MutexLock lock(&mu_);
   stats_ = local_stats_;
 }
@@ -311,6 +330,21 @@ void Engine::Admit(Incoming incoming) {
   std::vector<int32_t> prompt = std::move(request.prompt_token_ids);
   auto active = std::make_unique<Active>(std::move(request), tokenizer_);
   active->num_prompt_tokens = prompt_len;
+  active->resumed = active->request.resumed_output_tokens;
+  if (active->resumed > 0 && active->detok != nullptr) {
+    // Replay the earlier attempt's text pipeline over its tokens: the detokenizer and the stop
+    // buffer end up where they were, and what it held back is due to the client.
+    std::string text;
+    for (int i = prompt_len - active->resumed; i < prompt_len; ++i) {
+      text += active->stops.Append(active->detok->Push(prompt[i]));
+    }
+    const int64_t delivered = active->request.resumed_text_bytes;
+    if (static_cast<int64_t>(text.size()) >= delivered) {
+      active->resumed_text = text.substr(static_cast<size_t>(delivered));
+    } else {
+      active->skip_text_bytes = delivered - static_cast<int64_t>(text.size());
+    }
+  }
   active->max_tokens = active->request.params.max_tokens.value_or(max_model_len_ - prompt_len);
   active->seed =
       active->request.params.seed.has_value() ? *active->request.params.seed : seed_rng_();
@@ -323,12 +357,18 @@ void Engine::Admit(Incoming incoming) {
     active->on_reserved = std::move(incoming.on_reserved);
     active->reserve_deadline =
         std::min(active->request.deadline, incoming.submitted + options_.reserve_timeout);
+    const int priority = active->request.priority;
     active_[seq] = std::move(active);
-    reservations_.push_back(seq);
+    // Behind every queued reservation of the same or a more urgent priority.
+    auto pos = std::find_if(reservations_.begin(), reservations_.end(), [&](int64_t other) {
+      return active_.at(other)->request.priority > priority;
+    });
+    reservations_.insert(pos, seq);
     return;
   }
+  const int priority = active->request.priority;
   active_[seq] = std::move(active);
-  scheduler_.Add(seq, std::move(prompt));
+  scheduler_.Add(seq, std::move(prompt), priority);
 }
 
 void Engine::ProcessReservations(absl::Time now) {
@@ -479,8 +519,8 @@ bool Engine::Step() {
       const Active& a = *active_.at(c.seq_id);
       if (runner_samples && SamplesFromLogitsOnly(a.request.params)) {
         // The same seed and step OnLogits would use.
-        requests.push_back(MakeSampleRequest(a.request.params, a.seed,
-                                             static_cast<uint64_t>(seq->num_output_tokens())));
+        requests.push_back(MakeSampleRequest(
+            a.request.params, a.seed, static_cast<uint64_t>(seq->num_output_tokens() + a.resumed)));
         chunk.sample = &requests.back();
       }
     }
@@ -571,9 +611,10 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const SamplingParams& params = a.request.params;
   const Sequence* seq = scheduler_.Get(seq_id);
   const std::span<const int32_t> all(seq->tokens);
-  OnSampled(seq_id,
-            Sample(params, logits, all.first(a.num_prompt_tokens), all.subspan(a.num_prompt_tokens),
-                   a.seed, static_cast<uint64_t>(seq->num_output_tokens())));
+  // A resumed request's earlier output counts as output (penalties, seed position).
+  const size_t split = static_cast<size_t>(a.num_prompt_tokens - a.resumed);
+  OnSampled(seq_id, Sample(params, logits, all.first(split), all.subspan(split), a.seed,
+                           static_cast<uint64_t>(seq->num_output_tokens() + a.resumed)));
 }
 
 void Engine::OnSampled(int64_t seq_id, const SampleResult& r) {
@@ -678,6 +719,7 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
     out.text = a.stops.Append(a.detok->Push(token));
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
+  if (a.resumed > 0) TrimResumedText(a, &out.text);
   if (!finish.has_value() && a.usage.completion_tokens >= a.max_tokens) {
     finish = FinishReason::kLength;
   }
@@ -688,11 +730,25 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
     return;
   }
   if (a.detok != nullptr && !a.stops.stopped()) {
-    out.text += a.stops.Append(a.detok->Flush());
-    out.text += a.stops.Flush();
+    std::string tail = a.stops.Append(a.detok->Flush());
+    tail += a.stops.Flush();
+    if (a.resumed > 0) TrimResumedText(a, &tail);
+    out.text += tail;
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
   FinishRequest(seq_id, *finish, absl::OkStatus(), std::move(out));
+}
+
+void Engine::TrimResumedText(Active& a, std::string* text) {
+  if (!a.resumed_text.empty()) {
+    *text = absl::StrCat(a.resumed_text, *text);
+    a.resumed_text.clear();
+  }
+  if (a.skip_text_bytes > 0) {
+    const size_t drop = std::min(text->size(), static_cast<size_t>(a.skip_text_bytes));
+    text->erase(0, drop);
+    a.skip_text_bytes -= static_cast<int64_t>(drop);
+  }
 }
 
 void Engine::FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error,

@@ -67,6 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/engine/stop_strings.h"
+#include "runtime/kvcache/prefix_cache_events.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/tokenizer.h"
 #include "runtime/sampling/sampler.h"
@@ -147,6 +148,19 @@ struct GenerateRequest {
   std::string request_id;  // unique among the engine's live requests
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
+  // Scheduling priority, lower is more urgent (vLLM's `priority`): orders admission (and queued
+  // remote-prefill reservations) and picks preemption victims; FCFS among equals.
+  int priority = 0;
+  // Migration (a request resumed on this engine after its first engine failed mid-stream): the
+  // last `resumed_output_tokens` prompt tokens are output an earlier attempt generated. They are
+  // not emitted again, but they count as output for sampling (the seed position, so a seeded
+  // request continues with the tokens it would have drawn; the penalties' output tokens) and for
+  // stop strings, which may span the seam. `resumed_text_bytes` of their text already reached the
+  // client; the rest (what the earlier attempt held back: a partial UTF-8 character, a possible
+  // stop-string prefix) comes out with the next output. A sampled request (temperature > 0) must
+  // carry its seed. Usage counts only this engine's tokens.
+  int resumed_output_tokens = 0;
+  int64_t resumed_text_bytes = 0;
   OutputCallback on_output;
   // Prefill side (Submit only): compute the prompt, sample one token, call on_prefilled (engine
   // thread) and keep the blocks until ReleaseHeldKv; then the final output (that token,
@@ -211,9 +225,10 @@ struct EngineStats {
   int blocks_used = 0;  // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;  // free + cached-idle
   int running = 0;
-  int waiting = 0;      // includes remote prefills waiting for blocks or for their KV
-  int awaiting_kv = 0;  // remote prefills with reserved blocks, KV not yet complete
-  int held_kv = 0;      // prefilled requests whose blocks are held for transfer
+  int waiting = 0;                    // includes remote prefills waiting for blocks or for their KV
+  int awaiting_kv = 0;                // remote prefills with reserved blocks, KV not yet complete
+  int held_kv = 0;                    // prefilled requests whose blocks are held for transfer
+  int64_t waiting_prompt_tokens = 0;  // uncomputed prompt tokens of waiting sequences
 };
 
 class Engine {
@@ -263,6 +278,9 @@ class Engine {
   void Shutdown(absl::Duration drain_timeout);
 
   EngineStats stats() const;
+  // What the prefix cache stored and evicted, numbered (kvcache/prefix_cache_events.h); updated
+  // after every step. Thread-safe. Empty when prefix caching is off.
+  const PrefixCacheEventLog& prefix_cache_events() const { return prefix_cache_events_; }
   int max_model_len() const { return max_model_len_; }
   const ModelConfig& config() const { return runner_->config(); }
   // Whether held prompts' chunks are reported (EngineOptions::kv_layer_progress on a runner that
@@ -320,6 +338,9 @@ class Engine {
   // Emits a token already appended to the sequence; may finish the request.
   void EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprobs> logprobs);
   void HoldAfterPrefill(int64_t seq_id, const SampleResult& sampled);
+  // A resumed request's text: prepends what its earlier attempt held back, drops what the client
+  // already has.
+  static void TrimResumedText(Active& a, std::string* text);
   // Stages the prompt blocks of `seq_id` from index `first_block` on (no-op for host runners).
   absl::Status StagePromptKv(int64_t seq_id, int first_block, KvStage dir);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);
@@ -361,6 +382,7 @@ class Engine {
   absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  PrefixCacheEventLog prefix_cache_events_;  // thread-safe; appended by the engine thread
 
   absl::Mutex shutdown_mu_;  // serializes Shutdown callers
   std::thread thread_;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/engine/engine_test_util.h"
 #include "runtime/engine/fake_model_runner.h"
+#include "runtime/kvcache/block_pool.h"
 
 namespace tandem {
 namespace {
@@ -444,6 +446,190 @@ TEST(EngineTest, ConcurrentSubmittersAndCancellations) {
   EXPECT_EQ(stats.blocks_free, 40);
   EXPECT_EQ(stats.finished_requests, static_cast<int64_t>(prompts.size()));
   EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(EngineTest, PriorityOrdersAdmissionLowerFirst) {
+  EngineOptions options;
+  options.max_num_seqs = 1;
+  Harness h(64, 4, options);
+  absl::Notification in_first_pass, release;
+  std::atomic<bool> first{true};
+  h.runner->set_forward_hook([&] {
+    if (first.exchange(false)) {
+      in_first_pass.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+  });
+  absl::Mutex mu;
+  std::vector<std::string> finished;
+  auto submit = [&](const std::string& id, int priority) {
+    GenerateRequest r;
+    r.request_id = id;
+    r.prompt_token_ids = {1, 2, 3, 4, 5};
+    r.params = Greedy(3);
+    r.priority = priority;
+    r.on_output = [&](const GenerationOutput& out) {
+      if (!out.finish_reason.has_value()) return;
+      absl::MutexLock lock(&mu);
+      finished.push_back(out.request_id);
+    };
+    return h.engine->Submit(std::move(r));
+  };
+  ASSERT_TRUE(submit("a", 0).ok());
+  ASSERT_TRUE(in_first_pass.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // "a" holds the only batch slot; these queue behind it in priority order, FCFS among equals.
+  ASSERT_TRUE(submit("b", 10).ok());
+  ASSERT_TRUE(submit("c", -1).ok());
+  ASSERT_TRUE(submit("d", 0).ok());
+  ASSERT_TRUE(submit("e", -1).ok());
+  release.Notify();
+  {
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return finished.size() == 5; };
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(30)));
+  }
+  h.engine->Shutdown(absl::Seconds(5));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(finished, (std::vector<std::string>{"a", "c", "e", "d", "b"}));
+}
+
+TEST(EngineTest, PrefixCacheEventsDescribeWhatTheCacheHolds) {
+  Harness h(64, 4);
+  const std::vector<int32_t> prompt = {9, 8, 7, 6, 5, 4, 3, 2, 1, 11};
+  ASSERT_TRUE(h.Submit("a", prompt, Greedy(2)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  h.engine->Shutdown(absl::Seconds(5));
+  const PrefixCacheDelta snapshot = h.engine->prefix_cache_events().ReadSince(std::nullopt, 1000);
+  EXPECT_TRUE(snapshot.reset);
+  EXPECT_GT(snapshot.last_seq, 0u);
+  std::set<uint64_t> cached;
+  for (const PrefixCacheEvent& e : snapshot.events) cached.insert(e.block_hash);
+  // The prompt's two full blocks are cached, under the hashes a router computes.
+  for (uint64_t h : PrefixBlockHashes(prompt, 4, 2)) EXPECT_TRUE(cached.contains(h));
+  // A reader from the start sees the same through deltas.
+  const PrefixCacheDelta all = h.engine->prefix_cache_events().ReadSince(uint64_t{0}, 1000);
+  EXPECT_FALSE(all.reset);
+  EXPECT_EQ(all.last_seq, snapshot.last_seq);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// What one request streamed, output by output.
+struct Stream {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> texts;
+  std::optional<FinishReason> finish;
+};
+
+Stream RunOne(Harness& h, GenerateRequest r) {
+  absl::Mutex mu;
+  Stream s;
+  r.on_output = [&](const GenerationOutput& out) {
+    absl::MutexLock lock(&mu);
+    s.tokens.push_back(out.token_ids);
+    s.texts.push_back(out.text);
+    if (out.finish_reason.has_value()) s.finish = out.finish_reason;
+  };
+  EXPECT_TRUE(h.engine->Submit(std::move(r)).ok());
+  absl::MutexLock lock(&mu);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return s.finish.has_value(); };
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(30)));
+  return s;
+}
+
+std::vector<int32_t> AllTokens(const Stream& s) {
+  std::vector<int32_t> all;
+  for (const auto& t : s.tokens) all.insert(all.end(), t.begin(), t.end());
+  return all;
+}
+
+std::string AllText(const Stream& s, size_t outputs = SIZE_MAX) {
+  std::string text;
+  for (size_t i = 0; i < s.texts.size() && i < outputs; ++i) text += s.texts[i];
+  return text;
+}
+
+// A request resumed after k of its tokens (migration) continues with exactly the tokens and text
+// the uninterrupted run produced: seeded sampling at its seed position, penalties over the
+// resumed output, and a stop string whose first characters were held back before the seam.
+TEST(EngineTest, ResumedRequestContinuesExactlyWhereItStopped) {
+  FakeTokenizer tok;
+  const std::vector<int32_t> prompt = {20, 21, 22, 23, 24};
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.seed = 42;
+  params.presence_penalty = 0.7f;
+  params.repetition_penalty = 1.3f;
+  params.max_tokens = 24;
+  // First an unconstrained run, to pick a stop string that occurs in its output.
+  Harness probe(128, 4, EngineOptions{}, &tok);
+  GenerateRequest r0;
+  r0.request_id = "probe";
+  r0.prompt_token_ids = prompt;
+  r0.params = params;
+  const std::string free_text = AllText(RunOne(probe, r0));
+  ASSERT_GE(free_text.size(), 16u);
+  params.stop = {free_text.substr(12, 3)};
+
+  Harness a(128, 4, EngineOptions{}, &tok);
+  GenerateRequest full;
+  full.request_id = "full";
+  full.prompt_token_ids = prompt;
+  full.params = params;
+  const Stream whole = RunOne(a, full);
+  ASSERT_EQ(whole.finish, FinishReason::kStop);
+  const std::vector<int32_t> tokens = AllTokens(whole);
+  ASSERT_GE(tokens.size(), 14u);
+  int held_back_cuts = 0;
+  for (size_t k = 1; k < tokens.size(); ++k) {
+    // The client has the tokens of the first k outputs (one token each) and their text.
+    ASSERT_EQ(whole.tokens[k - 1].size(), 1u);
+    const std::string delivered = AllText(whole, k);
+    if (delivered.size() < k) ++held_back_cuts;  // the stop buffer was holding text back
+    Harness b(128, 4, EngineOptions{}, &tok);
+    GenerateRequest resumed;
+    resumed.request_id = absl::StrCat("resumed-", k);
+    resumed.prompt_token_ids = prompt;
+    resumed.prompt_token_ids.insert(resumed.prompt_token_ids.end(), tokens.begin(),
+                                    tokens.begin() + static_cast<std::ptrdiff_t>(k));
+    resumed.params = params;
+    resumed.params.max_tokens = *params.max_tokens - static_cast<int>(k);
+    resumed.resumed_output_tokens = static_cast<int>(k);
+    resumed.resumed_text_bytes = static_cast<int64_t>(delivered.size());
+    const Stream rest = RunOne(b, resumed);
+    EXPECT_EQ(rest.finish, whole.finish) << "cut at " << k;
+    EXPECT_EQ(AllTokens(rest), std::vector<int32_t>(tokens.begin() + k, tokens.end()))
+        << "cut at " << k;
+    EXPECT_EQ(delivered + AllText(rest), AllText(whole)) << "cut at " << k;
+    b.engine->Shutdown(absl::Seconds(5));
+  }
+  EXPECT_GT(held_back_cuts, 0) << "no cut fell inside a held-back stop-string prefix";
+}
+
+TEST(EngineTest, ResumeFieldsAreValidated) {
+  Harness h(64);
+  GenerateRequest r;
+  r.request_id = "x";
+  r.prompt_token_ids = {1, 2, 3};
+  r.on_output = [](const GenerationOutput&) {};
+  r.resumed_output_tokens = 3;  // the whole prompt: nothing left as prompt
+  EXPECT_EQ(h.engine->Submit(r).code(), absl::StatusCode::kInvalidArgument);
+  r.resumed_output_tokens = 1;
+  r.resumed_text_bytes = -1;
+  EXPECT_EQ(h.engine->Submit(r).code(), absl::StatusCode::kInvalidArgument);
+  r.resumed_text_bytes = 0;
+  r.params.temperature = 0.5f;  // sampled, but no seed to continue from
+  EXPECT_EQ(h.engine->Submit(r).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -26,6 +26,22 @@ uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens) 
   return Mix64(h ^ tokens.size());
 }
 
+std::vector<uint64_t> PrefixBlockHashes(std::span<const int32_t> tokens, int block_size,
+                                        int max_blocks) {
+  std::vector<uint64_t> hashes;
+  if (block_size <= 0) return hashes;
+  const int full = static_cast<int>(tokens.size() / static_cast<size_t>(block_size));
+  const int n = std::min(full, max_blocks);
+  hashes.reserve(std::max(n, 0));
+  uint64_t parent = kRootBlockHash;
+  for (int i = 0; i < n; ++i) {
+    parent = HashBlockTokens(parent, tokens.subspan(static_cast<size_t>(i) * block_size,
+                                                    static_cast<size_t>(block_size)));
+    hashes.push_back(parent);
+  }
+  return hashes;
+}
+
 BlockPool::BlockPool(int num_blocks) : blocks_(num_blocks) {
   CHECK_GT(num_blocks, 0);
   free_list_.reserve(num_blocks);
@@ -59,6 +75,9 @@ void BlockPool::Evict(int32_t block) {
   auto it = hash_to_block_.find(b.hash);
   CHECK(it != hash_to_block_.end() && it->second == block);
   hash_to_block_.erase(it);
+  if (record_events_) {
+    events_.push_back({.kind = PrefixCacheEvent::Kind::kRemoved, .block_hash = b.hash});
+  }
   b.hashed = false;
   b.tokens.clear();
 }
@@ -109,6 +128,9 @@ bool BlockPool::Register(int32_t block, uint64_t hash, uint64_t parent_hash,
   b.hash = hash;
   b.parent_hash = parent_hash;
   b.tokens.assign(tokens.begin(), tokens.end());
+  if (record_events_) {
+    events_.push_back({.kind = PrefixCacheEvent::Kind::kStored, .block_hash = hash});
+  }
   return true;
 }
 

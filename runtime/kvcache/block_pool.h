@@ -21,15 +21,21 @@
 #include <list>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "runtime/kvcache/prefix_cache_events.h"
 
 namespace tandem {
 
 // Chained hash of one full block: deterministic across processes (for cross-worker routing).
 uint64_t HashBlockTokens(uint64_t parent_hash, std::span<const int32_t> tokens);
 inline constexpr uint64_t kRootBlockHash = 0x9e3779b97f4a7c15ULL;
+// The chained hashes of the leading full blocks of `tokens` (at most `max_blocks`), as the prefix
+// cache registers them: what a router compares against a worker's prefix-cache events.
+std::vector<uint64_t> PrefixBlockHashes(std::span<const int32_t> tokens, int block_size,
+                                        int max_blocks);
 
 class BlockPool {
  public:
@@ -65,6 +71,11 @@ class BlockPool {
   // blocks' hashes). CHECK-fails on a violation. For tests.
   void CheckConsistency() const;
 
+  // Prefix-cache events: once on, every successful Register appends kStored and every eviction
+  // kRemoved, in order, until TakeEvents hands them over.
+  void set_record_events(bool on) { record_events_ = on; }
+  std::vector<PrefixCacheEvent> TakeEvents() { return std::exchange(events_, {}); }
+
  private:
   struct Block {
     int ref = 0;
@@ -80,6 +91,8 @@ class BlockPool {
   std::vector<int32_t> free_list_;  // LIFO of free, unhashed blocks
   std::list<int32_t> evictable_;    // cached-idle blocks, least recently released first
   absl::flat_hash_map<uint64_t, int32_t> hash_to_block_;
+  bool record_events_ = false;
+  std::vector<PrefixCacheEvent> events_;
 };
 
 // A prefix-cache match for a token sequence: the leading full blocks that are cached.
@@ -129,6 +142,10 @@ class KvCacheManager {
   // Verifies that every block's ref count equals the number of tables holding it and that the
   // pool is consistent. CHECK-fails on a violation. For tests.
   void CheckInvariants() const;
+
+  // Prefix-cache events (BlockPool::set_record_events / TakeEvents); off by default.
+  void set_record_events(bool on) { pool_.set_record_events(on); }
+  std::vector<PrefixCacheEvent> TakeEvents() { return pool_.TakeEvents(); }
 
  private:
   struct Table {

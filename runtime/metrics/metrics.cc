@@ -102,7 +102,23 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                                             "Workers the pool should have at the target "
                                             "saturation (0.8)")),
       worker_healthy(GaugeFamily(r, "tandem_worker_healthy",
-                                 "1 when the worker's stats stream is live, else 0")) {}
+                                 "1 when the worker's stats stream is live, else 0")),
+      worker_prefix_cache_blocks(
+          GaugeFamily(r, "tandem_worker_prefix_cache_blocks",
+                      "Block hashes the router's index holds for each worker's prefix cache")),
+      routing_prefix_hit_tokens(BuildCounter()
+                                    .Name("tandem_routing_prefix_hit_tokens_total")
+                                    .Help("Prompt tokens the chosen worker held in its prefix "
+                                          "cache, per the router's index")
+                                    .Register(r)),
+      prefix_index_resyncs(BuildCounter()
+                               .Name("tandem_prefix_index_resyncs_total")
+                               .Help("Prefix-cache event gaps that forced a full resync")
+                               .Register(r)),
+      routing_prefills(BuildCounter()
+                           .Name("tandem_routing_prefills_total")
+                           .Help("Prompts routed, by where they are prefilled")
+                           .Register(r)) {}
 
 namespace {
 

@@ -63,6 +63,15 @@ struct RouterMetrics {
   prometheus::Family<prometheus::Gauge>& pool_replicas;
   prometheus::Family<prometheus::Gauge>& pool_recommended_replicas;
   prometheus::Family<prometheus::Gauge>& worker_healthy;
+  // KV-aware routing (docs/routing.md): tandem_worker_prefix_cache_blocks{worker, role}, the
+  // block hashes the router's index holds for each worker; tandem_routing_prefix_hit_tokens_total
+  // {pool}, prompt tokens the chosen worker held per the index; tandem_prefix_index_resyncs_total
+  // {pool}, event gaps that forced a full resync; tandem_routing_prefills_total{where}, where
+  // prompts were prefilled ("prefill_worker" or "decode_worker").
+  prometheus::Family<prometheus::Gauge>& worker_prefix_cache_blocks;
+  prometheus::Family<prometheus::Counter>& routing_prefix_hit_tokens;
+  prometheus::Family<prometheus::Counter>& prefix_index_resyncs;
+  prometheus::Family<prometheus::Counter>& routing_prefills;
 };
 
 // KV transfer metrics with the backend as a label. The label values are this worker's own backend

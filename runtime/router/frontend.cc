@@ -263,10 +263,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   // Starts the request's choices: at most `max_parallel` at a time, the next one as each ends
   // (a request with n = 128 then takes a bounded share of the workers, not 128 batch slots).
   void Launch(std::vector<int32_t> prompt_ids, SamplingParams params, absl::Time deadline,
-              int max_parallel) {
+              int priority, int max_parallel) {
     prompt_ids_ = std::move(prompt_ids);
     params_ = std::move(params);
     deadline_ = deadline;
+    priority_ = priority;
     int first;
     {
       absl::MutexLock lock(&mu_);
@@ -475,6 +476,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     br.params = params_;
     if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i);
     br.deadline = deadline_;
+    br.priority = priority_;
     core_->backend->Generate(std::move(br),
                              [self = shared_from_this(), i](absl::StatusOr<BackendChunk> event) {
                                self->OnEvent(i, std::move(event));
@@ -565,6 +567,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   std::vector<int32_t> prompt_ids_;
   SamplingParams params_;
   absl::Time deadline_ = absl::InfiniteFuture();
+  int priority_ = 0;
   int next_choice_ ABSL_GUARDED_BY(mu_) = 0;  // choices [0, next_choice_) have started
   int status_code_ ABSL_GUARDED_BY(mu_) = 0;
   std::string error_ ABSL_GUARDED_BY(mu_);
@@ -795,7 +798,8 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options.request_timeout;
-  state->Launch(std::move(prompt_ids), req.params, deadline, options.max_parallel_choices);
+  state->Launch(std::move(prompt_ids), req.params, deadline, req.priority,
+                options.max_parallel_choices);
 }
 
 RouterFrontend::RouterFrontend(std::shared_ptr<Core> core) : core_(std::move(core)) {}

@@ -52,6 +52,7 @@ struct BackendRequest {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
   absl::Time deadline = absl::InfiniteFuture();
+  int priority = 0;  // the request's `priority`: lower is scheduled first on the workers
 };
 
 struct BackendChunk {

@@ -1,5 +1,6 @@
 #include "runtime/router/grpc_generation_backend.h"
 
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -57,11 +58,6 @@ BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
 // Whether a request can move to another decode worker mid-stream and continue exactly: greedy,
 // and nothing that depends on state the new worker would not have (penalties over the output,
 // held-back stop text).
-bool Migratable(const SamplingParams& p) {
-  return p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
-         p.frequency_penalty == 0.0f && p.stop.empty();
-}
-
 // Codes that say the request itself is at fault: another worker would answer the same.
 bool IsRequestError(grpc::StatusCode code) {
   return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::OUT_OF_RANGE ||
@@ -89,6 +85,8 @@ struct GrpcGenerationBackend::Stream {
   std::vector<int32_t> generated;          // tokens delivered to the client so far
   int migrations = 0;                      // times moved to another decode worker mid-stream
   int migrated_tokens = 0;                 // of `generated`, those in the live attempt's prompt
+  int64_t delivered_text_bytes = 0;        // text delivered to the client so far
+  int64_t migrated_text_bytes = 0;         // of it, the part the live attempt resumes after
 
   absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
@@ -177,6 +175,7 @@ class GrpcGenerationBackend::AttemptCall final
       outcome_.delivered = true;
       stream_->generated.insert(stream_->generated.end(), chunk.token_ids.begin(),
                                 chunk.token_ids.end());
+      stream_->delivered_text_bytes += static_cast<int64_t>(chunk.text.size());
       stream_->on_event(std::move(chunk));
     }
     StartRead(&response_);
@@ -209,7 +208,14 @@ class GrpcGenerationBackend::AttemptCall final
 
 GrpcGenerationBackend::GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
                                              GrpcBackendOptions options)
-    : decode_pool_(decode_pool), prefill_pool_(prefill_pool), options_(std::move(options)) {
+    : decode_pool_(decode_pool),
+      prefill_pool_(prefill_pool),
+      options_(std::move(options)),
+      local_prefill_threshold_(options_.local_prefill_threshold != GrpcBackendOptions::kAutomatic
+                                   ? options_.local_prefill_threshold
+                                   : (options_.policy == RoutingPolicy::kKvAware
+                                          ? options_.kv_aware.local_prefill_uncached_tokens
+                                          : 0)) {
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -249,6 +255,19 @@ void GrpcGenerationBackend::Generate(BackendRequest request, BackendEventCallbac
   } else {
     stream->on_event(token.status());
     return;
+  }
+  SamplingParams& params = stream->request.params;
+  if (params.temperature > 0 && !params.seed.has_value()) {
+    // Fixed here, not by the worker, so that a migrated request draws exactly the tokens it
+    // would have drawn on its first worker (engine.h GenerateRequest::resumed_output_tokens).
+    absl::StatusOr<std::string> seed = RandomBytes(8);
+    if (!seed.ok()) {
+      stream->on_event(seed.status());
+      return;
+    }
+    uint64_t value = 0;
+    std::memcpy(&value, seed->data(), sizeof(value));
+    params.seed = value;
   }
   bool at_capacity = false;
   {
@@ -354,14 +373,25 @@ void GrpcGenerationBackend::Watchdog() {
   }
 }
 
-std::string GrpcGenerationBackend::ChoosePrefill(int prompt_tokens) {
+std::string GrpcGenerationBackend::ChoosePrefill(std::span<const int32_t> prompt,
+                                                 int decode_cached_tokens) {
+  const int prompt_tokens = static_cast<int>(prompt.size());
   if (prefill_pool_ == nullptr ||
-      PrefillLocallyForLength(prompt_tokens, options_.local_prefill_threshold)) {
+      PrefillLocallyForLength(prompt_tokens - decode_cached_tokens, local_prefill_threshold_)) {
     return "";
   }
-  const std::vector<WorkerSnapshot> workers = prefill_pool_->Snapshot();
+  const std::vector<WorkerSnapshot> workers = options_.policy == RoutingPolicy::kKvAware
+                                                  ? prefill_pool_->Snapshot(prompt)
+                                                  : prefill_pool_->Snapshot();
   absl::MutexLock lock(&mu_);
-  const int index = PickPrefillWorker(options_.policy, workers, prefill_cursor_++);
+  const int index = PickPrefillWorker(options_.policy, workers, prefill_cursor_++, prompt_tokens,
+                                      options_.kv_aware);
+  if (index != kNoWorker && workers[index].cached_prefix_tokens > 0) {
+    if (metrics::RouterMetrics* m = metrics_.load()) {
+      m->routing_prefix_hit_tokens.Add({{"pool", "prefill"}})
+          .Increment(workers[index].cached_prefix_tokens);
+    }
+  }
   if (index == kNoWorker) {
     if (!prefill_down_logged_) {
       prefill_down_logged_ = true;
@@ -393,7 +423,6 @@ void GrpcGenerationBackend::Finish(const std::shared_ptr<Stream>& stream,
 
 void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) {
   const BackendRequest& request = stream->request;
-  const int prompt_tokens = static_cast<int>(request.prompt_token_ids.size());
   if (stream->is_cancelled()) return Finish(stream, stream->AbortChunk());
   if (absl::Now() >= request.deadline) {
     return Finish(stream,
@@ -404,14 +433,23 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
                               "request failed on ", stream->tried.size(),
                               " decode workers; last: ", stream->last_error.message())));
   }
-  std::vector<WorkerSnapshot> workers = decode_pool_->Snapshot();
+  // What D is asked to take as its prompt: the request's, plus (after a migration) the tokens the
+  // client already has.
+  std::vector<int32_t> prompt = request.prompt_token_ids;
+  prompt.insert(prompt.end(), stream->generated.begin(),
+                stream->generated.begin() + stream->migrated_tokens);
+  const int prompt_tokens = static_cast<int>(prompt.size());
+  std::vector<WorkerSnapshot> workers = options_.policy == RoutingPolicy::kKvAware
+                                            ? decode_pool_->Snapshot(prompt)
+                                            : decode_pool_->Snapshot();
   for (WorkerSnapshot& w : workers) {
     if (stream->tried.contains(w.address)) w.healthy = false;
   }
   int index;
   {
     absl::MutexLock lock(&mu_);
-    index = PickDecodeWorker(options_.policy, workers, prompt_tokens, decode_cursor_++);
+    index = PickDecodeWorker(options_.policy, workers, prompt_tokens, decode_cursor_++,
+                             options_.kv_aware);
   }
   std::shared_ptr<WorkerChannel> decode =
       index == kNoWorker ? nullptr : decode_pool_->Get(workers[index].address);
@@ -428,7 +466,18 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
                                     stream->last_error.message())));
   }
   stream->tried.insert(decode->address());
-  const std::string prefill = stream->force_local ? std::string() : ChoosePrefill(prompt_tokens);
+  const int decode_cached = workers[index].cached_prefix_tokens;
+  // A migrated attempt samples its next token on D (at its seed position): no prefill worker.
+  const std::string prefill = stream->force_local || stream->migrated_tokens > 0
+                                  ? std::string()
+                                  : ChoosePrefill(prompt, decode_cached);
+  if (metrics::RouterMetrics* m = metrics_.load()) {
+    if (decode_cached > 0) {
+      m->routing_prefix_hit_tokens.Add({{"pool", "decode"}}).Increment(decode_cached);
+    }
+    m->routing_prefills.Add({{"where", prefill.empty() ? "decode_worker" : "prefill_worker"}})
+        .Increment();
+  }
   const std::string attempt_id = stream->attempts == 0
                                      ? request.request_id
                                      : absl::StrCat(request.request_id, "#", stream->attempts + 1);
@@ -436,13 +485,12 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
 
   v1::GenerateRequest proto;
   proto.set_request_id(attempt_id);
-  proto.mutable_prompt_token_ids()->Assign(request.prompt_token_ids.begin(),
-                                           request.prompt_token_ids.end());
+  proto.mutable_prompt_token_ids()->Assign(prompt.begin(), prompt.end());
   SamplingParams params = request.params;
   if (stream->migrated_tokens > 0) {
-    // Continue where the client is: its tokens so far join the prompt.
-    for (int k = 0; k < stream->migrated_tokens; ++k)
-      proto.add_prompt_token_ids(stream->generated[k]);
+    // Continue where the client is: its tokens so far joined the prompt, as resumed output.
+    proto.set_resumed_output_tokens(stream->migrated_tokens);
+    proto.set_resumed_text_bytes(stream->migrated_text_bytes);
     if (params.max_tokens.has_value()) {
       params.max_tokens = std::max(1, *params.max_tokens - stream->migrated_tokens);
     }
@@ -450,6 +498,7 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
   SamplingToProto(params, proto.mutable_sampling());
   proto.set_prefill_worker(prefill);
   proto.set_cancel_token(stream->cancel_token);
+  proto.set_priority(request.priority);
   std::shared_ptr<WorkerChannel> prefill_channel =
       prefill.empty() || prefill_pool_ == nullptr ? nullptr : prefill_pool_->Get(prefill);
 
@@ -526,11 +575,13 @@ void GrpcGenerationBackend::AttemptDone(const std::shared_ptr<Stream>& stream,
                                              status.error_message());
   if (!stream->generated.empty()) {
     // Mid-stream (the client has tokens, from this attempt or an earlier one).
-    if (Migratable(request.params) && stream->migrations < options_.max_migrations) {
-      // Greedy decoding continues exactly from the tokens the client has: replay the prompt and
-      // them on another decode worker (the failed one counts as tried).
+    if (stream->migrations < options_.max_migrations) {
+      // Continue exactly from the tokens the client has: replay the prompt and them on another
+      // decode worker (the failed one counts as tried) as resumed output, with the request's
+      // seed, so sampling, penalties and stop strings carry on where they were.
       ++stream->migrations;
       stream->migrated_tokens = static_cast<int>(stream->generated.size());
+      stream->migrated_text_bytes = stream->delivered_text_bytes;
       LOG(WARNING) << "router: request " << request.request_id << ": " << where
                    << " failed mid-stream (" << why << "); migrating its "
                    << stream->migrated_tokens << " tokens to another decode worker (migration "
@@ -538,12 +589,8 @@ void GrpcGenerationBackend::AttemptDone(const std::shared_ptr<Stream>& stream,
       stream->last_error = absl::UnavailableError(absl::StrCat(where, ": ", why));
       return StartAttempt(stream);
     }
-    return Finish(stream, absl::InternalError(absl::StrCat(
-                              where, " failed mid-stream: ", why,
-                              Migratable(request.params)
-                                  ? " (migrations exhausted)"
-                                  : " (only greedy requests without penalties or stop strings "
-                                    "are migrated)")));
+    return Finish(stream, absl::InternalError(absl::StrCat(where, " failed mid-stream: ", why,
+                                                           " (migrations exhausted)")));
   }
   LOG(WARNING) << "router: request " << request.request_id << " failed on " << where
                << " before its first token (" << why << "); retrying elsewhere";

@@ -1,9 +1,11 @@
 #pragma once
 // GenerationBackend over the worker pools (DESIGN.md "A request, end to end", steps 2-3, 5-7):
 // picks a decode worker D (routing policy over the decode pool's snapshot) and a prefill worker P
-// (or none: D prefills locally when the prompt is shorter than `local_prefill_threshold` tokens or
-// the prefill pool has no healthy worker), opens Decode.Generate on D naming P, and turns each
-// GenerateResponse into a BackendChunk.
+// (or none: D prefills locally when the part of the prompt D must compute is shorter than
+// `local_prefill_threshold` tokens, or the prefill pool has no healthy worker), opens
+// Decode.Generate on D naming P, and turns each GenerateResponse into a BackendChunk. With the
+// kv-aware policy the pools' prefix-cache indexes give each candidate's cached overlap with the
+// prompt (docs/routing.md); "the part D must compute" is then the prompt minus D's cached prefix.
 //
 // A frozen prefill worker (its stats stale for `unresponsive_timeout`) is left the same way:
 // requests waiting on it before their first token are retried, prefilling on a decode worker.
@@ -11,11 +13,14 @@
 // abandoned attempt still winding down there never collides with the next.
 // Failures: if D fails before any token reached the client (stream broken, UNAVAILABLE, an
 // "error" finish, or D unresponsive for `unresponsive_timeout` per the pool), the request is
-// retried on another healthy D, up to `max_attempts` workers in all. After the first token a
-// greedy request without penalties or stop strings is migrated (up to `max_migrations` times):
-// its prompt plus the tokens delivered so far go to another D, which continues exactly where the
-// client is (usage stays the client's; no token is duplicated or missing). Any other request, or
-// one out of migrations, ends with a final Internal error naming D. INVALID_ARGUMENT and the like
+// retried on another healthy D, up to `max_attempts` workers in all. After the first token the
+// request is migrated (up to `max_migrations` times): its prompt plus the tokens delivered so far
+// go to another D as resumed output (decode.proto GenerateRequest.resumed_output_tokens, with the
+// text bytes the client has), and that D prefills them itself and continues exactly where the
+// client is: the same seed position (a sampled request without a seed gets one here, in
+// Generate), the same penalties, stop strings spanning the seam, held-back text released; usage
+// stays the client's; no token is duplicated or missing. One out of migrations ends with a final
+// Internal error naming D. INVALID_ARGUMENT and the like
 // from D are passed on with D's message. The request deadline becomes the gRPC deadline
 // (DeadlineExceeded).
 //
@@ -30,8 +35,10 @@
 // are not owned and must outlive the backend. The destructor cancels every request still running
 // and waits until each has delivered its final event.
 
+#include <atomic>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -48,8 +55,12 @@ namespace tandem::router {
 
 struct GrpcBackendOptions {
   RoutingPolicy policy = RoutingPolicy::kLeastLoaded;
-  int local_prefill_threshold = 0;  // prompts shorter than this prefill on D; 0: never
-  int max_attempts = 3;             // decode workers tried before the first token
+  // Prompts whose uncached part on D is shorter than this prefill on D; 0: never; kAutomatic:
+  // kv_aware.local_prefill_uncached_tokens under the kv-aware policy, else 0.
+  static constexpr int kAutomatic = -1;
+  int local_prefill_threshold = kAutomatic;
+  KvAwareOptions kv_aware;
+  int max_attempts = 3;  // decode workers tried before the first token
   // Mid-stream moves of a greedy request to another decode worker when its own fails.
   int max_migrations = 2;
   int max_streams = 4096;                            // concurrent requests
@@ -73,6 +84,10 @@ class GrpcGenerationBackend final : public GenerationBackend {
   absl::Status Ready() const override;
 
   int active_requests() const;
+  // Counts routing decisions into `metrics` (must outlive the backend) from now on.
+  void SetMetrics(metrics::RouterMetrics* metrics) { metrics_ = metrics; }
+  // The local-prefill threshold in force (kAutomatic resolved).
+  int local_prefill_threshold() const { return local_prefill_threshold_; }
 
  private:
   struct Stream;
@@ -91,7 +106,9 @@ class GrpcGenerationBackend final : public GenerationBackend {
                    AttemptOutcome outcome);
   // Delivers the final event and forgets the request; nothing touches `stream` after it.
   void Finish(const std::shared_ptr<Stream>& stream, absl::StatusOr<BackendChunk> event);
-  std::string ChoosePrefill(int prompt_tokens);
+  // The prefill worker for `prompt`, or "" to prefill on D, which holds `decode_cached_tokens`
+  // of it.
+  std::string ChoosePrefill(std::span<const int32_t> prompt, int decode_cached_tokens);
   void SendCancel(const std::shared_ptr<WorkerChannel>& decode, const std::string& request_id,
                   const std::string& cancel_token);
   void Watchdog();
@@ -99,6 +116,8 @@ class GrpcGenerationBackend final : public GenerationBackend {
   WorkerPool* const decode_pool_;
   WorkerPool* const prefill_pool_;
   const GrpcBackendOptions options_;
+  const int local_prefill_threshold_;
+  std::atomic<metrics::RouterMetrics*> metrics_{nullptr};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);

@@ -440,22 +440,59 @@ TEST_F(BackendTest, ErrorFinishBeforeTheFirstTokenIsRetried) {
             2);
 }
 
-TEST_F(BackendTest, FailureAfterTheFirstTokenIsAnInternalErrorNotARetry) {
+TEST_F(BackendTest, MidStreamFailureOutOfMigrationsIsAnInternalError) {
   StartDecode(2);
   decode_workers_[0]->decode.behavior = Behavior::kFailAfterTwo;
   decode_workers_[1]->decode.behavior = Behavior::kFailAfterTwo;
-  auto backend = MakeBackend();
+  GrpcBackendOptions options;
+  options.max_migrations = 0;
+  auto backend = MakeBackend(options);
   Collector c;
-  BackendRequest sampled = Request("r");
-  sampled.params.temperature = 0.7f;  // not greedy: cannot be continued exactly elsewhere
-  backend->Generate(sampled, c.callback());
+  backend->Generate(Request("r"), c.callback());
   ASSERT_TRUE(c.WaitFinal());
   EXPECT_EQ(c.final_status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(c.final_status().message().find("engine exploded"), std::string::npos);
-  EXPECT_NE(c.final_status().message().find("only greedy"), std::string::npos);
+  EXPECT_NE(c.final_status().message().find("migrations exhausted"), std::string::npos);
   EXPECT_EQ(c.tokens(), 2);
   EXPECT_EQ(decode_workers_[0]->decode.generate_calls + decode_workers_[1]->decode.generate_calls,
             1);
+}
+
+// A sampled request without a seed gets one from the router, and its migration carries that seed
+// and the resume fields: the tokens and text bytes the client already has. The new decode worker
+// prefills it itself (it samples the next token at the seed position).
+TEST_F(BackendTest, SampledRequestMigratesWithItsSeedAndResumeFields) {
+  StartDecode(2);
+  FakeWorker& failing = *decode_workers_[0];
+  FakeWorker& other = *decode_workers_[1];
+  failing.decode.behavior = Behavior::kFailAfterTwo;
+  other.stats.running = 5;  // least-loaded picks the failing one first
+  absl::SleepFor(absl::Milliseconds(100));
+  auto backend = MakeBackend();
+  Collector c;
+  BackendRequest sampled = Request("r");
+  sampled.params.temperature = 0.7f;
+  sampled.params.presence_penalty = 0.5f;
+  sampled.params.stop = {"zz"};
+  backend->Generate(sampled, c.callback());
+  ASSERT_TRUE(c.WaitFinal());
+  ASSERT_TRUE(c.final_status().ok()) << c.final_status();
+  EXPECT_EQ(c.tokens(), 4);
+  const v1::GenerateRequest first = failing.decode.last_request();
+  const v1::GenerateRequest moved = other.decode.last_request();
+  ASSERT_TRUE(first.sampling().has_seed()) << "the router fixes the seed of a sampled request";
+  ASSERT_TRUE(moved.sampling().has_seed());
+  EXPECT_EQ(moved.sampling().seed(), first.sampling().seed());
+  EXPECT_EQ(first.resumed_output_tokens(), 0);
+  EXPECT_EQ(moved.resumed_output_tokens(), 2);
+  int64_t delivered = 0;
+  const std::vector<BackendChunk> chunks = c.chunks();
+  for (size_t i = 0; i < 2; ++i) delivered += static_cast<int64_t>(chunks[i].text.size());
+  EXPECT_GT(delivered, 0);
+  EXPECT_EQ(moved.resumed_text_bytes(), delivered);
+  EXPECT_EQ(moved.prefill_worker(), "");
+  EXPECT_EQ(moved.sampling().presence_penalty(), 0.5f);
+  EXPECT_EQ(moved.sampling().max_tokens(), 2);
 }
 
 // A greedy request whose decode worker fails mid-stream moves to another one, which gets the

@@ -188,6 +188,13 @@ absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
   std::optional<int> n;
   if (absl::Status s = GetIntInRange(j, "n", 1, kMaxChoices, &n); !s.ok()) return s;
   r->n = n.value_or(1);
+  std::optional<int> priority;
+  if (absl::Status s = GetIntInRange(j, "priority", std::numeric_limits<int32_t>::min(),
+                                     std::numeric_limits<int32_t>::max(), &priority);
+      !s.ok()) {
+    return s;
+  }
+  r->priority = priority.value_or(0);
   std::optional<int> best_of;
   if (absl::Status s = GetIntInRange(j, "best_of", 1, kMaxChoices, &best_of); !s.ok()) return s;
   if (best_of.has_value() && *best_of != r->n) {

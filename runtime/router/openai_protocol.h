@@ -84,6 +84,9 @@ struct OpenAiRequest {
   bool add_generation_prompt = true;
 
   int n = 1;
+  // vLLM's `priority`: lower is scheduled first on the workers (admission order and preemption
+  // victims), FCFS among equals; 0 by default. Any 32-bit integer.
+  int priority = 0;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // Logprobs requested (completions `logprobs: k`; chat `logprobs: true` with `top_logprobs: k`):

@@ -173,6 +173,18 @@ struct RangeCase {
   json value;
 };
 
+TEST(OpenAiProtocolTest, PriorityIsParsedForBothEndpoints) {
+  auto chat = ParseChatCompletionRequest(Chat({{"priority", -5}}).dump());
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->priority, -5);
+  auto completion = ParseCompletionRequest(Completion({{"priority", 2147483647}}).dump());
+  ASSERT_TRUE(completion.ok()) << completion.status();
+  EXPECT_EQ(completion->priority, 2147483647);
+  auto none = ParseCompletionRequest(Completion(json::object()).dump());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->priority, 0);
+}
+
 TEST(OpenAiProtocolTest, OutOfRangeAndWrongTypesAre400WithParam) {
   const std::vector<RangeCase> cases = {
       {"temperature", 2.01},
@@ -195,6 +207,10 @@ TEST(OpenAiProtocolTest, OutOfRangeAndWrongTypesAre400WithParam) {
       {"max_tokens", 0},
       {"max_tokens", "10"},
       {"seed", "x"},
+      {"priority", 1.5},
+      {"priority", "high"},
+      {"priority", 2147483648.0},
+      {"priority", -2147483649.0},
       {"stop", 5},
       {"stop", {"ok", 3}},
       {"stop", {""}},

@@ -34,8 +34,9 @@ int RoundRobin(std::span<const WorkerSnapshot> workers, uint64_t cursor) {
 absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(std::string_view name) {
   if (name == "round-robin") return RoutingPolicy::kRoundRobin;
   if (name == "least-loaded") return RoutingPolicy::kLeastLoaded;
+  if (name == "kv-aware") return RoutingPolicy::kKvAware;
   return absl::InvalidArgumentError(absl::StrCat("unknown routing policy '", std::string(name),
-                                                 "' (round-robin or least-loaded)"));
+                                                 "' (round-robin, least-loaded or kv-aware)"));
 }
 
 std::string_view RoutingPolicyName(RoutingPolicy policy) {
@@ -44,6 +45,8 @@ std::string_view RoutingPolicyName(RoutingPolicy policy) {
       return "round-robin";
     case RoutingPolicy::kLeastLoaded:
       return "least-loaded";
+    case RoutingPolicy::kKvAware:
+      return "kv-aware";
   }
   return "unknown";
 }
@@ -53,12 +56,22 @@ int BlocksForTokens(int prompt_tokens, int block_size) {
   return (prompt_tokens + block_size - 1) / block_size;
 }
 
-bool PrefillLocallyForLength(int prompt_tokens, int local_prefill_threshold) {
-  return local_prefill_threshold > 0 && prompt_tokens < local_prefill_threshold;
+bool PrefillLocallyForLength(int uncached_prompt_tokens, int local_prefill_threshold) {
+  return local_prefill_threshold > 0 && uncached_prompt_tokens < local_prefill_threshold;
 }
 
+namespace {
+
+int Load(const WorkerSnapshot& w) { return std::max(w.running + w.queue_depth, w.router_inflight); }
+
+double UncachedTokens(const WorkerSnapshot& w, int prompt_tokens) {
+  return std::max(0, prompt_tokens - w.cached_prefix_tokens);
+}
+
+}  // namespace
+
 int PickDecodeWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> workers,
-                     int prompt_tokens, uint64_t cursor) {
+                     int prompt_tokens, uint64_t cursor, const KvAwareOptions& kv_aware) {
   switch (policy) {
     case RoutingPolicy::kRoundRobin:
       return RoundRobin(workers, cursor);
@@ -68,12 +81,20 @@ int PickDecodeWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> worke
         const int load = std::max(w.running + w.queue_depth, w.router_inflight);
         return std::make_tuple(fits ? 0 : 1, load, -w.kv_blocks_free);
       });
+    case RoutingPolicy::kKvAware:
+      return PickMin(workers, cursor, [&](const WorkerSnapshot& w) {
+        const int needed = BlocksForTokens(prompt_tokens - w.cached_prefix_tokens, w.block_size);
+        const bool fits = w.kv_blocks_free >= needed;
+        const double cost =
+            UncachedTokens(w, prompt_tokens) + kv_aware.request_cost_tokens * Load(w);
+        return std::make_tuple(fits ? 0 : 1, cost, -w.kv_blocks_free);
+      });
   }
   return kNoWorker;
 }
 
 int PickPrefillWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> workers,
-                      uint64_t cursor) {
+                      uint64_t cursor, int prompt_tokens, const KvAwareOptions& kv_aware) {
   switch (policy) {
     case RoutingPolicy::kRoundRobin:
       return RoundRobin(workers, cursor);
@@ -81,6 +102,11 @@ int PickPrefillWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> work
       return PickMin(workers, cursor, [](const WorkerSnapshot& w) {
         const int queue = std::max(w.queue_depth + w.running, w.router_inflight);
         return std::make_tuple(w.prompt_tokens_waiting, queue);
+      });
+    case RoutingPolicy::kKvAware:
+      return PickMin(workers, cursor, [&](const WorkerSnapshot& w) {
+        return UncachedTokens(w, prompt_tokens) + static_cast<double>(w.prompt_tokens_waiting) +
+               kv_aware.request_cost_tokens * Load(w);
       });
   }
   return kNoWorker;

@@ -32,11 +32,34 @@ struct WorkerSnapshot {
   // worker's stats are a few hundred milliseconds old: it keeps a burst from piling onto one
   // worker.
   int router_inflight = 0;
+  // Leading prompt tokens the worker holds in its prefix cache, per the router's index of its
+  // prefix-cache events (WorkerPool::Snapshot(prompt)); 0 without an index.
+  int cached_prefix_tokens = 0;
 };
 
-enum class RoutingPolicy { kRoundRobin, kLeastLoaded };
+enum class RoutingPolicy { kRoundRobin, kLeastLoaded, kKvAware };
 
-// "round-robin" | "least-loaded"; InvalidArgument otherwise.
+// KV-aware routing's cost model (docs/routing.md). Every term is in prompt tokens of prefill work,
+// so a candidate's cost estimates the computation standing between the request and its first
+// token there:
+//   decode worker:  (prompt - cached_prefix_tokens) + request_cost_tokens * load
+//   prefill worker: (prompt - cached_prefix_tokens) + prompt_tokens_waiting
+//                   + request_cost_tokens * load
+// where load = max(running + waiting, the router's own open streams). Workers whose free KV
+// blocks hold the prompt still come first on the decode side. With no reuse anywhere the
+// cached terms are all 0 and the policy is least-loaded.
+struct KvAwareOptions {
+  // What one request already on a worker costs a new one, in prompt tokens. Larger: spread load
+  // more, follow cached prefixes less. The default is measured (bench/RESULTS.md, "KV-aware
+  // routing").
+  double request_cost_tokens = 64;
+  // Conditional disaggregation: a prompt whose uncached part on the chosen decode worker is
+  // shorter than this prefills there instead of on a prefill worker (when the router's
+  // local_prefill_threshold is left at its automatic default).
+  int local_prefill_uncached_tokens = 64;
+};
+
+// "round-robin" | "least-loaded" | "kv-aware"; InvalidArgument otherwise.
 absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(std::string_view name);
 std::string_view RoutingPolicyName(RoutingPolicy policy);
 
@@ -46,18 +69,21 @@ inline constexpr int kNoWorker = -1;
 // none is healthy. Round-robin: the first healthy worker at or after `cursor` (mod size).
 // Least-loaded: prefer workers whose free KV blocks hold the prompt, then the fewest requests
 // (running + waiting, or the router's own open streams when larger), then the most free blocks;
-// ties go to the first at or after `cursor`, so equal workers share the load.
+// ties go to the first at or after `cursor`, so equal workers share the load. KV-aware: prompt
+// fits first, then the lowest KvAwareOptions cost, ties as above.
 int PickDecodeWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> workers,
-                     int prompt_tokens, uint64_t cursor);
+                     int prompt_tokens, uint64_t cursor, const KvAwareOptions& kv_aware = {});
 
 // Index of the prefill worker, or kNoWorker when none is healthy. Least-loaded: the fewest prompt
 // tokens waiting, then the shortest queue (waiting + running, or the router's open requests).
+// KV-aware: the lowest KvAwareOptions cost.
 int PickPrefillWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> workers,
-                      uint64_t cursor);
+                      uint64_t cursor, int prompt_tokens = 0, const KvAwareOptions& kv_aware = {});
 
 // Conditional disaggregation: true when the decode worker should prefill the prompt itself
-// because the prompt is shorter than `local_prefill_threshold` tokens (0 = never for that reason).
-bool PrefillLocallyForLength(int prompt_tokens, int local_prefill_threshold);
+// because the part it must compute (the whole prompt, or what its prefix cache lacks) is shorter
+// than `local_prefill_threshold` tokens (0 = never for that reason).
+bool PrefillLocallyForLength(int uncached_prompt_tokens, int local_prefill_threshold);
 
 // KV blocks a prompt needs (ceil(prompt_tokens / block_size)); 0 when block_size is unknown.
 int BlocksForTokens(int prompt_tokens, int block_size);

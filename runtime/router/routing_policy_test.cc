@@ -109,3 +109,69 @@ TEST(RoutingPolicyTest, BlocksForTokens) {
 
 }  // namespace
 }  // namespace tandem::router
+
+namespace tandem::router {
+namespace {
+
+TEST(KvAwareRoutingTest, ParsesName) {
+  EXPECT_EQ(*ParseRoutingPolicy("kv-aware"), RoutingPolicy::kKvAware);
+  EXPECT_EQ(RoutingPolicyName(RoutingPolicy::kKvAware), "kv-aware");
+}
+
+TEST(KvAwareRoutingTest, FollowsTheCachedPrefixUntilLoadOutweighsIt) {
+  // An 832-token prompt whose 800-token prefix "b" holds.
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 500), Decode("b:1", 3, 0, 500)};
+  w[1].cached_prefix_tokens = 800;
+  const KvAwareOptions options{.request_cost_tokens = 64};
+  // a: 832 + 0; b: 32 + 3 * 64 = 224.
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 1);
+  // b now has 13 requests: 32 + 832 = 864 > 832.
+  w[1].running = 13;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
+  // The router's own open streams count when they exceed the worker's (stale) stats.
+  w[1].running = 0;
+  w[1].router_inflight = 20;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
+}
+
+TEST(KvAwareRoutingTest, WithoutReuseItIsLeastLoadedAndSpreadsTies) {
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 2, 0, 500), Decode("b:1", 1, 0, 500)};
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 100, 0), 1);
+  w[0].running = 1;
+  std::vector<int> picks;
+  for (uint64_t cursor = 0; cursor < 4; ++cursor) {
+    picks.push_back(PickDecodeWorker(RoutingPolicy::kKvAware, w, 100, cursor));
+  }
+  EXPECT_EQ(picks, (std::vector<int>{0, 1, 0, 1}));
+}
+
+TEST(KvAwareRoutingTest, KvHeadroomCountsOnlyTheUncachedBlocks) {
+  // 160 tokens = 10 blocks of 16; "a" has 4 free blocks but caches 128 tokens (8 blocks):
+  // it needs only 2 more. "b" is idle and has room, but "a" is cheaper.
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 4), Decode("b:1", 0, 0, 100)};
+  w[0].cached_prefix_tokens = 128;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 160, 0), 0);
+  // Without the cache "a" cannot hold the prompt: the one that fits wins whatever the cost.
+  w[0].cached_prefix_tokens = 0;
+  w[1].running = 50;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 160, 0), 1);
+}
+
+TEST(KvAwareRoutingTest, PrefillSideWeighsCachedPrefixAgainstQueuedTokens) {
+  std::vector<WorkerSnapshot> w = {Decode("p0:1", 0, 0, 500), Decode("p1:1", 0, 1, 500)};
+  w[1].cached_prefix_tokens = 768;
+  w[1].prompt_tokens_waiting = 300;
+  // p0: 800; p1: 32 + 300 + 64 = 396.
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kKvAware, w, 0, 800), 1);
+  w[1].prompt_tokens_waiting = 1000;
+  EXPECT_EQ(PickPrefillWorker(RoutingPolicy::kKvAware, w, 0, 800), 0);
+}
+
+TEST(KvAwareRoutingTest, ConditionalDisaggregationLooksAtTheUncachedPart) {
+  EXPECT_TRUE(PrefillLocallyForLength(832 - 800, 64));
+  EXPECT_FALSE(PrefillLocallyForLength(832, 64));
+  EXPECT_FALSE(PrefillLocallyForLength(10, 0)) << "0 turns it off";
+}
+
+}  // namespace
+}  // namespace tandem::router

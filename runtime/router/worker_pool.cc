@@ -1,6 +1,7 @@
 #include "runtime/router/worker_pool.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -12,7 +13,9 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "runtime/base/logging.h"
+#include "runtime/kvcache/block_pool.h"
 #include "runtime/router/pool_load.h"
+#include "runtime/router/prefix_index.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -98,6 +101,7 @@ struct WorkerPool::Worker {
   std::string health_service ABSL_GUARDED_BY(mu);
   bool logged_no_health_service ABSL_GUARDED_BY(mu) = false;
   bool logged_unauthenticated ABSL_GUARDED_BY(mu) = false;
+  WorkerPrefixIndex prefix ABSL_GUARDED_BY(mu);
 
   metrics::RouterMetrics* metrics = nullptr;  // where the gauges below live (null: none)
   prometheus::Gauge* running = nullptr;
@@ -105,6 +109,8 @@ struct WorkerPool::Worker {
   prometheus::Gauge* kv_used = nullptr;
   prometheus::Gauge* kv_total = nullptr;
   prometheus::Gauge* healthy = nullptr;
+  prometheus::Gauge* prefix_blocks = nullptr;
+  prometheus::Counter* prefix_resyncs = nullptr;
 };
 
 WorkerPool::WorkerPool(WorkerPoolOptions options)
@@ -153,6 +159,10 @@ void WorkerPool::SetMembers(const std::vector<std::string>& addresses) {
         worker->kv_used = &m->worker_kv_blocks_used.Add(labels);
         worker->kv_total = &m->worker_kv_blocks_capacity.Add(labels);
         worker->healthy = &m->worker_healthy.Add(labels);
+        if (options_.track_prefix_cache) {
+          worker->prefix_blocks = &m->worker_prefix_cache_blocks.Add(labels);
+          worker->prefix_resyncs = &m->prefix_index_resyncs.Add({{"pool", options_.role}});
+        }
       }
       LOG(INFO) << "router: " << options_.role << " worker " << address << " joined";
       Worker* raw = worker.get();
@@ -183,6 +193,7 @@ void WorkerPool::RemoveMetrics(Worker& worker) {
   m->worker_kv_blocks_used.Remove(worker.kv_used);
   m->worker_kv_blocks_capacity.Remove(worker.kv_total);
   m->worker_healthy.Remove(worker.healthy);
+  if (worker.prefix_blocks != nullptr) m->worker_prefix_cache_blocks.Remove(worker.prefix_blocks);
 }
 
 bool WorkerPool::IsHealthy(Worker& worker, absl::Time now) const {
@@ -194,10 +205,14 @@ bool WorkerPool::IsHealthy(Worker& worker, absl::Time now) const {
 void WorkerPool::Publish(Worker& worker, bool healthy) {
   if (worker.metrics == nullptr) return;
   WorkerSnapshot s;
+  size_t prefix_blocks = 0;
   {
     absl::MutexLock lock(&worker.mu);
     s = worker.stats;
+    prefix_blocks = worker.prefix.num_blocks();
   }
+  if (worker.prefix_blocks != nullptr)
+    worker.prefix_blocks->Set(static_cast<double>(prefix_blocks));
   worker.running->Set(s.running);
   worker.waiting->Set(s.queue_depth);
   worker.kv_used->Set(s.kv_blocks_total - s.kv_blocks_free);
@@ -209,6 +224,7 @@ void WorkerPool::StatsLoop(Worker* worker) {
   absl::Duration backoff = options_.reconnect_min;
   v1::StatsRequest request;
   request.set_interval_ms(options_.stats_interval_ms);
+  request.set_prefix_cache_events(options_.track_prefix_cache);
   bool was_live = false;
   bool logged_down = false;
   while (!worker->stop.HasBeenNotified()) {
@@ -221,6 +237,7 @@ void WorkerPool::StatsLoop(Worker* worker) {
     std::unique_ptr<grpc::ClientReader<v1::WorkerStats>> reader =
         worker->stats_stub->StreamStats(&context, request);
     v1::WorkerStats stats;
+    bool resync = false;
     while (reader->Read(&stats)) {
       {
         absl::MutexLock lock(&worker->mu);
@@ -233,6 +250,13 @@ void WorkerPool::StatsLoop(Worker* worker) {
         s.kv_blocks_total = stats.kv_blocks_total();
         s.block_size = stats.block_size();
         s.prompt_tokens_waiting = stats.prompt_tokens_waiting();
+      }
+      if (options_.track_prefix_cache && !ApplyPrefixCacheEvents(*worker, stats)) {
+        // Events were lost: reopen the stream now; its first message is a snapshot. The worker
+        // answered, so it stays live meanwhile.
+        resync = true;
+        context.TryCancel();
+        break;
       }
       if (!was_live) {
         LOG(INFO) << "router: " << options_.role << " worker " << worker->channel->address()
@@ -247,10 +271,12 @@ void WorkerPool::StatsLoop(Worker* worker) {
     {
       absl::MutexLock lock(&worker->mu);
       worker->stream_context = nullptr;
-      worker->stream_live = false;
+      worker->prefix.Clear();
+      if (!resync) worker->stream_live = false;
     }
-    Publish(*worker, false);
     if (worker->stop.HasBeenNotified()) break;
+    if (resync) continue;
+    Publish(*worker, false);
     if (was_live || !logged_down) {
       LOG(WARNING) << "router: " << options_.role << " worker " << worker->channel->address()
                    << " stats stream down: "
@@ -261,6 +287,31 @@ void WorkerPool::StatsLoop(Worker* worker) {
     worker->stop.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.reconnect_max);
   }
+}
+
+bool WorkerPool::ApplyPrefixCacheEvents(Worker& worker, const v1::WorkerStats& stats) {
+  if (!stats.has_prefix_cache()) return true;  // a worker that does not publish events
+  const v1::PrefixCacheEvents& in = stats.prefix_cache();
+  PrefixCacheDelta delta;
+  delta.reset = in.reset();
+  delta.first_seq = in.first_seq();
+  delta.last_seq = in.last_seq();
+  delta.events.reserve(in.events_size());
+  for (const v1::PrefixCacheEvent& e : in.events()) {
+    delta.events.push_back(
+        {.kind = e.removed() ? PrefixCacheEvent::Kind::kRemoved : PrefixCacheEvent::Kind::kStored,
+         .block_hash = e.block_hash()});
+  }
+  absl::Status status;
+  {
+    absl::MutexLock lock(&worker.mu);
+    status = worker.prefix.Apply(delta);
+  }
+  if (status.ok()) return true;
+  LOG(WARNING) << "router: " << options_.role << " worker " << worker.channel->address() << ": "
+               << status.message() << "; resyncing its prefix-cache index";
+  if (worker.prefix_resyncs != nullptr) worker.prefix_resyncs->Increment();
+  return false;
 }
 
 void WorkerPool::HealthLoop() {
@@ -341,7 +392,9 @@ void WorkerPool::CheckHealthOnce() {
   }
 }
 
-std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
+std::vector<WorkerSnapshot> WorkerPool::Snapshot() const { return Snapshot({}); }
+
+std::vector<WorkerSnapshot> WorkerPool::Snapshot(std::span<const int32_t> prompt) const {
   std::vector<std::shared_ptr<Worker>> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -350,6 +403,7 @@ std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
   const absl::Time now = absl::Now();
   std::vector<WorkerSnapshot> out;
   out.reserve(workers.size());
+  std::vector<std::pair<int, std::vector<uint64_t>>> hashes_by_block_size;
   for (auto& worker : workers) {
     const bool healthy = IsHealthy(*worker, now);
     absl::MutexLock lock(&worker->mu);
@@ -357,6 +411,20 @@ std::vector<WorkerSnapshot> WorkerPool::Snapshot() const {
     s.healthy = healthy;
     s.live = worker->stream_live && now - worker->last_stats <= options_.stats_stale_after;
     s.router_inflight = worker->channel->inflight();
+    s.cached_prefix_tokens = 0;
+    if (options_.track_prefix_cache && s.block_size > 0 && prompt.size() > 1 &&
+        worker->prefix.synced()) {
+      // Hash the prompt once per block size (pools normally share one).
+      auto it = std::find_if(hashes_by_block_size.begin(), hashes_by_block_size.end(),
+                             [&](const auto& entry) { return entry.first == s.block_size; });
+      if (it == hashes_by_block_size.end()) {
+        const int max_blocks = static_cast<int>(prompt.size() - 1) / s.block_size;
+        hashes_by_block_size.emplace_back(s.block_size,
+                                          PrefixBlockHashes(prompt, s.block_size, max_blocks));
+        it = std::prev(hashes_by_block_size.end());
+      }
+      s.cached_prefix_tokens = worker->prefix.MatchedBlocks(it->second) * s.block_size;
+    }
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),

@@ -15,11 +15,17 @@
 // already on it keep its channel alive through their shared_ptr<WorkerChannel> and finish there
 // (draining); its stats consumer stops and its metrics are removed at once.
 //
+// With track_prefix_cache, the stats stream also carries the worker's prefix-cache events; the
+// pool keeps one WorkerPrefixIndex per member. A gap in the events clears that index and reopens
+// the stream at once (its first message is a snapshot); a broken stream clears it too, so a
+// restarted worker's empty cache is never mistaken for its predecessor's.
+//
 // Threading: all methods are thread-safe. One stats thread per member plus one health thread per
 // pool; Stop (and the destructor) cancel the streams and join every thread.
 
 #include <atomic>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +42,9 @@
 namespace grpc {
 class Channel;
 }
+namespace tandem::v1 {
+class WorkerStats;
+}
 
 namespace tandem::router {
 
@@ -51,6 +60,9 @@ struct WorkerPoolOptions {
   // What the router presents to the workers on every call (stats, health, Generate, Cancel);
   // null: no credential (in-process tests only: `tandem router` always sets one).
   std::shared_ptr<const auth::ServiceIdentity> identity = nullptr;
+  // Ask each worker for its prefix-cache events and keep an index of them (prefix_index.h), so
+  // Snapshot(prompt) can report each worker's cached overlap (KV-aware routing).
+  bool track_prefix_cache = false;
 };
 
 // One worker's channel, shared by the pool and the requests on it.
@@ -89,6 +101,10 @@ class WorkerPool {
   void SetMembers(const std::vector<std::string>& addresses);
   // The members now, in address order, with health evaluated at this instant.
   std::vector<WorkerSnapshot> Snapshot() const;
+  // The same, with each worker's cached_prefix_tokens for `prompt` from its prefix-cache index
+  // (0 for all without track_prefix_cache). At most prompt length - 1: the worker computes the
+  // last prompt token whatever it holds.
+  std::vector<WorkerSnapshot> Snapshot(std::span<const int32_t> prompt) const;
   // The member's channel, or nullptr when it is not (or no longer) a member.
   std::shared_ptr<WorkerChannel> Get(const std::string& address) const;
   int size() const;
@@ -104,6 +120,8 @@ class WorkerPool {
   void Publish(Worker& worker, bool healthy);
   bool IsHealthy(Worker& worker, absl::Time now) const;
   void RemoveMetrics(Worker& worker);
+  // Applies the prefix-cache part of one stats message to the worker's index; false on a gap.
+  bool ApplyPrefixCacheEvents(Worker& worker, const v1::WorkerStats& stats);
 
   const WorkerPoolOptions options_;
   std::atomic<metrics::RouterMetrics*> metrics_;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "runtime/kvcache/block_pool.h"
+#include "runtime/kvcache/prefix_cache_events.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -50,8 +53,16 @@ class FakeWorker final : public v1::Worker::Service {
   void set_running(int n) { running_ = n; }
   void set_silent(bool silent) { silent_ = silent; }
 
-  grpc::Status StreamStats(grpc::ServerContext* context, const v1::StatsRequest*,
+  // Prefix-cache events this worker streams when asked (as WorkerStatsService does).
+  PrefixCacheEventLog& prefix_log() { return prefix_log_; }
+  // The next delta claims to start one event later than it does: a lost event.
+  void InjectGap() { inject_gap_ = true; }
+  int streams_opened() const { return streams_opened_; }
+
+  grpc::Status StreamStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                            grpc::ServerWriter<v1::WorkerStats>* writer) override {
+    ++streams_opened_;
+    std::optional<uint64_t> cursor;
     while (!context->IsCancelled() && !shutting_down_) {
       if (!silent_) {
         v1::WorkerStats stats;
@@ -62,6 +73,22 @@ class FakeWorker final : public v1::Worker::Service {
         stats.set_kv_blocks_free(60);
         stats.set_block_size(16);
         stats.set_prompt_tokens_waiting(77);
+        if (request->prefix_cache_events()) {
+          const PrefixCacheDelta delta = prefix_log_.ReadSince(cursor, 1000);
+          cursor = delta.last_seq;
+          v1::PrefixCacheEvents* out = stats.mutable_prefix_cache();
+          out->set_reset(delta.reset);
+          out->set_first_seq(delta.first_seq);
+          out->set_last_seq(delta.last_seq);
+          if (!delta.reset && !delta.events.empty() && inject_gap_.exchange(false)) {
+            out->set_first_seq(delta.first_seq + 1);
+          }
+          for (const PrefixCacheEvent& e : delta.events) {
+            v1::PrefixCacheEvent* event = out->add_events();
+            event->set_block_hash(e.block_hash);
+            event->set_removed(e.kind == PrefixCacheEvent::Kind::kRemoved);
+          }
+        }
         if (!writer->Write(stats)) break;
       }
       absl::SleepFor(absl::Milliseconds(20));
@@ -74,6 +101,9 @@ class FakeWorker final : public v1::Worker::Service {
   std::atomic<bool> shutting_down_{false};
   std::atomic<int> running_{3};
   std::atomic<bool> silent_{false};
+  std::atomic<bool> inject_gap_{false};
+  std::atomic<int> streams_opened_{0};
+  PrefixCacheEventLog prefix_log_;
   std::unique_ptr<grpc::Server> server_;
 };
 
@@ -109,6 +139,73 @@ TEST(WorkerPoolTest, StatsStreamMakesWorkerHealthyAndItsLossUnhealthy) {
   fake.Shutdown();
   EXPECT_TRUE(WaitFor([&] { return pool.HealthyCount() == 0; }, absl::Seconds(3)));
   EXPECT_EQ(pool.size(), 1);  // still a member: it may come back
+}
+
+TEST(WorkerPoolTest, PrefixCacheEventsGiveEachWorkerItsCachedOverlap) {
+  FakeWorker fake;
+  prometheus::Registry registry;
+  metrics::RouterMetrics metrics(registry);
+  WorkerPoolOptions options = FastOptions(&metrics);
+  options.track_prefix_cache = true;
+  WorkerPool pool(options);
+  std::vector<int32_t> prompt(64);
+  for (int i = 0; i < 64; ++i) prompt[i] = 1000 + i;
+  // 64 tokens of 16-token blocks: at most 3 blocks count (the last token is always computed).
+  const std::vector<uint64_t> hashes = PrefixBlockHashes(prompt, 16, 4);
+  ASSERT_EQ(hashes.size(), 4u);
+  std::vector<PrefixCacheEvent> stored;
+  for (uint64_t h : hashes)
+    stored.push_back({.kind = PrefixCacheEvent::Kind::kStored, .block_hash = h});
+  fake.prefix_log().Append(stored);  // before the router connects: it arrives as a snapshot
+  pool.SetMembers({fake.address()});
+  const auto cached = [&] {
+    const auto snapshot = pool.Snapshot(prompt);
+    return snapshot.empty() ? -1 : snapshot[0].cached_prefix_tokens;
+  };
+  ASSERT_TRUE(WaitFor([&] { return cached() == 48; })) << cached();
+  EXPECT_EQ(pool.Snapshot()[0].cached_prefix_tokens, 0) << "no prompt, no overlap";
+
+  const PrefixCacheEvent evict_1 = {.kind = PrefixCacheEvent::Kind::kRemoved,
+                                    .block_hash = hashes[1]};
+  fake.prefix_log().Append({&evict_1, 1});
+  ASSERT_TRUE(WaitFor([&] { return cached() == 16; })) << cached();
+
+  // A lost event: the pool notices the gap, reopens the stream and resyncs from a snapshot.
+  const int streams = fake.streams_opened();
+  fake.InjectGap();
+  const PrefixCacheEvent store_1 = {.kind = PrefixCacheEvent::Kind::kStored,
+                                    .block_hash = hashes[1]};
+  fake.prefix_log().Append({&store_1, 1});
+  ASSERT_TRUE(WaitFor([&] { return fake.streams_opened() > streams && cached() == 48; }))
+      << cached();
+  EXPECT_EQ(pool.HealthyCount(), 1) << "a resync does not take the worker out of rotation";
+  const std::string text = metrics::Serialize(registry);
+  EXPECT_NE(text.find("tandem_prefix_index_resyncs_total{pool=\"decode\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tandem_worker_prefix_cache_blocks{role=\"decode\",worker=\"" +
+                      fake.address() + "\"} 4"),
+            std::string::npos)
+      << text;
+
+  // The stream breaks (the worker restarted, say): the index is dropped, not trusted.
+  fake.set_silent(true);
+  fake.Shutdown();
+  ASSERT_TRUE(WaitFor([&] { return cached() == 0; }));
+}
+
+TEST(WorkerPoolTest, WithoutTrackingThereIsNoOverlap) {
+  FakeWorker fake;
+  std::vector<int32_t> prompt(64, 5);
+  std::vector<PrefixCacheEvent> stored;
+  for (uint64_t h : PrefixBlockHashes(prompt, 16, 3)) {
+    stored.push_back({.kind = PrefixCacheEvent::Kind::kStored, .block_hash = h});
+  }
+  fake.prefix_log().Append(stored);
+  WorkerPool pool(FastOptions());
+  pool.SetMembers({fake.address()});
+  ASSERT_TRUE(WaitFor([&] { return pool.HealthyCount() == 1; }));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(pool.Snapshot(prompt)[0].cached_prefix_tokens, 0);
 }
 
 TEST(WorkerPoolTest, ReconnectsWhenTheWorkerComesBack) {

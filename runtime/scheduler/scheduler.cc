@@ -10,16 +10,41 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), kv_(config.num_blocks, config.block_size, config.enable_prefix_caching) {
   CHECK_GT(config.max_num_seqs, 0);
   CHECK_GT(config.max_num_batched_tokens, 0);
+  kv_.set_record_events(config.record_prefix_cache_events);
 }
 
-void Scheduler::Add(int64_t id, std::vector<int32_t> prompt) {
+int64_t Scheduler::WaitingPromptTokens() const {
+  int64_t total = 0;
+  for (const std::deque<int64_t>* queue : {&waiting_, &ready_}) {
+    for (int64_t id : *queue) {
+      const Sequence& s = seqs_.at(id);
+      total += std::max(0, s.num_prompt_tokens - s.num_computed);
+    }
+  }
+  return total;
+}
+
+void Scheduler::Add(int64_t id, std::vector<int32_t> prompt, int priority) {
   CHECK(!prompt.empty());
   Sequence seq;
   seq.id = id;
+  seq.priority = priority;
   seq.num_prompt_tokens = static_cast<int>(prompt.size());
   seq.tokens = std::move(prompt);
   CHECK(seqs_.emplace(id, std::move(seq)).second) << "duplicate sequence id " << id;
-  waiting_.push_back(id);
+  // Behind every waiting sequence of the same or a more urgent priority (FCFS within a class).
+  auto pos = std::find_if(waiting_.begin(), waiting_.end(),
+                          [&](int64_t other) { return seqs_.at(other).priority > priority; });
+  waiting_.insert(pos, id);
+}
+
+size_t Scheduler::VictimIndex() const {
+  CHECK(!running_.empty());
+  size_t victim = running_.size() - 1;
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (seqs_.at(running_[i]).priority > seqs_.at(running_[victim]).priority) victim = i;
+  }
+  return victim;
 }
 
 bool Scheduler::Abort(int64_t id) {
@@ -125,7 +150,10 @@ void Scheduler::Preempt(int64_t id) {
   ++seq.num_preemptions;
   ++num_preemptions_;
   running_.erase(std::find(running_.begin(), running_.end(), id));
-  waiting_.push_front(id);
+  // At the front of its priority class: it was admitted before everything waiting there.
+  auto pos = std::find_if(waiting_.begin(), waiting_.end(),
+                          [&](int64_t other) { return seqs_.at(other).priority >= seq.priority; });
+  waiting_.insert(pos, id);
 }
 
 SchedulerStep Scheduler::Schedule() {
@@ -152,7 +180,9 @@ SchedulerStep Scheduler::Schedule() {
       const int n = std::min(remaining, budget);
       bool self_preempted = false;
       while (!kv_.CanAllocate(id, nullptr, seq.num_computed + n)) {
-        const int64_t victim = running_.back();
+        // The least urgent running sequence, the newest among equals.
+        const size_t v = VictimIndex();
+        const int64_t victim = running_[v];
         unschedule(victim);
         Preempt(victim);
         step.preempted.push_back(victim);
@@ -160,8 +190,13 @@ SchedulerStep Scheduler::Schedule() {
           self_preempted = true;
           break;
         }
+        if (v < i) --i;  // running_[i] is still `id`
       }
-      if (self_preempted) break;  // it was the newest: nothing after it is running
+      if (self_preempted) {
+        // Whatever followed it is more urgent (or it was the last): carry on at the same index.
+        --i;  // wraps at 0 and comes back with ++i
+        continue;
+      }
       kv_.Allocate(id, nullptr, seq.num_computed + n);
       step.chunks.push_back(
           {id, seq.num_computed, n, seq.num_computed + n == int(seq.tokens.size())});

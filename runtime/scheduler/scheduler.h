@@ -8,11 +8,14 @@
 // (`max_num_batched_tokens`) and a cap on running sequences (`max_num_seqs`):
 //   1. running sequences with one token left (decodes), oldest first;
 //   2. running sequences still prefilling, as chunks that fit the remaining budget;
-//   3. ready sequences (see below), then waiting sequences in FCFS order (prefix-cache hits skip
-//      their cached blocks), the latter only if no sequence was preempted in this step.
-// When a running sequence needs a block and none is available, the newest running sequence is
-// preempted by recompute: its blocks are freed (cached full blocks stay in the prefix cache) and
-// it goes to the front of the waiting queue with its prompt + generated tokens.
+//   3. ready sequences (see below), then waiting sequences in priority order, FCFS within a
+//      priority (prefix-cache hits skip their cached blocks), the latter only if no sequence was
+//      preempted in this step.
+// When a running sequence needs a block and none is available, the least urgent running sequence
+// (the highest priority value; the newest among equals) is preempted by recompute: its blocks are
+// freed (cached full blocks stay in the prefix cache) and it goes to the front of its priority
+// class in the waiting queue with its prompt + generated tokens. Priorities order admission and
+// preemption only: a waiting urgent sequence does not evict a running one to get in.
 //
 // Usage per step: Schedule() (allocates blocks), run the forward pass over the plan, then
 // OnStepComputed(plan), then AppendToken()/Finish() for each chunk with need_logits.
@@ -48,6 +51,9 @@ struct SchedulerConfig {
   int max_num_seqs = 64;             // running sequences at most
   int max_num_batched_tokens = 512;  // tokens (decode + prefill chunks) per step
   bool enable_prefix_caching = true;
+  // Record prefix-cache events (block_pool.h) for TakePrefixCacheEvents; the engine drains them
+  // every step into its PrefixCacheEventLog.
+  bool record_prefix_cache_events = false;
 };
 
 enum class SequenceState {
@@ -65,6 +71,7 @@ struct Sequence {
   int num_computed = 0;               // tokens whose KV is in the cache
   int num_cached_prompt_tokens = -1;  // prefix-cache hit at first admission; -1 before it
   int num_preemptions = 0;
+  int priority = 0;  // lower is more urgent (vLLM's convention)
   SequenceState state = SequenceState::kWaiting;
   bool running() const { return state == SequenceState::kRunning; }
   int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
@@ -98,8 +105,9 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   const KvCacheManager& kv() const { return kv_; }
 
-  // Queues a new sequence at the back of the waiting queue. `id` must be new; `prompt` non-empty.
-  void Add(int64_t id, std::vector<int32_t> prompt);
+  // Queues a new sequence behind every waiting one of the same or a lower `priority` value (lower
+  // is more urgent; all 0: FCFS). `id` must be new; `prompt` non-empty.
+  void Add(int64_t id, std::vector<int32_t> prompt, int priority = 0);
   // Removes a sequence in any state and frees its blocks. Returns false for unknown ids.
   bool Abort(int64_t id);
 
@@ -136,6 +144,11 @@ class Scheduler {
     return static_cast<int>(waiting_.size() + ready_.size()) + num_awaiting_;
   }
   int NumRunning() const { return static_cast<int>(running_.size()); }
+  // Prompt tokens of kWaiting and kReady sequences whose KV is not computed yet (the prefill work
+  // queued ahead of a new request).
+  int64_t WaitingPromptTokens() const;
+  // The prefix-cache events recorded since the last call (config.record_prefix_cache_events).
+  std::vector<PrefixCacheEvent> TakePrefixCacheEvents() { return kv_.TakeEvents(); }
   int NumAwaitingKv() const { return num_awaiting_; }
   int NumHeld() const { return num_held_; }
   // Whether Schedule() has something to plan (kAwaitingKv and kHeld sequences do not count).
@@ -151,6 +164,9 @@ class Scheduler {
 
  private:
   Sequence& Mutable(int64_t id);
+  // Index in running_ of the next preemption victim: the highest priority value, the newest
+  // among equals.
+  size_t VictimIndex() const;
   void Preempt(int64_t id);
 
   SchedulerConfig config_;

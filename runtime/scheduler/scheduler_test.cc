@@ -115,6 +115,44 @@ TEST(SchedulerTest, PreemptsNewestByRecomputeWhenBlocksRunOut) {
   EXPECT_EQ(s.Get(2)->tokens.back(), 13);
 }
 
+TEST(SchedulerTest, PriorityOrdersAdmissionFcfsWithinAClass) {
+  Scheduler s(Config(64, 4, 64, /*max_seqs=*/1));
+  s.Add(1, {1, 2, 3}, 0);
+  s.Add(2, {4, 5, 6}, 5);
+  s.Add(3, {7, 8, 9}, -1);
+  s.Add(4, {1, 1, 1}, 0);
+  std::vector<int64_t> order;
+  while (s.HasWork()) {
+    SchedulerStep step = Step(s);
+    ASSERT_EQ(step.chunks.size(), 1u);
+    const int64_t id = step.chunks[0].seq_id;
+    if (order.empty() || order.back() != id) order.push_back(id);
+    s.Finish(id);  // one token each
+  }
+  EXPECT_EQ(order, (std::vector<int64_t>{3, 1, 4, 2}));
+}
+
+TEST(SchedulerTest, PreemptsTheLeastUrgentNotTheNewest) {
+  // As PreemptsNewestByRecomputeWhenBlocksRunOut, but the older sequence is the less urgent one:
+  // it is the victim, although it was scheduled first in the step.
+  Scheduler s(Config(4, 2, 64));
+  s.Add(1, {1, 2, 3}, 3);
+  s.Add(2, {4, 5, 6}, 0);
+  Step(s, 10);
+  EXPECT_TRUE(Step(s, 11).preempted.empty());
+  SchedulerStep step = Step(s, 12);
+  ASSERT_EQ(step.preempted, std::vector<int64_t>{1});
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].seq_id, 2);
+  EXPECT_EQ(s.Get(1)->state, SequenceState::kWaiting);
+  // A newcomer of the same priority as the victim queues behind it (it was admitted first).
+  s.Add(3, {9, 9, 9}, 3);
+  s.Finish(2);
+  step = Step(s, 13);
+  ASSERT_FALSE(step.chunks.empty());
+  EXPECT_EQ(step.chunks[0].seq_id, 1);
+}
+
 TEST(SchedulerTest, PrefixCacheHitSkipsCachedBlocks) {
   Scheduler s(Config(16, 4, 64));
   s.Add(1, Iota(10));
@@ -201,7 +239,9 @@ TEST(SchedulerTest, RandomizedOperationsUnderTightBlockBudget) {
         std::vector<int32_t> prompt(len);
         for (auto& t : prompt) t = rng() % 2;  // tiny alphabet: many shared prefixes
         target_len[next_id] = len + 1 + rng() % (max_len - len);
-        s.Add(next_id++, std::move(prompt));
+        // Half the seeds mix priorities: victims then come from anywhere in the batch.
+        const int priority = seed >= 33 ? static_cast<int>(rng() % 3) - 1 : 0;
+        s.Add(next_id++, std::move(prompt), priority);
         ++added;
       } else if (kind < 9) {
         run_step();
