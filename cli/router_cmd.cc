@@ -54,7 +54,7 @@ struct RouterFlags {
   std::vector<std::string> decode_dns;
   double dns_refresh_s = 10;
   std::string routing = "least-loaded";
-  int local_prefill_threshold = router::GrpcBackendOptions::kAutomatic;
+  int local_prefill_threshold = 0;
   double kv_aware_request_cost = router::KvAwareOptions{}.request_cost_tokens;
   int max_model_len = 0;
   double request_timeout_s = 0;
@@ -187,10 +187,6 @@ int RunRouter(const RouterFlags& flags) {
                 << "/v1 (model " << (*frontend)->served_model_name() << ", " << decode_pool.size()
                 << " decode + " << (prefill_pool != nullptr ? prefill_pool->size() : 0)
                 << " prefill workers, routing " << router::RoutingPolicyName(*policy)
-                << (backend.local_prefill_threshold() > 0
-                        ? absl::StrCat(", local prefill under ", backend.local_prefill_threshold(),
-                                       " uncached tokens")
-                        : std::string())
                 << (disaggregated ? "" : ", aggregated") << ")" << std::endl;
       while (!WaitForSignal(signals, absl::Seconds(1))) {
       }
@@ -253,7 +249,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
                   "Prompts whose uncached part is shorter than this many tokens are prefilled on "
-                  "the decode worker; 0: never (default: 64 with kv-aware routing, else 0)")
+                  "the decode worker (default 0: never)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-aware-request-cost", flags->kv_aware_request_cost,
                   "kv-aware routing: what one request already on a worker costs, in prompt "

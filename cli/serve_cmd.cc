@@ -130,7 +130,7 @@ struct ServeFlags {
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
   std::string log_format = "text";         // every child's, and serve's own lines
   std::string routing = "least-loaded";
-  int local_prefill_threshold = -1;   // -1: the router's automatic default
+  int local_prefill_threshold = 0;
   double kv_aware_request_cost = -1;  // -1: the router's default
   std::string served_model_name;
   double startup_timeout_s = 300;
@@ -604,10 +604,8 @@ int RunServe(ServeFlags flags) {
                                           addresses(decode),
                                           "--routing",
                                           flags.routing};
-  if (flags.local_prefill_threshold >= 0) {
-    router_args.insert(router_args.end(), {"--local-prefill-threshold",
-                                           std::to_string(flags.local_prefill_threshold)});
-  }
+  router_args.insert(router_args.end(),
+                     {"--local-prefill-threshold", std::to_string(flags.local_prefill_threshold)});
   if (flags.kv_aware_request_cost >= 0) {
     router_args.insert(router_args.end(),
                        {"--kv-aware-request-cost", absl::StrCat(flags.kv_aware_request_cost)});
@@ -798,7 +796,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
                   "Prompts whose uncached part is shorter than this many tokens prefill on the "
-                  "decode worker; 0: never (default: 64 with kv-aware routing, else 0)")
+                  "decode worker (default 0: never)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-aware-request-cost", flags->kv_aware_request_cost,
                   "kv-aware routing: what one request already on a worker costs, in prompt "

@@ -208,14 +208,7 @@ class GrpcGenerationBackend::AttemptCall final
 
 GrpcGenerationBackend::GrpcGenerationBackend(WorkerPool* decode_pool, WorkerPool* prefill_pool,
                                              GrpcBackendOptions options)
-    : decode_pool_(decode_pool),
-      prefill_pool_(prefill_pool),
-      options_(std::move(options)),
-      local_prefill_threshold_(options_.local_prefill_threshold != GrpcBackendOptions::kAutomatic
-                                   ? options_.local_prefill_threshold
-                                   : (options_.policy == RoutingPolicy::kKvAware
-                                          ? options_.kv_aware.local_prefill_uncached_tokens
-                                          : 0)) {
+    : decode_pool_(decode_pool), prefill_pool_(prefill_pool), options_(std::move(options)) {
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -376,8 +369,8 @@ void GrpcGenerationBackend::Watchdog() {
 std::string GrpcGenerationBackend::ChoosePrefill(std::span<const int32_t> prompt,
                                                  int decode_cached_tokens) {
   const int prompt_tokens = static_cast<int>(prompt.size());
-  if (prefill_pool_ == nullptr ||
-      PrefillLocallyForLength(prompt_tokens - decode_cached_tokens, local_prefill_threshold_)) {
+  if (prefill_pool_ == nullptr || PrefillLocallyForLength(prompt_tokens - decode_cached_tokens,
+                                                          options_.local_prefill_threshold)) {
     return "";
   }
   const std::vector<WorkerSnapshot> workers = options_.policy == RoutingPolicy::kKvAware
@@ -471,6 +464,11 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
   const std::string prefill = stream->force_local || stream->migrated_tokens > 0
                                   ? std::string()
                                   : ChoosePrefill(prompt, decode_cached);
+  if (options_.policy == RoutingPolicy::kKvAware) {
+    // Until their events arrive, the chosen workers count as holding this prompt.
+    decode_pool_->NoteRouted(decode->address(), prompt);
+    if (!prefill.empty() && prefill_pool_ != nullptr) prefill_pool_->NoteRouted(prefill, prompt);
+  }
   if (metrics::RouterMetrics* m = metrics_.load()) {
     if (decode_cached > 0) {
       m->routing_prefix_hit_tokens.Add({{"pool", "decode"}}).Increment(decode_cached);

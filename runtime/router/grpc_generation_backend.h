@@ -55,10 +55,9 @@ namespace tandem::router {
 
 struct GrpcBackendOptions {
   RoutingPolicy policy = RoutingPolicy::kLeastLoaded;
-  // Prompts whose uncached part on D is shorter than this prefill on D; 0: never; kAutomatic:
-  // kv_aware.local_prefill_uncached_tokens under the kv-aware policy, else 0.
-  static constexpr int kAutomatic = -1;
-  int local_prefill_threshold = kAutomatic;
+  // Prompts whose uncached part on D (the whole prompt unless the policy is kv-aware) is shorter
+  // than this prefill on D; 0: never.
+  int local_prefill_threshold = 0;
   KvAwareOptions kv_aware;
   int max_attempts = 3;  // decode workers tried before the first token
   // Mid-stream moves of a greedy request to another decode worker when its own fails.
@@ -86,8 +85,6 @@ class GrpcGenerationBackend final : public GenerationBackend {
   int active_requests() const;
   // Counts routing decisions into `metrics` (must outlive the backend) from now on.
   void SetMetrics(metrics::RouterMetrics* metrics) { metrics_ = metrics; }
-  // The local-prefill threshold in force (kAutomatic resolved).
-  int local_prefill_threshold() const { return local_prefill_threshold_; }
 
  private:
   struct Stream;
@@ -116,7 +113,6 @@ class GrpcGenerationBackend final : public GenerationBackend {
   WorkerPool* const decode_pool_;
   WorkerPool* const prefill_pool_;
   const GrpcBackendOptions options_;
-  const int local_prefill_threshold_;
   std::atomic<metrics::RouterMetrics*> metrics_{nullptr};
 
   mutable absl::Mutex mu_;

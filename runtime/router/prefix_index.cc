@@ -23,6 +23,7 @@ absl::Status WorkerPrefixIndex::Apply(const PrefixCacheDelta& delta) {
     } else {
       hashes_.erase(e.block_hash);
     }
+    pending_.erase(e.block_hash);  // the worker has spoken for this block
   }
   last_seq_ = delta.last_seq;
   return absl::OkStatus();
@@ -30,17 +31,36 @@ absl::Status WorkerPrefixIndex::Apply(const PrefixCacheDelta& delta) {
 
 void WorkerPrefixIndex::Clear() {
   hashes_.clear();
+  pending_.clear();
   last_seq_.reset();
 }
 
-int WorkerPrefixIndex::MatchedBlocks(std::span<const uint64_t> block_hashes) const {
+int WorkerPrefixIndex::MatchedBlocks(std::span<const uint64_t> block_hashes, absl::Time now) const {
   if (!synced()) return 0;
   int n = 0;
   for (uint64_t h : block_hashes) {
-    if (!hashes_.contains(h)) break;
+    if (!hashes_.contains(h)) {
+      auto it = pending_.find(h);
+      if (it == pending_.end() || it->second <= now) break;
+    }
     ++n;
   }
   return n;
+}
+
+void WorkerPrefixIndex::NoteRouted(std::span<const uint64_t> block_hashes, absl::Time expiry) {
+  // Bounded: expired predictions go first, and a flood of new prompts cannot grow the map past
+  // kMaxPending entries.
+  constexpr size_t kMaxPending = 1 << 16;
+  if (pending_.size() + block_hashes.size() > kMaxPending) {
+    const absl::Time now = absl::Now();
+    absl::erase_if(pending_, [now](const auto& entry) { return entry.second <= now; });
+    if (pending_.size() + block_hashes.size() > kMaxPending) pending_.clear();
+  }
+  for (uint64_t h : block_hashes) {
+    if (hashes_.contains(h)) continue;
+    pending_[h] = expiry;
+  }
 }
 
 }  // namespace tandem::router

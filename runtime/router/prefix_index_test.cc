@@ -83,3 +83,35 @@ TEST(WorkerPrefixIndexTest, InconsistentDeltaIsAGap) {
 
 }  // namespace
 }  // namespace tandem::router
+
+namespace tandem::router {
+namespace {
+
+TEST(WorkerPrefixIndexTest, RoutedPromptsCountUntilEventsSettleThemOrTheyExpire) {
+  WorkerPrefixIndex index;
+  const uint64_t hashes[] = {11, 12, 13};
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  index.NoteRouted(hashes, t0 + absl::Seconds(2));
+  EXPECT_EQ(index.MatchedBlocks(hashes, t0), 0) << "an unsynced view matches nothing";
+  ASSERT_TRUE(index.Apply(Delta(0, {}, true)).ok());
+  index.NoteRouted(hashes, t0 + absl::Seconds(2));
+  EXPECT_EQ(index.num_pending(), 3u);
+  EXPECT_EQ(index.MatchedBlocks(hashes, t0), 3);
+  EXPECT_EQ(index.MatchedBlocks(hashes, t0 + absl::Seconds(3)), 0) << "expired";
+  // The worker stores the first two and evicts the third before the deadline.
+  ASSERT_TRUE(index
+                  .Apply(Delta(1, {{.kind = Kind::kStored, .block_hash = 11},
+                                   {.kind = Kind::kStored, .block_hash = 12},
+                                   {.kind = Kind::kRemoved, .block_hash = 13}}))
+                  .ok());
+  EXPECT_EQ(index.num_pending(), 0u);
+  EXPECT_EQ(index.MatchedBlocks(hashes, t0), 2);
+  EXPECT_EQ(index.MatchedBlocks(hashes, t0 + absl::Hours(1)), 2) << "confirmed blocks never expire";
+  index.NoteRouted(hashes, t0 + absl::Seconds(2));
+  EXPECT_EQ(index.num_pending(), 1u) << "only the block not already cached";
+  index.Clear();
+  EXPECT_EQ(index.num_pending(), 0u);
+}
+
+}  // namespace
+}  // namespace tandem::router

@@ -53,10 +53,6 @@ struct KvAwareOptions {
   // more, follow cached prefixes less. The default is measured (bench/RESULTS.md, "KV-aware
   // routing").
   double request_cost_tokens = 64;
-  // Conditional disaggregation: a prompt whose uncached part on the chosen decode worker is
-  // shorter than this prefills there instead of on a prefill worker (when the router's
-  // local_prefill_threshold is left at its automatic default).
-  int local_prefill_uncached_tokens = 64;
 };
 
 // "round-robin" | "least-loaded" | "kv-aware"; InvalidArgument otherwise.

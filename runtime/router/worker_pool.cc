@@ -423,13 +423,30 @@ std::vector<WorkerSnapshot> WorkerPool::Snapshot(std::span<const int32_t> prompt
                                           PrefixBlockHashes(prompt, s.block_size, max_blocks));
         it = std::prev(hashes_by_block_size.end());
       }
-      s.cached_prefix_tokens = worker->prefix.MatchedBlocks(it->second) * s.block_size;
+      s.cached_prefix_tokens = worker->prefix.MatchedBlocks(it->second, now) * s.block_size;
     }
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),
             [](const WorkerSnapshot& a, const WorkerSnapshot& b) { return a.address < b.address; });
   return out;
+}
+
+void WorkerPool::NoteRouted(const std::string& address, std::span<const int32_t> prompt) {
+  if (!options_.track_prefix_cache || prompt.size() <= 1) return;
+  std::shared_ptr<Worker> worker;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(address);
+    if (it == workers_.end()) return;
+    worker = it->second;
+  }
+  absl::MutexLock lock(&worker->mu);
+  const int block_size = worker->stats.block_size;
+  if (block_size <= 0 || !worker->prefix.synced()) return;
+  const int max_blocks = static_cast<int>(prompt.size() - 1) / block_size;
+  worker->prefix.NoteRouted(PrefixBlockHashes(prompt, block_size, max_blocks),
+                            absl::Now() + options_.prefix_pending_ttl);
 }
 
 std::shared_ptr<WorkerChannel> WorkerPool::Get(const std::string& address) const {

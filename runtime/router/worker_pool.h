@@ -63,6 +63,9 @@ struct WorkerPoolOptions {
   // Ask each worker for its prefix-cache events and keep an index of them (prefix_index.h), so
   // Snapshot(prompt) can report each worker's cached overlap (KV-aware routing).
   bool track_prefix_cache = false;
+  // How long a prompt routed to a worker counts as cached there before the worker's events
+  // confirm it (prefix_index.h NoteRouted).
+  absl::Duration prefix_pending_ttl = absl::Seconds(2);
 };
 
 // One worker's channel, shared by the pool and the requests on it.
@@ -105,6 +108,9 @@ class WorkerPool {
   // (0 for all without track_prefix_cache). At most prompt length - 1: the worker computes the
   // last prompt token whatever it holds.
   std::vector<WorkerSnapshot> Snapshot(std::span<const int32_t> prompt) const;
+  // With track_prefix_cache: `prompt` was just sent to the member at `address`, so its blocks
+  // count as cached there until the worker's events settle them or prefix_pending_ttl passes.
+  void NoteRouted(const std::string& address, std::span<const int32_t> prompt);
   // The member's channel, or nullptr when it is not (or no longer) a member.
   std::shared_ptr<WorkerChannel> Get(const std::string& address) const;
   int size() const;
