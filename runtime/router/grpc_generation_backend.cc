@@ -55,9 +55,6 @@ BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
   return chunk;
 }
 
-// Whether a request can move to another decode worker mid-stream and continue exactly: greedy,
-// and nothing that depends on state the new worker would not have (penalties over the output,
-// held-back stop text).
 // Codes that say the request itself is at fault: another worker would answer the same.
 bool IsRequestError(grpc::StatusCode code) {
   return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::OUT_OF_RANGE ||
