@@ -264,6 +264,15 @@ class BackendTest : public ::testing::Test {
     prefill_pool_->SetMembers(addresses);
     ASSERT_TRUE(WaitFor([&] { return prefill_pool_->HealthyCount() == n; }));
   }
+  // Two decode workers: [0] fails after two tokens and is picked first (least-loaded: [1] reports
+  // 5 running sequences), [1] serves normally.
+  void StartFailingThenHealthy() {
+    StartDecode(2);
+    decode_workers_[0]->decode.behavior = Behavior::kFailAfterTwo;
+    decode_workers_[1]->stats.running = 5;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+
   std::unique_ptr<GrpcGenerationBackend> MakeBackend(GrpcBackendOptions options = {}) {
     return std::make_unique<GrpcGenerationBackend>(decode_pool_.get(), prefill_pool_.get(),
                                                    options);
@@ -462,12 +471,9 @@ TEST_F(BackendTest, MidStreamFailureOutOfMigrationsIsAnInternalError) {
 // and the resume fields: the tokens and text bytes the client already has. The new decode worker
 // prefills it itself (it samples the next token at the seed position).
 TEST_F(BackendTest, SampledRequestMigratesWithItsSeedAndResumeFields) {
-  StartDecode(2);
+  StartFailingThenHealthy();
   FakeWorker& failing = *decode_workers_[0];
   FakeWorker& other = *decode_workers_[1];
-  failing.decode.behavior = Behavior::kFailAfterTwo;
-  other.stats.running = 5;  // least-loaded picks the failing one first
-  absl::SleepFor(absl::Milliseconds(100));
   auto backend = MakeBackend();
   Collector c;
   BackendRequest sampled = Request("r");
@@ -499,12 +505,9 @@ TEST_F(BackendTest, SampledRequestMigratesWithItsSeedAndResumeFields) {
 // prompt plus the tokens delivered so far and the remaining budget; the client sees every token
 // once, its own usage, and one final event.
 TEST_F(BackendTest, GreedyRequestMigratesMidStream) {
-  StartDecode(2);
+  StartFailingThenHealthy();
   FakeWorker& failing = *decode_workers_[0];
   FakeWorker& other = *decode_workers_[1];
-  failing.decode.behavior = Behavior::kFailAfterTwo;
-  other.stats.running = 5;  // least-loaded picks the failing one first
-  absl::SleepFor(absl::Milliseconds(100));
   auto backend = MakeBackend();
   Collector c;
   backend->Generate(Request("r"), c.callback());  // greedy, 5 prompt tokens, max_tokens 4
