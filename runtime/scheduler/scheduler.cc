@@ -10,6 +10,7 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), kv_(config.num_blocks, config.block_size, config.enable_prefix_caching) {
   CHECK_GT(config.max_num_seqs, 0);
   CHECK_GT(config.max_num_batched_tokens, 0);
+  CHECK_GE(config.long_prefill_token_threshold, 0);
   kv_.set_record_events(config.record_prefix_cache_events);
 }
 
@@ -159,6 +160,9 @@ void Scheduler::Preempt(int64_t id) {
 SchedulerStep Scheduler::Schedule() {
   SchedulerStep step;
   int budget = config_.max_num_batched_tokens;
+  // A prefill chunk's first share of the step (decodes are one token anyway).
+  const int cap = config_.long_prefill_token_threshold > 0 ? config_.long_prefill_token_threshold
+                                                           : config_.max_num_batched_tokens;
   auto unschedule = [&](int64_t id) {
     for (auto it = step.chunks.begin(); it != step.chunks.end(); ++it) {
       if (it->seq_id == id) {
@@ -177,7 +181,7 @@ SchedulerStep Scheduler::Schedule() {
       const int remaining = static_cast<int>(seq.tokens.size()) - seq.num_computed;
       CHECK_GT(remaining, 0);
       if ((remaining == 1) != (pass == 0)) continue;
-      const int n = std::min(remaining, budget);
+      const int n = std::min({remaining, budget, cap});
       bool self_preempted = false;
       while (!kv_.CanAllocate(id, nullptr, seq.num_computed + n)) {
         // The least urgent running sequence, the newest among equals.
@@ -210,7 +214,7 @@ SchedulerStep Scheduler::Schedule() {
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     const int64_t id = ready_.front();
     Sequence& seq = Mutable(id);
-    const int n = std::min(static_cast<int>(seq.tokens.size()) - seq.num_computed, budget);
+    const int n = std::min({static_cast<int>(seq.tokens.size()) - seq.num_computed, budget, cap});
     CHECK_GT(n, 0);
     // The reservation covers prompt + 1 token: a ready sequence never needs a new block here.
     CHECK(kv_.CanAllocate(id, nullptr, seq.num_computed + n));
@@ -228,7 +232,7 @@ SchedulerStep Scheduler::Schedule() {
     Sequence& seq = Mutable(id);
     const PrefixMatch match = kv_.FindCachedPrefix(seq.tokens);
     const int cached = match.num_tokens(config_.block_size);
-    const int n = std::min(static_cast<int>(seq.tokens.size()) - cached, budget);
+    const int n = std::min({static_cast<int>(seq.tokens.size()) - cached, budget, cap});
     if (!kv_.CanAllocate(id, &match, cached + n)) break;
     kv_.Allocate(id, &match, cached + n, static_cast<int>(seq.tokens.size()));
     if (seq.num_cached_prompt_tokens < 0) {
@@ -240,6 +244,20 @@ SchedulerStep Scheduler::Schedule() {
     running_.push_back(id);
     step.chunks.push_back({id, cached, n, cached + n == static_cast<int>(seq.tokens.size())});
     budget -= n;
+  }
+  // What the cap left unused tops the capped prefill chunks up, in plan order, where blocks allow
+  // without preempting.
+  for (size_t i = 0; i < step.chunks.size() && budget > 0 && cap < config_.max_num_batched_tokens;
+       ++i) {
+    ScheduledChunk& chunk = step.chunks[i];
+    const int len = static_cast<int>(Mutable(chunk.seq_id).tokens.size());
+    const int end = chunk.start_pos + chunk.num_tokens;
+    const int extra = std::min(len - end, budget);
+    if (extra <= 0 || !kv_.CanAllocate(chunk.seq_id, nullptr, end + extra)) continue;
+    kv_.Allocate(chunk.seq_id, nullptr, end + extra);
+    chunk.num_tokens += extra;
+    chunk.need_logits = end + extra == len;
+    budget -= extra;
   }
   step.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return step;

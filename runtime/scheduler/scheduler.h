@@ -10,7 +10,11 @@
 //   2. running sequences still prefilling, as chunks that fit the remaining budget;
 //   3. ready sequences (see below), then waiting sequences in priority order, FCFS within a
 //      priority (prefix-cache hits skip their cached blocks), the latter only if no sequence was
-//      preempted in this step.
+//      preempted in this step;
+//   4. with long_prefill_token_threshold T > 0, each prefill chunk of steps 2-3 takes at most T
+//      tokens, so a long prompt shares the step with the prompts behind it instead of taking the
+//      whole budget; what is left of the budget then tops the capped chunks up, in plan order,
+//      without preempting (a lone long prompt still gets the whole budget).
 // When a running sequence needs a block and none is available, the least urgent running sequence
 // (the highest priority value; the newest among equals) is preempted by recompute: its blocks are
 // freed (cached full blocks stay in the prefix cache) and it goes to the front of its priority
@@ -50,6 +54,9 @@ struct SchedulerConfig {
   int block_size = 16;
   int max_num_seqs = 64;             // running sequences at most
   int max_num_batched_tokens = 512;  // tokens (decode + prefill chunks) per step
+  // Fairness within a step (vLLM's long_prefill_token_threshold, but work-conserving): a prefill
+  // chunk's first share of the budget. 0: no cap, chunks are cut by the budget alone (FCFS).
+  int long_prefill_token_threshold = 0;
   bool enable_prefix_caching = true;
   // Record prefix-cache events (block_pool.h) for TakePrefixCacheEvents; the engine drains them
   // every step into its PrefixCacheEventLog.

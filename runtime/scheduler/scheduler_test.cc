@@ -73,6 +73,64 @@ TEST(SchedulerTest, DecodesBeforePrefillChunks) {
   EXPECT_EQ(step.num_batched_tokens, 6);
 }
 
+TEST(SchedulerTest, LongPrefillThresholdSharesTheStepWithoutWastingIt) {
+  SchedulerConfig capped = Config(64, 4, 16);
+  capped.long_prefill_token_threshold = 6;
+  Scheduler s(capped);
+  s.Add(1, Iota(40));
+  // Alone, the long prompt still gets the whole budget: 6, then topped up by 10.
+  SchedulerStep a = Step(s);
+  ASSERT_EQ(a.chunks.size(), 1u);
+  EXPECT_EQ(a.chunks[0].num_tokens, 16);
+  EXPECT_EQ(a.num_batched_tokens, 16);
+  // A short prompt arrives: it gets its share at once, and the long one the rest.
+  s.Add(2, Iota(3, 100));
+  SchedulerStep b = Step(s);
+  ASSERT_EQ(b.chunks.size(), 2u);
+  EXPECT_EQ(b.chunks[0].seq_id, 1);
+  EXPECT_EQ(b.chunks[0].start_pos, 16);
+  EXPECT_EQ(b.chunks[0].num_tokens, 13);
+  EXPECT_FALSE(b.chunks[0].need_logits);
+  EXPECT_EQ(b.chunks[1].seq_id, 2);
+  EXPECT_EQ(b.chunks[1].num_tokens, 3);
+  EXPECT_TRUE(b.chunks[1].need_logits);
+  EXPECT_EQ(b.num_batched_tokens, 16);
+  // The long prompt finishes in the step after: 11 tokens left, ending with its logits.
+  SchedulerStep c = Step(s);
+  ASSERT_EQ(c.chunks.size(), 2u);
+  EXPECT_EQ(c.chunks[0].seq_id, 2);  // the short one decodes first
+  EXPECT_EQ(c.chunks[1].seq_id, 1);
+  EXPECT_EQ(c.chunks[1].num_tokens, 11);
+  EXPECT_TRUE(c.chunks[1].need_logits);
+
+  // Without the cap (the default) the short prompt waits behind the long one's chunk.
+  Scheduler fcfs(Config(64, 4, 16));
+  fcfs.Add(1, Iota(40));
+  Step(fcfs);
+  fcfs.Add(2, Iota(3, 100));
+  SchedulerStep d = Step(fcfs);
+  ASSERT_EQ(d.chunks.size(), 1u);
+  EXPECT_EQ(d.chunks[0].seq_id, 1);
+  EXPECT_EQ(d.chunks[0].num_tokens, 16);
+}
+
+TEST(SchedulerTest, LongPrefillThresholdTopUpNeverPreempts) {
+  // 6 blocks of 4: seq 1 (a 20-token prompt) and seq 2 (8 tokens) cannot both be topped up.
+  SchedulerConfig config = Config(6, 4, 32);
+  config.long_prefill_token_threshold = 4;
+  Scheduler s(config);
+  s.Add(1, Iota(20));
+  s.Add(2, Iota(8, 50));
+  SchedulerStep a = Step(s);
+  ASSERT_EQ(a.chunks.size(), 2u);
+  EXPECT_TRUE(a.preempted.empty());
+  // seq 1: 4 + a top-up to 20 (5 blocks); seq 2's 4 tokens hold the sixth block, and its top-up
+  // would need a seventh.
+  EXPECT_EQ(a.chunks[0].num_tokens, 20);
+  EXPECT_EQ(a.chunks[1].num_tokens, 4);
+  EXPECT_EQ(s.kv().pool().NumUsed(), 6);
+}
+
 TEST(SchedulerTest, MaxRunningSequences) {
   Scheduler s(Config(64, 4, 100, /*max_seqs=*/2));
   for (int i = 0; i < 4; ++i) s.Add(i, Iota(5, i * 10));
@@ -189,12 +247,14 @@ TEST(SchedulerTest, AbortFreesBlocksOfRunningAndWaiting) {
 // After every operation: no block leaked or double-freed, ref counts equal table references,
 // the plan respects the budgets and covers its positions, and every request ends.
 TEST(SchedulerTest, RandomizedOperationsUnderTightBlockBudget) {
-  for (uint32_t seed : {11u, 22u, 33u, 44u}) {
+  for (uint32_t seed : {11u, 22u, 33u, 44u, 57u, 68u}) {
     std::mt19937 rng(seed);
     const int block_size = 1 + seed % 4;
     const int num_blocks = 12 + seed % 7;
     const int max_len = num_blocks * block_size;  // a lone sequence always fits
     SchedulerConfig config = Config(num_blocks, block_size, 3 + seed % 9, 1 + seed % 5);
+    // Two seeds cap prefill chunks (the top-up round then runs too).
+    if (seed >= 55) config.long_prefill_token_threshold = 1 + seed % 3;
     Scheduler s(config);
     std::map<int64_t, int> target_len;  // live id -> length at which it finishes
     std::set<int64_t> ended;
@@ -262,7 +322,8 @@ TEST(SchedulerTest, RandomizedOperationsUnderTightBlockBudget) {
     s.CheckInvariants();
     EXPECT_EQ(static_cast<int64_t>(ended.size()), added);
     EXPECT_EQ(s.kv().pool().NumUsed(), 0);
-    EXPECT_GT(s.num_preemptions(), 0) << "budget not tight enough to exercise preemption";
+    EXPECT_GT(s.num_preemptions(), 0)
+        << "budget not tight enough to exercise preemption, seed " << seed;
   }
 }
 
