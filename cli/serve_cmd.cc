@@ -124,8 +124,11 @@ struct ServeFlags {
   int kv_cache_mib = 0;                    // 0: the workers' default
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
+  int long_prefill_token_threshold = 0;    // every worker
   std::string kv_streaming = "on";         // prefill workers
   std::string kv_verify = "off";           // decode workers
+  int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
+  std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
   std::string log_format = "text";         // every child's, and serve's own lines
@@ -550,9 +553,20 @@ int RunServe(ServeFlags flags) {
     const int batched =
         is_prefill ? flags.prefill_max_num_batched_tokens : flags.max_num_batched_tokens;
     if (batched > 0) args.insert(args.end(), {"--max-num-batched-tokens", std::to_string(batched)});
+    if (flags.long_prefill_token_threshold > 0) {
+      args.insert(args.end(), {"--long-prefill-token-threshold",
+                               std::to_string(flags.long_prefill_token_threshold)});
+    }
     args.insert(args.end(), {"--port", std::to_string(ports[i])});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
     if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
+    if (!is_prefill) {
+      args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
+    }
+    if (is_prefill && flags.admission_window_tokens >= 0) {
+      args.insert(args.end(),
+                  {"--admission-window-tokens", std::to_string(flags.admission_window_tokens)});
+    }
     if (!is_prefill && !allowed_prefill.empty()) {
       args.insert(args.end(), {"--allowed-prefill-worker", absl::StrJoin(allowed_prefill, ",")});
     }
@@ -780,6 +794,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--prefill-max-num-batched-tokens", flags->prefill_max_num_batched_tokens,
                   "Tokens per step of prefill workers (default: theirs, 8192)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--long-prefill-token-threshold", flags->long_prefill_token_threshold,
+                  "Fairness on every worker: a prompt's first share of a step while others wait "
+                  "(0: no cap, the default)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-streaming", flags->kv_streaming,
                   "on (default): prefill workers write each layer's KV as soon as it is computed "
                   "(device backends); off: after the whole prompt")
@@ -787,6 +805,14 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   AddAccessFlags(cmd, &flags->access);
   AddServiceAuthFlags(cmd, &flags->service_auth);
   AddLogFormatFlag(cmd, &flags->log_format);
+  cmd->add_option("--admission-window-tokens", flags->admission_window_tokens,
+                  "Prefill workers' admission window in prompt tokens (two-phase reservation; "
+                  "default: theirs, 16384; 0: admit everyone at once)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--two-phase-admission", flags->two_phase_admission,
+                  "on (default): decode workers reserve KV blocks once the prefill worker admits "
+                  "the prompt; off: at once")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")

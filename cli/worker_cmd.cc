@@ -47,9 +47,12 @@ struct WorkerFlags {
   int metrics_port = 0;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
+  int long_prefill_token_threshold = 0;
   double drain_seconds = 2.0;
   std::string kv_streaming = "on";                   // prefill workers only
   std::string kv_verify = "off";                     // decode workers only
+  int64_t admission_window_tokens = 16384;           // prefill workers only
+  std::string two_phase_admission = "on";            // decode workers only
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
@@ -80,6 +83,7 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mib) << 20;
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
+  load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
   const bool streaming = std::string(role) == "prefill" && flags.kv_streaming == "on";
   load.engine.kv_layer_progress = streaming;
   auto model = server::LoadModel(load);
@@ -102,8 +106,10 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   WorkerOptions options;
   if constexpr (std::is_same_v<WorkerOptions, prefill::PrefillWorkerOptions>) {
     options.service.kv_streaming = streaming;
+    options.service.admission.window_tokens = flags.admission_window_tokens;
   } else {
     options.service.verify_kv = flags.kv_verify == "on";
+    options.service.two_phase_admission = flags.two_phase_admission == "on";
     options.service.allowed_prefill_workers.insert(flags.allowed_prefill_workers.begin(),
                                                    flags.allowed_prefill_workers.end());
   }
@@ -185,6 +191,11 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
                   "tokens per step (default 512 for decode, 8192 for prefill: a prefill worker "
                   "runs no decode steps that long prompt chunks would delay)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--long-prefill-token-threshold", flags->long_prefill_token_threshold,
+                  "fairness: while other prompts wait for a step, each prompt's chunk first gets "
+                  "at most this many tokens, and the rest of the step's budget tops them up "
+                  "(0: no cap, the default)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--drain-seconds", flags->drain_seconds,
                   "on SIGINT/SIGTERM, time in-flight requests get (default 2)")
       ->check(CLI::NonNegativeNumber);
@@ -208,6 +219,11 @@ void AddPrefillCommand(CLI::App& app, int* exit_code) {
                   "on (default): over a device backend (cuda_ipc) each layer's KV is written as "
                   "soon as it is computed; off: after the whole prompt")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--admission-window-tokens", flags->admission_window_tokens,
+                  "two-phase reservation: prompt tokens admitted at once (Prefill.Admit), so "
+                  "decode workers reserve KV blocks only for prompts about to be prefilled "
+                  "(default 16384; 0: admit everyone at once)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([flags, exit_code] {
     *exit_code =
         RunWorker<prefill::PrefillWorker, prefill::PrefillWorkerOptions>("prefill", *flags);
@@ -225,6 +241,10 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-verify", flags->kv_verify,
                   "on: check each remotely prefilled prompt's KV where it landed in host memory "
                   "against the prefill worker's checksum (a mismatch recomputes it); off (default)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--two-phase-admission", flags->two_phase_admission,
+                  "on (default): ask the prefill worker to admit a prompt before reserving its KV "
+                  "blocks; off: reserve at once (blocks then wait out the prefill worker's queue)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->callback([flags, exit_code] {
     *exit_code = RunWorker<decode::DecodeWorker, decode::DecodeWorkerOptions>("decode", *flags);

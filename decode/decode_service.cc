@@ -112,12 +112,25 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   }
 
  private:
-  enum class Phase { kStarting, kPairing, kReserving, kPrefilling, kFencing, kStreaming, kDone };
+  enum class Phase {
+    kStarting,
+    kPairing,
+    kAdmitting,
+    kReserving,
+    kPrefilling,
+    kFencing,
+    kStreaming,
+    kDone
+  };
 
   void Step();
   void Begin();
-  // The pair is known (or failed): submit to the engine, remotely prefilled or not.
+  // The pair is known (or failed): ask the prefill worker to admit the prompt first (two-phase
+  // reservation), or submit to the engine at once.
   void Submit(std::optional<Pairing> pairing);
+  void SendAdmit();
+  // Submits to the engine: remotely prefilled (reserving blocks) unless prefill_worker_ is empty.
+  void SubmitToEngine();
   void SendPrefill(const RemoteKvReservation& reservation, absl::Time now);
   void AfterPrefill(const grpc::Status& status, absl::Time now, bool cancel_rpc);
   void HandleOutput(GenerationOutput& out, absl::Time now);
@@ -147,6 +160,8 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   std::optional<absl::StatusOr<RemoteKvReservation>> reservation_ ABSL_GUARDED_BY(mu_);
   bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status prefill_status_ ABSL_GUARDED_BY(mu_);
+  bool admit_done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status admit_status_ ABSL_GUARDED_BY(mu_);
   bool fence_done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status fence_status_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;  // Decode.Cancel
@@ -160,6 +175,8 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   Pairing pairing_;
   std::shared_ptr<PairingAttempt> pairing_attempt_;
   absl::Time reserve_deadline_ = absl::InfiniteFuture();
+  absl::Time submitted_at_;  // to the engine (after pairing and admission)
+  std::string admission_ticket_;
   absl::Time engine_request_deadline_ = absl::InfiniteFuture();
   bool remote_ok_ = false;
   bool first_token_sent_ = false;
@@ -189,6 +206,9 @@ class DecodeService::GenerateCall final : public grpc::ServerWriteReactor<v1::Ge
   grpc::ClientContext prefill_context_;
   v1::PrefillRequest prefill_request_;
   v1::PrefillResponse prefill_response_;
+  grpc::ClientContext admit_context_;
+  v1::AdmitRequest admit_request_;
+  v1::AdmitResponse admit_response_;
   grpc::ClientContext fence_context_;
   v1::FenceRequest fence_request_;
   v1::FenceResponse fence_response_;
@@ -218,7 +238,42 @@ void DecodeService::GenerateCall::Begin() {
 }
 
 void DecodeService::GenerateCall::Submit(std::optional<Pairing> pairing) {
+  if (pairing.has_value()) {
+    pairing_ = *std::move(pairing);
+  } else {
+    prefill_worker_.clear();
+  }
+  if (!prefill_worker_.empty() && service_->options_.two_phase_admission) {
+    return SendAdmit();
+  }
+  SubmitToEngine();
+}
+
+void DecodeService::GenerateCall::SendAdmit() {
+  admit_request_.set_pair_id(pairing_.pair_id);
+  admit_request_.set_request_id(id_);
+  admit_request_.set_num_prompt_tokens(request_->prompt_token_ids_size());
+  admit_request_.set_priority(request_->priority());
+  // Waiting to be admitted is queueing, like waiting for blocks: the same bound.
+  admit_context_.set_deadline(absl::ToChronoTime(std::min(
+      arrival_ + service_->options_.reserve_timeout, absl::FromChrono(context_->deadline()))));
+  phase_ = Phase::kAdmitting;
+  prefill_stub_ = service_->PrefillStub(prefill_worker_);
+  std::shared_ptr<GenerateCall> self = shared_from_this();
+  prefill_stub_->async()->Admit(&admit_context_, &admit_request_, &admit_response_,
+                                [self](grpc::Status status) {
+                                  {
+                                    absl::MutexLock lock(&self->mu_);
+                                    self->admit_status_ = std::move(status);
+                                    self->admit_done_ = true;
+                                  }
+                                  self->Poke();
+                                });
+}
+
+void DecodeService::GenerateCall::SubmitToEngine() {
   const std::string& id = id_;
+  submitted_at_ = absl::Now();
   GenerateRequest engine_request;
   engine_request.request_id = id;
   engine_request.prompt_token_ids.assign(request_->prompt_token_ids().begin(),
@@ -241,12 +296,7 @@ void DecodeService::GenerateCall::Submit(std::optional<Pairing> pairing) {
     }
     self->Poke();
   };
-  if (pairing.has_value()) {
-    pairing_ = *std::move(pairing);
-    engine_request.stage_kv = pairing_.staged;
-  } else {
-    prefill_worker_.clear();
-  }
+  if (!prefill_worker_.empty()) engine_request.stage_kv = pairing_.staged;
   phase_ = prefill_worker_.empty() ? Phase::kStreaming : Phase::kReserving;
   absl::Status submitted =
       prefill_worker_.empty()
@@ -276,6 +326,7 @@ void DecodeService::GenerateCall::SendPrefill(const RemoteKvReservation& reserva
   *pr.mutable_sampling() = request_->sampling();
   pr.set_priority(request_->priority());
   pr.set_pair_id(pairing_.pair_id);
+  pr.set_admission_ticket(admission_ticket_);
   expected_ =
       service_->receiver_->Expect(pairing_.endpoint, reservation.block_ids,
                                   reservation.num_cached_tokens, request_->prompt_token_ids_size());
@@ -367,7 +418,8 @@ void DecodeService::GenerateCall::RequestCancelLocally(grpc::Status why) {
   cancel_deadline_ = absl::Now() + service_->options_.cancel_timeout;
   if (!BlocksFenced()) {
     if (phase_ == Phase::kPrefilling && service_->shutting_down()) prefill_context_.TryCancel();
-  } else if (phase_ != Phase::kStarting && phase_ != Phase::kPairing) {
+  } else if (phase_ != Phase::kStarting && phase_ != Phase::kPairing &&
+             phase_ != Phase::kAdmitting) {
     service_->engine_->Cancel(id_);
   }
 }
@@ -397,17 +449,20 @@ void DecodeService::GenerateCall::HandleOutput(GenerationOutput& out, absl::Time
     first_token_sent_ = true;
     v1::TtftBreakdown* ttft = response.mutable_ttft();
     const FirstTokenTimings timings = out.first_token_timings.value_or(FirstTokenTimings{});
+    // Pairing and admission come before the engine's own queue.
+    const int64_t before_engine_us =
+        std::max<int64_t>(0, absl::ToInt64Microseconds(submitted_at_ - arrival_));
     if (remote_ok_) {
       // The engine's "prefill" spans reserved -> CompleteRemotePrefill; the prefill worker knows
       // its compute and transfer parts, the rest (its queue, RPC) counts as queueing.
       const v1::PrefillResponse& pr = prefill_response_;
       ttft->set_queue_us(
-          timings.queue_us +
+          before_engine_us + timings.queue_us +
           std::max<int64_t>(0, timings.prefill_us - pr.prefill_us() - pr.transfer_us()));
       ttft->set_prefill_us(pr.prefill_us());
       ttft->set_transfer_us(pr.transfer_us());
     } else {
-      ttft->set_queue_us(timings.queue_us);
+      ttft->set_queue_us(before_engine_us + timings.queue_us);
       ttft->set_prefill_us(timings.prefill_us);
     }
     ttft->set_first_decode_us(timings.first_decode_us);
@@ -477,6 +532,8 @@ void DecodeService::GenerateCall::Step() {
   std::optional<absl::StatusOr<RemoteKvReservation>> reservation;
   bool prefill_done = false;
   grpc::Status prefill_status;
+  bool admit_done = false;
+  grpc::Status admit_status;
   bool cancel_rpc = false;
   bool client_cancelled = false;
   bool write_failed = false;
@@ -489,6 +546,11 @@ void DecodeService::GenerateCall::Step() {
     if (phase_ == Phase::kReserving && reservation_.has_value()) {
       reservation = std::move(reservation_);
       reservation_.reset();
+    }
+    if (phase_ == Phase::kAdmitting && admit_done_) {
+      admit_done = true;
+      admit_status = admit_status_;
+      admit_done_ = false;
     }
     if (phase_ == Phase::kPrefilling && prefill_done_) {
       prefill_done = true;
@@ -526,6 +588,39 @@ void DecodeService::GenerateCall::Step() {
       } else {
         Submit(*std::move(result));
       }
+    }
+  }
+
+  if (phase_ == Phase::kAdmitting) {
+    if (cancelled_ || client_cancelled || cancel_rpc || write_failed) {
+      // Nothing is reserved yet: the call may end now (the Admit callback holds the call).
+      admit_context_.TryCancel();
+      End(cancelled_ ? cancel_status_
+                     : Error(grpc::StatusCode::CANCELLED, "cancelled before it was submitted"));
+    } else if (admit_done) {
+      if (admit_status.ok()) {
+        admission_ticket_ = admit_response_.ticket();
+        SubmitToEngine();
+      } else if (admit_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        // The request's own queueing bound: prefilling here now would only fail the same way.
+        End(Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  absl::StrCat("prefill worker ", prefill_worker_,
+                               " did not admit the prompt before the deadline: ",
+                               admit_status.error_message())));
+      } else if (admit_status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        SubmitToEngine();  // a prefill worker without admission: reserve at once
+      } else {
+        if (admit_status.error_code() == grpc::StatusCode::NOT_FOUND) {
+          service_->ForgetPair(prefill_worker_, pairing_.pair_id);
+        }
+        LOG(WARNING) << "decode: request " << id << ": prefill worker " << prefill_worker_
+                     << " did not admit it (" << admit_status.error_message()
+                     << "); prefilling locally";
+        prefill_worker_.clear();
+        SubmitToEngine();
+      }
+    } else if (service_->shutting_down()) {
+      admit_context_.TryCancel();  // its answer makes the prompt prefill here
     }
   }
 
@@ -590,7 +685,7 @@ void DecodeService::GenerateCall::Step() {
                                                                   ? "the client went away"
                                                                   : "cancelled by the client"));
     } else if (cancel_rpc && !cancel_rpc_applied_ && BlocksFenced() && phase_ != Phase::kStarting &&
-               phase_ != Phase::kPairing) {
+               phase_ != Phase::kPairing && phase_ != Phase::kAdmitting) {
       // Decode.Cancel: the stream ends with finish_reason "abort". While a Prefill call is in
       // flight this waits for its answer (the prefill worker may still be writing our blocks).
       cancel_rpc_applied_ = true;

@@ -3,7 +3,8 @@
 // to end", steps 3, 5-7).
 //
 // Generate validates the request, then either submits it to the engine for local prefill
-// (prefill_worker empty) or reserves KV blocks through Engine::SubmitRemotePrefill, asks the
+// (prefill_worker empty) or, once the prefill worker admitted the prompt (Prefill.Admit:
+// options.two_phase_admission), reserves KV blocks through Engine::SubmitRemotePrefill, asks the
 // named prefill worker (Prefill.Prefill) to write the prompt's KV into them, and completes the
 // remote prefill with the first token it returns. Before its first request to a prefill worker it
 // pairs with it (Prefill.Connect: this worker's endpoints, one per backend in preference order,
@@ -85,6 +86,12 @@ struct DecodeServiceOptions {
   // The prefill workers (host:port) this worker may dial; a Generate naming another is refused
   // with PERMISSION_DENIED. Empty: any (the request's address is trusted: set it in production).
   absl::flat_hash_set<std::string> allowed_prefill_workers;
+  // Two-phase reservation: ask the prefill worker to admit a prompt (Prefill.Admit) before
+  // reserving its blocks, so blocks are not held by prompts queued at the prefill worker. Off:
+  // reserve at once (the prefill worker's queue then holds reserved blocks). A prefill worker that
+  // does not implement Admit is treated as off; one that refuses or fails it makes the prompt
+  // prefill here.
+  bool two_phase_admission = true;
   // Threads that run the calls' steps (each step is short and never blocks on the network).
   int executor_threads = 2;
 };

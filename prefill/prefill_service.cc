@@ -26,6 +26,9 @@ int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 // Epochs of a pair accepted out of order below the highest one seen (anti-replay window).
 constexpr uint64_t kEpochWindow = 4096;
 
+// Tickets are 32 hex characters; anything much longer is not one of ours.
+constexpr size_t kMaxTicketBytes = 64;
+
 // (decode worker, backend) fallbacks logged at most once each, for this many pairs of names.
 constexpr size_t kMaxLoggedFallbacks = 1024;
 
@@ -53,6 +56,8 @@ struct PrefillService::Job {
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;
   absl::Duration transfer_time ABSL_GUARDED_BY(mu);
   std::optional<uint64_t> checksum ABSL_GUARDED_BY(mu);
+  // The call's share of the admission window, given back by the first Finish.
+  std::unique_ptr<AdmissionQueue::Slot> slot ABSL_GUARDED_BY(mu);
 
   // Set before anything can finish the job; called once, by the first Finish, outside the lock.
   std::function<void()> on_done;
@@ -61,6 +66,7 @@ struct PrefillService::Job {
   void Finish(absl::Status s, int64_t written = 0, absl::Duration time = absl::ZeroDuration(),
               std::optional<uint64_t> sum = std::nullopt) {
     std::function<void()> notify;
+    std::unique_ptr<AdmissionQueue::Slot> share;
     {
       absl::MutexLock lock(&mu);
       if (done) return;
@@ -70,7 +76,9 @@ struct PrefillService::Job {
       transfer_time = time;
       checksum = sum;
       notify = std::move(on_done);
+      share = std::move(slot);
     }
+    share.reset();  // may admit others: outside the lock
     if (notify) notify();
   }
 };
@@ -146,6 +154,78 @@ class PrefillService::PrefillCall final : public grpc::ServerUnaryReactor {
   absl::Time submitted_ ABSL_GUARDED_BY(mu_) = absl::Now();
 };
 
+// One Prefill.Admit call: a unary reactor finished once, by the admission queue's answer or, if
+// the call goes away first and the queue still held it, by OnCancel.
+class PrefillService::AdmitCall final : public grpc::ServerUnaryReactor {
+ public:
+  AdmitCall(PrefillService* service, v1::AdmitResponse* response)
+      : service_(service), response_(response), arrival_(absl::Now()) {}
+
+  void Refuse(const grpc::Status& status) { Finish(status); }
+
+  // Queues the call; the answer may come before this returns.
+  void Wait(const v1::AdmitRequest& request, absl::Time deadline) {
+    const int64_t waiter = service_->admission_->Wait(
+        request.request_id(), request.priority(), request.num_prompt_tokens(), deadline,
+        [this](absl::StatusOr<std::string> ticket) { Answer(std::move(ticket)); });
+    absl::MutexLock lock(&mu_);
+    waiter_ = waiter;
+    waiting_ = true;
+  }
+
+  void OnCancel() override {
+    int64_t waiter;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (!waiting_) return;  // not queued: nothing to take back
+      waiter = waiter_;
+    }
+    // Removed: no answer will come, so this finishes the call. Otherwise the answer came or is
+    // coming; an admitted ticket nobody will claim gives its share back now (Answer drops it
+    // too if it comes after this).
+    if (service_->admission_->Cancel(waiter)) {
+      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    }
+    std::string drop;
+    {
+      absl::MutexLock lock(&mu_);
+      drop = ticket_;
+    }
+    if (!drop.empty()) service_->admission_->Drop(drop);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Answer(absl::StatusOr<std::string> ticket) {
+    bool drop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ticket.ok()) {
+        ticket_ = *ticket;
+        drop = cancelled_;
+      }
+    }
+    if (!ticket.ok()) return Finish(server::ToGrpcStatus(ticket.status()));
+    if (drop) service_->admission_->Drop(*ticket);
+    response_->set_ticket(*std::move(ticket));
+    response_->set_queue_us(Micros(absl::Now() - arrival_));
+    response_->set_ticket_lease_ms(
+        absl::ToInt64Milliseconds(service_->options_.admission.ticket_lease));
+    service_->ExpireAdmissionAt(absl::Now() + service_->options_.admission.ticket_lease);
+    Finish(grpc::Status::OK);
+  }
+
+  PrefillService* const service_;
+  v1::AdmitResponse* const response_;
+  const absl::Time arrival_;
+  absl::Mutex mu_;
+  int64_t waiter_ ABSL_GUARDED_BY(mu_) = 0;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // Wait returned
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::string ticket_ ABSL_GUARDED_BY(mu_);
+};
+
 void PrefillService::GiveUp(const std::shared_ptr<Job>& job, absl::Status status) {
   bool computing;
   {
@@ -171,7 +251,10 @@ PrefillService::PrefillService(Engine* engine, std::vector<TransferLane> lanes,
       options_(std::move(options)),
       layout_(server::ToTransferLayout(engine->kv_layout())),
       dispatch_(std::make_shared<Dispatch>()),
-      timers_(std::make_shared<CallExecutor>(1)) {
+      timers_(std::make_shared<CallExecutor>(1)),
+      admission_(AdmissionQueue::Create(options_.admission, [engine](const AdmissionStats& s) {
+        engine->SetQueuedOutside(s.waiting, s.waiting_tokens);
+      })) {
   // Every lane's series exists from the start (at zero), so a scrape shows them before traffic.
   for (const TransferLane& lane : lanes_)
     (void)metrics_->kv_transfer.For(lane.sender->backend_name());
@@ -286,7 +369,51 @@ grpc::Status PrefillService::Connect(grpc::ServerContext* context,
                absl::StrCat("no usable KV transfer endpoint: ", absl::StrJoin(fallbacks, "; ")));
 }
 
-PrefillService::~PrefillService() { timers_->Stop(); }
+PrefillService::~PrefillService() {
+  admission_->Close();
+  timers_->Stop();
+}
+
+void PrefillService::StopAdmitting() { admission_->Close(); }
+
+void PrefillService::ExpireAdmissionAt(absl::Time when) {
+  timers_->PostAt(when, [queue = std::weak_ptr<AdmissionQueue>(admission_)] {
+    if (std::shared_ptr<AdmissionQueue> q = queue.lock()) q->Expire(absl::Now());
+  });
+}
+
+grpc::ServerUnaryReactor* PrefillService::Admit(grpc::CallbackServerContext* context,
+                                                const v1::AdmitRequest* request,
+                                                v1::AdmitResponse* response) {
+  auto* call = new AdmitCall(this, response);
+  grpc::Status refused = identity_->Authenticate(*context);
+  if (refused.ok()) {
+    absl::MutexLock lock(&pairs_mu_);
+    if (!pairs_.contains(request->pair_id())) {
+      refused = Error(grpc::StatusCode::NOT_FOUND,
+                      "pair_id: unknown pair (this prefill worker restarted or forgot it): "
+                      "connect again");
+    }
+  }
+  if (refused.ok() && request->request_id().empty()) {
+    refused = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
+  }
+  if (refused.ok() && (request->num_prompt_tokens() < 1 ||
+                       request->num_prompt_tokens() > engine_->max_model_len())) {
+    refused = Error(grpc::StatusCode::INVALID_ARGUMENT,
+                    absl::StrCat("num_prompt_tokens: ", request->num_prompt_tokens(),
+                                 " outside [1, ", engine_->max_model_len(), "]"));
+  }
+  if (!refused.ok()) {
+    call->Refuse(refused);
+    return call;
+  }
+  const absl::Time deadline =
+      std::min(absl::Now() + options_.admit_timeout, absl::FromChrono(context->deadline()));
+  call->Wait(*request, deadline);
+  ExpireAdmissionAt(deadline);
+  return call;
+}
 
 void PrefillService::Detach() {
   absl::MutexLock lock(&dispatch_->mu);
@@ -316,6 +443,10 @@ grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
   SamplingParams params = server::SamplingParamsFromProto(request->sampling());
   if (absl::Status s = ValidateSamplingParams(params, engine_->config().vocab_size); !s.ok()) {
     return server::ToGrpcStatus(s);
+  }
+  if (request->admission_ticket().size() > kMaxTicketBytes) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("admission_ticket: longer than ", kMaxTicketBytes, " bytes"));
   }
   const v1::KvTarget& target = request->target();
   if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) {
@@ -403,6 +534,13 @@ grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
 
   auto job = std::make_shared<Job>();
   job->request_id = id;
+  {
+    // The admitted share moves to this call (or, without a live ticket, it counts from now).
+    std::unique_ptr<AdmissionQueue::Slot> slot =
+        admission_->Claim(request->admission_ticket(), id, num_tokens);
+    absl::MutexLock lock(&job->mu);
+    job->slot = std::move(slot);
+  }
   // From here on the job's first Finish (the send's report, a failed prefill, the client going
   // away, the deadline) completes the call: no more refusals.
   call->Watch(job, arrival, params.logprobs.has_value(), num_tokens);

@@ -25,6 +25,16 @@
 // reports chunks, same block format), the held KV when the prompt is done (the send gives the
 // blocks back to the engine, once), or the prefill's failure. The handler waits for the send's
 // report with a deadline and answers with the first token once every write has landed.
+// Admission (two-phase reservation, admission_queue.h): a decode worker first calls
+// Prefill.Admit(pair, request id, prompt length, priority), answered once the prompt fits this
+// worker's admission window (options.admission), and only then reserves its KV blocks and calls
+// Prefill with the ticket. The window bounds the prompt tokens admitted and not yet done (tickets
+// and Prefill calls in progress, with or without a ticket), so decode blocks are reserved for
+// prompts that are about to be prefilled, not for prompts queued here. Requests waiting to be
+// admitted count as waiting in the engine's stats (Engine::SetQueuedOutside): the router and the
+// metrics see the whole queue. An unknown pair is NOT_FOUND; a prompt length outside
+// [1, max_model_len] INVALID_ARGUMENT; the deadline (options.admit_timeout, capped by the
+// client's) DEADLINE_EXCEEDED; StopAdmitting answers everyone UNAVAILABLE.
 // Layout conversion: a pair whose layouts differ in block size, dtype or head range (kv_convert.h)
 // is admitted when the lane reads host memory; the sender converts each prompt into a buffer of
 // the destination's format and writes that (not streamed).
@@ -57,6 +67,7 @@
 #include "absl/time/time.h"
 #include "kvtransfer/handoff/kv_sender.h"
 #include "kvtransfer/kv_layout.h"
+#include "prefill/admission_queue.h"
 #include "runtime/auth/service_identity.h"
 #include "runtime/base/call_executor.h"
 #include "runtime/engine/engine.h"
@@ -81,6 +92,10 @@ struct PrefillServiceOptions {
   bool kv_streaming = true;
   // Prefill.Fence: how long it waits for an abandoned transfer's writes to be released.
   absl::Duration fence_timeout = absl::Seconds(5);
+  // Prefill.Admit (two-phase reservation): the window, the tickets' lease, and the longest a
+  // request waits to be admitted (capped by the client's deadline).
+  AdmissionOptions admission;
+  absl::Duration admit_timeout = absl::Seconds(600);
 };
 
 // One transfer backend of the worker: its sender, and whether the engine stages KV through the
@@ -90,10 +105,11 @@ struct TransferLane {
   bool staged = false;
 };
 
-// Prefill.Prefill is a callback method (a reactor per call, completed by the send's report, the
-// client going away or the deadline: no thread waits); Connect and Fence, rare and bounded by
-// their timeouts, stay synchronous.
-class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::Prefill::Service> {
+// Prefill.Prefill and Prefill.Admit are callback methods (a reactor per call, completed by the
+// send's report, the admission window, the client going away or the deadline: no thread waits);
+// Connect and Fence, rare and bounded by their timeouts, stay synchronous.
+class PrefillService final : public v1::Prefill::WithCallbackMethod_Admit<
+                                 v1::Prefill::WithCallbackMethod_Prefill<v1::Prefill::Service>> {
  public:
   // `lanes`: the worker's backends (distinct names), each a sender of the engine's KV (its
   // transfer memory registered with the lane's backend).
@@ -109,6 +125,14 @@ class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::
                                     v1::PrefillResponse* response) override;
   grpc::Status Fence(grpc::ServerContext* context, const v1::FenceRequest* request,
                      v1::FenceResponse* response) override;
+  grpc::ServerUnaryReactor* Admit(grpc::CallbackServerContext* context,
+                                  const v1::AdmitRequest* request,
+                                  v1::AdmitResponse* response) override;
+
+  // Shutting down: every request waiting for admission (and every later one) is answered
+  // UNAVAILABLE, so its decode worker prefills it itself.
+  void StopAdmitting();
+  AdmissionStats admission_stats() const { return admission_->stats(); }
 
   // Before the senders stop: sends that end from now on are not counted (the engine may still
   // call back after the service is gone, so callbacks hold only `dispatch_`).
@@ -117,6 +141,9 @@ class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::
  private:
   struct Job;
   class PrefillCall;
+  class AdmitCall;
+  // Runs the admission queue's timers (deadlines, leases) at `when`.
+  void ExpireAdmissionAt(absl::Time when);
   // Gives up on a call (client gone, deadline): releases its send, aborts a prompt still
   // computing, and finishes the call with `status`. No-op once the call is done.
   void GiveUp(const std::shared_ptr<Job>& job, absl::Status status);
@@ -153,6 +180,7 @@ class PrefillService final : public v1::Prefill::WithCallbackMethod_Prefill<v1::
   const std::shared_ptr<Dispatch> dispatch_;
   // Runs the calls' deadline timers (one thread).
   std::shared_ptr<CallExecutor> timers_;
+  const std::shared_ptr<AdmissionQueue> admission_;
 
   absl::Mutex pairs_mu_;
   absl::flat_hash_map<std::string, Pair> pairs_ ABSL_GUARDED_BY(pairs_mu_);

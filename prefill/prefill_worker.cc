@@ -82,6 +82,8 @@ std::string PrefillWorker::address() const { return absl::StrCat(host_, ":", por
 void PrefillWorker::Shutdown(absl::Duration drain) {
   absl::MutexLock lock(&shutdown_mu_);
   if (stats_service_ != nullptr) stats_service_->Stop();
+  // Prompts not admitted yet go back to their decode workers at once (they prefill locally).
+  if (prefill_service_ != nullptr) prefill_service_->StopAdmitting();
   server_.Shutdown(drain);
   // Sends that end from now on are not counted; every live send fails and gives its KV back
   // (KV that becomes ready later goes back at once).

@@ -62,6 +62,7 @@ SchedulerConfig MakeSchedulerConfig(const ModelRunner& runner, const EngineOptio
   c.block_size = runner.block_size();
   c.max_num_seqs = options.max_num_seqs;
   c.max_num_batched_tokens = options.max_num_batched_tokens;
+  c.long_prefill_token_threshold = options.long_prefill_token_threshold;
   c.enable_prefix_caching = options.enable_prefix_caching;
   c.record_prefix_cache_events = options.enable_prefix_caching;
   return c;
@@ -86,6 +87,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   }
   if (options.max_num_batched_tokens <= 0) {
     return absl::InvalidArgumentError("max_num_batched_tokens: must be >= 1");
+  }
+  if (options.long_prefill_token_threshold < 0) {
+    return absl::InvalidArgumentError("long_prefill_token_threshold: must be >= 0");
   }
   if (options.max_model_len < 0) return absl::InvalidArgumentError("max_model_len: must be >= 0");
   int max_len =
@@ -249,8 +253,20 @@ void Engine::Shutdown(absl::Duration drain_timeout) {
 }
 
 EngineStats Engine::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  EngineStats s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = stats_;
+  }
+  s.queued_outside = queued_outside_.load(std::memory_order_relaxed);
+  s.waiting += s.queued_outside;
+  s.waiting_prompt_tokens += queued_outside_tokens_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void Engine::SetQueuedOutside(int requests, int64_t prompt_tokens) {
+  queued_outside_.store(requests, std::memory_order_relaxed);
+  queued_outside_tokens_.store(prompt_tokens, std::memory_order_relaxed);
 }
 
 void Engine::PublishStats() {

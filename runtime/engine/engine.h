@@ -196,6 +196,9 @@ struct RemotePrefillResult {
 struct EngineOptions {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
+  // SchedulerConfig::long_prefill_token_threshold: a prefill chunk's first share of a step when
+  // other prompts compete for it (fairness); 0: none.
+  int long_prefill_token_threshold = 0;
   int max_model_len = 0;  // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
   // Stop tokens besides the model config's eos_token_ids and the tokenizer's EOS.
@@ -229,6 +232,9 @@ struct EngineStats {
   int awaiting_kv = 0;                // remote prefills with reserved blocks, KV not yet complete
   int held_kv = 0;                    // prefilled requests whose blocks are held for transfer
   int64_t waiting_prompt_tokens = 0;  // uncomputed prompt tokens of waiting sequences
+  // Of waiting and waiting_prompt_tokens: requests the worker holds in front of the engine
+  // (SetQueuedOutside; the prefill worker's admission queue).
+  int queued_outside = 0;
 };
 
 class Engine {
@@ -278,6 +284,10 @@ class Engine {
   void Shutdown(absl::Duration drain_timeout);
 
   EngineStats stats() const;
+  // The worker's own queue in front of the engine (requests and their prompt tokens), added to
+  // stats().waiting and waiting_prompt_tokens so every reader of the load sees it. Lock-free:
+  // callable under the caller's locks.
+  void SetQueuedOutside(int requests, int64_t prompt_tokens);
   // What the prefix cache stored and evicted, numbered (kvcache/prefix_cache_events.h); updated
   // after every step. Thread-safe. Empty when prefix caching is off.
   const PrefixCacheEventLog& prefix_cache_events() const { return prefix_cache_events_; }
@@ -358,6 +368,8 @@ class Engine {
   absl::Mutex transfer_mu_;
   std::optional<KvCacheLayout> transfer_layout_ ABSL_GUARDED_BY(transfer_mu_);
   std::atomic<bool> stages_kv_{false};
+  std::atomic<int> queued_outside_{0};
+  std::atomic<int64_t> queued_outside_tokens_{0};
   absl::flat_hash_set<int32_t> eos_ids_;
 
   // Engine thread only.
