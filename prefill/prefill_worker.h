@@ -64,6 +64,7 @@ class PrefillWorker {
   int port() const { return port_; }
   std::string address() const;  // host:port
   server::WorkerMetricsReporter& metrics() { return *metrics_; }
+  AdmissionStats admission_stats() const { return prefill_service_->admission_stats(); }
 
   void Shutdown(absl::Duration drain);
 

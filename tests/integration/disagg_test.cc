@@ -166,13 +166,14 @@ class DisaggTest : public ::testing::TestWithParam<std::string> {
   // Starts P and D with `kind` backends; P's backend is wrapped for fault injection.
   // `allow_only_this_prefill`: D may dial only the stack's P (allowed_prefill_workers).
   void StartStack(const std::string& kind, decode::DecodeWorkerOptions d_options = {},
-                  int d_block_size = kBlockSize, bool allow_only_this_prefill = false) {
+                  int d_block_size = kBlockSize, bool allow_only_this_prefill = false,
+                  prefill::PrefillWorkerOptions p_options = {}) {
     p_model_ = NewEngine();
     d_model_ = NewEngine(/*prefix_caching=*/true, d_block_size);
     auto faults = std::make_unique<FaultInjectingBackend>(Backend(kind, "p"));
     p_faults_ = faults.get();
     auto p = prefill::PrefillWorker::Create(p_model_->engine.get(), std::move(faults),
-                                            WithIdentity(prefill::PrefillWorkerOptions{}));
+                                            WithIdentity(std::move(p_options)));
     ASSERT_TRUE(p.ok()) << p.status();
     prefill_ = std::move(*p);
     if (allow_only_this_prefill) d_options.service.allowed_prefill_workers = {prefill_->address()};
@@ -368,6 +369,64 @@ TEST_P(DisaggTest, PrefillWorkerFreesHeldKvWhenTheDecodeWorkerVanishes) {
 
 // A decode worker given its prefill workers dials no other address a request names (no SSRF,
 // no endpoint blobs sent to strangers): PERMISSION_DENIED, and its own prefill worker still works.
+// Two-phase admission: D reserves KV blocks only for prompts P has admitted, so a request
+// queued behind P's admission window holds nothing on D. P admits one prompt at a time here and
+// every transfer sticks until D's prefill deadline, so the window stays full for a second per
+// request. With two-phase admission off, D reserves for all three at once.
+TEST_P(DisaggTest, DecodeBlocksAreReservedOnlyForAdmittedPrompts) {
+  for (bool two_phase : {true, false}) {
+    SCOPED_TRACE(two_phase ? "two-phase" : "reserve at once");
+    decode::DecodeWorkerOptions d_options;
+    d_options.service.prefill_timeout = absl::Seconds(1);
+    d_options.service.two_phase_admission = two_phase;
+    prefill::PrefillWorkerOptions p_options;
+    p_options.service.admission.window_tokens = 1;  // one prompt at a time
+    StartStack(GetParam(), d_options, kBlockSize, false, p_options);
+    FaultPlan plan;
+    plan.stage = FaultStage::kMidTransfer;
+    plan.once = false;
+    plan.polls_before_failure = 1 << 30;
+    p_faults_->SetPlan(plan);
+    constexpr int kRequests = 3;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < kRequests; ++i) prompts.push_back(Prompt(20, 300 + i));
+    std::vector<Streamed> got(kRequests);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kRequests; ++i) {
+      clients.emplace_back(
+          [&, i] { got[i] = Generate(Request(prompts[i], kMaxTokens, prefill_->address())); });
+    }
+    // The first request's transfer is stuck: watch both sides while it is.
+    int max_awaiting = 0;
+    int max_queued_at_p = 0;
+    const absl::Time until = absl::Now() + absl::Milliseconds(700);
+    while (absl::Now() < until) {
+      max_awaiting = std::max(max_awaiting, d_model_->engine->stats().awaiting_kv);
+      max_queued_at_p = std::max(max_queued_at_p, p_model_->engine->stats().queued_outside);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    for (std::thread& t : clients) t.join();
+    if (two_phase) {
+      EXPECT_EQ(max_awaiting, 1) << "D reserved for a prompt P had not admitted";
+      EXPECT_EQ(max_queued_at_p, kRequests - 1);
+      EXPECT_EQ(prefill_->admission_stats().admitted, kRequests);
+    } else {
+      EXPECT_EQ(max_awaiting, kRequests);
+      EXPECT_EQ(max_queued_at_p, 0);
+      EXPECT_EQ(prefill_->admission_stats().admitted, 0);
+    }
+    for (int i = 0; i < kRequests; ++i) {
+      ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+      EXPECT_FALSE(got[i].prefilled_remotely);  // every transfer was stuck: D prefilled itself
+      EXPECT_EQ(got[i].tokens, Reference(prompts[i], kMaxTokens)) << "request " << i;
+    }
+    EXPECT_TRUE(DecodeDrained(absl::Seconds(10)));
+    EXPECT_EQ(prefill_->admission_stats().waiting, 0);
+    EXPECT_EQ(prefill_->admission_stats().window_used_tokens, 0);
+    TearDown();
+  }
+}
+
 TEST_P(DisaggTest, DecodeWorkerDialsOnlyItsPrefillWorkers) {
   StartStack(GetParam(), {}, kBlockSize, /*allow_only_this_prefill=*/true);
   const std::vector<int32_t> prompt = Prompt(20, 86);
