@@ -24,6 +24,7 @@
 // Threading: every method is thread-safe. Ownership: always held by shared_ptr (Create); a slot
 // keeps its queue alive (a prefill's last callback may come after the service is gone).
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,6 +42,11 @@
 #include "absl/time/time.h"
 
 namespace tandem::prefill {
+
+// Bounds on what a peer's Admit and Prefill calls may carry (checked by the service before
+// anything reaches the queue). Tickets are 32 hex characters; anything much longer is not ours.
+inline constexpr size_t kMaxAdmissionTicketBytes = 64;
+inline constexpr size_t kMaxAdmitRequestIdBytes = 1024;
 
 struct AdmissionOptions {
   // Prompt tokens admitted at once (about two prefill steps of the default 8192-token budget):

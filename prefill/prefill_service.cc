@@ -26,8 +26,6 @@ int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 // Epochs of a pair accepted out of order below the highest one seen (anti-replay window).
 constexpr uint64_t kEpochWindow = 4096;
 
-// Tickets are 32 hex characters; anything much longer is not one of ours.
-constexpr size_t kMaxTicketBytes = 64;
 
 // (decode worker, backend) fallbacks logged at most once each, for this many pairs of names.
 constexpr size_t kMaxLoggedFallbacks = 1024;
@@ -398,6 +396,10 @@ grpc::ServerUnaryReactor* PrefillService::Admit(grpc::CallbackServerContext* con
   if (refused.ok() && request->request_id().empty()) {
     refused = Error(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty");
   }
+  if (refused.ok() && request->request_id().size() > kMaxAdmitRequestIdBytes) {
+    refused = Error(grpc::StatusCode::INVALID_ARGUMENT,
+                    absl::StrCat("request_id: longer than ", kMaxAdmitRequestIdBytes, " bytes"));
+  }
   if (refused.ok() && (request->num_prompt_tokens() < 1 ||
                        request->num_prompt_tokens() > engine_->max_model_len())) {
     refused = Error(grpc::StatusCode::INVALID_ARGUMENT,
@@ -444,9 +446,9 @@ grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
   if (absl::Status s = ValidateSamplingParams(params, engine_->config().vocab_size); !s.ok()) {
     return server::ToGrpcStatus(s);
   }
-  if (request->admission_ticket().size() > kMaxTicketBytes) {
+  if (request->admission_ticket().size() > kMaxAdmissionTicketBytes) {
     return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("admission_ticket: longer than ", kMaxTicketBytes, " bytes"));
+                 absl::StrCat("admission_ticket: longer than ", kMaxAdmissionTicketBytes, " bytes"));
   }
   const v1::KvTarget& target = request->target();
   if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) {

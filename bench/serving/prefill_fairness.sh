@@ -25,7 +25,7 @@ bench() {  # name json-out args...
   local name=$1 out=$2
   shift 2
   "$build/tandem" bench --base-url "http://127.0.0.1:$port/v1" --endpoint completions \
-    --tokenizer models/target --output-len 8 --ignore-eos --seed 1 --no-progress \
+    --tokenizer models/target --output-len 8 --ignore-eos --no-progress \
     --json "$out" "$@" > "$work/$name.txt" 2>&1
 }
 
@@ -37,7 +37,7 @@ s = s.get("summary", s)
 print(f"  {sys.argv[1]:6s} completed {s.get('completed')} failed {s.get('failed')} "
       f"mean TTFT {s.get('mean_ttft_ms'):.1f} ms  p50 {s.get('median_ttft_ms'):.1f}  "
       f"p90 {s.get('p90_ttft_ms'):.1f}  mean TPOT {s.get('mean_tpot_ms'):.2f} ms  "
-      f"duration {s.get('duration_s', float('nan')):.1f} s")
+      f"duration {s.get('duration', float('nan')):.1f} s")
 PY
 }
 
@@ -47,8 +47,14 @@ for t in $thresholds; do
     --max-num-batched-tokens "$batched" --long-prefill-token-threshold "$t" > "$log" 2>&1 &
   pid=$!
   for _ in $(seq 1 240); do grep -q "is serving" "$log" && break; sleep 0.5; done
+  if ! grep -q "is serving" "$log" || ! kill -0 $pid 2>/dev/null; then
+    echo "tandem serve did not start (port $port taken?):" >&2
+    tail -5 "$log" >&2
+    kill -INT $pid 2>/dev/null
+    exit 1
+  fi
   bench long-$t "$work/long-$t.json" --num-prompts "$long_prompts" --input-len 960 \
-    --request-rate inf --max-concurrency "$long_concurrency" &
+    --request-rate inf --max-concurrency "$long_concurrency" --seed 1 &
   long=$!
   sleep 1
   bench short-$t "$work/short-$t.json" --num-prompts "$short_prompts" --input-len 16 \

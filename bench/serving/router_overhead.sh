@@ -7,6 +7,8 @@
 #               the completions endpoint (the router tokenizes, validates, routes, detokenizes);
 #   both REQUESTS requests of PROMPT_TOKENS random tokens, max_tokens 1 (the median of e2e
 #   latency; the model's own time is the same in both);
+#      and the router's own median from its access log (e2e_ms: request read to last byte
+#      written), which leaves out the HTTP client's share;
 #   3. router CPU per streamed token: STREAMS concurrent streams of 64 tokens through the router,
 #      the router process's utime + stime (/proc/PID/stat) over the run / output tokens.
 # Usage: bench/serving/router_overhead.sh [BUILD_DIR]  (env: REQUESTS, PROMPT_TOKENS, STREAMS)
@@ -49,6 +51,11 @@ import json,sys
 s=json.load(open('$work/routed-$round.json'))
 print('round $round routed requests', s['completed'], 'failed', s['failed'],
       'median %.3f ms mean %.3f ms p90 %.3f ms' % (s['median_e2el_ms'], s['mean_e2el_ms'], s['p90_e2el_ms']))"
+  # The router's own view of the same requests (its access log: request read to response
+  # written), without the HTTP client's share: the last REQUESTS lines (after the warm-up).
+  grep -o 'access /v1/completions status=200 .* e2e_ms=[0-9.]*' "$work/router.log" \
+    | tail -n "$requests" | sed 's/.*e2e_ms=//' | sort -n \
+    | awk -v r=$round '{v[NR]=$1} END {printf "round %d router access-log e2e median %.3f ms over %d\n", r, v[int((NR+1)/2)], NR}'
 done
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
