@@ -26,7 +26,6 @@ int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 // Epochs of a pair accepted out of order below the highest one seen (anti-replay window).
 constexpr uint64_t kEpochWindow = 4096;
 
-
 // (decode worker, backend) fallbacks logged at most once each, for this many pairs of names.
 constexpr size_t kMaxLoggedFallbacks = 1024;
 
@@ -447,8 +446,9 @@ grpc::Status PrefillService::StartPrefill(grpc::CallbackServerContext* context,
     return server::ToGrpcStatus(s);
   }
   if (request->admission_ticket().size() > kMaxAdmissionTicketBytes) {
-    return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("admission_ticket: longer than ", kMaxAdmissionTicketBytes, " bytes"));
+    return Error(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("admission_ticket: longer than ", kMaxAdmissionTicketBytes, " bytes"));
   }
   const v1::KvTarget& target = request->target();
   if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) {
