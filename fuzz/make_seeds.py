@@ -480,6 +480,16 @@ def worker_proto_seeds():
          'text: "hi" finish_reason: "length" usage { prompt_tokens: 4 completion_tokens: 2 }')
     seed(9, "worker-stats", "WorkerStats",
          'role: "decode" model: "target" queue_depth: 1 kv_blocks_total: 512 block_size: 16')
+    seed(10, "admit", "AdmitRequest",
+         'pair_id: "p-1" request_id: "r1" num_prompt_tokens: 75 priority: 0')
+    seed(10, "admit-longer-than-window", "AdmitRequest",
+         'pair_id: "p-1" request_id: "r-long" num_prompt_tokens: 1000 priority: -3')
+    seed(11, "admit-response", "AdmitResponse",
+         f'ticket: "{HEX32}" queue_us: 1200 ticket_lease_ms: 30000')
+    seed(0, "prefill-with-ticket", "PrefillRequest",
+         f'request_id: "r1" prompt_token_ids: [0, 17, 300, 12] sampling {{ {SAMPLING} }} '
+         f'target {{ block_ids: [5, 9] num_cached_tokens: 0 }} pair_id: "p-1" transfer_epoch: 3 '
+         f'admission_ticket: "{HEX32}" priority: 1')
     # Slightly broken: a truncated message.
     write(t, "broken-truncated-prefill", bytes([0]) + protoc_encode(
         "PrefillRequest", f'request_id: "r1" target {{ layout {{ {CPU_LAYOUT} }} }}')[:-5])

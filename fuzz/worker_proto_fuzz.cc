@@ -4,13 +4,16 @@
 // the backends' blob decoders). No network, no engine: the service handlers' inline checks
 // (prefill/prefill_service.cc, decode/decode_service.cc) are mirrored here in the order they run.
 //
-// Input: one selector byte (mod 10), then the serialized message:
+// Input: one selector byte (mod 12), then the serialized message:
 //   0 PrefillRequest   1 ConnectRequest   2 FenceRequest    3 GenerateRequest  4 CancelRequest
 //   5 StatsRequest     6 ConnectResponse  7 PrefillResponse 8 GenerateResponse 9 WorkerStats
+//   10 AdmitRequest    11 AdmitResponse
 // The worker serves the bundled model (its config.json); its KV is the CPU runner's f32 layout.
 // Properties: no crash; conversions round-trip (SamplingParams, KvLayout, TokenLogprobs); an
 // accepted compatibility block matches the model; every KV plan an accepted destination gets
-// stays inside both layouts (kv_plan_check.h).
+// stays inside both layouts (kv_plan_check.h); a real admission queue (prefill/admission_queue.h)
+// fed an accepted Admit answers every waiter exactly once, and neither a forged ticket nor a real
+// one claimed twice leaves its window with tokens once every slot is gone.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +28,7 @@
 #include "kvtransfer/cuda_ipc/ipc_wire.h"
 #include "kvtransfer/kv_layout.h"
 #include "kvtransfer/nccl/nccl_wire.h"
+#include "prefill/admission_queue.h"
 #include "runtime/model/model_config.h"
 #include "runtime/sampling/sampling_params.h"
 #include "runtime/server/kv_layout_convert.h"
@@ -40,6 +44,8 @@ namespace server = tandem::server;
 using tandem::kvtransfer::KvLayout;
 
 constexpr int kMaxEndpoints = 8;  // PrefillService::Connect
+using tandem::prefill::AdmissionQueue;
+using tandem::prefill::AdmissionStats;
 
 const tandem::ModelConfig& Config() {
   static const tandem::ModelConfig* config = [] {
@@ -136,9 +142,21 @@ void DecodeBlobs(const std::string& backend, const std::string& address,
 // layout the pair agreed on at Connect; here the request's own, or the decode worker's CPU one).
 void Prefill(const v1::PrefillRequest& r) {
   if (r.request_id().empty() || r.prompt_token_ids_size() == 0) return;
+  if (r.admission_ticket().size() > tandem::prefill::kMaxAdmissionTicketBytes) return;
   if (!CheckSampling(r.sampling()).ok()) return;
   const v1::KvTarget& target = r.target();
   const int num_tokens = r.prompt_token_ids_size();
+  {
+    // The claim of a ticket nobody issued (a forged or stale one): served, counted while the
+    // slot lives, and the window is empty again after.
+    auto queue = AdmissionQueue::Create({.window_tokens = 64, .ticket_lease = absl::Seconds(1)});
+    {
+      std::unique_ptr<AdmissionQueue::Slot> slot =
+          queue->Claim(r.admission_ticket(), r.request_id(), num_tokens);
+      FUZZ_CHECK(slot != nullptr && queue->stats().window_used_tokens == num_tokens);
+    }
+    FUZZ_CHECK(queue->stats().window_used_tokens == 0);
+  }
   if (target.num_cached_tokens() < 0 || target.num_cached_tokens() > num_tokens) return;
   if (target.has_layout()) CheckLayoutRoundTrip(target.layout());
   const KvLayout destination =
@@ -184,13 +202,66 @@ void Generate(const v1::GenerateRequest& r) {
   if (p.max_tokens.has_value()) FUZZ_CHECK(*p.max_tokens > 0);
 }
 
+// PrefillService::Admit's checks, then the admission queue the service hands the call to: the
+// request waits behind another prompt that fills the window, is admitted when that prompt's slot
+// goes, claims its ticket (the real one, then again, then a forged one) and leaves nothing behind.
+void Admit(const v1::AdmitRequest& r) {
+  const int max_model_len = Config().max_position_embeddings;
+  if (r.request_id().empty() || r.request_id().size() > tandem::prefill::kMaxAdmitRequestIdBytes)
+    return;
+  if (r.num_prompt_tokens() < 1 || r.num_prompt_tokens() > max_model_len) return;
+  const int64_t tokens = r.num_prompt_tokens();
+  auto queue = AdmissionQueue::Create({.window_tokens = 256, .ticket_lease = absl::Seconds(30)});
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  int answers = 0;
+  absl::StatusOr<std::string> got = absl::UnknownError("no answer");
+  std::unique_ptr<AdmissionQueue::Slot> blocker;
+  {
+    absl::StatusOr<std::string> first = absl::UnknownError("no answer");
+    (void)queue->Wait("blocker", 0, 256, deadline,
+                      [&](absl::StatusOr<std::string> t) { first = std::move(t); });
+    FUZZ_CHECK(first.ok() && first->size() <= tandem::prefill::kMaxAdmissionTicketBytes);
+    blocker = queue->Claim(*first, "blocker", 256);
+  }
+  const int64_t waiter = queue->Wait(r.request_id(), r.priority(), tokens, deadline,
+                                     [&](absl::StatusOr<std::string> t) {
+                                       ++answers;
+                                       got = std::move(t);
+                                     });
+  FUZZ_CHECK(answers == 0 && queue->stats().waiting == 1 &&
+             queue->stats().waiting_tokens == tokens);
+  blocker.reset();  // room: the waiter is admitted on this thread
+  FUZZ_CHECK(answers == 1 && got.ok() && !got->empty() &&
+             got->size() <= tandem::prefill::kMaxAdmissionTicketBytes);
+  FUZZ_CHECK(!queue->Cancel(waiter));  // answered already: nothing to take back
+  FUZZ_CHECK(queue->stats().window_used_tokens == tokens);
+  {
+    std::unique_ptr<AdmissionQueue::Slot> slot = queue->Claim(*got, r.request_id(), tokens);
+    FUZZ_CHECK(queue->stats().window_used_tokens == tokens);  // the ticket's tokens moved
+    // Claimed again (a replayed request), and a ticket of someone else's request: both served.
+    std::unique_ptr<AdmissionQueue::Slot> again = queue->Claim(*got, r.request_id(), tokens);
+    std::unique_ptr<AdmissionQueue::Slot> foreign = queue->Claim(*got, "other", 1);
+    FUZZ_CHECK(queue->stats().window_used_tokens == 2 * tokens + 1);
+  }
+  FUZZ_CHECK(queue->stats().window_used_tokens == 0 && queue->stats().admitted == 2);
+  // After Close, a wait is answered UNAVAILABLE at once, exactly once.
+  queue->Close();
+  int late = 0;
+  (void)queue->Wait(r.request_id(), r.priority(), tokens, deadline,
+                    [&](absl::StatusOr<std::string> t) {
+                      ++late;
+                      FUZZ_CHECK(absl::IsUnavailable(t.status()));
+                    });
+  FUZZ_CHECK(late == 1);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t* bytes = data + 1;
   const int n = static_cast<int>(size - 1);
-  switch (data[0] % 10) {
+  switch (data[0] % 12) {
     case 0: {
       v1::PrefillRequest r;
       if (r.ParseFromArray(bytes, n)) Prefill(r);
@@ -243,6 +314,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 9: {
       v1::WorkerStats r;
+      (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+    case 10: {
+      v1::AdmitRequest r;
+      if (r.ParseFromArray(bytes, n)) Admit(r);
+      break;
+    }
+    case 11: {  // the decode worker's side: the ticket goes back verbatim in PrefillRequest
+      v1::AdmitResponse r;
       (void)r.ParseFromArray(bytes, n);
       break;
     }
