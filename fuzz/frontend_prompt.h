@@ -1,10 +1,8 @@
 #pragma once
 // What the router's frontend does with a decoded OpenAI request before anything reaches a worker
-// (runtime/router/frontend.cc, RouterFrontend::Core::PreparePrompt, which is private to that
-// file): render the chat template, tokenize, check the context limit and validate the sampling
-// parameters, here with the bundled model; then the response serializers over the prompt text.
-// The same sequence of the same public functions, so the fuzzers reach them with what a decoded
-// request can hold.
+// (runtime/router/prompt_builder.h: render the chat template, tokenize, truncate, check the
+// context limit and validate the sampling parameters), here with the bundled model; then the
+// response serializers over the prompt text.
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include "fuzz/fuzz_support.h"
 #include "runtime/router/frontend.h"
 #include "runtime/router/openai_protocol.h"
+#include "runtime/router/prompt_builder.h"
 #include "runtime/sampling/sampling_params.h"
 
 namespace tandem::fuzz {
@@ -33,41 +32,26 @@ inline const router::FrontendModel& BundledFrontendModel() {
   return *model;
 }
 
-// PreparePrompt's checks; OK when the frontend would send the request on.
+// The frontend's own preparation (runtime/router/prompt_builder.h), and its guarantees: every
+// prompt it accepts is non-empty, in the vocabulary, with room for output. Returns the first
+// prompt's text (what echo would send) in `text`.
 inline absl::Status PreparePrompt(const router::FrontendModel& model, router::OpenAiRequest& req,
-                                  std::vector<int32_t>* ids, std::string* text) {
+                                  std::string* text) {
+  absl::StatusOr<std::vector<router::PreparedPrompt>> prompts = router::PreparePrompts(model, req);
+  if (!prompts.ok()) return prompts.status();
+  FUZZ_CHECK(!prompts->empty());
+  FUZZ_CHECK(req.endpoint == router::Endpoint::kChatCompletions ||
+             prompts->size() == req.prompts.size());
   const Tokenizer& tok = *model.tokenizer;
-  if (req.endpoint == router::Endpoint::kChatCompletions) {
-    if (model.chat_template == nullptr) return absl::InvalidArgumentError("no chat template");
-    absl::StatusOr<std::string> rendered =
-        model.chat_template->Render(req.messages, req.add_generation_prompt);
-    if (!rendered.ok()) return rendered.status();
-    *ids = tok.Encode(*rendered, /*add_special_tokens=*/false);
-    *text = *std::move(rendered);
-  } else if (req.prompt_token_ids.has_value()) {
-    for (int32_t id : *req.prompt_token_ids) {
-      if (id >= tok.vocab_size()) return absl::InvalidArgumentError("token id out of range");
-    }
-    *ids = *req.prompt_token_ids;
-    if (req.echo) *text = tok.Decode(*ids, /*skip_special_tokens=*/false);
-  } else {
-    *ids = tok.Encode(req.prompt, /*add_special_tokens=*/true);
-    *text = req.prompt;
+  for (const router::PreparedPrompt& p : *prompts) {
+    FUZZ_CHECK(!p.token_ids.empty() && static_cast<int>(p.token_ids.size()) < model.max_model_len);
+    for (int32_t id : p.token_ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
+    FUZZ_CHECK(!p.max_tokens.has_value() ||
+               (*p.max_tokens >= 1 &&
+                static_cast<int64_t>(p.token_ids.size()) + *p.max_tokens <= model.max_model_len));
   }
-  for (int32_t id : *ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
-  if (ids->empty()) return absl::InvalidArgumentError("empty prompt");
-  const int len = static_cast<int>(ids->size());
-  const int limit = model.max_model_len;
-  if (len >= limit) return absl::InvalidArgumentError("context_length_exceeded");
-  SamplingParams& p = req.params;
-  if (p.max_tokens.has_value()) {
-    if (static_cast<int64_t>(len) + *p.max_tokens > limit) {
-      return absl::InvalidArgumentError("context_length_exceeded");
-    }
-  } else if (req.default_max_tokens.has_value()) {
-    p.max_tokens = std::min(*req.default_max_tokens, limit - len);
-  }
-  return ValidateSamplingParams(p, tok.vocab_size());
+  *text = (*prompts)[0].text;
+  return absl::OkStatus();
 }
 
 // Serializes what a response to `req` could carry (its prompt text as choice text, stream

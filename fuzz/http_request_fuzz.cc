@@ -133,10 +133,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     tandem::fuzz::SerializeResponses(tandem::router::OpenAiRequest{}, "", parsed.status());
     return 0;
   }
-  std::vector<int32_t> ids;
   std::string text;
   const absl::Status prepared =
-      tandem::fuzz::PreparePrompt(tandem::fuzz::BundledFrontendModel(), *parsed, &ids, &text);
+      tandem::fuzz::PreparePrompt(tandem::fuzz::BundledFrontendModel(), *parsed, &text);
   tandem::fuzz::SerializeResponses(*parsed, text, prepared);
   return 0;
 }

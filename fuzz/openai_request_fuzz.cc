@@ -37,17 +37,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!req.params.max_tokens.has_value() || *req.params.max_tokens >= 1);
   if (chat) {
     FUZZ_CHECK(!req.messages.empty());
-  } else if (req.prompt_token_ids.has_value()) {
-    FUZZ_CHECK(!req.prompt_token_ids->empty());
-    for (int32_t id : *req.prompt_token_ids) FUZZ_CHECK(id >= 0);
   } else {
-    FUZZ_CHECK(!req.prompt.empty());
+    FUZZ_CHECK(!req.prompts.empty() &&
+               req.prompts.size() <= static_cast<size_t>(tandem::router::kMaxBatchedPrompts));
+    for (const tandem::router::OpenAiRequest::Prompt& p : req.prompts) {
+      if (p.token_ids.has_value()) {
+        FUZZ_CHECK(!p.token_ids->empty());
+        for (int32_t id : *p.token_ids) FUZZ_CHECK(id >= 0);
+      } else {
+        FUZZ_CHECK(!p.text.empty());
+      }
+    }
   }
 
-  std::vector<int32_t> ids;
   std::string text;
   const absl::Status prepared =
-      tandem::fuzz::PreparePrompt(tandem::fuzz::BundledFrontendModel(), req, &ids, &text);
+      tandem::fuzz::PreparePrompt(tandem::fuzz::BundledFrontendModel(), req, &text);
   tandem::fuzz::SerializeResponses(req, text, prepared);
   return 0;
 }

@@ -87,12 +87,25 @@ absl::Status CheckSampling(const v1::SamplingParams& proto) {
              SameFloat(p.frequency_penalty, q.frequency_penalty) &&
              p.stop_token_ids == q.stop_token_ids && p.stop == q.stop &&
              p.max_tokens == q.max_tokens && p.ignore_eos == q.ignore_eos &&
-             p.logprobs == q.logprobs);
+             p.logprobs == q.logprobs && p.skip_special_tokens == q.skip_special_tokens &&
+             p.min_tokens == q.min_tokens && p.allowed_token_ids == q.allowed_token_ids &&
+             p.include_stop_str_in_output == q.include_stop_str_in_output &&
+             p.logit_bias.size() == q.logit_bias.size());
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    FUZZ_CHECK(p.logit_bias[i].first == q.logit_bias[i].first &&
+               SameFloat(p.logit_bias[i].second, q.logit_bias[i].second));
+  }
   const absl::Status s = tandem::ValidateSamplingParams(p, Config().vocab_size);
   if (s.ok()) {
     for (int32_t id : p.stop_token_ids) FUZZ_CHECK(id >= 0 && id < Config().vocab_size);
     FUZZ_CHECK(!p.logprobs.has_value() ||
                (*p.logprobs >= 0 && *p.logprobs <= tandem::kMaxLogprobs));
+    FUZZ_CHECK(p.min_tokens >= 0 &&
+               p.logit_bias.size() <= static_cast<size_t>(tandem::kMaxLogitBiasEntries));
+    for (const auto& [id, bias] : p.logit_bias) {
+      FUZZ_CHECK(id >= 0 && id < Config().vocab_size && std::fabs(bias) <= tandem::kMaxLogitBias);
+    }
+    for (int32_t id : p.allowed_token_ids) FUZZ_CHECK(id >= 0 && id < Config().vocab_size);
   }
   return s;
 }

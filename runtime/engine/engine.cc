@@ -26,7 +26,8 @@ const char* FinishReasonName(FinishReason reason) {
 
 struct Engine::Active {
   Active(GenerateRequest r, const Tokenizer* tokenizer)
-      : request(std::move(r)), stops(request.params.stop) {
+      : request(std::move(r)),
+        stops(request.params.stop, request.params.include_stop_str_in_output) {
     if (tokenizer != nullptr) {
       detok =
           std::make_unique<IncrementalDetokenizer>(*tokenizer, request.params.skip_special_tokens);
@@ -352,7 +353,7 @@ void Engine::Admit(Incoming incoming) {
     // buffer end up where they were, and what it held back is due to the client.
     std::string text;
     for (int i = prompt_len - active->resumed; i < prompt_len; ++i) {
-      text += active->stops.Append(active->detok->Push(prompt[i]));
+      text += PushText(*active, prompt[i], i - (prompt_len - active->resumed) + 1);
     }
     const int64_t delivered = active->request.resumed_text_bytes;
     if (static_cast<int64_t>(text.size()) >= delivered) {
@@ -629,8 +630,10 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const std::span<const int32_t> all(seq->tokens);
   // A resumed request's earlier output counts as output (penalties, seed position).
   const size_t split = static_cast<size_t>(a.num_prompt_tokens - a.resumed);
+  const int output_len = seq->num_output_tokens() + a.resumed;
+  const std::vector<int32_t> suppressed = SuppressedTokens(a, output_len);
   OnSampled(seq_id, Sample(params, logits, all.first(split), all.subspan(split), a.seed,
-                           static_cast<uint64_t>(seq->num_output_tokens() + a.resumed)));
+                           static_cast<uint64_t>(output_len), suppressed));
 }
 
 void Engine::OnSampled(int64_t seq_id, const SampleResult& r) {
@@ -725,6 +728,8 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
                           Micros(a.queued_until.value_or(now), a.kv_ready.value_or(now)),
                           Micros(a.kv_ready.value_or(now), now)};
   }
+  // Below min_tokens a stop token can only come from allowed_token_ids leaving nothing else
+  // (sampler.h); it ends the request then, as it would have.
   const bool stop_token = (!params.ignore_eos && eos_ids_.contains(token)) ||
                           std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                     token) != params.stop_token_ids.end();
@@ -732,7 +737,7 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
   if (stop_token) {
     finish = FinishReason::kStop;  // the stop token's text is not part of the output
   } else if (a.detok != nullptr) {
-    out.text = a.stops.Append(a.detok->Push(token));
+    out.text = PushText(a, token, a.resumed + a.usage.completion_tokens);
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
   if (a.resumed > 0) TrimResumedText(a, &out.text);
@@ -753,6 +758,23 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
   FinishRequest(seq_id, *finish, absl::OkStatus(), std::move(out));
+}
+
+std::string Engine::PushText(Active& a, int32_t token, int output_index) {
+  std::string delta = a.detok->Push(token);
+  // Before the min_tokens-th token no stop string is matched (vLLM's order); the stop buffer has
+  // seen nothing yet, so its text goes out as it comes.
+  if (output_index < a.request.params.min_tokens) return delta;
+  return a.stops.Append(delta);
+}
+
+std::vector<int32_t> Engine::SuppressedTokens(const Active& a, int output_len) const {
+  std::vector<int32_t> out;
+  const SamplingParams& params = a.request.params;
+  if (output_len >= params.min_tokens) return out;
+  if (!params.ignore_eos) out.assign(eos_ids_.begin(), eos_ids_.end());
+  out.insert(out.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  return out;
 }
 
 void Engine::TrimResumedText(Active& a, std::string* text) {

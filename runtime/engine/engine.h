@@ -155,10 +155,11 @@ struct GenerateRequest {
   // last `resumed_output_tokens` prompt tokens are output an earlier attempt generated. They are
   // not emitted again, but they count as output for sampling (the seed position, so a seeded
   // request continues with the tokens it would have drawn; the penalties' output tokens) and for
-  // stop strings, which may span the seam. `resumed_text_bytes` of their text already reached the
-  // client; the rest (what the earlier attempt held back: a partial UTF-8 character, a possible
-  // stop-string prefix) comes out with the next output. A sampled request (temperature > 0) must
-  // carry its seed. Usage counts only this engine's tokens.
+  // stop strings, which may span the seam, and for min_tokens (the router passes the client's
+  // min_tokens unchanged; max_tokens it reduces). `resumed_text_bytes` of their text already
+  // reached the client; the rest (what the earlier attempt held back: a partial UTF-8 character, a
+  // possible stop-string prefix) comes out with the next output. A sampled request (temperature >
+  // 0) must carry its seed. Usage counts only this engine's tokens.
   int resumed_output_tokens = 0;
   int64_t resumed_text_bytes = 0;
   OutputCallback on_output;
@@ -351,6 +352,12 @@ class Engine {
   // A resumed request's text: prepends what its earlier attempt held back, drops what the client
   // already has.
   static void TrimResumedText(Active& a, std::string* text);
+  // The text `token` adds as the request's `output_index`-th token (1-based, resumed output
+  // included), through the stop-string buffer from the min_tokens-th token on.
+  static std::string PushText(Active& a, int32_t token, int output_index);
+  // What the sampler must not draw after `output_len` tokens: EOS (unless ignore_eos) and
+  // stop_token_ids while output_len < min_tokens; empty otherwise.
+  std::vector<int32_t> SuppressedTokens(const Active& a, int output_len) const;
   // Stages the prompt blocks of `seq_id` from index `first_block` on (no-op for host runners).
   absl::Status StagePromptKv(int64_t seq_id, int first_block, KvStage dir);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);

@@ -1,6 +1,8 @@
 #include "runtime/engine/engine.h"
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -302,6 +304,82 @@ TEST(EngineTest, TextDeltasAndStopStringsExcludeTheStop) {
   EXPECT_EQ(results["stopped"].finish, FinishReason::kStop);
   EXPECT_EQ(results["stopped"].text, full.substr(0, cut));
   EXPECT_EQ(results["stopped"].tokens.size(), cut + stop.size());
+}
+
+// Greedy over the fake model's logits with `banned` masked while fewer than `min_tokens` tokens
+// were generated; stops after a token in `stops` (at or past min_tokens) or after `n` tokens.
+std::vector<int32_t> MaskedGreedy(std::vector<int32_t> tokens, int n, int min_tokens,
+                                  const std::vector<int32_t>& stops) {
+  std::vector<int32_t> out;
+  while (static_cast<int>(out.size()) < n) {
+    std::vector<float> logits = FakeModelRunner::ReferenceLogits(tokens, kVocab);
+    if (static_cast<int>(out.size()) < min_tokens) {
+      for (int32_t t : stops) logits[t] = -std::numeric_limits<float>::infinity();
+    }
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    tokens.push_back(next);
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
+  }
+  return out;
+}
+
+TEST(EngineTest, MinTokensSuppressesEosAndStopTokensUntilReached) {
+  std::vector<int32_t> prompt = {5, 6, 7};
+  const std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab);
+  const int eos = ref[1];
+  Harness h(64, 4, EngineOptions{}, nullptr, {eos});
+  ASSERT_TRUE(h.Submit("plain", prompt, Greedy(10)).ok());
+  SamplingParams p = Greedy(10);
+  p.min_tokens = 4;
+  ASSERT_TRUE(h.Submit("min4", prompt, p).ok());
+  SamplingParams q = Greedy(10);
+  q.ignore_eos = true;
+  q.stop_token_ids = {ref[0]};
+  q.min_tokens = 3;
+  ASSERT_TRUE(h.Submit("stop-id", prompt, q).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(3));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["plain"].tokens, MaskedGreedy(prompt, 10, 0, {eos}));
+  EXPECT_LE(results["plain"].tokens.size(), 2u);
+  const std::vector<int32_t> want = MaskedGreedy(prompt, 10, 4, {eos});
+  EXPECT_EQ(results["min4"].tokens, want);
+  EXPECT_GE(results["min4"].tokens.size(), 5u);  // four tokens, then EOS may come
+  for (int k = 0; k < 4; ++k) EXPECT_NE(results["min4"].tokens[k], eos);
+  EXPECT_EQ(results["stop-id"].tokens, MaskedGreedy(prompt, 10, 3, {ref[0]}));
+  EXPECT_NE(results["stop-id"].tokens[0], ref[0]);
+}
+
+TEST(EngineTest, StopStringsWaitForMinTokensAndMayStayInTheOutput) {
+  FakeTokenizer tok;
+  std::vector<int32_t> prompt = {20, 21, 22, 23};
+  const std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 12, kVocab);
+  const std::string full = tok.Decode(ref, true);  // one character per token
+  const std::string stop = full.substr(0, 2);
+  Harness h(64, 4, EngineOptions{}, &tok);
+  SamplingParams plain = Greedy(12);
+  plain.stop = {stop};
+  ASSERT_TRUE(h.Submit("plain", prompt, plain).ok());
+  SamplingParams late = plain;
+  late.min_tokens = 3;  // matching starts with the third token's text: character 2
+  ASSERT_TRUE(h.Submit("late", prompt, late).ok());
+  SamplingParams kept = plain;
+  kept.include_stop_str_in_output = true;
+  ASSERT_TRUE(h.Submit("kept", prompt, kept).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(3));
+  auto results = h.collector.results();
+  EXPECT_EQ(results["plain"].text, "");
+  EXPECT_EQ(results["plain"].finish, FinishReason::kStop);
+  EXPECT_EQ(results["kept"].text, stop);
+  const size_t again = full.find(stop, 2);
+  if (again == std::string::npos) {
+    EXPECT_EQ(results["late"].text, full);
+    EXPECT_EQ(results["late"].finish, FinishReason::kLength);
+  } else {
+    EXPECT_EQ(results["late"].text, full.substr(0, again));
+    EXPECT_EQ(results["late"].finish, FinishReason::kStop);
+  }
 }
 
 TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {

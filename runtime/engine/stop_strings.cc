@@ -9,10 +9,18 @@ std::string StopStringBuffer::Append(std::string_view delta) {
   withheld_.append(delta);
   // No stop string can start in text already emitted: it would have been withheld.
   size_t first = std::string::npos;
-  for (const std::string& stop : stops_) first = std::min(first, withheld_.find(stop));
+  size_t first_len = 0;
+  for (const std::string& stop : stops_) {
+    const size_t at = withheld_.find(stop);
+    // The earliest match; of two at the same place, the longer (the text it keeps is longer).
+    if (at < first || (at == first && at != std::string::npos && stop.size() > first_len)) {
+      first = at;
+      first_len = stop.size();
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = withheld_.substr(0, first);
+    std::string out = withheld_.substr(0, include_stop_ ? first + first_len : first);
     withheld_.clear();
     return out;
   }

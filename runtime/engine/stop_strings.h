@@ -1,7 +1,8 @@
 #pragma once
 // Stop-string matching on streamed text (OpenAI semantics): text is released as soon as it can no
 // longer be the start of a stop string; when a stop string appears, the text before it is
-// released, the stop string and everything after it are dropped.
+// released (with the stop string itself when `include_stop`, vLLM's include_stop_str_in_output),
+// and everything after it is dropped.
 //
 // Not thread-safe; one per request. No failure modes.
 
@@ -13,7 +14,8 @@ namespace tandem {
 
 class StopStringBuffer {
  public:
-  explicit StopStringBuffer(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  explicit StopStringBuffer(std::vector<std::string> stops, bool include_stop = false)
+      : stops_(std::move(stops)), include_stop_(include_stop) {}
 
   // Appends `delta`; returns the text that is now safe to emit. After a match stopped() is true
   // and further calls return "".
@@ -24,6 +26,7 @@ class StopStringBuffer {
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   std::string withheld_;
   bool stopped_ = false;
 };

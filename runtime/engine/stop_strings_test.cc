@@ -45,5 +45,18 @@ TEST(StopStringBufferTest, OverlappingPrefixKeepsLongestCandidate) {
   EXPECT_TRUE(b.stopped());
 }
 
+TEST(StopStringBufferTest, IncludeStopKeepsTheMatchedStopString) {
+  StopStringBuffer b({"STOP", "\n\n"}, /*include_stop=*/true);
+  EXPECT_EQ(b.Append("one ST"), "one ");
+  EXPECT_EQ(b.Append("OP and more"), "STOP");
+  EXPECT_TRUE(b.stopped());
+  EXPECT_EQ(b.Flush(), "");
+}
+
+TEST(StopStringBufferTest, IncludeStopTakesTheEarliestAndThenLongestMatch) {
+  StopStringBuffer b({"b", "bc", "cd"}, /*include_stop=*/true);
+  EXPECT_EQ(b.Append("abcd"), "abc");
+}
+
 }  // namespace
 }  // namespace tandem

@@ -2,10 +2,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -98,9 +100,84 @@ absl::StatusOr<std::unique_ptr<JinjaChatTemplate>> JinjaChatTemplate::Create(
       new JinjaChatTemplate(std::move(tmpl), bos_token, eos_token));
 }
 
+namespace {
+
+constexpr int kMaxKwargsDepth = 32;
+
+absl::StatusOr<jinja::Value> ToTemplateValue(const nlohmann::json& j, int depth) {
+  if (depth > kMaxKwargsDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat_template_kwargs: nested deeper than ", kMaxKwargsDepth));
+  }
+  switch (j.type()) {
+    case nlohmann::json::value_t::null:
+      return jinja::Value::None();
+    case nlohmann::json::value_t::boolean:
+      return jinja::Value::Bool(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return jinja::Value::Int(j.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return jinja::Value::Float(j.get<double>());
+      }
+      return jinja::Value::Int(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::json::value_t::number_float:
+      return jinja::Value::Float(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return jinja::Value::String(j.get<std::string>());
+    case nlohmann::json::value_t::array: {
+      jinja::Array items;
+      for (const nlohmann::json& e : j) {
+        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1));
+        items.push_back(std::move(v));
+      }
+      return jinja::Value::MakeArray(std::move(items));
+    }
+    case nlohmann::json::value_t::object: {
+      jinja::Object entries;
+      for (const auto& [k, e] : j.items()) {
+        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1));
+        entries.emplace_back(k, std::move(v));
+      }
+      return jinja::Value::MakeObject(std::move(entries));
+    }
+    default:
+      return absl::InvalidArgumentError("chat_template_kwargs: binary values are not allowed");
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> JinjaChatTemplate::Render(std::span<const ChatMessage> messages,
-                                                      bool add_generation_prompt) const {
-  return RenderWithVariables(messages, add_generation_prompt, {});
+                                                      const ChatRenderOptions& options) const {
+  jinja::Object extra;
+  if (!options.kwargs_json.empty()) {
+    const nlohmann::json kwargs =
+        nlohmann::json::parse(options.kwargs_json, nullptr, /*allow_exceptions=*/false);
+    if (kwargs.is_discarded() || !kwargs.is_object()) {
+      return absl::InvalidArgumentError("chat_template_kwargs: must be a JSON object");
+    }
+    for (const auto& [k, v] : kwargs.items()) {
+      ASSIGN_OR_RETURN(jinja::Value value, ToTemplateValue(v, 1));
+      extra.emplace_back(k, std::move(value));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string text,
+                   RenderWithVariables(messages, options.add_generation_prompt, extra));
+  if (!options.continue_final_message) return text;
+  if (messages.empty()) {
+    return absl::InvalidArgumentError("continue_final_message: there are no messages");
+  }
+  // As transformers does: cut after the last occurrence of the final message's trimmed content.
+  const absl::string_view final_content = absl::StripAsciiWhitespace(messages.back().content);
+  const size_t at = text.rfind(final_content.data(), std::string::npos, final_content.size());
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the final message does not appear in the rendered chat (the "
+        "template changes it)");
+  }
+  text.resize(at + final_content.size());
+  return text;
 }
 
 absl::StatusOr<std::string> JinjaChatTemplate::RenderWithVariables(

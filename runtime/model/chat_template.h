@@ -20,6 +20,17 @@ struct ChatMessage {
   std::string content;
 };
 
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;
+  // Hugging Face's continue_final_message: the text ends right after the final message's content
+  // (whitespace-trimmed), so the model continues that message instead of opening a new turn.
+  // Needs add_generation_prompt false; the content must appear in the rendered text.
+  bool continue_final_message = false;
+  // Extra template variables (vLLM's chat_template_kwargs) as JSON object text; "" for none.
+  // Nested at most 32 deep.
+  std::string kwargs_json;
+};
+
 class ChatTemplate {
  public:
   // `source` is the Jinja text; bos/eos are exposed to the template as bos_token / eos_token.
@@ -31,9 +42,17 @@ class ChatTemplate {
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromModelDir(const std::string& dir);
   virtual ~ChatTemplate() = default;
 
-  // Errors: raise_exception() in the template (e.g. bad role order), runtime type errors.
+  // Errors: raise_exception() in the template (e.g. bad role order), runtime type errors;
+  // InvalidArgument for kwargs_json that is not an object, or a continued final message that the
+  // rendered text does not hold.
   virtual absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
-                                             bool add_generation_prompt) const = 0;
+                                             const ChatRenderOptions& options) const = 0;
+  absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
+                                     bool add_generation_prompt) const {
+    ChatRenderOptions options;
+    options.add_generation_prompt = add_generation_prompt;
+    return Render(messages, options);
+  }
 };
 
 }  // namespace tandem

@@ -193,6 +193,47 @@ TEST(ChatTemplateRender, ExtraVariablesOverrideDefaults) {
             "01 Jan 2025");
 }
 
+TEST(ChatTemplateRender, KwargsJsonBecomesTemplateVariables) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Compile(
+      "{% if enable_thinking is defined and not enable_thinking %}no-think {% endif %}"
+      "{{ user.name }}:{{ user.tags[1] }}:{{ n + 1 }}:{{ x is none }}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ChatRenderOptions options;
+  options.kwargs_json =
+      R"({"enable_thinking": false, "user": {"name": "ada", "tags": ["a", "b"]}, "n": 41, "x": null})";
+  EXPECT_EQ(*(*t)->Render(kHello, options),
+            "no-think ada:b:42:True");  // Jinja prints Python booleans
+  options.kwargs_json = "[1]";
+  EXPECT_EQ((*t)->Render(kHello, options).status().code(), absl::StatusCode::kInvalidArgument);
+  // Nesting is bounded.
+  std::string deep = R"({"a": )";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  for (int i = 0; i < 40; ++i) deep += "]";
+  options.kwargs_json = deep + "}";
+  EXPECT_THAT((*t)->Render(kHello, options).status().message(), HasSubstr("nested deeper"));
+}
+
+TEST(ChatTemplateRender, ContinueFinalMessageCutsAfterItsTrimmedContent) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Compile(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<ChatMessage> chat = {{"user", "hi"}, {"assistant", "  Once upon "}};
+  ChatRenderOptions options;
+  options.add_generation_prompt = false;
+  EXPECT_EQ(*(*t)->Render(chat, options), "<user>hi</user><assistant>Once upon</assistant>");
+  options.continue_final_message = true;
+  EXPECT_EQ(*(*t)->Render(chat, options), "<user>hi</user><assistant>Once upon");
+  // A template that rewrites the message: a clear error, not a wrong prompt.
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> upper =
+      ChatTemplate::Compile("{% for m in messages %}{{ m.content | upper }}{% endfor %}", "", "");
+  ASSERT_TRUE(upper.ok()) << upper.status();
+  EXPECT_THAT((*upper)->Render(chat, options).status().message(),
+              HasSubstr("does not appear in the rendered chat"));
+}
+
 TEST(ChatTemplateRender, ConcurrentRendersAgree) {
   absl::StatusOr<std::unique_ptr<ChatTemplate>> t = ChatTemplate::Compile(
       "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"

@@ -40,8 +40,11 @@ class JinjaChatTemplate final : public ChatTemplate {
   // Template variables as transformers' apply_chat_template sets them: messages ([{role,
   // content}]), add_generation_prompt, tools = none, documents = none, bos_token / eos_token
   // (when non-empty), and the functions raise_exception and strftime_now.
+  // kwargs_json values become template values (objects, arrays, strings, numbers, booleans,
+  // none) added after these, as extra keyword arguments to apply_chat_template would be.
   absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
-                                     bool add_generation_prompt) const override;
+                                     const ChatRenderOptions& options) const override;
+  using ChatTemplate::Render;
 
   // Render with `extra` variables added (overriding the defaults above), as extra keyword
   // arguments to apply_chat_template would be.

@@ -20,6 +20,7 @@
 #include "runtime/metrics/metrics.h"
 #include "runtime/model/model_config.h"
 #include "runtime/router/openai_protocol.h"
+#include "runtime/router/prompt_builder.h"
 
 namespace tandem::router {
 
@@ -128,8 +129,6 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   void HandleGenerate(Endpoint endpoint, const HttpRequest& request,
                       std::shared_ptr<HttpExchange> exchange);
   // Tokenizes and checks limits; fills prompt ids and text (for echo) and max_tokens.
-  absl::Status PreparePrompt(OpenAiRequest& req, std::vector<int32_t>* ids,
-                             std::string* text) const;
   // 128 bits from the kernel's CSPRNG per request: nobody can guess another client's id (the
   // workers' Cancel takes it). A counter only if getrandom fails (it does not once booted).
   std::string NewId() {
@@ -171,7 +170,7 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
               << (a.ttft == absl::InfiniteDuration()
                       ? std::string("-")
                       : absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(a.ttft)))
-              << " e2e_ms=" << absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(a.e2e))
+              << " e2e_ms=" << absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(a.e2e))
               << (a.error.empty() ? "" : " error=\"") << a.error << (a.error.empty() ? "" : "\"");
   }
   // Runs `fn` unless the frontend stopped (the registry may then be gone).
@@ -237,7 +236,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
  public:
   RequestState(std::shared_ptr<RouterFrontend::Core> core, std::shared_ptr<HttpExchange> exchange,
                const OpenAiRequest& req, ResponseMeta meta, std::string endpoint_label,
-               std::string prompt_text, int prompt_len, std::string client_request_id)
+               std::vector<PreparedPrompt> prompts, std::string client_request_id)
       : core_(std::move(core)),
         client_request_id_(std::move(client_request_id)),
         exchange_(std::move(exchange)),
@@ -246,14 +245,17 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         echo_(req.echo),
         meta_(std::move(meta)),
         endpoint_label_(std::move(endpoint_label)),
-        prompt_text_(std::move(prompt_text)),
-        prompt_len_(prompt_len),
+        n_(req.n),
+        prompts_(std::move(prompts)),
         start_(absl::Now()),
-        choices_(req.n),
-        remaining_(req.n) {
-    for (int i = 0; i < req.n; ++i) {
+        choices_(prompts_.size() * req.n),
+        remaining_(static_cast<int>(prompts_.size()) * req.n) {
+    for (size_t i = 0; i < choices_.size(); ++i) {
       choices_[i].backend_id = absl::StrCat(meta_.id, "-", i);
       backend_ids_.push_back(choices_[i].backend_id);
+    }
+    for (const PreparedPrompt& p : prompts_) {
+      prompt_tokens_ += static_cast<int>(p.token_ids.size());
     }
   }
 
@@ -262,9 +264,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
 
   // Starts the request's choices: at most `max_parallel` at a time, the next one as each ends
   // (a request with n = 128 then takes a bounded share of the workers, not 128 batch slots).
-  void Launch(std::vector<int32_t> prompt_ids, SamplingParams params, absl::Time deadline,
-              int priority, int max_parallel) {
-    prompt_ids_ = std::move(prompt_ids);
+  void Launch(SamplingParams params, absl::Time deadline, int priority, int max_parallel) {
     params_ = std::move(params);
     deadline_ = deadline;
     priority_ = priority;
@@ -373,7 +373,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       c.tokens += static_cast<int>(chunk.token_ids.size());
     }
     std::string text = std::move(chunk.text);
-    if (echo_ && !c.started) text = prompt_text_ + text;
+    const std::string& prompt_text = prompts_[i / n_].text;
+    if (echo_ && !c.started) text = prompt_text + text;
     std::vector<LogprobEntry> entries;
     if (meta_.logprobs) {
       const Tokenizer& tok = *core_->model.tokenizer;
@@ -392,7 +393,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     }
     // Offsets follow the tokens' texts (which may differ from `text` at UTF-8 boundaries).
     int offset = c.text_chars;
-    if (echo_ && !c.started) offset += CodePoints(prompt_text_);
+    if (echo_ && !c.started) offset += CodePoints(prompt_text);
     for (LogprobEntry& e : entries) {
       e.text_offset = offset;
       offset += CodePoints(e.token);
@@ -472,9 +473,12 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   void StartChoice(int i) {
     BackendRequest br;
     br.request_id = backend_ids_[i];
-    br.prompt_token_ids = prompt_ids_;
+    const PreparedPrompt& prompt = prompts_[i / n_];
+    br.prompt_token_ids = prompt.token_ids;
     br.params = params_;
-    if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i);
+    br.params.max_tokens = prompt.max_tokens;
+    // The j-th choice of every prompt draws with seed + j (a batch is its prompts' requests).
+    if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i % n_);
     br.deadline = deadline_;
     br.priority = priority_;
     core_->backend->Generate(std::move(br),
@@ -515,10 +519,15 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
 
   Usage UsageLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Usage u;
-    u.prompt_tokens = prompt_len_;
-    for (const Choice& c : choices_) {
-      u.completion_tokens += std::max(c.usage.completion_tokens, c.tokens);
-      u.cached_tokens = std::max(u.cached_tokens, c.usage.cached_prompt_tokens);
+    u.prompt_tokens = prompt_tokens_;  // each prompt once, whatever n is (as OpenAI counts)
+    for (size_t p = 0; p < prompts_.size(); ++p) {
+      int cached = 0;
+      for (int j = 0; j < n_; ++j) {
+        const Choice& c = choices_[p * n_ + j];
+        u.completion_tokens += std::max(c.usage.completion_tokens, c.tokens);
+        cached = std::max(cached, c.usage.cached_prompt_tokens);
+      }
+      u.cached_tokens += cached;
     }
     return u;
   }
@@ -526,11 +535,10 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   void DoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Usage u = UsageLocked();
     const absl::Duration e2e = absl::Now() - start_;
-    const double choices = static_cast<double>(choices_.size());
     core_->WithMetrics([&](metrics::RouterMetrics& m) {
       m.requests_running.Decrement();
       m.e2e.Observe(absl::ToDoubleSeconds(e2e));
-      m.prompt_tokens.Increment(static_cast<double>(prompt_len_) * choices);
+      m.prompt_tokens.Increment(static_cast<double>(prompt_tokens_) * n_);
       m.generation_tokens.Increment(u.completion_tokens);
     });
     core_->LogAccess(
@@ -538,7 +546,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
          .status = status_code_,
          .id = meta_.id,
          .client_id = client_request_id_,
-         .prompt_tokens = prompt_len_,
+         .prompt_tokens = prompt_tokens_,
          .completion_tokens = u.completion_tokens,
          .ttft = first_token_seen_ ? first_token_at_ - start_ : absl::InfiniteDuration(),
          .e2e = e2e,
@@ -559,12 +567,12 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const bool echo_;
   const ResponseMeta meta_;
   const std::string endpoint_label_;
-  const std::string prompt_text_;
-  const int prompt_len_;
+  const int n_;                                // choices per prompt
+  const std::vector<PreparedPrompt> prompts_;  // choice i is of prompt i / n_
+  int prompt_tokens_ = 0;                      // written in the constructor only
   const absl::Time start_;
   std::vector<std::string> backend_ids_;  // written in the constructor only
   // Written by Launch before the first choice starts; read-only after.
-  std::vector<int32_t> prompt_ids_;
   SamplingParams params_;
   absl::Time deadline_ = absl::InfiniteFuture();
   int priority_ = 0;
@@ -672,63 +680,6 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
       ErrorResponse(MakeApiError(404, absl::StrCat("no route for ", request.method, " ", path))));
 }
 
-absl::Status RouterFrontend::Core::PreparePrompt(OpenAiRequest& req, std::vector<int32_t>* ids,
-                                                 std::string* text) const {
-  const Tokenizer& tok = *model.tokenizer;
-  const bool chat = req.endpoint == Endpoint::kChatCompletions;
-  const std::string prompt_param = chat ? "messages" : "prompt";
-  if (chat) {
-    if (model.chat_template == nullptr) return InvalidParam("messages", model.chat_template_error);
-    absl::StatusOr<std::string> rendered =
-        model.chat_template->Render(req.messages, req.add_generation_prompt);
-    if (!rendered.ok()) {
-      return InvalidParam("messages", absl::StrCat("chat template: ", rendered.status().message()));
-    }
-    *ids = tok.Encode(*rendered, /*add_special_tokens=*/false);
-    *text = *std::move(rendered);
-  } else if (req.prompt_token_ids.has_value()) {
-    for (int32_t id : *req.prompt_token_ids) {
-      if (id >= tok.vocab_size()) {
-        return InvalidParam("prompt", absl::StrCat("token id ", id, " is outside the vocabulary (",
-                                                   tok.vocab_size(), " tokens)"));
-      }
-    }
-    *ids = *req.prompt_token_ids;
-    if (req.echo) *text = tok.Decode(*ids, /*skip_special_tokens=*/false);
-  } else {
-    *ids = tok.Encode(req.prompt, /*add_special_tokens=*/true);
-    *text = req.prompt;
-  }
-  if (ids->empty()) return InvalidParam(prompt_param, "the prompt is empty after tokenization");
-  const int len = static_cast<int>(ids->size());
-  const int limit = model.max_model_len;
-  if (len >= limit) {
-    return InvalidParam(
-        prompt_param,
-        absl::StrCat("this model's maximum context length is ", limit, " tokens; the prompt has ",
-                     len, " tokens, leaving no room for output"),
-        "context_length_exceeded");
-  }
-  SamplingParams& p = req.params;
-  if (p.max_tokens.has_value()) {
-    if (static_cast<int64_t>(len) + *p.max_tokens > limit) {
-      return InvalidParam(
-          prompt_param,
-          absl::StrCat("this model's maximum context length is ", limit, " tokens; the prompt has ",
-                       len, " tokens and ", *p.max_tokens, " output tokens were requested"),
-          "context_length_exceeded");
-    }
-  } else if (req.default_max_tokens.has_value()) {
-    p.max_tokens = std::min(*req.default_max_tokens, limit - len);
-  }
-  if (absl::Status s = ValidateSamplingParams(p, tok.vocab_size()); !s.ok()) {
-    // The message starts with the parameter's name ("stop_token_ids: ...").
-    const absl::string_view message = s.message();
-    return InvalidParam(message.substr(0, message.find(':')), message);
-  }
-  return absl::OkStatus();
-}
-
 void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& request,
                                           std::shared_ptr<HttpExchange> exchange) {
   const std::string label(endpoint == Endpoint::kChatCompletions ? kChatPath : kCompletionsPath);
@@ -767,10 +718,9 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
                                              "model", "model_not_found")),
                   "model_not_found");
   }
-  std::vector<int32_t> prompt_ids;
-  std::string prompt_text;
-  if (absl::Status s = PreparePrompt(req, &prompt_ids, &prompt_text); !s.ok()) {
-    return refuse(ErrorResponse(ToApiError(s)), s.message());
+  absl::StatusOr<std::vector<PreparedPrompt>> prompts = PreparePrompts(model, req);
+  if (!prompts.ok()) {
+    return refuse(ErrorResponse(ToApiError(prompts.status())), prompts.status().message());
   }
   if (absl::Status ready = backend->Ready(); !ready.ok()) {
     return refuse(ErrorResponse(MakeApiError(503, std::string(ready.message()))), ready.message());
@@ -788,8 +738,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   meta.model = options.served_model_name;
   meta.logprobs = req.logprobs.has_value();
   auto state = std::make_shared<RequestState>(shared_from_this(), exchange, req, std::move(meta),
-                                              label, req.echo ? prompt_text : std::string(),
-                                              static_cast<int>(prompt_ids.size()), client_id);
+                                              label, *std::move(prompts), client_id);
   exchange->SetCloseHandler([weak = std::weak_ptr<RequestState>(state)] {
     if (auto s = weak.lock()) s->OnClientGone();
   });
@@ -798,8 +747,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options.request_timeout;
-  state->Launch(std::move(prompt_ids), req.params, deadline, req.priority,
-                options.max_parallel_choices);
+  state->Launch(req.params, deadline, req.priority, options.max_parallel_choices);
 }
 
 RouterFrontend::RouterFrontend(std::shared_ptr<Core> core) : core_(std::move(core)) {}

@@ -209,7 +209,7 @@ std::vector<BadCase> BadCases() {
       {"missing prompt", "POST", kC, no_prompt.dump(), 400, bad, "prompt", ""},
       {"empty prompt", "POST", kC, c({{"prompt", ""}}), 400, bad, "prompt", ""},
       {"empty token prompt", "POST", kC, c({{"prompt", json::array()}}), 400, bad, "prompt", ""},
-      {"batched prompts", "POST", kC, c({{"prompt", {"a", "b"}}}), 400, bad, "prompt", ""},
+      {"empty prompt in a batch", "POST", kC, c({{"prompt", {"a", ""}}}), 400, bad, "prompt", ""},
       {"prompt wrong type", "POST", kC, c({{"prompt", 5}}), 400, bad, "prompt", ""},
       {"token id outside vocab", "POST", kC, c({{"prompt", {1, 100000}}}), 400, bad, "prompt", ""},
       {"negative token id", "POST", kC, c({{"prompt", {1, -1}}}), 400, bad, "prompt", ""},
@@ -251,7 +251,8 @@ std::vector<BadCase> BadCases() {
       {"echo with logprobs", "POST", kC, c({{"echo", true}, {"logprobs", 1}}), 400, bad, "echo",
        ""},
       {"ignore_eos type", "POST", kC, c({{"ignore_eos", "yes"}}), 400, bad, "ignore_eos", ""},
-      {"tools", "POST", kChat, ch({{"tools", {{{"type", "function"}}}}}), 400, bad, "tools", ""},
+      {"tools", "POST", kChat, ch({{"tools", {{{"type", "function"}}}}}), 400, bad, "tools",
+       "unsupported_parameter"},
       {"unknown model", "POST", kC, c({{"model", "gpt-4"}}), 404, "not_found_error", "model",
        "model_not_found"},
       {"unknown model chat", "POST", kChat, ch({{"model", "gpt-4"}}), 404, "not_found_error",
@@ -262,16 +263,17 @@ std::vector<BadCase> BadCases() {
        ch({{"messages", {{{"role", "{{ raise }}"}, {"content", "x"}}}}}), 400, bad,
        "messages[0].role", ""},
       {"legacy functions", "POST", kChat, ch({{"functions", json::array()}}), 400, bad, "functions",
-       ""},
+       "unsupported_parameter"},
       {"legacy function_call", "POST", kChat, ch({{"function_call", "auto"}}), 400, bad,
-       "function_call", ""},
+       "function_call", "unsupported_parameter"},
       {"tool_choice without tools", "POST", kChat, ch({{"tool_choice", "auto"}}), 400, bad,
-       "tool_choice", ""},
-      {"audio", "POST", kChat, ch({{"audio", json::object()}}), 400, bad, "audio", ""},
+       "tool_choice", "unsupported_parameter"},
+      {"audio", "POST", kChat, ch({{"audio", json::object()}}), 400, bad, "audio",
+       "unsupported_parameter"},
       {"prediction", "POST", kChat, ch({{"prediction", json::object()}}), 400, bad, "prediction",
-       ""},
+       "unsupported_parameter"},
       {"audio modality", "POST", kChat, ch({{"modalities", {"text", "audio"}}}), 400, bad,
-       "modalities", ""},
+       "modalities", "unsupported_parameter"},
       {"missing messages", "POST", kChat, no_messages.dump(), 400, bad, "messages", ""},
       {"empty messages", "POST", kChat, ch({{"messages", json::array()}}), 400, bad, "messages",
        ""},
@@ -513,6 +515,111 @@ TEST_F(FrontendTest, NChoicesFanOutWithSeedPlusIndex) {
   std::sort(seeds.begin(), seeds.end());
   EXPECT_THAT(seeds, ElementsAre(3u, 4u));
   EXPECT_NE(reqs[0].request_id, reqs[1].request_id);
+}
+
+TEST_F(FrontendTest, BatchedPromptsGetNChoicesEachInPromptOrder) {
+  auto r = Post("/v1/completions", CompletionBody({{"prompt", {"hi", {72, 105, 33, 33}}},
+                                                   {"n", 2},
+                                                   {"seed", 5},
+                                                   {"max_tokens", 3},
+                                                   {"echo", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Json(r);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  // index = prompt * n + j; the j-th choice of each prompt draws with seed + j.
+  EXPECT_EQ(j["choices"][0]["text"], "hi" + Letters(5, 3));
+  EXPECT_EQ(j["choices"][1]["text"], "hi" + Letters(6, 3));
+  EXPECT_EQ(j["choices"][2]["text"], "Hi!!" + Letters(5, 3));
+  EXPECT_EQ(j["choices"][3]["text"], "Hi!!" + Letters(6, 3));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 2 + 4);  // each prompt once
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  auto reqs = backend_.requests();
+  ASSERT_EQ(reqs.size(), 4u);
+  int short_prompts = 0;
+  for (const BackendRequest& b : reqs) short_prompts += b.prompt_token_ids.size() == 2 ? 1 : 0;
+  EXPECT_EQ(short_prompts, 2);
+  // Too many choices in all, and an empty prompt in the batch, are 400s naming the field.
+  r = Post("/v1/completions",
+           CompletionBody({{"prompt", json::array({"a", "b", "c", "d", "e", "f", "g", "h", "i"})},
+                           {"n", 128}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "n");
+  r = Post("/v1/completions", CompletionBody({{"prompt", {"a", ""}}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "prompt");
+}
+
+TEST_F(FrontendTest, LogitControlsMinTokensAndStopOptionsReachTheBackend) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 6},
+                                                   {"min_tokens", 4},
+                                                   {"logit_bias", {{"98", 3.5}, {"97", -100}}},
+                                                   {"allowed_token_ids", {97, 98, 99}},
+                                                   {"stop", "zz"},
+                                                   {"include_stop_str_in_output", true},
+                                                   {"skip_special_tokens", false}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<BackendRequest> reqs = backend_.requests();
+  const SamplingParams& p = reqs[0].params;
+  EXPECT_EQ(p.min_tokens, 4);
+  EXPECT_THAT(p.logit_bias, ElementsAre(std::pair<int32_t, float>{97, -100.0f},
+                                        std::pair<int32_t, float>{98, 3.5f}));
+  EXPECT_THAT(p.allowed_token_ids, ElementsAre(97, 98, 99));
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_FALSE(p.skip_special_tokens);
+  // Against the vocabulary (259 tokens) and max_tokens: 400s naming the field.
+  r = Post("/v1/completions", CompletionBody({{"logit_bias", {{"5000", 1}}}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "logit_bias");
+  r = Post("/v1/completions", CompletionBody({{"min_tokens", 17}}));  // the default max is 16
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "min_tokens");
+}
+
+TEST_F(FrontendTest, TruncateAddSpecialTokensAndUnknownFields) {
+  auto r = Post("/v1/completions",
+                CompletionBody({{"truncate_prompt_tokens", 2}, {"max_tokens", 1}, {"echo", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(backend_.requests()[0].prompt_token_ids, std::vector<int32_t>({'l', 'o'}));
+  EXPECT_EQ(Json(r)["choices"][0]["text"], "lo" + Letters(0, 1));
+  EXPECT_EQ(Json(r)["usage"]["prompt_tokens"], 2);
+  r = Post("/v1/chat/completions", ChatBody({{"temprature", 0.2}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "temprature");
+  EXPECT_EQ(Json(r)["error"]["code"], "unknown_parameter");
+}
+
+TEST_F(FrontendTest, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
+  json messages = {{{"role", "user"}, {"content", "hi"}},
+                   {{"role", "assistant"}, {"content", "Sure: "}}};
+  auto r = Post("/v1/chat/completions", ChatBody({{"messages", messages},
+                                                  {"add_generation_prompt", false},
+                                                  {"continue_final_message", true},
+                                                  {"max_tokens", 1}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  // ChatML: ...<|im_start|>assistant\nSure:  -- cut after the trimmed content, no <|im_end|>.
+  std::vector<int32_t> want = {256};
+  for (char ch : std::string("user\nhi")) want.push_back(ch);
+  want.push_back(257);
+  want.push_back('\n');
+  want.push_back(256);
+  for (char ch : std::string("assistant\nSure:")) want.push_back(ch);
+  EXPECT_EQ(backend_.requests()[0].prompt_token_ids, want);
+  // With a generation prompt too, or without a final assistant message: 400.
+  r = Post("/v1/chat/completions",
+           ChatBody({{"messages", messages}, {"continue_final_message", true}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "continue_final_message");
+  r = Post("/v1/chat/completions",
+           ChatBody({{"add_generation_prompt", false}, {"continue_final_message", true}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "continue_final_message");
+  // chat_template_kwargs may not override the request's own variables.
+  r = Post("/v1/chat/completions", ChatBody({{"chat_template_kwargs", {{"messages", 1}}}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "chat_template_kwargs");
+  r = Post("/v1/chat/completions", ChatBody({{"chat_template_kwargs", {{"unused", 1}}}}));
+  EXPECT_EQ(r.status, 200) << r.body;
 }
 
 TEST_F(FrontendTest, NChoicesStreamCarryIndex) {

@@ -13,27 +13,11 @@
 #include "grpcpp/support/client_callback.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/secrets.h"
+#include "runtime/server/sampling_convert.h"
 #include "tandem/v1/decode.grpc.pb.h"
 
 namespace tandem::router {
 namespace {
-
-void SamplingToProto(const SamplingParams& p, v1::SamplingParams* out) {
-  out->set_temperature(p.temperature);
-  out->set_top_k(p.top_k > 0 ? p.top_k : 0);
-  out->set_top_p(p.top_p);
-  out->set_min_p(p.min_p);
-  out->set_has_seed(p.seed.has_value());
-  out->set_seed(p.seed.value_or(0));
-  out->set_repetition_penalty(p.repetition_penalty);
-  out->set_presence_penalty(p.presence_penalty);
-  out->set_frequency_penalty(p.frequency_penalty);
-  out->set_max_tokens(p.max_tokens.value_or(0));
-  for (int32_t id : p.stop_token_ids) out->add_stop_token_ids(id);
-  for (const std::string& s : p.stop) out->add_stop(s);
-  out->set_ignore_eos(p.ignore_eos);
-  out->set_logprobs(p.logprobs.value_or(-1));
-}
 
 BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
   BackendChunk chunk;
@@ -490,7 +474,7 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
       params.max_tokens = std::max(1, *params.max_tokens - stream->migrated_tokens);
     }
   }
-  SamplingToProto(params, proto.mutable_sampling());
+  *proto.mutable_sampling() = server::SamplingParamsToProto(params);
   proto.set_prefill_worker(prefill);
   proto.set_cancel_token(stream->cancel_token);
   proto.set_priority(request.priority);

@@ -1,12 +1,15 @@
 #include "runtime/router/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "runtime/router/api_fields.h"
 
 namespace tandem::router {
 namespace {
@@ -120,35 +123,96 @@ absl::StatusOr<json> ParseBody(absl::string_view body) {
   return j;
 }
 
-absl::Status RejectUnsupported(const json& j) {
-  if (const json* v = Field(j, "tools"); v != nullptr && !(v->is_array() && v->empty())) {
-    return InvalidParam("tools", "'tools' is not supported");
+// A rejected field's value that is accepted because it is the default and changes nothing.
+bool IsAcceptedDefault(absl::string_view name, const json& v) {
+  if (name == "spaces_between_special_tokens") return v.is_boolean() && v.get<bool>();
+  if (name == "use_beam_search" || name == "store") return v.is_boolean() && !v.get<bool>();
+  if (name == "length_penalty") return v.is_number() && v.get<double>() == 1.0;
+  if (name == "tools") return v.is_array() && v.empty();
+  if (name == "tool_choice") return v.is_string() && v.get<std::string>() == "none";
+  if (name == "modalities") return v.is_array() && v.size() == 1 && v[0] == "text";
+  if (name == "response_format") {
+    return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
   }
-  if (const json* v = Field(j, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
-    return InvalidParam("logit_bias", "'logit_bias' is not supported");
-  }
-  if (const json* v = Field(j, "response_format"); v != nullptr) {
-    if (!v->is_object() || v->value("type", json()) != "text") {
-      return InvalidParam("response_format", "only {\"type\": \"text\"} is supported");
+  return false;
+}
+
+// Every field against api_fields.h: unknown ones and rejected ones (other than their accepted
+// defaults) are 400s naming the field; the no-ops are type-checked here.
+absl::Status CheckFields(const json& j, Endpoint endpoint) {
+  const uint8_t bit = endpoint == Endpoint::kChatCompletions ? kChatField : kCompletionsField;
+  for (const auto& [key, value] : j.items()) {
+    const ApiField* field = FindApiField(bit, key);
+    if (field == nullptr) {
+      return InvalidParam(key,
+                          absl::StrCat("unrecognized request argument '", key,
+                                       "' (docs/api.md lists the fields this server takes)"),
+                          "unknown_parameter");
+    }
+    if (value.is_null()) continue;
+    if (field->support == FieldSupport::kRejected && !IsAcceptedDefault(key, value)) {
+      return InvalidParam(key, absl::StrCat("'", key, "' is not supported: ", field->note),
+                          "unsupported_parameter");
     }
   }
-  if (const json* v = Field(j, "suffix"); v != nullptr) {
-    return InvalidParam("suffix", "'suffix' is not supported");
+  // The no-ops: right type, or 400.
+  std::string ignored;
+  for (const char* name : {"user", "safety_identifier", "prompt_cache_key"}) {
+    if (absl::Status s = GetString(j, name, &ignored); !s.ok()) return s;
   }
-  // Legacy function calling and modalities this server does not have: refused, never ignored.
-  for (const char* name : {"functions", "function_call", "audio", "prediction"}) {
-    if (Field(j, name) != nullptr) {
-      return InvalidParam(name, absl::StrCat("'", name, "' is not supported"));
+  if (const json* v = Field(j, "metadata"); v != nullptr) {
+    if (!v->is_object()) return WrongType("metadata", "an object", *v);
+    for (const auto& [k, mv] : v->items()) {
+      if (!mv.is_string()) return WrongType("metadata." + k, "a string", mv);
     }
   }
-  if (Field(j, "tool_choice") != nullptr) {
-    return InvalidParam("tool_choice", "'tool_choice' needs 'tools', which is not supported");
+  std::string tier;
+  if (absl::Status s = GetString(j, "service_tier", &tier); !s.ok()) return s;
+  if (!tier.empty() && tier != "auto" && tier != "default") {
+    return InvalidParam("service_tier", absl::StrCat("'service_tier' must be 'auto' or 'default', "
+                                                     "got '",
+                                                     tier, "'"));
   }
-  if (const json* v = Field(j, "modalities"); v != nullptr) {
-    if (!(v->is_array() && v->size() == 1 && (*v)[0] == "text")) {
-      return InvalidParam("modalities", "only [\"text\"] is supported");
+  return absl::OkStatus();
+}
+
+// A list of token ids (non-negative 32-bit integers); `name` for the error.
+absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& arr, absl::string_view name) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const json& id : arr) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return InvalidParam(name, absl::StrCat("'", name, "' must hold non-negative integers"));
     }
+    ids.push_back(id.get<int32_t>());
   }
+  return ids;
+}
+
+absl::Status ParseLogitBias(const json& j, SamplingParams* p) {
+  const json* v = Field(j, "logit_bias");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_object()) return WrongType("logit_bias", "an object of token id to bias", *v);
+  if (v->size() > static_cast<size_t>(kMaxLogitBiasEntries)) {
+    return InvalidParam("logit_bias", absl::StrCat("'logit_bias' has ", v->size(),
+                                                   " entries; at most ", kMaxLogitBiasEntries));
+  }
+  for (const auto& [key, bias] : v->items()) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(key, &id) || id < 0 || id > std::numeric_limits<int32_t>::max() ||
+        absl::StrCat(id) != key) {
+      return InvalidParam("logit_bias",
+                          absl::StrCat("'logit_bias' keys must be token ids, got '", key, "'"));
+    }
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
+        std::fabs(bias.get<double>()) > kMaxLogitBias) {
+      return InvalidParam("logit_bias", absl::StrCat("'logit_bias' of token ", key,
+                                                     " must be a number in [-100, 100]"));
+    }
+    p->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias.get<double>()));
+  }
+  std::sort(p->logit_bias.begin(), p->logit_bias.end());
   return absl::OkStatus();
 }
 
@@ -177,13 +241,11 @@ absl::Status ParseStop(const json& j, std::vector<std::string>* out) {
 
 // Everything both endpoints share.
 absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
-  if (absl::Status s = RejectUnsupported(j); !s.ok()) return s;
+  if (absl::Status s = CheckFields(j, r->endpoint); !s.ok()) return s;
   if (const json* v = Field(j, "model"); v != nullptr) {
     if (!v->is_string()) return WrongType("model", "a string", *v);
     r->model = v->get<std::string>();
   }
-  std::string user;
-  if (absl::Status s = GetString(j, "user", &user); !s.ok()) return s;
 
   std::optional<int> n;
   if (absl::Status s = GetIntInRange(j, "n", 1, kMaxChoices, &n); !s.ok()) return s;
@@ -263,52 +325,84 @@ absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
     return s;
   }
   p.max_tokens = max_tokens;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<int32_t>> TokenIds(const json& arr) {
-  std::vector<int32_t> ids;
-  ids.reserve(arr.size());
-  for (const json& id : arr) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return InvalidParam("prompt", "token ids in 'prompt' must be non-negative integers");
-    }
-    ids.push_back(id.get<int32_t>());
+  std::optional<int> min_tokens;
+  if (absl::Status s =
+          GetIntInRange(j, "min_tokens", 0, std::numeric_limits<int>::max(), &min_tokens);
+      !s.ok()) {
+    return s;
   }
-  return ids;
+  p.min_tokens = min_tokens.value_or(0);
+  if (absl::Status s = ParseLogitBias(j, &p); !s.ok()) return s;
+  if (const json* v = Field(j, "allowed_token_ids"); v != nullptr) {
+    if (!v->is_array()) return WrongType("allowed_token_ids", "a list of token ids", *v);
+    if (v->empty()) return InvalidParam("allowed_token_ids", "'allowed_token_ids' is empty");
+    absl::StatusOr<std::vector<int32_t>> ids = TokenIdList(*v, "allowed_token_ids");
+    if (!ids.ok()) return ids.status();
+    p.allowed_token_ids = *std::move(ids);
+  }
+  if (absl::Status s = GetBool(j, "include_stop_str_in_output", &p.include_stop_str_in_output);
+      !s.ok()) {
+    return s;
+  }
+  bool add_special = false;
+  if (Field(j, "add_special_tokens") != nullptr) {
+    if (absl::Status s = GetBool(j, "add_special_tokens", &add_special); !s.ok()) return s;
+    r->add_special_tokens = add_special;
+  }
+  std::optional<int> truncate;
+  if (absl::Status s = GetIntInRange(j, "truncate_prompt_tokens", -1,
+                                     std::numeric_limits<int>::max(), &truncate);
+      !s.ok()) {
+    return s;
+  }
+  if (truncate.has_value() && *truncate == 0) {
+    return InvalidParam("truncate_prompt_tokens",
+                        "'truncate_prompt_tokens' must be -1 (the context limit) or >= 1");
+  }
+  r->truncate_prompt_tokens = truncate;
+  return absl::OkStatus();
 }
 
 absl::Status ParsePrompt(const json& j, OpenAiRequest* r) {
   const json* v = Field(j, "prompt");
   if (v == nullptr) return InvalidParam("prompt", "'prompt' is required");
-  if (v->is_string()) {
-    r->prompt = v->get<std::string>();
-  } else if (v->is_array()) {
-    if (v->empty()) return InvalidParam("prompt", "'prompt' must not be empty");
-    const json& first = (*v)[0];
-    if (first.is_number()) {
-      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(*v);
+  const auto add = [r](const json& p, absl::string_view where) -> absl::Status {
+    OpenAiRequest::Prompt prompt;
+    if (p.is_string()) {
+      prompt.text = p.get<std::string>();
+      if (prompt.text.empty()) return InvalidParam("prompt", absl::StrCat(where, " is empty"));
+    } else if (p.is_array()) {
+      if (p.empty()) return InvalidParam("prompt", absl::StrCat(where, " is empty"));
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIdList(p, "prompt");
       if (!ids.ok()) return ids.status();
-      r->prompt_token_ids = *std::move(ids);
-    } else if (first.is_string() || first.is_array()) {
-      if (v->size() > 1) return InvalidParam("prompt", "batched prompts are not supported");
-      if (first.is_string()) {
-        r->prompt = first.get<std::string>();
-      } else {
-        absl::StatusOr<std::vector<int32_t>> ids = TokenIds(first);
-        if (!ids.ok()) return ids.status();
-        r->prompt_token_ids = *std::move(ids);
-      }
+      prompt.token_ids = *std::move(ids);
     } else {
-      return WrongType("prompt", "a string or a list of token ids", first);
+      return WrongType("prompt", "a string or a list of token ids", p);
     }
-  } else {
-    return WrongType("prompt", "a string or a list of token ids", *v);
+    r->prompts.push_back(std::move(prompt));
+    return absl::OkStatus();
+  };
+  if (v->is_string()) return add(*v, "'prompt'");
+  if (!v->is_array()) return WrongType("prompt", "a string or a list of token ids", *v);
+  if (v->empty()) return InvalidParam("prompt", "'prompt' must not be empty");
+  if ((*v)[0].is_number()) return add(*v, "'prompt'");
+  // A batch: strings and token-id lists.
+  if (v->size() > static_cast<size_t>(kMaxBatchedPrompts)) {
+    return InvalidParam("prompt", absl::StrCat("at most ", kMaxBatchedPrompts,
+                                               " prompts in one request, got ", v->size()));
   }
-  const bool empty =
-      r->prompt_token_ids.has_value() ? r->prompt_token_ids->empty() : r->prompt.empty();
-  if (empty) return InvalidParam("prompt", "'prompt' must not be empty");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& p = (*v)[i];
+    if (!p.is_string() && !p.is_array()) {
+      return WrongType("prompt", "a list of strings or of token-id lists", p);
+    }
+    if (absl::Status s = add(p, absl::StrCat("'prompt[", i, "]'")); !s.ok()) return s;
+  }
+  if (static_cast<int64_t>(r->prompts.size()) * r->n > kMaxChoicesPerRequest) {
+    return InvalidParam(
+        "n", absl::StrCat(r->prompts.size(), " prompts with n = ", r->n, " ask for ",
+                          r->prompts.size() * r->n, " choices; at most ", kMaxChoicesPerRequest));
+  }
   return absl::OkStatus();
 }
 
@@ -553,7 +647,83 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body)
   }
   if (logprobs) r.logprobs = top_logprobs.value_or(0);
   r.params.logprobs = r.logprobs;
+  if (absl::Status s = GetBool(*j, "continue_final_message", &r.continue_final_message); !s.ok()) {
+    return s;
+  }
+  if (r.continue_final_message) {
+    if (r.add_generation_prompt) {
+      return InvalidParam("continue_final_message",
+                          "'continue_final_message' needs 'add_generation_prompt': false (the "
+                          "final message is continued, no new turn is opened)");
+    }
+    if (r.messages.back().role != "assistant") {
+      return InvalidParam("continue_final_message",
+                          "'continue_final_message' needs the last message to be the assistant's");
+    }
+  }
+  if (const json* v = Field(*j, "chat_template_kwargs"); v != nullptr) {
+    if (!v->is_object()) return WrongType("chat_template_kwargs", "an object", *v);
+    for (const auto& [key, value] : v->items()) {
+      for (const char* reserved :
+           {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token"}) {
+        if (key == reserved) {
+          return InvalidParam("chat_template_kwargs",
+                              absl::StrCat("'chat_template_kwargs' may not set '", key,
+                                           "': the request's own fields set it"));
+        }
+      }
+    }
+    if (!v->empty()) r.chat_template_kwargs = Dump(*v);
+  }
   return r;
+}
+
+std::string RequestDebugJson(const OpenAiRequest& r) {
+  const SamplingParams& p = r.params;
+  json prompts = json::array();
+  for (const OpenAiRequest::Prompt& pr : r.prompts) {
+    prompts.push_back(pr.token_ids.has_value() ? json(*pr.token_ids) : json(pr.text));
+  }
+  json messages = json::array();
+  for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
+  json bias = json::array();
+  for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
+  const auto opt = [](const auto& o) { return o.has_value() ? json(*o) : json(nullptr); };
+  json j{{"endpoint", r.endpoint == Endpoint::kChatCompletions ? "chat" : "completions"},
+         {"model", r.model},
+         {"prompts", prompts},
+         {"echo", r.echo},
+         {"messages", messages},
+         {"add_generation_prompt", r.add_generation_prompt},
+         {"continue_final_message", r.continue_final_message},
+         {"chat_template_kwargs", r.chat_template_kwargs},
+         {"add_special_tokens", opt(r.add_special_tokens)},
+         {"truncate_prompt_tokens", opt(r.truncate_prompt_tokens)},
+         {"n", r.n},
+         {"priority", r.priority},
+         {"stream", r.stream},
+         {"include_usage", r.include_usage},
+         {"logprobs", opt(r.logprobs)},
+         {"default_max_tokens", opt(r.default_max_tokens)},
+         {"temperature", p.temperature},
+         {"top_k", p.top_k},
+         {"top_p", p.top_p},
+         {"min_p", p.min_p},
+         {"seed", opt(p.seed)},
+         {"repetition_penalty", p.repetition_penalty},
+         {"presence_penalty", p.presence_penalty},
+         {"frequency_penalty", p.frequency_penalty},
+         {"stop_token_ids", p.stop_token_ids},
+         {"stop", p.stop},
+         {"max_tokens", opt(p.max_tokens)},
+         {"ignore_eos", p.ignore_eos},
+         {"params.logprobs", opt(p.logprobs)},
+         {"skip_special_tokens", p.skip_special_tokens},
+         {"min_tokens", p.min_tokens},
+         {"logit_bias", bias},
+         {"allowed_token_ids", p.allowed_token_ids},
+         {"include_stop_str_in_output", p.include_stop_str_in_output}};
+  return Dump(j);
 }
 
 std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,

@@ -7,22 +7,20 @@
 // `code` as payloads (InvalidParam / ToApiError), so one mapping turns any status into the
 // nested OpenAI error body {"error": {"message", "type", "param", "code"}}.
 //
-// Choices made where OpenAI leaves room (documented in the parser too):
-// - Unknown fields are ignored (like vLLM); `user` is accepted and ignored. Fields that would
-//   change the output and are not supported are rejected: non-empty `tools`, `logit_bias`,
-//   `response_format` other than {"type": "text"}, `best_of` other than n, `suffix`.
+// Every field either endpoint takes is in api_fields.h (and docs/api.md): implemented, rejected
+// with a 400 naming it, or a documented no-op. A field not in that table is a 400 with code
+// "unknown_parameter", so nothing is silently ignored. Choices where OpenAI leaves room:
 // - `model` may be omitted (the served model is used); another name is an error (the frontend
-//   checks it, 400 code "model_not_found").
+//   checks it, 404 code "model_not_found").
 // - `stop`: a string or a list of at most kMaxStopStrings non-empty strings.
 // - `n` in [1, 128]; `logprobs` (completions) and `top_logprobs` (chat) in [0, 20].
-// - Completions: `prompt` is a string, a list of token ids, or a list holding one string or one
-//   token-id list; several prompts are rejected ("batched prompts are not supported").
-//   `max_tokens` defaults to 16 as in OpenAI (clamped to the context left); `echo` with
-//   `logprobs` is rejected (prompt logprobs are not computed).
+// - Completions: `prompt` is a string, a list of token ids, or a list of strings / token-id lists
+//   (batched: at most kMaxBatchedPrompts, n choices each). `max_tokens` defaults to 16 as in
+//   OpenAI (clamped to the context left); `echo` with `logprobs` is rejected (prompt logprobs are
+//   not computed).
 // - Chat: `content` is a string, null, or a list of {"type": "text", "text"} parts (joined);
-//   other part types are rejected. `max_completion_tokens` wins over `max_tokens`. Extensions
-//   (vLLM names): `add_generation_prompt`, `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-//   `skip_special_tokens`, `stop_token_ids`.
+//   other part types are rejected. `max_completion_tokens` wins over `max_tokens`.
+// - `logit_bias` keys are token ids written as strings (OpenAI's form); sorted by id here.
 
 #include <cstdint>
 #include <optional>
@@ -41,6 +39,9 @@ namespace tandem::router {
 inline constexpr int kMaxChoices = 128;
 inline constexpr int kMaxStopStrings = 16;
 inline constexpr int kDefaultCompletionMaxTokens = 16;
+inline constexpr int kMaxBatchedPrompts = 128;
+// n * prompts: the choices one request may ask for.
+inline constexpr int kMaxChoicesPerRequest = 1024;
 
 // ---- Errors ----
 
@@ -74,14 +75,26 @@ struct OpenAiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // "" when omitted
 
-  // Completions: the prompt as text, or as token ids when given so.
-  std::string prompt;
-  std::optional<std::vector<int32_t>> prompt_token_ids;
+  // Completions: one entry per prompt (several: a batched request), each as text or as token ids.
+  struct Prompt {
+    std::string text;
+    std::optional<std::vector<int32_t>> token_ids;
+  };
+  std::vector<Prompt> prompts;
   bool echo = false;
 
   // Chat.
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  // chat_template_kwargs as JSON object text ("" when none); its keys are not the template's own
+  // variables (messages, add_generation_prompt, tools, documents, bos_token, eos_token).
+  std::string chat_template_kwargs;
+
+  // Prompt handling (vLLM): the tokenizer's special tokens (nullopt: completions yes, chat no);
+  // keep only the last k prompt tokens (-1: as many as the context allows; nullopt: all).
+  std::optional<bool> add_special_tokens;
+  std::optional<int> truncate_prompt_tokens;
 
   int n = 1;
   // vLLM's `priority`: lower is scheduled first on the workers (admission order and preemption
@@ -101,6 +114,10 @@ struct OpenAiRequest {
 
 absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body);
 absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body);
+
+// Every field of `r` as one JSON object (for tests and debugging logs): two requests that would
+// be served alike give the same text.
+std::string RequestDebugJson(const OpenAiRequest& r);
 
 // ---- Responses ----
 

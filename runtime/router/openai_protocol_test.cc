@@ -62,8 +62,9 @@ TEST(OpenAiProtocolTest, ParsesCompletionWithEverySamplingField) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->endpoint, Endpoint::kCompletions);
   EXPECT_EQ(r->model, "m");
-  EXPECT_EQ(r->prompt, "hello");
-  EXPECT_FALSE(r->prompt_token_ids.has_value());
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(r->prompts[0].text, "hello");
+  EXPECT_FALSE(r->prompts[0].token_ids.has_value());
   EXPECT_EQ(r->params.max_tokens, 7);
   EXPECT_FLOAT_EQ(r->params.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r->params.top_p, 0.9f);
@@ -97,16 +98,27 @@ TEST(OpenAiProtocolTest, CompletionDefaults) {
 TEST(OpenAiProtocolTest, PromptForms) {
   auto ids = ParseCompletionRequest(R"({"prompt": [1, 2, 3]})");
   ASSERT_TRUE(ids.ok());
-  EXPECT_THAT(*ids->prompt_token_ids, ElementsAre(1, 2, 3));
+  ASSERT_EQ(ids->prompts.size(), 1u);
+  EXPECT_THAT(*ids->prompts[0].token_ids, ElementsAre(1, 2, 3));
   auto one_string = ParseCompletionRequest(R"({"prompt": ["abc"]})");
   ASSERT_TRUE(one_string.ok());
-  EXPECT_EQ(one_string->prompt, "abc");
+  ASSERT_EQ(one_string->prompts.size(), 1u);
+  EXPECT_EQ(one_string->prompts[0].text, "abc");
   auto one_list = ParseCompletionRequest(R"({"prompt": [[4, 5]]})");
   ASSERT_TRUE(one_list.ok());
-  EXPECT_THAT(*one_list->prompt_token_ids, ElementsAre(4, 5));
-
-  EXPECT_THAT(CompletionError({{"prompt", {"a", "b"}}}).message, HasSubstr("batched"));
-  EXPECT_EQ(CompletionError({{"prompt", {"a", "b"}}}).param, "prompt");
+  EXPECT_THAT(*one_list->prompts[0].token_ids, ElementsAre(4, 5));
+  // A batch: strings and token-id lists, in order.
+  auto batch = ParseCompletionRequest(R"({"prompt": ["a", [7, 8], "b"]})");
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->prompts.size(), 3u);
+  EXPECT_EQ(batch->prompts[0].text, "a");
+  EXPECT_THAT(*batch->prompts[1].token_ids, ElementsAre(7, 8));
+  EXPECT_EQ(batch->prompts[2].text, "b");
+  EXPECT_EQ(CompletionError({{"prompt", json::array({"a", json::array()})}}).param, "prompt");
+  EXPECT_EQ(CompletionError({{"prompt", json::array({"a", 5})}}).param, "prompt");
+  json many = json::array();
+  for (int i = 0; i <= kMaxBatchedPrompts; ++i) many.push_back("p");
+  EXPECT_THAT(CompletionError({{"prompt", many}}).message, HasSubstr("at most"));
   EXPECT_EQ(CompletionError({{"prompt", ""}}).param, "prompt");
   EXPECT_EQ(CompletionError({{"prompt", json::array()}}).param, "prompt");
   EXPECT_EQ(CompletionError({{"prompt", {1, -2}}}).param, "prompt");
@@ -217,7 +229,19 @@ TEST(OpenAiProtocolTest, OutOfRangeAndWrongTypesAre400WithParam) {
       {"stream", "yes"},
       {"ignore_eos", 1},
       {"echo", "true"},
-      {"logit_bias", {{"1", 2}}},
+      {"logit_bias", {{"one", 2}}},
+      {"logit_bias", {{"01", 2}}},
+      {"logit_bias", {{"1", 101}}},
+      {"logit_bias", {{"1", "x"}}},
+      {"logit_bias", {1, 2}},
+      {"min_tokens", -1},
+      {"allowed_token_ids", json::array()},
+      {"allowed_token_ids", {1, -1}},
+      {"truncate_prompt_tokens", 0},
+      {"truncate_prompt_tokens", -2},
+      {"add_special_tokens", "yes"},
+      {"include_stop_str_in_output", 1},
+      {"service_tier", "flex"},
       {"best_of", 3},
       {"suffix", "x"},
       {"user", 5},
@@ -249,8 +273,9 @@ TEST(OpenAiProtocolTest, BoundaryValuesAreAccepted) {
                         {"top_k", -1},
                         {"best_of", 128},
                         {"response_format", {{"type", "text"}}},
-                        {"tools", json::array()},
-                        {"unknown_field", {1, 2}}});
+                        {"logit_bias", {{"7", 100}, {"8", -100}}},
+                        {"min_tokens", 0},
+                        {"truncate_prompt_tokens", -1}});
   auto r = ParseCompletionRequest(ok.dump());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->params.max_tokens, 1);

@@ -117,13 +117,42 @@ std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const 
   return probs;
 }
 
+void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> suppressed,
+                        std::span<float> logits) {
+  const int vocab = static_cast<int>(logits.size());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < vocab) logits[id] += bias;
+  }
+  if (!params.allowed_token_ids.empty()) {
+    std::vector<bool> allowed(vocab, false);
+    for (int32_t id : params.allowed_token_ids) {
+      if (id >= 0 && id < vocab) allowed[id] = true;
+    }
+    for (int t = 0; t < vocab; ++t) {
+      if (!allowed[t]) logits[t] = kNegInf;
+    }
+  }
+  for (int32_t id : suppressed) {
+    if (id >= 0 && id < vocab) logits[id] = kNegInf;
+  }
+}
+
 SampleResult Sample(const SamplingParams& params, std::span<const float> raw_logits,
                     std::span<const int32_t> prompt, std::span<const int32_t> output, uint64_t seed,
-                    uint64_t step) {
+                    uint64_t step, std::span<const int32_t> suppressed) {
   CHECK(!raw_logits.empty());
   SampleResult result;
   const std::vector<float> logprobs = LogSoftmax(raw_logits);
   std::vector<float> logits(raw_logits.begin(), raw_logits.end());
+  ApplyLogitControls(params, suppressed, logits);
+  if (!suppressed.empty() &&
+      std::none_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); })) {
+    // Everything allowed is suppressed (allowed_token_ids holding only stop tokens): the request
+    // may end rather than draw from nothing.
+    logits.assign(raw_logits.begin(), raw_logits.end());
+    ApplyLogitControls(params, {}, logits);
+  }
   ApplyPenalties(params, prompt, output, logits);
 
   if (params.greedy()) {
@@ -155,7 +184,8 @@ SampleResult Sample(const SamplingParams& params, std::span<const float> raw_log
 bool SamplesFromLogitsOnly(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f &&
-         (!params.logprobs.has_value() || *params.logprobs == 0);
+         (!params.logprobs.has_value() || *params.logprobs == 0) && params.logit_bias.empty() &&
+         params.allowed_token_ids.empty() && params.min_tokens == 0;
 }
 
 SampleRequest MakeSampleRequest(const SamplingParams& params, uint64_t seed, uint64_t step) {

@@ -1,7 +1,9 @@
 #pragma once
 // Token sampling from one row of logits, per request and deterministic.
 //
-// Order (vLLM v1): logprobs are taken from the raw logits; then repetition penalty (HF: positive
+// Order (vLLM v1): logprobs are taken from the raw logits; then the logit controls (logit_bias
+// added; tokens outside allowed_token_ids and the caller's `suppressed` tokens set to -inf:
+// ApplyLogitControls); then repetition penalty (HF: positive
 // logits divided, negative multiplied, for tokens in prompt + output), presence and frequency
 // penalties (OpenAI: logit -= presence * [count > 0] + frequency * count, over output tokens);
 // greedy picks the argmax (lowest id on ties). Otherwise temperature, then min_p (drop tokens with
@@ -51,6 +53,12 @@ std::vector<float> LogSoftmax(std::span<const float> logits);
 void ApplyPenalties(const SamplingParams& params, std::span<const int32_t> prompt,
                     std::span<const int32_t> output, std::span<float> logits);
 
+// logit_bias, allowed_token_ids and `suppressed` (the engine's min_tokens mask: EOS and
+// stop_token_ids while too few tokens were generated) in place; ids outside the vocabulary are
+// skipped.
+void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> suppressed,
+                        std::span<float> logits);
+
 // Integer weights after temperature, min_p, top_k and top_p (zeros for dropped tokens); the
 // sampled distribution is weight / sum. Requires temperature > 0.
 std::vector<uint64_t> FilteredWeights(const SamplingParams& params, std::span<const float> logits);
@@ -59,14 +67,15 @@ std::vector<uint64_t> FilteredWeights(const SamplingParams& params, std::span<co
 std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const float> logits);
 
 // Samples the next token. `step` is the number of tokens the request generated so far; `seed` is
-// params.seed or the engine's per-request seed.
+// params.seed or the engine's per-request seed; `suppressed` tokens cannot be drawn, unless every
+// token the logit controls leave is suppressed (then `suppressed` is ignored).
 SampleResult Sample(const SamplingParams& params, std::span<const float> logits,
                     std::span<const int32_t> prompt, std::span<const int32_t> output, uint64_t seed,
-                    uint64_t step);
+                    uint64_t step, std::span<const int32_t> suppressed = {});
 
 // Whether Sample's result for `params` depends on the logits, seed and step only (no repetition,
-// presence or frequency penalty, no top-logprob list): such a row can be sampled where its logits
-// are (SampleRequest, model_runner.h).
+// presence or frequency penalty, no top-logprob list, no logit controls, no min_tokens): such a
+// row can be sampled where its logits are (SampleRequest, model_runner.h).
 bool SamplesFromLogitsOnly(const SamplingParams& params);
 
 // The request a runner needs to reproduce Sample(params, logits, {}, {}, seed, step).

@@ -270,6 +270,99 @@ TEST(SamplerTest, SamplesFromLogitsOnlyExcludesPenaltiesAndTopLogprobs) {
   EXPECT_FALSE(SamplesFromLogitsOnly(p));
 }
 
+TEST(SamplerTest, SamplesFromLogitsOnlyExcludesLogitControlsAndMinTokens) {
+  SamplingParams p;
+  p.logit_bias = {{1, 2.0f}};
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+  p = SamplingParams{};
+  p.allowed_token_ids = {1};
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+  p = SamplingParams{};
+  p.min_tokens = 3;
+  EXPECT_FALSE(SamplesFromLogitsOnly(p));
+}
+
+TEST(SamplerTest, LogitBiasIsAddedToTheLogits) {
+  SamplingParams p;
+  p.logit_bias = {{0, 1.5f}, {3, -100.0f}, {99, 5.0f}};  // 99: outside, skipped
+  std::vector<float> logits = {1.0f, 2.0f, 3.0f, 4.0f};
+  ApplyLogitControls(p, {}, logits);
+  EXPECT_THAT(logits, ::testing::ElementsAre(2.5f, 2.0f, 3.0f, -96.0f));
+}
+
+TEST(SamplerTest, AllowedTokenIdsAndSuppressedTokensGetMinusInfinity) {
+  const float inf = std::numeric_limits<float>::infinity();
+  SamplingParams p;
+  p.allowed_token_ids = {1, 2};
+  std::vector<float> logits = {1.0f, 2.0f, 3.0f, 4.0f};
+  ApplyLogitControls(p, std::vector<int32_t>{2}, logits);
+  EXPECT_THAT(logits, ::testing::ElementsAre(-inf, 2.0f, -inf, -inf));
+}
+
+TEST(SamplerTest, GreedyAndSampledDrawsNeverPickASuppressedOrDisallowedToken) {
+  // Token 3 is by far the most likely; suppressed, greedy takes the next one.
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 9.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  EXPECT_EQ(Sample(greedy, logits, {}, {}, 1, 0).token, 3);
+  EXPECT_EQ(Sample(greedy, logits, {}, {}, 1, 0, std::vector<int32_t>{3}).token, 2);
+  // A +100 bias makes token 0 the argmax; the logprob reported stays the raw one.
+  greedy.logit_bias = {{0, 100.0f}};
+  const SampleResult biased = Sample(greedy, logits, {}, {}, 1, 0);
+  EXPECT_EQ(biased.token, 0);
+  EXPECT_NEAR(biased.logprob, LogSoftmax(logits)[0], 1e-6);
+  SamplingParams random = Random();
+  random.allowed_token_ids = {0, 1};
+  for (uint64_t step = 0; step < 200; ++step) {
+    const int32_t t = Sample(random, logits, {}, {}, 7, step, std::vector<int32_t>{1}).token;
+    EXPECT_EQ(t, 0) << "step " << step;
+  }
+}
+
+TEST(SamplerTest, WhenEverythingAllowedIsSuppressedTheSuppressionYields) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.allowed_token_ids = {2};  // only a stop token is allowed, and min_tokens suppresses it
+  const std::vector<float> logits = {5.0f, 1.0f, 0.0f};
+  EXPECT_EQ(Sample(p, logits, {}, {}, 1, 0, std::vector<int32_t>{2}).token, 2);
+}
+
+TEST(SamplerTest, LogitBiasShiftsTheSampledDistributionByExpOfTheBias) {
+  // Two equally likely tokens; +ln(3) on token 1 makes it 3 times as likely: p = 0.75.
+  SamplingParams p = Random();
+  p.logit_bias = {{1, std::log(3.0f)}};
+  const std::vector<float> logits = {0.0f, 0.0f};
+  int ones = 0;
+  constexpr int kDraws = 20000;
+  for (uint64_t step = 0; step < kDraws; ++step) ones += Sample(p, logits, {}, {}, 11, step).token;
+  // Binomial(20000, 0.75): sd 61; 5 sd.
+  EXPECT_NEAR(ones, 0.75 * kDraws, 310);
+}
+
+TEST(SamplingParamsTest, ValidatesTheLogitControlsAndMinTokens) {
+  SamplingParams p;
+  p.min_tokens = -1;
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("min_tokens"));
+  p = SamplingParams{};
+  p.max_tokens = 4;
+  p.min_tokens = 5;
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("min_tokens"));
+  p.min_tokens = 4;
+  EXPECT_TRUE(ValidateSamplingParams(p, 10).ok());
+  p = SamplingParams{};
+  p.logit_bias = {{10, 1.0f}};
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("logit_bias"));
+  p.logit_bias = {{1, 100.5f}};
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("logit_bias"));
+  p.logit_bias = {{1, std::numeric_limits<float>::quiet_NaN()}};
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("logit_bias"));
+  p.logit_bias = {{1, 1.0f}, {1, 2.0f}};
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("twice"));
+  p = SamplingParams{};
+  p.allowed_token_ids = {3, 12};
+  EXPECT_THAT(ValidateSamplingParams(p, 10).message(), HasSubstr("allowed_token_ids"));
+}
+
 TEST(SamplerTest, ValidateSampleRequestNamesTheField) {
   SampleRequest r;
   EXPECT_TRUE(ValidateSampleRequest(r).ok());

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
@@ -46,6 +47,36 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   }
   for (const std::string& s : p.stop) {
     if (s.empty()) return Bad("stop", "stop strings must be non-empty");
+  }
+  if (p.min_tokens < 0) return Bad("min_tokens", absl::StrCat("must be >= 0, got ", p.min_tokens));
+  if (p.max_tokens.has_value() && p.min_tokens > *p.max_tokens) {
+    return Bad("min_tokens",
+               absl::StrCat("must be <= max_tokens (", *p.max_tokens, "), got ", p.min_tokens));
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(kMaxLogitBiasEntries)) {
+    return Bad("logit_bias", absl::StrCat("at most ", kMaxLogitBiasEntries, " entries, got ",
+                                          p.logit_bias.size()));
+  }
+  absl::flat_hash_set<int32_t> seen;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
+      return Bad("logit_bias", absl::StrCat("token id ", id, " is outside the vocabulary"));
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return Bad("logit_bias",
+                 absl::StrCat("bias of token ", id, " must be in [-100, 100], got ", bias));
+    }
+    if (!seen.insert(id).second) {
+      return Bad("logit_bias", absl::StrCat("token id ", id, " appears twice"));
+    }
+  }
+  if (vocab_size > 0 && p.allowed_token_ids.size() > static_cast<size_t>(vocab_size)) {
+    return Bad("allowed_token_ids", "more ids than the vocabulary has");
+  }
+  for (int32_t id : p.allowed_token_ids) {
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
+      return Bad("allowed_token_ids", absl::StrCat("token id ", id, " is outside the vocabulary"));
+    }
   }
   return absl::OkStatus();
 }

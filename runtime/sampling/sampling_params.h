@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +15,8 @@
 namespace tandem {
 
 inline constexpr int kMaxLogprobs = 20;
+inline constexpr float kMaxLogitBias = 100.0f;  // OpenAI's range: [-100, 100]
+inline constexpr int kMaxLogitBiasEntries = 1024;
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy (argmax after penalties)
@@ -35,6 +38,17 @@ struct SamplingParams {
   // token's own logprob. Unset: none reported.
   std::optional<int> logprobs;
   bool skip_special_tokens = true;  // for the detokenized text
+  // vLLM's min_tokens: while fewer than this many tokens were generated (resumed output
+  // included), EOS and stop_token_ids cannot be sampled (their logits are -inf) and stop strings
+  // are not matched; a stop string is matched only in text of the min_tokens-th token and after.
+  int min_tokens = 0;
+  // OpenAI's logit_bias: added to the raw logits before penalties and sampling (token id, bias
+  // in [-100, 100]); ids unique, in the vocabulary.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's allowed_token_ids: when non-empty, every other token's logit is -inf.
+  std::vector<int32_t> allowed_token_ids;
+  // vLLM's include_stop_str_in_output: a matched stop string stays in the output text.
+  bool include_stop_str_in_output = false;
 
   bool greedy() const { return temperature == 0.0f; }
 };

@@ -119,3 +119,46 @@ export class Stack {
     }
   }
 }
+
+// `tandem serve` (one process that starts the router and its workers) on a free port, in
+// disaggregated mode or with `--aggregated`.
+export class ServeStack {
+  constructor({ tandem, model, aggregated = false, logDir, extraArgs = [] }) {
+    Object.assign(this, { tandem, model, aggregated, logDir, extraArgs });
+  }
+
+  async start() {
+    fs.mkdirSync(this.logDir, { recursive: true });
+    const port = await freePort();
+    const name = this.aggregated ? 'serve-aggregated' : 'serve';
+    const out = fs.openSync(path.join(this.logDir, `${name}.log`), 'w');
+    const args = ['serve', '--model', this.model, '--port', String(port), '--host', '127.0.0.1',
+                  ...(this.aggregated ? ['--aggregated'] : []), ...this.extraArgs];
+    this.child = spawn(this.tandem, args, { stdio: ['ignore', out, out] });
+    this.exited = new Promise((resolve) => this.child.on('exit', (code, sig) => resolve({ code, sig })));
+    this.baseURL = `http://127.0.0.1:${port}/v1`;
+    try {
+      await waitFor(`${name} /health 200`, async () => {
+        if (this.child.exitCode !== null || this.child.signalCode !== null) {
+          throw new Error(`${name} exited early; see ${this.logDir}/${name}.log`);
+        }
+        const r = await fetch(`http://127.0.0.1:${port}/health`);
+        return r.status === 200;
+      }, 120000);
+    } catch (e) {
+      await this.stop();
+      throw e;
+    }
+  }
+
+  async stop() {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGTERM');
+    const timedOut = await Promise.race([this.exited.then(() => false),
+                                         sleep(30000).then(() => true)]);
+    if (timedOut) {
+      this.child.kill('SIGKILL');
+      await this.exited;
+      throw new Error('tandem serve did not stop within 30 s of SIGTERM');
+    }
+  }
+}

@@ -1,0 +1,187 @@
+// The OpenAI API fields of docs/api.md against the bundled model, in both serving modes:
+// `tandem serve` (disaggregated: 1 prefill + 1 decode worker) and `tandem serve --aggregated`.
+// Every request runs in both; each answer is checked for what the field promises, and the two
+// modes must give the same bytes (greedy). Env: TANDEM_BIN, TANDEM_MODEL_DIR (models/target),
+// E2E_LOG_DIR.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { ServeStack } from './stack.mjs';
+
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import('openai'));
+} catch (e) {
+  throw new Error('the openai npm package is missing: run `npm ci --prefix tests/e2e` ' +
+                  '(./quickstart test does)');
+}
+
+const tandem = process.env.TANDEM_BIN;
+const model = process.env.TANDEM_MODEL_DIR;
+const logDir = process.env.E2E_LOG_DIR ?? fs.mkdtempSync('/tmp/tandem-conformance-');
+assert.ok(tandem && fs.existsSync(tandem), `TANDEM_BIN not found: ${tandem}`);
+assert.ok(model && fs.existsSync(path.join(model, 'config.json')), `no model at ${model}`);
+const modelName = path.basename(model);
+
+const modes = {
+  disaggregated: new ServeStack({ tandem, model, logDir: path.join(logDir, 'disaggregated') }),
+  aggregated: new ServeStack({ tandem, model, aggregated: true,
+                               logDir: path.join(logDir, 'aggregated') }),
+};
+const clients = {};
+
+before(async () => {
+  await Promise.all(Object.values(modes).map((m) => m.start()));
+  for (const [name, m] of Object.entries(modes)) {
+    clients[name] = new OpenAI({ baseURL: m.baseURL, apiKey: 'unused', maxRetries: 0,
+                                 timeout: 120000 });
+  }
+});
+
+after(async () => {
+  await Promise.all(Object.values(modes).map((m) => m.stop()));
+});
+
+// Runs `fn(client, mode)` in every mode; asserts the answers are identical; returns one.
+async function inBothModes(fn) {
+  const answers = {};
+  for (const name of Object.keys(modes)) answers[name] = await fn(clients[name], name);
+  const [first, ...rest] = Object.keys(answers);
+  for (const name of rest) {
+    assert.deepEqual(answers[name], answers[first], `${name} differs from ${first}`);
+  }
+  return answers[first];
+}
+
+const complete = (client, body) =>
+  client.completions.create({ model: modelName, temperature: 0, ...body });
+const chat = (client, body) =>
+  client.chat.completions.create({ model: modelName, temperature: 0, ...body });
+const hello = [{ role: 'user', content: 'Hello!' }];
+
+test('min_tokens: EOS cannot end the answer before min_tokens tokens', async () => {
+  const plain = await inBothModes(async (c) => {
+    const r = await chat(c, { messages: hello, max_tokens: 60 });
+    return { text: r.choices[0].message.content, tokens: r.usage.completion_tokens,
+             finish: r.choices[0].finish_reason };
+  });
+  const min = Math.min(plain.tokens + 10, 60);
+  const longer = await inBothModes(async (c) => {
+    const r = await chat(c, { messages: hello, max_tokens: 60, min_tokens: min });
+    return { text: r.choices[0].message.content, tokens: r.usage.completion_tokens };
+  });
+  assert.ok(longer.tokens >= min, `${longer.tokens} tokens with min_tokens ${min}`);
+  if (plain.finish === 'stop') assert.ok(longer.text.startsWith(plain.text.slice(0, 8)));
+});
+
+test('logit_bias: +100 on one token makes greedy pick it every time', async () => {
+  const base = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'The weather today', max_tokens: 1, logprobs: 1 });
+    return r.choices[0].logprobs.tokens[0];
+  });
+  const biased = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'The weather today', max_tokens: 4, logprobs: 1,
+                                  logit_bias: { 1000: 100 } });
+    return r.choices[0].logprobs.tokens;
+  });
+  assert.equal(new Set(biased).size, 1, `tokens ${JSON.stringify(biased)}`);
+  assert.notEqual(biased[0], base);
+  await inBothModes(async (c) => {
+    await assert.rejects(complete(c, { prompt: 'x', logit_bias: { 1000: 101 } }),
+                         (e) => e.status === 400 && e.error?.param === 'logit_bias');
+    return true;
+  });
+});
+
+test('allowed_token_ids: only those tokens are sampled, also with temperature', async () => {
+  const tokens = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'Once upon a time', max_tokens: 8, logprobs: 0,
+                                  temperature: 1, seed: 7, allowed_token_ids: [1000, 2000] });
+    return r.choices[0].logprobs.tokens;
+  });
+  const one = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'x', max_tokens: 1, logprobs: 0,
+                                  allowed_token_ids: [1000] });
+    return r.choices[0].logprobs.tokens[0];
+  });
+  const two = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'x', max_tokens: 1, logprobs: 0,
+                                  allowed_token_ids: [2000] });
+    return r.choices[0].logprobs.tokens[0];
+  });
+  for (const t of tokens) assert.ok(t === one || t === two, `${JSON.stringify(t)} not allowed`);
+});
+
+test('stop strings: include_stop_str_in_output keeps the match', async () => {
+  const full = await inBothModes(async (c) =>
+    (await complete(c, { prompt: 'Once upon a time', max_tokens: 24 })).choices[0].text);
+  assert.ok(full.length > 8, `short text ${JSON.stringify(full)}`);
+  const stop = full.slice(4, 7);
+  const at = full.indexOf(stop);
+  const [dropped, kept] = await inBothModes(async (c) => {
+    const a = await complete(c, { prompt: 'Once upon a time', max_tokens: 24, stop });
+    const b = await complete(c, { prompt: 'Once upon a time', max_tokens: 24, stop,
+                                  include_stop_str_in_output: true });
+    return [a.choices[0], b.choices[0]];
+  });
+  assert.equal(dropped.text, full.slice(0, at));
+  assert.equal(kept.text, full.slice(0, at + stop.length));
+  assert.equal(dropped.finish_reason, 'stop');
+  assert.equal(kept.finish_reason, 'stop');
+});
+
+test('batched prompts: one choice per prompt, each equal to its own request', async () => {
+  const prompts = ['Hello', 'The capital of France is', 'Once upon a time'];
+  const batched = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: prompts, max_tokens: 6 });
+    return { texts: r.choices.map((ch) => [ch.index, ch.text]), usage: r.usage.prompt_tokens };
+  });
+  let promptTokens = 0;
+  for (let i = 0; i < prompts.length; ++i) {
+    const one = await complete(clients.disaggregated, { prompt: prompts[i], max_tokens: 6 });
+    assert.deepEqual(batched.texts[i], [i, one.choices[0].text]);
+    promptTokens += one.usage.prompt_tokens;
+  }
+  assert.equal(batched.usage, promptTokens);
+});
+
+test('continue_final_message and chat_template_kwargs', async () => {
+  const messages = [{ role: 'user', content: 'Tell me a story.' },
+                    { role: 'assistant', content: 'Once upon a time' }];
+  const [continued, closed] = await inBothModes(async (c) => {
+    const a = await chat(c, { messages, max_tokens: 8, add_generation_prompt: false,
+                              continue_final_message: true });
+    const b = await chat(c, { messages, max_tokens: 8 });
+    return [a.choices[0].message.content, b.choices[0].message.content];
+  });
+  assert.notEqual(continued, closed);
+  await inBothModes(async (c) => {
+    const r = await chat(c, { messages: hello, max_tokens: 2,
+                              chat_template_kwargs: { date_string: '01 Jan 2025' } });
+    assert.equal(r.choices.length, 1);
+    await assert.rejects(chat(c, { messages, continue_final_message: true }),
+                         (e) => e.status === 400 && e.error?.param === 'continue_final_message');
+    return true;
+  });
+});
+
+test('an unknown or unsupported field is a 400 naming it, never ignored', async () => {
+  await inBothModes(async (_, name) => {
+    const post = (body) => fetch(`${modes[name].baseURL}/chat/completions`, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: modelName, messages: hello, ...body }),
+    });
+    const unknown = await post({ temprature: 0 });
+    assert.equal(unknown.status, 400);
+    const u = await unknown.json();
+    assert.equal(u.error.param, 'temprature');
+    assert.equal(u.error.code, 'unknown_parameter');
+    const unsupported = await post({ guided_choice: ['yes', 'no'] });
+    assert.equal(unsupported.status, 400);
+    const g = await unsupported.json();
+    assert.equal(g.error.param, 'guided_choice');
+    assert.equal(g.error.code, 'unsupported_parameter');
+    return [u.error.code, g.error.code];
+  });
+});
