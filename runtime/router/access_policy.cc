@@ -86,7 +86,8 @@ std::optional<ApiError> AccessPolicy::Check(const HttpRequest& request) const {
     return MakeApiError(
         421, absl::StrCat("this server does not answer for host '", request.Header("Host"), "'"));
   }
-  if (authenticates() && absl::StartsWith(request.path, "/v1/")) {
+  if (authenticates() && (absl::StartsWith(request.path, "/v1/") || request.path == "/tokenize" ||
+                          request.path == "/detokenize")) {
     const std::string auth = request.Header("Authorization");
     absl::string_view token = auth;
     bool matched = false;

@@ -5,7 +5,8 @@
 //   `allowed_hosts` says otherwise, so a web page cannot reach it through DNS rebinding. A router
 //   bound to another address accepts any Host unless `allowed_hosts` is set. "*" accepts any.
 //   Anything else: 421 (misdirected request).
-// - API keys: with `api_keys` set, every /v1/ route needs `Authorization: Bearer <key>` naming
+// - API keys: with `api_keys` set, every /v1/ route (and /tokenize, /detokenize) needs
+//   `Authorization: Bearer <key>` naming
 //   one of them (compared in constant time): 401 with `invalid_api_key` otherwise. /health and
 //   /metrics stay open (probes and scrapers; put them behind the network instead).
 // - Content-Type: a POST must carry `application/json` (parameters such as charset allowed):

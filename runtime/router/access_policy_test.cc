@@ -65,6 +65,11 @@ TEST(AccessPolicyTest, ApiKeysGuardTheApiButNotProbes) {
   EXPECT_EQ(Status(p, Request("POST", "/v1/completions", "localhost", "Bearer k1")), 200);
   EXPECT_EQ(Status(p, Request("GET", "/health", "localhost")), 200);
   EXPECT_EQ(Status(p, Request("GET", "/metrics", "localhost")), 200);
+  EXPECT_EQ(Status(p, Request("GET", "/version", "localhost")), 200);
+  // The tokenizer routes cost CPU like the API does: keyed too.
+  EXPECT_EQ(Status(p, Request("POST", "/tokenize", "localhost")), 401);
+  EXPECT_EQ(Status(p, Request("POST", "/detokenize", "localhost")), 401);
+  EXPECT_EQ(Status(p, Request("POST", "/tokenize", "localhost", "Bearer k1")), 200);
   const std::optional<ApiError> e = p.Check(Request("GET", "/v1/models", "localhost"));
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code, "invalid_api_key");

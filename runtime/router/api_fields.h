@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+
 #include "absl/strings/string_view.h"
 
 namespace tandem::router {

@@ -32,6 +32,9 @@ constexpr absl::Duration kBackendDrainTimeout = absl::Seconds(5);
 constexpr absl::string_view kCompletionsPath = "/v1/completions";
 constexpr absl::string_view kChatPath = "/v1/chat/completions";
 constexpr absl::string_view kModelsPath = "/v1/models";
+constexpr absl::string_view kTokenizePath = "/tokenize";
+constexpr absl::string_view kDetokenizePath = "/detokenize";
+constexpr absl::string_view kVersionPath = "/version";
 
 HttpResponse JsonResponse(int status, std::string body) {
   return HttpResponse{status, "application/json", {}, std::move(body)};
@@ -126,6 +129,8 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   }
 
   void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange);
+  // POST /tokenize and /detokenize (vLLM's shapes), on the prepare pool.
+  void HandleTokenize(const HttpRequest& request, HttpExchange& exchange);
   void HandleGenerate(Endpoint endpoint, const HttpRequest& request,
                       std::shared_ptr<HttpExchange> exchange);
   // Tokenizes and checks limits; fills prompt ids and text (for echo) and max_tokens.
@@ -595,7 +600,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
 void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
   const std::string& path = request.path;
   const bool known = path == kCompletionsPath || path == kChatPath || path == kModelsPath ||
-                     path == "/health" || path == "/metrics";
+                     path == "/health" || path == "/metrics" || path == kTokenizePath ||
+                     path == kDetokenizePath || path == kVersionPath;
   const absl::string_view label = known ? absl::string_view(path) : absl::string_view("other");
   if (std::optional<HttpResponse> preflight = access.Preflight(request)) {
     return Finish(label, *exchange, *std::move(preflight));
@@ -634,6 +640,26 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
       self->HandleGenerate(endpoint, *shared, exchange);
     });
     return;
+  }
+  if (path == kTokenizePath || path == kDetokenizePath) {
+    if (request.method != "POST") return method_not_allowed(path, "POST");
+    if (pending_prepares.fetch_add(1) >= options.max_pending_requests) {
+      pending_prepares.fetch_sub(1);
+      return Finish(label, *exchange,
+                    ErrorResponse(MakeApiError(
+                        429, absl::StrCat("the router has ", options.max_pending_requests,
+                                          " requests waiting to be prepared; retry later"))));
+    }
+    auto shared = std::make_shared<HttpRequest>(std::move(request));
+    prepare_pool->Post([self = shared_from_this(), shared, exchange] {
+      self->pending_prepares.fetch_sub(1);
+      self->HandleTokenize(*shared, *exchange);
+    });
+    return;
+  }
+  if (path == kVersionPath) {
+    if (request.method != "GET") return method_not_allowed(path, "GET");
+    return Finish(path, *exchange, JsonResponse(200, json{{"version", TANDEM_VERSION}}.dump()));
   }
   if (path == kModelsPath || absl::StartsWith(path, absl::StrCat(kModelsPath, "/"))) {
     if (request.method != "GET") return method_not_allowed(kModelsPath, "GET");
@@ -678,6 +704,56 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
   Finish(
       "other", *exchange,
       ErrorResponse(MakeApiError(404, absl::StrCat("no route for ", request.method, " ", path))));
+}
+
+void RouterFrontend::Core::HandleTokenize(const HttpRequest& request, HttpExchange& exchange) {
+  const std::string& path = request.path;
+  const Tokenizer& tok = *model.tokenizer;
+  const auto fail = [&](const absl::Status& s) {
+    Finish(path, exchange, ErrorResponse(ToApiError(s)));
+  };
+  const auto wrong_model = [&](const std::string& name) {
+    if (name.empty() || name == options.served_model_name) return false;
+    Finish(path, exchange,
+           ErrorResponse(MakeApiError(
+               404,
+               absl::StrCat("the model '", name, "' does not exist; this server serves '",
+                            options.served_model_name, "'"),
+               "model", "model_not_found")));
+    return true;
+  };
+  if (path == kTokenizePath) {
+    absl::StatusOr<TokenizeRequest> t = ParseTokenizeRequest(request.body);
+    if (!t.ok()) return fail(t.status());
+    if (wrong_model(t->request.model)) return;
+    absl::StatusOr<PreparedPrompt> p = TokenizePrompt(model, t->request);
+    if (!p.ok()) return fail(p.status());
+    json out{{"count", p->token_ids.size()},
+             {"max_model_len", model.max_model_len},
+             {"tokens", p->token_ids},
+             {"token_strs", nullptr}};
+    if (t->return_token_strs) {
+      json strs = json::array();
+      for (int32_t id : p->token_ids) strs.push_back(tok.IdToToken(id));
+      out["token_strs"] = std::move(strs);
+    }
+    return Finish(path, exchange,
+                  JsonResponse(200, out.dump(-1, ' ', false, json::error_handler_t::replace)));
+  }
+  absl::StatusOr<DetokenizeRequest> d = ParseDetokenizeRequest(request.body);
+  if (!d.ok()) return fail(d.status());
+  if (wrong_model(d->model)) return;
+  for (int32_t id : d->tokens) {
+    if (id >= tok.vocab_size()) {
+      return fail(
+          InvalidParam("tokens", absl::StrCat("token id ", id, " is outside the vocabulary (",
+                                              tok.vocab_size(), " tokens)")));
+    }
+  }
+  const std::string text = tok.Decode(d->tokens, /*skip_special_tokens=*/false);
+  Finish(path, exchange,
+         JsonResponse(200,
+                      json{{"prompt", text}}.dump(-1, ' ', false, json::error_handler_t::replace)));
 }
 
 void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& request,

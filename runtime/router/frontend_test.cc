@@ -622,6 +622,47 @@ TEST_F(FrontendTest, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+TEST_F(FrontendTest, TokenizeDetokenizeAndVersion) {
+  // Completion form: the byte tokenizer gives one id per byte; no model limit applies.
+  auto r = Post("/tokenize", json{{"model", kModelName}, {"prompt", "hey"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Json(r);
+  EXPECT_EQ(j["count"], 3);
+  EXPECT_EQ(j["max_model_len"], kContext);
+  EXPECT_EQ(j["tokens"], json({'h', 'e', 'y'}));
+  EXPECT_TRUE(j["token_strs"].is_null());
+  r = Post("/tokenize",
+           json{{"prompt", std::string(kContext + 5, 'x')}, {"return_token_strs", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json(r)["count"], kContext + 5);
+  EXPECT_EQ(Json(r)["token_strs"][0], "x");
+  // Chat form: the same ids the chat endpoint sends to a worker.
+  ASSERT_EQ(Post("/v1/chat/completions", ChatBody({{"max_tokens", 1}})).status, 200);
+  r = Post("/tokenize", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json(r)["tokens"].get<std::vector<int32_t>>(), backend_.requests()[0].prompt_token_ids);
+  // Detokenize: specials kept.
+  r = Post("/detokenize", json{{"tokens", {256, 'o', 'k'}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json(r)["prompt"], "<|im_start|>ok");
+  // Bad input: 400 naming the field; another model: 404; GET: 405.
+  r = Post("/detokenize", json{{"tokens", {100000}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "tokens");
+  r = Post("/tokenize", json{{"prompt", "a"}, {"messages", json::array()}});
+  EXPECT_EQ(r.status, 400);
+  r = Post("/tokenize", json{{"prompt", "a"}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["param"], "temperature");
+  r = Post("/tokenize", json{{"model", "other"}, {"prompt", "a"}});
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(Fetch(port_, "GET", "/tokenize", "")->status, 405);
+  auto v = Fetch(port_, "GET", "/version", "");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->status, 200);
+  EXPECT_FALSE(json::parse(v->body)["version"].get<std::string>().empty());
+}
+
 TEST_F(FrontendTest, NChoicesStreamCarryIndex) {
   auto r = Post("/v1/chat/completions",
                 ChatBody({{"n", 2}, {"seed", 0}, {"max_tokens", 3}, {"stream", true}}));

@@ -678,6 +678,88 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body)
   return r;
 }
 
+namespace {
+
+absl::Status OnlyFields(const json& j, std::initializer_list<absl::string_view> allowed) {
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (absl::string_view a : allowed) known |= key == a;
+    if (!known) {
+      return InvalidParam(key, absl::StrCat("unrecognized request argument '", key, "'"),
+                          "unknown_parameter");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  TokenizeRequest t;
+  OpenAiRequest& r = t.request;
+  const bool chat = j->contains("messages");
+  if (chat == j->contains("prompt")) {
+    return InvalidParam("", "give exactly one of 'prompt' and 'messages'");
+  }
+  if (absl::Status s =
+          chat ? OnlyFields(*j,
+                            {"model", "messages", "add_generation_prompt", "continue_final_message",
+                             "chat_template_kwargs", "add_special_tokens", "return_token_strs"})
+               : OnlyFields(*j, {"model", "prompt", "add_special_tokens", "return_token_strs"});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetString(*j, "model", &r.model); !s.ok()) return s;
+  if (absl::Status s = GetBool(*j, "return_token_strs", &t.return_token_strs); !s.ok()) return s;
+  if (Field(*j, "add_special_tokens") != nullptr) {
+    bool add = false;
+    if (absl::Status s = GetBool(*j, "add_special_tokens", &add); !s.ok()) return s;
+    r.add_special_tokens = add;
+  }
+  if (!chat) {
+    r.endpoint = Endpoint::kCompletions;
+    const json* v = Field(*j, "prompt");
+    if (v == nullptr || !v->is_string()) {
+      return InvalidParam("prompt", "'prompt' must be a string");
+    }
+    r.prompts.push_back({v->get<std::string>(), std::nullopt});
+    return t;
+  }
+  r.endpoint = Endpoint::kChatCompletions;
+  if (absl::Status s = ParseMessages(*j, &r); !s.ok()) return s;
+  if (absl::Status s = GetBool(*j, "add_generation_prompt", &r.add_generation_prompt); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetBool(*j, "continue_final_message", &r.continue_final_message); !s.ok()) {
+    return s;
+  }
+  if (r.continue_final_message && r.add_generation_prompt) {
+    return InvalidParam("continue_final_message",
+                        "'continue_final_message' needs 'add_generation_prompt': false");
+  }
+  if (const json* v = Field(*j, "chat_template_kwargs"); v != nullptr) {
+    if (!v->is_object()) return WrongType("chat_template_kwargs", "an object", *v);
+    if (!v->empty()) r.chat_template_kwargs = Dump(*v);
+  }
+  return t;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  if (absl::Status s = OnlyFields(*j, {"model", "tokens"}); !s.ok()) return s;
+  DetokenizeRequest d;
+  if (absl::Status s = GetString(*j, "model", &d.model); !s.ok()) return s;
+  const json* v = Field(*j, "tokens");
+  if (v == nullptr || !v->is_array()) return InvalidParam("tokens", "'tokens' must be a list");
+  absl::StatusOr<std::vector<int32_t>> ids = TokenIdList(*v, "tokens");
+  if (!ids.ok()) return ids.status();
+  d.tokens = *std::move(ids);
+  return d;
+}
+
 std::string RequestDebugJson(const OpenAiRequest& r) {
   const SamplingParams& p = r.params;
   json prompts = json::array();

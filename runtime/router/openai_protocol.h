@@ -115,6 +115,23 @@ struct OpenAiRequest {
 absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body);
 absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body);
 
+// vLLM's `POST /tokenize`: {"prompt": str, "add_special_tokens" (default true)} or {"messages",
+// "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+// "add_special_tokens" (default false)}, each with optional "model" and "return_token_strs".
+// The result is a request of the matching endpoint (one prompt) for TokenizePrompt.
+struct TokenizeRequest {
+  OpenAiRequest request;
+  bool return_token_strs = false;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+// vLLM's `POST /detokenize`: {"model"?, "tokens": [ids]}; the ids are checked against the
+// vocabulary by the caller.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
+
 // Every field of `r` as one JSON object (for tests and debugging logs): two requests that would
 // be served alike give the same text.
 std::string RequestDebugJson(const OpenAiRequest& r);

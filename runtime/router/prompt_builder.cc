@@ -51,6 +51,13 @@ absl::StatusOr<PreparedPrompt> Tokenize(const FrontendModel& model, const OpenAi
 
 }  // namespace
 
+absl::StatusOr<PreparedPrompt> TokenizePrompt(const FrontendModel& model, const OpenAiRequest& req,
+                                              size_t index) {
+  if (req.endpoint == Endpoint::kChatCompletions) return Tokenize(model, req, nullptr);
+  if (index >= req.prompts.size()) return InvalidParam("prompt", "'prompt' is required");
+  return Tokenize(model, req, &req.prompts[index]);
+}
+
 absl::StatusOr<std::vector<PreparedPrompt>> PreparePrompts(const FrontendModel& model,
                                                            const OpenAiRequest& req) {
   const Tokenizer& tok = *model.tokenizer;

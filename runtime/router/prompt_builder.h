@@ -27,6 +27,11 @@ struct PreparedPrompt {
   std::optional<int> max_tokens;   // the request's, or the endpoint default clamped to the room
 };
 
+// One prompt rendered and tokenized, nothing more (no truncation, no limits): prompt `index` of a
+// completions request, or the chat. For /tokenize.
+absl::StatusOr<PreparedPrompt> TokenizePrompt(const FrontendModel& model, const OpenAiRequest& req,
+                                              size_t index = 0);
+
 // `req.params.max_tokens` stays as the client gave it.
 absl::StatusOr<std::vector<PreparedPrompt>> PreparePrompts(const FrontendModel& model,
                                                            const OpenAiRequest& req);
