@@ -1,5 +1,6 @@
 // `tandem router`: the OpenAI HTTP frontend over the decode and prefill pools.
 //   tandem router --model DIR [--port 8000] [--host 127.0.0.1] [--served-model-name NAME]
+//                 [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
 //                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
 //                 [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
@@ -48,6 +49,8 @@ struct RouterFlags {
   std::string log_format = "text";
   double drain_seconds = 20;
   std::string served_model_name;
+  std::string chat_template;
+  std::string generation_config = "auto";
   std::string prefill_workers;
   std::string decode_workers;
   std::vector<std::string> prefill_dns;
@@ -119,6 +122,8 @@ int RunRouter(const RouterFlags& flags) {
   frontend_options.http.num_threads = flags.http_threads;
   frontend_options.model_dir = flags.model_dir;
   frontend_options.served_model_name = flags.served_model_name;
+  frontend_options.model_options.chat_template_file = flags.chat_template;
+  frontend_options.model_options.generation_config = flags.generation_config;
   frontend_options.max_model_len = flags.max_model_len;
   if (flags.request_timeout_s > 0) {
     frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
@@ -229,6 +234,12 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name clients use (default: the model directory's name)");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "Jinja chat template file to use instead of the model's (docs/api.md)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--generation-config", flags->generation_config,
+                  "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
+                  "defaults), or a directory holding generation_config.json (default auto)");
   cmd->add_option("--decode-workers", flags->decode_workers,
                   "Decode workers, comma-separated host:port");
   cmd->add_option("--prefill-workers", flags->prefill_workers,

@@ -6,6 +6,7 @@
 //                [--block-size N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
 //                [--kv-aware-request-cost N]
+//                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -136,6 +137,8 @@ struct ServeFlags {
   int local_prefill_threshold = 0;
   double kv_aware_request_cost = -1;  // -1: the router's default
   std::string served_model_name;
+  std::string chat_template;
+  std::string generation_config = "auto";
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
   int max_restarts = 5;          // consecutive crashes of one child before serve gives up
@@ -635,6 +638,13 @@ int RunServe(ServeFlags flags) {
   if (!flags.served_model_name.empty()) {
     router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
   }
+  if (!flags.chat_template.empty()) {
+    // The router runs from this directory too, but an absolute path survives any cwd.
+    router_args.insert(
+        router_args.end(),
+        {"--chat-template", std::filesystem::absolute(flags.chat_template).string()});
+  }
+  router_args.insert(router_args.end(), {"--generation-config", flags.generation_config});
   for (const std::string& host : flags.access.allowed_hosts) {
     router_args.insert(router_args.end(), {"--allowed-host", host});
   }
@@ -830,6 +840,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name clients use (default: the model directory's name)");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "Jinja chat template file to use instead of the model's (docs/api.md)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--generation-config", flags->generation_config,
+                  "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
+                  "defaults), or a directory holding generation_config.json (default auto)");
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);

@@ -222,4 +222,36 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(const s
   return t;
 }
 
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromFile(const std::string& file,
+                                                                     const std::string& model_dir) {
+  constexpr uintmax_t kMaxTemplateBytes = 1 << 20;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(file, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("--chat-template ", file, ": ", ec.message()));
+  if (size > kMaxTemplateBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat-template ", file, ": ", size, " bytes; at most 1 MiB"));
+  }
+  ASSIGN_OR_RETURN(std::string source, ReadFile(file));
+  std::string bos, eos;
+  const std::filesystem::path config_path =
+      std::filesystem::path(model_dir) / "tokenizer_config.json";
+  if (std::filesystem::exists(config_path)) {
+    const std::string path = config_path.string();
+    ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+    nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+    }
+    ASSIGN_OR_RETURN(bos, SpecialToken(config, "bos_token", path));
+    ASSIGN_OR_RETURN(eos, SpecialToken(config, "eos_token", path));
+  }
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = Compile(source, bos, eos);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(),
+                        absl::StrCat("--chat-template ", file, ": ", t.status().message()));
+  }
+  return t;
+}
+
 }  // namespace tandem

@@ -40,6 +40,10 @@ class ChatTemplate {
   // Reads `<dir>/tokenizer_config.json` ("chat_template" string, or the "default" entry of a
   // list of named templates; bos_token/eos_token as strings or {"content": ...}).
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromModelDir(const std::string& dir);
+  // `--chat-template FILE`: the Jinja text of `file` (at most 1 MiB) instead of the model's
+  // template, with bos_token/eos_token from `<model_dir>/tokenizer_config.json` when it exists.
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromFile(const std::string& file,
+                                                                const std::string& model_dir);
   virtual ~ChatTemplate() = default;
 
   // Errors: raise_exception() in the template (e.g. bad role order), runtime type errors;

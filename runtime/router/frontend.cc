@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -88,13 +92,65 @@ int CodePoints(absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir) {
+absl::StatusOr<GenerationDefaults> ReadGenerationDefaults(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
+  }
+  GenerationDefaults d;
+  const auto number = [&](const char* key, double lo, double hi, bool lo_open,
+                          std::optional<float>* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return absl::OkStatus();
+    const double v = it->is_number() ? it->get<double>() : std::nan("");
+    if (!std::isfinite(v) || (lo_open ? v <= lo : v < lo) || v > hi) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": \"", key, "\" must be a number in ",
+                                                     lo_open ? "(" : "[", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<float>(v);
+    return absl::OkStatus();
+  };
+  const auto integer = [&](const char* key, int64_t lo, std::optional<int>* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_number_integer() || it->get<int64_t>() < lo ||
+        it->get<int64_t>() > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": \"", key, "\" must be an integer >= ", lo));
+    }
+    *out = static_cast<int>(it->get<int64_t>());
+    return absl::OkStatus();
+  };
+  if (absl::Status s = number("temperature", 0, 2, false, &d.temperature); !s.ok()) return s;
+  if (absl::Status s = number("top_p", 0, 1, true, &d.top_p); !s.ok()) return s;
+  if (absl::Status s = number("min_p", 0, 1, false, &d.min_p); !s.ok()) return s;
+  if (absl::Status s = number("repetition_penalty", 0, 1e9, true, &d.repetition_penalty); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = integer("top_k", -1, &d.top_k); !s.ok()) return s;
+  if (absl::Status s = integer("max_new_tokens", 1, &d.max_tokens); !s.ok()) return s;
+  return d;
+}
+
+absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir,
+                                                const FrontendModelOptions& options) {
   FrontendModel model;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromModelDir(model_dir);
   if (!tokenizer.ok()) return tokenizer.status();
   model.tokenizer = *std::move(tokenizer);
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> tmpl = ChatTemplate::FromModelDir(model_dir);
-  if (tmpl.ok()) {
+  if (!options.chat_template_file.empty()) {
+    // The operator asked for this template: one that does not load is an error, not a fallback.
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> tmpl =
+        ChatTemplate::FromFile(options.chat_template_file, model_dir);
+    if (!tmpl.ok()) return tmpl.status();
+    model.chat_template = *std::move(tmpl);
+  } else if (absl::StatusOr<std::unique_ptr<ChatTemplate>> tmpl =
+                 ChatTemplate::FromModelDir(model_dir);
+             tmpl.ok()) {
     model.chat_template = *std::move(tmpl);
   } else {
     model.chat_template_error =
@@ -103,6 +159,23 @@ absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return config.status();
   model.max_model_len = config->max_position_embeddings;
+  const std::string& g = options.generation_config;
+  if (g == "auto") {
+    const std::filesystem::path file = std::filesystem::path(model_dir) / "generation_config.json";
+    if (std::filesystem::exists(file)) {
+      absl::StatusOr<GenerationDefaults> d = ReadGenerationDefaults(file.string());
+      if (!d.ok()) return d.status();
+      model.generation_defaults = *d;
+    }
+  } else if (g != "vllm" && g != "none") {
+    const std::filesystem::path file = std::filesystem::path(g) / "generation_config.json";
+    absl::StatusOr<GenerationDefaults> d = ReadGenerationDefaults(file.string());
+    if (!d.ok()) {
+      return absl::Status(d.status().code(),
+                          absl::StrCat("--generation-config ", g, ": ", d.status().message()));
+    }
+    model.generation_defaults = *d;
+  }
   return model;
 }
 
@@ -269,8 +342,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
 
   // Starts the request's choices: at most `max_parallel` at a time, the next one as each ends
   // (a request with n = 128 then takes a bounded share of the workers, not 128 batch slots).
-  void Launch(SamplingParams params, absl::Time deadline, int priority, int max_parallel) {
-    params_ = std::move(params);
+  void Launch(absl::Time deadline, int priority, int max_parallel) {
     deadline_ = deadline;
     priority_ = priority;
     int first;
@@ -480,8 +552,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     br.request_id = backend_ids_[i];
     const PreparedPrompt& prompt = prompts_[i / n_];
     br.prompt_token_ids = prompt.token_ids;
-    br.params = params_;
-    br.params.max_tokens = prompt.max_tokens;
+    br.params = prompt.params;
     // The j-th choice of every prompt draws with seed + j (a batch is its prompts' requests).
     if (br.params.seed.has_value()) *br.params.seed += static_cast<uint64_t>(i % n_);
     br.deadline = deadline_;
@@ -578,7 +649,6 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const absl::Time start_;
   std::vector<std::string> backend_ids_;  // written in the constructor only
   // Written by Launch before the first choice starts; read-only after.
-  SamplingParams params_;
   absl::Time deadline_ = absl::InfiniteFuture();
   int priority_ = 0;
   int next_choice_ ABSL_GUARDED_BY(mu_) = 0;  // choices [0, next_choice_) have started
@@ -823,7 +893,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   const absl::Time deadline = options.request_timeout == absl::InfiniteDuration()
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + options.request_timeout;
-  state->Launch(req.params, deadline, req.priority, options.max_parallel_choices);
+  state->Launch(deadline, req.priority, options.max_parallel_choices);
 }
 
 RouterFrontend::RouterFrontend(std::shared_ptr<Core> core) : core_(std::move(core)) {}
@@ -832,7 +902,7 @@ RouterFrontend::~RouterFrontend() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<RouterFrontend>> RouterFrontend::Create(
     RouterFrontendOptions options, GenerationBackend* backend, prometheus::Registry* registry) {
-  absl::StatusOr<FrontendModel> model = LoadFrontendModel(options.model_dir);
+  absl::StatusOr<FrontendModel> model = LoadFrontendModel(options.model_dir, options.model_options);
   if (!model.ok()) return model.status();
   return Create(std::move(options), *std::move(model), backend, registry);
 }

@@ -32,6 +32,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -53,6 +54,14 @@ struct RouterMetrics;
 
 namespace tandem::router {
 
+struct FrontendModelOptions {
+  // `--chat-template FILE`: this template instead of the model's ("": the model's).
+  std::string chat_template_file;
+  // `--generation-config`: "auto" (the model directory's generation_config.json, if any),
+  // "vllm" or "none" (no defaults: the API's own), or a directory holding generation_config.json.
+  std::string generation_config = "auto";
+};
+
 struct RouterFrontendOptions {
   // host (default 0.0.0.0), port (0: a free one), num_threads, max_body_bytes (default 4 MiB),
   // timeouts. error_response is set by the frontend (OpenAI error bodies).
@@ -61,6 +70,8 @@ struct RouterFrontendOptions {
   std::string model_dir;
   // The name /v1/models lists and requests must use (or omit). Default: basename of model_dir.
   std::string served_model_name;
+  // --chat-template and --generation-config (FrontendModelOptions).
+  FrontendModelOptions model_options;
   // Context limit (prompt + generated tokens). 0: config.json max_position_embeddings.
   int max_model_len = 0;
   // Deadline given to the backend for each request.
@@ -79,6 +90,18 @@ struct RouterFrontendOptions {
   int max_parallel_choices = 4;
 };
 
+// Sampling defaults from a generation_config.json (vLLM's --generation-config): used for a field
+// the request does not give. max_new_tokens becomes the default max_tokens (clamped to the room
+// the prompt leaves) on both endpoints.
+struct GenerationDefaults {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  std::optional<int> max_tokens;
+};
+
 // What the frontend needs of the model.
 struct FrontendModel {
   std::shared_ptr<const Tokenizer> tokenizer;  // required
@@ -86,10 +109,19 @@ struct FrontendModel {
   std::shared_ptr<const ChatTemplate> chat_template;
   std::string chat_template_error;
   int max_model_len = 0;  // required, > 0
+  GenerationDefaults generation_defaults;
 };
 
-// Loads the tokenizer, chat template and config.json context limit from `model_dir`.
-absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir);
+
+// Loads the tokenizer, chat template, config.json context limit and generation defaults of
+// `model_dir`. Errors name the file: a --chat-template that does not compile, a
+// generation_config.json with a value out of range, a --generation-config directory without one.
+absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir,
+                                                const FrontendModelOptions& options = {});
+
+// generation_config.json's sampling fields (temperature, top_p, top_k, min_p,
+// repetition_penalty, max_new_tokens); other fields are the model's business, not sampling's.
+absl::StatusOr<GenerationDefaults> ReadGenerationDefaults(const std::string& file);
 
 class RouterFrontend {
  public:

@@ -140,6 +140,7 @@ class FrontendTest : public ::testing::Test {
     options.http.max_body_bytes = 64 << 10;
     options.http.shutdown_grace = shutdown_grace;
     options.model_dir = *model_dir_;
+    options.model_options = model_options_;
     options.extra_metrics = [] { return std::string("tandem_test_extra_metric 1\n"); };
     auto frontend = RouterFrontend::Create(options, &backend_, &registry_);
     ASSERT_TRUE(frontend.ok()) << frontend.status();
@@ -169,6 +170,7 @@ class FrontendTest : public ::testing::Test {
   }
 
   static std::string* model_dir_;
+  FrontendModelOptions model_options_;
   FakeGenerationBackend backend_;
   prometheus::Registry registry_;
   std::unique_ptr<RouterFrontend> frontend_;
@@ -661,6 +663,71 @@ TEST_F(FrontendTest, TokenizeDetokenizeAndVersion) {
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->status, 200);
   EXPECT_FALSE(json::parse(v->body)["version"].get<std::string>().empty());
+}
+
+TEST_F(FrontendTest, GenerationConfigDefaultsFillWhatTheRequestLeavesOut) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "frontend-generation-config";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "generation_config.json")
+      << R"({"temperature": 0.25, "top_k": 7, "max_new_tokens": 5, "eos_token_id": [2]})";
+  frontend_->Stop();
+  model_options_.generation_config = dir.string();
+  StartFrontend();
+  ASSERT_EQ(Post("/v1/completions", CompletionBody()).status, 200);
+  ASSERT_EQ(
+      Post("/v1/completions", CompletionBody({{"temperature", 0.9}, {"max_tokens", 2}})).status,
+      200);
+  ASSERT_EQ(Post("/v1/chat/completions", ChatBody()).status, 200);
+  auto reqs = backend_.requests();
+  ASSERT_EQ(reqs.size(), 3u);
+  EXPECT_FLOAT_EQ(reqs[0].params.temperature, 0.25f);
+  EXPECT_EQ(reqs[0].params.top_k, 7);
+  EXPECT_EQ(reqs[0].params.max_tokens, 5);            // over the completions default of 16
+  EXPECT_FLOAT_EQ(reqs[1].params.temperature, 0.9f);  // the request's own wins
+  EXPECT_EQ(reqs[1].params.top_k, 7);
+  EXPECT_EQ(reqs[1].params.max_tokens, 2);
+  EXPECT_EQ(reqs[2].params.max_tokens, 5);
+  // "vllm": no defaults.
+  frontend_->Stop();
+  model_options_.generation_config = "vllm";
+  StartFrontend();
+  ASSERT_EQ(Post("/v1/completions", CompletionBody()).status, 200);
+  EXPECT_FLOAT_EQ(backend_.requests()[3].params.temperature, 1.0f);
+  EXPECT_EQ(backend_.requests()[3].params.max_tokens, 16);
+  // A value out of range, or a directory without the file: the frontend does not start.
+  std::ofstream(dir / "generation_config.json") << R"({"temperature": 5})";
+  RouterFrontendOptions bad;
+  bad.model_dir = *model_dir_;
+  bad.model_options.generation_config = dir.string();
+  absl::StatusOr<std::unique_ptr<RouterFrontend>> f =
+      RouterFrontend::Create(bad, &backend_, &registry_);
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(f.status().message(), HasSubstr("temperature"));
+  bad.model_options.generation_config = (dir / "missing").string();
+  EXPECT_FALSE(RouterFrontend::Create(bad, &backend_, &registry_).ok());
+}
+
+TEST_F(FrontendTest, ChatTemplateFileReplacesTheModelsTemplate) {
+  const std::filesystem::path file =
+      std::filesystem::path(::testing::TempDir()) / "frontend-template.jinja";
+  std::ofstream(file) << "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+  frontend_->Stop();
+  model_options_.chat_template_file = file.string();
+  StartFrontend();
+  ASSERT_EQ(Post("/v1/chat/completions", ChatBody({{"max_tokens", 1}})).status, 200);
+  EXPECT_EQ(backend_.requests()[0].prompt_token_ids, std::vector<int32_t>({'[', 'h', 'i', ']'}));
+  // One that does not compile, or does not exist: the frontend does not start.
+  std::ofstream(file) << "{% for m in messages %}";
+  RouterFrontendOptions bad;
+  bad.model_dir = *model_dir_;
+  bad.model_options.chat_template_file = file.string();
+  absl::StatusOr<std::unique_ptr<RouterFrontend>> f =
+      RouterFrontend::Create(bad, &backend_, &registry_);
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(f.status().message(), HasSubstr("--chat-template"));
+  bad.model_options.chat_template_file = file.string() + ".missing";
+  EXPECT_FALSE(RouterFrontend::Create(bad, &backend_, &registry_).ok());
 }
 
 TEST_F(FrontendTest, NChoicesStreamCarryIndex) {

@@ -300,6 +300,11 @@ absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
     return s;
   }
   p.top_k = top_k.value_or(0);
+  r->given = {.temperature = Field(j, "temperature") != nullptr,
+              .top_p = Field(j, "top_p") != nullptr,
+              .top_k = Field(j, "top_k") != nullptr,
+              .min_p = Field(j, "min_p") != nullptr,
+              .repetition_penalty = Field(j, "repetition_penalty") != nullptr};
   std::optional<int64_t> seed;
   if (absl::Status s = GetInt64(j, "seed", &seed); !s.ok()) return s;
   if (seed.has_value()) p.seed = static_cast<uint64_t>(*seed);
@@ -787,6 +792,9 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
          {"include_usage", r.include_usage},
          {"logprobs", opt(r.logprobs)},
          {"default_max_tokens", opt(r.default_max_tokens)},
+         {"given",
+          {r.given.temperature, r.given.top_p, r.given.top_k, r.given.min_p,
+           r.given.repetition_penalty}},
          {"temperature", p.temperature},
          {"top_k", p.top_k},
          {"top_p", p.top_p},

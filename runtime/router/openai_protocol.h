@@ -110,6 +110,16 @@ struct OpenAiRequest {
   SamplingParams params;
   // Used when max_tokens is omitted (completions: 16); nullopt: up to the context limit.
   std::optional<int> default_max_tokens;
+  // Which sampling fields the client gave (a generation_config.json default applies to the
+  // others: prompt_builder.h).
+  struct Given {
+    bool temperature = false;
+    bool top_p = false;
+    bool top_k = false;
+    bool min_p = false;
+    bool repetition_penalty = false;
+  };
+  Given given;
 };
 
 absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body);

@@ -93,6 +93,16 @@ absl::StatusOr<std::vector<PreparedPrompt>> PreparePrompts(const FrontendModel& 
           "context_length_exceeded");
     }
     SamplingParams params = req.params;
+    const GenerationDefaults& d = model.generation_defaults;
+    if (!req.given.temperature && d.temperature.has_value()) params.temperature = *d.temperature;
+    if (!req.given.top_p && d.top_p.has_value()) params.top_p = *d.top_p;
+    if (!req.given.top_k && d.top_k.has_value()) params.top_k = *d.top_k;
+    if (!req.given.min_p && d.min_p.has_value()) params.min_p = *d.min_p;
+    if (!req.given.repetition_penalty && d.repetition_penalty.has_value()) {
+      params.repetition_penalty = *d.repetition_penalty;
+    }
+    const std::optional<int> default_max =
+        d.max_tokens.has_value() ? d.max_tokens : req.default_max_tokens;
     if (params.max_tokens.has_value()) {
       if (static_cast<int64_t>(len) + *params.max_tokens > limit) {
         return InvalidParam(prompt_param,
@@ -101,8 +111,8 @@ absl::StatusOr<std::vector<PreparedPrompt>> PreparePrompts(const FrontendModel& 
                                          *params.max_tokens, " output tokens were requested"),
                             "context_length_exceeded");
       }
-    } else if (req.default_max_tokens.has_value()) {
-      params.max_tokens = std::min(*req.default_max_tokens, limit - len);
+    } else if (default_max.has_value()) {
+      params.max_tokens = std::min(*default_max, limit - len);
     }
     if (absl::Status s = ValidateSamplingParams(params, tok.vocab_size()); !s.ok()) {
       // The message starts with the parameter's name ("stop_token_ids: ...").
@@ -110,6 +120,7 @@ absl::StatusOr<std::vector<PreparedPrompt>> PreparePrompts(const FrontendModel& 
       return InvalidParam(message.substr(0, message.find(':')), message);
     }
     p->max_tokens = params.max_tokens;
+    p->params = std::move(params);
     out.push_back(*std::move(p));
   }
   return out;

@@ -4,7 +4,8 @@
 // chat_template_kwargs and continue_final_message), the text tokenized (add_special_tokens),
 // truncated (truncate_prompt_tokens), checked against the context limit, and given its
 // max_tokens; then the sampling parameters are validated against the vocabulary, for each prompt
-// (a default max_tokens depends on the prompt's length).
+// (a default max_tokens depends on the prompt's length). The model's generation_config.json
+// defaults (FrontendModel::generation_defaults) fill the sampling fields the request left out.
 //
 // Pure function over the model's tokenizer and template; thread-safe (the frontend runs it on its
 // prepare pool; the fuzzers run it directly). Errors are InvalidParam statuses naming the field
@@ -25,6 +26,9 @@ struct PreparedPrompt {
   std::vector<int32_t> token_ids;  // non-empty, shorter than the context limit
   std::string text;                // what `echo` sends back (the prompt text; chat: rendered)
   std::optional<int> max_tokens;   // the request's, or the endpoint default clamped to the room
+  // The request's sampling parameters with the model's generation defaults (for fields it did
+  // not give) and `max_tokens`; validated.
+  SamplingParams params;
 };
 
 // One prompt rendered and tokenized, nothing more (no truncation, no limits): prompt `index` of a
