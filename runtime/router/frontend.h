@@ -112,7 +112,6 @@ struct FrontendModel {
   GenerationDefaults generation_defaults;
 };
 
-
 // Loads the tokenizer, chat template, config.json context limit and generation defaults of
 // `model_dir`. Errors name the file: a --chat-template that does not compile, a
 // generation_config.json with a value out of range, a --generation-config directory without one.
