@@ -8,16 +8,19 @@
 #   both REQUESTS requests of PROMPT_TOKENS random tokens, max_tokens 1 (the median of e2e
 #   latency; the model's own time is the same in both);
 #      and the router's own median from its access log (e2e_ms: request read to last byte
-#      written), which leaves out the HTTP client's share;
+#      written), which leaves out the HTTP client's share, and router_ms (e2e less the time
+#      inside the backend call: what the router itself adds);
 #   3. router CPU per streamed token: STREAMS concurrent streams of 64 tokens through the router,
 #      the router process's utime + stime (/proc/PID/stat) over the run / output tokens.
-# Usage: bench/serving/router_overhead.sh [BUILD_DIR]  (env: REQUESTS, PROMPT_TOKENS, STREAMS)
+# Usage: bench/serving/router_overhead.sh [BUILD_DIR]  (env: REQUESTS, PROMPT_TOKENS, STREAMS,
+#   ROUNDS: interleaved direct/routed rounds, default 2)
 set -u
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 requests=${REQUESTS:-300}
 prompt_tokens=${PROMPT_TOKENS:-64}
 streams=${STREAMS:-64}
+rounds=${ROUNDS:-2}
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-overhead-XXXXXX")
 chmod 700 "$work"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
@@ -38,7 +41,7 @@ for _ in $(seq 1 240); do grep -q "serving on" "$work/router.log" && break; slee
 # Warm both paths, then measure each twice, interleaved, so drift shows.
 "$build/bench/serving/decode_direct_bench" --decode "127.0.0.1:$decode_port" \
   --service-token-file "$work/token" --requests 30 --prompt-tokens "$prompt_tokens" --seed 99 >/dev/null
-for round in 1 2; do
+for round in $(seq 1 "$rounds"); do
   "$build/bench/serving/decode_direct_bench" --decode "127.0.0.1:$decode_port" \
     --service-token-file "$work/token" --requests "$requests" --prompt-tokens "$prompt_tokens" \
     --seed "$round" | sed "s/^/round $round /"
@@ -56,6 +59,11 @@ print('round $round routed requests', s['completed'], 'failed', s['failed'],
   grep -o 'access /v1/completions status=200 .* e2e_ms=[0-9.]*' "$work/router.log" \
     | tail -n "$requests" | sed 's/.*e2e_ms=//' | sort -n \
     | awk -v r=$round '{v[NR]=$1} END {printf "round %d router access-log e2e median %.3f ms over %d\n", r, v[int((NR+1)/2)], NR}'
+  # The router's own share of each request (router_ms: e2e less the time inside the backend
+  # call), which no noise in the worker's own time reaches.
+  grep -o 'access /v1/completions status=200 .* router_ms=[0-9.]*' "$work/router.log" \
+    | tail -n "$requests" | sed 's/.*router_ms=//' | sort -n \
+    | awk -v r=$round '{v[NR]=$1} END {printf "round %d router_ms median %.3f ms p90 %.3f ms over %d\n", r, v[int((NR+1)/2)], v[int(NR*0.9+0.5)], NR}'
 done
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }

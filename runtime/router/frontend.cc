@@ -204,9 +204,9 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
   void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange);
   // POST /tokenize and /detokenize (vLLM's shapes), on the prepare pool.
   void HandleTokenize(const HttpRequest& request, HttpExchange& exchange);
+  // `arrival`: when the I/O thread handed the request over (before the prepare pool's queue).
   void HandleGenerate(Endpoint endpoint, const HttpRequest& request,
-                      std::shared_ptr<HttpExchange> exchange);
-  // Tokenizes and checks limits; fills prompt ids and text (for echo) and max_tokens.
+                      std::shared_ptr<HttpExchange> exchange, absl::Time arrival);
   // 128 bits from the kernel's CSPRNG per request: nobody can guess another client's id (the
   // workers' Cancel takes it). A counter only if getrandom fails (it does not once booted).
   std::string NewId() {
@@ -238,6 +238,10 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
     int completion_tokens = 0;
     absl::Duration ttft = absl::InfiniteDuration();  // infinite: no token
     absl::Duration e2e = {};
+    // e2e less the time between the first backend call and the last backend event: what the
+    // router itself added (parsing, templating, tokenizing, routing, detokenizing, writing).
+    // Infinite: the request never reached a backend.
+    absl::Duration router = absl::InfiniteDuration();
     absl::string_view error = {};
   };
   void LogAccess(const Access& a) {
@@ -249,6 +253,10 @@ struct RouterFrontend::Core : std::enable_shared_from_this<RouterFrontend::Core>
                       ? std::string("-")
                       : absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(a.ttft)))
               << " e2e_ms=" << absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(a.e2e))
+              << " router_ms="
+              << (a.router == absl::InfiniteDuration()
+                      ? std::string("-")
+                      : absl::StrFormat("%.3f", absl::ToDoubleMilliseconds(a.router)))
               << (a.error.empty() ? "" : " error=\"") << a.error << (a.error.empty() ? "" : "\"");
   }
   // Runs `fn` unless the frontend stopped (the registry may then be gone).
@@ -314,7 +322,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
  public:
   RequestState(std::shared_ptr<RouterFrontend::Core> core, std::shared_ptr<HttpExchange> exchange,
                const OpenAiRequest& req, ResponseMeta meta, std::string endpoint_label,
-               std::vector<PreparedPrompt> prompts, std::string client_request_id)
+               std::vector<PreparedPrompt> prompts, std::string client_request_id,
+               absl::Time arrival)
       : core_(std::move(core)),
         client_request_id_(std::move(client_request_id)),
         exchange_(std::move(exchange)),
@@ -325,7 +334,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         endpoint_label_(std::move(endpoint_label)),
         n_(req.n),
         prompts_(std::move(prompts)),
-        start_(absl::Now()),
+        start_(arrival),
         choices_(prompts_.size() * req.n),
         remaining_(static_cast<int>(prompts_.size()) * req.n) {
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -348,6 +357,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     int first;
     {
       absl::MutexLock lock(&mu_);
+      backend_start_ = absl::Now();
       first = std::min<int>(static_cast<int>(choices_.size()), std::max(1, max_parallel));
       next_choice_ = first;
     }
@@ -361,6 +371,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[i];
       if (c.done) return;
+      last_backend_event_ = absl::Now();
       if (!event.ok()) {
         c.done = true;
         --remaining_;
@@ -626,6 +637,9 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
          .completion_tokens = u.completion_tokens,
          .ttft = first_token_seen_ ? first_token_at_ - start_ : absl::InfiniteDuration(),
          .e2e = e2e,
+         .router = backend_start_.has_value() && last_backend_event_.has_value()
+                       ? e2e - (*last_backend_event_ - *backend_start_)
+                       : absl::InfiniteDuration(),
          .error = error_});
     core_->RequestDone(this);
   }
@@ -646,7 +660,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const int n_;                                // choices per prompt
   const std::vector<PreparedPrompt> prompts_;  // choice i is of prompt i / n_
   int prompt_tokens_ = 0;                      // written in the constructor only
-  const absl::Time start_;
+  const absl::Time start_;  // the I/O thread handed the request over: e2e and TTFT start here
   std::vector<std::string> backend_ids_;  // written in the constructor only
   // Written by Launch before the first choice starts; read-only after.
   absl::Time deadline_ = absl::InfiniteFuture();
@@ -655,6 +669,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   int status_code_ ABSL_GUARDED_BY(mu_) = 0;
   std::string error_ ABSL_GUARDED_BY(mu_);
   absl::Time first_token_at_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Time> backend_start_ ABSL_GUARDED_BY(mu_);       // Launch
+  std::optional<absl::Time> last_backend_event_ ABSL_GUARDED_BY(mu_);  // any choice's
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
@@ -705,10 +721,11 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
     const Endpoint endpoint =
         path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions;
     auto shared = std::make_shared<HttpRequest>(std::move(request));
-    prepare_pool->Post([self = shared_from_this(), endpoint, shared, exchange] {
-      self->pending_prepares.fetch_sub(1);
-      self->HandleGenerate(endpoint, *shared, exchange);
-    });
+    prepare_pool->Post(
+        [self = shared_from_this(), endpoint, shared, exchange, arrival = absl::Now()] {
+          self->pending_prepares.fetch_sub(1);
+          self->HandleGenerate(endpoint, *shared, exchange, arrival);
+        });
     return;
   }
   if (path == kTokenizePath || path == kDetokenizePath) {
@@ -827,9 +844,9 @@ void RouterFrontend::Core::HandleTokenize(const HttpRequest& request, HttpExchan
 }
 
 void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& request,
-                                          std::shared_ptr<HttpExchange> exchange) {
+                                          std::shared_ptr<HttpExchange> exchange,
+                                          absl::Time arrival) {
   const std::string label(endpoint == Endpoint::kChatCompletions ? kChatPath : kCompletionsPath);
-  const absl::Time arrival = absl::Now();
   std::string client_id = request.Header("X-Request-Id");
   // A request refused before it ran: its access line, then the response.
   const auto refuse = [&](HttpResponse response, absl::string_view error) {
@@ -884,7 +901,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   meta.model = options.served_model_name;
   meta.logprobs = req.logprobs.has_value();
   auto state = std::make_shared<RequestState>(shared_from_this(), exchange, req, std::move(meta),
-                                              label, *std::move(prompts), client_id);
+                                              label, *std::move(prompts), client_id, arrival);
   exchange->SetCloseHandler([weak = std::weak_ptr<RequestState>(state)] {
     if (auto s = weak.lock()) s->OnClientGone();
   });
