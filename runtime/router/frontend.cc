@@ -39,6 +39,7 @@ constexpr absl::string_view kModelsPath = "/v1/models";
 constexpr absl::string_view kTokenizePath = "/tokenize";
 constexpr absl::string_view kDetokenizePath = "/detokenize";
 constexpr absl::string_view kVersionPath = "/version";
+constexpr absl::string_view kEmbeddingsPath = "/v1/embeddings";
 
 HttpResponse JsonResponse(int status, std::string body) {
   return HttpResponse{status, "application/json", {}, std::move(body)};
@@ -687,7 +688,7 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
   const std::string& path = request.path;
   const bool known = path == kCompletionsPath || path == kChatPath || path == kModelsPath ||
                      path == "/health" || path == "/metrics" || path == kTokenizePath ||
-                     path == kDetokenizePath || path == kVersionPath;
+                     path == kDetokenizePath || path == kVersionPath || path == kEmbeddingsPath;
   const absl::string_view label = known ? absl::string_view(path) : absl::string_view("other");
   if (std::optional<HttpResponse> preflight = access.Preflight(request)) {
     return Finish(label, *exchange, *std::move(preflight));
@@ -743,6 +744,19 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
       self->HandleTokenize(*shared, *exchange);
     });
     return;
+  }
+  if (path == kEmbeddingsPath) {
+    // A decoder served for generation: its final hidden state was not trained as an embedding,
+    // and pooling it would return vectors nobody should index. vLLM answers the same way for a
+    // generation model (docs/api.md).
+    if (request.method != "POST") return method_not_allowed(path, "POST");
+    return Finish(path, *exchange,
+                  ErrorResponse(MakeApiError(
+                      400,
+                      absl::StrCat("'", options.served_model_name,
+                                   "' is served as a generation model; /v1/embeddings needs an "
+                                   "embedding model, which this server does not run"),
+                      "model", "model_not_supported")));
   }
   if (path == kVersionPath) {
     if (request.method != "GET") return method_not_allowed(path, "GET");

@@ -659,6 +659,9 @@ TEST_F(FrontendTest, TokenizeDetokenizeAndVersion) {
   r = Post("/tokenize", json{{"model", "other"}, {"prompt", "a"}});
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(Fetch(port_, "GET", "/tokenize", "")->status, 405);
+  r = Post("/v1/embeddings", json{{"model", kModelName}, {"input", "hello"}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json(r)["error"]["code"], "model_not_supported");
   auto v = Fetch(port_, "GET", "/version", "");
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->status, 200);
