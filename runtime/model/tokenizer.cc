@@ -2,6 +2,7 @@
 // The stages themselves live in tokenizer_components.{h,cc}.
 #include "runtime/model/tokenizer.h"
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -270,6 +271,19 @@ class HfTokenizer : public Tokenizer {
     // Without tokenizer_config.json, the BOS is what the post-processor prepends.
     if (!t->post_.prefix.empty())
       t->SetSpecialTokens(t->IdToToken(t->post_.prefix[0]), std::nullopt);
+    // TokenBytes' anchor: the first ordinary token that is a single ASCII letter when decoded
+    // alone (any non-special one otherwise).
+    for (size_t id = 0; id < t->id_to_token_.size() && t->anchor_ < 0; ++id) {
+      if (t->special_[id] || t->id_to_token_[id].empty()) continue;
+      const int32_t one[] = {static_cast<int32_t>(id)};
+      const std::string text = t->Decode(one, true);
+      if (text.size() == 1 && std::isalpha(static_cast<unsigned char>(text[0]))) {
+        t->anchor_ = static_cast<int32_t>(id);
+      }
+    }
+    for (size_t id = 0; id < t->id_to_token_.size() && t->anchor_ < 0; ++id) {
+      if (!t->special_[id] && !t->id_to_token_[id].empty()) t->anchor_ = static_cast<int32_t>(id);
+    }
     return t;
   }
 
@@ -327,6 +341,29 @@ class HfTokenizer : public Tokenizer {
     return tokenizer_internal::Utf8Lossy(out);
   }
 
+  std::string TokenBytes(int32_t id) const override {
+    if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size() || special_[id]) return "";
+    if (decoder_ == nullptr) return id_to_token_[id];
+    const auto join = [](const std::vector<std::string>& parts) {
+      std::string out;
+      for (const std::string& p : parts) out += p;
+      return out;
+    };
+    // Decoders treat the first token of a text apart (Strip, Metaspace drop its leading space):
+    // decode after an ordinary anchor token and keep what the token added.
+    if (anchor_ >= 0) {
+      std::vector<std::string> both = {id_to_token_[anchor_], id_to_token_[id]};
+      std::vector<std::string> alone = {id_to_token_[anchor_]};
+      decoder_->ApplyRaw(both);
+      decoder_->ApplyRaw(alone);
+      const std::string b = join(both), a = join(alone);
+      if (b.size() >= a.size() && b.compare(0, a.size(), a) == 0) return b.substr(a.size());
+    }
+    std::vector<std::string> one = {id_to_token_[id]};
+    decoder_->ApplyRaw(one);
+    return join(one);
+  }
+
   int vocab_size() const override { return static_cast<int>(id_to_token_.size()); }
   std::optional<int32_t> TokenToId(std::string_view token) const override {
     auto it = added_by_content_.find(absl::string_view(token.data(), token.size()));
@@ -378,6 +415,7 @@ class HfTokenizer : public Tokenizer {
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Decoder> decoder_;
+  int32_t anchor_ = -1;  // a non-special token TokenBytes decodes after (set at load)
   PostProcessor post_;
   std::vector<AddedToken> added_;  // stable: the matchers point into it
   AddedTokenMatcher raw_matcher_;

@@ -35,6 +35,15 @@ class Tokenizer {
   // Like HF `tokenizer.decode(ids, skip_special_tokens=...)`. Invalid UTF-8 becomes U+FFFD.
   virtual std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
+  // The bytes token `id` adds in the middle of a text, before any UTF-8 repair: for byte-level
+  // BPE the token's bytes, for SentencePiece "▁" as a space and <0xHH> as the byte. "" for
+  // special tokens and ids out of range. Grammar masks walk these (runtime/grammar).
+  virtual std::string TokenBytes(int32_t id) const {
+    if (IsSpecial(id)) return "";
+    const int32_t one[] = {id};
+    return Decode(one, /*skip_special_tokens=*/true);
+  }
+
   virtual int vocab_size() const = 0;  // including added tokens
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   virtual std::string IdToToken(int32_t id) const = 0;  // "" when out of range

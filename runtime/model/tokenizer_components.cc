@@ -559,7 +559,11 @@ namespace {
 
 class ByteLevelDecoder : public Decoder {
  public:
-  void Apply(std::vector<std::string>& tokens) const override {
+  void Apply(std::vector<std::string>& tokens) const override { Decode(tokens, /*raw=*/false); }
+  void ApplyRaw(std::vector<std::string>& tokens) const override { Decode(tokens, /*raw=*/true); }
+
+ private:
+  static void Decode(std::vector<std::string>& tokens, bool raw) {
     std::string bytes;
     for (const std::string& t : tokens) {
       std::string mapped;
@@ -575,18 +579,22 @@ class ByteLevelDecoder : public Decoder {
       }
       bytes += all_mapped ? mapped : t;
     }
-    tokens.assign(1, Utf8Lossy(bytes));
+    tokens.assign(1, raw ? bytes : Utf8Lossy(bytes));
   }
 };
 
 class ByteFallbackDecoder : public Decoder {
  public:
-  void Apply(std::vector<std::string>& tokens) const override {
+  void Apply(std::vector<std::string>& tokens) const override { Decode(tokens, /*raw=*/false); }
+  void ApplyRaw(std::vector<std::string>& tokens) const override { Decode(tokens, /*raw=*/true); }
+
+ private:
+  static void Decode(std::vector<std::string>& tokens, bool raw) {
     std::vector<std::string> out;
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (IsValidUtf8(pending)) {
+      if (raw || IsValidUtf8(pending)) {
         out.push_back(pending);
       } else {
         for (size_t i = 0; i < pending.size(); ++i) out.emplace_back(kReplacementChar);
@@ -609,7 +617,6 @@ class ByteFallbackDecoder : public Decoder {
     tokens = std::move(out);
   }
 
- private:
   static int HexDigit(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -718,6 +725,9 @@ class SequenceDecoder : public Decoder {
       : steps_(std::move(steps)) {}
   void Apply(std::vector<std::string>& tokens) const override {
     for (const auto& step : steps_) step->Apply(tokens);
+  }
+  void ApplyRaw(std::vector<std::string>& tokens) const override {
+    for (const auto& step : steps_) step->ApplyRaw(tokens);
   }
 
  private:

@@ -73,6 +73,9 @@ class Decoder {
   virtual ~Decoder() = default;
   // HF `decode_chain`: tokens in, tokens out.
   virtual void Apply(std::vector<std::string>& tokens) const = 0;
+  // As Apply, but bytes that do not form valid UTF-8 stay as they are instead of becoming U+FFFD
+  // (Tokenizer::TokenBytes: a token may hold part of a character).
+  virtual void ApplyRaw(std::vector<std::string>& tokens) const { Apply(tokens); }
 };
 absl::StatusOr<std::unique_ptr<Decoder>> MakeDecoder(const nlohmann::json& j);
 

@@ -391,5 +391,35 @@ TEST(TokenizerTest, ModelDirReadsBosAndEos) {
   EXPECT_EQ((*t)->eos_token(), "</s>");
 }
 
+// TokenBytes is what a token adds mid-text: over the bundled byte-level tokenizer, the bytes of
+// a text's tokens concatenate to the text itself (grammar masks rely on it).
+TEST(TokenizerTest, TokenBytesConcatenateToTheText) {
+  auto t = Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/target");
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (const char* text : {"Hello, world!", " leading space", "{\"a\": [1, 2.5e-3]}",
+                           "naïve café ☕ 😀", "tabs\tand\nnewlines  "}) {
+    std::string joined;
+    for (int32_t id : (*t)->Encode(text, /*add_special_tokens=*/false)) {
+      joined += (*t)->TokenBytes(id);
+    }
+    EXPECT_EQ(joined, text);
+  }
+  ASSERT_TRUE((*t)->eos_id().has_value());
+  EXPECT_EQ((*t)->TokenBytes(*(*t)->eos_id()), "");  // special
+  EXPECT_EQ((*t)->TokenBytes(-1), "");
+  EXPECT_EQ((*t)->TokenBytes((*t)->vocab_size()), "");
+}
+
+// SentencePiece: "▁" is a space mid-text even where the decoder strips it at the start.
+TEST(TokenizerTest, TokenBytesOfSentencePieceKeepTheSpace) {
+  const json vocab = {{"<unk>", 0}, {"<s>", 1},     {"\u2581", 2}, {"</s>", 3},
+                      {"a", 4},     {"\u2581b", 5}, {"<0x41>", 6}};
+  std::unique_ptr<Tokenizer> t = Load(SentencePieceJson(vocab, json::array()));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->TokenBytes(5), " b");
+  EXPECT_EQ(t->TokenBytes(4), "a");
+  EXPECT_EQ(t->TokenBytes(6), "A");
+}
+
 }  // namespace
 }  // namespace tandem

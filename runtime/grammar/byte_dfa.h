@@ -1,0 +1,70 @@
+#pragma once
+// ByteDfa: a deterministic automaton over bytes, compiled from a regular expression or from a
+// list of literal choices (vLLM's guided_regex and guided_choice), for grammar-constrained
+// decoding. A whole output must match (full-match semantics: `^` and `$` at the ends are
+// accepted and change nothing).
+//
+// The regex subset, over UTF-8 text:
+//   literals (UTF-8 characters are their bytes), `.` (any UTF-8 character but "\n"),
+//   escapes \d \D \w \W \s \S \n \r \t \f \v \0 \xHH and \ before any punctuation,
+//   classes [a-z_0-9] and [^...] (ASCII members and ranges, and the escapes above; a negated class
+//   also matches every non-ASCII character), groups (...) and (?:...), alternation |,
+//   quantifiers * + ? {m} {m,} {m,n} (m, n <= 256), lazy suffixes (`*?` ...: the same language).
+// Not supported, refused with InvalidArgument naming the construct and its offset: lookaround,
+// backreferences, named groups, \b, anchors other than at the ends, non-ASCII class members.
+//
+// Compilation: Thompson NFA, then subset construction, bounded by `max_states` (InvalidArgument
+// past it, so a hostile pattern cannot take the server's memory). Dead states are pruned: every
+// state the DFA keeps can still reach an accepting state.
+//
+// Value type; immutable after construction; thread-safe to share.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::grammar {
+
+inline constexpr int kDeadState = -1;
+
+struct ByteDfaLimits {
+  int max_states = 4096;
+  size_t max_pattern_bytes = 16 << 10;
+  int max_repeat = 256;  // m and n of {m,n}
+};
+
+class ByteDfa {
+ public:
+  static absl::StatusOr<ByteDfa> FromRegex(absl::string_view pattern,
+                                           const ByteDfaLimits& limits = {});
+  // Exactly one of `choices` (each non-empty), as guided_choice.
+  static absl::StatusOr<ByteDfa> FromChoices(const std::vector<std::string>& choices,
+                                             const ByteDfaLimits& limits = {});
+
+  int start() const { return 0; }
+  int num_states() const { return static_cast<int>(next_.size()); }
+  // The state after `byte` from `state` (kDeadState: no match can follow).
+  int Next(int state, uint8_t byte) const { return next_[state][byte]; }
+  // `bytes` from `state`; kDeadState as soon as no match can follow.
+  int Walk(int state, absl::string_view bytes) const;
+  bool accepting(int state) const { return accepting_[state]; }
+  // Whether some non-empty continuation from `state` can still match (else only the end can).
+  bool can_continue(int state) const { return can_continue_[state]; }
+  // Full match of `text`.
+  bool Matches(absl::string_view text) const {
+    const int s = Walk(start(), text);
+    return s != kDeadState && accepting(s);
+  }
+
+ private:
+  std::vector<std::array<int32_t, 256>> next_;
+  std::vector<bool> accepting_;
+  std::vector<bool> can_continue_;
+  friend class DfaBuilder;
+};
+
+}  // namespace tandem::grammar

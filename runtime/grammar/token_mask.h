@@ -1,0 +1,67 @@
+#pragma once
+// TokenMasker: which tokens of a vocabulary may come next in a ByteDfa state. A token is allowed
+// when its bytes, fed to the automaton from that state, do not reach the dead state (the text
+// so far plus the token is still a prefix of some match). Special tokens and tokens without
+// bytes are never allowed; the caller adds EOS where the state accepts.
+//
+// The vocabulary's token byte strings go into a trie once; a mask walks the trie alongside the
+// automaton, so tokens that share a prefix share its steps, and a dead branch is cut with all the
+// tokens under it. Every DFA state is context-free (its mask depends on nothing else), so masks
+// are computed once per state and cached: after warm-up a step's mask is a lookup.
+//
+// Thread-safety: Mask() may run concurrently (the cache takes a lock); the DFA and the vocabulary
+// must outlive the masker.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/grammar/byte_dfa.h"
+
+namespace tandem::grammar {
+
+// One bit per token id.
+class TokenBitmask {
+ public:
+  explicit TokenBitmask(int vocab_size) : size_(vocab_size), words_((vocab_size + 63) / 64, 0) {}
+  void Set(int id) { words_[id >> 6] |= uint64_t{1} << (id & 63); }
+  bool Test(int id) const { return (words_[id >> 6] >> (id & 63)) & 1; }
+  int size() const { return size_; }
+  int Count() const;
+  const std::vector<uint64_t>& words() const { return words_; }
+
+ private:
+  int size_;
+  std::vector<uint64_t> words_;
+};
+
+class TokenMasker {
+ public:
+  // token_bytes[id]: the bytes token `id` adds to the text ("" for special tokens and ids that
+  // decode to nothing: never allowed).
+  TokenMasker(const ByteDfa* dfa, const std::vector<std::string>& token_bytes);
+
+  // The tokens allowed in `state` (a live state of the DFA).
+  std::shared_ptr<const TokenBitmask> Mask(int state) const;
+  // The same, computed without the cache (the reference the tests and the benchmark compare).
+  TokenBitmask ComputeMask(int state) const;
+
+  int vocab_size() const { return vocab_size_; }
+
+ private:
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> children;  // byte -> node, sorted by byte
+    std::vector<int32_t> tokens;                        // tokens whose bytes end here
+  };
+  const ByteDfa* dfa_;
+  int vocab_size_;
+  std::vector<TrieNode> trie_;
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<int, std::shared_ptr<const TokenBitmask>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::grammar

@@ -1,0 +1,63 @@
+// Token masks against the brute-force definition: token t is allowed in state s iff walking its
+// bytes from s does not die.
+#include "runtime/grammar/token_mask.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem::grammar {
+namespace {
+
+std::vector<std::string> RandomVocab(std::mt19937& rng, int size) {
+  std::vector<std::string> vocab(size);
+  for (int id = 0; id < size; ++id) {
+    if (id % 97 == 0) continue;  // a special token: no bytes
+    const int len = 1 + rng() % 4;
+    for (int k = 0; k < len; ++k) vocab[id] += "ab-1é"[rng() % 6];
+  }
+  return vocab;
+}
+
+TEST(TokenMaskTest, EqualsBruteForceInEveryState) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> vocab = RandomVocab(rng, 3000);
+  for (const char* pattern : {"(ab|a-)*1", "[ab]{2,5}-?\\d", ".{0,3}é", "a+"}) {
+    absl::StatusOr<ByteDfa> dfa = ByteDfa::FromRegex(pattern);
+    ASSERT_TRUE(dfa.ok()) << dfa.status();
+    TokenMasker masker(&*dfa, vocab);
+    for (int s = 0; s < dfa->num_states(); ++s) {
+      const TokenBitmask mask = masker.ComputeMask(s);
+      int allowed = 0;
+      for (int id = 0; id < static_cast<int>(vocab.size()); ++id) {
+        const bool want = !vocab[id].empty() && dfa->Walk(s, vocab[id]) != kDeadState;
+        ASSERT_EQ(mask.Test(id), want)
+            << pattern << " state " << s << " token " << id << " \"" << vocab[id] << "\"";
+        allowed += want;
+      }
+      EXPECT_EQ(mask.Count(), allowed);
+      // The cached mask is the same one, and the same object the second time.
+      const std::shared_ptr<const TokenBitmask> cached = masker.Mask(s);
+      EXPECT_EQ(cached->words(), mask.words());
+      EXPECT_EQ(masker.Mask(s).get(), cached.get());
+    }
+  }
+}
+
+TEST(TokenMaskTest, AnAcceptingStateWithoutContinuationAllowsNoToken) {
+  const std::vector<std::string> vocab = {"", "y", "es", "yes", "n", "o"};
+  absl::StatusOr<ByteDfa> dfa = ByteDfa::FromChoices({"yes", "no"});
+  ASSERT_TRUE(dfa.ok());
+  TokenMasker masker(&*dfa, vocab);
+  const TokenBitmask start = masker.ComputeMask(dfa->start());
+  EXPECT_FALSE(start.Test(0));
+  EXPECT_TRUE(start.Test(1) && start.Test(3) && start.Test(4));
+  EXPECT_FALSE(start.Test(2) || start.Test(5));
+  const int done = dfa->Walk(dfa->start(), "yes");
+  EXPECT_EQ(masker.ComputeMask(done).Count(), 0);  // only EOS, which the caller adds
+}
+
+}  // namespace
+}  // namespace tandem::grammar
