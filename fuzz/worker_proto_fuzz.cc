@@ -90,6 +90,7 @@ absl::Status CheckSampling(const v1::SamplingParams& proto) {
              p.logprobs == q.logprobs && p.skip_special_tokens == q.skip_special_tokens &&
              p.min_tokens == q.min_tokens && p.allowed_token_ids == q.allowed_token_ids &&
              p.include_stop_str_in_output == q.include_stop_str_in_output &&
+             p.guided.regex == q.guided.regex && p.guided.choices == q.guided.choices &&
              p.logit_bias.size() == q.logit_bias.size());
   for (size_t i = 0; i < p.logit_bias.size(); ++i) {
     FUZZ_CHECK(p.logit_bias[i].first == q.logit_bias[i].first &&

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/grammar/grammar_cache.h"
 
 namespace tandem {
 
@@ -42,6 +43,9 @@ struct Engine::Active {
   uint64_t seed = 0;
   std::unique_ptr<IncrementalDetokenizer> detok;
   StopStringBuffer stops;
+  // Guided decoding: the constraint and where the output is in its automaton.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  int grammar_state = 0;
   Usage usage;
   // Remote prefill: the prompt until blocks are reserved, on_reserved until called.
   bool remote = false;
@@ -158,6 +162,12 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
   if (!r.params.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop: stop strings need a tokenizer");
   }
+  if (!r.params.guided.empty()) {
+    if (tokenizer_ == nullptr) {
+      return absl::InvalidArgumentError("guided: guided decoding needs a tokenizer");
+    }
+    RETURN_IF_ERROR(Grammar(r.params.guided).status());
+  }
   if (r.resumed_output_tokens < 0 || r.resumed_output_tokens >= prompt_len) {
     return absl::InvalidArgumentError(
         absl::StrCat("resumed_output_tokens: ", r.resumed_output_tokens, " is not in [0, ",
@@ -171,6 +181,29 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
         "seed: a resumed sampled request must carry the seed it was started with");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> Engine::Grammar(
+    const SamplingParams::Guided& guided) const {
+  grammar::GrammarCache* cache;
+  {
+    absl::MutexLock lock(&grammar_mu_);
+    if (grammars_ == nullptr) {
+      token_bytes_.resize(tokenizer_->vocab_size());
+      for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
+        token_bytes_[id] = tokenizer_->TokenBytes(id);
+      }
+      grammars_ = std::make_unique<grammar::GrammarCache>(&token_bytes_);
+    }
+    cache = grammars_.get();  // lives as long as the engine; thread-safe itself
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+      cache->Get(guided.regex, guided.choices);
+  if (!g.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        guided.regex.empty() ? "guided_choice: " : "guided_regex: ", g.status().message()));
+  }
+  return g;
 }
 
 absl::StatusOr<KvCacheLayout> Engine::transfer_layout() {
@@ -195,7 +228,11 @@ absl::Status Engine::Submit(GenerateRequest request) {
   if (request.hold_kv_after_prefill && !request.on_prefilled) {
     return absl::InvalidArgumentError("on_prefilled: hold_kv_after_prefill needs a callback");
   }
-  return Enqueue({std::move(request), nullptr, absl::Now()});
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  if (!request.params.guided.empty()) {
+    ASSIGN_OR_RETURN(g, Grammar(request.params.guided));
+  }
+  return Enqueue({std::move(request), nullptr, absl::Now(), std::move(g)});
 }
 
 absl::Status Engine::SubmitRemotePrefill(GenerateRequest request, ReservedCallback on_reserved) {
@@ -205,7 +242,11 @@ absl::Status Engine::SubmitRemotePrefill(GenerateRequest request, ReservedCallba
     return absl::InvalidArgumentError(
         "hold_kv_after_prefill: a remote prefill cannot also hold its KV");
   }
-  return Enqueue({std::move(request), std::move(on_reserved), absl::Now()});
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  if (!request.params.guided.empty()) {
+    ASSIGN_OR_RETURN(g, Grammar(request.params.guided));
+  }
+  return Enqueue({std::move(request), std::move(on_reserved), absl::Now(), std::move(g)});
 }
 
 absl::Status Engine::Enqueue(Incoming incoming) {
@@ -348,6 +389,15 @@ void Engine::Admit(Incoming incoming) {
   auto active = std::make_unique<Active>(std::move(request), tokenizer_);
   active->num_prompt_tokens = prompt_len;
   active->resumed = active->request.resumed_output_tokens;
+  active->grammar = std::move(incoming.grammar);
+  if (active->grammar != nullptr) {
+    // The resumed output already went through the automaton on the first engine.
+    for (int i = prompt_len - active->resumed; i < prompt_len; ++i) {
+      const int s =
+          active->grammar->dfa().Walk(active->grammar_state, tokenizer_->TokenBytes(prompt[i]));
+      if (s != grammar::kDeadState) active->grammar_state = s;
+    }
+  }
   if (active->resumed > 0 && active->detok != nullptr) {
     // Replay the earlier attempt's text pipeline over its tokens: the detokenizer and the stop
     // buffer end up where they were, and what it held back is due to the client.
@@ -632,8 +682,30 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const size_t split = static_cast<size_t>(a.num_prompt_tokens - a.resumed);
   const int output_len = seq->num_output_tokens() + a.resumed;
   const std::vector<int32_t> suppressed = SuppressedTokens(a, output_len);
+  std::vector<uint64_t> allowed;
+  if (a.grammar != nullptr) {
+    // The automaton's mask, and EOS where the output so far is a whole match.
+    allowed = a.grammar->masker().Mask(a.grammar_state)->words();
+    allowed.resize((logits.size() + 63) / 64, 0);
+    // EOS ends the output whatever its bytes: allowed exactly where the output is a whole match.
+    const bool accepting = a.grammar->dfa().accepting(a.grammar_state);
+    for (int32_t eos : eos_ids_) {
+      if (eos < 0 || static_cast<size_t>(eos) >= logits.size()) continue;
+      const uint64_t bit = uint64_t{1} << (eos & 63);
+      allowed[eos >> 6] = accepting ? (allowed[eos >> 6] | bit) : (allowed[eos >> 6] & ~bit);
+    }
+    const bool any =
+        std::any_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; });
+    if (!any) {
+      FinishRequest(seq_id, FinishReason::kError,
+                    absl::InvalidArgumentError(
+                        "guided decoding: no token of the vocabulary can continue the output"),
+                    {});
+      return;
+    }
+  }
   OnSampled(seq_id, Sample(params, logits, all.first(split), all.subspan(split), a.seed,
-                           static_cast<uint64_t>(output_len), suppressed));
+                           static_cast<uint64_t>(output_len), suppressed, allowed));
 }
 
 void Engine::OnSampled(int64_t seq_id, const SampleResult& r) {
@@ -734,6 +806,21 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
                           std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                     token) != params.stop_token_ids.end();
   std::optional<FinishReason> finish;
+  bool grammar_done = false;
+  if (a.grammar != nullptr && !stop_token) {
+    const int s = a.grammar->dfa().Walk(a.grammar_state, tokenizer_->TokenBytes(token));
+    if (s == grammar::kDeadState) {
+      // Only a token sampled elsewhere (a peer's first token) can get here.
+      FinishRequest(seq_id, FinishReason::kError,
+                    absl::InvalidArgumentError(absl::StrCat("guided decoding: token ", token,
+                                                            " does not continue the output")),
+                    {});
+      return;
+    }
+    a.grammar_state = s;
+    // A whole match that nothing can extend: the output is complete.
+    grammar_done = a.grammar->dfa().accepting(s) && !a.grammar->dfa().can_continue(s);
+  }
   if (stop_token) {
     finish = FinishReason::kStop;  // the stop token's text is not part of the output
   } else if (a.detok != nullptr) {
@@ -741,6 +828,7 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
     if (a.stops.stopped()) finish = FinishReason::kStop;
   }
   if (a.resumed > 0) TrimResumedText(a, &out.text);
+  if (!finish.has_value() && grammar_done) finish = FinishReason::kStop;
   if (!finish.has_value() && a.usage.completion_tokens >= a.max_tokens) {
     finish = FinishReason::kLength;
   }

@@ -75,6 +75,10 @@
 #include "runtime/scheduler/scheduler.h"
 
 namespace tandem {
+namespace grammar {
+class CompiledGrammar;
+class GrammarCache;
+}  // namespace grammar
 
 enum class FinishReason { kStop, kLength, kAbort, kError };
 const char* FinishReasonName(FinishReason reason);  // "stop", "length", "abort", "error"
@@ -314,6 +318,7 @@ class Engine {
     GenerateRequest request;
     ReservedCallback on_reserved;  // set for SubmitRemotePrefill
     absl::Time submitted;
+    std::shared_ptr<const grammar::CompiledGrammar> grammar;  // params.guided, compiled
   };
   struct Completion {
     std::string request_id;
@@ -367,6 +372,13 @@ class Engine {
   // Fixed at construction.
   const std::unique_ptr<ModelRunner> runner_;
   const Tokenizer* const tokenizer_;
+  // Guided decoding: the vocabulary's token bytes and the compiled constraints, both made on the
+  // first guided request (any thread: Validate runs on the submitter's).
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> Grammar(
+      const SamplingParams::Guided& guided) const;
+  mutable absl::Mutex grammar_mu_;
+  mutable std::vector<std::string> token_bytes_ ABSL_GUARDED_BY(grammar_mu_);
+  mutable std::unique_ptr<grammar::GrammarCache> grammars_ ABSL_GUARDED_BY(grammar_mu_);
   const EngineOptions options_;
   const int max_model_len_;
   const KvCacheLayout kv_layout_;

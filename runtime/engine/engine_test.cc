@@ -5,9 +5,11 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <regex>
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -380,6 +382,48 @@ TEST(EngineTest, StopStringsWaitForMinTokensAndMayStayInTheOutput) {
     EXPECT_EQ(results["late"].text, full.substr(0, again));
     EXPECT_EQ(results["late"].finish, FinishReason::kStop);
   }
+}
+
+TEST(EngineTest, GuidedChoiceAndRegexConstrainEveryOutput) {
+  FakeTokenizer tok;
+  // EOS is 'Z', which no output below uses (an EOS is never taken for its bytes).
+  Harness h(256, 4, EngineOptions{}, &tok, {61});
+  const std::vector<std::string> choices = {"yes", "no", "maybe later"};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 12; ++i) {
+    SamplingParams p;
+    p.temperature = i < 2 ? 0.0f : 1.5f;  // greedy and sampled
+    p.seed = i;
+    p.max_tokens = 40;
+    p.guided.choices = choices;
+    ASSERT_TRUE(h.Submit("choice-" + std::to_string(i), RandomPrompt(rng, 5), p).ok());
+    SamplingParams r = p;
+    r.guided.choices.clear();
+    r.guided.regex = "[0-9]{3}\\.[a-c]+x";
+    ASSERT_TRUE(h.Submit("regex-" + std::to_string(i), RandomPrompt(rng, 5), r).ok());
+  }
+  ASSERT_TRUE(h.collector.WaitFinished(24));
+  const std::regex want("[0-9]{3}\\.[a-c]+x");
+  for (const auto& [id, result] : h.collector.results()) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(result.finish, FinishReason::kStop) << result.text << " " << result.error;
+    if (absl::StartsWith(id, "choice")) {
+      EXPECT_THAT(choices, ::testing::Contains(result.text));
+    } else {
+      EXPECT_TRUE(std::regex_match(result.text, want)) << result.text;
+    }
+  }
+  // A pattern the engine cannot take is refused at Submit, naming the field.
+  SamplingParams bad = Greedy(4);
+  bad.guided.regex = "(?=x)";
+  const absl::Status s = h.Submit("bad", {1, 2}, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("guided_regex"));
+  // Without a tokenizer there are no token bytes to constrain.
+  Harness bare(16);
+  SamplingParams choice = Greedy(4);
+  choice.guided.choices = {"a"};
+  EXPECT_EQ(bare.Submit("x", {1}, choice).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {

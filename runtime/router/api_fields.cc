@@ -80,12 +80,16 @@ constexpr ApiField kFields[] = {
      "`{\"type\": \"text\"}` (the default) is accepted; `json_object` and "
      "`json_schema` are 400 until structured outputs exist"},
     {"guided_json", B, R, "vLLM structured outputs, not built yet"},
-    {"guided_regex", B, R, "vLLM structured outputs, not built yet"},
-    {"guided_choice", B, R, "vLLM structured outputs, not built yet"},
+    {"guided_regex", B, I,
+     "vLLM: the output matches the regex in full (the subset in runtime/grammar/byte_dfa.h; "
+     "anything else is a 400 naming the construct)"},
+    {"guided_choice", B, I, "vLLM: the output is exactly one of the strings"},
     {"guided_grammar", B, R, "vLLM structured outputs, not built yet"},
-    {"guided_decoding_backend", B, R, "vLLM structured outputs, not built yet"},
+    {"guided_decoding_backend", B, N, "vLLM: one engine (Tandem's own), whatever is named"},
     {"guided_whitespace_pattern", B, R, "vLLM structured outputs, not built yet"},
-    {"structured_outputs", B, R, "vLLM structured outputs, not built yet"},
+    {"structured_outputs", B, I,
+     "vLLM: `regex` and `choice` as guided_regex and guided_choice; `json`, `grammar` and the "
+     "rest are 400 until built"},
     {"tools", H, R, "an empty list is accepted; tool calling is not built yet"},
     {"tool_choice", H, R, "`none` is accepted; tool calling is not built yet"},
     {"parallel_tool_calls", H, R, "needs `tools`"},

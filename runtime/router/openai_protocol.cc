@@ -5,10 +5,12 @@
 #include <limits>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "runtime/grammar/byte_dfa.h"
 #include "runtime/router/api_fields.h"
 
 namespace tandem::router {
@@ -157,7 +159,8 @@ absl::Status CheckFields(const json& j, Endpoint endpoint) {
   }
   // The no-ops: right type, or 400.
   std::string ignored;
-  for (const char* name : {"user", "safety_identifier", "prompt_cache_key"}) {
+  for (const char* name :
+       {"user", "safety_identifier", "prompt_cache_key", "guided_decoding_backend"}) {
     if (absl::Status s = GetString(j, name, &ignored); !s.ok()) return s;
   }
   if (const json* v = Field(j, "metadata"); v != nullptr) {
@@ -188,6 +191,62 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& arr, absl::string_v
     ids.push_back(id.get<int32_t>());
   }
   return ids;
+}
+
+// vLLM's guided_regex / guided_choice and structured_outputs {"regex"} / {"choice"}: one of them,
+// compiled here so a pattern the engine cannot take is a 400 naming the field.
+absl::Status ParseGuided(const json& j, SamplingParams* p) {
+  std::vector<std::pair<std::string, const json*>> given;
+  if (const json* v = Field(j, "guided_regex"); v != nullptr) given.push_back({"guided_regex", v});
+  if (const json* v = Field(j, "guided_choice"); v != nullptr) {
+    given.push_back({"guided_choice", v});
+  }
+  if (const json* v = Field(j, "structured_outputs"); v != nullptr) {
+    if (!v->is_object()) return WrongType("structured_outputs", "an object", *v);
+    for (const auto& [key, value] : v->items()) {
+      if (value.is_null()) continue;
+      if (key == "regex" || key == "choice") {
+        given.push_back({"structured_outputs." + key, &value});
+      } else {
+        return InvalidParam("structured_outputs",
+                            absl::StrCat("'structured_outputs.", key,
+                                         "' is not supported yet (regex and choice are)"),
+                            "unsupported_parameter");
+      }
+    }
+  }
+  if (given.empty()) return absl::OkStatus();
+  if (given.size() > 1) {
+    return InvalidParam(given[1].first, absl::StrCat("'", given[0].first, "' and '", given[1].first,
+                                                     "' cannot both be given"));
+  }
+  const std::string& name = given[0].first;
+  const json& v = *given[0].second;
+  const bool regex = absl::EndsWith(name, "regex");
+  absl::StatusOr<grammar::ByteDfa> dfa = absl::InternalError("unset");
+  if (regex) {
+    if (!v.is_string() || v.get<std::string>().empty()) {
+      return InvalidParam(name, absl::StrCat("'", name, "' must be a non-empty string"));
+    }
+    p->guided.regex = v.get<std::string>();
+    dfa = grammar::ByteDfa::FromRegex(p->guided.regex);
+  } else {
+    if (!v.is_array() || v.empty()) {
+      return InvalidParam(name, absl::StrCat("'", name, "' must be a non-empty list of strings"));
+    }
+    if (v.size() > static_cast<size_t>(kMaxGuidedChoices)) {
+      return InvalidParam(name, absl::StrCat("at most ", kMaxGuidedChoices, " choices"));
+    }
+    for (const json& c : v) {
+      if (!c.is_string() || c.get<std::string>().empty()) {
+        return InvalidParam(name, absl::StrCat("'", name, "' must hold non-empty strings"));
+      }
+      p->guided.choices.push_back(c.get<std::string>());
+    }
+    dfa = grammar::ByteDfa::FromChoices(p->guided.choices);
+  }
+  if (!dfa.ok()) return InvalidParam(name, absl::StrCat("'", name, "': ", dfa.status().message()));
+  return absl::OkStatus();
 }
 
 absl::Status ParseLogitBias(const json& j, SamplingParams* p) {
@@ -338,6 +397,7 @@ absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
   }
   p.min_tokens = min_tokens.value_or(0);
   if (absl::Status s = ParseLogitBias(j, &p); !s.ok()) return s;
+  if (absl::Status s = ParseGuided(j, &p); !s.ok()) return s;
   if (const json* v = Field(j, "allowed_token_ids"); v != nullptr) {
     if (!v->is_array()) return WrongType("allowed_token_ids", "a list of token ids", *v);
     if (v->empty()) return InvalidParam("allowed_token_ids", "'allowed_token_ids' is empty");
@@ -812,7 +872,9 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
          {"min_tokens", p.min_tokens},
          {"logit_bias", bias},
          {"allowed_token_ids", p.allowed_token_ids},
-         {"include_stop_str_in_output", p.include_stop_str_in_output}};
+         {"include_stop_str_in_output", p.include_stop_str_in_output},
+         {"guided_regex", p.guided.regex},
+         {"guided_choice", p.guided.choices}};
   return Dump(j);
 }
 

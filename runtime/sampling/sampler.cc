@@ -118,7 +118,7 @@ std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const 
 }
 
 void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> suppressed,
-                        std::span<float> logits) {
+                        std::span<float> logits, std::span<const uint64_t> allowed_bits) {
   const int vocab = static_cast<int>(logits.size());
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (const auto& [id, bias] : params.logit_bias) {
@@ -136,22 +136,31 @@ void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> s
   for (int32_t id : suppressed) {
     if (id >= 0 && id < vocab) logits[id] = kNegInf;
   }
+  if (!allowed_bits.empty()) {
+    for (int t = 0; t < vocab; ++t) {
+      const size_t w = static_cast<size_t>(t) >> 6;
+      if (w >= allowed_bits.size() || ((allowed_bits[w] >> (t & 63)) & 1) == 0) {
+        logits[t] = kNegInf;
+      }
+    }
+  }
 }
 
 SampleResult Sample(const SamplingParams& params, std::span<const float> raw_logits,
                     std::span<const int32_t> prompt, std::span<const int32_t> output, uint64_t seed,
-                    uint64_t step, std::span<const int32_t> suppressed) {
+                    uint64_t step, std::span<const int32_t> suppressed,
+                    std::span<const uint64_t> allowed_bits) {
   CHECK(!raw_logits.empty());
   SampleResult result;
   const std::vector<float> logprobs = LogSoftmax(raw_logits);
   std::vector<float> logits(raw_logits.begin(), raw_logits.end());
-  ApplyLogitControls(params, suppressed, logits);
+  ApplyLogitControls(params, suppressed, logits, allowed_bits);
   if (!suppressed.empty() &&
       std::none_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); })) {
     // Everything allowed is suppressed (allowed_token_ids holding only stop tokens): the request
     // may end rather than draw from nothing.
     logits.assign(raw_logits.begin(), raw_logits.end());
-    ApplyLogitControls(params, {}, logits);
+    ApplyLogitControls(params, {}, logits, allowed_bits);
   }
   ApplyPenalties(params, prompt, output, logits);
 
@@ -185,7 +194,7 @@ bool SamplesFromLogitsOnly(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f &&
          (!params.logprobs.has_value() || *params.logprobs == 0) && params.logit_bias.empty() &&
-         params.allowed_token_ids.empty() && params.min_tokens == 0;
+         params.allowed_token_ids.empty() && params.min_tokens == 0 && params.guided.empty();
 }
 
 SampleRequest MakeSampleRequest(const SamplingParams& params, uint64_t seed, uint64_t step) {

@@ -56,8 +56,10 @@ void ApplyPenalties(const SamplingParams& params, std::span<const int32_t> promp
 // logit_bias, allowed_token_ids and `suppressed` (the engine's min_tokens mask: EOS and
 // stop_token_ids while too few tokens were generated) in place; ids outside the vocabulary are
 // skipped.
+// `allowed_bits` (a grammar's mask, one bit per token id; empty: no mask): a token whose bit is
+// clear, or beyond the bits, gets -inf too.
 void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> suppressed,
-                        std::span<float> logits);
+                        std::span<float> logits, std::span<const uint64_t> allowed_bits = {});
 
 // Integer weights after temperature, min_p, top_k and top_p (zeros for dropped tokens); the
 // sampled distribution is weight / sum. Requires temperature > 0.
@@ -71,7 +73,8 @@ std::vector<double> FilteredProbs(const SamplingParams& params, std::span<const 
 // token the logit controls leave is suppressed (then `suppressed` is ignored).
 SampleResult Sample(const SamplingParams& params, std::span<const float> logits,
                     std::span<const int32_t> prompt, std::span<const int32_t> output, uint64_t seed,
-                    uint64_t step, std::span<const int32_t> suppressed = {});
+                    uint64_t step, std::span<const int32_t> suppressed = {},
+                    std::span<const uint64_t> allowed_bits = {});
 
 // Whether Sample's result for `params` depends on the logits, seed and step only (no repetition,
 // presence or frequency penalty, no top-logprob list, no logit controls, no min_tokens): such a

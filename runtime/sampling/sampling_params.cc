@@ -73,6 +73,23 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   if (vocab_size > 0 && p.allowed_token_ids.size() > static_cast<size_t>(vocab_size)) {
     return Bad("allowed_token_ids", "more ids than the vocabulary has");
   }
+  if (!p.guided.regex.empty() && !p.guided.choices.empty()) {
+    return Bad("guided", "a regex and choices cannot both be given");
+  }
+  if (p.guided.regex.size() > kMaxGuidedBytes) {
+    return Bad("guided_regex", absl::StrCat("at most ", kMaxGuidedBytes, " bytes"));
+  }
+  if (p.guided.choices.size() > static_cast<size_t>(kMaxGuidedChoices)) {
+    return Bad("guided_choice", absl::StrCat("at most ", kMaxGuidedChoices, " choices"));
+  }
+  size_t choice_bytes = 0;
+  for (const std::string& c : p.guided.choices) {
+    if (c.empty()) return Bad("guided_choice", "a choice is empty");
+    choice_bytes += c.size();
+  }
+  if (choice_bytes > kMaxGuidedBytes) {
+    return Bad("guided_choice", absl::StrCat("at most ", kMaxGuidedBytes, " bytes in all"));
+  }
   for (int32_t id : p.allowed_token_ids) {
     if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
       return Bad("allowed_token_ids", absl::StrCat("token id ", id, " is outside the vocabulary"));

@@ -17,6 +17,8 @@ namespace tandem {
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr float kMaxLogitBias = 100.0f;  // OpenAI's range: [-100, 100]
 inline constexpr int kMaxLogitBiasEntries = 1024;
+inline constexpr size_t kMaxGuidedBytes = 16 << 10;  // a regex, or all choices together
+inline constexpr int kMaxGuidedChoices = 1024;
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy (argmax after penalties)
@@ -49,6 +51,16 @@ struct SamplingParams {
   std::vector<int32_t> allowed_token_ids;
   // vLLM's include_stop_str_in_output: a matched stop string stays in the output text.
   bool include_stop_str_in_output = false;
+  // Guided decoding (vLLM's guided_regex / guided_choice): the output must match `regex` in full,
+  // or be exactly one of `choices`; at most one of the two is set. The engine compiles it
+  // (runtime/grammar) and masks the logits with it at every step; the output ends (finish
+  // reason "stop") as soon as nothing else could follow.
+  struct Guided {
+    std::string regex;
+    std::vector<std::string> choices;
+    bool empty() const { return regex.empty() && choices.empty(); }
+  };
+  Guided guided;
 
   bool greedy() const { return temperature == 0.0f; }
 };

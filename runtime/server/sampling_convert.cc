@@ -27,6 +27,8 @@ SamplingParams SamplingParamsFromProto(const v1::SamplingParams& proto) {
   params.allowed_token_ids.assign(proto.allowed_token_ids().begin(),
                                   proto.allowed_token_ids().end());
   params.include_stop_str_in_output = proto.include_stop_str_in_output();
+  params.guided.regex = proto.guided().regex();
+  params.guided.choices.assign(proto.guided().choices().begin(), proto.guided().choices().end());
   return params;
 }
 
@@ -55,6 +57,10 @@ v1::SamplingParams SamplingParamsToProto(const SamplingParams& params) {
   }
   for (int32_t id : params.allowed_token_ids) proto.add_allowed_token_ids(id);
   proto.set_include_stop_str_in_output(params.include_stop_str_in_output);
+  if (!params.guided.empty()) {
+    proto.mutable_guided()->set_regex(params.guided.regex);
+    for (const std::string& c : params.guided.choices) proto.mutable_guided()->add_choices(c);
+  }
   return proto;
 }
 

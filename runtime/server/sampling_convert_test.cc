@@ -26,6 +26,7 @@ SamplingParams Everything() {
   p.logit_bias = {{5, -100.0f}, {9, 2.5f}};
   p.allowed_token_ids = {1, 2, 3};
   p.include_stop_str_in_output = true;
+  p.guided.choices = {"yes", "no"};
   return p;
 }
 
@@ -48,6 +49,8 @@ void ExpectSame(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.logit_bias, b.logit_bias);
   EXPECT_EQ(a.allowed_token_ids, b.allowed_token_ids);
   EXPECT_EQ(a.include_stop_str_in_output, b.include_stop_str_in_output);
+  EXPECT_EQ(a.guided.regex, b.guided.regex);
+  EXPECT_EQ(a.guided.choices, b.guided.choices);
 }
 
 TEST(SamplingConvertTest, EveryFieldRoundTrips) {
@@ -67,7 +70,7 @@ TEST(SamplingConvertTest, DefaultsRoundTripAndTheEmptyMessageIsTheDefaults) {
 // A field added to the message must be added to both conversions and to Everything() above:
 // this count is the reminder.
 TEST(SamplingConvertTest, TheMessageHasTheFieldsThisFileConverts) {
-  EXPECT_EQ(v1::SamplingParams::descriptor()->field_count(), 19)
+  EXPECT_EQ(v1::SamplingParams::descriptor()->field_count(), 20)
       << "a field was added to tandem.v1.SamplingParams: convert it in sampling_convert.cc and "
          "round-trip it in Everything()";
 }

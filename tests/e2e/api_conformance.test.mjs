@@ -166,6 +166,40 @@ test('continue_final_message and chat_template_kwargs', async () => {
   });
 });
 
+test('guided_choice and guided_regex: every output is a match, also sampled, in both modes',
+     async () => {
+  const choices = ['positive', 'negative', 'neutral'];
+  const picked = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'The review was great. Sentiment:', max_tokens: 20,
+                                  n: 3, temperature: 1, seed: 11, guided_choice: choices });
+    return r.choices.map((ch) => [ch.text, ch.finish_reason]);
+  });
+  for (const [text, finish] of picked) {
+    assert.ok(choices.includes(text), `${JSON.stringify(text)} is not a choice`);
+    assert.equal(finish, 'stop');
+  }
+  const pattern = '[0-9]{3}-[0-9]{4}';
+  const phones = await inBothModes(async (c) => {
+    const r = await chat(c, { messages: [{ role: 'user', content: 'A phone number, please.' }],
+                              max_tokens: 20, n: 2, temperature: 0.8, seed: 3,
+                              structured_outputs: { regex: pattern } });
+    return r.choices.map((ch) => ch.message.content);
+  });
+  for (const text of phones) assert.match(text, new RegExp(`^${pattern}$`));
+  // Streamed, the deltas join to a match too.
+  const stream = await chat(clients.disaggregated, {
+    messages: [{ role: 'user', content: 'Pick one.' }], max_tokens: 20, stream: true,
+    guided_regex: '(red|green|blue)!' });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  assert.match(text, /^(red|green|blue)!$/);
+  await inBothModes(async (c) => {
+    await assert.rejects(complete(c, { prompt: 'x', guided_regex: '(?=a)b' }),
+                         (e) => e.status === 400 && e.error?.param === 'guided_regex');
+    return true;
+  });
+});
+
 test('an unknown or unsupported field is a 400 naming it, never ignored', async () => {
   await inBothModes(async (_, name) => {
     const post = (body) => fetch(`${modes[name].baseURL}/chat/completions`, {
@@ -177,10 +211,10 @@ test('an unknown or unsupported field is a 400 naming it, never ignored', async 
     const u = await unknown.json();
     assert.equal(u.error.param, 'temprature');
     assert.equal(u.error.code, 'unknown_parameter');
-    const unsupported = await post({ guided_choice: ['yes', 'no'] });
+    const unsupported = await post({ guided_grammar: 'root ::= "a"' });
     assert.equal(unsupported.status, 400);
     const g = await unsupported.json();
-    assert.equal(g.error.param, 'guided_choice');
+    assert.equal(g.error.param, 'guided_grammar');
     assert.equal(g.error.code, 'unsupported_parameter');
     return [u.error.code, g.error.code];
   });

@@ -1,0 +1,46 @@
+#include "runtime/grammar/grammar_cache.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::grammar {
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
+    const std::string& regex, const std::vector<std::string>& choices,
+    const std::vector<std::string>* token_bytes) {
+  if (regex.empty() == choices.empty()) {
+    return absl::InvalidArgumentError("guided decoding: give a regex or choices, not both");
+  }
+  absl::StatusOr<ByteDfa> dfa =
+      regex.empty() ? ByteDfa::FromChoices(choices) : ByteDfa::FromRegex(regex);
+  if (!dfa.ok()) return dfa.status();
+  std::shared_ptr<CompiledGrammar> g(new CompiledGrammar(*std::move(dfa)));
+  g->masker_ = std::make_unique<TokenMasker>(&g->dfa_, *token_bytes);
+  return std::shared_ptr<const CompiledGrammar>(std::move(g));
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(
+    const std::string& regex, const std::vector<std::string>& choices) {
+  // Key: the kind, then the parts with their lengths (no separator can be forged).
+  std::string key = regex.empty() ? "c" : absl::StrCat("r", regex.size(), ":", regex);
+  for (const std::string& c : choices) absl::StrAppend(&key, c.size(), ":", c);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end()) return it->second;
+  }
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
+      CompiledGrammar::Compile(regex, choices, token_bytes_);
+  if (!g.ok()) return g.status();
+  absl::MutexLock lock(&mu_);
+  if (entries_.size() >= capacity_) entries_.clear();  // a simple bound; recompiles are cheap
+  return entries_.emplace(std::move(key), *std::move(g)).first->second;
+}
+
+size_t GrammarCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace tandem::grammar
