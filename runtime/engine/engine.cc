@@ -694,8 +694,7 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
       const uint64_t bit = uint64_t{1} << (eos & 63);
       allowed[eos >> 6] = accepting ? (allowed[eos >> 6] | bit) : (allowed[eos >> 6] & ~bit);
     }
-    const bool any =
-        std::any_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; });
+    const bool any = std::any_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; });
     if (!any) {
       FinishRequest(seq_id, FinishReason::kError,
                     absl::InvalidArgumentError(
