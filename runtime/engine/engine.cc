@@ -189,11 +189,11 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> Engine::Grammar(
   {
     absl::MutexLock lock(&grammar_mu_);
     if (grammars_ == nullptr) {
-      token_bytes_.resize(tokenizer_->vocab_size());
+      std::vector<std::string> token_bytes(tokenizer_->vocab_size());
       for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
-        token_bytes_[id] = tokenizer_->TokenBytes(id);
+        token_bytes[id] = tokenizer_->TokenBytes(id);
       }
-      grammars_ = std::make_unique<grammar::GrammarCache>(&token_bytes_);
+      grammars_ = std::make_unique<grammar::GrammarCache>(token_bytes);
     }
     cache = grammars_.get();  // lives as long as the engine; thread-safe itself
   }

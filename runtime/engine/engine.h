@@ -372,12 +372,11 @@ class Engine {
   // Fixed at construction.
   const std::unique_ptr<ModelRunner> runner_;
   const Tokenizer* const tokenizer_;
-  // Guided decoding: the vocabulary's token bytes and the compiled constraints, both made on the
+  // Guided decoding: the compiled constraints over the vocabulary's token bytes, made on the
   // first guided request (any thread: Validate runs on the submitter's).
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> Grammar(
       const SamplingParams::Guided& guided) const;
   mutable absl::Mutex grammar_mu_;
-  mutable std::vector<std::string> token_bytes_ ABSL_GUARDED_BY(grammar_mu_);
   mutable std::unique_ptr<grammar::GrammarCache> grammars_ ABSL_GUARDED_BY(grammar_mu_);
   const EngineOptions options_;
   const int max_model_len_;

@@ -8,7 +8,7 @@ namespace tandem::grammar {
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
     const std::string& regex, const std::vector<std::string>& choices,
-    const std::vector<std::string>* token_bytes) {
+    std::shared_ptr<const VocabTrie> vocab) {
   if (regex.empty() == choices.empty()) {
     return absl::InvalidArgumentError("guided decoding: give a regex or choices, not both");
   }
@@ -16,7 +16,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Compile(
       regex.empty() ? ByteDfa::FromChoices(choices) : ByteDfa::FromRegex(regex);
   if (!dfa.ok()) return dfa.status();
   std::shared_ptr<CompiledGrammar> g(new CompiledGrammar(*std::move(dfa)));
-  g->masker_ = std::make_unique<TokenMasker>(&g->dfa_, *token_bytes);
+  g->masker_ = std::make_unique<TokenMasker>(&g->dfa_, std::move(vocab));
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }
 
@@ -31,7 +31,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(
     if (it != entries_.end()) return it->second;
   }
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
-      CompiledGrammar::Compile(regex, choices, token_bytes_);
+      CompiledGrammar::Compile(regex, choices, vocab_);
   if (!g.ok()) return g.status();
   absl::MutexLock lock(&mu_);
   if (entries_.size() >= capacity_) entries_.clear();  // a simple bound; recompiles are cheap

@@ -5,7 +5,7 @@
 // the same schema with every request).
 //
 // Thread-safety: a CompiledGrammar is immutable (its masker caches under its own lock); the cache
-// takes a lock per lookup. The token bytes passed to the cache must outlive it.
+// takes a lock per lookup.
 
 #include <memory>
 #include <string>
@@ -25,7 +25,7 @@ class CompiledGrammar {
   // Exactly one of `regex` (non-empty) and `choices` (non-empty).
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(
       const std::string& regex, const std::vector<std::string>& choices,
-      const std::vector<std::string>* token_bytes);
+      std::shared_ptr<const VocabTrie> vocab);
 
   const ByteDfa& dfa() const { return dfa_; }
   const TokenMasker& masker() const { return *masker_; }
@@ -38,14 +38,15 @@ class CompiledGrammar {
 
 class GrammarCache {
  public:
-  explicit GrammarCache(const std::vector<std::string>* token_bytes, size_t capacity = 64)
-      : token_bytes_(token_bytes), capacity_(capacity) {}
+  // Builds the vocabulary's trie once, for every constraint.
+  explicit GrammarCache(const std::vector<std::string>& token_bytes, size_t capacity = 64)
+      : vocab_(std::make_shared<const VocabTrie>(token_bytes)), capacity_(capacity) {}
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Get(
       const std::string& regex, const std::vector<std::string>& choices);
   size_t size() const;
 
  private:
-  const std::vector<std::string>* token_bytes_;
+  const std::shared_ptr<const VocabTrie> vocab_;
   const size_t capacity_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const CompiledGrammar>> entries_

@@ -12,42 +12,46 @@ int TokenBitmask::Count() const {
   return n;
 }
 
-TokenMasker::TokenMasker(const ByteDfa* dfa, const std::vector<std::string>& token_bytes)
-    : dfa_(dfa), vocab_size_(static_cast<int>(token_bytes.size())) {
-  trie_.emplace_back();
+VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
+    : vocab_size_(static_cast<int>(token_bytes.size())) {
+  nodes_.emplace_back();
   for (int id = 0; id < vocab_size_; ++id) {
     const std::string& bytes = token_bytes[id];
     if (bytes.empty()) continue;
     int node = 0;
     for (unsigned char c : bytes) {
-      std::vector<std::pair<uint8_t, int32_t>>& kids = trie_[node].children;
+      std::vector<std::pair<uint8_t, int32_t>>& kids = nodes_[node].children;
       auto it = std::lower_bound(kids.begin(), kids.end(), c,
                                  [](const auto& e, uint8_t b) { return e.first < b; });
       if (it != kids.end() && it->first == c) {
         node = it->second;
       } else {
-        const int32_t child = static_cast<int32_t>(trie_.size());
+        const int32_t child = static_cast<int32_t>(nodes_.size());
         kids.insert(it, {c, child});
-        trie_.emplace_back();  // invalidates `kids`: not used after this
+        nodes_.emplace_back();  // invalidates `kids`: not used after this
         node = child;
       }
     }
-    trie_[node].tokens.push_back(id);
+    nodes_[node].tokens.push_back(id);
   }
 }
 
+TokenMasker::TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie)
+    : dfa_(dfa), trie_(std::move(trie)) {}
+
 TokenBitmask TokenMasker::ComputeMask(int state) const {
-  TokenBitmask mask(vocab_size_);
+  TokenBitmask mask(trie_->vocab_size());
+  const std::vector<VocabTrie::Node>& nodes = trie_->nodes_;
   // Depth-first over (trie node, DFA state); the root's own tokens are none (empty bytes).
   std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};
   while (!stack.empty()) {
     const auto [node, s] = stack.back();
     stack.pop_back();
-    for (const auto& [byte, child] : trie_[node].children) {
+    for (const auto& [byte, child] : nodes[node].children) {
       const int t = dfa_->Next(s, byte);
       if (t == kDeadState) continue;
-      for (int32_t id : trie_[child].tokens) mask.Set(id);
-      if (!trie_[child].children.empty()) stack.push_back({child, t});
+      for (int32_t id : nodes[child].tokens) mask.Set(id);
+      if (!nodes[child].children.empty()) stack.push_back({child, t});
     }
   }
   return mask;

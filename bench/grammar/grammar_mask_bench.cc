@@ -1,0 +1,113 @@
+// Guided decoding on the CPU: compiling a constraint, and a step's token mask, uncached (the first
+// time an automaton state is reached) and cached (every later time).
+//   build/bench/grammar/grammar_mask_bench [--benchmark_filter=...]
+// Vocabularies: the bundled model's (8,192 tokens), and a synthetic 131,072-token one (the
+// bundled tokens plus random pairs of them, so the tokens are longer and share prefixes as a
+// large BPE vocabulary's do; Llama 3's is 128,256).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/token_mask.h"
+#include "runtime/model/tokenizer.h"
+
+namespace {
+
+using tandem::grammar::ByteDfa;
+using tandem::grammar::TokenMasker;
+
+const char* kPhone = "\\(?[0-9]{3}\\)?[ -][0-9]{3}-[0-9]{4}";
+const char* kDateTime =
+    "(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5]"
+    "[0-9](\\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})";
+// A JSON-shaped regex: an object of three typed fields (what a JSON Schema compiles to).
+const char* kJsonish =
+    "\\{\"name\": \"[A-Za-z ]{1,32}\", \"age\": [0-9]{1,3}, \"tags\": \\[(\"[a-z]{1,10}\"(, "
+    "\"[a-z]{1,10}\"){0,4})?\\]\\}";
+
+const std::vector<std::string>& BundledVocab() {
+  static const auto* vocab = [] {
+    auto t = tandem::Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/target");
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
+      std::abort();
+    }
+    auto* v = new std::vector<std::string>((*t)->vocab_size());
+    for (int id = 0; id < (*t)->vocab_size(); ++id) (*v)[id] = (*t)->TokenBytes(id);
+    return v;
+  }();
+  return *vocab;
+}
+
+const std::vector<std::string>& LargeVocab() {
+  static const auto* vocab = [] {
+    const std::vector<std::string>& base = BundledVocab();
+    auto* v = new std::vector<std::string>(base);
+    std::mt19937 rng(1);
+    while (v->size() < 131072) {
+      const std::string& a = base[rng() % base.size()];
+      const std::string& b = base[rng() % base.size()];
+      if (!a.empty() && !b.empty()) v->push_back(a + b);
+    }
+    return v;
+  }();
+  return *vocab;
+}
+
+const char* Pattern(int i) { return i == 0 ? kPhone : i == 1 ? kDateTime : kJsonish; }
+
+void BM_Compile(benchmark::State& state) {
+  for (auto _ : state) {
+    absl::StatusOr<ByteDfa> dfa = ByteDfa::FromRegex(Pattern(state.range(0)));
+    benchmark::DoNotOptimize(dfa);
+  }
+}
+BENCHMARK(BM_Compile)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// One uncached mask per iteration, cycling over every state of the automaton.
+void BM_MaskUncached(benchmark::State& state) {
+  const std::vector<std::string>& vocab = state.range(1) == 0 ? BundledVocab() : LargeVocab();
+  const ByteDfa dfa = *ByteDfa::FromRegex(Pattern(state.range(0)));
+  const TokenMasker masker(&dfa, vocab);
+  int s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(masker.ComputeMask(s));
+    s = (s + 1) % dfa.num_states();
+  }
+  state.counters["states"] = dfa.num_states();
+  state.counters["vocab"] = static_cast<double>(vocab.size());
+}
+BENCHMARK(BM_MaskUncached)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_MaskCached(benchmark::State& state) {
+  const std::vector<std::string>& vocab = LargeVocab();
+  const ByteDfa dfa = *ByteDfa::FromRegex(kJsonish);
+  const TokenMasker masker(&dfa, vocab);
+  for (int s = 0; s < dfa.num_states(); ++s) masker.Mask(s);
+  int s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(masker.Mask(s));
+    s = (s + 1) % dfa.num_states();
+  }
+}
+BENCHMARK(BM_MaskCached)->Unit(benchmark::kMicrosecond);
+
+// The vocabulary trie, built once per engine and shared by every constraint.
+void BM_VocabTrieBuild(benchmark::State& state) {
+  const std::vector<std::string>& vocab = state.range(0) == 0 ? BundledVocab() : LargeVocab();
+  for (auto _ : state) {
+    tandem::grammar::VocabTrie trie(vocab);
+    benchmark::DoNotOptimize(trie);
+  }
+}
+BENCHMARK(BM_VocabTrieBuild)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
