@@ -39,7 +39,9 @@ class CompiledGrammar {
 class GrammarCache {
  public:
   // Builds the vocabulary's trie once, for every constraint.
-  explicit GrammarCache(const std::vector<std::string>& token_bytes, size_t capacity = 64)
+  // At most `capacity` constraints (each with at most TokenMasker::kDefaultMaxCached masks: 4 MiB
+  // at 131,072 tokens, so 128 MiB in all at the default).
+  explicit GrammarCache(const std::vector<std::string>& token_bytes, size_t capacity = 32)
       : vocab_(std::make_shared<const VocabTrie>(token_bytes)), capacity_(capacity) {}
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Get(
       const std::string& regex, const std::vector<std::string>& choices);

@@ -36,8 +36,9 @@ VocabTrie::VocabTrie(const std::vector<std::string>& token_bytes)
   }
 }
 
-TokenMasker::TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie)
-    : dfa_(dfa), trie_(std::move(trie)) {}
+TokenMasker::TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie,
+                         size_t max_cached)
+    : dfa_(dfa), trie_(std::move(trie)), max_cached_(max_cached) {}
 
 TokenBitmask TokenMasker::ComputeMask(int state) const {
   TokenBitmask mask(trie_->vocab_size());
@@ -65,6 +66,7 @@ std::shared_ptr<const TokenBitmask> TokenMasker::Mask(int state) const {
   }
   auto mask = std::make_shared<const TokenBitmask>(ComputeMask(state));
   absl::MutexLock lock(&mu_);
+  if (cache_.size() >= max_cached_) return mask;
   return cache_.emplace(state, std::move(mask)).first->second;
 }
 

@@ -9,6 +9,9 @@
 // with all the tokens under it. Every DFA state is context-free (its mask depends on nothing else),
 // so masks are computed once per state and cached: after warm-up a step's mask is a lookup.
 //
+// Memory is bounded: at most `max_cached` masks are kept (vocab_size / 8 bytes each: 16 KiB at
+// 131,072 tokens); a state past that is computed each time it is reached.
+//
 // Thread-safety: Mask() may run concurrently (the cache takes a lock); the DFA and the vocabulary
 // must outlive the masker.
 
@@ -60,7 +63,9 @@ class VocabTrie {
 
 class TokenMasker {
  public:
-  TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie);
+  static constexpr size_t kDefaultMaxCached = 256;
+  TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie,
+              size_t max_cached = kDefaultMaxCached);
   // Builds its own trie of `token_bytes`.
   TokenMasker(const ByteDfa* dfa, const std::vector<std::string>& token_bytes)
       : TokenMasker(dfa, std::make_shared<const VocabTrie>(token_bytes)) {}
@@ -75,6 +80,7 @@ class TokenMasker {
  private:
   const ByteDfa* dfa_;
   std::shared_ptr<const VocabTrie> trie_;
+  const size_t max_cached_;
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_map<int, std::shared_ptr<const TokenBitmask>> cache_ ABSL_GUARDED_BY(mu_);
 };

@@ -59,5 +59,22 @@ TEST(TokenMaskTest, AnAcceptingStateWithoutContinuationAllowsNoToken) {
   EXPECT_EQ(masker.ComputeMask(done).Count(), 0);  // only EOS, which the caller adds
 }
 
+TEST(TokenMaskTest, TheCacheIsBoundedAndPastItMasksAreStillRight) {
+  std::mt19937 rng(3);
+  const std::vector<std::string> vocab = RandomVocab(rng, 500);
+  absl::StatusOr<ByteDfa> dfa = ByteDfa::FromRegex("[ab]{0,12}1");
+  ASSERT_TRUE(dfa.ok());
+  ASSERT_GT(dfa->num_states(), 4);
+  TokenMasker masker(&*dfa, std::make_shared<const VocabTrie>(vocab), /*max_cached=*/2);
+  for (int round = 0; round < 2; ++round) {
+    for (int s = 0; s < dfa->num_states(); ++s) {
+      EXPECT_EQ(masker.Mask(s)->words(), masker.ComputeMask(s).words()) << s;
+    }
+  }
+  // Two states are kept; the others are fresh objects each time.
+  EXPECT_EQ(masker.Mask(0).get(), masker.Mask(0).get());
+  EXPECT_NE(masker.Mask(dfa->num_states() - 1).get(), masker.Mask(dfa->num_states() - 1).get());
+}
+
 }  // namespace
 }  // namespace tandem::grammar
