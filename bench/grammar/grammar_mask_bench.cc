@@ -81,9 +81,7 @@ void BM_MaskUncached(benchmark::State& state) {
   state.counters["states"] = dfa.num_states();
   state.counters["vocab"] = static_cast<double>(vocab.size());
 }
-BENCHMARK(BM_MaskUncached)
-    ->ArgsProduct({{0, 1, 2}, {0, 1}})
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskUncached)->ArgsProduct({{0, 1, 2}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 void BM_MaskCached(benchmark::State& state) {
   const std::vector<std::string>& vocab = LargeVocab();
