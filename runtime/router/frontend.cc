@@ -709,16 +709,21 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
     Finish(label, *exchange, std::move(r));
   };
 
+  // The routes that tokenize run off the I/O thread, in a bounded queue: false (and a 429) when
+  // it is full.
+  auto admit_prepare = [&] {
+    if (pending_prepares.fetch_add(1) < options.max_pending_requests) return true;
+    pending_prepares.fetch_sub(1);
+    Finish(label, *exchange,
+           ErrorResponse(
+               MakeApiError(429, absl::StrCat("the router has ", options.max_pending_requests,
+                                              " requests waiting to be prepared; retry later"))));
+    return false;
+  };
+
   if (path == kCompletionsPath || path == kChatPath) {
     if (request.method != "POST") return method_not_allowed(path, "POST");
-    // Off the I/O thread, in a bounded queue.
-    if (pending_prepares.fetch_add(1) >= options.max_pending_requests) {
-      pending_prepares.fetch_sub(1);
-      return Finish(label, *exchange,
-                    ErrorResponse(MakeApiError(
-                        429, absl::StrCat("the router has ", options.max_pending_requests,
-                                          " requests waiting to be prepared; retry later"))));
-    }
+    if (!admit_prepare()) return;
     const Endpoint endpoint =
         path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions;
     auto shared = std::make_shared<HttpRequest>(std::move(request));
@@ -731,13 +736,7 @@ void RouterFrontend::Core::Handle(HttpRequest request, std::shared_ptr<HttpExcha
   }
   if (path == kTokenizePath || path == kDetokenizePath) {
     if (request.method != "POST") return method_not_allowed(path, "POST");
-    if (pending_prepares.fetch_add(1) >= options.max_pending_requests) {
-      pending_prepares.fetch_sub(1);
-      return Finish(label, *exchange,
-                    ErrorResponse(MakeApiError(
-                        429, absl::StrCat("the router has ", options.max_pending_requests,
-                                          " requests waiting to be prepared; retry later"))));
-    }
+    if (!admit_prepare()) return;
     auto shared = std::make_shared<HttpRequest>(std::move(request));
     prepare_pool->Post([self = shared_from_this(), shared, exchange] {
       self->pending_prepares.fetch_sub(1);

@@ -67,6 +67,24 @@ TEST(SamplingConvertTest, DefaultsRoundTripAndTheEmptyMessageIsTheDefaults) {
   ExpectSame(SamplingParams{}, from_empty);
 }
 
+TEST(SamplingConvertTest, UnsetProtoFieldsMeanOffAndBadValuesPassThroughForValidation) {
+  v1::SamplingParams proto;
+  proto.set_logprobs(-1);
+  const SamplingParams p = SamplingParamsFromProto(proto);
+  EXPECT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.top_p, 1.0f);
+  EXPECT_EQ(p.repetition_penalty, 1.0f);
+  EXPECT_FALSE(p.max_tokens.has_value());
+  EXPECT_FALSE(p.logprobs.has_value());
+  EXPECT_FALSE(p.seed.has_value());
+  EXPECT_TRUE(ValidateSamplingParams(p, 100).ok());
+  // An out-of-range value is mapped as is, for validation to reject.
+  v1::SamplingParams bad = SamplingParamsToProto(Everything());
+  bad.set_temperature(-1.0f);
+  EXPECT_EQ(ValidateSamplingParams(SamplingParamsFromProto(bad), 100).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A field added to the message must be added to both conversions and to Everything() above:
 // this count is the reminder.
 TEST(SamplingConvertTest, TheMessageHasTheFieldsThisFileConverts) {

@@ -28,55 +28,6 @@ TEST(GrpcStatusTest, CodeAndMessageSurviveBothWays) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST(ProtoConvertTest, UnsetProtoFieldsMeanOff) {
-  v1::SamplingParams proto;
-  proto.set_logprobs(-1);
-  const SamplingParams p = SamplingParamsFromProto(proto);
-  EXPECT_EQ(p.temperature, 0.0f);
-  EXPECT_EQ(p.top_p, 1.0f);
-  EXPECT_EQ(p.repetition_penalty, 1.0f);
-  EXPECT_FALSE(p.max_tokens.has_value());
-  EXPECT_FALSE(p.logprobs.has_value());
-  EXPECT_FALSE(p.seed.has_value());
-  EXPECT_TRUE(ValidateSamplingParams(p, 100).ok());
-}
-
-TEST(ProtoConvertTest, SamplingParamsRoundTrip) {
-  SamplingParams p;
-  p.temperature = 0.7f;
-  p.top_k = 5;
-  p.top_p = 0.9f;
-  p.min_p = 0.05f;
-  p.seed = 1234;
-  p.repetition_penalty = 1.1f;
-  p.presence_penalty = 0.5f;
-  p.frequency_penalty = -0.5f;
-  p.stop_token_ids = {3, 4};
-  p.stop = {"\n\n", "END"};
-  p.max_tokens = 17;
-  p.ignore_eos = true;
-  p.logprobs = 3;
-  const SamplingParams q = SamplingParamsFromProto(SamplingParamsToProto(p));
-  EXPECT_EQ(q.temperature, p.temperature);
-  EXPECT_EQ(q.top_k, p.top_k);
-  EXPECT_EQ(q.top_p, p.top_p);
-  EXPECT_EQ(q.min_p, p.min_p);
-  EXPECT_EQ(q.seed, p.seed);
-  EXPECT_EQ(q.repetition_penalty, p.repetition_penalty);
-  EXPECT_EQ(q.presence_penalty, p.presence_penalty);
-  EXPECT_EQ(q.frequency_penalty, p.frequency_penalty);
-  EXPECT_EQ(q.stop_token_ids, p.stop_token_ids);
-  EXPECT_EQ(q.stop, p.stop);
-  EXPECT_EQ(q.max_tokens, p.max_tokens);
-  EXPECT_EQ(q.ignore_eos, p.ignore_eos);
-  EXPECT_EQ(q.logprobs, p.logprobs);
-  // An out-of-range value is mapped as is, for validation to reject.
-  v1::SamplingParams bad = SamplingParamsToProto(p);
-  bad.set_temperature(-1.0f);
-  EXPECT_EQ(ValidateSamplingParams(SamplingParamsFromProto(bad), 100).code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 TEST(ProtoConvertTest, LogprobsAndUsage) {
   TokenLogprobs lp;
   lp.token = 42;
