@@ -308,25 +308,6 @@ TEST(EngineTest, TextDeltasAndStopStringsExcludeTheStop) {
   EXPECT_EQ(results["stopped"].tokens.size(), cut + stop.size());
 }
 
-// Greedy over the fake model's logits with `banned` masked while fewer than `min_tokens` tokens
-// were generated; stops after a token in `stops` (at or past min_tokens) or after `n` tokens.
-std::vector<int32_t> MaskedGreedy(std::vector<int32_t> tokens, int n, int min_tokens,
-                                  const std::vector<int32_t>& stops) {
-  std::vector<int32_t> out;
-  while (static_cast<int>(out.size()) < n) {
-    std::vector<float> logits = FakeModelRunner::ReferenceLogits(tokens, kVocab);
-    if (static_cast<int>(out.size()) < min_tokens) {
-      for (int32_t t : stops) logits[t] = -std::numeric_limits<float>::infinity();
-    }
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(next);
-    tokens.push_back(next);
-    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
-  }
-  return out;
-}
-
 TEST(EngineTest, MinTokensSuppressesEosAndStopTokensUntilReached) {
   std::vector<int32_t> prompt = {5, 6, 7};
   const std::vector<int32_t> ref = FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab);
@@ -343,13 +324,14 @@ TEST(EngineTest, MinTokensSuppressesEosAndStopTokensUntilReached) {
   ASSERT_TRUE(h.Submit("stop-id", prompt, q).ok());
   ASSERT_TRUE(h.collector.WaitFinished(3));
   auto results = h.collector.results();
-  EXPECT_EQ(results["plain"].tokens, MaskedGreedy(prompt, 10, 0, {eos}));
+  EXPECT_EQ(results["plain"].tokens, FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab, {eos}));
   EXPECT_LE(results["plain"].tokens.size(), 2u);
-  const std::vector<int32_t> want = MaskedGreedy(prompt, 10, 4, {eos});
+  const std::vector<int32_t> want = FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab, {eos}, 4);
   EXPECT_EQ(results["min4"].tokens, want);
   EXPECT_GE(results["min4"].tokens.size(), 5u);  // four tokens, then EOS may come
   for (int k = 0; k < 4; ++k) EXPECT_NE(results["min4"].tokens[k], eos);
-  EXPECT_EQ(results["stop-id"].tokens, MaskedGreedy(prompt, 10, 3, {ref[0]}));
+  EXPECT_EQ(results["stop-id"].tokens,
+            FakeModelRunner::ReferenceGreedy(prompt, 10, kVocab, {ref[0]}, 3));
   EXPECT_NE(results["stop-id"].tokens[0], ref[0]);
 }
 

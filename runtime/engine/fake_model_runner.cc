@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,10 +109,14 @@ std::vector<float> FakeModelRunner::ReferenceLogits(std::span<const int32_t> tok
 
 std::vector<int32_t> FakeModelRunner::ReferenceGreedy(std::vector<int32_t> prompt, int n,
                                                       int vocab_size,
-                                                      const std::vector<int>& stop_ids) {
+                                                      const std::vector<int>& stop_ids,
+                                                      int min_tokens) {
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
     std::vector<float> logits = ReferenceLogits(prompt, vocab_size);
+    if (i < min_tokens) {
+      for (int t : stop_ids) logits[t] = -std::numeric_limits<float>::infinity();
+    }
     const int32_t t =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(t);

@@ -72,8 +72,10 @@ class FakeModelRunner : public ModelRunner {
   // The logits the model yields after `tokens`, without any cache.
   static std::vector<float> ReferenceLogits(std::span<const int32_t> tokens, int vocab_size);
   // Greedy continuation of `prompt` by `n` tokens (stopping after a token in `stop_ids`).
+  // While fewer than `min_tokens` tokens are out, `stop_ids` cannot be picked (min_tokens).
   static std::vector<int32_t> ReferenceGreedy(std::vector<int32_t> prompt, int n, int vocab_size,
-                                              const std::vector<int>& stop_ids = {});
+                                              const std::vector<int>& stop_ids = {},
+                                              int min_tokens = 0);
 
   // Makes the next `count` Forward calls fail with `status` after validating the batch.
   void FailNextForwards(int count, absl::Status status);

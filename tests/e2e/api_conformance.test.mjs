@@ -7,15 +7,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { ServeStack } from './stack.mjs';
+import { ServeStack, loadOpenAI } from './stack.mjs';
 
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import('openai'));
-} catch (e) {
-  throw new Error('the openai npm package is missing: run `npm ci --prefix tests/e2e` ' +
-                  '(./quickstart test does)');
-}
+const OpenAI = await loadOpenAI();
 
 const tandem = process.env.TANDEM_BIN;
 const model = process.env.TANDEM_MODEL_DIR;

@@ -18,6 +18,16 @@ export function freePort() {
   });
 }
 
+// The official `openai` npm client (v6), or an error saying how to install it.
+export async function loadOpenAI() {
+  try {
+    return (await import('openai')).default;
+  } catch (e) {
+    throw new Error('the openai npm package is missing: run `npm ci --prefix tests/e2e` ' +
+                    '(./quickstart test does)');
+  }
+}
+
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 export async function waitFor(what, fn, timeoutMs) {
