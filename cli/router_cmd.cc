@@ -4,7 +4,7 @@
 //                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
 //                 [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
-//                 [--kv-aware-request-cost N]
+//                 [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                 [--api-key KEY]... [--api-key-file FILE] [--allowed-host HOST]...
 //                 (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K |
 //                  --insecure-services)
@@ -59,6 +59,7 @@ struct RouterFlags {
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
   double kv_aware_request_cost = router::KvAwareOptions{}.request_cost_tokens;
+  double kv_aware_replicate_weight = router::KvAwareOptions{}.replicate_weight;
   int max_model_len = 0;
   double request_timeout_s = 0;
   int http_threads = 4;
@@ -113,6 +114,7 @@ int RunRouter(const RouterFlags& flags) {
   backend_options.policy = *policy;
   backend_options.local_prefill_threshold = flags.local_prefill_threshold;
   backend_options.kv_aware.request_cost_tokens = flags.kv_aware_request_cost;
+  backend_options.kv_aware.replicate_weight = flags.kv_aware_replicate_weight;
   router::GrpcGenerationBackend backend(&decode_pool, prefill_pool.get(), backend_options);
 
   prometheus::Registry registry;
@@ -266,6 +268,10 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "kv-aware routing: what one request already on a worker costs, in prompt "
                   "tokens (default 64)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-aware-replicate-weight", flags->kv_aware_replicate_weight,
+                  "kv-aware routing: weight of missed prefix tokens on a worker with empty room "
+                  "for them, 0..1 (default 0.25; 1 never replicates a cached prefix early)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--max-model-len", flags->max_model_len,
                   "Context limit, prompt + output tokens (default: config.json)")
       ->check(CLI::NonNegativeNumber);

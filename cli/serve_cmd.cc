@@ -5,7 +5,7 @@
 //                [--device cpu|cuda|cuda:N] [--prefill-device D] [--decode-device D]
 //                [--block-size N] [--kv-cache-mib M]
 //                [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
-//                [--kv-aware-request-cost N]
+//                [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
@@ -135,7 +135,8 @@ struct ServeFlags {
   std::string log_format = "text";         // every child's, and serve's own lines
   std::string routing = "least-loaded";
   int local_prefill_threshold = 0;
-  double kv_aware_request_cost = -1;  // -1: the router's default
+  double kv_aware_request_cost = -1;      // -1: the router's default
+  double kv_aware_replicate_weight = -1;  // -1: the router's default
   std::string served_model_name;
   std::string chat_template;
   std::string generation_config = "auto";
@@ -627,6 +628,10 @@ int RunServe(ServeFlags flags) {
     router_args.insert(router_args.end(),
                        {"--kv-aware-request-cost", absl::StrCat(flags.kv_aware_request_cost)});
   }
+  if (flags.kv_aware_replicate_weight >= 0) {
+    router_args.insert(router_args.end(), {"--kv-aware-replicate-weight",
+                                           absl::StrCat(flags.kv_aware_replicate_weight)});
+  }
   if (!prefill.empty()) {
     router_args.insert(router_args.end(), {"--prefill-workers", addresses(prefill)});
   }
@@ -838,6 +843,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "kv-aware routing: what one request already on a worker costs, in prompt "
                   "tokens (default 64)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-aware-replicate-weight", flags->kv_aware_replicate_weight,
+                  "kv-aware routing: weight of missed prefix tokens on a worker with empty room "
+                  "for them, 0..1 (default 0.25)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--served-model-name", flags->served_model_name,
                   "Model name clients use (default: the model directory's name)");
   cmd->add_option("--chat-template", flags->chat_template,

@@ -318,6 +318,7 @@ void Engine::PublishStats() {
   local_stats_.prefix_hit_tokens = kv.counters().prefix_hit_tokens;
   local_stats_.blocks_used = kv.pool().NumUsed();
   local_stats_.blocks_free = kv.pool().NumAvailable();
+  local_stats_.blocks_cached_idle = kv.pool().NumCachedIdle();
   local_stats_.running = scheduler_.NumRunning();
   local_stats_.waiting = scheduler_.NumWaiting() + static_cast<int>(reservations_.size());
   local_stats_.awaiting_kv = scheduler_.NumAwaitingKv();

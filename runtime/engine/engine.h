@@ -230,8 +230,9 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;
   int64_t finished_requests = 0;
   int blocks_total = 0;
-  int blocks_used = 0;  // includes reserved (awaiting KV) and held blocks
-  int blocks_free = 0;  // free + cached-idle
+  int blocks_used = 0;         // includes reserved (awaiting KV) and held blocks
+  int blocks_free = 0;         // free + cached-idle
+  int blocks_cached_idle = 0;  // of blocks_free: holding a cached prefix, evicted on demand
   int running = 0;
   int waiting = 0;                    // includes remote prefills waiting for blocks or for their KV
   int awaiting_kv = 0;                // remote prefills with reserved blocks, KV not yet complete

@@ -68,6 +68,15 @@ double UncachedTokens(const WorkerSnapshot& w, int prompt_tokens) {
   return std::max(0, prompt_tokens - w.cached_prefix_tokens);
 }
 
+// Free blocks that hold nothing (the stats come from another process: clamp them).
+int EmptyBlocks(const WorkerSnapshot& w) {
+  return std::max(0, w.kv_blocks_free - std::clamp(w.kv_blocks_cached_idle, 0, w.kv_blocks_free));
+}
+
+int CachedPrefix(const WorkerSnapshot& w, int prompt_tokens) {
+  return std::clamp(w.cached_prefix_tokens, 0, std::max(0, prompt_tokens));
+}
+
 }  // namespace
 
 int PickDecodeWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> workers,
@@ -81,14 +90,22 @@ int PickDecodeWorker(RoutingPolicy policy, std::span<const WorkerSnapshot> worke
         const int load = std::max(w.running + w.queue_depth, w.router_inflight);
         return std::make_tuple(fits ? 0 : 1, load, -w.kv_blocks_free);
       });
-    case RoutingPolicy::kKvAware:
+    case RoutingPolicy::kKvAware: {
+      int cached_best = 0;
+      for (const WorkerSnapshot& w : workers) {
+        if (w.healthy) cached_best = std::max(cached_best, CachedPrefix(w, prompt_tokens));
+      }
+      const double replicate_weight = std::clamp(kv_aware.replicate_weight, 0.0, 1.0);
       return PickMin(workers, cursor, [&](const WorkerSnapshot& w) {
-        const int needed = BlocksForTokens(prompt_tokens - w.cached_prefix_tokens, w.block_size);
+        const int cached = CachedPrefix(w, prompt_tokens);
+        const int needed = BlocksForTokens(prompt_tokens - cached, w.block_size);
         const bool fits = w.kv_blocks_free >= needed;
+        const double miss_weight = EmptyBlocks(w) >= needed ? replicate_weight : 1.0;
         const double cost =
-            UncachedTokens(w, prompt_tokens) + kv_aware.request_cost_tokens * Load(w);
+            miss_weight * (cached_best - cached) + kv_aware.request_cost_tokens * Load(w);
         return std::make_tuple(fits ? 0 : 1, cost, -w.kv_blocks_free);
       });
+    }
   }
   return kNoWorker;
 }

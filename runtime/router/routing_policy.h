@@ -22,9 +22,10 @@ struct WorkerSnapshot {
   // The worker answers: its stats stream is connected and fresh (a worker draining with
   // NOT_SERVING is live but not healthy; a hung or unreachable one is neither).
   bool live = false;
-  int queue_depth = 0;  // requests waiting on the worker
-  int running = 0;      // sequences in its running batch
-  int kv_blocks_free = 0;
+  int queue_depth = 0;            // requests waiting on the worker
+  int running = 0;                // sequences in its running batch
+  int kv_blocks_free = 0;         // free + cached-idle
+  int kv_blocks_cached_idle = 0;  // of kv_blocks_free: cached prefixes, evicted when taken
   int kv_blocks_total = 0;
   int block_size = 0;  // tokens per KV block (0: unknown)
   int64_t prompt_tokens_waiting = 0;
@@ -42,17 +43,25 @@ enum class RoutingPolicy { kRoundRobin, kLeastLoaded, kKvAware };
 // KV-aware routing's cost model (docs/routing.md). Every term is in prompt tokens of prefill work,
 // so a candidate's cost estimates the computation standing between the request and its first
 // token there:
-//   decode worker:  (prompt - cached_prefix_tokens) + request_cost_tokens * load
+//   decode worker:  miss_weight * (cached_best - cached_prefix_tokens)
+//                   + request_cost_tokens * load
 //   prefill worker: (prompt - cached_prefix_tokens) + prompt_tokens_waiting
 //                   + request_cost_tokens * load
-// where load = max(running + waiting, the router's own open streams). Workers whose free KV
-// blocks hold the prompt still come first on the decode side. With no reuse anywhere the
-// cached terms are all 0 and the policy is least-loaded.
+// where load = max(running + waiting, the router's own open streams) and cached_best is the
+// longest cached prefix among the healthy decode workers. miss_weight is 1, or
+// replicate_weight on a worker whose empty blocks (free, holding no cached prefix) take the
+// uncached part without evicting anything: there a miss also replicates a hot prefix into room
+// that costs nothing, so later requests have two places to go. Workers whose free KV blocks hold
+// the prompt still come first on the decode side. With no reuse anywhere every miss term is 0
+// and the policy is least-loaded, decision for decision.
 struct KvAwareOptions {
   // What one request already on a worker costs a new one, in prompt tokens. Larger: spread load
   // more, follow cached prefixes less. The default is measured (bench/RESULTS.md, "KV-aware
   // routing").
   double request_cost_tokens = 64;
+  // The weight of missed prefix tokens on a decode worker with empty room for them (0..1).
+  // 1: stick to where a prefix is cached; smaller: replicate it sooner while there is room.
+  double replicate_weight = 0.25;
 };
 
 // "round-robin" | "least-loaded" | "kv-aware"; InvalidArgument otherwise.

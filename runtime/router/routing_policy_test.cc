@@ -1,7 +1,9 @@
 #include "runtime/router/routing_policy.h"
 
+#include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tandem::router {
@@ -120,18 +122,41 @@ TEST(KvAwareRoutingTest, ParsesName) {
 
 TEST(KvAwareRoutingTest, FollowsTheCachedPrefixUntilLoadOutweighsIt) {
   // An 832-token prompt whose 800-token prefix "b" holds.
+  // "a"'s free blocks all hold other cached prefixes, so a miss there evicts: weight 1.
   std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 500), Decode("b:1", 3, 0, 500)};
+  w[0].kv_blocks_cached_idle = 500;
   w[1].cached_prefix_tokens = 800;
   const KvAwareOptions options{.request_cost_tokens = 64};
-  // a: 832 + 0; b: 32 + 3 * 64 = 224.
+  // a: 800 + 0; b: 0 + 3 * 64 = 192.
   EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 1);
-  // b now has 13 requests: 32 + 832 = 864 > 832.
+  // b now has 13 requests: 832 > 800.
   w[1].running = 13;
   EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
   // The router's own open streams count when they exceed the worker's (stale) stats.
   w[1].running = 0;
   w[1].router_inflight = 20;
   EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
+}
+
+TEST(KvAwareRoutingTest, ReplicatesAHotPrefixIntoEmptyRoomSooner) {
+  // 832 tokens = 52 blocks of 16. "b" caches 800 of them; "a" has 100 empty blocks.
+  std::vector<WorkerSnapshot> w = {Decode("a:1", 0, 0, 100), Decode("b:1", 3, 0, 500)};
+  w[1].cached_prefix_tokens = 800;
+  const KvAwareOptions options{.request_cost_tokens = 64, .replicate_weight = 0.25};
+  // a: 0.25 * 800 = 200; b: 3 * 64 = 192.
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 1);
+  // b: 4 * 64 = 256 > 200: the prefix gets a second home (with weight 1 it would take 13).
+  w[1].running = 4;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
+  // The same free blocks, but holding other prefixes: replicating evicts them, weight 1.
+  w[0].kv_blocks_cached_idle = 90;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 1);
+  // Stats from a worker are untrusted: nonsense counts are clamped, not trusted.
+  w[0].kv_blocks_cached_idle = -5;
+  w[1].cached_prefix_tokens = 1 << 30;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 0);
+  w[0].kv_blocks_cached_idle = 1 << 30;
+  EXPECT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, 832, 0, options), 1);
 }
 
 TEST(KvAwareRoutingTest, WithoutReuseItIsLeastLoadedAndSpreadsTies) {
@@ -143,6 +168,24 @@ TEST(KvAwareRoutingTest, WithoutReuseItIsLeastLoadedAndSpreadsTies) {
     picks.push_back(PickDecodeWorker(RoutingPolicy::kKvAware, w, 100, cursor));
   }
   EXPECT_EQ(picks, (std::vector<int>{0, 1, 0, 1}));
+}
+
+TEST(KvAwareRoutingTest, WithoutReuseEveryDecisionIsLeastLoaded) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<WorkerSnapshot> w;
+    for (int i = 0; i < 4; ++i) {
+      w.push_back(Decode(absl::StrCat("w", i, ":1"), rng() % 4, rng() % 3, rng() % 80));
+      w.back().kv_blocks_cached_idle = rng() % 80;
+      w.back().router_inflight = rng() % 6;
+      w.back().healthy = rng() % 5 != 0;
+    }
+    const int prompt = 1 + rng() % 1000;
+    const uint64_t cursor = rng();
+    ASSERT_EQ(PickDecodeWorker(RoutingPolicy::kKvAware, w, prompt, cursor),
+              PickDecodeWorker(RoutingPolicy::kLeastLoaded, w, prompt, cursor))
+        << "trial " << trial;
+  }
 }
 
 TEST(KvAwareRoutingTest, KvHeadroomCountsOnlyTheUncachedBlocks) {

@@ -248,6 +248,7 @@ void WorkerPool::StatsLoop(Worker* worker) {
         s.running = stats.running_sequences();
         s.kv_blocks_free = stats.kv_blocks_free();
         s.kv_blocks_total = stats.kv_blocks_total();
+        s.kv_blocks_cached_idle = stats.kv_blocks_cached_idle();
         s.block_size = stats.block_size();
         s.prompt_tokens_waiting = stats.prompt_tokens_waiting();
       }

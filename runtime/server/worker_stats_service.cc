@@ -23,6 +23,7 @@ v1::WorkerStats WorkerStatsService::Snapshot() const {
   out.set_kv_blocks_used(stats.blocks_used);
   out.set_kv_blocks_free(stats.blocks_free);
   out.set_kv_blocks_total(stats.blocks_total);
+  out.set_kv_blocks_cached_idle(stats.blocks_cached_idle);
   out.set_block_size(engine_->kv_layout().block_size);
   out.set_prompt_tokens_waiting(stats.waiting_prompt_tokens);
   out.set_timestamp_ms(absl::ToUnixMillis(absl::Now()));
