@@ -49,15 +49,24 @@ NodePtr Literal(absl::string_view text) {
   }
   return Group(Node::kConcat, std::move(seq));
 }
-// Any multi-byte UTF-8 character (lead byte, then continuation bytes).
+// Any multi-byte UTF-8 character, well-formed as RFC 3629 defines it: no overlong forms, no
+// surrogates, nothing past U+10FFFF (so every output the automaton allows is valid UTF-8).
 NodePtr NonAsciiChar() {
+  struct Form {
+    uint8_t lead_lo, lead_hi, second_lo, second_hi;
+    int extra;  // continuation bytes after the lead
+  };
+  static constexpr Form kForms[] = {
+      {0xC2, 0xDF, 0x80, 0xBF, 1}, {0xE0, 0xE0, 0xA0, 0xBF, 2}, {0xE1, 0xEC, 0x80, 0xBF, 2},
+      {0xED, 0xED, 0x80, 0x9F, 2}, {0xEE, 0xEF, 0x80, 0xBF, 2}, {0xF0, 0xF0, 0x90, 0xBF, 3},
+      {0xF1, 0xF3, 0x80, 0xBF, 3}, {0xF4, 0xF4, 0x80, 0x8F, 3},
+  };
   std::vector<NodePtr> alts;
-  for (int extra = 1; extra <= 3; ++extra) {
+  for (const Form& f : kForms) {
     std::vector<NodePtr> seq;
-    seq.push_back(extra == 1   ? Range(0xC2, 0xDF)
-                  : extra == 2 ? Range(0xE0, 0xEF)
-                               : Range(0xF0, 0xF4));
-    for (int k = 0; k < extra; ++k) seq.push_back(Range(0x80, 0xBF));
+    seq.push_back(Range(f.lead_lo, f.lead_hi));
+    seq.push_back(Range(f.second_lo, f.second_hi));
+    for (int k = 1; k < f.extra; ++k) seq.push_back(Range(0x80, 0xBF));
     alts.push_back(Group(Node::kConcat, std::move(seq)));
   }
   return Group(Node::kAlt, std::move(alts));

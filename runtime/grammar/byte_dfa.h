@@ -33,8 +33,8 @@ inline constexpr int kDeadState = -1;
 
 struct ByteDfaLimits {
   int max_states = 4096;
-  size_t max_pattern_bytes = 16 << 10;
-  int max_repeat = 256;  // m and n of {m,n}
+  size_t max_pattern_bytes = 128 << 10;  // JSON Schemas compile to regexes of up to 96 KiB
+  int max_repeat = 256;                  // m and n of {m,n}
 };
 
 class ByteDfa {

@@ -96,6 +96,33 @@ TEST(ByteDfaTest, Utf8DotsEscapesAndAnchors) {
   EXPECT_FALSE(word->Matches("ab_9 ?.A5ü"));
 }
 
+TEST(ByteDfaTest, NonAsciiIsWellFormedUtf8Only) {
+  absl::StatusOr<ByteDfa> dot = ByteDfa::FromRegex(".");
+  absl::StatusOr<ByteDfa> negated = ByteDfa::FromRegex("[^a]");
+  ASSERT_TRUE(dot.ok() && negated.ok());
+  // Every code point from U+0080 to U+10FFFF but the surrogates, encoded by hand.
+  for (uint32_t cp = 0x80; cp <= 0x10FFFF; cp += (cp < 0x10000 ? 1 : 97)) {
+    std::string u;
+    if (cp < 0x800) {
+      u = {static_cast<char>(0xC0 | cp >> 6), static_cast<char>(0x80 | (cp & 0x3F))};
+    } else if (cp < 0x10000) {
+      u = {static_cast<char>(0xE0 | cp >> 12), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+           static_cast<char>(0x80 | (cp & 0x3F))};
+    } else {
+      u = {static_cast<char>(0xF0 | cp >> 18), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)),
+           static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    const bool surrogate = cp >= 0xD800 && cp <= 0xDFFF;
+    ASSERT_EQ(dot->Matches(u), !surrogate) << std::hex << cp;
+    ASSERT_EQ(negated->Matches(u), !surrogate) << std::hex << cp;
+  }
+  for (const char* bad :
+       {"\xc0\x80", "\xc1\xbf", "\xe0\x80\x80", "\xe0\x9f\xbf", "\xed\xa0\x80", "\xf0\x80\x80\x80",
+        "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\x80", "\xc3"}) {
+    EXPECT_FALSE(dot->Matches(bad)) << "overlong, surrogate, past U+10FFFF or cut";
+  }
+}
+
 TEST(ByteDfaTest, ChoicesMatchExactlyOneOfThem) {
   absl::StatusOr<ByteDfa> dfa = ByteDfa::FromChoices({"yes", "no", "yesterday"});
   ASSERT_TRUE(dfa.ok());
