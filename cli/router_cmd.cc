@@ -56,7 +56,7 @@ struct RouterFlags {
   std::vector<std::string> prefill_dns;
   std::vector<std::string> decode_dns;
   double dns_refresh_s = 10;
-  std::string routing = "least-loaded";
+  std::string routing = "kv-aware";
   int local_prefill_threshold = 0;
   double kv_aware_request_cost = router::KvAwareOptions{}.request_cost_tokens;
   double kv_aware_replicate_weight = router::KvAwareOptions{}.replicate_weight;
@@ -257,8 +257,8 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "Seconds between DNS re-resolutions (default 10)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--routing", flags->routing,
-                  "Worker choice: least-loaded (KV headroom, then load), round-robin, or kv-aware "
-                  "(cached prompt prefix against load, docs/routing.md)")
+                  "Worker choice: kv-aware (the default: cached prompt prefix against load), "
+                  "least-loaded (KV headroom, then load) or round-robin (docs/routing.md)")
       ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
                   "Prompts whose uncached part is shorter than this many tokens are prefilled on "

@@ -133,7 +133,7 @@ struct ServeFlags {
   AccessFlags access;                      // the router's
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token
   std::string log_format = "text";         // every child's, and serve's own lines
-  std::string routing = "least-loaded";
+  std::string routing = "kv-aware";
   int local_prefill_threshold = 0;
   double kv_aware_request_cost = -1;      // -1: the router's default
   double kv_aware_replicate_weight = -1;  // -1: the router's default
@@ -833,7 +833,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--routing", flags->routing,
-                  "least-loaded (default), round-robin or kv-aware (docs/routing.md)")
+                  "kv-aware (default), least-loaded or round-robin (docs/routing.md)")
       ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));
   cmd->add_option("--local-prefill-threshold", flags->local_prefill_threshold,
                   "Prompts whose uncached part is shorter than this many tokens prefill on the "
