@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/token_mask.h"
 #include "runtime/model/tokenizer.h"
 
@@ -67,6 +69,57 @@ void BM_Compile(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Compile)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// A JSON Schema of `n` properties (string, integer, boolean, number in turn; every other one
+// required), as a structured-outputs request brings it: schema to regex to automaton.
+nlohmann::ordered_json WideSchema(int n) {
+  nlohmann::ordered_json props = nlohmann::ordered_json::object();
+  nlohmann::ordered_json required = nlohmann::ordered_json::array();
+  static const char* types[] = {"string", "integer", "boolean", "number"};
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "field_" + std::to_string(i);
+    props[name] = {{"type", types[i % 4]}};
+    if (i % 2 == 0) required.push_back(name);
+  }
+  return {{"type", "object"}, {"properties", props}, {"required", required}};
+}
+
+void BM_JsonSchemaCompile(benchmark::State& state) {
+  const nlohmann::ordered_json schema = WideSchema(static_cast<int>(state.range(0)));
+  size_t regex_bytes = 0;
+  int states = 0;
+  for (auto _ : state) {
+    absl::StatusOr<std::string> regex = tandem::grammar::JsonSchemaToRegex(schema);
+    absl::StatusOr<ByteDfa> dfa = ByteDfa::FromRegex(*regex);
+    if (!dfa.ok()) {
+      state.SkipWithError(std::string(dfa.status().message()).c_str());
+      break;
+    }
+    regex_bytes = regex->size();
+    states = dfa->num_states();
+    benchmark::DoNotOptimize(dfa);
+  }
+  state.counters["regex_bytes"] = static_cast<double>(regex_bytes);
+  state.counters["states"] = states;
+}
+BENCHMARK(BM_JsonSchemaCompile)->Arg(10)->Arg(50)->Unit(benchmark::kMillisecond);
+
+// Uncached masks of a JSON Schema's automaton (10 properties) on the 131,072-token vocabulary,
+// cycling over its states, and of json_object's.
+void BM_JsonMaskUncached(benchmark::State& state) {
+  const std::string regex = state.range(0) == 0
+                                ? *tandem::grammar::JsonSchemaToRegex(WideSchema(10))
+                                : tandem::grammar::AnyJsonObjectRegex();
+  const ByteDfa dfa = *ByteDfa::FromRegex(regex);
+  const TokenMasker masker(&dfa, LargeVocab());
+  int s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(masker.ComputeMask(s));
+    s = (s + 1) % dfa.num_states();
+  }
+  state.counters["states"] = dfa.num_states();
+}
+BENCHMARK(BM_JsonMaskUncached)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // One uncached mask per iteration, cycling over every state of the automaton.
 void BM_MaskUncached(benchmark::State& state) {

@@ -8,6 +8,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/grammar/grammar_cache.h"
+#include "runtime/grammar/mask_prefetcher.h"
 
 namespace tandem {
 
@@ -130,6 +131,9 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const Tokenizer* tokenizer,
   }
   local_stats_.blocks_total = runner_->num_blocks();
   PublishStats();
+  if (options_.prefetch_grammar_masks) {
+    mask_prefetcher_ = std::make_unique<grammar::MaskPrefetcher>();
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -612,6 +616,14 @@ bool Engine::Step() {
       chunk.progress = progress.counter;
       chunk.first_value = progress.next;
       a.request.on_kv_chunk(chunk);
+    }
+  }
+  if (mask_prefetcher_ != nullptr) {
+    // Each guided row's mask is needed after the forward pass; start the uncached ones now.
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (!c.need_logits) continue;
+      const Active& a = *active_.at(c.seq_id);
+      if (a.grammar != nullptr) mask_prefetcher_->Prefetch(a.grammar, a.grammar_state);
     }
   }
   ForwardOutput out;

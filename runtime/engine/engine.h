@@ -78,6 +78,7 @@ namespace tandem {
 namespace grammar {
 class CompiledGrammar;
 class GrammarCache;
+class MaskPrefetcher;
 }  // namespace grammar
 
 enum class FinishReason { kStop, kLength, kAbort, kError };
@@ -219,6 +220,9 @@ struct EngineOptions {
   // held prompts' chunks (GenerateRequest::on_kv_chunk). A runner without it (host runners)
   // reports nothing: its KV is whole when the step ends.
   bool kv_layer_progress = false;
+  // Guided decoding: compute each guided sequence's next token mask on a helper thread while the
+  // forward pass runs (grammar::MaskPrefetcher), instead of after it on the engine thread.
+  bool prefetch_grammar_masks = true;
 };
 
 struct EngineStats {
@@ -380,6 +384,8 @@ class Engine {
   mutable absl::Mutex grammar_mu_;
   mutable std::unique_ptr<grammar::GrammarCache> grammars_ ABSL_GUARDED_BY(grammar_mu_);
   const EngineOptions options_;
+  // Set when options_.prefetch_grammar_masks; used by the engine thread only.
+  std::unique_ptr<grammar::MaskPrefetcher> mask_prefetcher_;
   const int max_model_len_;
   const KvCacheLayout kv_layout_;
   const bool reports_kv_chunks_;

@@ -408,6 +408,32 @@ TEST(EngineTest, GuidedChoiceAndRegexConstrainEveryOutput) {
   EXPECT_EQ(bare.Submit("x", {1}, choice).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(EngineTest, PrefetchedGrammarMasksChangeNoOutput) {
+  FakeTokenizer tok;
+  std::map<std::string, std::string> texts[2];
+  for (const bool prefetch : {false, true}) {
+    EngineOptions options;
+    options.prefetch_grammar_masks = prefetch;
+    Harness h(256, 4, options, &tok, {61});
+    std::mt19937 rng(9);
+    for (int i = 0; i < 8; ++i) {
+      SamplingParams p;
+      p.temperature = i < 2 ? 0.0f : 1.2f;
+      p.seed = 100 + i;
+      p.max_tokens = 40;
+      p.guided.regex = i % 2 ? "[0-9]{2,6}\\.[a-d]{1,5}x" : "(ab|ba){1,4}[0-9]x";
+      ASSERT_TRUE(h.Submit("g-" + std::to_string(i), RandomPrompt(rng, 5), p).ok());
+    }
+    ASSERT_TRUE(h.collector.WaitFinished(8));
+    for (const auto& [id, result] : h.collector.results()) {
+      EXPECT_EQ(result.finish, FinishReason::kStop) << id << " " << result.error;
+      texts[prefetch][id] = result.text;
+    }
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+  EXPECT_EQ(texts[1].size(), 8u);
+}
+
 TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {
   std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
   Harness h(64);

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/grammar/grammar_cache.h"
+#include "runtime/grammar/mask_prefetcher.h"
 
 namespace tandem::grammar {
 namespace {
@@ -71,9 +73,57 @@ TEST(TokenMaskTest, TheCacheIsBoundedAndPastItMasksAreStillRight) {
       EXPECT_EQ(masker.Mask(s)->words(), masker.ComputeMask(s).words()) << s;
     }
   }
-  // Two states are kept; the others are fresh objects each time.
-  EXPECT_EQ(masker.Mask(0).get(), masker.Mask(0).get());
-  EXPECT_NE(masker.Mask(dfa->num_states() - 1).get(), masker.Mask(dfa->num_states() - 1).get());
+  // Two states are kept, the two most recently used.
+  const int last = dfa->num_states() - 1;
+  EXPECT_EQ(masker.Mask(last).get(), masker.Mask(last).get());
+  const int64_t before = masker.computed();
+  masker.Mask(0);  // evicts last - 1 (least recent), keeps last
+  masker.Mask(last);
+  EXPECT_EQ(masker.computed(), before + 1);
+  masker.Mask(last - 1);  // evicted: computed again
+  EXPECT_EQ(masker.computed(), before + 2);
+  EXPECT_EQ(masker.Mask(last - 1)->words(), masker.ComputeMask(last - 1).words());
+}
+
+}  // namespace
+}  // namespace tandem::grammar
+
+namespace tandem::grammar {
+namespace {
+
+TEST(MaskPrefetcherTest, PrefetchedMasksAreComputedOnceAndRight) {
+  std::mt19937 rng(5);
+  const std::vector<std::string> vocab = RandomVocab(rng, 2000);
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
+      CompiledGrammar::Compile("[ab]{0,40}(1|22)", {}, std::make_shared<const VocabTrie>(vocab));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const TokenMasker& masker = (*g)->masker();
+  const int states = (*g)->dfa().num_states();
+  {
+    MaskPrefetcher prefetcher;
+    for (int s = 0; s < states; ++s) prefetcher.Prefetch(*g, s);
+    // The engine's side: ask right away, racing the prefetcher; every answer is right.
+    for (int s = 0; s < states; ++s) {
+      ASSERT_EQ(masker.Mask(s)->words(), masker.ComputeMask(s).words()) << s;
+    }
+    EXPECT_EQ(prefetcher.dropped(), 0);
+  }  // the destructor drains and joins
+  EXPECT_EQ(masker.computed(), states) << "each state once, by whichever thread came first";
+  for (int s = 0; s < states; ++s) EXPECT_TRUE(masker.CachedOrPending(s));
+}
+
+TEST(MaskPrefetcherTest, AFullQueueDropsRequestsAndNothingElse) {
+  std::mt19937 rng(6);
+  const std::vector<std::string> vocab = RandomVocab(rng, 300);
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
+      CompiledGrammar::Compile("[ab]{0,60}1", {}, std::make_shared<const VocabTrie>(vocab));
+  ASSERT_TRUE(g.ok());
+  MaskPrefetcher prefetcher(/*max_queued=*/1);
+  for (int s = 0; s < (*g)->dfa().num_states(); ++s) prefetcher.Prefetch(*g, s);
+  for (int s = 0; s < (*g)->dfa().num_states(); ++s) {
+    ASSERT_EQ((*g)->masker().Mask(s)->words(), (*g)->masker().ComputeMask(s).words());
+  }
+  prefetcher.Prefetch(nullptr, 0);  // ignored
 }
 
 }  // namespace

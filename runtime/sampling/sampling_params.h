@@ -17,7 +17,9 @@ namespace tandem {
 inline constexpr int kMaxLogprobs = 20;
 inline constexpr float kMaxLogitBias = 100.0f;  // OpenAI's range: [-100, 100]
 inline constexpr int kMaxLogitBiasEntries = 1024;
-inline constexpr size_t kMaxGuidedBytes = 16 << 10;  // a regex, or all choices together
+// A regex (a compiled JSON Schema is at most 96 KiB: grammar::JsonSchemaOptions), or all choices
+// together; ByteDfaLimits::max_pattern_bytes matches it.
+inline constexpr size_t kMaxGuidedBytes = 128 << 10;
 inline constexpr int kMaxGuidedChoices = 1024;
 
 struct SamplingParams {
