@@ -67,6 +67,23 @@ def openai_seeds():
     write(t, "completion-basic", b"\x00" + dumps(COMPLETION).encode())
     write(t, "completion-token-ids-echo", b"\x00" + dumps(COMPLETION_IDS).encode())
     write(t, "completion-logprobs", b"\x00" + dumps(COMPLETION_LOGPROBS).encode())
+    schema = {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer",
+                                                                      "minimum": -5}}}},
+              "type": "object", "properties": {
+                  "a": {"$ref": "#/$defs/p"}, "b": {"type": "array", "items": {"enum": [1, "z"]},
+                                                   "maxItems": 3},
+                  "c": {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]}},
+              "required": ["a"]}
+    write(t, "chat-json-schema", b"\x01" + dumps(
+        {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema,
+                                                   "strict": True}}}).encode())
+    write(t, "completion-guided-json-text", b"\x00" + dumps(
+        {"prompt": "x", "guided_json": json.dumps(schema),
+         "guided_whitespace_pattern": "[ \n]{0,2}"}).encode())
+    write(t, "chat-json-object", b"\x01" + dumps(
+        {"messages": [{"role": "user", "content": "x"}],
+         "structured_outputs": {"json_object": True}}).encode())
     # Slightly broken.
     write(t, "broken-trailing-comma", b"\x01" + b'{"messages": [{"role": "user", "content": "x"},]}')
     write(t, "broken-unknown-role", b"\x01" + dumps(

@@ -75,21 +75,25 @@ constexpr ApiField kFields[] = {
      "`--chat-template FILE`"},
     {"documents", H, R, "vLLM RAG documents"},
     {"mm_processor_kwargs", H, R, "no multimodal models"},
-    // ---- Structured outputs and tools (issue 23, not built yet) ----
-    {"response_format", B, R,
-     "`{\"type\": \"text\"}` (the default) is accepted; `json_object` and "
-     "`json_schema` are 400 until structured outputs exist"},
-    {"guided_json", B, R, "vLLM structured outputs, not built yet"},
+    // ---- Structured outputs (runtime/router/structured_outputs.h) ----
+    {"response_format", B, I,
+     "OpenAI: `text`; `json_object` (a JSON object); `json_schema` (the output validates against "
+     "`schema`, strict or not; docs/structured_outputs.md lists the keywords)"},
+    {"guided_json", B, I,
+     "vLLM: a JSON Schema (an object, or its JSON text) the output validates "
+     "against"},
     {"guided_regex", B, I,
      "vLLM: the output matches the regex in full (the subset in runtime/grammar/byte_dfa.h; "
      "anything else is a 400 naming the construct)"},
     {"guided_choice", B, I, "vLLM: the output is exactly one of the strings"},
-    {"guided_grammar", B, R, "vLLM structured outputs, not built yet"},
+    {"guided_grammar", B, R, "EBNF/GBNF grammars are not built yet"},
     {"guided_decoding_backend", B, N, "vLLM: one engine (Tandem's own), whatever is named"},
-    {"guided_whitespace_pattern", B, R, "vLLM structured outputs, not built yet"},
+    {"guided_whitespace_pattern", B, I,
+     "vLLM: the regex allowed between JSON tokens (whitespace only; default: at most one space)"},
     {"structured_outputs", B, I,
-     "vLLM: `regex` and `choice` as guided_regex and guided_choice; `json`, `grammar` and the "
-     "rest are 400 until built"},
+     "vLLM: `regex`, `choice`, `json`, `json_object` and `whitespace_pattern`; `grammar` and the "
+     "rest are 400"},
+    // ---- Tools (issue 23, not built yet) ----
     {"tools", H, R, "an empty list is accepted; tool calling is not built yet"},
     {"tool_choice", H, R, "`none` is accepted; tool calling is not built yet"},
     {"parallel_tool_calls", H, R, "needs `tools`"},

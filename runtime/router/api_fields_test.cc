@@ -76,7 +76,8 @@ const std::map<std::string, json>& Examples() {
       {"guided_choice", {{"guided_choice", {"a", "b"}}}},
       {"guided_grammar", {{"guided_grammar", "root ::= \"a\""}}},
       {"guided_decoding_backend", {{"guided_decoding_backend", "xgrammar"}}},
-      {"guided_whitespace_pattern", {{"guided_whitespace_pattern", " "}}},
+      {"guided_whitespace_pattern",
+       {{"guided_json", {{"type", "object"}}}, {"guided_whitespace_pattern", "[ \\n]?"}}},
       {"structured_outputs", {{"structured_outputs", {{"choice", {"a"}}}}}},
       {"tools",
        {{"tools",
@@ -120,7 +121,6 @@ const std::map<std::string, json>& AcceptedDefaults() {
       {"tools", json::array()},
       {"tool_choice", "none"},
       {"modalities", {"text"}},
-      {"response_format", {{"type", "text"}}},
       {"store", false},
   };
   return *m;

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "runtime/grammar/byte_dfa.h"
 #include "runtime/router/api_fields.h"
+#include "runtime/router/structured_outputs.h"
 
 namespace tandem::router {
 namespace {
@@ -133,9 +133,6 @@ bool IsAcceptedDefault(absl::string_view name, const json& v) {
   if (name == "tools") return v.is_array() && v.empty();
   if (name == "tool_choice") return v.is_string() && v.get<std::string>() == "none";
   if (name == "modalities") return v.is_array() && v.size() == 1 && v[0] == "text";
-  if (name == "response_format") {
-    return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
-  }
   return false;
 }
 
@@ -193,62 +190,6 @@ absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& arr, absl::string_v
   return ids;
 }
 
-// vLLM's guided_regex / guided_choice and structured_outputs {"regex"} / {"choice"}: one of them,
-// compiled here so a pattern the engine cannot take is a 400 naming the field.
-absl::Status ParseGuided(const json& j, SamplingParams* p) {
-  std::vector<std::pair<std::string, const json*>> given;
-  if (const json* v = Field(j, "guided_regex"); v != nullptr) given.push_back({"guided_regex", v});
-  if (const json* v = Field(j, "guided_choice"); v != nullptr) {
-    given.push_back({"guided_choice", v});
-  }
-  if (const json* v = Field(j, "structured_outputs"); v != nullptr) {
-    if (!v->is_object()) return WrongType("structured_outputs", "an object", *v);
-    for (const auto& [key, value] : v->items()) {
-      if (value.is_null()) continue;
-      if (key == "regex" || key == "choice") {
-        given.push_back({"structured_outputs." + key, &value});
-      } else {
-        return InvalidParam("structured_outputs",
-                            absl::StrCat("'structured_outputs.", key,
-                                         "' is not supported yet (regex and choice are)"),
-                            "unsupported_parameter");
-      }
-    }
-  }
-  if (given.empty()) return absl::OkStatus();
-  if (given.size() > 1) {
-    return InvalidParam(given[1].first, absl::StrCat("'", given[0].first, "' and '", given[1].first,
-                                                     "' cannot both be given"));
-  }
-  const std::string& name = given[0].first;
-  const json& v = *given[0].second;
-  const bool regex = absl::EndsWith(name, "regex");
-  absl::StatusOr<grammar::ByteDfa> dfa = absl::InternalError("unset");
-  if (regex) {
-    if (!v.is_string() || v.get<std::string>().empty()) {
-      return InvalidParam(name, absl::StrCat("'", name, "' must be a non-empty string"));
-    }
-    p->guided.regex = v.get<std::string>();
-    dfa = grammar::ByteDfa::FromRegex(p->guided.regex);
-  } else {
-    if (!v.is_array() || v.empty()) {
-      return InvalidParam(name, absl::StrCat("'", name, "' must be a non-empty list of strings"));
-    }
-    if (v.size() > static_cast<size_t>(kMaxGuidedChoices)) {
-      return InvalidParam(name, absl::StrCat("at most ", kMaxGuidedChoices, " choices"));
-    }
-    for (const json& c : v) {
-      if (!c.is_string() || c.get<std::string>().empty()) {
-        return InvalidParam(name, absl::StrCat("'", name, "' must hold non-empty strings"));
-      }
-      p->guided.choices.push_back(c.get<std::string>());
-    }
-    dfa = grammar::ByteDfa::FromChoices(p->guided.choices);
-  }
-  if (!dfa.ok()) return InvalidParam(name, absl::StrCat("'", name, "': ", dfa.status().message()));
-  return absl::OkStatus();
-}
-
 absl::Status ParseLogitBias(const json& j, SamplingParams* p) {
   const json* v = Field(j, "logit_bias");
   if (v == nullptr) return absl::OkStatus();
@@ -299,7 +240,7 @@ absl::Status ParseStop(const json& j, std::vector<std::string>* out) {
 }
 
 // Everything both endpoints share.
-absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
+absl::Status ParseCommon(const json& j, absl::string_view body, OpenAiRequest* r) {
   if (absl::Status s = CheckFields(j, r->endpoint); !s.ok()) return s;
   if (const json* v = Field(j, "model"); v != nullptr) {
     if (!v->is_string()) return WrongType("model", "a string", *v);
@@ -397,7 +338,7 @@ absl::Status ParseCommon(const json& j, OpenAiRequest* r) {
   }
   p.min_tokens = min_tokens.value_or(0);
   if (absl::Status s = ParseLogitBias(j, &p); !s.ok()) return s;
-  if (absl::Status s = ParseGuided(j, &p); !s.ok()) return s;
+  if (absl::Status s = ParseStructuredOutputs(j, body, &p.guided); !s.ok()) return s;
   if (const json* v = Field(j, "allowed_token_ids"); v != nullptr) {
     if (!v->is_array()) return WrongType("allowed_token_ids", "a list of token ids", *v);
     if (v->empty()) return InvalidParam("allowed_token_ids", "'allowed_token_ids' is empty");
@@ -668,7 +609,7 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body) {
   if (!j.ok()) return j.status();
   OpenAiRequest r;
   r.endpoint = Endpoint::kCompletions;
-  if (absl::Status s = ParseCommon(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParseCommon(*j, body, &r); !s.ok()) return s;
   if (absl::Status s = ParsePrompt(*j, &r); !s.ok()) return s;
   if (absl::Status s = GetBool(*j, "echo", &r.echo); !s.ok()) return s;
   std::optional<int> logprobs;
@@ -689,7 +630,7 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body)
   if (!j.ok()) return j.status();
   OpenAiRequest r;
   r.endpoint = Endpoint::kChatCompletions;
-  if (absl::Status s = ParseCommon(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParseCommon(*j, body, &r); !s.ok()) return s;
   if (absl::Status s = ParseMessages(*j, &r); !s.ok()) return s;
   if (absl::Status s = GetBool(*j, "add_generation_prompt", &r.add_generation_prompt); !s.ok()) {
     return s;

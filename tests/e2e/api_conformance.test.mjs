@@ -194,6 +194,71 @@ test('guided_choice and guided_regex: every output is a match, also sampled, in 
   });
 });
 
+test('JSON Schema outputs: every output parses and validates, sampled, streamed, in both modes',
+     async () => {
+  const schema = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', minLength: 1, maxLength: 8 },
+      age: { type: 'integer', minimum: 0, maximum: 120 },
+      tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 2 },
+    },
+    required: ['name', 'age'],
+    additionalProperties: false,
+  };
+  // What the schema says, checked by hand (check.py checks the compiler against jsonschema).
+  const validate = (text) => {
+    const v = JSON.parse(text);
+    assert.deepEqual(Object.keys(v).slice(0, 2), ['name', 'age'], text);
+    assert.ok(Object.keys(v).every((k) => k in schema.properties), text);
+    assert.ok(typeof v.name === 'string' && [...v.name].length >= 1 && [...v.name].length <= 8,
+              text);
+    assert.ok(Number.isInteger(v.age) && v.age >= 0 && v.age <= 120, text);
+    if ('tags' in v) {
+      assert.ok(Array.isArray(v.tags) && v.tags.length <= 2 &&
+                v.tags.every((t) => t === 'a' || t === 'b'), text);
+    }
+    return v;
+  };
+  const rf = { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } };
+  const outputs = await inBothModes(async (c) => {
+    const r = await chat(c, { messages: [{ role: 'user', content: 'A person, as JSON.' }],
+                              max_tokens: 200, n: 3, temperature: 1, seed: 5,
+                              response_format: rf });
+    const g = await complete(c, { prompt: 'Person:', max_tokens: 200, temperature: 0,
+                                  guided_json: schema });
+    return [...r.choices.map((ch) => [ch.message.content, ch.finish_reason]),
+            [g.choices[0].text, g.choices[0].finish_reason]];
+  });
+  for (const [text, finish] of outputs) {
+    assert.equal(finish, 'stop', text);
+    validate(text);
+  }
+  const stream = await chat(clients.disaggregated, {
+    messages: [{ role: 'user', content: 'JSON.' }], max_tokens: 200, stream: true, temperature: 0.7,
+    seed: 9, structured_outputs: { json: schema } });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  validate(text);
+  // json_object: an object, whenever the output is complete.
+  const objects = await inBothModes(async (c) => {
+    const r = await chat(c, { messages: hello, max_tokens: 64, n: 2, temperature: 1, seed: 2,
+                              response_format: { type: 'json_object' } });
+    return r.choices.map((ch) => [ch.message.content, ch.finish_reason]);
+  });
+  for (const [t, finish] of objects) {
+    if (finish === 'stop') assert.equal(typeof JSON.parse(t), 'object', t);
+    else assert.ok(t.startsWith('{'), t);
+  }
+  await inBothModes(async (c) => {
+    await assert.rejects(
+      chat(c, { messages: hello, guided_json: { type: 'string', pattern: '^a' } }),
+      (e) => e.status === 400 && e.error?.param === 'guided_json' &&
+             e.error?.code === 'unsupported_parameter' && /'pattern'/.test(e.error?.message));
+    return true;
+  });
+});
+
 test('an unknown or unsupported field is a 400 naming it, never ignored', async () => {
   await inBothModes(async (_, name) => {
     const post = (body) => fetch(`${modes[name].baseURL}/chat/completions`, {
