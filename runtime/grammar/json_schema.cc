@@ -164,6 +164,13 @@ class Compiler {
     if (type == schema.end()) return Untyped(schema, where);
     if (type->is_string()) return Typed(schema, type->get<std::string>(), where);
     if (type->is_array() && !type->empty()) {
+      for (const auto& [key, value] : schema.items()) {
+        const char* owner = KeywordType(key);
+        if (owner != nullptr && std::find(type->begin(), type->end(), json(owner)) == type->end()) {
+          return Error(Pointer(where, key),
+                       absl::StrCat("'", key, "' applies to none of the types listed"));
+        }
+      }
       std::vector<std::string> alts;
       for (const json& t : *type) {
         if (!t.is_string()) return Error(Pointer(where, "type"), "'type' must hold strings");
@@ -225,6 +232,24 @@ class Compiler {
   }
   static std::string Pointer(const std::string& where, const std::string& key) {
     return absl::StrCat(where, "/", key);
+  }
+
+  // The type a type-specific keyword belongs to; nullptr for the others.
+  static const char* KeywordType(const std::string& key) {
+    for (const char* k :
+         {"properties", "required", "additionalProperties", "minProperties", "maxProperties"}) {
+      if (key == k) return "object";
+    }
+    for (const char* k : {"items", "minItems", "maxItems"}) {
+      if (key == k) return "array";
+    }
+    for (const char* k : {"minLength", "maxLength", "format"}) {
+      if (key == k) return "string";
+    }
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (key == k) return "integer";
+    }
+    return nullptr;
   }
 
   static bool Known(const std::string& key) {
@@ -346,8 +371,10 @@ class Compiler {
       }
       bool ok = false;
       for (const char* a : allowed) ok = ok || key == a;
-      // A list of types: a keyword applies to the type it belongs to only.
-      if (!ok && !schema["type"].is_array()) {
+      // A list of types: a keyword applies to the type it belongs to only (Compile checks that
+      // one of the listed types takes it).
+      const auto t = schema.find("type");
+      if (!ok && !(t != schema.end() && t->is_array())) {
         return Error(Pointer(where, key),
                      absl::StrCat("'", key, "' does not apply to type '", type, "'"));
       }

@@ -116,6 +116,18 @@ TEST(JsonSchemaTest, JsonObjectIsAnyObject) {
   EXPECT_FALSE(dfa->Matches(R"({"a": {"b": {"c": {"d": 1}}}})")) << "nested past the depth limit";
 }
 
+TEST(JsonSchemaTest, TypeFollowsFromTheKeywordsWhenLeftOut) {
+  const ByteDfa object = Compile(json::parse(R"({"properties": {"a": {"type": "null"}},
+                                                 "required": ["a"]})"));
+  EXPECT_TRUE(object.Matches(R"({"a": null})"));
+  const ByteDfa array = Compile(json::parse(R"({"items": {"type": "null"}, "maxItems": 1})"));
+  EXPECT_TRUE(array.Matches("[null]"));
+  EXPECT_FALSE(array.Matches("[null,null]"));
+  const ByteDfa text = Compile(json::parse(R"({"maxLength": 2})"));
+  EXPECT_TRUE(text.Matches(R"("ab")"));
+  EXPECT_FALSE(text.Matches(R"("abc")"));
+}
+
 TEST(JsonSchemaTest, WhitespacePatternIsTheCallers) {
   JsonSchemaOptions options;
   options.whitespace = "[ \\n]{0,2}";
@@ -144,6 +156,9 @@ TEST(JsonSchemaTest, UnsupportedKeywordsNameThemselvesAndWhere) {
   EXPECT_NE(error(R"(false)").find("admits no value"), std::string::npos);
   EXPECT_NE(error(R"({"type": "array", "maxItems": 257})").find("above 256"), std::string::npos);
   EXPECT_NE(error(R"({"anyOf": []})").find("non-empty"), std::string::npos);
+  EXPECT_NE(error(R"({"type": ["string", "null"], "minimum": 3})").find("none of the types"),
+            std::string::npos);
+  EXPECT_EQ(error(R"({"type": ["integer", "null"], "minimum": 3})"), "ok");
 }
 
 TEST(JsonSchemaTest, FiftyPropertySchemaFitsTheAutomatonLimits) {

@@ -54,7 +54,7 @@ TEST(StructuredOutputsTest, EveryJsonSpelling) {
     EXPECT_FALSE(Accepts(*g, "[1]")) << extra;
   }
   for (const std::string& extra : {std::string(R"("response_format": {"type": "json_object"})"),
-                                  std::string(R"("structured_outputs": {"json_object": true})")}) {
+                                   std::string(R"("structured_outputs": {"json_object": true})")}) {
     absl::StatusOr<SamplingParams::Guided> g = Guided(extra);
     ASSERT_TRUE(g.ok()) << extra << ": " << g.status();
     EXPECT_TRUE(Accepts(*g, R"({"a": [1, "b"]})")) << extra;
