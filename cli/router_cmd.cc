@@ -1,6 +1,7 @@
 // `tandem router`: the OpenAI HTTP frontend over the decode and prefill pools.
 //   tandem router --model DIR [--port 8000] [--host 127.0.0.1] [--served-model-name NAME]
 //                 [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
+//                 [--tool-call-parser auto|hermes|llama3_json|none]
 //                 (--decode-workers H:P,... | --decode-dns NAME:PORT)
 //                 [--prefill-workers H:P,...] [--prefill-dns NAME:PORT] [--dns-refresh-s 10]
 //                 [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
@@ -51,6 +52,7 @@ struct RouterFlags {
   std::string served_model_name;
   std::string chat_template;
   std::string generation_config = "auto";
+  std::string tool_call_parser = "auto";
   std::string prefill_workers;
   std::string decode_workers;
   std::vector<std::string> prefill_dns;
@@ -126,6 +128,7 @@ int RunRouter(const RouterFlags& flags) {
   frontend_options.served_model_name = flags.served_model_name;
   frontend_options.model_options.chat_template_file = flags.chat_template;
   frontend_options.model_options.generation_config = flags.generation_config;
+  frontend_options.model_options.tool_call_parser = flags.tool_call_parser;
   frontend_options.max_model_len = flags.max_model_len;
   if (flags.request_timeout_s > 0) {
     frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
@@ -242,6 +245,10 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--generation-config", flags->generation_config,
                   "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
                   "defaults), or a directory holding generation_config.json (default auto)");
+  cmd->add_option("--tool-call-parser", flags->tool_call_parser,
+                  "How tool_choice auto reads calls from the output: auto (from the chat "
+                  "template), hermes, llama3_json or none (default auto; docs/api.md)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
   cmd->add_option("--decode-workers", flags->decode_workers,
                   "Decode workers, comma-separated host:port");
   cmd->add_option("--prefill-workers", flags->prefill_workers,

@@ -7,6 +7,7 @@
 //                [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
 //                [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
+//                [--tool-call-parser auto|hermes|llama3_json|none]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -140,6 +141,7 @@ struct ServeFlags {
   std::string served_model_name;
   std::string chat_template;
   std::string generation_config = "auto";
+  std::string tool_call_parser = "auto";
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
   int max_restarts = 5;          // consecutive crashes of one child before serve gives up
@@ -650,6 +652,7 @@ int RunServe(ServeFlags flags) {
         {"--chat-template", std::filesystem::absolute(flags.chat_template).string()});
   }
   router_args.insert(router_args.end(), {"--generation-config", flags.generation_config});
+  router_args.insert(router_args.end(), {"--tool-call-parser", flags.tool_call_parser});
   for (const std::string& host : flags.access.allowed_hosts) {
     router_args.insert(router_args.end(), {"--allowed-host", host});
   }
@@ -855,6 +858,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--generation-config", flags->generation_config,
                   "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
                   "defaults), or a directory holding generation_config.json (default auto)");
+  cmd->add_option("--tool-call-parser", flags->tool_call_parser,
+                  "How tool_choice auto reads calls from the output: auto (from the chat "
+                  "template), hermes, llama3_json or none (default auto; docs/api.md)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);

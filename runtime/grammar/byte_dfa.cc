@@ -516,6 +516,7 @@ class DfaBuilder {
           absl::StrCat("regex: more than ", nfa.max_states, " automaton states (too large)"));
     }
     // Subset construction.
+    const int construction_limit = limits.minimize ? 4 * limits.max_states : limits.max_states;
     std::map<std::vector<int>, int> ids;
     std::vector<std::vector<int>> sets;
     std::vector<std::array<int32_t, 256>> next;
@@ -534,9 +535,8 @@ class DfaBuilder {
         std::vector<int> closure = nfa.Closure(std::move(targets));
         auto [it, inserted] = ids.emplace(closure, static_cast<int>(sets.size()));
         if (inserted) {
-          if (static_cast<int>(sets.size()) >= limits.max_states) {
-            return absl::InvalidArgumentError(absl::StrCat("regex: more than ", limits.max_states,
-                                                           " automaton states (too large)"));
+          if (static_cast<int>(sets.size()) >= construction_limit) {
+            return TooLarge(limits);
           }
           sets.push_back(std::move(closure));
         }
@@ -574,23 +574,172 @@ class DfaBuilder {
     for (int d = 0; d < n; ++d) {
       if (live[d]) renumber[d] = kept++;
     }
-    ByteDfa dfa;
-    dfa.next_.resize(kept);
-    dfa.accepting_.resize(kept);
-    dfa.can_continue_.resize(kept);
+    std::vector<std::array<int32_t, 256>> pruned(kept);
+    std::vector<bool> pruned_accepting(kept);
     for (int d = 0; d < n; ++d) {
       if (!live[d]) continue;
       const int r = renumber[d];
-      bool cont = false;
       for (int b = 0; b < 256; ++b) {
-        const int t = next[d][b] == kDeadState ? kDeadState : renumber[next[d][b]];
-        dfa.next_[r][b] = t;
-        cont |= t != kDeadState;
+        pruned[r][b] = next[d][b] == kDeadState ? kDeadState : renumber[next[d][b]];
       }
-      dfa.accepting_[r] = accepting[d];
-      dfa.can_continue_[r] = cont;
+      pruned_accepting[r] = accepting[d];
+    }
+    if (limits.minimize) Minimize(&pruned, &pruned_accepting);
+    if (static_cast<int>(pruned.size()) > limits.max_states) return TooLarge(limits);
+    ByteDfa dfa;
+    dfa.next_ = std::move(pruned);
+    dfa.accepting_ = std::move(pruned_accepting);
+    dfa.can_continue_.resize(dfa.next_.size());
+    for (size_t d = 0; d < dfa.next_.size(); ++d) {
+      bool cont = false;
+      for (int b = 0; b < 256; ++b) cont |= dfa.next_[d][b] != kDeadState;
+      dfa.can_continue_[d] = cont;
     }
     return dfa;
+  }
+
+ private:
+  static absl::Status TooLarge(const ByteDfaLimits& limits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("regex: more than ", limits.max_states, " automaton states (too large)"));
+  }
+
+  // Hopcroft's partition refinement over the bytes' equivalence classes (bytes no state tells
+  // apart are one symbol), with missing transitions going to an explicit sink. Every state is
+  // live, so the sink stays alone and becomes kDeadState again; the start stays state 0 and the
+  // rest are numbered in breadth-first order from it.
+  static void Minimize(std::vector<std::array<int32_t, 256>>* table, std::vector<bool>* accepting) {
+    const int n = static_cast<int>(table->size());
+    const int sink = n;
+    const int total = n + 1;
+    // Byte classes: bytes with the same column.
+    std::vector<int> byte_class(256, -1);
+    std::vector<int> representative;
+    for (int b = 0; b < 256; ++b) {
+      for (size_t c = 0; c < representative.size() && byte_class[b] < 0; ++c) {
+        bool same = true;
+        for (int d = 0; d < n && same; ++d) same = (*table)[d][b] == (*table)[d][representative[c]];
+        if (same) byte_class[b] = static_cast<int>(c);
+      }
+      if (byte_class[b] < 0) {
+        byte_class[b] = static_cast<int>(representative.size());
+        representative.push_back(b);
+      }
+    }
+    const int k = static_cast<int>(representative.size());
+    const auto delta = [&](int s, int c) {
+      if (s == sink) return sink;
+      const int t = (*table)[s][representative[c]];
+      return t == kDeadState ? sink : t;
+    };
+    // Inverse transitions, per class, as CSR: inv[c] lists the predecessors of each state.
+    std::vector<std::vector<int>> inv_start(k, std::vector<int>(total + 1, 0));
+    std::vector<std::vector<int>> inv(k, std::vector<int>(total));
+    for (int c = 0; c < k; ++c) {
+      std::vector<int>& start = inv_start[c];
+      for (int s = 0; s < total; ++s) ++start[delta(s, c) + 1];
+      for (int t = 0; t < total; ++t) start[t + 1] += start[t];
+      std::vector<int> fill(start.begin(), start.end() - 1);
+      for (int s = 0; s < total; ++s) inv[c][fill[delta(s, c)]++] = s;
+    }
+    // The partition: elems grouped by block, block b = elems[first[b], last[b]).
+    std::vector<int> elems(total), pos(total), block(total), first, last, marked;
+    {
+      int at = 0;
+      for (int pass = 0; pass < 2; ++pass) {
+        const int begin = at;
+        for (int s = 0; s < total; ++s) {
+          const bool acc = s != sink && (*accepting)[s];
+          if (acc == (pass == 0)) {
+            elems[at] = s;
+            pos[s] = at++;
+            block[s] = static_cast<int>(first.size());
+          }
+        }
+        if (at > begin) {
+          first.push_back(begin);
+          last.push_back(at);
+        }
+      }
+    }
+    marked.assign(first.size(), 0);
+    std::vector<int> work;
+    std::vector<bool> in_work;
+    for (size_t b = 0; b < first.size(); ++b) {
+      work.push_back(static_cast<int>(b));
+      in_work.push_back(true);
+    }
+    std::vector<int> splitter, touched;
+    while (!work.empty()) {
+      const int a = work.back();
+      work.pop_back();
+      in_work[a] = false;
+      splitter.assign(elems.begin() + first[a], elems.begin() + last[a]);
+      for (int c = 0; c < k; ++c) {
+        touched.clear();
+        for (int t : splitter) {
+          for (int i = inv_start[c][t]; i < inv_start[c][t + 1]; ++i) {
+            const int s = inv[c][i];
+            const int b = block[s];
+            const int to = first[b] + marked[b];
+            const int from = pos[s];
+            std::swap(elems[from], elems[to]);
+            pos[elems[from]] = from;
+            pos[elems[to]] = to;
+            if (marked[b]++ == 0) touched.push_back(b);
+          }
+        }
+        for (int b : touched) {
+          const int m = marked[b];
+          marked[b] = 0;
+          if (m == last[b] - first[b]) continue;
+          // The marked part [first, first + m) becomes a new block.
+          const int nb = static_cast<int>(first.size());
+          first.push_back(first[b]);
+          last.push_back(first[b] + m);
+          marked.push_back(0);
+          first[b] += m;
+          for (int i = first[nb]; i < last[nb]; ++i) block[elems[i]] = nb;
+          if (in_work[b]) {
+            work.push_back(nb);
+            in_work.push_back(true);
+          } else {
+            const bool smaller_new = m <= last[b] - first[b];
+            work.push_back(smaller_new ? nb : b);
+            in_work.push_back(smaller_new);
+            if (!smaller_new) in_work[b] = true;
+          }
+        }
+      }
+    }
+    // Number the blocks from the start's, breadth first; the sink's block is the dead state.
+    std::vector<int> id(first.size(), kDeadState);
+    std::vector<int> order;
+    id[block[0]] = 0;
+    order.push_back(block[0]);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int rep = elems[first[order[i]]];
+      for (int c = 0; c < k; ++c) {
+        const int t = delta(rep, c);
+        if (t == sink) continue;
+        if (id[block[t]] == kDeadState) {
+          id[block[t]] = static_cast<int>(order.size());
+          order.push_back(block[t]);
+        }
+      }
+    }
+    std::vector<std::array<int32_t, 256>> out(order.size());
+    std::vector<bool> out_accepting(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int rep = elems[first[order[i]]];
+      for (int b = 0; b < 256; ++b) {
+        const int t = delta(rep, byte_class[b]);
+        out[i][b] = t == sink ? kDeadState : id[block[t]];
+      }
+      out_accepting[i] = (*accepting)[rep];
+    }
+    *table = std::move(out);
+    *accepting = std::move(out_accepting);
   }
 };
 

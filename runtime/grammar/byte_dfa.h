@@ -13,9 +13,10 @@
 // Not supported, refused with InvalidArgument naming the construct and its offset: lookaround,
 // backreferences, named groups, \b, anchors other than at the ends, non-ASCII class members.
 //
-// Compilation: Thompson NFA, then subset construction, bounded by `max_states` (InvalidArgument
-// past it, so a hostile pattern cannot take the server's memory). Dead states are pruned: every
-// state the DFA keeps can still reach an accepting state.
+// Compilation: Thompson NFA, then subset construction (bounded by 4 * `max_states`), then
+// Hopcroft minimization over the pattern's byte classes, bounded by `max_states` (InvalidArgument
+// past either, so a hostile pattern cannot take the server's memory). Dead states are pruned:
+// every state the DFA keeps can still reach an accepting state. State 0 is the start.
 //
 // Value type; immutable after construction; thread-safe to share.
 
@@ -32,7 +33,10 @@ namespace tandem::grammar {
 inline constexpr int kDeadState = -1;
 
 struct ByteDfaLimits {
-  int max_states = 4096;
+  int max_states = 4096;  // of the minimal automaton; the subset construction may take 4x
+  // Minimize (Hopcroft): equivalent states merge, so `A(,A)*` costs about as much as `A`. Off
+  // only for tests that compare against the unminimized automaton.
+  bool minimize = true;
   size_t max_pattern_bytes = 128 << 10;  // JSON Schemas compile to regexes of up to 96 KiB
   int max_repeat = 256;                  // m and n of {m,n}
 };

@@ -147,6 +147,37 @@ TEST(ByteDfaTest, UnsupportedConstructsAreRefusedWithTheirPlace) {
   EXPECT_THAT(ByteDfa::FromRegex("(?=a)b").status().message(), HasSubstr("offset 1"));
 }
 
+TEST(ByteDfaTest, MinimizationMergesEquivalentStatesOnly) {
+  // Known minimal sizes (dead state not counted): the last-4th-letter language has 2^4 states.
+  EXPECT_EQ(ByteDfa::FromRegex("(a|b)*a(a|b){3}")->num_states(), 16);
+  EXPECT_EQ(ByteDfa::FromRegex("(abc|abc|ab(c))")->num_states(), 4);
+  // A list of A costs about what A costs, not twice as much.
+  const std::string item = "\\{\"k\": (\"[a-z]*\"|[0-9]+|\\[([0-9]+(, [0-9]+)*)?\\])\\}";
+  const int one = ByteDfa::FromRegex(item)->num_states();
+  const int list = ByteDfa::FromRegex("\\[" + item + "(, " + item + ")*\\]")->num_states();
+  EXPECT_LE(list, one + 3);
+  // The same language as the unminimized automaton, with no more states.
+  std::mt19937 rng(20261204);
+  ByteDfaLimits raw;
+  raw.minimize = false;
+  for (int p = 0; p < 200; ++p) {
+    const std::string pattern = RandomPattern(rng, 4);
+    absl::StatusOr<ByteDfa> min = ByteDfa::FromRegex(pattern);
+    absl::StatusOr<ByteDfa> full = ByteDfa::FromRegex(pattern, raw);
+    ASSERT_TRUE(min.ok() && full.ok()) << pattern;
+    EXPECT_LE(min->num_states(), full->num_states()) << pattern;
+    for (int s = 0; s < 100; ++s) {
+      std::string text;
+      const int len = rng() % 9;
+      for (int k = 0; k < len; ++k) text += "abcd"[rng() % 4];
+      ASSERT_EQ(min->Matches(text), full->Matches(text)) << "/" << pattern << "/ on " << text;
+      // Prefix liveness agrees too (the masks depend on it).
+      const int a = min->Walk(min->start(), text), b = full->Walk(full->start(), text);
+      ASSERT_EQ(a == kDeadState, b == kDeadState) << "/" << pattern << "/ on " << text;
+    }
+  }
+}
+
 TEST(ByteDfaTest, LimitsBoundStatesAndPatternSize) {
   // (a|b)*a(a|b){n}: the classic exponential DFA.
   ByteDfaLimits limits;

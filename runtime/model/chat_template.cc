@@ -97,17 +97,18 @@ absl::StatusOr<std::unique_ptr<JinjaChatTemplate>> JinjaChatTemplate::Create(
     const std::string& source, const std::string& bos_token, const std::string& eos_token) {
   ASSIGN_OR_RETURN(jinja::Template tmpl, jinja::Template::Compile(source));
   return std::unique_ptr<JinjaChatTemplate>(
-      new JinjaChatTemplate(std::move(tmpl), bos_token, eos_token));
+      new JinjaChatTemplate(source, std::move(tmpl), bos_token, eos_token));
 }
 
 namespace {
 
 constexpr int kMaxKwargsDepth = 32;
 
-absl::StatusOr<jinja::Value> ToTemplateValue(const nlohmann::json& j, int depth) {
+// `what` names the input in errors ("chat_template_kwargs", "tools", ...).
+absl::StatusOr<jinja::Value> ToTemplateValue(const nlohmann::ordered_json& j, int depth,
+                                             absl::string_view what) {
   if (depth > kMaxKwargsDepth) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chat_template_kwargs: nested deeper than ", kMaxKwargsDepth));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": nested deeper than ", kMaxKwargsDepth));
   }
   switch (j.type()) {
     case nlohmann::json::value_t::null:
@@ -127,8 +128,8 @@ absl::StatusOr<jinja::Value> ToTemplateValue(const nlohmann::json& j, int depth)
       return jinja::Value::String(j.get<std::string>());
     case nlohmann::json::value_t::array: {
       jinja::Array items;
-      for (const nlohmann::json& e : j) {
-        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1));
+      for (const nlohmann::ordered_json& e : j) {
+        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1, what));
         items.push_back(std::move(v));
       }
       return jinja::Value::MakeArray(std::move(items));
@@ -136,14 +137,53 @@ absl::StatusOr<jinja::Value> ToTemplateValue(const nlohmann::json& j, int depth)
     case nlohmann::json::value_t::object: {
       jinja::Object entries;
       for (const auto& [k, e] : j.items()) {
-        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1));
+        ASSIGN_OR_RETURN(jinja::Value v, ToTemplateValue(e, depth + 1, what));
         entries.emplace_back(k, std::move(v));
       }
       return jinja::Value::MakeObject(std::move(entries));
     }
     default:
-      return absl::InvalidArgumentError("chat_template_kwargs: binary values are not allowed");
+      return absl::InvalidArgumentError(absl::StrCat(what, ": binary values are not allowed"));
   }
+}
+
+// A JSON text as a template value; errors name `what`.
+absl::StatusOr<jinja::Value> ParseTemplateValue(const std::string& text, absl::string_view what) {
+  // Ordered: templates print objects (tojson) in the client's key order, as Python dicts keep it.
+  const nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON"));
+  return ToTemplateValue(j, 1, what);
+}
+
+jinja::Value MessageValue(const ChatMessage& m, absl::Status* status) {
+  jinja::Object entries = {
+      {"role", jinja::Value::String(m.role)},
+      {"content", m.content_null ? jinja::Value::None() : jinja::Value::String(m.content)},
+  };
+  if (!m.tool_calls.empty()) {
+    jinja::Array calls;
+    for (const ChatToolCall& c : m.tool_calls) {
+      absl::StatusOr<jinja::Value> arguments =
+          ParseTemplateValue(c.arguments, "tool_calls.function.arguments");
+      if (!arguments.ok()) {
+        *status = arguments.status();
+        return jinja::Value::None();
+      }
+      calls.push_back(jinja::Value::MakeObject({
+          {"id", jinja::Value::String(c.id)},
+          {"type", jinja::Value::String("function")},
+          {"function", jinja::Value::MakeObject({{"name", jinja::Value::String(c.name)},
+                                                 {"arguments", *std::move(arguments)}})},
+      }));
+    }
+    entries.emplace_back("tool_calls", jinja::Value::MakeArray(std::move(calls)));
+  }
+  if (!m.tool_call_id.empty()) {
+    entries.emplace_back("tool_call_id", jinja::Value::String(m.tool_call_id));
+  }
+  if (!m.name.empty()) entries.emplace_back("name", jinja::Value::String(m.name));
+  return jinja::Value::MakeObject(std::move(entries));
 }
 
 }  // namespace
@@ -152,15 +192,21 @@ absl::StatusOr<std::string> JinjaChatTemplate::Render(std::span<const ChatMessag
                                                       const ChatRenderOptions& options) const {
   jinja::Object extra;
   if (!options.kwargs_json.empty()) {
-    const nlohmann::json kwargs =
-        nlohmann::json::parse(options.kwargs_json, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::ordered_json kwargs =
+        nlohmann::ordered_json::parse(options.kwargs_json, nullptr, /*allow_exceptions=*/false);
     if (kwargs.is_discarded() || !kwargs.is_object()) {
       return absl::InvalidArgumentError("chat_template_kwargs: must be a JSON object");
     }
     for (const auto& [k, v] : kwargs.items()) {
-      ASSIGN_OR_RETURN(jinja::Value value, ToTemplateValue(v, 1));
+      ASSIGN_OR_RETURN(jinja::Value value, ToTemplateValue(v, 1, "chat_template_kwargs"));
       extra.emplace_back(k, std::move(value));
     }
+  }
+  if (!options.tools_json.empty()) {
+    ASSIGN_OR_RETURN(jinja::Value tools, ParseTemplateValue(options.tools_json, "tools"));
+    if (tools.kind() != jinja::Value::Kind::kArray)
+      return absl::InvalidArgumentError("tools: must be a JSON array");
+    extra.emplace_back("tools", std::move(tools));
   }
   ASSIGN_OR_RETURN(std::string text,
                    RenderWithVariables(messages, options.add_generation_prompt, extra));
@@ -186,10 +232,9 @@ absl::StatusOr<std::string> JinjaChatTemplate::RenderWithVariables(
   jinja::Array message_values;
   message_values.reserve(messages.size());
   for (const ChatMessage& m : messages) {
-    message_values.push_back(jinja::Value::MakeObject({
-        {"role", jinja::Value::String(m.role)},
-        {"content", jinja::Value::String(m.content)},
-    }));
+    absl::Status status;
+    message_values.push_back(MessageValue(m, &status));
+    if (!status.ok()) return status;
   }
   jinja::Object variables = {
       {"messages", jinja::Value::MakeArray(std::move(message_values))},

@@ -10,14 +10,34 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace tandem {
 
+// A call of a tool the assistant made, as a chat history carries it back.
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON object text; the template sees it parsed (as vLLM passes it)
+};
+
+// One message as the template sees it: {role, content} plus, only where set, tool_calls
+// ([{id, type: "function", function: {name, arguments}}]), tool_call_id and name, so a template's
+// `'tool_calls' in message` tests hold as they do for Hugging Face's dicts.
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant", "tool", ...
+  ChatMessage() = default;
+  ChatMessage(std::string role_in, std::string content_in)
+      : role(std::move(role_in)), content(std::move(content_in)) {}
+
+  std::string role;  // "system", "user", "assistant", "tool", "ipython", ...
   std::string content;
+  bool content_null = false;  // content was null (an assistant message holding only tool calls)
+  std::vector<ChatToolCall> tool_calls = {};
+  std::string tool_call_id;  // a tool result's call id ("" when none)
+  std::string name;          // a tool result's function name ("" when none)
 };
 
 struct ChatRenderOptions {
@@ -29,6 +49,9 @@ struct ChatRenderOptions {
   // Extra template variables (vLLM's chat_template_kwargs) as JSON object text; "" for none.
   // Nested at most 32 deep.
   std::string kwargs_json;
+  // The request's tools ([{type: "function", function: {name, description, parameters}}]) as
+  // JSON array text, the template's `tools` variable; "" leaves it none.
+  std::string tools_json;
 };
 
 class ChatTemplate {
@@ -45,6 +68,9 @@ class ChatTemplate {
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromFile(const std::string& file,
                                                                 const std::string& model_dir);
   virtual ~ChatTemplate() = default;
+
+  // The Jinja text (what a tool-call format is detected from).
+  virtual const std::string& source() const = 0;
 
   // Errors: raise_exception() in the template (e.g. bad role order), runtime type errors;
   // InvalidArgument for kwargs_json that is not an object, or a continued final message that the

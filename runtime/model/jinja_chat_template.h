@@ -45,6 +45,7 @@ class JinjaChatTemplate final : public ChatTemplate {
   absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
                                      const ChatRenderOptions& options) const override;
   using ChatTemplate::Render;
+  const std::string& source() const override { return source_; }
 
   // Render with `extra` variables added (overriding the defaults above), as extra keyword
   // arguments to apply_chat_template would be.
@@ -53,11 +54,14 @@ class JinjaChatTemplate final : public ChatTemplate {
                                                   const jinja::Object& extra) const;
 
  private:
-  JinjaChatTemplate(jinja::Template tmpl, std::string bos_token, std::string eos_token)
-      : template_(std::move(tmpl)),
+  JinjaChatTemplate(std::string source, jinja::Template tmpl, std::string bos_token,
+                    std::string eos_token)
+      : source_(std::move(source)),
+        template_(std::move(tmpl)),
         bos_token_(std::move(bos_token)),
         eos_token_(std::move(eos_token)) {}
 
+  std::string source_;
   jinja::Template template_;
   std::string bos_token_;
   std::string eos_token_;

@@ -17,8 +17,8 @@ constexpr ApiField kFields[] = {
      "a string, a list of token ids, or a list of strings or token-id lists (batched prompts: "
      "choice index = prompt index * n + choice)"},
     {"messages", H, I,
-     "roles system, developer, user, assistant, tool; content a string, null (assistant) or text "
-     "parts"},
+     "roles system, developer, user, assistant, tool, ipython; content a string, null (assistant) "
+     "or text parts; assistant `tool_calls`, tool `tool_call_id`, `name`"},
     {"stream", B, I, "server-sent events ending in `data: [DONE]`"},
     {"stream_options", B, I, "`include_usage` only; needs `stream: true`"},
     {"n", B, I, "1 to 128 choices"},
@@ -93,10 +93,14 @@ constexpr ApiField kFields[] = {
     {"structured_outputs", B, I,
      "vLLM: `regex`, `choice`, `json`, `json_object` and `whitespace_pattern`; `grammar` and the "
      "rest are 400"},
-    // ---- Tools (issue 23, not built yet) ----
-    {"tools", H, R, "an empty list is accepted; tool calling is not built yet"},
-    {"tool_choice", H, R, "`none` is accepted; tool calling is not built yet"},
-    {"parallel_tool_calls", H, R, "needs `tools`"},
+    // ---- Tools ----
+    {"tools", H, I,
+     "at most 128 functions; rendered by the chat template; `parameters` must compile "
+     "(docs/structured_outputs.md)"},
+    {"tool_choice", H, I,
+     "`none`, `auto` (parsed in the model's format, `--tool-call-parser`), `required` and a "
+     "named function (both grammar-constrained)"},
+    {"parallel_tool_calls", H, I, "`false`: at most one call"},
     {"functions", H, R, "legacy function calling"},
     {"function_call", H, R, "legacy function calling"},
     // ---- Not offered ----

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
@@ -156,6 +157,21 @@ absl::StatusOr<FrontendModel> LoadFrontendModel(const std::string& model_dir,
   } else {
     model.chat_template_error =
         absl::StrCat("the model has no usable chat template: ", tmpl.status().message());
+  }
+  const std::string& parser = options.tool_call_parser;
+  if (parser == "auto") {
+    if (model.chat_template != nullptr) {
+      model.tool_call_parser = DetectToolCallParser(model.chat_template->source());
+    }
+  } else if (parser != "none") {
+    bool known = false;
+    for (absl::string_view name : kToolCallParsers) known |= parser == name;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("--tool-call-parser ", parser,
+                                                     ": expected auto, none, ",
+                                                     absl::StrJoin(kToolCallParsers, ", ")));
+    }
+    model.tool_call_parser = parser;
   }
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return config.status();
@@ -331,6 +347,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         stream_(req.stream),
         include_usage_(req.include_usage),
         echo_(req.echo),
+        tool_choice_(req.tools.choice),
         meta_(std::move(meta)),
         endpoint_label_(std::move(endpoint_label)),
         n_(req.n),
@@ -341,6 +358,10 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     for (size_t i = 0; i < choices_.size(); ++i) {
       choices_[i].backend_id = absl::StrCat(meta_.id, "-", i);
       backend_ids_.push_back(choices_[i].backend_id);
+      if (req.tools.parses_output()) {
+        // HandleGenerate made one already, so this one is made too.
+        choices_[i].tool_parser = *CreateToolCallParser(req.tools, core_->model.tool_call_parser);
+      }
     }
     for (const PreparedPrompt& p : prompts_) {
       prompt_tokens_ += static_cast<int>(p.token_ids.size());
@@ -433,6 +454,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     BackendUsage usage;
     int tokens = 0;
     absl::Time last_token;
+    std::unique_ptr<ToolCallParser> tool_parser;  // chat with tools: the output's calls
+    std::vector<ToolCall> tool_calls;
   };
 
   void HandleChunkLocked(int i, BackendChunk chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -488,6 +511,19 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       offset += CodePoints(e.token);
     }
     c.text_chars = entries.empty() ? c.text_chars + CodePoints(text) : offset;
+    std::vector<ToolCallDelta> calls;
+    if (c.tool_parser != nullptr) {
+      // Tool calls leave the text; the content is what the parser passes on.
+      ToolParseOutput out = c.tool_parser->Feed(text);
+      if (chunk.finish_reason.has_value()) {
+        ToolParseOutput rest = c.tool_parser->Finish();
+        out.content += rest.content;
+        out.calls.insert(out.calls.end(), rest.calls.begin(), rest.calls.end());
+      }
+      text = std::move(out.content);
+      calls = std::move(out.calls);
+      AppendToolCallDeltas(calls, &c.tool_calls);
+    }
     c.text += text;
     c.logprobs.insert(c.logprobs.end(), entries.begin(), entries.end());
     c.usage = chunk.usage;
@@ -495,6 +531,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     c.started = true;
     if (chunk.finish_reason.has_value()) {
       c.finish_reason = *chunk.finish_reason;
+      // OpenAI's reason for a turn that ended in calls (a named function's stays "stop").
+      if (c.finish_reason == "stop" && c.tool_parser != nullptr && c.tool_parser->calls() > 0 &&
+          tool_choice_ != ToolChoice::kFunction) {
+        c.finish_reason = "tool_calls";
+      }
       c.done = true;
       --remaining_;
     }
@@ -504,8 +545,14 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       if (remaining_ == 0) {
         std::vector<ChoiceResult> results;
         for (size_t k = 0; k < choices_.size(); ++k) {
-          results.push_back({static_cast<int>(k), std::move(choices_[k].text),
-                             std::move(choices_[k].logprobs), choices_[k].finish_reason});
+          ChoiceResult r;
+          r.index = static_cast<int>(k);
+          r.text = std::move(choices_[k].text);
+          r.tool_calls = std::move(choices_[k].tool_calls);
+          r.content_null = r.text.empty() && !r.tool_calls.empty();
+          r.logprobs = std::move(choices_[k].logprobs);
+          r.finish_reason = choices_[k].finish_reason;
+          results.push_back(std::move(r));
         }
         HttpResponse r = JsonResponse(200, ResponseJson(meta_, results, UsageLocked()));
         r.headers.emplace_back("X-Request-Id", response_id());
@@ -526,10 +573,11 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     }
     // Every chunk that carries tokens is an event, also when they decode to no text yet (a
     // partial UTF-8 character, special tokens): clients time tokens by these events.
-    if (has_tokens || !text.empty() || !entries.empty()) {
+    if (has_tokens || !text.empty() || !entries.empty() || !calls.empty()) {
       StreamDelta d;
       d.index = i;
-      d.text = std::move(text);
+      if (!text.empty() || calls.empty()) d.text = std::move(text);
+      d.tool_calls = std::move(calls);
       d.logprobs = std::move(entries);
       exchange_->WriteChunk(StreamChunkEvent(meta_, d, include_usage_));
     }
@@ -656,6 +704,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const bool stream_;
   const bool include_usage_;
   const bool echo_;
+  const ToolChoice tool_choice_;
   const ResponseMeta meta_;
   const std::string endpoint_label_;
   const int n_;                                // choices per prompt
@@ -893,6 +942,14 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
                                                           options.served_model_name, "'"),
                                              "model", "model_not_found")),
                   "model_not_found");
+  }
+  if (req.tools.parses_output()) {
+    // Auto needs a parser for this model's format; each choice makes its own below.
+    if (absl::StatusOr<std::unique_ptr<ToolCallParser>> parser =
+            CreateToolCallParser(req.tools, model.tool_call_parser);
+        !parser.ok()) {
+      return refuse(ErrorResponse(ToApiError(parser.status())), parser.status().message());
+    }
   }
   absl::StatusOr<std::vector<PreparedPrompt>> prompts = PreparePrompts(model, req);
   if (!prompts.ok()) {

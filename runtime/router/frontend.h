@@ -60,6 +60,10 @@ struct FrontendModelOptions {
   // `--generation-config`: "auto" (the model directory's generation_config.json, if any),
   // "vllm" or "none" (no defaults: the API's own), or a directory holding generation_config.json.
   std::string generation_config = "auto";
+  // `--tool-call-parser`: how tool_choice "auto" reads calls from the output: "auto" (from the
+  // chat template's text, tool_calls.h DetectToolCallParser), "hermes", "llama3_json", or "none"
+  // (auto is then a 400; required and named functions still work).
+  std::string tool_call_parser = "auto";
 };
 
 struct RouterFrontendOptions {
@@ -110,6 +114,8 @@ struct FrontendModel {
   std::string chat_template_error;
   int max_model_len = 0;  // required, > 0
   GenerationDefaults generation_defaults;
+  // The tool-call parser for tool_choice "auto" (a kToolCallParsers name); "" for none.
+  std::string tool_call_parser;
 };
 
 // Loads the tokenizer, chat template, config.json context limit and generation defaults of

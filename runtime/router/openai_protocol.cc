@@ -11,7 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/router/api_fields.h"
+#include "runtime/router/json_fields.h"
 #include "runtime/router/structured_outputs.h"
+#include "runtime/router/tool_calls.h"
 
 namespace tandem::router {
 namespace {
@@ -21,27 +23,10 @@ using json = nlohmann::json;
 constexpr absl::string_view kParamPayload = "tandem.openai/param";
 constexpr absl::string_view kCodePayload = "tandem.openai/code";
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string TypeName(const json& v) {
-  if (v.is_boolean()) return "boolean";
-  if (v.is_number()) return "number";
-  if (v.is_string()) return "string";
-  if (v.is_array()) return "array";
-  if (v.is_object()) return "object";
-  return "null";
-}
-
-absl::Status WrongType(absl::string_view name, absl::string_view want, const json& got) {
-  return InvalidParam(name, absl::StrCat("'", name, "' must be ", want, ", got ", TypeName(got)));
-}
-
-// Field accessors: absent and null both mean "not given".
-const json* Field(const json& obj, absl::string_view name) {
-  auto it = obj.find(name);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+using json_fields::Dump;
+using json_fields::Field;
+using json_fields::TypeName;
+using json_fields::WrongType;
 
 absl::Status GetBool(const json& obj, absl::string_view name, bool* out) {
   const json* v = Field(obj, name);
@@ -130,8 +115,6 @@ bool IsAcceptedDefault(absl::string_view name, const json& v) {
   if (name == "spaces_between_special_tokens") return v.is_boolean() && v.get<bool>();
   if (name == "use_beam_search" || name == "store") return v.is_boolean() && !v.get<bool>();
   if (name == "length_penalty") return v.is_number() && v.get<double>() == 1.0;
-  if (name == "tools") return v.is_array() && v.empty();
-  if (name == "tool_choice") return v.is_string() && v.get<std::string>() == "none";
   if (name == "modalities") return v.is_array() && v.size() == 1 && v[0] == "text";
   return false;
 }
@@ -412,6 +395,85 @@ absl::Status ParsePrompt(const json& j, OpenAiRequest* r) {
   return absl::OkStatus();
 }
 
+// A message's fields beyond role and content: name, tool_calls (assistant), tool_call_id (tool,
+// required there), and the fields an OpenAI response message carries back when a client appends
+// it to the history (refusal, audio, function_call, annotations: accepted when null or empty).
+absl::Status ParseMessageExtras(const json& m, const std::string& where, ChatMessage* msg) {
+  for (const auto& [key, value] : m.items()) {
+    if (key == "role" || key == "content" || key == "name" || key == "tool_calls" ||
+        key == "tool_call_id") {
+      continue;
+    }
+    if (key == "refusal" || key == "audio" || key == "function_call" || key == "annotations" ||
+        key == "reasoning_content") {
+      if (value.is_null() || (value.is_array() && value.empty())) continue;
+      return InvalidParam(absl::StrCat(where, ".", key),
+                          absl::StrCat("'", where, ".", key,
+                                       "' is not supported in the history (null is accepted)"),
+                          "unsupported_parameter");
+    }
+    return InvalidParam(absl::StrCat(where, ".", key),
+                        absl::StrCat("unrecognized message field '", key, "' in '", where, "'"),
+                        "unknown_parameter");
+  }
+  if (absl::Status s = GetString(m, "name", &msg->name); !s.ok()) return s;
+  if (absl::Status s = GetString(m, "tool_call_id", &msg->tool_call_id); !s.ok()) return s;
+  if (msg->role == "tool" && msg->tool_call_id.empty()) {
+    return InvalidParam(where + ".tool_call_id", "a tool message needs 'tool_call_id'");
+  }
+  if (msg->role != "tool" && !msg->tool_call_id.empty()) {
+    return InvalidParam(where + ".tool_call_id", "'tool_call_id' belongs to tool messages");
+  }
+  const json* calls = Field(m, "tool_calls");
+  if (calls == nullptr) return absl::OkStatus();
+  if (msg->role != "assistant") {
+    return InvalidParam(where + ".tool_calls", "'tool_calls' belongs to assistant messages");
+  }
+  if (!calls->is_array()) return WrongType(where + ".tool_calls", "a list", *calls);
+  if (calls->size() > static_cast<size_t>(kMaxTools)) {
+    return InvalidParam(where + ".tool_calls", absl::StrCat("at most ", kMaxTools, " calls"));
+  }
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const json& c = (*calls)[k];
+    const std::string cwhere = absl::StrCat(where, ".tool_calls[", k, "]");
+    if (!c.is_object()) return WrongType(cwhere, "an object", c);
+    for (const auto& [key, value] : c.items()) {
+      if (key != "id" && key != "type" && key != "function") {
+        return InvalidParam(absl::StrCat(cwhere, ".", key),
+                            absl::StrCat("unrecognized field '", key, "' in '", cwhere, "'"),
+                            "unknown_parameter");
+      }
+    }
+    ChatToolCall call;
+    if (absl::Status s = GetString(c, "id", &call.id); !s.ok()) return s;
+    if (const json* type = Field(c, "type"); type != nullptr && *type != "function") {
+      return InvalidParam(cwhere + ".type", absl::StrCat("'", cwhere, ".type' must be 'function'"));
+    }
+    const json* f = Field(c, "function");
+    if (f == nullptr || !f->is_object()) {
+      return InvalidParam(cwhere + ".function", "'function' must be an object {name, arguments}");
+    }
+    const json* name = Field(*f, "name");
+    if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+      return InvalidParam(cwhere + ".function.name", "'function.name' must be a non-empty string");
+    }
+    call.name = name->get<std::string>();
+    const json* args = Field(*f, "arguments");
+    if (args == nullptr || !args->is_string()) {
+      return InvalidParam(cwhere + ".function.arguments",
+                          "'function.arguments' must be a string of JSON");
+    }
+    const json parsed = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !parsed.is_object()) {
+      return InvalidParam(cwhere + ".function.arguments",
+                          "'function.arguments' must be the text of a JSON object");
+    }
+    call.arguments = args->get<std::string>();
+    msg->tool_calls.push_back(std::move(call));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const json& j, OpenAiRequest* r) {
   const json* v = Field(j, "messages");
   if (v == nullptr) return InvalidParam("messages", "'messages' is required");
@@ -427,15 +489,20 @@ absl::Status ParseMessages(const json& j, OpenAiRequest* r) {
     if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
     msg.role = role->get<std::string>();
     if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
-        msg.role != "assistant" && msg.role != "tool") {
+        msg.role != "assistant" && msg.role != "tool" && msg.role != "ipython") {
       return InvalidParam(where + ".role",
                           absl::StrCat("unknown role '", msg.role,
-                                       "' (expected system, developer, user, assistant or tool)"));
+                                       "' (expected system, developer, user, assistant, tool or "
+                                       "ipython)"));
     }
+    if (absl::Status s = ParseMessageExtras(m, where, &msg); !s.ok()) return s;
     if (const json* c = Field(m, "content"); c == nullptr) {
       if (msg.role != "assistant") {
         return InvalidParam(where + ".content", "'content' is required");
       }
+      // Only a message of tool calls shows the template a null content (a plain template would
+      // print "None" for it).
+      msg.content_null = !msg.tool_calls.empty();
     } else if (c->is_string()) {
       msg.content = c->get<std::string>();
     } else if (c->is_array()) {
@@ -632,6 +699,7 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body)
   r.endpoint = Endpoint::kChatCompletions;
   if (absl::Status s = ParseCommon(*j, body, &r); !s.ok()) return s;
   if (absl::Status s = ParseMessages(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParseToolRequest(*j, body, &r.tools, &r.params.guided); !s.ok()) return s;
   if (absl::Status s = GetBool(*j, "add_generation_prompt", &r.add_generation_prompt); !s.ok()) {
     return s;
   }
@@ -735,6 +803,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   }
   r.endpoint = Endpoint::kChatCompletions;
   if (absl::Status s = ParseMessages(*j, &r); !s.ok()) return s;
+  if (absl::Status s = ParseToolRequest(*j, body, &r.tools, &r.params.guided); !s.ok()) return s;
   if (absl::Status s = GetBool(*j, "add_generation_prompt", &r.add_generation_prompt); !s.ok()) {
     return s;
   }
@@ -773,7 +842,11 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
     prompts.push_back(pr.token_ids.has_value() ? json(*pr.token_ids) : json(pr.text));
   }
   json messages = json::array();
-  for (const ChatMessage& m : r.messages) messages.push_back({m.role, m.content});
+  for (const ChatMessage& m : r.messages) {
+    json calls = json::array();
+    for (const ChatToolCall& c : m.tool_calls) calls.push_back({c.id, c.name, c.arguments});
+    messages.push_back({m.role, m.content, m.content_null, calls, m.tool_call_id, m.name});
+  }
   json bias = json::array();
   for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});
   const auto opt = [](const auto& o) { return o.has_value() ? json(*o) : json(nullptr); };
@@ -785,6 +858,10 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
          {"add_generation_prompt", r.add_generation_prompt},
          {"continue_final_message", r.continue_final_message},
          {"chat_template_kwargs", r.chat_template_kwargs},
+         {"tools", r.tools.tools_json},
+         {"tool_choice", static_cast<int>(r.tools.choice)},
+         {"tool_choice_function", r.tools.function},
+         {"parallel_tool_calls", r.tools.parallel},
          {"add_special_tokens", opt(r.add_special_tokens)},
          {"truncate_prompt_tokens", opt(r.truncate_prompt_tokens)},
          {"n", r.n},
@@ -828,7 +905,18 @@ std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResul
                 {"logprobs", LogprobsJson(meta, c.logprobs)},
                 {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
     if (meta.endpoint == Endpoint::kChatCompletions) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      json message{{"role", "assistant"},
+                   {"content", c.content_null ? json(nullptr) : json(c.text)}};
+      if (!c.tool_calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& t : c.tool_calls) {
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
     }
@@ -851,6 +939,21 @@ std::string StreamChunkEvent(const ResponseMeta& meta, const StreamDelta& d, boo
       delta["content"] = "";
     }
     if (d.text.has_value()) delta["content"] = *d.text;
+    if (!d.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCallDelta& t : d.tool_calls) {
+        json function{{"arguments", t.arguments}};
+        json call{{"index", t.index}};
+        if (!t.id.empty()) {
+          call["id"] = t.id;
+          call["type"] = "function";
+          function["name"] = t.name;
+        }
+        call["function"] = std::move(function);
+        calls.push_back(std::move(call));
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = d.text.value_or("");

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/model/chat_template.h"
+#include "runtime/router/tool_calls.h"
 #include "runtime/sampling/sampling_params.h"
 
 namespace tandem::router {
@@ -90,6 +91,9 @@ struct OpenAiRequest {
   // chat_template_kwargs as JSON object text ("" when none); its keys are not the template's own
   // variables (messages, add_generation_prompt, tools, documents, bos_token, eos_token).
   std::string chat_template_kwargs;
+  // tools / tool_choice / parallel_tool_calls (tool_calls.h); a forced choice has set
+  // params.guided.
+  ToolRequest tools;
 
   // Prompt handling (vLLM): the tokenizer's special tokens (nullopt: completions yes, chat no);
   // keep only the last k prompt tokens (-1: as many as the context allows; nullopt: all).
@@ -179,6 +183,8 @@ struct ChoiceResult {
   std::string text;
   std::vector<LogprobEntry> logprobs;
   std::string finish_reason;
+  bool content_null = false;  // chat: "content": null (a message of tool calls only)
+  std::vector<ToolCall> tool_calls = {};
 };
 
 // The whole non-streaming response body.
@@ -186,13 +192,16 @@ std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResul
                          const Usage& usage);
 
 // One streamed choice delta. Chat: `role` sends {"role": "assistant", "content": ""}; `text`
-// sends {"content": text}; a finish chunk has an empty delta. Completions: {"text": text}.
+// sends {"content": text}; `tool_calls` sends {"tool_calls": [{index, id?, type?, function:
+// {name?, arguments}}]} (id, type and name on a call's first delta); a finish chunk has an empty
+// delta. Completions: {"text": text}.
 struct StreamDelta {
   int index = 0;
   bool role = false;
   std::optional<std::string> text;
   std::vector<LogprobEntry> logprobs;
   std::optional<std::string> finish_reason;
+  std::vector<ToolCallDelta> tool_calls = {};  // chat: {"tool_calls": [...]}
 };
 
 // "data: {...}\n\n". `usage_null` adds "usage": null (stream_options.include_usage).

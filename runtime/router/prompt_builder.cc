@@ -22,6 +22,7 @@ absl::StatusOr<PreparedPrompt> Tokenize(const FrontendModel& model, const OpenAi
     options.add_generation_prompt = req.add_generation_prompt;
     options.continue_final_message = req.continue_final_message;
     options.kwargs_json = req.chat_template_kwargs;
+    options.tools_json = req.tools.tools_json;
     absl::StatusOr<std::string> rendered = model.chat_template->Render(req.messages, options);
     if (!rendered.ok()) {
       const absl::string_view message = rendered.status().message();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/json_schema.h"
+#include "runtime/router/json_fields.h"
 #include "runtime/router/openai_protocol.h"
 
 namespace tandem::router {
@@ -33,19 +34,8 @@ absl::Status Unsupported(absl::string_view name, absl::string_view why) {
                       "unsupported_parameter");
 }
 
-const json* Field(const json& obj, const char* name) {
-  const auto it = obj.find(name);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-// The largest key count of any object in `v` (the ordered re-parse is quadratic in it).
-size_t MaxObjectKeys(const json& v) {
-  size_t most = v.is_object() ? v.size() : 0;
-  if (v.is_object() || v.is_array()) {
-    for (const json& child : v) most = std::max(most, MaxObjectKeys(child));
-  }
-  return most;
-}
+using json_fields::Field;
+using json_fields::MaxObjectKeys;
 
 absl::Status CollectStructuredOutputs(const json& so, std::vector<Given>* given,
                                       const json** whitespace) {
