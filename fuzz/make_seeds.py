@@ -84,6 +84,21 @@ def openai_seeds():
     write(t, "chat-json-object", b"\x01" + dumps(
         {"messages": [{"role": "user", "content": "x"}],
          "structured_outputs": {"json_object": True}}).encode())
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "w",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]}}},
+             {"type": "function", "function": {"name": "noop"}}]
+    write(t, "chat-tools-required", b"\x01" + dumps(
+        {"messages": [{"role": "user", "content": "x"}], "tools": tools,
+         "tool_choice": "required", "parallel_tool_calls": False}).encode())
+    write(t, "chat-tools-named-history", b"\x01" + dumps(
+        {"messages": [{"role": "user", "content": "x"},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"id": "call_1", "type": "function", "function": {
+                              "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+         "tools": tools,
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}).encode())
     # Slightly broken.
     write(t, "broken-trailing-comma", b"\x01" + b'{"messages": [{"role": "user", "content": "x"},]}')
     write(t, "broken-unknown-role", b"\x01" + dumps(
@@ -730,8 +745,25 @@ def kv_layout_seeds():
         write(t, name, e.bytes())
 
 
+def tool_call_parser_seeds():
+    t = "tool_call_parser"
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    write(t, "hermes-two-calls", b"\x00\x03\x07\x01\x00" +
+          ("Checking.\n" + call + "\n" + call.replace("get_weather", "noop")).encode())
+    write(t, "hermes-broken", b"\x04\x05\x00" + b'text <tool_call>{"name": "noop", "argu')
+    write(t, "llama-calls", b"\x01\x02\x00" +
+          b'<|python_tag|>{"name": "get_weather", "parameters": {"city": "Lima"}}; '
+          b'{"name": "noop", "parameters": {}}')
+    write(t, "llama-text", b"\x01\x00" + "Plain answer, {not a call}. é".encode())
+    write(t, "required-list", b"\x02\x09\x00" +
+          b'[{"name": "noop", "parameters": {"s": "}]"}}, {"name": "get_weather", '
+          b'"parameters": {"city": "Rome"}}]')
+    write(t, "named-args", b"\x03\x04\x00" + b'{"city": "Oslo"}')
+
+
 def main():
     openai_seeds()
+    tool_call_parser_seeds()
     http_seeds()
     tokenizer_seeds()
     chat_template_seeds()

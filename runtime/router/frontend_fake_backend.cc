@@ -69,9 +69,11 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
                                 FakeBackendBehavior b, std::shared_ptr<Running> running) {
   const uint64_t seed = request.params.seed.value_or(0);
   const int prompt = static_cast<int>(request.prompt_token_ids.size());
-  const int limit = b.endless ? std::numeric_limits<int>::max()
-                              : request.params.max_tokens.value_or(b.default_tokens);
-  const char* limit_reason = request.params.max_tokens.has_value() ? "length" : "stop";
+  const int limit = !b.script.empty() ? static_cast<int>(b.script.size())
+                    : b.endless       ? std::numeric_limits<int>::max()
+                                      : request.params.max_tokens.value_or(b.default_tokens);
+  const char* limit_reason =
+      request.params.max_tokens.has_value() && b.script.empty() ? "length" : "stop";
   auto usage = [&](int n) { return BackendUsage{prompt, n, b.cached_tokens}; };
 
   running->cancelled.WaitForNotificationWithTimeout(b.first_token_delay);
@@ -89,7 +91,8 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
       break;
     }
     BackendChunk c;
-    const int32_t token = TokenAt(seed, j);
+    const int32_t token =
+        b.script.empty() ? TokenAt(seed, j) : static_cast<unsigned char>(b.script[j]);
     c.token_ids.push_back(token);
     c.text = std::string(1, static_cast<char>(token));
     if (request.params.logprobs.has_value()) {

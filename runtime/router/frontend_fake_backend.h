@@ -8,7 +8,8 @@
 // map token id b to byte b (a byte-level vocabulary). Logprobs: the sampled token's is
 // -0.125 * (j + 1); alternative t (t < params.logprobs) is token 'A' + t with -0.5 * (t + 1).
 // A request ends after max_tokens tokens (finish "length"), or after `default_tokens` when
-// max_tokens is unset (finish "stop"), or "abort" once cancelled.
+// max_tokens is unset (finish "stop"), or "abort" once cancelled. With `script` set, the tokens
+// are that text's bytes instead.
 //
 // Thread-safety: all methods are thread-safe. The destructor cancels and joins every request
 // thread; callbacks never run after it returns.
@@ -36,6 +37,9 @@ struct FakeBackendBehavior {
   int fail_after_tokens = 0;
   std::string fail_only_suffix;  // non-empty: only requests whose id ends with it fail
   int cached_tokens = 0;         // reported as usage.cached_prompt_tokens
+  // Non-empty: every request emits these bytes, one token each, then finishes "stop" (the
+  // seeded letters and max_tokens no longer apply), so a test can script the model's text.
+  std::string script;
 };
 
 class FakeGenerationBackend : public GenerationBackend {

@@ -1237,3 +1237,162 @@ TEST(FrontendCreateTest, BadModelDirFails) {
 
 }  // namespace
 }  // namespace tandem::router
+
+namespace tandem::router {
+namespace {
+
+// ---- Tool calling ----
+
+const json& WeatherTools() {
+  static const json* tools = new json(json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]}}},
+    {"type": "function", "function": {"name": "noop"}}])"));
+  return *tools;
+}
+
+constexpr char kTwoCalls[] =
+    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+    "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"noop\", \"arguments\": "
+    "{}}\n</tool_call>";
+
+TEST_F(FrontendTest, AutoToolChoiceWithoutAParserIsAClear400) {
+  // The test model's ChatML template shows no tool-call format.
+  ClientResponse r = Post("/v1/chat/completions", ChatBody({{"tools", WeatherTools()}}));
+  EXPECT_EQ(r.status, 400) << r.body;
+  const json e = Json(r)["error"];
+  EXPECT_EQ(e["param"], "tool_choice");
+  EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("--tool-call-parser"));
+  EXPECT_TRUE(backend_.requests().empty());
+}
+
+TEST_F(FrontendTest, HermesCallsBecomeToolCallsWithContentBeside) {
+  model_options_.tool_call_parser = "hermes";
+  StartFrontend();
+  FakeBackendBehavior b;
+  b.script = kTwoCalls;
+  backend_.set_behavior(b);
+  ClientResponse r = Post("/v1/chat/completions", ChatBody({{"tools", WeatherTools()}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = Json(r)["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.");
+  const json& calls = choice["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u) << r.body;
+  EXPECT_EQ(calls[0]["type"], "function");
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(calls[1]["function"]["name"], "noop");
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+  // The tools reached the prompt? The test template does not render them; the backend got the
+  // request unconstrained (auto).
+  ASSERT_EQ(backend_.requests().size(), 1u);
+  EXPECT_TRUE(backend_.requests()[0].params.guided.empty());
+
+  // tool_choice none: the same text is content, untouched.
+  ClientResponse none = Post("/v1/chat/completions",
+                             ChatBody({{"tools", WeatherTools()}, {"tool_choice", "none"}}));
+  ASSERT_EQ(none.status, 200) << none.body;
+  const json nc = Json(none)["choices"][0];
+  EXPECT_EQ(nc["message"]["content"], kTwoCalls);
+  EXPECT_FALSE(nc["message"].contains("tool_calls"));
+  EXPECT_EQ(nc["finish_reason"], "stop");
+}
+
+TEST_F(FrontendTest, StreamedToolCallsAccumulateToTheSameCalls) {
+  model_options_.tool_call_parser = "hermes";
+  StartFrontend();
+  FakeBackendBehavior b;
+  b.script = kTwoCalls;
+  backend_.set_behavior(b);
+  ClientResponse r = Post("/v1/chat/completions",
+                          ChatBody({{"tools", WeatherTools()}, {"stream", true}, {"n", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<json> events = Events(r);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  // As a client accumulates them (the openai SDK's way): by choice, then by call index.
+  std::map<int, std::string> content;
+  std::map<int, std::map<int, json>> calls;
+  std::map<int, std::string> finish;
+  for (const json& e : events) {
+    if (!e.is_object()) continue;
+    for (const json& c : e["choices"]) {
+      const int i = c["index"];
+      const json& d = c["delta"];
+      if (d.contains("content") && d["content"].is_string()) content[i] += d["content"];
+      if (d.contains("tool_calls")) {
+        for (const json& t : d["tool_calls"]) {
+          json& acc = calls[i][t["index"].get<int>()];
+          if (t.contains("id")) {
+            EXPECT_FALSE(acc.contains("id")) << "id sent twice";
+            acc["id"] = t["id"];
+            acc["name"] = t["function"]["name"];
+            EXPECT_EQ(t["type"], "function");
+          }
+          acc["arguments"] = acc.value("arguments", "") + t["function"]["arguments"].get<std::string>();
+        }
+      }
+      if (c["finish_reason"].is_string()) finish[i] = c["finish_reason"];
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(content[i], "Checking.") << i;
+    ASSERT_EQ(calls[i].size(), 2u) << i;
+    EXPECT_EQ(calls[i][0]["name"], "get_weather");
+    EXPECT_EQ(calls[i][0]["arguments"], R"({"city":"Paris"})");
+    EXPECT_EQ(calls[i][1]["name"], "noop");
+    EXPECT_EQ(finish[i], "tool_calls");
+  }
+}
+
+TEST_F(FrontendTest, ForcedToolChoicesConstrainTheBackendAndParseItsOutput) {
+  FakeBackendBehavior b;
+  b.script = R"({"city": "Oslo"})";
+  backend_.set_behavior(b);
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  ClientResponse r = Post("/v1/chat/completions",
+                          ChatBody({{"tools", WeatherTools()}, {"tool_choice", named}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = Json(r)["choices"][0];
+  EXPECT_TRUE(choice["message"]["content"].is_null()) << r.body;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city": "Oslo"})");
+  EXPECT_EQ(choice["finish_reason"], "stop");  // as OpenAI's for a named function
+  ASSERT_EQ(backend_.requests().size(), 1u);
+  EXPECT_FALSE(backend_.requests()[0].params.guided.regex.empty());
+
+  b.script = R"([{"name": "noop", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}])";
+  backend_.set_behavior(b);
+  ClientResponse req = Post("/v1/chat/completions",
+                            ChatBody({{"tools", WeatherTools()}, {"tool_choice", "required"}}));
+  ASSERT_EQ(req.status, 200) << req.body;
+  const json rc = Json(req)["choices"][0];
+  ASSERT_EQ(rc["message"]["tool_calls"].size(), 2u) << req.body;
+  EXPECT_EQ(rc["message"]["tool_calls"][1]["function"]["arguments"], R"({"city":"Rome"})");
+  EXPECT_EQ(rc["finish_reason"], "tool_calls");
+}
+
+TEST_F(FrontendTest, ToolHistoryReachesTheTemplate) {
+  const json messages = json::parse(R"([
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}])");
+  ClientResponse r = Post("/tokenize", {{"model", kModelName}, {"messages", messages}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // The test template prints every message's content: the call turn's null content prints as
+  // "None" (as Python's Jinja prints it), the tool result as itself; 7 special tokens.
+  const std::string text =
+      "user\nWeather?\nassistant\nNone\ntool\nsunny\nassistant\n";
+  EXPECT_EQ(Json(r)["count"], static_cast<int>(text.size()) + 7) << r.body;
+  ClientResponse bad = Post("/v1/chat/completions",
+                            ChatBody({{"messages", json::parse(R"([{"role": "tool", "content": "x"}])")}}));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(Json(bad)["error"]["param"], "messages[0].tool_call_id");
+}
+
+}  // namespace
+}  // namespace tandem::router

@@ -259,6 +259,94 @@ test('JSON Schema outputs: every output parses and validates, sampled, streamed,
   });
 });
 
+test('tool calling: forced calls parse and validate, stream the same, and round-trip', async () => {
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', description: 'Current weather',
+      parameters: { type: 'object', properties: {
+        city: { type: 'string', enum: ['Paris', 'Tokyo', 'Lima'] },
+        days: { type: 'integer', minimum: 1, maximum: 7 } },
+        required: ['city', 'days'], additionalProperties: false } } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object',
+      properties: { zone: { type: 'string', maxLength: 12 } }, required: ['zone'],
+      additionalProperties: false } } },
+  ];
+  const validArgs = (name, text) => {
+    const a = JSON.parse(text);
+    if (name === 'get_weather') {
+      assert.deepEqual(Object.keys(a), ['city', 'days'], text);
+      assert.ok(['Paris', 'Tokyo', 'Lima'].includes(a.city), text);
+      assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 7, text);
+    } else {
+      assert.equal(name, 'get_time');
+      assert.deepEqual(Object.keys(a), ['zone'], text);
+      assert.ok([...a.zone].length <= 12, text);
+    }
+    return a;
+  };
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const named = { type: 'function', function: { name: 'get_weather' } };
+  const answers = await inBothModes(async (c) => {
+    const one = await chat(c, { messages: ask, tools, tool_choice: named, max_tokens: 100,
+                                n: 3, temperature: 1, seed: 11 });
+    const req = await chat(c, { messages: ask, tools, tool_choice: 'required', max_tokens: 200,
+                                n: 2, temperature: 1, seed: 3 });
+    const strip = (r) => r.choices.map((ch) => ({
+      content: ch.message.content, finish: ch.finish_reason,
+      calls: (ch.message.tool_calls ?? []).map((t) => {
+        assert.match(t.id, /^call_[A-Za-z0-9]{24}$/);
+        assert.equal(t.type, 'function');
+        return [t.function.name, t.function.arguments];
+      }) }));
+    // The message as a client appends it to the history (ids are random: pinned to compare).
+    const m = one.choices[0].message;
+    const message = { ...m, tool_calls: m.tool_calls.map((t) => ({ ...t, id: 'call_pinned' })) };
+    return { one: strip(one), req: strip(req), message };
+  });
+  for (const ch of answers.one) {
+    assert.equal(ch.finish, 'stop');
+    assert.equal(ch.content, null);
+    assert.equal(ch.calls.length, 1);
+    assert.equal(ch.calls[0][0], 'get_weather');
+    validArgs(...ch.calls[0]);
+  }
+  for (const ch of answers.req) {
+    if (ch.finish === 'length') continue;  // a list cut short is content, checked below
+    assert.equal(ch.finish, 'tool_calls');
+    assert.ok(ch.calls.length >= 1);
+    for (const call of ch.calls) validArgs(...call);
+  }
+  // Streamed (the SDK's own accumulation): the same calls as the non-streamed answer.
+  const stream = await chat(clients.disaggregated, { messages: ask, tools, tool_choice: named,
+    max_tokens: 100, n: 3, temperature: 1, seed: 11, stream: true });
+  const streamed = {};
+  for await (const chunk of stream) {
+    for (const ch of chunk.choices) {
+      for (const t of ch.delta?.tool_calls ?? []) {
+        const acc = (streamed[ch.index] ??= {});
+        if (t.id) acc.name = t.function.name;
+        acc.arguments = (acc.arguments ?? '') + (t.function?.arguments ?? '');
+      }
+    }
+  }
+  assert.deepEqual(Object.keys(streamed).sort().map((i) => [streamed[i].name, streamed[i].arguments]),
+                   answers.one.map((ch) => ch.calls[0]));
+  // The assistant's message and a tool result go back into the history.
+  const followUp = await inBothModes(async (c) => {
+    const r = await chat(c, { tools, tool_choice: 'none', max_tokens: 8, messages: [
+      ...ask, answers.message,
+      { role: 'tool', tool_call_id: answers.message.tool_calls[0].id, content: '21 C, sunny' }] });
+    return r.choices[0].finish_reason;
+  });
+  assert.ok(['stop', 'length'].includes(followUp));
+  // auto needs a parser, and the bundled ChatML template shows no tool-call format.
+  await inBothModes(async (c) => {
+    await assert.rejects(chat(c, { messages: ask, tools }),
+      (e) => e.status === 400 && e.error?.param === 'tool_choice' &&
+             /--tool-call-parser/.test(e.error?.message));
+    return true;
+  });
+});
+
 test('an unknown or unsupported field is a 400 naming it, never ignored', async () => {
   await inBothModes(async (_, name) => {
     const post = (body) => fetch(`${modes[name].baseURL}/chat/completions`, {

@@ -33,6 +33,10 @@ struct Case {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = false;
   nlohmann::ordered_json variables = nlohmann::ordered_json::object();  // extra variables
+  // Rendered through ChatTemplate::Render with these tools (ChatRenderOptions::tools_json) and
+  // `variables` as chat_template_kwargs, the way the router renders a request with tools; the
+  // reference gets them as the `tools` variable.
+  std::string tools_json;
 };
 
 // Message texts that stress what templates do to content: trim, quotes, escapes, unicode,
@@ -157,20 +161,83 @@ std::vector<Case> MakeCases() {
       cases.push_back(std::move(c));
     }
   }
+  // Tool calls in the history and tool results, through Render with the request's tools (the
+  // router's path): one call per assistant turn for Llama (its templates refuse more), parallel
+  // calls and text beside them for Qwen, `ipython` results for Llama.
+  const auto call = [](std::string id, std::string name, std::string arguments) {
+    return ChatToolCall{std::move(id), std::move(name), std::move(arguments)};
+  };
+  for (std::string model : {"llama3_1", "llama3_2", "qwen2_5", "qwen3"}) {
+    const bool llama = model.rfind("llama", 0) == 0;
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c;
+      c.model = model;
+      c.tools_json = tools.dump();
+      if (variant == 1) c.messages.push_back({"system", "Use tools."});
+      c.messages.push_back({"user", "Weather in Paris and 東京?"});
+      ChatMessage first("assistant", "");
+      first.content_null = variant != 2;
+      if (variant == 2) first.content = "Checking.";
+      first.tool_calls.push_back(
+          call("call_1", "get_weather", R"({"city": "Paris", "days": 2, "metric": true})"));
+      if (!llama) first.tool_calls.push_back(call("call_2", "get_weather", R"({"city": "東京"})"));
+      c.messages.push_back(first);
+      ChatMessage result(llama && variant == 2 ? "ipython" : "tool", R"({"temp": 21, "sky": "sunny"})");
+      result.tool_call_id = "call_1";
+      if (variant == 1) result.name = "get_weather";
+      c.messages.push_back(result);
+      if (!llama) {
+        ChatMessage second("tool", "cloudy \"all\" day");
+        second.tool_call_id = "call_2";
+        c.messages.push_back(second);
+      }
+      if (variant != 0) {
+        c.messages.push_back({"assistant", "Sunny in Paris."});
+        c.messages.push_back({"user", "And tomorrow?"});
+        ChatMessage again("assistant", "");
+        again.content_null = true;
+        again.tool_calls.push_back(call("call_3", "noop", "{}"));
+        c.messages.push_back(again);
+      }
+      c.add_generation_prompt = variant != 2;
+      if (llama) c.variables["date_string"] = "05 May 2025";
+      cases.push_back(std::move(c));
+    }
+  }
   return cases;
+}
+
+// A message as JinjaChatTemplate shows it to the template (chat_template.h): content null when
+// content_null; tool_calls, tool_call_id and name only when set; arguments parsed.
+nlohmann::ordered_json MessageJson(const ChatMessage& m) {
+  nlohmann::ordered_json j = {{"role", m.role}};
+  j["content"] = m.content_null ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(m.content);
+  if (!m.tool_calls.empty()) {
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (const ChatToolCall& c : m.tool_calls) {
+      calls.push_back({{"id", c.id},
+                       {"type", "function"},
+                       {"function",
+                        {{"name", c.name}, {"arguments", nlohmann::ordered_json::parse(c.arguments)}}}});
+    }
+    j["tool_calls"] = calls;
+  }
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  if (!m.name.empty()) j["name"] = m.name;
+  return j;
 }
 
 nlohmann::ordered_json CasesToJson(const std::vector<Case>& cases) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const Case& c : cases) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    for (const ChatMessage& m : c.messages) {
-      messages.push_back({{"role", m.role}, {"content", m.content}});
-    }
+    for (const ChatMessage& m : c.messages) messages.push_back(MessageJson(m));
+    nlohmann::ordered_json variables = c.variables;
+    if (!c.tools_json.empty()) variables["tools"] = nlohmann::ordered_json::parse(c.tools_json);
     out.push_back({{"model", c.model},
                    {"messages", messages},
                    {"add_generation_prompt", c.add_generation_prompt},
-                   {"variables", c.variables}});
+                   {"variables", variables}});
   }
   return out;
 }
@@ -179,9 +246,7 @@ std::string Describe(const Case& c) {
   std::ostringstream out;
   out << "model " << c.model << ", add_generation_prompt=" << c.add_generation_prompt
       << ", messages=";
-  for (const ChatMessage& m : c.messages) {
-    out << "[" << m.role << ": " << nlohmann::json(m.content).dump() << "] ";
-  }
+  for (const ChatMessage& m : c.messages) out << MessageJson(m).dump() << " ";
   out << "variables=" << c.variables.dump();
   return out.str();
 }
@@ -230,9 +295,17 @@ TEST(ChatTemplateReference, MatchesHuggingFaceJinjaByteForByte) {
       ASSERT_TRUE(t.ok()) << c.model << ": " << t.status();
       tmpl = *std::move(t);
     }
-    jinja::Object extra = jinja::FromJson(c.variables).object();
-    absl::StatusOr<std::string> ours =
-        tmpl->RenderWithVariables(c.messages, c.add_generation_prompt, extra);
+    absl::StatusOr<std::string> ours;
+    if (c.tools_json.empty()) {
+      jinja::Object extra = jinja::FromJson(c.variables).object();
+      ours = tmpl->RenderWithVariables(c.messages, c.add_generation_prompt, extra);
+    } else {
+      ChatRenderOptions options;
+      options.add_generation_prompt = c.add_generation_prompt;
+      options.tools_json = c.tools_json;
+      if (!c.variables.empty()) options.kwargs_json = c.variables.dump();
+      ours = tmpl->Render(c.messages, options);
+    }
     const nlohmann::json& ref = results[i];
     ASSERT_TRUE(ref.contains("text"))
         << "reference failed on case " << i << " (" << Describe(c) << "): " << ref.dump();
