@@ -7,7 +7,7 @@
 //                [--num-prompts N] [--input-len L] [--output-len L] [--range-ratio X]
 //                [--dataset FILE.jsonl] [--tokenizer DIR] [--seed S] [--warmup N]
 //                [--duration S] [--request-timeout S] [--slo ttft=MS,tpot=MS]
-//                [--json FILE] [--plot FILE.svg] [--rates 1,2,4,8]
+//                [--json FILE] [--plot FILE.svg] [--rates 1,2,4,8] [--extra-body JSON]
 //
 // Exit status: 0 when the run finished (request failures are results, shown in the summary), 1 on
 // a runtime error (unreachable host, unreadable dataset, unwritable output), 2 on bad flags,
@@ -75,6 +75,7 @@ struct BenchFlags {
   std::string api_key;
   bool ignore_eos = false;
   double temperature = 0;
+  std::string extra_body;
   bool no_progress = false;
   bool num_prompts_given = false;
 };
@@ -252,6 +253,7 @@ int Run(BenchFlags flags) {
   options.api_key = flags.api_key;
   options.ignore_eos = flags.ignore_eos;
   options.temperature = flags.temperature;
+  options.extra_body = flags.extra_body;
   options.arrival =
       flags.arrival == "constant" ? bench::Arrival::kConstant : bench::Arrival::kPoisson;
   options.seed = flags.seed;
@@ -413,6 +415,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--api-key", flags->api_key, "Bearer token (default: $OPENAI_API_KEY)");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Ask the server to ignore EOS (vLLM extension)");
   cmd->add_option("--temperature", flags->temperature)->capture_default_str();
+  cmd->add_option("--extra-body", flags->extra_body,
+                  "JSON object merged into every request body, e.g. "
+                  "'{\"response_format\": {\"type\": \"json_object\"}}'");
   cmd->add_flag("--no-progress", flags->no_progress, "No progress output on stderr");
   cmd->callback([flags, exit_code, num_prompts] {
     flags->num_prompts_given = num_prompts->count() > 0;

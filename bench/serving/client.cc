@@ -663,6 +663,11 @@ std::string RequestBody(const LoadOptions& options, const WorkItem& item) {
   j["stream"] = true;
   j["stream_options"] = {{"include_usage", true}};
   if (options.ignore_eos) j["ignore_eos"] = true;
+  if (!options.extra_body.empty()) {
+    // Checked by RunLoad before anything is sent.
+    const json extra = json::parse(options.extra_body, nullptr, /*allow_exceptions=*/false);
+    if (extra.is_object()) j.update(extra);
+  }
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -670,6 +675,12 @@ absl::StatusOr<LoadResult> RunLoad(const LoadOptions& options, const std::vector
                                    const std::atomic<bool>* stop,
                                    const std::function<void(const Progress&)>& on_progress) {
   if (items.empty()) return absl::InvalidArgumentError("no requests to send");
+  if (!options.extra_body.empty()) {
+    const json extra = json::parse(options.extra_body, nullptr, /*allow_exceptions=*/false);
+    if (extra.is_discarded() || !extra.is_object()) {
+      return absl::InvalidArgumentError("--extra-body must be a JSON object");
+    }
+  }
   if (!(options.request_rate > 0)) return absl::InvalidArgumentError("request rate must be > 0");
   if (!(options.request_timeout_s > 0)) {
     return absl::InvalidArgumentError("request timeout must be > 0");

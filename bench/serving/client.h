@@ -43,6 +43,9 @@ struct LoadOptions {
   std::string api_key;  // sent as "Authorization: Bearer" when non-empty
   bool ignore_eos = false;
   double temperature = 0;
+  // `--extra-body`: JSON object members merged into every request body (vLLM bench's flag), e.g.
+  // a response_format; a member named like one of ours replaces it. "" for none.
+  std::string extra_body;
   double request_rate = std::numeric_limits<double>::infinity();
   Arrival arrival = Arrival::kPoisson;
   uint64_t seed = 0;

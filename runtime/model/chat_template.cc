@@ -159,7 +159,7 @@ absl::StatusOr<jinja::Value> ParseTemplateValue(const std::string& text, absl::s
 jinja::Value MessageValue(const ChatMessage& m, absl::Status* status) {
   jinja::Object entries = {
       {"role", jinja::Value::String(m.role)},
-      {"content", m.content_null ? jinja::Value::None() : jinja::Value::String(m.content)},
+      {"content", jinja::Value::String(m.content)},
   };
   if (!m.tool_calls.empty()) {
     jinja::Array calls;

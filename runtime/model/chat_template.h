@@ -26,7 +26,8 @@ struct ChatToolCall {
 
 // One message as the template sees it: {role, content} plus, only where set, tool_calls
 // ([{id, type: "function", function: {name, arguments}}]), tool_call_id and name, so a template's
-// `'tool_calls' in message` tests hold as they do for Hugging Face's dicts.
+// `'tool_calls' in message` tests hold as they do for Hugging Face's dicts. A null content (a
+// turn of tool calls only) is "" here, as vLLM passes it: templates then test it for truth.
 struct ChatMessage {
   ChatMessage() = default;
   ChatMessage(std::string role_in, std::string content_in)
@@ -34,7 +35,6 @@ struct ChatMessage {
 
   std::string role;  // "system", "user", "assistant", "tool", "ipython", ...
   std::string content;
-  bool content_null = false;  // content was null (an assistant message holding only tool calls)
   std::vector<ChatToolCall> tool_calls = {};
   std::string tool_call_id;  // a tool result's call id ("" when none)
   std::string name;          // a tool result's function name ("" when none)

@@ -500,9 +500,6 @@ absl::Status ParseMessages(const json& j, OpenAiRequest* r) {
       if (msg.role != "assistant") {
         return InvalidParam(where + ".content", "'content' is required");
       }
-      // Only a message of tool calls shows the template a null content (a plain template would
-      // print "None" for it).
-      msg.content_null = !msg.tool_calls.empty();
     } else if (c->is_string()) {
       msg.content = c->get<std::string>();
     } else if (c->is_array()) {
@@ -845,7 +842,7 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
   for (const ChatMessage& m : r.messages) {
     json calls = json::array();
     for (const ChatToolCall& c : m.tool_calls) calls.push_back({c.id, c.name, c.arguments});
-    messages.push_back({m.role, m.content, m.content_null, calls, m.tool_call_id, m.name});
+    messages.push_back({m.role, m.content, calls, m.tool_call_id, m.name});
   }
   json bias = json::array();
   for (const auto& [id, b] : p.logit_bias) bias.push_back({id, b});

@@ -177,7 +177,7 @@ TEST(OpenAiProtocolTest, ChatErrorsNameTheParam) {
   EXPECT_EQ(ChatError(Chat({{"logprobs", true}, {"top_logprobs", 21}})).param, "top_logprobs");
   EXPECT_EQ(ChatError(Chat({{"logprobs", 1}})).param, "logprobs");
   EXPECT_EQ(ChatError(Chat({{"max_completion_tokens", 0}})).param, "max_completion_tokens");
-  EXPECT_EQ(ChatError(Chat({{"tools", {{{"type", "function"}}}}})).param, "tools");
+  EXPECT_EQ(ChatError(Chat({{"tools", {{{"type", "function"}}}}})).param, "tools[0].function");
 }
 
 struct RangeCase {

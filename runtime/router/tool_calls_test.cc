@@ -167,7 +167,7 @@ TEST(ToolRequestTest, HistoryCarriesToolCallsAndResults) {
       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})");
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->messages.size(), 3u);
-  EXPECT_TRUE(r->messages[1].content_null);
+  EXPECT_EQ(r->messages[1].content, "");
   ASSERT_EQ(r->messages[1].tool_calls.size(), 1u);
   EXPECT_EQ(r->messages[1].tool_calls[0].name, "get_weather");
   EXPECT_EQ(r->messages[2].tool_call_id, "call_1");

@@ -176,7 +176,6 @@ std::vector<Case> MakeCases() {
       if (variant == 1) c.messages.push_back({"system", "Use tools."});
       c.messages.push_back({"user", "Weather in Paris and 東京?"});
       ChatMessage first("assistant", "");
-      first.content_null = variant != 2;
       if (variant == 2) first.content = "Checking.";
       first.tool_calls.push_back(
           call("call_1", "get_weather", R"({"city": "Paris", "days": 2, "metric": true})"));
@@ -195,7 +194,6 @@ std::vector<Case> MakeCases() {
         c.messages.push_back({"assistant", "Sunny in Paris."});
         c.messages.push_back({"user", "And tomorrow?"});
         ChatMessage again("assistant", "");
-        again.content_null = true;
         again.tool_calls.push_back(call("call_3", "noop", "{}"));
         c.messages.push_back(again);
       }
@@ -207,11 +205,11 @@ std::vector<Case> MakeCases() {
   return cases;
 }
 
-// A message as JinjaChatTemplate shows it to the template (chat_template.h): content null when
-// content_null; tool_calls, tool_call_id and name only when set; arguments parsed.
+// A message as JinjaChatTemplate shows it to the template (chat_template.h): tool_calls,
+// tool_call_id and name only when set; arguments parsed.
 nlohmann::ordered_json MessageJson(const ChatMessage& m) {
   nlohmann::ordered_json j = {{"role", m.role}};
-  j["content"] = m.content_null ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(m.content);
+  j["content"] = m.content;
   if (!m.tool_calls.empty()) {
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const ChatToolCall& c : m.tool_calls) {
