@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One device call (issue 23's target): what structured decoding costs the CUDA engine's decode.
+# One device call (issue 23's target): what structured decoding costs the CUDA engine's decode,
+# with the grammar masks applied on the GPU (token_mask_kernels.h) after the GPU tests of that
+# path (token_mask_cuda_test, sampling_cuda_test, cuda_runner_sampling_test).
 # `tandem serve --aggregated --device cuda` on the synthesized Llama-3-8B shape (vocabulary
 # 128,256), then `tandem bench` at concurrency 1 and 32 (input 128, output 256 tokens, greedy):
 # unconstrained (--ignore-eos), under a JSON Schema (an object with an unbounded list of
@@ -11,6 +13,10 @@ source bench/engine/device_call.sh
 dc_setup || exit 1
 M8B=/tmp/tandem_m8b
 dc_synth llama-3-8b "$M8B"
+# The GPU tests of the masked sampling path first (kernels, then the runner).
+DC_TEST_S=240 dc_test token_mask "$B/token_mask_cuda_test"
+DC_TEST_S=240 dc_test sampling "$B/sampling_cuda_test"
+DC_TEST_S=300 dc_test runner_sampling "$B/cuda_runner_sampling_test"
 dc_wait_synth || { echo "synth failed" >> "$R/tests.txt"; dc_finish; exit 1; }
 
 port=18200

@@ -579,6 +579,14 @@ bool Engine::Step() {
   const bool runner_samples = runner_->SupportsDeviceSampling();
   std::vector<SampleRequest> requests;
   requests.reserve(plan.chunks.size());
+  // Guided rows the runner samples under their grammar mask: the words, written by
+  // batch.masks_ready while the forward pass runs (reserved: the chunks' spans stay valid).
+  const size_t vocab_words = (static_cast<size_t>(runner_->config().vocab_size) + 63) / 64;
+  std::vector<std::vector<uint64_t>> masks;
+  masks.reserve(plan.chunks.size());
+  std::vector<int64_t> mask_seq;  // masks[i] is of sequence mask_seq[i]
+  std::vector<int> row_mask;      // logits row -> index in masks, or -1
+  std::vector<char> mask_empty;   // masks[i] allows no token
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence* seq = scheduler_.Get(c.seq_id);
     SequenceChunk chunk;
@@ -589,11 +597,21 @@ bool Engine::Step() {
     if (c.need_logits) {
       ++rows;
       const Active& a = *active_.at(c.seq_id);
-      if (runner_samples && SamplesFromLogitsOnly(a.request.params)) {
+      row_mask.push_back(-1);
+      const bool plain = SamplesFromLogitsOnly(a.request.params);
+      const bool masked = !plain && a.grammar != nullptr && options_.device_grammar_masks &&
+                          SamplesFromLogitsAndGrammarOnly(a.request.params);
+      if (runner_samples && (plain || masked)) {
         // The same seed and step OnLogits would use.
         requests.push_back(MakeSampleRequest(
             a.request.params, a.seed, static_cast<uint64_t>(seq->num_output_tokens() + a.resumed)));
         chunk.sample = &requests.back();
+        if (masked) {
+          row_mask.back() = static_cast<int>(masks.size());
+          masks.emplace_back(vocab_words, 0);
+          mask_seq.push_back(c.seq_id);
+          chunk.allowed = masks.back();
+        }
       }
     }
     batch.chunks.push_back(chunk);
@@ -625,6 +643,16 @@ bool Engine::Step() {
       const Active& a = *active_.at(c.seq_id);
       if (a.grammar != nullptr) mask_prefetcher_->Prefetch(a.grammar, a.grammar_state);
     }
+  }
+  if (!masks.empty()) {
+    // Runs inside Forward, after the forward pass is queued: the masks the prefetcher started.
+    mask_empty.assign(masks.size(), 0);
+    batch.masks_ready = [&]() {
+      for (size_t i = 0; i < masks.size(); ++i) {
+        mask_empty[i] = !GrammarMask(*active_.at(mask_seq[i]), masks[i]);
+      }
+      return absl::OkStatus();
+    };
   }
   ForwardOutput out;
   absl::Status status = runner_->Forward(batch, &out);
@@ -666,6 +694,13 @@ bool Engine::Step() {
     if (!a.kv_ready.has_value()) a.kv_ready = forward_done;
     const size_t r = row++;
     if (sampled) {
+      if (row_mask[r] >= 0 && mask_empty[row_mask[r]]) {
+        FinishRequest(c.seq_id, FinishReason::kError,
+                      absl::InvalidArgumentError(
+                          "guided decoding: no token of the vocabulary can continue the output"),
+                      {});
+        continue;
+      }
       if (std::isnan(out.logprobs[r])) {
         FinishRequest(c.seq_id, FinishReason::kError,
                       absl::InternalError("the model produced NaN logits"), {});
@@ -697,18 +732,8 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   const std::vector<int32_t> suppressed = SuppressedTokens(a, output_len);
   std::vector<uint64_t> allowed;
   if (a.grammar != nullptr) {
-    // The automaton's mask, and EOS where the output so far is a whole match.
-    allowed = a.grammar->masker().Mask(a.grammar_state)->words();
-    allowed.resize((logits.size() + 63) / 64, 0);
-    // EOS ends the output whatever its bytes: allowed exactly where the output is a whole match.
-    const bool accepting = a.grammar->dfa().accepting(a.grammar_state);
-    for (int32_t eos : eos_ids_) {
-      if (eos < 0 || static_cast<size_t>(eos) >= logits.size()) continue;
-      const uint64_t bit = uint64_t{1} << (eos & 63);
-      allowed[eos >> 6] = accepting ? (allowed[eos >> 6] | bit) : (allowed[eos >> 6] & ~bit);
-    }
-    const bool any = std::any_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w != 0; });
-    if (!any) {
+    allowed.assign((logits.size() + 63) / 64, 0);
+    if (!GrammarMask(a, allowed)) {
       FinishRequest(seq_id, FinishReason::kError,
                     absl::InvalidArgumentError(
                         "guided decoding: no token of the vocabulary can continue the output"),
@@ -866,6 +891,23 @@ std::string Engine::PushText(Active& a, int32_t token, int output_index) {
   // seen nothing yet, so its text goes out as it comes.
   if (output_index < a.request.params.min_tokens) return delta;
   return a.stops.Append(delta);
+}
+
+bool Engine::GrammarMask(const Active& a, std::span<uint64_t> words) const {
+  // The automaton's mask, and EOS where the output so far is a whole match.
+  const std::vector<uint64_t>& mask = a.grammar->masker().Mask(a.grammar_state)->words();
+  const size_t n = std::min(mask.size(), words.size());
+  std::copy(mask.begin(), mask.begin() + n, words.begin());
+  std::fill(words.begin() + n, words.end(), 0);
+  // EOS ends the output whatever its bytes: allowed exactly where the output is a whole match.
+  const bool accepting = a.grammar->dfa().accepting(a.grammar_state);
+  const size_t vocab = words.size() * 64;
+  for (int32_t eos : eos_ids_) {
+    if (eos < 0 || static_cast<size_t>(eos) >= vocab) continue;
+    const uint64_t bit = uint64_t{1} << (eos & 63);
+    words[eos >> 6] = accepting ? (words[eos >> 6] | bit) : (words[eos >> 6] & ~bit);
+  }
+  return std::any_of(words.begin(), words.end(), [](uint64_t w) { return w != 0; });
 }
 
 std::vector<int32_t> Engine::SuppressedTokens(const Active& a, int output_len) const {

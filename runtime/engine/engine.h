@@ -223,6 +223,11 @@ struct EngineOptions {
   // Guided decoding: compute each guided sequence's next token mask on a helper thread while the
   // forward pass runs (grammar::MaskPrefetcher), instead of after it on the engine thread.
   bool prefetch_grammar_masks = true;
+  // Guided rows whose other parameters need nothing but the logits are sampled by the runner
+  // under their grammar mask (model_runner.h: SequenceChunk::allowed; the CUDA runner applies it
+  // with a kernel), so a batch with guided rows still moves only tokens off the device. Off:
+  // those rows send the whole batch's logits to the host sampler, as before.
+  bool device_grammar_masks = true;
 };
 
 struct EngineStats {
@@ -368,6 +373,9 @@ class Engine {
   // What the sampler must not draw after `output_len` tokens: EOS (unless ignore_eos) and
   // stop_token_ids while output_len < min_tokens; empty otherwise.
   std::vector<int32_t> SuppressedTokens(const Active& a, int output_len) const;
+  // `a`'s grammar mask at its state into `words` (ceil(vocab / 64) of them), EOS allowed exactly
+  // where the output is a whole match; false when it allows no token.
+  bool GrammarMask(const Active& a, std::span<uint64_t> words) const;
   // Stages the prompt blocks of `seq_id` from index `first_block` on (no-op for host runners).
   absl::Status StagePromptKv(int64_t seq_id, int first_block, KvStage dir);
   void FinishRequest(int64_t seq_id, FinishReason reason, absl::Status error, GenerationOutput out);

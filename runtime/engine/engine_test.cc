@@ -70,8 +70,9 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int alphabet = kVo
 struct Harness {
   explicit Harness(int num_blocks, int block_size = 4, EngineOptions options = {},
                    const Tokenizer* tokenizer = nullptr, std::vector<int> eos = {},
-                   int max_pos = 1024) {
+                   int max_pos = 1024, bool device_sampling = false) {
     auto owned = std::make_unique<FakeModelRunner>(kVocab, num_blocks, block_size, max_pos, eos);
+    if (device_sampling) owned->EnableDeviceSampling();
     runner = owned.get();
     auto created = Engine::Create(std::move(owned), tokenizer, options);
     CHECK(created.ok()) << created.status();
@@ -432,6 +433,55 @@ TEST(EngineTest, PrefetchedGrammarMasksChangeNoOutput) {
   }
   EXPECT_EQ(texts[0], texts[1]);
   EXPECT_EQ(texts[1].size(), 8u);
+}
+
+// Guided rows sampled by the runner under their grammar mask give exactly what the host sampler
+// gives: tokens, texts and logprobs, greedy and seeded, mixed with unguided rows in one batch.
+TEST(EngineTest, RunnerSampledGrammarMasksMatchTheHostSampler) {
+  FakeTokenizer tok;
+  struct Run {
+    std::map<std::string, std::string> texts;
+    std::map<std::string, std::vector<float>> logprobs;
+    int64_t masked_rows = 0;
+  };
+  std::vector<Run> runs;
+  // Runner without sampling; runner sampling with masks off (guided rows: host); masks on.
+  for (const auto& [device, masks] : {std::pair{false, true}, {true, false}, {true, true}}) {
+    EngineOptions options;
+    options.device_grammar_masks = masks;
+    Harness h(256, 4, options, &tok, {61}, 1024, device);
+    std::mt19937 rng(17);
+    for (int i = 0; i < 10; ++i) {
+      SamplingParams p;
+      p.temperature = i < 3 ? 0.0f : 0.9f;
+      p.top_p = i % 4 == 3 ? 0.8f : 1.0f;
+      p.seed = 500 + i;
+      p.max_tokens = 30;
+      p.logprobs = 0;
+      if (i % 3 != 2) p.guided.regex = i % 2 ? "[0-9]{2,6}\\.[a-d]{1,5}x" : "(ab|ba){1,4}[0-9]x";
+      ASSERT_TRUE(h.Submit("r-" + std::to_string(i), RandomPrompt(rng, 5), p).ok());
+    }
+    ASSERT_TRUE(h.collector.WaitFinished(10));
+    h.engine->Shutdown(absl::Seconds(5));
+    Run run;
+    for (const auto& [id, result] : h.collector.results()) {
+      EXPECT_NE(result.finish, FinishReason::kError) << id << " " << result.error;
+      run.texts[id] = result.text;
+      for (const auto& lp : result.logprobs) run.logprobs[id].push_back(lp.logprob);
+    }
+    run.masked_rows = h.runner->masked_rows();
+    runs.push_back(std::move(run));
+  }
+  EXPECT_EQ(runs[0].masked_rows, 0);
+  EXPECT_EQ(runs[1].masked_rows, 0);
+  EXPECT_GT(runs[2].masked_rows, 50);  // the guided rows did go through the runner's mask
+  for (int k = 1; k < 3; ++k) {
+    EXPECT_EQ(runs[k].texts, runs[0].texts) << k;
+    EXPECT_EQ(runs[k].logprobs, runs[0].logprobs) << k;
+  }
+  EXPECT_EQ(runs[0].texts.size(), 10u);
+  ASSERT_FALSE(runs[2].logprobs.empty());
+  EXPECT_FALSE(runs[2].logprobs.begin()->second.empty());
 }
 
 TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {

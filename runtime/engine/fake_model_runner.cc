@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/sampling/sampler.h"
 
 namespace tandem {
 namespace {
@@ -205,6 +206,31 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
   if (nan_count_ > 0) {
     --nan_count_;
     std::fill(out->logits.begin(), out->logits.end(), std::nanf(""));
+  }
+  const bool all_sampled = out->rows > 0 && std::all_of(batch.chunks.begin(), batch.chunks.end(),
+                                                        [](const SequenceChunk& c) {
+                                                          return !c.need_logits || c.sample;
+                                                        });
+  if (device_sampling_ && all_sampled) {
+    if (batch.masks_ready) {
+      if (absl::Status s = batch.masks_ready(); !s.ok()) return s;
+    }
+    const size_t vocab = config_.vocab_size;
+    int r = 0;
+    for (const SequenceChunk& chunk : batch.chunks) {
+      if (!chunk.need_logits) continue;
+      const std::span<const float> row(out->logits.data() + r * vocab, vocab);
+      const SampleResult s =
+          std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x); })
+              ? SampleResult{0, std::nanf(""), {}}
+              : SampleFromRequest(*chunk.sample, row, chunk.allowed);
+      out->tokens.push_back(s.token);
+      out->logprobs.push_back(s.logprob);
+      ++runner_sampled_rows_;
+      if (!chunk.allowed.empty()) ++masked_rows_;
+      ++r;
+    }
+    out->logits.clear();
   }
   return absl::OkStatus();
 }

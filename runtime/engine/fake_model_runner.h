@@ -60,6 +60,13 @@ class FakeModelRunner : public ModelRunner {
 
   // Call before handing the runner to an engine.
   void EnableTransferMirror();
+  // Samples rows on the runner (model_runner.h) with the CPU sampler, grammar masks included
+  // (calling ForwardBatch::masks_ready after computing the logits), as a device runner would.
+  void EnableDeviceSampling() { device_sampling_ = true; }
+  bool SupportsDeviceSampling() const override { return device_sampling_; }
+  // Rows sampled on the runner so far, and those of them under a grammar mask.
+  int64_t runner_sampled_rows() const { return runner_sampled_rows_; }
+  int64_t masked_rows() const { return masked_rows_; }
   struct StageCall {
     KvStage dir;
     std::vector<int32_t> blocks;
@@ -125,6 +132,9 @@ class FakeModelRunner : public ModelRunner {
   int64_t forward_calls_ = 0;
   int64_t tokens_computed_ = 0;
   int max_batch_chunks_ = 0;
+  bool device_sampling_ = false;
+  int64_t runner_sampled_rows_ = 0;
+  int64_t masked_rows_ = 0;
 };
 
 }  // namespace tandem

@@ -263,6 +263,7 @@ class CpuModelRunner final : public ModelRunner {
         std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& ch) {
           return !ch.need_logits || ch.sample != nullptr;
         })) {
+      if (batch.masks_ready) RETURN_IF_ERROR(batch.masks_ready());
       SampleRows(batch, out);
     }
     return absl::OkStatus();
@@ -285,7 +286,7 @@ class CpuModelRunner final : public ModelRunner {
         out->tokens[r] = 0;
         out->logprobs[r] = std::numeric_limits<float>::quiet_NaN();
       } else {
-        const SampleResult s = SampleFromRequest(*ch.sample, row);
+        const SampleResult s = SampleFromRequest(*ch.sample, row, ch.allowed);
         out->tokens[r] = s.token;
         out->logprobs[r] = s.logprob;
       }

@@ -33,9 +33,17 @@
 // seed, step) on the row's logits (runtime/sampling/sampler.h: SampleFromRequest), which the CPU
 // and GPU samplers guarantee bit for bit. When any logits row lacks a request, or the runner does
 // not support it, the runner ignores the requests and returns logits.
+//
+// Grammar masks (guided decoding): a sampled row may carry `allowed`, the bits of the tokens it
+// may draw; the result is then Sample(params, logits, {}, {}, seed, step, {}, allowed) (the
+// logprob stays the raw log-softmax). The words may be written late: when ForwardBatch::
+// masks_ready is set the runner calls it exactly once per Forward that samples, after queuing the
+// forward pass and before reading any `allowed`, so the host computes masks while the device
+// runs. An error from it fails the Forward with that status.
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -58,6 +66,9 @@ struct SequenceChunk {
   // With need_logits: sample that row on the runner (see the header comment). Null: logits.
   // Valid for the Forward call only.
   const SampleRequest* sample = nullptr;
+  // With `sample`: the tokens the row may draw, ceil(vocab / 64) words (bit t % 64 of word t / 64);
+  // empty: all. Read only after ForwardBatch::masks_ready (see the header comment).
+  std::span<const uint64_t> allowed = {};
 };
 
 // Direction of StageKv.
@@ -73,6 +84,8 @@ struct KvProgress {
 
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;
+  // Fills the chunks' `allowed` words (see the header comment); null when they are ready.
+  std::function<absl::Status()> masks_ready = nullptr;
 };
 
 struct ForwardOutput {

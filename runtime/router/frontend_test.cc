@@ -1291,8 +1291,8 @@ TEST_F(FrontendTest, HermesCallsBecomeToolCallsWithContentBeside) {
   EXPECT_TRUE(backend_.requests()[0].params.guided.empty());
 
   // tool_choice none: the same text is content, untouched.
-  ClientResponse none = Post("/v1/chat/completions",
-                             ChatBody({{"tools", WeatherTools()}, {"tool_choice", "none"}}));
+  ClientResponse none =
+      Post("/v1/chat/completions", ChatBody({{"tools", WeatherTools()}, {"tool_choice", "none"}}));
   ASSERT_EQ(none.status, 200) << none.body;
   const json nc = Json(none)["choices"][0];
   EXPECT_EQ(nc["message"]["content"], kTwoCalls);
@@ -1331,7 +1331,8 @@ TEST_F(FrontendTest, StreamedToolCallsAccumulateToTheSameCalls) {
             acc["name"] = t["function"]["name"];
             EXPECT_EQ(t["type"], "function");
           }
-          acc["arguments"] = acc.value("arguments", "") + t["function"]["arguments"].get<std::string>();
+          acc["arguments"] =
+              acc.value("arguments", "") + t["function"]["arguments"].get<std::string>();
         }
       }
       if (c["finish_reason"].is_string()) finish[i] = c["finish_reason"];
@@ -1352,8 +1353,8 @@ TEST_F(FrontendTest, ForcedToolChoicesConstrainTheBackendAndParseItsOutput) {
   b.script = R"({"city": "Oslo"})";
   backend_.set_behavior(b);
   const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
-  ClientResponse r = Post("/v1/chat/completions",
-                          ChatBody({{"tools", WeatherTools()}, {"tool_choice", named}}));
+  ClientResponse r =
+      Post("/v1/chat/completions", ChatBody({{"tools", WeatherTools()}, {"tool_choice", named}}));
   ASSERT_EQ(r.status, 200) << r.body;
   const json choice = Json(r)["choices"][0];
   EXPECT_TRUE(choice["message"]["content"].is_null()) << r.body;
@@ -1364,7 +1365,8 @@ TEST_F(FrontendTest, ForcedToolChoicesConstrainTheBackendAndParseItsOutput) {
   ASSERT_EQ(backend_.requests().size(), 1u);
   EXPECT_FALSE(backend_.requests()[0].params.guided.regex.empty());
 
-  b.script = R"([{"name": "noop", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}])";
+  b.script =
+      R"([{"name": "noop", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Rome"}}])";
   backend_.set_behavior(b);
   ClientResponse req = Post("/v1/chat/completions",
                             ChatBody({{"tools", WeatherTools()}, {"tool_choice", "required"}}));
@@ -1387,8 +1389,9 @@ TEST_F(FrontendTest, ToolHistoryReachesTheTemplate) {
   // vLLM passes it), the tool result itself; 7 special tokens.
   const std::string text = "user\nWeather?\nassistant\n\ntool\nsunny\nassistant\n";
   EXPECT_EQ(Json(r)["count"], static_cast<int>(text.size()) + 7) << r.body;
-  ClientResponse bad = Post("/v1/chat/completions",
-                            ChatBody({{"messages", json::parse(R"([{"role": "tool", "content": "x"}])")}}));
+  ClientResponse bad =
+      Post("/v1/chat/completions",
+           ChatBody({{"messages", json::parse(R"([{"role": "tool", "content": "x"}])")}}));
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(Json(bad)["error"]["param"], "messages[0].tool_call_id");
 }

@@ -197,6 +197,12 @@ bool SamplesFromLogitsOnly(const SamplingParams& params) {
          params.allowed_token_ids.empty() && params.min_tokens == 0 && params.guided.empty();
 }
 
+bool SamplesFromLogitsAndGrammarOnly(const SamplingParams& params) {
+  SamplingParams unguided = params;
+  unguided.guided = {};
+  return SamplesFromLogitsOnly(unguided);
+}
+
 SampleRequest MakeSampleRequest(const SamplingParams& params, uint64_t seed, uint64_t step) {
   SampleRequest r;
   r.seed = seed;
@@ -226,13 +232,14 @@ absl::Status ValidateSampleRequest(const SampleRequest& r) {
   return absl::OkStatus();
 }
 
-SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits) {
+SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits,
+                               std::span<const uint64_t> allowed) {
   SamplingParams params;
   params.temperature = request.greedy != 0 ? 0.0f : request.temperature;
   params.top_p = request.top_p;
   params.min_p = request.min_p;
   params.top_k = request.top_k;
-  return Sample(params, logits, {}, {}, request.seed, request.step);
+  return Sample(params, logits, {}, {}, request.seed, request.step, {}, allowed);
 }
 
 }  // namespace tandem

@@ -91,6 +91,12 @@ absl::Status ValidateSampleRequest(const SampleRequest& request);
 
 // Sample(params, logits, {}, {}, request.seed, request.step) for the params `request` came from
 // (top_logprobs empty).
-SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits);
+// `allowed`: the row's grammar mask (Sample's allowed_bits); empty for none.
+// SamplesFromLogitsOnly but for a guided constraint: the runner samples such a row under its
+// grammar mask (model_runner.h, SequenceChunk::allowed).
+bool SamplesFromLogitsAndGrammarOnly(const SamplingParams& params);
+
+SampleResult SampleFromRequest(const SampleRequest& request, std::span<const float> logits,
+                               std::span<const uint64_t> allowed = {});
 
 }  // namespace tandem

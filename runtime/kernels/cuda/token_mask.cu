@@ -43,12 +43,14 @@ __global__ void __launch_bounds__(kThreads)
   // The raw log-sum-exp, before any token is masked.
   float m = -INFINITY;
   for (int t = threadIdx.x; t < vocab; t += kThreads) m = fmaxf(m, row[t]);
-  m = BlockReduce(m, [](float a, float b) { return fmaxf(a, b); }, scratch_f);
+  m = BlockReduce(
+      m, [](float a, float b) { return fmaxf(a, b); }, scratch_f);
   double s = 0.0;
   for (int t = threadIdx.x; t < vocab; t += kThreads) {
     s += exp(static_cast<double>(row[t]) - static_cast<double>(m));
   }
-  s = BlockReduce(s, [](double a, double b) { return a + b; }, scratch_d);
+  s = BlockReduce(
+      s, [](double a, double b) { return a + b; }, scratch_d);
   if (threadIdx.x == 0) lse[r] = log(s) + static_cast<double>(m);
   for (int t = threadIdx.x; t < vocab; t += kThreads) {
     if (((bits[t >> 6] >> (t & 63)) & 1u) == 0) row[t] = -INFINITY;
@@ -76,10 +78,10 @@ cudaError_t LaunchApplyTokenMaskRaw(const TokenMaskArgs& a, cudaStream_t stream)
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMaskedLogprobsRaw(const TokenMaskArgs& a, const int32_t* tokens,
-                                    float* logprobs, cudaStream_t stream) {
-  MaskedLogprobsKernel<<<(a.rows + 255) / 256, 256, 0, stream>>>(a.logits, a.mask, a.rows,
-                                                                 a.vocab, a.lse, tokens, logprobs);
+cudaError_t LaunchMaskedLogprobsRaw(const TokenMaskArgs& a, const int32_t* tokens, float* logprobs,
+                                    cudaStream_t stream) {
+  MaskedLogprobsKernel<<<(a.rows + 255) / 256, 256, 0, stream>>>(a.logits, a.mask, a.rows, a.vocab,
+                                                                 a.lse, tokens, logprobs);
   return cudaGetLastError();
 }
 

@@ -52,9 +52,9 @@ absl::Status LaunchMaskedLogprobs(const TokenMaskArgs& a, const int32_t* tokens,
   if (tokens == nullptr || logprobs == nullptr) {
     return absl::InvalidArgumentError("LaunchMaskedLogprobs: tokens and logprobs must not be null");
   }
-  return CudaStatus(internal::LaunchMaskedLogprobsRaw(a, tokens, logprobs,
-                                                      static_cast<cudaStream_t>(stream)),
-                    "LaunchMaskedLogprobs");
+  return CudaStatus(
+      internal::LaunchMaskedLogprobsRaw(a, tokens, logprobs, static_cast<cudaStream_t>(stream)),
+      "LaunchMaskedLogprobs");
 }
 
 }  // namespace tandem::cuda

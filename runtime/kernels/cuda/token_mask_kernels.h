@@ -26,19 +26,19 @@
 namespace tandem::cuda {
 
 struct TokenMaskArgs {
-  float* logits = nullptr;           // [rows, vocab]
+  float* logits = nullptr;            // [rows, vocab]
   const uint64_t* allowed = nullptr;  // [rows, words]
-  const int32_t* mask = nullptr;     // [rows]: nonzero where the row is masked
-  int rows = 0;                      // [1, kSamplingMaxRows]
-  int vocab = 0;                     // [1, kSamplingMaxVocab]
-  int words = 0;                     // >= ceil(vocab / 64)
-  double* lse = nullptr;             // [rows] out: raw log-sum-exp of the masked rows
+  const int32_t* mask = nullptr;      // [rows]: nonzero where the row is masked
+  int rows = 0;                       // [1, kSamplingMaxRows]
+  int vocab = 0;                      // [1, kSamplingMaxVocab]
+  int words = 0;                      // >= ceil(vocab / 64)
+  double* lse = nullptr;              // [rows] out: raw log-sum-exp of the masked rows
 };
 
 absl::Status LaunchApplyTokenMask(const TokenMaskArgs& args, void* stream);
 
 // `tokens` as LaunchSampling wrote them; overwrites logprobs[r] of the masked rows.
-absl::Status LaunchMaskedLogprobs(const TokenMaskArgs& args, const int32_t* tokens,
-                                  float* logprobs, void* stream);
+absl::Status LaunchMaskedLogprobs(const TokenMaskArgs& args, const int32_t* tokens, float* logprobs,
+                                  void* stream);
 
 }  // namespace tandem::cuda

@@ -29,6 +29,7 @@
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
+#include "runtime/kernels/cuda/token_mask_kernels.h"
 #include "runtime/model/cuda/cublas_gemm.h"
 #include "runtime/model/cuda/kv_host_mirror.h"
 #include "runtime/model/cuda/step_plan.h"
@@ -117,7 +118,7 @@ class Runner final : public CudaModelRunner {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_), host_sampling_,
-                    static_cast<void*>(progress_host_)}) {
+                    host_mask_, static_cast<void*>(progress_host_)}) {
       if (p != nullptr) cudaFreeHost(p);
     }
     gemm_.reset();
@@ -201,6 +202,9 @@ class Runner final : public CudaModelRunner {
     } else {
       RETURN_IF_ERROR(RunDevice(nullptr));
     }
+    // Guided rows: their masks are computed on the host now, while the forward pass runs, then
+    // applied and sampled after it (outside the graph).
+    if (sample_step_ && masked_step_) RETURN_IF_ERROR(SampleMasked(batch));
     stats_.host_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     const int rows = static_cast<int>(plan_.output_rows.size());
@@ -636,6 +640,15 @@ class Runner final : public CudaModelRunner {
       host_sampling_ = nullptr;
       RETURN_IF_CUDA_ERROR(cudaHostAlloc(&host_sampling_, sampling_bytes, cudaHostAllocDefault),
                            "cudaHostAlloc (sampling rows)");
+      // Grammar masks: [r, words] uint64, then [r] int32 flags, then [r] double log-sum-exps
+      // (the host twin holds the first two).
+      mask_flags_offset_ = AlignUp(r * MaskWords() * 8);
+      mask_lse_offset_ = AlignUp(mask_flags_offset_ + r * sizeof(int32_t));
+      RETURN_IF_ERROR(realloc(&mask_, mask_lse_offset_ + r * sizeof(double)));
+      if (host_mask_ != nullptr) cudaFreeHost(host_mask_);
+      host_mask_ = nullptr;
+      RETURN_IF_CUDA_ERROR(cudaHostAlloc(&host_mask_, mask_lse_offset_, cudaHostAllocDefault),
+                           "cudaHostAlloc (grammar masks)");
       cap_.logit_rows = static_cast<int>(r);
     }
     if (meta) {
@@ -695,7 +708,91 @@ class Runner final : public CudaModelRunner {
 
   // Graphs with and without the sampling kernel are different graphs.
   GraphKeyType GraphKey() const {
-    return {plan_.graph_bucket, plan_.decode_table_width, sample_step_};
+    return {plan_.graph_bucket, plan_.decode_table_width, SampleInGraph()};
+  }
+  // The sampling kernel is part of the step's graph, unless a grammar mask goes first.
+  bool SampleInGraph() const { return sample_step_ && !masked_step_; }
+
+  // The masked step's tail (model_runner.h, grammar masks): the engine's masks (masks_ready),
+  // uploaded per logits row with a flag, the mask kernel (raw log-sum-exp, then -inf for the
+  // disallowed tokens), the sampling kernel, and the raw logprobs of the masked rows.
+  absl::Status SampleMasked(const ForwardBatch& batch) {
+    if (batch.masks_ready) RETURN_IF_ERROR(batch.masks_ready());
+    const int R = plan_.num_logit_rows;
+    const size_t words = MaskWords();
+    uint64_t* host_words = static_cast<uint64_t*>(host_mask_);
+    int32_t* host_flags =
+        reinterpret_cast<int32_t*>(static_cast<char*>(host_mask_) + mask_flags_offset_);
+    std::fill(host_flags, host_flags + R, 0);
+    int out_row = 0;
+    for (const SequenceChunk& ch : batch.chunks) {
+      if (!ch.need_logits) continue;
+      const int row = plan_.output_rows[out_row++];
+      if (ch.allowed.empty()) continue;
+      std::copy(ch.allowed.begin(), ch.allowed.end(),
+                host_words + static_cast<size_t>(row) * words);
+      host_flags[row] = 1;
+    }
+    char* dev = static_cast<char*>(mask_.data);
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev, host_words, static_cast<size_t>(R) * words * 8,
+                                         cudaMemcpyHostToDevice, stream_),
+                         "grammar masks upload");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dev + mask_flags_offset_, host_flags, R * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "grammar mask flags upload");
+    int32_t* tokens =
+        reinterpret_cast<int32_t*>(static_cast<char*>(sampling_.data) + sampling_out_offset_);
+    float* logprobs = reinterpret_cast<float*>(tokens + R);
+    const int vocab = config_.vocab_size;
+    for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+      cuda::TokenMaskArgs m;
+      m.logits = static_cast<float*>(logits_.data) + static_cast<size_t>(r0) * vocab;
+      m.allowed = reinterpret_cast<const uint64_t*>(dev) + static_cast<size_t>(r0) * words;
+      m.mask = reinterpret_cast<const int32_t*>(dev + mask_flags_offset_) + r0;
+      m.rows = std::min(cuda::kSamplingMaxRows, R - r0);
+      m.vocab = vocab;
+      m.words = static_cast<int>(words);
+      m.lse = reinterpret_cast<double*>(dev + mask_lse_offset_) + r0;
+      RETURN_IF_ERROR(cuda::LaunchApplyTokenMask(m, stream_));
+    }
+    RETURN_IF_ERROR(LaunchSamplingRows(stream_));
+    for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+      cuda::TokenMaskArgs m;
+      m.logits = static_cast<float*>(logits_.data) + static_cast<size_t>(r0) * vocab;
+      m.allowed = reinterpret_cast<const uint64_t*>(dev) + static_cast<size_t>(r0) * words;
+      m.mask = reinterpret_cast<const int32_t*>(dev + mask_flags_offset_) + r0;
+      m.rows = std::min(cuda::kSamplingMaxRows, R - r0);
+      m.vocab = vocab;
+      m.words = static_cast<int>(words);
+      m.lse = reinterpret_cast<double*>(dev + mask_lse_offset_) + r0;
+      RETURN_IF_ERROR(cuda::LaunchMaskedLogprobs(m, tokens + r0, logprobs + r0, stream_));
+    }
+    return absl::OkStatus();
+  }
+
+  size_t MaskWords() const { return (static_cast<size_t>(config_.vocab_size) + 63) / 64; }
+
+  // The sampling kernel over every logits row (parameters uploaded by UploadSampling), tokens and
+  // logprobs packed at sampling_out_offset_ as [R] int32 then [R] float (R is fixed per graph
+  // key, so captured pointers stay right).
+  absl::Status LaunchSamplingRows(void* s) {
+    const int R = plan_.num_logit_rows;
+    const cuda::SamplingRow* rows = static_cast<const cuda::SamplingRow*>(sampling_.data);
+    int32_t* tokens =
+        reinterpret_cast<int32_t*>(static_cast<char*>(sampling_.data) + sampling_out_offset_);
+    float* logprobs = reinterpret_cast<float*>(tokens + R);
+    for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+      cuda::SamplingArgs a;
+      a.logits =
+          static_cast<const float*>(logits_.data) + static_cast<size_t>(r0) * config_.vocab_size;
+      a.params = rows + r0;
+      a.rows = std::min(cuda::kSamplingMaxRows, R - r0);
+      a.vocab = config_.vocab_size;
+      a.tokens = tokens + r0;
+      a.logprobs = logprobs + r0;
+      RETURN_IF_ERROR(cuda::LaunchSampling(a, s));
+    }
+    return absl::OkStatus();
   }
 
   // Decides whether this step samples on the GPU (every output row carries a request and the
@@ -704,6 +801,7 @@ class Runner final : public CudaModelRunner {
   // out of range.
   absl::Status UploadSampling(const ForwardBatch& batch) {
     sample_step_ = false;
+    masked_step_ = false;
     const int R = plan_.num_logit_rows;
     if (R == 0 || !SupportsDeviceSampling()) return absl::OkStatus();
     for (size_t i = 0; i < batch.chunks.size(); ++i) {
@@ -713,7 +811,13 @@ class Runner final : public CudaModelRunner {
       if (absl::Status s = cuda::ValidateSamplingRow(*ch.sample); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": ", s.message()));
       }
+      if (!ch.allowed.empty() && ch.allowed.size() != MaskWords()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chunk ", i, ": a grammar mask of ", ch.allowed.size(), " words, need ", MaskWords()));
+      }
     }
+    for (const SequenceChunk& ch : batch.chunks)
+      masked_step_ |= ch.need_logits && !ch.allowed.empty();
     cuda::SamplingRow* rows = static_cast<cuda::SamplingRow*>(host_sampling_);
     for (int r = 0; r < R; ++r) {
       rows[r] = cuda::SamplingRow{};
@@ -948,23 +1052,8 @@ class Runner final : public CudaModelRunner {
                                     logits_.data, GemmOut::kF32, s));
       RETURN_IF_ERROR(mark("lm_head"));
     }
-    if (sample_step_) {
-      // Tokens and logprobs of every logits row, packed at sampling_out_offset_ as [R] int32 then
-      // [R] float (R is fixed per graph key, so captured pointers stay right).
-      const cuda::SamplingRow* rows = static_cast<const cuda::SamplingRow*>(sampling_.data);
-      int32_t* tokens =
-          reinterpret_cast<int32_t*>(static_cast<char*>(sampling_.data) + sampling_out_offset_);
-      float* logprobs = reinterpret_cast<float*>(tokens + R);
-      for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
-        cuda::SamplingArgs a;
-        a.logits = static_cast<const float*>(logits_.data) + static_cast<size_t>(r0) * c.vocab_size;
-        a.params = rows + r0;
-        a.rows = std::min(cuda::kSamplingMaxRows, R - r0);
-        a.vocab = c.vocab_size;
-        a.tokens = tokens + r0;
-        a.logprobs = logprobs + r0;
-        RETURN_IF_ERROR(cuda::LaunchSampling(a, s));
-      }
+    if (SampleInGraph()) {
+      RETURN_IF_ERROR(LaunchSamplingRows(s));
       RETURN_IF_ERROR(mark("sampling"));
     }
     return absl::OkStatus();
@@ -1013,6 +1102,13 @@ class Runner final : public CudaModelRunner {
   void* host_sampling_ = nullptr;
   size_t sampling_out_offset_ = 0;
   bool sample_step_ = false;  // this step samples on the GPU (UploadSampling)
+  bool masked_step_ = false;  // ... and some row under a grammar mask (SampleMasked)
+  // Grammar masks, flags and log-sum-exps (layout in Grow); host_mask_ is the pinned twin of the
+  // masks and flags.
+  DeviceBuffer mask_;
+  void* host_mask_ = nullptr;
+  size_t mask_flags_offset_ = 0;
+  size_t mask_lse_offset_ = 0;
 
   StepPlan plan_;
   CudaStepStats stats_;

@@ -216,5 +216,117 @@ TEST_F(CudaRunnerSamplingTest, DeviceSampledTokensMatchCpuSamplerOnOwnLogits) {
   EXPECT_GT(distinct_steps, 10);         // the rows do not all collapse to one token
 }
 
+// Guided rows (SequenceChunk::allowed, filled late by ForwardBatch::masks_ready, which the runner
+// must call exactly once per sampling step): every masked row's token must be
+// SampleFromRequest(request, logits, allowed) on the runner's own logits, and in the mask; the
+// unmasked rows of the same batch as before. Graph buckets and an eager batch of 300.
+TEST_F(CudaRunnerSamplingTest, GrammarMaskedRowsMatchCpuSamplerOnOwnLogits) {
+  const std::string dir = WriteCheckpoint();
+  ASSERT_FALSE(HasFailure());
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto store = TensorStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  CudaRunnerOptions options;
+  options.block_size = kBlockSize;
+  options.num_blocks = kMaxSeqs * kBlocksPerSeq;
+  options.max_batch_tokens = 512;
+  auto made = CreateCudaModelRunner(*config, **store, options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaModelRunner& runner = **made;
+  constexpr int kWords = (kVocab + 63) / 64;
+  std::mt19937_64 rng(23);
+  int cases = 0, masked_cases = 0;
+  const std::pair<int, int> groups[] = {{1, 4}, {8, 4}, {64, 3}, {300, 2}};
+  for (const auto& [num_seqs, decode_steps] : groups) {
+    struct Seq {
+      std::vector<int32_t> tokens;
+      std::vector<int32_t> table;
+      int computed = 0;
+      int generated = 0;
+    };
+    std::vector<Seq> seqs(num_seqs);
+    for (int i = 0; i < num_seqs; ++i) {
+      Seq& s = seqs[i];
+      const int len = 2 + static_cast<int>(rng() % 14);
+      for (int t = 0; t < len; ++t) s.tokens.push_back(static_cast<int32_t>(rng() % kVocab));
+      for (int b = 0; b < kBlocksPerSeq; ++b) {
+        s.table.push_back(static_cast<int32_t>(i * kBlocksPerSeq + b));
+      }
+    }
+    for (int step = 0; step <= decode_steps; ++step) {
+      std::vector<SampleRequest> requests;
+      std::vector<std::vector<uint64_t>> want_masks(num_seqs);
+      std::vector<std::vector<uint64_t>> masks(num_seqs);
+      for (int i = 0; i < num_seqs; ++i) {
+        requests.push_back(RandomRequest(rng, static_cast<uint64_t>(seqs[i].generated)));
+        if (i % 3 == 2) continue;  // unmasked
+        std::vector<uint64_t>& m = want_masks[i];
+        m.assign(kWords, 0);
+        const int kind = static_cast<int>(rng() % 3);
+        for (int t = 0; t < kVocab; ++t) {
+          const bool on = kind == 0   ? rng() % 1000 == 0
+                          : kind == 1 ? rng() % 4 == 0
+                                      : rng() % 50 != 0;
+          if (on) m[t >> 6] |= uint64_t{1} << (t & 63);
+        }
+        m[0] |= 1;                   // never empty
+        masks[i].assign(kWords, 0);  // filled by masks_ready
+      }
+      auto batch_of = [&](bool sample) {
+        ForwardBatch batch;
+        for (int i = 0; i < num_seqs; ++i) {
+          const Seq& s = seqs[i];
+          SequenceChunk ch;
+          ch.tokens = std::span<const int32_t>(s.tokens).subspan(s.computed);
+          ch.start_pos = s.computed;
+          ch.block_table = s.table;
+          ch.sample = sample ? &requests[i] : nullptr;
+          if (sample) ch.allowed = masks[i];
+          batch.chunks.push_back(ch);
+        }
+        return batch;
+      };
+      const std::string what = absl::StrCat(num_seqs, " sequences, step ", step);
+      ForwardOutput logits_out, sampled_out;
+      ASSERT_TRUE(runner.Forward(batch_of(false), &logits_out).ok()) << what;
+      ForwardBatch sampled = batch_of(true);
+      int ready_calls = 0;
+      sampled.masks_ready = [&]() {
+        ++ready_calls;
+        for (int i = 0; i < num_seqs; ++i) {
+          if (!want_masks[i].empty())
+            std::copy(want_masks[i].begin(), want_masks[i].end(), masks[i].begin());
+        }
+        return absl::OkStatus();
+      };
+      ASSERT_TRUE(runner.Forward(sampled, &sampled_out).ok()) << what;
+      EXPECT_EQ(ready_calls, 1) << what;
+      ASSERT_EQ(sampled_out.tokens.size(), static_cast<size_t>(num_seqs)) << what;
+      for (int i = 0; i < num_seqs; ++i) {
+        const std::span<const float> row(logits_out.logits.data() + static_cast<size_t>(i) * kVocab,
+                                         kVocab);
+        const SampleResult want = SampleFromRequest(requests[i], row, want_masks[i]);
+        ++cases;
+        const int32_t got = sampled_out.tokens[i];
+        EXPECT_EQ(got, want.token) << what << " row " << i << " masked " << !want_masks[i].empty();
+        if (!want_masks[i].empty()) {
+          ++masked_cases;
+          EXPECT_TRUE((want_masks[i][got >> 6] >> (got & 63)) & 1) << what << " row " << i;
+        }
+        EXPECT_NEAR(sampled_out.logprobs[i], want.logprob, 1e-4) << what << " row " << i;
+      }
+      for (int i = 0; i < num_seqs; ++i) {
+        Seq& s = seqs[i];
+        s.computed = static_cast<int>(s.tokens.size());
+        s.tokens.push_back(sampled_out.tokens[i]);
+        ++s.generated;
+      }
+    }
+  }
+  std::printf("grammar-masked device sampling: %d cases, %d masked\n", cases, masked_cases);
+  EXPECT_GT(masked_cases, 1000);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -181,7 +181,8 @@ std::vector<Case> MakeCases() {
           call("call_1", "get_weather", R"({"city": "Paris", "days": 2, "metric": true})"));
       if (!llama) first.tool_calls.push_back(call("call_2", "get_weather", R"({"city": "東京"})"));
       c.messages.push_back(first);
-      ChatMessage result(llama && variant == 2 ? "ipython" : "tool", R"({"temp": 21, "sky": "sunny"})");
+      ChatMessage result(llama && variant == 2 ? "ipython" : "tool",
+                         R"({"temp": 21, "sky": "sunny"})");
       result.tool_call_id = "call_1";
       if (variant == 1) result.name = "get_weather";
       c.messages.push_back(result);
@@ -213,10 +214,11 @@ nlohmann::ordered_json MessageJson(const ChatMessage& m) {
   if (!m.tool_calls.empty()) {
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const ChatToolCall& c : m.tool_calls) {
-      calls.push_back({{"id", c.id},
-                       {"type", "function"},
-                       {"function",
-                        {{"name", c.name}, {"arguments", nlohmann::ordered_json::parse(c.arguments)}}}});
+      calls.push_back(
+          {{"id", c.id},
+           {"type", "function"},
+           {"function",
+            {{"name", c.name}, {"arguments", nlohmann::ordered_json::parse(c.arguments)}}}});
     }
     j["tool_calls"] = calls;
   }
