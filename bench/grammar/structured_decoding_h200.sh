@@ -3,10 +3,11 @@
 # with the grammar masks applied on the GPU (token_mask_kernels.h) after the GPU tests of that
 # path (token_mask_cuda_test, sampling_cuda_test, cuda_runner_sampling_test).
 # `tandem serve --aggregated --device cuda` on the synthesized Llama-3-8B shape (vocabulary
-# 128,256), then `tandem bench` at concurrency 1 and 32 (input 128, output 256 tokens, greedy):
-# unconstrained (--ignore-eos), under a JSON Schema (an object with an unbounded list of
-# integers, so outputs run long) and under response_format json_object. The figure is TPOT
-# (per-output-token time) constrained over unconstrained. From the repository root with the
+# 128,256), with --grammar-masks device and host, then `tandem bench` at concurrency 1 and 32
+# (input 128, output 256 tokens, greedy): unconstrained (--ignore-eos), under an open-ended regex
+# (--ignore-eos: as long as plain), under a JSON Schema and under json_object (those end when the
+# document does). The figure is TPOT (per-output-token time) constrained over unconstrained.
+# TESTS=0 skips the GPU tests; KINDS / HOST_KINDS pick the cases. From the repository root with the
 # bundle of tools/gpu-pack carried; results in $OUT/r.tgz (device_call.sh).
 set -u
 source bench/engine/device_call.sh
@@ -14,47 +15,62 @@ dc_setup || exit 1
 M8B=/tmp/tandem_m8b
 dc_synth llama-3-8b "$M8B"
 # The GPU tests of the masked sampling path first (kernels, then the runner).
-DC_TEST_S=240 dc_test token_mask "$B/token_mask_cuda_test"
-DC_TEST_S=240 dc_test sampling "$B/sampling_cuda_test"
+if [[ ${TESTS:-1} != 0 ]]; then
+  DC_TEST_S=240 dc_test token_mask "$B/token_mask_cuda_test"
+  DC_TEST_S=240 dc_test sampling "$B/sampling_cuda_test"
+fi
 DC_TEST_S=300 dc_test runner_sampling "$B/cuda_runner_sampling_test"
 dc_wait_synth || { echo "synth failed" >> "$R/tests.txt"; dc_finish; exit 1; }
 
-port=18200
-"$B/tandem" serve --aggregated --model "$M8B" --device cuda --port $port --kv-cache-mib 16384 \
-  --startup-timeout-s 200 > "$R/serve.log" 2>&1 &
-pid=$!
-up=0
-for _ in $(seq 1 200); do
-  grep -q "is serving" "$R/serve.log" && { up=1; break; }
-  kill -0 $pid 2>/dev/null || break
-  sleep 1
-done
+# serve_case MASKS KINDS...: tandem serve --aggregated --grammar-masks MASKS, then each kind at
+# concurrency 1 and 32.
+serve_case() {
+  local masks="$1"
+  shift
+  local port=18200
+  "$B/tandem" serve --aggregated --model "$M8B" --device cuda --port $port --kv-cache-mib 16384 \
+    --grammar-masks "$masks" --startup-timeout-s 200 > "$R/serve_$masks.log" 2>&1 &
+  local pid=$!
+  local up=0
+  for _ in $(seq 1 200); do
+    grep -q "is serving" "$R/serve_$masks.log" && { up=1; break; }
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  if ((up)); then
+    for c in 1 32; do
+      local n=8
+      ((c == 32)) && n=96
+      for kind in "$@"; do
+        local extra=()
+        case $kind in
+          plain) extra=(--ignore-eos) ;;
+          regex) extra=(--ignore-eos --extra-body "$regex") ;;
+          schema) extra=(--extra-body "$schema") ;;
+          object) extra=(--extra-body "$object") ;;
+        esac
+        timeout 240 "$B/tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint chat \
+          --tokenizer "$M8B" --input-len 128 --output-len 256 --num-prompts $n \
+          --max-concurrency $c --warmup 2 --seed 1 --no-progress "${extra[@]}" \
+          --json "$R/bench_${masks}_${kind}_c$c.json" > "$R/bench_${masks}_${kind}_c$c.txt" 2>&1
+        echo "bench $masks $kind c=$c rc=$?" >> "$R/tests.txt"
+      done
+    done
+    curl -s "http://127.0.0.1:$port/metrics" > "$R/metrics_$masks.txt"
+  else
+    echo "serve $masks did not come up" >> "$R/tests.txt"
+  fi
+  kill -INT $pid 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  kill -9 $pid 2>/dev/null
+  wait $pid 2>/dev/null
+}
+
+# An open-ended regex (never complete, so every output is 256 tokens, like plain's with
+# --ignore-eos), a JSON Schema with an unbounded list of integers, and json_object.
+regex='{"guided_regex": "[a-zA-Z0-9 ,.]*"}'
 schema='{"response_format": {"type": "json_schema", "json_schema": {"name": "ints", "schema": {"type": "object", "properties": {"v": {"type": "array", "items": {"type": "integer"}}}, "required": ["v"], "additionalProperties": false}}}}'
 object='{"response_format": {"type": "json_object"}}'
-if ((up)); then
-  for c in 1 32; do
-    n=8
-    ((c == 32)) && n=96
-    for kind in plain schema object; do
-      extra=()
-      case $kind in
-        plain) extra=(--ignore-eos) ;;
-        schema) extra=(--extra-body "$schema") ;;
-        object) extra=(--extra-body "$object") ;;
-      esac
-      timeout 240 "$B/tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint chat \
-        --tokenizer "$M8B" --input-len 128 --output-len 256 --num-prompts $n \
-        --max-concurrency $c --warmup 2 --seed 1 --no-progress "${extra[@]}" \
-        --json "$R/bench_${kind}_c$c.json" > "$R/bench_${kind}_c$c.txt" 2>&1
-      echo "bench $kind c=$c rc=$?" >> "$R/tests.txt"
-    done
-  done
-  curl -s "http://127.0.0.1:$port/metrics" > "$R/metrics.txt"
-else
-  echo "serve did not come up" >> "$R/tests.txt"
-fi
-kill -INT $pid 2>/dev/null
-for _ in $(seq 1 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null
+serve_case device ${KINDS:-plain regex schema object}
+serve_case host ${HOST_KINDS:-regex schema object}
 dc_finish

@@ -325,7 +325,7 @@ TEST_F(CudaRunnerSamplingTest, GrammarMaskedRowsMatchCpuSamplerOnOwnLogits) {
     }
   }
   std::printf("grammar-masked device sampling: %d cases, %d masked\n", cases, masked_cases);
-  EXPECT_GT(masked_cases, 1000);
+  EXPECT_GT(masked_cases, 700);  // two rows in three
 }
 
 }  // namespace
