@@ -124,7 +124,6 @@ struct ServeFlags {
   std::string decode_device;   // "" = device (decode and aggregated workers)
   int block_size = 0;          // 0: the workers' default
   int kv_cache_mib = 0;        // 0: the workers' default
-  std::string grammar_masks = "device";
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   int long_prefill_token_threshold = 0;    // every worker
@@ -552,7 +551,6 @@ int RunServe(ServeFlags flags) {
   if (flags.kv_cache_mib > 0) {
     common.insert(common.end(), {"--kv-cache-mib", std::to_string(flags.kv_cache_mib)});
   }
-  common.insert(common.end(), {"--grammar-masks", flags.grammar_masks});
   for (int i = 0; i < num_prefill + flags.decode_workers; ++i) {
     const bool is_prefill = i < num_prefill;
     std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
@@ -804,9 +802,6 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--block-size", flags->block_size,
                   "Tokens per KV block of every worker (default: theirs, 16)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--grammar-masks", flags->grammar_masks,
-                  "Where the workers sample guided rows: device (default) or host (docs/tuning.md)")
-      ->check(CLI::IsMember({"device", "host"}));
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib,
                   "KV cache per worker in MiB (default: the workers' 256); with --device cuda "
                   "as much again of pinned host memory")

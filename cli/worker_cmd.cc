@@ -4,7 +4,7 @@
 //       [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
-//       [--ucx-transports TLS] [--drain-seconds S] [--grammar-masks device|host]
+//       [--ucx-transports TLS] [--drain-seconds S]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -49,7 +49,6 @@ struct WorkerFlags {
   int max_num_batched_tokens = 512;
   int long_prefill_token_threshold = 0;
   double drain_seconds = 2.0;
-  std::string grammar_masks = "device";
   std::string kv_streaming = "on";                   // prefill workers only
   std::string kv_verify = "off";                     // decode workers only
   int64_t admission_window_tokens = 16384;           // prefill workers only
@@ -85,7 +84,6 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
   load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
-  load.engine.device_grammar_masks = flags.grammar_masks == "device";
   const bool streaming = std::string(role) == "prefill" && flags.kv_streaming == "on";
   load.engine.kv_layer_progress = streaming;
   auto model = server::LoadModel(load);
@@ -189,10 +187,6 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
       ->check(CLI::Range(-1, 65535));
   cmd->add_option("--max-num-seqs", flags->max_num_seqs, "sequences per batch (default 64)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--grammar-masks", flags->grammar_masks,
-                  "where guided rows are sampled: device (the runner applies the grammar mask; "
-                  "default) or host (the batch's logits go to the host sampler; docs/tuning.md)")
-      ->check(CLI::IsMember({"device", "host"}));
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
                   "tokens per step (default 512 for decode, 8192 for prefill: a prefill worker "
                   "runs no decode steps that long prompt chunks would delay)")

@@ -223,11 +223,6 @@ struct EngineOptions {
   // Guided decoding: compute each guided sequence's next token mask on a helper thread while the
   // forward pass runs (grammar::MaskPrefetcher), instead of after it on the engine thread.
   bool prefetch_grammar_masks = true;
-  // Guided rows whose other parameters need nothing but the logits are sampled by the runner
-  // under their grammar mask (model_runner.h: SequenceChunk::allowed; the CUDA runner applies it
-  // with a kernel), so a batch with guided rows still moves only tokens off the device. Off:
-  // those rows send the whole batch's logits to the host sampler, as before.
-  bool device_grammar_masks = true;
 };
 
 struct EngineStats {
