@@ -120,10 +120,10 @@ struct ServeFlags {
   bool aggregated = false;
   std::string kv_transfer = "auto";
   std::string device = "cpu";
-  std::string prefill_device;  // "" = device
-  std::string decode_device;   // "" = device (decode and aggregated workers)
-  int block_size = 0;          // 0: the workers' default
-  int kv_cache_mib = 0;        // 0: the workers' default
+  std::string prefill_device;              // "" = device
+  std::string decode_device;               // "" = device (decode and aggregated workers)
+  int block_size = 0;                      // 0: the workers' default
+  int kv_cache_mib = 0;                    // 0: the workers' default
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   int long_prefill_token_threshold = 0;    // every worker

@@ -99,6 +99,10 @@ def openai_seeds():
                       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
          "tools": tools,
          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}).encode())
+    write(t, "completion-guided-grammar", b"\x00" + dumps(
+        {"prompt": "x", "guided_grammar":
+         'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+         'term ::= [1-9] [0-9]{0,2} | "(" expr ")"  # nested\n'}).encode())
     # Slightly broken.
     write(t, "broken-trailing-comma", b"\x01" + b'{"messages": [{"role": "user", "content": "x"},]}')
     write(t, "broken-unknown-role", b"\x01" + dumps(
@@ -761,8 +765,23 @@ def tool_call_parser_seeds():
     write(t, "named-args", b"\x03\x04\x00" + b'{"city": "Oslo"}')
 
 
+def gbnf_seeds():
+    t = "gbnf"
+    write(t, "answer", 'root ::= answer " " [1-9] [0-9]{0,2}\nanswer ::= "yes" | "no"\n')
+    write(t, "expr-recursive", 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+          'term ::= [0-9]+ | "(" expr ")"\n')
+    write(t, "json", 'root ::= value\nvalue ::= object | array | string | "null"\n'
+          'object ::=\n  "{" ( string ":" value ("," string ":" value)* )? "}"\n'
+          'array ::= "[" ( value ("," value)* )? "]"\n'
+          'string ::= "\\"" ( [^"\\\\] | "\\\\" ["nt] )* "\\""  # escapes\n')
+    write(t, "classes-utf8", "root ::= [αβa-c]+ '\\u00e9' . [^x]{2,}\n")
+    write(t, "broken-undefined", "root ::= missing\n")
+    write(t, "broken-never-finishes", 'root ::= "(" root ")"\n')
+
+
 def main():
     openai_seeds()
+    gbnf_seeds()
     tool_call_parser_seeds()
     http_seeds()
     tokenizer_seeds()

@@ -599,8 +599,8 @@ bool Engine::Step() {
       const Active& a = *active_.at(c.seq_id);
       row_mask.push_back(-1);
       const bool plain = SamplesFromLogitsOnly(a.request.params);
-      const bool masked = !plain && a.grammar != nullptr &&
-                          SamplesFromLogitsAndGrammarOnly(a.request.params);
+      const bool masked =
+          !plain && a.grammar != nullptr && SamplesFromLogitsAndGrammarOnly(a.request.params);
       if (runner_samples && (plain || masked)) {
         // The same seed and step OnLogits would use.
         requests.push_back(MakeSampleRequest(

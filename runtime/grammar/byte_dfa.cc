@@ -743,6 +743,17 @@ class DfaBuilder {
   }
 };
 
+std::string RegexEscape(absl::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (absl::string_view("\\^$.|?*+()[]{}/-").find(c) != absl::string_view::npos) {
+      out.push_back('\\');
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 int ByteDfa::Walk(int state, absl::string_view bytes) const {
   for (unsigned char c : bytes) {
     if (state == kDeadState) return kDeadState;

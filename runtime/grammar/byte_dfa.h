@@ -41,6 +41,10 @@ struct ByteDfaLimits {
   int max_repeat = 256;                  // m and n of {m,n}
 };
 
+// `text` with every metacharacter of this regex subset escaped, so it matches itself (bytes,
+// UTF-8 included, stay literal).
+std::string RegexEscape(absl::string_view text);
+
 class ByteDfa {
  public:
   static absl::StatusOr<ByteDfa> FromRegex(absl::string_view pattern,

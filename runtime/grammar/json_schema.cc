@@ -619,16 +619,6 @@ class Compiler {
 
 }  // namespace
 
-std::string RegexEscape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    if (std::string_view("\\^$.|?*+()[]{}/-").find(c) != std::string_view::npos)
-      out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
-
 absl::StatusOr<std::string> JsonSchemaToRegex(const json& schema,
                                               const JsonSchemaOptions& options) {
   Compiler compiler(schema, options);

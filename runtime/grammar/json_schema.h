@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "runtime/grammar/byte_dfa.h"
 
 namespace tandem::grammar {
 
@@ -48,7 +49,6 @@ absl::StatusOr<std::string> JsonSchemaToRegex(const nlohmann::ordered_json& sche
 // response_format {"type": "json_object"}: a JSON object whose values are any JSON values.
 std::string AnyJsonObjectRegex(const JsonSchemaOptions& options = {});
 
-// `text` with every regex metacharacter escaped, so it matches itself.
-std::string RegexEscape(const std::string& text);
+// RegexEscape (the text as a regex that matches itself) is in byte_dfa.h.
 
 }  // namespace tandem::grammar

@@ -86,12 +86,13 @@ constexpr ApiField kFields[] = {
      "vLLM: the output matches the regex in full (the subset in runtime/grammar/byte_dfa.h; "
      "anything else is a 400 naming the construct)"},
     {"guided_choice", B, I, "vLLM: the output is exactly one of the strings"},
-    {"guided_grammar", B, R, "EBNF/GBNF grammars are not built yet"},
+    {"guided_grammar", B, I,
+     "vLLM: a GBNF grammar (docs/structured_outputs.md); recursion nests at most 4 deep"},
     {"guided_decoding_backend", B, N, "vLLM: one engine (Tandem's own), whatever is named"},
     {"guided_whitespace_pattern", B, I,
      "vLLM: the regex allowed between JSON tokens (whitespace only; default: at most one space)"},
     {"structured_outputs", B, I,
-     "vLLM: `regex`, `choice`, `json`, `json_object` and `whitespace_pattern`; `grammar` and the "
+     "vLLM: `regex`, `choice`, `json`, `json_object`, `grammar` and `whitespace_pattern`; the "
      "rest are 400"},
     // ---- Tools ----
     {"tools", H, I,

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/gbnf.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/router/json_fields.h"
 #include "runtime/router/openai_protocol.h"
@@ -16,7 +17,7 @@ namespace {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-enum class Kind { kRegex, kChoice, kSchema, kJsonObject };
+enum class Kind { kRegex, kChoice, kSchema, kJsonObject, kGrammar };
 
 struct Given {
   std::string name;  // the field, as the client wrote it ("structured_outputs.json")
@@ -55,9 +56,10 @@ absl::Status CollectStructuredOutputs(const json& so, std::vector<Given>* given,
     } else if (key == "whitespace_pattern") {
       *whitespace = &value;
     } else if (key == "grammar") {
-      return Unsupported(name, "EBNF grammars are not built yet (regex, choice and json are)");
+      given->push_back({name, Kind::kGrammar, &value, {}});
     } else {
-      return Unsupported(name, "regex, choice, json, json_object and whitespace_pattern are");
+      return Unsupported(name,
+                         "regex, choice, json, json_object, grammar and whitespace_pattern are");
     }
   }
   return absl::OkStatus();
@@ -176,6 +178,9 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
   if (const json* v = Field(j, "guided_json")) {
     given.push_back({"guided_json", Kind::kSchema, v, {"guided_json"}});
   }
+  if (const json* v = Field(j, "guided_grammar")) {
+    given.push_back({"guided_grammar", Kind::kGrammar, v, {}});
+  }
   const json* whitespace = Field(j, "guided_whitespace_pattern");
   std::string whitespace_name = "guided_whitespace_pattern";
   if (const json* v = Field(j, "structured_outputs")) {
@@ -213,6 +218,17 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
       }
       out->regex = g.value->get<std::string>();
       break;
+    case Kind::kGrammar: {
+      if (!g.value->is_string() || g.value->get<std::string>().empty()) {
+        return Invalid(g.name, "must be a non-empty string (a GBNF grammar)");
+      }
+      absl::StatusOr<grammar::GbnfRegex> regex = grammar::GbnfToRegex(g.value->get<std::string>());
+      if (!regex.ok()) {
+        return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()));
+      }
+      out->regex = std::move(regex->regex);
+      break;
+    }
     case Kind::kChoice:
       if (!g.value->is_array() || g.value->empty()) {
         return Invalid(g.name, "must be a non-empty list of strings");

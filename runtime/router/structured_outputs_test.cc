@@ -32,6 +32,20 @@ ApiError Error(const std::string& extra) {
   return r.ok() ? ApiError{} : ToApiError(r.status());
 }
 
+TEST(StructuredOutputsTest, GrammarsCompileToTheConstraint) {
+  for (const char* field : {R"("guided_grammar": )", R"("structured_outputs": {"grammar": )"}) {
+    const std::string grammar =
+        nlohmann::json("root ::= answer \" \" [0-9]+\nanswer ::= \"yes\" | \"no\"").dump();
+    const std::string close = std::string(field).find('{') != std::string::npos ? "}" : "";
+    absl::StatusOr<SamplingParams::Guided> g = Guided(absl::StrCat(field, grammar, close));
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(Accepts(*g, "yes 42"));
+    EXPECT_TRUE(Accepts(*g, "no 7"));
+    EXPECT_FALSE(Accepts(*g, "maybe 1"));
+    EXPECT_FALSE(Accepts(*g, "yes"));
+  }
+}
+
 TEST(StructuredOutputsTest, JsonSchemaKeepsTheClientsPropertyOrder) {
   absl::StatusOr<SamplingParams::Guided> g = Guided(R"("response_format": {"type": "json_schema",
       "json_schema": {"name": "w", "strict": true, "schema": {"type": "object",
@@ -90,9 +104,16 @@ TEST(StructuredOutputsTest, ErrorsNameTheFieldAndKeyword) {
   e = Error(R"("guided_regex": "a", "response_format": {"type": "json_object"})");
   EXPECT_EQ(e.param, "response_format");
   EXPECT_NE(e.message.find("cannot both"), std::string::npos);
-  e = Error(R"("structured_outputs": {"grammar": "root ::= \"a\""})");
+  e = Error(R"("structured_outputs": {"grammar": "root ::= undefined"})");
   EXPECT_EQ(e.param, "structured_outputs.grammar");
-  EXPECT_EQ(e.code, "unsupported_parameter");
+  EXPECT_NE(e.message.find("'undefined' is not defined"), std::string::npos) << e.message;
+  e = Error(R"("guided_grammar": "root ::= \"a")");
+  EXPECT_EQ(e.param, "guided_grammar");
+  EXPECT_NE(e.message.find("1:10"), std::string::npos) << e.message;
+  e = Error(R"("guided_grammar": 3)");
+  EXPECT_EQ(e.param, "guided_grammar");
+  e = Error(R"("guided_grammar": "root ::= \"a\"", "guided_regex": "a")");
+  EXPECT_NE(e.message.find("cannot both"), std::string::npos);
   e = Error(R"("guided_json": "{not json")");
   EXPECT_EQ(e.param, "guided_json");
   e = Error(R"("guided_json": 5)");

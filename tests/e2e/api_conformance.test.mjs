@@ -194,6 +194,47 @@ test('guided_choice and guided_regex: every output is a match, also sampled, in 
   });
 });
 
+test('guided_grammar: GBNF outputs are sentences of the grammar, sampled, in both modes',
+     async () => {
+  // Arithmetic with nested parentheses (recursive: nesting is bounded, every output parses).
+  const grammar = [
+    'root ::= expr',
+    'expr ::= term (("+" | "-") term)*',
+    'term ::= num | "(" expr ")"',
+    'num ::= [1-9] [0-9]{0,2}',
+  ].join('\n');
+  const outputs = await inBothModes(async (c) => {
+    const r = await complete(c, { prompt: 'Arithmetic:', max_tokens: 40, n: 4, temperature: 1,
+                                  seed: 21, guided_grammar: grammar });
+    const s = await chat(c, { messages: hello, max_tokens: 40, temperature: 0,
+                              structured_outputs: { grammar } });
+    return [...r.choices.map((ch) => [ch.text, ch.finish_reason]),
+            [s.choices[0].message.content, s.choices[0].finish_reason]];
+  });
+  // An independent recognizer of the same language.
+  const parse = (t) => {
+    let i = 0;
+    const num = () => { const m = /^[1-9][0-9]{0,2}/.exec(t.slice(i)); if (!m) return false;
+                        i += m[0].length; return true; };
+    const term = () => { if (t[i] === '(') { i++; if (!expr() || t[i] !== ')') return false;
+                                             i++; return true; } return num(); };
+    const expr = () => { if (!term()) return false;
+                         while (t[i] === '+' || t[i] === '-') { i++; if (!term()) return false; }
+                         return true; };
+    return expr() && i === t.length;
+  };
+  for (const [text, finish] of outputs) {
+    if (finish === 'stop') assert.ok(parse(text), `${JSON.stringify(text)} is not in the grammar`);
+    else assert.equal(finish, 'length');
+  }
+  await inBothModes(async (c) => {
+    await assert.rejects(complete(c, { prompt: 'x', guided_grammar: 'root ::= missing' }),
+                         (e) => e.status === 400 && e.error?.param === 'guided_grammar' &&
+                                /'missing' is not defined/.test(e.error?.message));
+    return true;
+  });
+});
+
 test('JSON Schema outputs: every output parses and validates, sampled, streamed, in both modes',
      async () => {
   const schema = {
@@ -358,10 +399,10 @@ test('an unknown or unsupported field is a 400 naming it, never ignored', async 
     const u = await unknown.json();
     assert.equal(u.error.param, 'temprature');
     assert.equal(u.error.code, 'unknown_parameter');
-    const unsupported = await post({ guided_grammar: 'root ::= "a"' });
+    const unsupported = await post({ use_beam_search: true });
     assert.equal(unsupported.status, 400);
     const g = await unsupported.json();
-    assert.equal(g.error.param, 'guided_grammar');
+    assert.equal(g.error.param, 'use_beam_search');
     assert.equal(g.error.code, 'unsupported_parameter');
     return [u.error.code, g.error.code];
   });
