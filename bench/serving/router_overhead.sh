@@ -13,7 +13,8 @@
 #   3. router CPU per streamed token: STREAMS concurrent streams of 64 tokens through the router,
 #      the router process's utime + stime (/proc/PID/stat) over the run / output tokens.
 # Usage: bench/serving/router_overhead.sh [BUILD_DIR]  (env: REQUESTS, PROMPT_TOKENS, STREAMS,
-#   ROUNDS: interleaved direct/routed rounds, default 2)
+#   ROUNDS: interleaved direct/routed rounds, default 2; MODEL: default models/target;
+#   DIRECT_BENCH: default BUILD_DIR/bench/serving/decode_direct_bench)
 set -u
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -21,6 +22,8 @@ requests=${REQUESTS:-300}
 prompt_tokens=${PROMPT_TOKENS:-64}
 streams=${STREAMS:-64}
 rounds=${ROUNDS:-2}
+model=${MODEL:-models/target}
+direct_bench=${DIRECT_BENCH:-$build/bench/serving/decode_direct_bench}
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-overhead-XXXXXX")
 chmod 700 "$work"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
@@ -28,25 +31,25 @@ chmod 600 "$work/token"
 decode_port=18801
 router_port=18802
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $requests requests of $prompt_tokens tokens, max_tokens 1"
-"$build/tandem" decode --model models/target --port $decode_port \
+"$build/tandem" decode --model "$model" --port $decode_port \
   --service-token-file "$work/token" > "$work/decode.log" 2>&1 &
 decode=$!
 for _ in $(seq 1 240); do grep -q "serving on" "$work/decode.log" && break; sleep 0.5; done
-"$build/tandem" router --model models/target --port $router_port \
+"$build/tandem" router --model "$model" --port $router_port \
   --decode-workers "127.0.0.1:$decode_port" --service-token-file "$work/token" \
   > "$work/router.log" 2>&1 &
 router=$!
 for _ in $(seq 1 240); do grep -q "serving on" "$work/router.log" && break; sleep 0.5; done
 
 # Warm both paths, then measure each twice, interleaved, so drift shows.
-"$build/bench/serving/decode_direct_bench" --decode "127.0.0.1:$decode_port" \
+"$direct_bench" --decode "127.0.0.1:$decode_port" \
   --service-token-file "$work/token" --requests 30 --prompt-tokens "$prompt_tokens" --seed 99 >/dev/null
 for round in $(seq 1 "$rounds"); do
-  "$build/bench/serving/decode_direct_bench" --decode "127.0.0.1:$decode_port" \
+  "$direct_bench" --decode "127.0.0.1:$decode_port" \
     --service-token-file "$work/token" --requests "$requests" --prompt-tokens "$prompt_tokens" \
     --seed "$round" | sed "s/^/round $round /"
   "$build/tandem" bench --base-url "http://127.0.0.1:$router_port/v1" --endpoint completions \
-    --tokenizer models/target --num-prompts "$requests" --input-len "$prompt_tokens" \
+    --tokenizer "$model" --num-prompts "$requests" --input-len "$prompt_tokens" \
     --output-len 1 --ignore-eos --temperature 0 --max-concurrency 1 --seed "$round" --warmup 10 \
     --no-progress --json "$work/routed-$round.json" > "$work/routed-$round.txt" 2>&1
   python3 -c "
@@ -69,7 +72,7 @@ done
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 before=$(cpu $router)
 "$build/tandem" bench --base-url "http://127.0.0.1:$router_port/v1" --endpoint completions \
-  --tokenizer models/target --num-prompts $((streams * 4)) --input-len 64 --output-len 64 \
+  --tokenizer "$model" --num-prompts $((streams * 4)) --input-len 64 --output-len 64 \
   --ignore-eos --max-concurrency "$streams" --seed 7 --no-progress \
   --json "$work/streams.json" > "$work/streams.txt" 2>&1
 after=$(cpu $router)
