@@ -14,7 +14,8 @@
 #      the router process's utime + stime (/proc/PID/stat) over the run / output tokens.
 # Usage: bench/serving/router_overhead.sh [BUILD_DIR]  (env: REQUESTS, PROMPT_TOKENS, STREAMS,
 #   ROUNDS: interleaved direct/routed rounds, default 2; MODEL: default models/target;
-#   DIRECT_BENCH: default BUILD_DIR/bench/serving/decode_direct_bench)
+#   DIRECT_BENCH: default BUILD_DIR/bench/serving/decode_direct_bench; VOCAB: the ids the direct
+#   side draws prompts from, default 8192, within the model's vocabulary)
 set -u
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -24,6 +25,7 @@ streams=${STREAMS:-64}
 rounds=${ROUNDS:-2}
 model=${MODEL:-models/target}
 direct_bench=${DIRECT_BENCH:-$build/bench/serving/decode_direct_bench}
+vocab=${VOCAB:-8192}
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-overhead-XXXXXX")
 chmod 700 "$work"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
@@ -43,10 +45,10 @@ for _ in $(seq 1 240); do grep -q "serving on" "$work/router.log" && break; slee
 
 # Warm both paths, then measure each twice, interleaved, so drift shows.
 "$direct_bench" --decode "127.0.0.1:$decode_port" \
-  --service-token-file "$work/token" --requests 30 --prompt-tokens "$prompt_tokens" --seed 99 >/dev/null
+  --service-token-file "$work/token" --vocab "$vocab" --requests 30 --prompt-tokens "$prompt_tokens" --seed 99 >/dev/null
 for round in $(seq 1 "$rounds"); do
   "$direct_bench" --decode "127.0.0.1:$decode_port" \
-    --service-token-file "$work/token" --requests "$requests" --prompt-tokens "$prompt_tokens" \
+    --service-token-file "$work/token" --vocab "$vocab" --requests "$requests" --prompt-tokens "$prompt_tokens" \
     --seed "$round" | sed "s/^/round $round /"
   "$build/tandem" bench --base-url "http://127.0.0.1:$router_port/v1" --endpoint completions \
     --tokenizer "$model" --num-prompts "$requests" --input-len "$prompt_tokens" \

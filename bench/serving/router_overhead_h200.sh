@@ -13,7 +13,7 @@ dc_wait_synth || { echo "synth failed" >> "$R/tests.txt"; dc_finish; exit 1; }
 nproc > "$R/cpu.txt"
 grep -m1 "model name" /proc/cpuinfo >> "$R/cpu.txt"
 for run in 1 2; do
-  MODEL="$TINY" DIRECT_BENCH="$B/decode_direct_bench" ROUNDS=3 \
+  VOCAB=480 MODEL="$TINY" DIRECT_BENCH="$B/decode_direct_bench" ROUNDS=3 \
     timeout 280 bash bench/serving/router_overhead.sh "$B" > "$R/router_overhead_$run.txt" 2>&1
   echo "router_overhead run $run rc=$?" >> "$R/tests.txt"
   w=$(sed -n 's/^raw output: //p' "$R/router_overhead_$run.txt")
