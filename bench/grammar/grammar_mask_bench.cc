@@ -13,11 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/token_mask.h"
 #include "runtime/model/tokenizer.h"
+#include "runtime/router/openai_protocol.h"
 
 namespace {
 
@@ -105,6 +107,33 @@ void BM_JsonSchemaCompile(benchmark::State& state) {
   state.counters["states"] = states;
 }
 BENCHMARK(BM_JsonSchemaCompile)->Arg(10)->Arg(50)->Unit(benchmark::kMillisecond);
+
+// The router's whole parse of a chat request carrying a 50-property json_schema
+// response_format: range 0, a schema seen before (the router's constraint cache); 1, a new one
+// each time (a property renamed), which compiles.
+void BM_ChatRequestWithSchema(benchmark::State& state) {
+  const bool fresh = state.range(0) != 0;
+  int n = 0;
+  auto body = [&](int salt) {
+    nlohmann::ordered_json schema = WideSchema(50);
+    schema["properties"][absl::StrCat("salt_", salt)] = {{"type", "boolean"}};
+    nlohmann::ordered_json req = {
+        {"messages", {{{"role", "user"}, {"content", "x"}}}},
+        {"response_format",
+         {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}}};
+    return req.dump();
+  };
+  const std::string same = body(-1);
+  benchmark::DoNotOptimize(tandem::router::ParseChatCompletionRequest(same).ok());
+  for (auto _ : state) {
+    const std::string text = fresh ? body(n++) : same;
+    absl::StatusOr<tandem::router::OpenAiRequest> r =
+        tandem::router::ParseChatCompletionRequest(text);
+    if (!r.ok()) state.SkipWithError(std::string(r.status().message()).c_str());
+    benchmark::DoNotOptimize(r);
+  }
+}
+BENCHMARK(BM_ChatRequestWithSchema)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 // Uncached masks of a JSON Schema's automaton (10 properties) on the 131,072-token vocabulary,
 // cycling over its states, and of json_object's.

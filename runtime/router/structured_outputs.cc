@@ -1,5 +1,6 @@
 #include "runtime/router/structured_outputs.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/gbnf.h"
 #include "runtime/grammar/json_schema.h"
+#include "runtime/router/constraint_cache.h"
 #include "runtime/router/json_fields.h"
 #include "runtime/router/openai_protocol.h"
 
@@ -211,24 +213,31 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
   }
   if (given.empty()) return absl::OkStatus();
   const Given& g = given[0];
+  // What the constraint is, as text (the cache key), and how it compiles to the workers' regex
+  // ("" for choices, which go as a list): checked against the automaton limits either way.
+  std::string text;
+  std::function<absl::StatusOr<std::string>()> compile;
   switch (g.kind) {
     case Kind::kRegex:
       if (!g.value->is_string() || g.value->get<std::string>().empty()) {
         return Invalid(g.name, "must be a non-empty string");
       }
-      out->regex = g.value->get<std::string>();
+      text = g.value->get<std::string>();
+      compile = [&]() -> absl::StatusOr<std::string> { return text; };
       break;
-    case Kind::kGrammar: {
+    case Kind::kGrammar:
       if (!g.value->is_string() || g.value->get<std::string>().empty()) {
         return Invalid(g.name, "must be a non-empty string (a GBNF grammar)");
       }
-      absl::StatusOr<grammar::GbnfRegex> regex = grammar::GbnfToRegex(g.value->get<std::string>());
-      if (!regex.ok()) {
-        return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()));
-      }
-      out->regex = std::move(regex->regex);
+      text = g.value->get<std::string>();
+      compile = [&]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<grammar::GbnfRegex> regex = grammar::GbnfToRegex(text);
+        if (!regex.ok()) {
+          return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()));
+        }
+        return std::move(regex->regex);
+      };
       break;
-    }
     case Kind::kChoice:
       if (!g.value->is_array() || g.value->empty()) {
         return Invalid(g.name, "must be a non-empty list of strings");
@@ -242,35 +251,54 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
         }
         out->choices.push_back(c.get<std::string>());
       }
+      text = json_fields::Dump(*g.value);
+      compile = [&]() -> absl::StatusOr<std::string> { return std::string(); };
       break;
     case Kind::kSchema:
     case Kind::kJsonObject: {
-      grammar::JsonSchemaOptions options;
       absl::StatusOr<std::string> ws = WhitespacePattern(whitespace, whitespace_name);
       if (!ws.ok()) return ws.status();
+      grammar::JsonSchemaOptions options;
       options.whitespace = *std::move(ws);
       if (g.kind == Kind::kJsonObject) {
-        out->regex = grammar::AnyJsonObjectRegex(options);
+        text = options.whitespace;
+        compile = [options]() -> absl::StatusOr<std::string> {
+          return grammar::AnyJsonObjectRegex(options);
+        };
         break;
       }
       absl::StatusOr<ordered_json> schema = OrderedSchema(j, body, g);
       if (!schema.ok()) return schema.status();
-      absl::StatusOr<std::string> regex = grammar::JsonSchemaToRegex(*schema, options);
-      if (!regex.ok()) {
-        return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()),
-                            "unsupported_parameter");
-      }
-      out->regex = *std::move(regex);
+      text = absl::StrCat(options.whitespace, "\n", json_fields::Dump(*schema));
+      compile = [&g, options, schema = *std::move(schema)]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::string> regex = grammar::JsonSchemaToRegex(schema, options);
+        if (!regex.ok()) {
+          return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()),
+                              "unsupported_parameter");
+        }
+        return regex;
+      };
       break;
     }
   }
-  absl::StatusOr<grammar::ByteDfa> dfa = out->regex.empty()
-                                             ? grammar::ByteDfa::FromChoices(out->choices)
-                                             : grammar::ByteDfa::FromRegex(out->regex);
-  if (!dfa.ok()) {
+  const std::string key = absl::StrCat(g.name, "\n", static_cast<int>(g.kind), "\n", text);
+  absl::StatusOr<std::string> regex =
+      ConstraintCache::Shared().GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<std::string> r = compile();
+        if (!r.ok()) return r;
+        absl::StatusOr<grammar::ByteDfa> dfa = r->empty()
+                                                   ? grammar::ByteDfa::FromChoices(out->choices)
+                                                   : grammar::ByteDfa::FromRegex(*r);
+        if (!dfa.ok()) {
+          return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", dfa.status().message()));
+        }
+        return r;
+      });
+  if (!regex.ok()) {
     *out = {};
-    return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", dfa.status().message()));
+    return regex.status();
   }
+  out->regex = *std::move(regex);
   return absl::OkStatus();
 }
 

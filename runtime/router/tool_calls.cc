@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/json_schema.h"
+#include "runtime/router/constraint_cache.h"
 #include "runtime/router/json_fields.h"
 #include "runtime/router/openai_protocol.h"
 #include "runtime/router/structured_outputs.h"
@@ -465,7 +466,11 @@ absl::Status ParseToolRequest(const json& j, absl::string_view body, ToolRequest
       return WrongType(fwhere + ".parameters", "a JSON Schema object", *params);
     }
     const ordered_json& of = ordered_tools[i]["function"];
-    absl::StatusOr<std::string> regex = ArgumentsRegex(of, fwhere + ".parameters", options);
+    const std::string pwhere = fwhere + ".parameters";
+    absl::StatusOr<std::string> regex = ConstraintCache::Shared().GetOrCompile(
+        absl::StrCat("tool parameters\n", pwhere, "\n",
+                     of.contains("parameters") ? Dump(of["parameters"]) : ""),
+        [&] { return ArgumentsRegex(of, pwhere, options); });
     if (!regex.ok()) return regex.status();
     arguments_regex.push_back(*std::move(regex));
     ToolFunction fn;
@@ -539,11 +544,16 @@ absl::Status ParseToolRequest(const json& j, absl::string_view body, ToolRequest
     return InvalidParam("tools", absl::StrCat("the tools' schemas compile to ", regex.size(),
                                               " bytes of grammar; at most ", kMaxGuidedBytes));
   }
-  absl::StatusOr<grammar::ByteDfa> dfa = grammar::ByteDfa::FromRegex(regex);
-  if (!dfa.ok()) {
-    return InvalidParam("tools", absl::StrCat("'tools' cannot be forced with tool_choice: ",
-                                              dfa.status().message()));
-  }
+  absl::StatusOr<std::string> checked = ConstraintCache::Shared().GetOrCompile(
+      absl::StrCat("forced tools\n", regex), [&]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<grammar::ByteDfa> dfa = grammar::ByteDfa::FromRegex(regex);
+        if (!dfa.ok()) {
+          return InvalidParam("tools", absl::StrCat("'tools' cannot be forced with tool_choice: ",
+                                                    dfa.status().message()));
+        }
+        return std::string();
+      });
+  if (!checked.ok()) return checked.status();
   guided->regex = std::move(regex);
   return absl::OkStatus();
 }
