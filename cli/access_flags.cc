@@ -1,5 +1,7 @@
 #include "cli/access_flags.h"
 
+#include <filesystem>
+
 #include "runtime/base/logging.h"
 
 namespace tandem::cli {
@@ -84,6 +86,36 @@ absl::StatusOr<std::shared_ptr<const auth::ServiceIdentity>> MakeServiceIdentity
   options.tls_key_file = flags.tls_key;
   options.allow_unauthenticated = flags.insecure;
   return auth::ServiceIdentity::Create(options);
+}
+
+void AddFrontendModelFlags(CLI::App* cmd, FrontendModelFlags* flags) {
+  cmd->add_option("--served-model-name", flags->served_model_name,
+                  "Model name clients use (default: the model directory's name)");
+  cmd->add_option("--chat-template", flags->chat_template,
+                  "Jinja chat template file to use instead of the model's (docs/api.md)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--generation-config", flags->generation_config,
+                  "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
+                  "defaults), or a directory holding generation_config.json (default auto)");
+  cmd->add_option("--tool-call-parser", flags->tool_call_parser,
+                  "How tool_choice auto reads calls from the output: auto (from the chat "
+                  "template), hermes, llama3_json or none (default auto; docs/tool_calling.md)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
+}
+
+std::vector<std::string> FrontendModelArgs(const FrontendModelFlags& flags) {
+  std::vector<std::string> args;
+  if (!flags.served_model_name.empty()) {
+    args.insert(args.end(), {"--served-model-name", flags.served_model_name});
+  }
+  if (!flags.chat_template.empty()) {
+    // The router runs from this directory too, but an absolute path survives any cwd.
+    args.insert(args.end(),
+                {"--chat-template", std::filesystem::absolute(flags.chat_template).string()});
+  }
+  args.insert(args.end(), {"--generation-config", flags.generation_config, "--tool-call-parser",
+                           flags.tool_call_parser});
+  return args;
 }
 
 }  // namespace tandem::cli

@@ -7,6 +7,9 @@
 //   serve`: --service-token-file, --tls-ca/--tls-cert/--tls-key (each also from an environment
 //   variable: TANDEM_SERVICE_TOKEN_FILE, TANDEM_TLS_CA, TANDEM_TLS_CERT, TANDEM_TLS_KEY),
 //   --insecure-services (runtime/auth/service_identity.h says what each mode protects).
+//   FrontendModelFlags: how the router's OpenAI frontend serves the model, for `tandem router`
+//   and `tandem serve` (which hands them to its router): --served-model-name, --chat-template,
+//   --generation-config, --tool-call-parser (runtime/router/frontend.h).
 
 #include <memory>
 #include <string>
@@ -26,6 +29,17 @@ struct AccessFlags {
 };
 
 void AddAccessFlags(CLI::App* cmd, AccessFlags* flags);
+
+struct FrontendModelFlags {
+  std::string served_model_name;  // "": the model directory's name
+  std::string chat_template;      // "": the model's
+  std::string generation_config = "auto";
+  std::string tool_call_parser = "auto";
+};
+
+void AddFrontendModelFlags(CLI::App* cmd, FrontendModelFlags* flags);
+// The same flags as `tandem router` arguments (the template's path made absolute).
+std::vector<std::string> FrontendModelArgs(const FrontendModelFlags& flags);
 
 struct ServiceAuthFlags {
   std::string token_file;

@@ -49,10 +49,7 @@ struct RouterFlags {
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
   double drain_seconds = 20;
-  std::string served_model_name;
-  std::string chat_template;
-  std::string generation_config = "auto";
-  std::string tool_call_parser = "auto";
+  FrontendModelFlags frontend;
   std::string prefill_workers;
   std::string decode_workers;
   std::vector<std::string> prefill_dns;
@@ -125,10 +122,10 @@ int RunRouter(const RouterFlags& flags) {
   frontend_options.http.port = flags.port;
   frontend_options.http.num_threads = flags.http_threads;
   frontend_options.model_dir = flags.model_dir;
-  frontend_options.served_model_name = flags.served_model_name;
-  frontend_options.model_options.chat_template_file = flags.chat_template;
-  frontend_options.model_options.generation_config = flags.generation_config;
-  frontend_options.model_options.tool_call_parser = flags.tool_call_parser;
+  frontend_options.served_model_name = flags.frontend.served_model_name;
+  frontend_options.model_options.chat_template_file = flags.frontend.chat_template;
+  frontend_options.model_options.generation_config = flags.frontend.generation_config;
+  frontend_options.model_options.tool_call_parser = flags.frontend.tool_call_parser;
   frontend_options.max_model_len = flags.max_model_len;
   if (flags.request_timeout_s > 0) {
     frontend_options.request_timeout = absl::Seconds(flags.request_timeout_s);
@@ -237,18 +234,7 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--port", flags->port, "HTTP port (default 8000; 0: a free one)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--served-model-name", flags->served_model_name,
-                  "Model name clients use (default: the model directory's name)");
-  cmd->add_option("--chat-template", flags->chat_template,
-                  "Jinja chat template file to use instead of the model's (docs/api.md)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--generation-config", flags->generation_config,
-                  "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
-                  "defaults), or a directory holding generation_config.json (default auto)");
-  cmd->add_option("--tool-call-parser", flags->tool_call_parser,
-                  "How tool_choice auto reads calls from the output: auto (from the chat "
-                  "template), hermes, llama3_json or none (default auto; docs/api.md)")
-      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
+  AddFrontendModelFlags(cmd, &flags->frontend);
   cmd->add_option("--decode-workers", flags->decode_workers,
                   "Decode workers, comma-separated host:port");
   cmd->add_option("--prefill-workers", flags->prefill_workers,

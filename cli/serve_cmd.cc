@@ -138,10 +138,7 @@ struct ServeFlags {
   int local_prefill_threshold = 0;
   double kv_aware_request_cost = -1;      // -1: the router's default
   double kv_aware_replicate_weight = -1;  // -1: the router's default
-  std::string served_model_name;
-  std::string chat_template;
-  std::string generation_config = "auto";
-  std::string tool_call_parser = "auto";
+  FrontendModelFlags frontend;
   double startup_timeout_s = 300;
   double stop_timeout_s = 10;
   int max_restarts = 5;          // consecutive crashes of one child before serve gives up
@@ -642,17 +639,8 @@ int RunServe(ServeFlags flags) {
     router_args.insert(router_args.end(),
                        {"--request-timeout-s", absl::StrCat(flags.request_timeout_s)});
   }
-  if (!flags.served_model_name.empty()) {
-    router_args.insert(router_args.end(), {"--served-model-name", flags.served_model_name});
-  }
-  if (!flags.chat_template.empty()) {
-    // The router runs from this directory too, but an absolute path survives any cwd.
-    router_args.insert(
-        router_args.end(),
-        {"--chat-template", std::filesystem::absolute(flags.chat_template).string()});
-  }
-  router_args.insert(router_args.end(), {"--generation-config", flags.generation_config});
-  router_args.insert(router_args.end(), {"--tool-call-parser", flags.tool_call_parser});
+  const std::vector<std::string> frontend_args = FrontendModelArgs(flags.frontend);
+  router_args.insert(router_args.end(), frontend_args.begin(), frontend_args.end());
   for (const std::string& host : flags.access.allowed_hosts) {
     router_args.insert(router_args.end(), {"--allowed-host", host});
   }
@@ -850,18 +838,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "kv-aware routing: weight of missed prefix tokens on a worker with empty room "
                   "for them, 0..1 (default 0.25)")
       ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--served-model-name", flags->served_model_name,
-                  "Model name clients use (default: the model directory's name)");
-  cmd->add_option("--chat-template", flags->chat_template,
-                  "Jinja chat template file to use instead of the model's (docs/api.md)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--generation-config", flags->generation_config,
-                  "Sampling defaults: auto (the model's generation_config.json), vllm or none (no "
-                  "defaults), or a directory holding generation_config.json (default auto)");
-  cmd->add_option("--tool-call-parser", flags->tool_call_parser,
-                  "How tool_choice auto reads calls from the output: auto (from the chat "
-                  "template), hermes, llama3_json or none (default auto; docs/api.md)")
-      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}));
+  AddFrontendModelFlags(cmd, &flags->frontend);
   cmd->add_option("--startup-timeout-s", flags->startup_timeout_s,
                   "Seconds each stage may take to become ready (default 300)")
       ->check(CLI::PositiveNumber);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "fuzz/fuzz_support.h"
 #include "nlohmann/json.hpp"
 #include "runtime/router/tool_calls.h"
@@ -40,10 +41,10 @@ Result Run(const tandem::router::ToolRequest& request, const std::string& parser
   size_t at = 0;
   for (size_t n : pieces) {
     const size_t len = std::min(n, text.size() - at);
-    take((*p)->Feed(std::string_view(text).substr(at, len)));
+    take((*p)->Feed(absl::string_view(text).substr(at, len)));
     at += len;
   }
-  take((*p)->Feed(std::string_view(text).substr(at)));
+  take((*p)->Feed(absl::string_view(text).substr(at)));
   take((*p)->Finish());
   FUZZ_CHECK((*p)->calls() == static_cast<int>(r.calls.size()));
   return r;

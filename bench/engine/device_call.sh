@@ -52,6 +52,27 @@ dc_test() {
   return $rc
 }
 
+# dc_wait_serving LOG PID [SECONDS]: 0 once LOG says "is serving" (tandem serve's ready line),
+# 1 when PID exits or SECONDS (default 200) pass first.
+dc_wait_serving() {
+  local i
+  for i in $(seq 1 "${3:-200}"); do
+    grep -q "is serving" "$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
+
+# dc_stop PID: SIGINT (a graceful drain), SIGKILL after 30 s, then reaps it.
+dc_stop() {
+  kill -INT "$1" 2>/dev/null
+  local i
+  for i in $(seq 1 30); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+  kill -9 "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
+}
+
 # dc_finish: drops the weight loaders' progress lines from every text result and packs $R into
 # $OUT/r.tgz.
 dc_finish() {

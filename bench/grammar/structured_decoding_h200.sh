@@ -31,13 +31,7 @@ serve_case() {
   "$B/tandem" serve --aggregated --model "$M8B" --device cuda --port $port --kv-cache-mib 16384 \
     --startup-timeout-s 200 > "$R/serve_$masks.log" 2>&1 &
   local pid=$!
-  local up=0
-  for _ in $(seq 1 200); do
-    grep -q "is serving" "$R/serve_$masks.log" && { up=1; break; }
-    kill -0 $pid 2>/dev/null || break
-    sleep 1
-  done
-  if ((up)); then
+  if dc_wait_serving "$R/serve_$masks.log" $pid 200; then
     for c in 1 32; do
       local n=8
       ((c == 32)) && n=96
@@ -60,10 +54,7 @@ serve_case() {
   else
     echo "serve $masks did not come up" >> "$R/tests.txt"
   fi
-  kill -INT $pid 2>/dev/null
-  for _ in $(seq 1 30); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-  kill -9 $pid 2>/dev/null
-  wait $pid 2>/dev/null
+  dc_stop $pid
 }
 
 # An open-ended regex (never complete, so every output is 256 tokens, like plain's with

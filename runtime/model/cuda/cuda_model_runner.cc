@@ -744,7 +744,8 @@ class Runner final : public CudaModelRunner {
         reinterpret_cast<int32_t*>(static_cast<char*>(sampling_.data) + sampling_out_offset_);
     float* logprobs = reinterpret_cast<float*>(tokens + R);
     const int vocab = config_.vocab_size;
-    for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+    // The mask kernels' arguments for logits rows [r0, r0 + kSamplingMaxRows).
+    const auto mask_args = [&](int r0) {
       cuda::TokenMaskArgs m;
       m.logits = static_cast<float*>(logits_.data) + static_cast<size_t>(r0) * vocab;
       m.allowed = reinterpret_cast<const uint64_t*>(dev) + static_cast<size_t>(r0) * words;
@@ -753,19 +754,15 @@ class Runner final : public CudaModelRunner {
       m.vocab = vocab;
       m.words = static_cast<int>(words);
       m.lse = reinterpret_cast<double*>(dev + mask_lse_offset_) + r0;
-      RETURN_IF_ERROR(cuda::LaunchApplyTokenMask(m, stream_));
+      return m;
+    };
+    for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
+      RETURN_IF_ERROR(cuda::LaunchApplyTokenMask(mask_args(r0), stream_));
     }
     RETURN_IF_ERROR(LaunchSamplingRows(stream_));
     for (int r0 = 0; r0 < R; r0 += cuda::kSamplingMaxRows) {
-      cuda::TokenMaskArgs m;
-      m.logits = static_cast<float*>(logits_.data) + static_cast<size_t>(r0) * vocab;
-      m.allowed = reinterpret_cast<const uint64_t*>(dev) + static_cast<size_t>(r0) * words;
-      m.mask = reinterpret_cast<const int32_t*>(dev + mask_flags_offset_) + r0;
-      m.rows = std::min(cuda::kSamplingMaxRows, R - r0);
-      m.vocab = vocab;
-      m.words = static_cast<int>(words);
-      m.lse = reinterpret_cast<double*>(dev + mask_lse_offset_) + r0;
-      RETURN_IF_ERROR(cuda::LaunchMaskedLogprobs(m, tokens + r0, logprobs + r0, stream_));
+      RETURN_IF_ERROR(
+          cuda::LaunchMaskedLogprobs(mask_args(r0), tokens + r0, logprobs + r0, stream_));
     }
     return absl::OkStatus();
   }

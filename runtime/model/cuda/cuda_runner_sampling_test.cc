@@ -109,22 +109,39 @@ class CudaRunnerSamplingTest : public ::testing::Test {
     if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
     if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
   }
+
+  // A runner on the random checkpoint, with the weights it was made from (kept alive for the
+  // test); runner null, with the failure recorded, when it cannot be made.
+  struct Made {
+    std::unique_ptr<TensorStore> store;
+    std::unique_ptr<CudaModelRunner> runner;
+  };
+  Made MakeRunner() {
+    Made m;
+    const std::string dir = WriteCheckpoint();
+    if (HasFailure()) return m;
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return m;
+    absl::StatusOr<std::unique_ptr<TensorStore>> store = TensorStore::Open(dir);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return m;
+    m.store = *std::move(store);
+    CudaRunnerOptions options;
+    options.block_size = kBlockSize;
+    options.num_blocks = kMaxSeqs * kBlocksPerSeq;
+    options.max_batch_tokens = 512;
+    auto made = CreateCudaModelRunner(*config, *m.store, options);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (made.ok()) m.runner = *std::move(made);
+    return m;
+  }
 };
 
 TEST_F(CudaRunnerSamplingTest, DeviceSampledTokensMatchCpuSamplerOnOwnLogits) {
-  const std::string dir = WriteCheckpoint();
-  ASSERT_FALSE(HasFailure());
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto store = TensorStore::Open(dir);
-  ASSERT_TRUE(store.ok()) << store.status();
-  CudaRunnerOptions options;
-  options.block_size = kBlockSize;
-  options.num_blocks = kMaxSeqs * kBlocksPerSeq;
-  options.max_batch_tokens = 512;
-  auto made = CreateCudaModelRunner(*config, **store, options);
-  ASSERT_TRUE(made.ok()) << made.status();
-  CudaModelRunner& runner = **made;
+  Made made = MakeRunner();
+  ASSERT_NE(made.runner, nullptr);
+  CudaModelRunner& runner = *made.runner;
   ASSERT_TRUE(runner.SupportsDeviceSampling());
 
   std::mt19937_64 rng(17);
@@ -221,19 +238,9 @@ TEST_F(CudaRunnerSamplingTest, DeviceSampledTokensMatchCpuSamplerOnOwnLogits) {
 // SampleFromRequest(request, logits, allowed) on the runner's own logits, and in the mask; the
 // unmasked rows of the same batch as before. Graph buckets and an eager batch of 300.
 TEST_F(CudaRunnerSamplingTest, GrammarMaskedRowsMatchCpuSamplerOnOwnLogits) {
-  const std::string dir = WriteCheckpoint();
-  ASSERT_FALSE(HasFailure());
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto store = TensorStore::Open(dir);
-  ASSERT_TRUE(store.ok()) << store.status();
-  CudaRunnerOptions options;
-  options.block_size = kBlockSize;
-  options.num_blocks = kMaxSeqs * kBlocksPerSeq;
-  options.max_batch_tokens = 512;
-  auto made = CreateCudaModelRunner(*config, **store, options);
-  ASSERT_TRUE(made.ok()) << made.status();
-  CudaModelRunner& runner = **made;
+  Made made = MakeRunner();
+  ASSERT_NE(made.runner, nullptr);
+  CudaModelRunner& runner = *made.runner;
   constexpr int kWords = (kVocab + 63) / 64;
   std::mt19937_64 rng(23);
   int cases = 0, masked_cases = 0;
