@@ -733,6 +733,30 @@ TEST_F(FrontendTest, ChatTemplateFileReplacesTheModelsTemplate) {
   EXPECT_FALSE(RouterFrontend::Create(bad, &backend_, &registry_).ok());
 }
 
+// Tools reach the template as its `tools` variable, in chat and in /tokenize alike.
+TEST_F(FrontendTest, ToolsAreRenderedByTheTemplate) {
+  const std::filesystem::path file =
+      std::filesystem::path(::testing::TempDir()) / "frontend-tools-template.jinja";
+  std::ofstream(file) << "{% if tools %}{% for t in tools %}<{{ t.function.name }}>{% endfor %}"
+                         "{% endif %}{% for m in messages %}[{{ m.content }}]{% endfor %}";
+  frontend_->Stop();
+  model_options_.chat_template_file = file.string();
+  StartFrontend();
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "ab"}},
+                                     {"type": "function", "function": {"name": "c"}}])");
+  ClientResponse r =
+      Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<int32_t> want;
+  for (char ch : std::string("<ab><c>[hi]")) want.push_back(static_cast<unsigned char>(ch));
+  EXPECT_EQ(Json(r)["tokens"].get<std::vector<int32_t>>(), want);
+  ASSERT_EQ(Post("/v1/chat/completions",
+                 ChatBody({{"tools", tools}, {"tool_choice", "none"}, {"max_tokens", 1}}))
+                .status,
+            200);
+  EXPECT_EQ(backend_.requests().back().prompt_token_ids, want);
+}
+
 TEST_F(FrontendTest, NChoicesStreamCarryIndex) {
   auto r = Post("/v1/chat/completions",
                 ChatBody({{"n", 2}, {"seed", 0}, {"max_tokens", 3}, {"stream", true}}));

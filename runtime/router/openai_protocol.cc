@@ -775,9 +775,9 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     return InvalidParam("", "give exactly one of 'prompt' and 'messages'");
   }
   if (absl::Status s =
-          chat ? OnlyFields(*j,
-                            {"model", "messages", "add_generation_prompt", "continue_final_message",
-                             "chat_template_kwargs", "add_special_tokens", "return_token_strs"})
+          chat ? OnlyFields(*j, {"model", "messages", "tools", "add_generation_prompt",
+                                 "continue_final_message", "chat_template_kwargs",
+                                 "add_special_tokens", "return_token_strs"})
                : OnlyFields(*j, {"model", "prompt", "add_special_tokens", "return_token_strs"});
       !s.ok()) {
     return s;

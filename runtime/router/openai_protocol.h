@@ -130,7 +130,8 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body);
 absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body);
 
 // vLLM's `POST /tokenize`: {"prompt": str, "add_special_tokens" (default true)} or {"messages",
-// "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+// "tools" (rendered by the template, as in chat), "add_generation_prompt",
+// "continue_final_message", "chat_template_kwargs",
 // "add_special_tokens" (default false)}, each with optional "model" and "return_token_strs".
 // The result is a request of the matching endpoint (one prompt) for TokenizePrompt.
 struct TokenizeRequest {
