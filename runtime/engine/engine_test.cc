@@ -479,6 +479,26 @@ TEST(EngineTest, RunnerSampledGrammarMasksMatchTheHostSampler) {
   EXPECT_FALSE(runs[1].logprobs.begin()->second.empty());
 }
 
+TEST(FakeModelRunnerTest, MultiRowLogitsAreEachPrefixsReference) {
+  FakeModelRunner runner(kVocab, 8, 4, 64);
+  const std::vector<int32_t> tokens = {5, 9, 2, 7}, table = {0, 1};
+  ForwardBatch batch;
+  SequenceChunk ch{tokens, 0, table, true};
+  ch.num_logits = 3;
+  batch.chunks = {ch};
+  ForwardOutput out;
+  ASSERT_TRUE(runner.Forward(batch, &out).ok());
+  ASSERT_EQ(out.rows, 3);
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> want = FakeModelRunner::ReferenceLogits(
+        std::span<const int32_t>(tokens).first(static_cast<size_t>(k) + 2), kVocab);
+    EXPECT_EQ(
+        std::vector<float>(out.logits.begin() + k * kVocab, out.logits.begin() + (k + 1) * kVocab),
+        want)
+        << k;
+  }
+}
+
 TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {
   std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
   Harness h(64);

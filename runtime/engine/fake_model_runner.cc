@@ -164,6 +164,7 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
       return At(kv, chunk.block_table[pos / block_size_], pos);
     };
     uint64_t h = kRoot;
+    std::vector<uint64_t> hashes;  // after each token of the chunk
     if (chunk.start_pos > 0) {
       const Slot& prev = slot(chunk.start_pos - 1);
       if (!prev.written || prev.pos != chunk.start_pos - 1) {
@@ -177,6 +178,7 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
       slot(pos, 0) = {1, pos, next, h};
       slot(pos, 1) = slot(pos, 0);
       h = next;
+      hashes.push_back(h);
       ++tokens_computed_;
     }
     // Attention reads every position: all of them must hold one consistent history.
@@ -194,10 +196,14 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
       parent = s.hash;
     }
     if (chunk.need_logits) {
-      out->logits.resize(out->logits.size() + config_.vocab_size);
-      LogitsFromHash(h, config_.vocab_size,
-                     out->logits.data() + out->logits.size() - config_.vocab_size);
-      ++out->rows;
+      const int n = static_cast<int>(hashes.size());
+      if (chunk.num_logits < 1 || chunk.num_logits > n) return Violation("bad num_logits");
+      for (int k = chunk.num_logits; k >= 1; --k) {
+        out->logits.resize(out->logits.size() + config_.vocab_size);
+        LogitsFromHash(hashes[n - k], config_.vocab_size,
+                       out->logits.data() + out->logits.size() - config_.vocab_size);
+        ++out->rows;
+      }
     }
   }
   // Its one layer's KV of the step is written: the layer progress (streaming transfers may
@@ -207,10 +213,11 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
     --nan_count_;
     std::fill(out->logits.begin(), out->logits.end(), std::nanf(""));
   }
-  const bool all_sampled = out->rows > 0 && std::all_of(batch.chunks.begin(), batch.chunks.end(),
-                                                        [](const SequenceChunk& c) {
-                                                          return !c.need_logits || c.sample;
-                                                        });
+  const bool all_sampled =
+      out->rows > 0 &&
+      std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& c) {
+        return !c.need_logits || (c.sample && c.num_logits == 1);
+      });
   if (device_sampling_ && all_sampled) {
     if (batch.masks_ready) {
       if (absl::Status s = batch.masks_ready(); !s.ok()) return s;

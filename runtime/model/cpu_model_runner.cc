@@ -177,7 +177,7 @@ class CpuModelRunner final : public ModelRunner {
     for (const SequenceChunk& ch : batch.chunks) {
       total += static_cast<int>(ch.tokens.size());
       max_context = std::max(max_context, ch.start_pos + static_cast<int>(ch.tokens.size()));
-      logit_rows += ch.need_logits ? 1 : 0;
+      logit_rows += ch.need_logits ? ch.num_logits : 0;
     }
     try {
       Reserve(total, max_context);
@@ -243,15 +243,17 @@ class CpuModelRunner final : public ModelRunner {
       cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
     }
 
-    // Final norm and LM head for the last token of each chunk that wants logits.
+    // Final norm and LM head for the last num_logits tokens of each chunk that wants logits.
     row = 0;
     int r = 0;
     for (const SequenceChunk& ch : batch.chunks) {
       row += static_cast<int>(ch.tokens.size());
       if (!ch.need_logits) continue;
-      cpu::RmsNorm(x_.data() + static_cast<size_t>(row - 1) * hidden, weights_.final_norm.data(), 1,
-                   hidden, c.rms_norm_eps, last_.data() + static_cast<size_t>(r) * hidden);
-      ++r;
+      for (int k = ch.num_logits; k >= 1; --k) {
+        cpu::RmsNorm(x_.data() + static_cast<size_t>(row - k) * hidden, weights_.final_norm.data(),
+                     1, hidden, c.rms_norm_eps, last_.data() + static_cast<size_t>(r) * hidden);
+        ++r;
+      }
     }
     out->rows = logit_rows;
     out->logits.resize(static_cast<size_t>(logit_rows) * c.vocab_size);
@@ -261,7 +263,7 @@ class CpuModelRunner final : public ModelRunner {
     }
     if (logit_rows > 0 &&
         std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& ch) {
-          return !ch.need_logits || ch.sample != nullptr;
+          return !ch.need_logits || (ch.sample != nullptr && ch.num_logits == 1);
         })) {
       if (batch.masks_ready) RETURN_IF_ERROR(batch.masks_ready());
       SampleRows(batch, out);
@@ -305,6 +307,10 @@ class CpuModelRunner final : public ModelRunner {
       if (ch.start_pos < 0) {
         return absl::InvalidArgumentError(
             absl::StrFormat("chunk %d: negative start_pos %d", i, ch.start_pos));
+      }
+      if (ch.need_logits && (ch.num_logits < 1 || ch.num_logits > n)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("chunk %d: num_logits %d is not in [1, %d]", i, ch.num_logits, n));
       }
       if (ch.need_logits && ch.sample != nullptr) {
         if (absl::Status s = ValidateSampleRequest(*ch.sample); !s.ok()) {

@@ -244,6 +244,49 @@ TEST(CpuModelRunnerTest, MixedBatchMatchesSeparateSequences) {
   ExpectRowNear(out.logits.data() + c.vocab_size, want_a[12], 1e-4);
 }
 
+// num_logits: a chunk's last k tokens each get their logits row (prompt logprobs, draft scoring),
+// exactly the rows a token-by-token forward gives; such a step is never sampled by the runner.
+TEST(CpuModelRunnerTest, MultiRowLogitsMatchTheNaiveForward) {
+  const ModelConfig c = TinyConfig(false);
+  auto runner = MakeRunner(c, 17);
+  const ModelWeights w = RandomWeights(c, 17);
+  const std::vector<int32_t> a = Tokens(13, 3, c.vocab_size), b = Tokens(6, 4, c.vocab_size);
+  const auto want_a = NaiveForward(c, w, a), want_b = NaiveForward(c, w, b);
+  const std::vector<int32_t> table_a = {1, 2, 3, 4}, table_b = {8, 7};
+  SampleRequest greedy;
+  greedy.greedy = 1;
+  ForwardBatch s1;
+  SequenceChunk ca{std::span(a).first(10), 0, table_a, true};
+  ca.num_logits = 10;
+  ca.sample = &greedy;  // ignored: a multi-row chunk returns logits
+  SequenceChunk cb{std::span(b), 0, table_b, true};
+  cb.sample = &greedy;
+  s1.chunks = {ca, cb};
+  ForwardOutput out;
+  ASSERT_TRUE(runner->Forward(s1, &out).ok());
+  ASSERT_EQ(out.rows, 11);
+  ASSERT_TRUE(out.tokens.empty());
+  for (int i = 0; i < 10; ++i) ExpectRowNear(out.logits.data() + i * c.vocab_size, want_a[i], 1e-4);
+  ExpectRowNear(out.logits.data() + 10 * c.vocab_size, want_b[5], 1e-4);
+  // After a cached prefix: the last 2 of 3 new tokens.
+  ForwardBatch s2;
+  SequenceChunk rest{std::span(a).subspan(10), 10, table_a, true};
+  rest.num_logits = 2;
+  s2.chunks = {rest};
+  ASSERT_TRUE(runner->Forward(s2, &out).ok());
+  ASSERT_EQ(out.rows, 2);
+  ExpectRowNear(out.logits.data(), want_a[11], 1e-4);
+  ExpectRowNear(out.logits.data() + c.vocab_size, want_a[12], 1e-4);
+  // Out of range is refused.
+  for (int bad : {0, 4}) {
+    ForwardBatch s3;
+    SequenceChunk ch{std::span(b).first(3), 0, table_b, true};
+    ch.num_logits = bad;
+    s3.chunks = {ch};
+    EXPECT_EQ(runner->Forward(s3, &out).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(CpuModelRunnerTest, EmptyBatchGivesNoRows) {
   auto runner = MakeRunner(TinyConfig(true), 3);
   ForwardOutput out;

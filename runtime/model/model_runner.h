@@ -63,6 +63,10 @@ struct SequenceChunk {
   std::span<const int32_t> block_table;
   // When true, logits of the chunk's last token are produced (one row of ForwardOutput).
   bool need_logits = true;
+  // With need_logits: the logits of the chunk's last `num_logits` tokens, one row each in token
+  // order (1 <= num_logits <= tokens.size()): prompt logprobs, or scoring draft tokens. A runner
+  // samples a step only when every such chunk has 1 (and a `sample`).
+  int num_logits = 1;
   // With need_logits: sample that row on the runner (see the header comment). Null: logits.
   // Valid for the Forward call only.
   const SampleRequest* sample = nullptr;
@@ -89,8 +93,8 @@ struct ForwardBatch {
 };
 
 struct ForwardOutput {
-  // [rows, vocab_size] float32, one row per chunk with need_logits, in chunk order; empty when
-  // the runner sampled the rows.
+  // [rows, vocab_size] float32: num_logits rows per chunk with need_logits, in chunk order; empty
+  // when the runner sampled the rows.
   std::vector<float> logits;
   int rows = 0;
   // Filled (rows entries each) when the runner sampled the rows, else empty: the token and its

@@ -804,7 +804,7 @@ class Runner final : public CudaModelRunner {
     for (size_t i = 0; i < batch.chunks.size(); ++i) {
       const SequenceChunk& ch = batch.chunks[i];
       if (!ch.need_logits) continue;
-      if (ch.sample == nullptr) return absl::OkStatus();
+      if (ch.sample == nullptr || ch.num_logits != 1) return absl::OkStatus();
       if (absl::Status s = cuda::ValidateSamplingRow(*ch.sample); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": ", s.message()));
       }

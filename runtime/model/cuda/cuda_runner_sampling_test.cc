@@ -335,5 +335,66 @@ TEST_F(CudaRunnerSamplingTest, GrammarMaskedRowsMatchCpuSamplerOnOwnLogits) {
   EXPECT_GT(masked_cases, 700);  // two rows in three
 }
 
+// num_logits (model_runner.h): the last k tokens of a prefill chunk each get the logits row a
+// prefill of that prefix alone gives (bf16: within 2% of the row's largest logit), and the
+// step returns logits, never sampled tokens. Chunks of 2 to 40 tokens, k up to the whole chunk.
+TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
+  Made made = MakeRunner();
+  ASSERT_NE(made.runner, nullptr);
+  CudaModelRunner& runner = *made.runner;
+  std::mt19937_64 rng(31);
+  SampleRequest greedy;
+  greedy.greedy = 1;
+  int rows = 0;
+  double worst = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 39);
+    const int k = 1 + static_cast<int>(rng() % n);
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < n; ++t) tokens.push_back(static_cast<int32_t>(rng() % kVocab));
+    std::vector<int32_t> table;
+    for (int b = 0; b < kBlocksPerSeq; ++b) table.push_back(b);
+    ForwardBatch batch;
+    SequenceChunk ch;
+    ch.tokens = tokens;
+    ch.block_table = table;
+    ch.num_logits = k;
+    ch.sample = &greedy;  // ignored with k > 1
+    batch.chunks.push_back(ch);
+    ForwardOutput multi;
+    ASSERT_TRUE(runner.Forward(batch, &multi).ok());
+    ASSERT_EQ(multi.rows, k);
+    ASSERT_EQ(multi.logits.size(), static_cast<size_t>(k) * kVocab);
+    if (k > 1) {
+      EXPECT_TRUE(multi.tokens.empty());
+    }
+    for (int j = 0; j < k; ++j) {
+      // The prefix ending at token n - k + j, prefilled alone in other blocks.
+      const int len = n - k + j + 1;
+      std::vector<int32_t> other;
+      for (int b = 0; b < kBlocksPerSeq; ++b) other.push_back(kBlocksPerSeq + b);
+      ForwardBatch single;
+      SequenceChunk sc;
+      sc.tokens = std::span<const int32_t>(tokens).first(len);
+      sc.block_table = other;
+      single.chunks.push_back(sc);
+      ForwardOutput one;
+      ASSERT_TRUE(runner.Forward(single, &one).ok());
+      ASSERT_EQ(one.rows, 1);
+      float scale = 0, diff = 0;
+      for (int v = 0; v < kVocab; ++v) {
+        scale = std::max(scale, std::abs(one.logits[v]));
+        diff = std::max(
+            diff, std::abs(one.logits[v] - multi.logits[static_cast<size_t>(j) * kVocab + v]));
+      }
+      worst = std::max(worst, static_cast<double>(diff / std::max(scale, 1e-6f)));
+      EXPECT_LE(diff, 0.02f * scale) << "n " << n << " k " << k << " row " << j;
+      ++rows;
+    }
+  }
+  std::printf("multi-row logits: %d rows, worst relative difference %.4f\n", rows, worst);
+  EXPECT_GT(rows, 6);
+}
+
 }  // namespace
 }  // namespace tandem

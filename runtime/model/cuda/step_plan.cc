@@ -30,6 +30,10 @@ absl::Status ValidateBatch(const ForwardBatch& batch, const StepPlanLimits& limi
       return absl::InvalidArgumentError(
           absl::StrFormat("chunk %d: negative start_pos %d", i, ch.start_pos));
     }
+    if (ch.need_logits && (ch.num_logits < 1 || ch.num_logits > n)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("chunk %d: num_logits %d is not in [1, %d]", i, ch.num_logits, n));
+    }
     const int64_t end = ch.start_pos + n;
     if (end > limits.max_position_embeddings) {
       return absl::InvalidArgumentError(
@@ -78,7 +82,7 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
       prefill_blocks = std::max(prefill_blocks, blocks);
       p.prefill_max_new_tokens = std::max(p.prefill_max_new_tokens, n);
     }
-    logit_count += ch.need_logits ? 1 : 0;
+    logit_count += ch.need_logits ? ch.num_logits : 0;
   }
   const int real_decode = p.num_decode;
   p.graph_bucket = 0;
@@ -141,12 +145,15 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
       m[o.slots + first_row + i] = ch.block_table[pos / bs] * bs + pos % bs;
     }
     if (ch.need_logits) {
-      const int last = first_row + n - 1;
-      if (p.graph_bucket > 0) {
-        p.output_rows.push_back(last);
-      } else {
-        m[o.logit_rows + logit_row] = last;
-        p.output_rows.push_back(logit_row++);
+      // Graphed steps are all one-token chunks, so num_logits is 1 there.
+      for (int k = ch.num_logits; k >= 1; --k) {
+        const int row = first_row + n - k;
+        if (p.graph_bucket > 0) {
+          p.output_rows.push_back(row);
+        } else {
+          m[o.logit_rows + logit_row] = row;
+          p.output_rows.push_back(logit_row++);
+        }
       }
     }
   }

@@ -70,7 +70,8 @@ struct StepPlan {
   int graph_bucket = 0;  // 0: run eagerly; else == num_rows == num_decode
   // Logits are computed for num_logit_rows gathered rows (every row of a graphed batch, else the
   // rows that need them). output_rows[i] is the computed-logits row of the i-th output row
-  // (ForwardOutput row order: chunks with need_logits, in chunk order).
+  // (ForwardOutput row order: the last num_logits tokens of each chunk with need_logits, in chunk
+  // and token order).
   int num_logit_rows = 0;
   std::vector<int> output_rows;
   MetaOffsets off;

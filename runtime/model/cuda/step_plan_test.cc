@@ -76,6 +76,24 @@ TEST(StepPlanTest, MixedBatchPutsDecodeRowsFirst) {
   EXPECT_EQ(p.off.total, p.meta.size());
 }
 
+TEST(StepPlanTest, MultiRowLogitsGatherTheChunksLastTokens) {
+  const std::vector<int32_t> t0 = {11, 12, 13, 14, 15}, t1 = {21};
+  const std::vector<int32_t> b0 = {3, 4}, b1 = {5, 6};
+  ForwardBatch batch;
+  batch.chunks = {{t0, 0, b0, true}, {t1, 7, b1, true}};
+  batch.chunks[0].num_logits = 3;
+  StepPlan p;
+  ASSERT_TRUE(PlanStep(batch, Limits(true), &p).ok());
+  // Rows: decode (chunk 1) first, then chunk 0's 5 rows at 1..5; its last 3 are 3, 4, 5.
+  EXPECT_EQ(p.num_logit_rows, 4);
+  EXPECT_EQ(Section(p, p.off.logit_rows, 4), (std::vector<int32_t>{3, 4, 5, 0}));
+  EXPECT_EQ(p.output_rows, (std::vector<int>{0, 1, 2, 3}));
+  batch.chunks[0].num_logits = 6;
+  EXPECT_EQ(PlanStep(batch, Limits(true), &p).code(), absl::StatusCode::kInvalidArgument);
+  batch.chunks[0].num_logits = 0;
+  EXPECT_EQ(PlanStep(batch, Limits(true), &p).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(StepPlanTest, DecodeOnlyBatchIsPaddedToABucket) {
   const std::vector<int32_t> t = {7};
   const std::vector<int32_t> b0 = {1}, b1 = {2, 3, 4}, b2 = {5, 6};
