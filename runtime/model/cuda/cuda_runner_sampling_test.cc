@@ -359,7 +359,7 @@ TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
     ch.tokens = tokens;
     ch.block_table = table;
     ch.num_logits = k;
-    ch.sample = &greedy;  // ignored with k > 1
+    if (k > 1) ch.sample = &greedy;  // ignored: a multi-row chunk returns logits
     batch.chunks.push_back(ch);
     ForwardOutput multi;
     ASSERT_TRUE(runner.Forward(batch, &multi).ok());
