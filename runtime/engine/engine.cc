@@ -895,7 +895,10 @@ std::string Engine::PushText(Active& a, int32_t token, int output_index) {
 
 bool Engine::GrammarMask(const Active& a, std::span<uint64_t> words) const {
   // The automaton's mask, and EOS where the output so far is a whole match.
-  const std::vector<uint64_t>& mask = a.grammar->masker().Mask(a.grammar_state)->words();
+  // Held while copied: the masker's cache may drop its own reference meanwhile.
+  const std::shared_ptr<const grammar::TokenBitmask> held =
+      a.grammar->masker().Mask(a.grammar_state);
+  const std::vector<uint64_t>& mask = held->words();
   const size_t n = std::min(mask.size(), words.size());
   std::copy(mask.begin(), mask.begin() + n, words.begin());
   std::fill(words.begin() + n, words.end(), 0);
