@@ -55,7 +55,7 @@ Result Run(const tandem::router::ToolRequest& request, const std::string& parser
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   tandem::router::ToolRequest request;
-  request.functions = {{"get_weather", ""}, {"noop", ""}};
+  request.functions = {{"get_weather"}, {"noop"}};
   const int kind = data[0] & 3;
   request.choice = kind == 2   ? ToolChoice::kRequired
                    : kind == 3 ? ToolChoice::kFunction

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/utf8.h"
 #include "runtime/grammar/byte_dfa.h"
 
 namespace tandem::grammar {
@@ -31,24 +32,6 @@ struct Node {
   int min = 0, max = 0;  // kRepeat; max -1: unbounded
   size_t pos = 0;        // where it starts in the grammar text
 };
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 class Parser {
  public:
@@ -410,12 +393,15 @@ std::string Hex(uint32_t b) { return absl::StrFormat("\\x%02x", b); }
 
 class Emitter {
  public:
-  Emitter(const std::vector<std::pair<std::string, Node>>& rules, int depth, size_t max_bytes,
+  Emitter(const std::vector<std::pair<std::string, Node>>& rules,
+          const std::map<std::string, int>& index, int depth, size_t max_bytes,
           const Parser& parser)
-      : rules_(rules), depth_(depth), max_bytes_(max_bytes), parser_(parser) {
-    for (size_t i = 0; i < rules.size(); ++i) index_[rules[i].first] = static_cast<int>(i);
-    on_stack_.assign(rules.size(), 0);
-  }
+      : rules_(rules),
+        index_(index),
+        on_stack_(rules.size(), 0),
+        depth_(depth),
+        max_bytes_(max_bytes),
+        parser_(parser) {}
   bool overflow() const { return overflow_; }
   const absl::Status& status() const { return status_; }
 
@@ -543,7 +529,7 @@ class Emitter {
   }
 
   const std::vector<std::pair<std::string, Node>>& rules_;
-  std::map<std::string, int> index_;
+  const std::map<std::string, int>& index_;
   std::vector<int> on_stack_;
   const int depth_;
   const size_t max_bytes_;
@@ -617,7 +603,7 @@ absl::StatusOr<GbnfRegex> GbnfToRegex(absl::string_view grammar, const GbnfOptio
   const int top = recursive ? std::max(1, options.max_recursion_depth) : 1;
   absl::Status last_error;
   for (int depth = top; depth >= 1; --depth) {
-    Emitter emitter(rules, depth, options.max_regex_bytes, parser);
+    Emitter emitter(rules, index, depth, options.max_regex_bytes, parser);
     std::optional<std::string> regex = emitter.Emit(root_ref);
     if (!emitter.status().ok()) return emitter.status();
     if (!regex.has_value() && !emitter.overflow()) {

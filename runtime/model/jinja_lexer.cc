@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/utf8.h"
 
 namespace tandem::jinja {
 namespace {
@@ -16,24 +17,6 @@ bool IsSpace(char c) {
 bool IsNameStart(char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsNameChar(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xc0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xe0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    *out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    *out += static_cast<char>(0xf0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    *out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
 
 class Lexer {
  public:

@@ -6,6 +6,7 @@
 // Thread-safety: pure functions.
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,6 +35,25 @@ inline std::string TypeName(const nlohmann::json& v) {
 inline absl::Status WrongType(absl::string_view name, absl::string_view want,
                               const nlohmann::json& got) {
   return InvalidParam(name, absl::StrCat("'", name, "' must be ", want, ", got ", TypeName(got)));
+}
+
+// Every key of `obj` is one of `keys`, else a 400 "unknown_parameter" naming it: `key` at the
+// top level (`where` empty), `where.key` inside.
+inline absl::Status OnlyKeys(const nlohmann::json& obj, absl::string_view where,
+                             std::initializer_list<absl::string_view> keys) {
+  for (const auto& [key, value] : obj.items()) {
+    bool known = false;
+    for (absl::string_view k : keys) known |= key == k;
+    if (known) continue;
+    if (where.empty()) {
+      return InvalidParam(key, absl::StrCat("unrecognized request argument '", key, "'"),
+                          "unknown_parameter");
+    }
+    return InvalidParam(absl::StrCat(where, ".", key),
+                        absl::StrCat("unrecognized field '", key, "' in '", where, "'"),
+                        "unknown_parameter");
+  }
+  return absl::OkStatus();
 }
 
 // The largest key count of any object in `v` (an ordered re-parse is quadratic in it).

@@ -437,12 +437,8 @@ absl::Status ParseMessageExtras(const json& m, const std::string& where, ChatMes
     const json& c = (*calls)[k];
     const std::string cwhere = absl::StrCat(where, ".tool_calls[", k, "]");
     if (!c.is_object()) return WrongType(cwhere, "an object", c);
-    for (const auto& [key, value] : c.items()) {
-      if (key != "id" && key != "type" && key != "function") {
-        return InvalidParam(absl::StrCat(cwhere, ".", key),
-                            absl::StrCat("unrecognized field '", key, "' in '", cwhere, "'"),
-                            "unknown_parameter");
-      }
+    if (absl::Status s = json_fields::OnlyKeys(c, cwhere, {"id", "type", "function"}); !s.ok()) {
+      return s;
     }
     ChatToolCall call;
     if (absl::Status s = GetString(c, "id", &call.id); !s.ok()) return s;
@@ -752,15 +748,7 @@ absl::StatusOr<OpenAiRequest> ParseChatCompletionRequest(absl::string_view body)
 namespace {
 
 absl::Status OnlyFields(const json& j, std::initializer_list<absl::string_view> allowed) {
-  for (const auto& [key, value] : j.items()) {
-    bool known = false;
-    for (absl::string_view a : allowed) known |= key == a;
-    if (!known) {
-      return InvalidParam(key, absl::StrCat("unrecognized request argument '", key, "'"),
-                          "unknown_parameter");
-    }
-  }
-  return absl::OkStatus();
+  return json_fields::OnlyKeys(j, "", allowed);
 }
 
 }  // namespace

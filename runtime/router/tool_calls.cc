@@ -23,6 +23,7 @@ using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 using json_fields::Dump;
 using json_fields::Field;
+using json_fields::OnlyKeys;
 using json_fields::WrongType;
 
 constexpr char kHermesOpen[] = "<tool_call>";
@@ -36,20 +37,6 @@ bool ValidName(const std::string& name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
   }
   return true;
-}
-
-absl::Status OnlyKeys(const json& obj, const std::string& where,
-                      std::initializer_list<absl::string_view> keys) {
-  for (const auto& [key, value] : obj.items()) {
-    bool known = false;
-    for (absl::string_view k : keys) known |= key == k;
-    if (!known) {
-      return InvalidParam(absl::StrCat(where, ".", key),
-                          absl::StrCat("unrecognized argument '", key, "' in '", where, "'"),
-                          "unknown_parameter");
-    }
-  }
-  return absl::OkStatus();
 }
 
 // The regex of one function's arguments (its parameters schema; any object when it has none).
@@ -475,7 +462,6 @@ absl::Status ParseToolRequest(const json& j, absl::string_view body, ToolRequest
     arguments_regex.push_back(*std::move(regex));
     ToolFunction fn;
     fn.name = name->get<std::string>();
-    if (params != nullptr) fn.parameters_json = Dump(of["parameters"]);
     out->functions.push_back(std::move(fn));
   }
   out->tools_json = Dump(ordered_tools);

@@ -46,8 +46,7 @@ inline constexpr int kMaxTools = 128;
 enum class ToolChoice { kNone, kAuto, kRequired, kFunction };
 
 struct ToolFunction {
-  std::string name;
-  std::string parameters_json;  // the schema as ordered JSON text; "" when not given
+  std::string name;  // the schema lives on as its regex (forced choices) and in tools_json
 };
 
 struct ToolRequest {
