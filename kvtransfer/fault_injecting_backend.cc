@@ -56,6 +56,11 @@ int FaultInjectingBackend::late_writes_pending() const {
   return late_pending_;
 }
 
+int FaultInjectingBackend::mid_transfers_landed() const {
+  absl::MutexLock lock(&mu_);
+  return mid_landed_;
+}
+
 bool FaultInjectingBackend::Fire(FaultStage stage) {
   absl::MutexLock lock(&mu_);
   if (plan_.stage != stage || stage == FaultStage::kNone) return false;
@@ -214,6 +219,11 @@ absl::StatusOr<TransferState> FaultInjectingBackend::Poll(TransferHandle handle)
     return TransferState::kFailed;
   }
   ASSIGN_OR_RETURN(TransferState state, inner_->Poll(*t.inner));
+  if (t.polls_before_failure >= 0 && state == TransferState::kDone && !t.landed) {
+    t.landed = true;
+    absl::MutexLock lock(&mu_);
+    ++mid_landed_;
+  }
   if (t.polls_before_failure >= 0 && state != TransferState::kFailed) {
     if (t.polls_before_failure > 0) {
       --t.polls_before_failure;

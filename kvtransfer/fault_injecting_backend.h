@@ -7,7 +7,8 @@
 //     always forwarded).
 //   kMidTransfer: the next posted transfer is posted WITHOUT its notification (as if the link
 //     died mid-way, the target never hears of it), reports kInProgress for `polls_before_failure`
-//     polls and then kFailed; Release still releases the inner transfer.
+//     polls and then kFailed; Release still releases the inner transfer. The wrapped transfer
+//     runs on meanwhile: mid_transfers_landed() counts those the wrapped backend reported kDone.
 //   kRelease: Release releases the inner transfer (nothing leaks) and then returns an error.
 //   kNotificationDrop: the next notification is lost: stripped from a posted transfer (which
 //     still completes kDone) or dropped from GetNotifications, whichever comes first.
@@ -34,7 +35,8 @@
 // Destroying the wrapper releases every wrapped transfer it still holds and drops held writes.
 //
 // Threading: calls to the TransferBackend methods follow the wrapped backend's rule (one owning
-// thread). SetPlan, faults_injected and late_writes_pending may be called from any thread
+// thread). SetPlan, faults_injected, late_writes_pending and mid_transfers_landed may be called
+// from any thread
 // (mutex-guarded), so a test can arm a fault while a worker's transfer thread owns the backend.
 
 #include <array>
@@ -87,6 +89,9 @@ class FaultInjectingBackend final : public TransferBackend {
   // kLateWrite writes whose bytes may still land: held ones, and released ones the wrapper still
   // has to post or finish. Tests wait for 0 (calling Progress) to see a late write drain.
   int late_writes_pending() const;
+  // kMidTransfer transfers whose wrapped transfer finished (bytes landed, nothing in flight),
+  // though this wrapper still reports them in progress.
+  int mid_transfers_landed() const;
   TransferBackend& inner() { return *inner_; }
 
   std::string_view name() const override { return inner_->name(); }
@@ -143,6 +148,7 @@ class FaultInjectingBackend final : public TransferBackend {
     bool survives_release = true;          // kLateWrite
     bool post_failed = false;              // kLateWrite: the held write's post failed
     int polls_before_failure = -1;         // kMidTransfer: polls left before kFailed; -1: none
+    bool landed = false;                   // kMidTransfer: counted in mid_landed_
     std::optional<Corruption> corruption;  // kCorruptBytes
   };
 
@@ -176,6 +182,7 @@ class FaultInjectingBackend final : public TransferBackend {
   FaultPlan plan_ ABSL_GUARDED_BY(mu_);
   int faults_injected_ ABSL_GUARDED_BY(mu_) = 0;
   int late_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int mid_landed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Owning thread only (as the wrapped backend).
   absl::flat_hash_map<TransferHandle, Transfer> transfers_;

@@ -353,6 +353,13 @@ TEST_P(DisaggTest, PrefillWorkerFreesHeldKvWhenTheDecodeWorkerVanishes) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(p_model_->engine->stats().held_kv, 1) << "the stuck transfer never held the KV";
+  // The write only looks stuck: its bytes must have landed before D goes. A write really in
+  // flight to a peer in this same process could not be recalled, and P would rightly hold its
+  // blocks until D's process died (which is how P detects a same-host peer's death).
+  while (p_faults_->mid_transfers_landed() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(p_faults_->mid_transfers_landed(), 1) << "the wrapped write never finished";
   const absl::Time vanished = absl::Now();
   decode_->Shutdown(absl::ZeroDuration());
   EngineStats p = p_model_->engine->stats();
