@@ -58,6 +58,17 @@ struct Engine::Active {
   absl::Time submitted;
   std::optional<absl::Time> queued_until;
   std::optional<absl::Time> kv_ready;
+  // params.prompt_logprobs: prompt token i + 1 scored at index i (filled as chunks compute,
+  // again after a preemption) until the first output carries them.
+  std::vector<ScoredToken> prompt_logprobs;
+  int prompt_scored = 0;  // entries filled (each index once)
+  std::vector<char> prompt_scored_at;
+  bool prompt_logprobs_sent = false;
+  // Whether the chunk starting at `start` needs its prompt positions' logits.
+  bool ScoresPrompt(int start) const {
+    return request.params.prompt_logprobs.has_value() && !prompt_logprobs_sent &&
+           start < num_prompt_tokens - 1;
+  }
 };
 
 namespace {
@@ -180,6 +191,14 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
   if (r.resumed_text_bytes < 0) {
     return absl::InvalidArgumentError("resumed_text_bytes: negative");
   }
+  if (r.params.prompt_logprobs.has_value() &&
+      (r.hold_kv_after_prefill || r.resumed_output_tokens > 0)) {
+    return absl::InvalidArgumentError(
+        r.hold_kv_after_prefill ? "prompt_logprobs: scored by the engine that emits the first "
+                                  "token, not a prefill-only "
+                                  "one"
+                                : "prompt_logprobs: a resumed request's prompt was already scored");
+  }
   if (r.resumed_output_tokens > 0 && r.params.temperature > 0 && !r.params.seed.has_value()) {
     return absl::InvalidArgumentError(
         "seed: a resumed sampled request must carry the seed it was started with");
@@ -242,6 +261,10 @@ absl::Status Engine::Submit(GenerateRequest request) {
 absl::Status Engine::SubmitRemotePrefill(GenerateRequest request, ReservedCallback on_reserved) {
   RETURN_IF_ERROR(Validate(request));
   if (!on_reserved) return absl::InvalidArgumentError("on_reserved: no callback");
+  if (request.params.prompt_logprobs.has_value()) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs: a remote prefill's prompt is not computed here; prefill it locally");
+  }
   if (request.hold_kv_after_prefill) {
     return absl::InvalidArgumentError(
         "hold_kv_after_prefill: a remote prefill cannot also hold its KV");
@@ -439,8 +462,13 @@ void Engine::Admit(Incoming incoming) {
     return;
   }
   const int priority = active->request.priority;
+  const bool skip_prefix_cache = active->request.params.prompt_logprobs.has_value();
+  if (skip_prefix_cache) {
+    active->prompt_logprobs.resize(static_cast<size_t>(prompt_len - 1));
+    active->prompt_scored_at.assign(static_cast<size_t>(prompt_len - 1), 0);
+  }
   active_[seq] = std::move(active);
-  scheduler_.Add(seq, std::move(prompt), priority);
+  scheduler_.Add(seq, std::move(prompt), priority, skip_prefix_cache);
 }
 
 void Engine::ProcessReservations(absl::Time now) {
@@ -594,9 +622,15 @@ bool Engine::Step() {
     chunk.start_pos = c.start_pos;
     chunk.block_table = scheduler_.BlockTable(c.seq_id);
     chunk.need_logits = c.need_logits;
-    if (c.need_logits) {
+    const Active& a = *active_.at(c.seq_id);
+    if (a.ScoresPrompt(c.start_pos)) {
+      // Prompt logprobs: a row per token of the chunk; never sampled by the runner.
+      chunk.need_logits = true;
+      chunk.num_logits = c.num_tokens;
+      rows += c.num_tokens;
+      row_mask.insert(row_mask.end(), static_cast<size_t>(c.num_tokens), -1);
+    } else if (c.need_logits) {
       ++rows;
-      const Active& a = *active_.at(c.seq_id);
       row_mask.push_back(-1);
       const bool plain = SamplesFromLogitsOnly(a.request.params);
       const bool masked =
@@ -689,8 +723,38 @@ bool Engine::Step() {
   scheduler_.OnStepComputed(plan);
   size_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.need_logits) continue;
     Active& a = *active_.at(c.seq_id);
+    if (a.ScoresPrompt(c.start_pos)) {
+      // Logits rows of positions start_pos.. (sampled is false: the runner had no sample for
+      // them): row j scores the prompt token after position start_pos + j.
+      const size_t first = row;
+      row += static_cast<size_t>(c.num_tokens);
+      const std::span<const float> chunk_logits =
+          std::span<const float>(out.logits).subspan(first * vocab, c.num_tokens * vocab);
+      if (std::any_of(chunk_logits.begin(), chunk_logits.end(),
+                      [](float x) { return std::isnan(x); })) {
+        FinishRequest(c.seq_id, FinishReason::kError,
+                      absl::InternalError("the model produced NaN logits"), {});
+        continue;
+      }
+      const Sequence* seq = scheduler_.Get(c.seq_id);
+      for (int j = 0; j < c.num_tokens; ++j) {
+        const int pos = c.start_pos + j;
+        if (pos + 1 >= a.num_prompt_tokens) break;
+        a.prompt_logprobs[pos] =
+            ScoreToken(chunk_logits.subspan(j * vocab, vocab), seq->tokens[pos + 1],
+                       *a.request.params.prompt_logprobs);
+        if (!a.prompt_scored_at[pos]) {
+          a.prompt_scored_at[pos] = 1;
+          ++a.prompt_scored;
+        }
+      }
+      if (!c.need_logits) continue;
+      if (!a.kv_ready.has_value()) a.kv_ready = forward_done;
+      OnLogits(c.seq_id, chunk_logits.subspan((c.num_tokens - 1) * vocab, vocab));
+      continue;
+    }
+    if (!c.need_logits) continue;
     if (!a.kv_ready.has_value()) a.kv_ready = forward_done;
     const size_t r = row++;
     if (sampled) {
@@ -830,6 +894,18 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
   GenerationOutput out;
   out.token_ids.push_back(token);
   if (logprobs.has_value()) out.logprobs.push_back(std::move(*logprobs));
+  if (a.request.params.prompt_logprobs.has_value() && !a.prompt_logprobs_sent) {
+    a.prompt_logprobs_sent = true;
+    if (a.prompt_scored != a.num_prompt_tokens - 1) {
+      FinishRequest(
+          seq_id, FinishReason::kError,
+          absl::InternalError(absl::StrCat("prompt logprobs: ", a.prompt_scored, " of ",
+                                           a.num_prompt_tokens - 1, " prompt tokens were scored")),
+          {});
+      return;
+    }
+    out.prompt_logprobs = std::move(a.prompt_logprobs);
+  }
   if (a.usage.completion_tokens == 1) {
     const absl::Time now = absl::Now();
     out.first_token_timings =

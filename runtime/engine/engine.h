@@ -120,6 +120,9 @@ struct GenerationOutput {
   absl::Status error;                         // why, when finish_reason is kError
   Usage usage;                                // running totals
   std::optional<FirstTokenTimings> first_token_timings;  // on the first output with a token
+  // params.prompt_logprobs: on the first output with a token, prompt tokens 1..n-1 (n - 1
+  // entries; the first prompt token has none), each scored against the logits before it.
+  std::vector<ScoredToken> prompt_logprobs;
 };
 
 using OutputCallback = std::function<void(const GenerationOutput&)>;
@@ -261,14 +264,17 @@ class Engine {
   // Validates and enqueues; returns at once. InvalidArgument (naming the field) for an empty
   // prompt, token ids outside the vocabulary, a prompt that leaves no room under the context
   // limit, prompt + max_tokens over it, bad sampling parameters, stop strings without a
-  // tokenizer; AlreadyExists for a live request id; Unavailable after Shutdown began.
+  // tokenizer, prompt_logprobs with hold_kv_after_prefill or a resumed request (the engine that
+  // prefills a prompt and emits its first token scores it); AlreadyExists for a live request
+  // id; Unavailable after Shutdown began.
   absl::Status Submit(GenerateRequest request);
   // Aborts a live request (its final output has finish_reason kAbort); no-op for unknown ids.
   // A remote prefill still waiting for blocks gets on_reserved(Cancelled) instead (and no other
   // callback); a request whose KV is held is released (as ReleaseHeldKv).
   void Cancel(const std::string& request_id);
 
-  // Decode side. Validates like Submit (plus: on_reserved set, hold_kv_after_prefill false) and
+  // Decode side. Validates like Submit (plus: on_reserved set, hold_kv_after_prefill false, no
+  // prompt_logprobs) and
   // enqueues; returns at once. On the engine thread: allocates blocks for the whole prompt
   // (reusing prefix-cached ones) and calls on_reserved(reservation); when blocks are short the
   // request waits, FCFS ahead of local admissions, until request.deadline or reserve_timeout and

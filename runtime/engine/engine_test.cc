@@ -522,6 +522,92 @@ TEST(EngineTest, LogprobsAreLogSoftmaxOfRawLogits) {
   }
 }
 
+// prompt_logprobs over the fake runner's reference logits: chunked prefill beside other prompts,
+// preemptions (few blocks), a runner that samples the other rows itself, a cached prefix that
+// the scored request must compute again. Every entry once, on the first output.
+TEST(EngineTest, PromptLogprobsScoreEveryPromptTokenOnce) {
+  for (bool tight : {false, true}) {
+    SCOPED_TRACE(tight ? "preempting" : "roomy");
+    EngineOptions options;
+    options.max_num_batched_tokens = 5;
+    Harness h(tight ? 9 : 256, 4, options, nullptr, {}, 1024, /*device_sampling=*/true);
+    std::mt19937 rng(11);
+    const std::vector<int32_t> shared = RandomPrompt(rng, 12);
+    ASSERT_TRUE(h.Submit("warm", shared, Greedy(1)).ok());
+    ASSERT_TRUE(h.collector.WaitFinished(1));
+    std::vector<std::vector<int32_t>> prompts = {shared, RandomPrompt(rng, 9), RandomPrompt(rng, 2),
+                                                 RandomPrompt(rng, 17)};
+    prompts[0].push_back(7);
+    absl::Notification all_submitted;
+    h.runner->set_forward_hook(
+        [&] { all_submitted.WaitForNotificationWithTimeout(absl::Seconds(30)); });
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingParams p = Greedy(12);
+      if (i != 1) p.prompt_logprobs = static_cast<int>(i);  // 0: the token's own entry only
+      ASSERT_TRUE(h.Submit(absl::StrCat("p", i), prompts[i], p).ok());
+    }
+    all_submitted.Notify();
+    ASSERT_TRUE(h.collector.WaitFinished(1 + static_cast<int>(prompts.size())));
+    if (tight) {
+      EXPECT_GT(h.engine->stats().preemptions, 0);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SCOPED_TRACE(i);
+      const Result r = h.collector.Get(absl::StrCat("p", i));
+      ASSERT_EQ(r.finish, FinishReason::kLength) << r.error;
+      EXPECT_EQ(r.tokens, FakeModelRunner::ReferenceGreedy(prompts[i], 12, kVocab));
+      if (i == 1) {
+        EXPECT_EQ(r.outputs_with_prompt_logprobs, 0);
+        continue;
+      }
+      EXPECT_EQ(r.outputs_with_prompt_logprobs, 1);
+      EXPECT_EQ(r.usage.cached_prompt_tokens, 0);
+      ASSERT_EQ(r.prompt_logprobs.size(), prompts[i].size() - 1);
+      for (size_t pos = 0; pos + 1 < prompts[i].size(); ++pos) {
+        const std::vector<float> lp = LogSoftmax(FakeModelRunner::ReferenceLogits(
+            std::span<const int32_t>(prompts[i]).first(pos + 1), kVocab));
+        const ScoredToken& got = r.prompt_logprobs[pos];
+        const int32_t want = prompts[i][pos + 1];
+        EXPECT_EQ(got.token, want);
+        EXPECT_NEAR(got.logprob, lp[want], 1e-5);
+        EXPECT_EQ(got.rank,
+                  1 + std::count_if(lp.begin(), lp.end(), [&](float x) { return x > lp[want]; }));
+        ASSERT_EQ(got.top.size(), i);
+        for (const TokenLogprob& t : got.top) EXPECT_NEAR(t.logprob, lp[t.token], 1e-5);
+      }
+    }
+    h.engine->Shutdown(absl::Seconds(5));
+    EXPECT_THAT(h.runner->violations(), ::testing::IsEmpty());
+    EXPECT_EQ(h.engine->stats().blocks_used, 0);
+  }
+}
+
+TEST(EngineTest, PromptLogprobsAreRefusedWhereThisEngineDoesNotScoreThePrompt) {
+  Harness h(64);
+  SamplingParams p = Greedy(2);
+  p.prompt_logprobs = 21;
+  EXPECT_THAT(h.Submit("big", {1, 2, 3}, p).message(), ::testing::HasSubstr("prompt_logprobs"));
+  p.prompt_logprobs = 1;
+  GenerateRequest held;
+  held.request_id = "held";
+  held.prompt_token_ids = {1, 2, 3};
+  held.params = p;
+  held.hold_kv_after_prefill = true;
+  held.on_prefilled = [](const PrefilledKv&) {};
+  held.on_output = h.collector.Callback();
+  EXPECT_THAT(h.engine->Submit(held).message(), ::testing::HasSubstr("prompt_logprobs"));
+  GenerateRequest resumed = held;
+  resumed.hold_kv_after_prefill = false;
+  resumed.resumed_output_tokens = 1;
+  EXPECT_THAT(h.engine->Submit(resumed).message(), ::testing::HasSubstr("prompt_logprobs"));
+  GenerateRequest remote = resumed;
+  remote.resumed_output_tokens = 0;
+  const absl::Status st =
+      h.engine->SubmitRemotePrefill(remote, [](absl::StatusOr<RemoteKvReservation>) {});
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("prompt_logprobs"));
+  EXPECT_EQ(h.collector.finished(), 0);
+}
+
 TEST(EngineTest, ForwardFailureFailsOnlyThatBatchAndEngineKeepsServing) {
   Harness h(64);
   h.runner->FailNextForwards(1, absl::ResourceExhaustedError("injected"));

@@ -30,6 +30,8 @@ class OutputCollector {
     int outputs_after_finish = 0;  // must stay 0: nothing follows a finish
     std::optional<FirstTokenTimings> timings;
     int outputs_with_timings = 0;
+    std::vector<ScoredToken> prompt_logprobs;
+    int outputs_with_prompt_logprobs = 0;
   };
 
   OutputCallback Callback() {
@@ -42,6 +44,10 @@ class OutputCollector {
       r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       r.text += out.text;
       r.usage = out.usage;
+      if (!out.prompt_logprobs.empty()) {
+        r.prompt_logprobs = out.prompt_logprobs;
+        ++r.outputs_with_prompt_logprobs;
+      }
       if (out.first_token_timings.has_value()) {
         r.timings = out.first_token_timings;
         ++r.outputs_with_timings;

@@ -190,6 +190,22 @@ SampleResult Sample(const SamplingParams& params, std::span<const float> raw_log
   return result;
 }
 
+ScoredToken ScoreToken(std::span<const float> logits, int32_t token, int top_n) {
+  CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
+  const std::vector<float> logprobs = LogSoftmax(logits);
+  ScoredToken scored;
+  scored.token = token;
+  scored.logprob = logprobs[token];
+  scored.rank = 1 + static_cast<int>(std::count_if(logprobs.begin(), logprobs.end(),
+                                                   [&](float x) { return x > scored.logprob; }));
+  if (top_n > 0) {
+    for (int32_t id : SortedDesc<float>(logprobs, static_cast<size_t>(top_n))) {
+      scored.top.push_back({id, logprobs[id]});
+    }
+  }
+  return scored;
+}
+
 bool SamplesFromLogitsOnly(const SamplingParams& params) {
   return params.repetition_penalty == 1.0f && params.presence_penalty == 0.0f &&
          params.frequency_penalty == 0.0f &&

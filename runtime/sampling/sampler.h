@@ -36,6 +36,16 @@ struct TokenLogprob {
   float logprob = 0.0f;
 };
 
+// A given token scored against one row of logits (prompt logprobs): its raw log-softmax logprob,
+// its rank (1 + the number of tokens with a strictly higher logprob) and the `top_n` most likely
+// tokens (logprob descending, lower id first on ties).
+struct ScoredToken {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int rank = 0;
+  std::vector<TokenLogprob> top;
+};
+
 struct SampleResult {
   int32_t token = 0;
   float logprob = 0.0f;                    // of the sampled token, raw log-softmax
@@ -48,6 +58,9 @@ double UniformFromSeed(uint64_t seed, uint64_t step);
 
 // Log-softmax of `logits`.
 std::vector<float> LogSoftmax(std::span<const float> logits);
+
+// `token`'s ScoredToken in `logits` (token must be in range).
+ScoredToken ScoreToken(std::span<const float> logits, int32_t token, int top_n);
 
 // Penalties in place, as described above. `prompt` and `output` are the request's tokens.
 void ApplyPenalties(const SamplingParams& params, std::span<const int32_t> prompt,

@@ -40,6 +40,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   if (p.logprobs.has_value() && (*p.logprobs < 0 || *p.logprobs > kMaxLogprobs)) {
     return Bad("logprobs", absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", *p.logprobs));
   }
+  if (p.prompt_logprobs.has_value() &&
+      (*p.prompt_logprobs < 0 || *p.prompt_logprobs > kMaxLogprobs)) {
+    return Bad("prompt_logprobs",
+               absl::StrCat("must be in [0, ", kMaxLogprobs, "], got ", *p.prompt_logprobs));
+  }
   for (int32_t id : p.stop_token_ids) {
     if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
       return Bad("stop_token_ids", absl::StrCat("token id ", id, " is outside the vocabulary"));

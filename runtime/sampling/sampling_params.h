@@ -41,6 +41,10 @@ struct SamplingParams {
   // Top-N logprobs (N <= 20) of the log-softmax of the raw logits, besides the sampled
   // token's own logprob. Unset: none reported.
   std::optional<int> logprobs;
+  // vLLM's prompt_logprobs: every prompt token after the first scored against the logits of the
+  // position before it (raw log-softmax, rank) with the top N (N <= 20) there. The engine then
+  // computes every prompt position (no prefix-cache hit for the request). Unset: none.
+  std::optional<int> prompt_logprobs;
   bool skip_special_tokens = true;  // for the detokenized text
   // vLLM's min_tokens: while fewer than this many tokens were generated (resumed output
   // included), EOS and stop_token_ids cannot be sampled (their logits are -inf) and stop strings

@@ -25,11 +25,12 @@ int64_t Scheduler::WaitingPromptTokens() const {
   return total;
 }
 
-void Scheduler::Add(int64_t id, std::vector<int32_t> prompt, int priority) {
+void Scheduler::Add(int64_t id, std::vector<int32_t> prompt, int priority, bool skip_prefix_cache) {
   CHECK(!prompt.empty());
   Sequence seq;
   seq.id = id;
   seq.priority = priority;
+  seq.skip_prefix_cache = skip_prefix_cache;
   seq.num_prompt_tokens = static_cast<int>(prompt.size());
   seq.tokens = std::move(prompt);
   CHECK(seqs_.emplace(id, std::move(seq)).second) << "duplicate sequence id " << id;
@@ -230,7 +231,8 @@ SchedulerStep Scheduler::Schedule() {
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     const int64_t id = waiting_.front();
     Sequence& seq = Mutable(id);
-    const PrefixMatch match = kv_.FindCachedPrefix(seq.tokens);
+    const PrefixMatch match =
+        seq.skip_prefix_cache ? PrefixMatch{} : kv_.FindCachedPrefix(seq.tokens);
     const int cached = match.num_tokens(config_.block_size);
     const int n = std::min({static_cast<int>(seq.tokens.size()) - cached, budget, cap});
     if (!kv_.CanAllocate(id, &match, cached + n)) break;

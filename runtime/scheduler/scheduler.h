@@ -78,7 +78,8 @@ struct Sequence {
   int num_computed = 0;               // tokens whose KV is in the cache
   int num_cached_prompt_tokens = -1;  // prefix-cache hit at first admission; -1 before it
   int num_preemptions = 0;
-  int priority = 0;  // lower is more urgent (vLLM's convention)
+  int priority = 0;                // lower is more urgent (vLLM's convention)
+  bool skip_prefix_cache = false;  // never reuses cached blocks (every position is computed)
   SequenceState state = SequenceState::kWaiting;
   bool running() const { return state == SequenceState::kRunning; }
   int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
@@ -114,7 +115,10 @@ class Scheduler {
 
   // Queues a new sequence behind every waiting one of the same or a lower `priority` value (lower
   // is more urgent; all 0: FCFS). `id` must be new; `prompt` non-empty.
-  void Add(int64_t id, std::vector<int32_t> prompt, int priority = 0);
+  // `skip_prefix_cache`: the sequence computes every position (prompt logprobs need each one's
+  // logits); its blocks still enter the prefix cache for others.
+  void Add(int64_t id, std::vector<int32_t> prompt, int priority = 0,
+           bool skip_prefix_cache = false);
   // Removes a sequence in any state and frees its blocks. Returns false for unknown ids.
   bool Abort(int64_t id);
 

@@ -8,7 +8,9 @@ implementation of the HF Llama / Qwen2 modeling code (rotate_half RoPE, llama3 r
 repeat_kv GQA, q/k/v biases for Qwen2, tied embeddings). Nothing here reads Tandem's code.
 
 Usage: /usr/bin/python3 make_reference.py --out DIR
-Result: DIR/<model>/{config.json, model.safetensors, tokenizer.json, reference.json}
+Result: DIR/<model>/{config.json, model.safetensors, tokenizer.json, reference.json}; each
+prompt's reference also holds the log-softmax over the vocabulary at each prompt position but
+the last (for prompt logprobs).
 """
 
 import argparse
@@ -320,8 +322,12 @@ def build(out_dir, name, spec):
                 raise SystemExit(f"{name}/{pname}: degenerate greedy output {ids}")
             if gap < 1e-3:
                 raise SystemExit(f"{name}/{pname}: near-tie in greedy argmax (gap {gap})")
+            # Prompt logprobs: the log-softmax at every position but the last, whose row scores
+            # the next prompt token (vLLM's prompt_logprobs).
+            prompt_lsm = torch.log_softmax(forward(cfg, w, prompt)[:-1].double(), dim=-1)
             results.append({"name": pname, "prompt_ids": prompt, "greedy_ids": ids,
-                            "logits": logits, "min_top2_gap": gap, "distinct_ids": distinct})
+                            "logits": logits, "min_top2_gap": gap, "distinct_ids": distinct,
+                            "prompt_log_softmax": prompt_lsm.tolist()})
     # BOS/EOS ids that never occur in any prompt or continuation, so a generate tool that stops at
     # EOS produces the full 32 tokens.
     used = set()

@@ -1,6 +1,7 @@
 // The CPU model runner against an independent PyTorch implementation (make_reference.py): greedy
 // ids and last-position logits at each of 32 steps, for a tied-embedding GQA Llama with llama3
-// RoPE scaling and a Qwen2 with biases. Runs on model directories the python generator wrote
+// RoPE scaling and a Qwen2 with biases; and the engine's prompt logprobs against the log-softmax
+// at every prompt position. Runs on model directories the python generator wrote
 // (ctest fixture torch_reference; TANDEM_TORCH_REFERENCE_DIR points at them), loading them through
 // the real loader: LoadModelConfig, TensorStore, LoadCpuWeights, CreateCpuModelRunner.
 
@@ -15,6 +16,8 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/engine_test_util.h"
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/model/cpu_model_runner.h"
 #include "runtime/model/model_config.h"
@@ -31,6 +34,8 @@ struct PromptRef {
   std::vector<int32_t> prompt;
   std::vector<int32_t> greedy;             // [steps]
   std::vector<std::vector<float>> logits;  // [steps][vocab]
+  // [prompt length - 1][vocab]: log-softmax at each position but the last.
+  std::vector<std::vector<double>> prompt_log_softmax;
 };
 
 struct ModelRef {
@@ -65,6 +70,7 @@ ModelRef LoadReference(const std::string& model) {
     pr.prompt = p.at("prompt_ids").get<std::vector<int32_t>>();
     pr.greedy = p.at("greedy_ids").get<std::vector<int32_t>>();
     pr.logits = p.at("logits").get<std::vector<std::vector<float>>>();
+    pr.prompt_log_softmax = p.at("prompt_log_softmax").get<std::vector<std::vector<double>>>();
     ref.prompts.push_back(std::move(pr));
   }
   ref.shared_first = j.at("shared_prefix").at("first").get<std::string>();
@@ -268,6 +274,72 @@ TEST_P(TorchReferenceTest, PrefixCacheHitReusesBlocksAndMatchesTorch) {
   sb.prefill_chunks = {5};  // part of the unshared tail, then the rest
   std::vector<Sequence> both = {sa, sb};
   ASSERT_NO_FATAL_FAILURE(RunTogether(*runner, both, {0, 0}));
+}
+
+// prompt_logprobs through the Engine: prompts prefilled in chunks of at most 7 tokens beside
+// each other, one of them sharing a cached prefix it must not reuse (its positions need logits).
+// Each prompt token after the first: logprob and rank against torch's log-softmax at the position
+// before it; the top 3 against torch's values for the same ids, in descending order.
+TEST_P(TorchReferenceTest, EnginePromptLogprobsMatchTorch) {
+  constexpr int kTop = 3;
+  std::unique_ptr<ModelRunner> runner = LoadRunner(ref_.dir, 4, 256);
+  ASSERT_NE(runner, nullptr);
+  EngineOptions options;
+  options.max_num_batched_tokens = 7;
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(std::move(runner), nullptr, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  OutputCollector collector;
+  const auto submit = [&](const PromptRef& p, std::optional<int> prompt_logprobs) {
+    GenerateRequest r;
+    r.request_id = p.name + (prompt_logprobs.has_value() ? "+lp" : "");
+    r.prompt_token_ids = p.prompt;
+    r.params.max_tokens = 2;
+    r.params.temperature = 0.0f;
+    r.params.prompt_logprobs = prompt_logprobs;
+    r.on_output = collector.Callback();
+    ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+  };
+  // The shared prefix enters the prefix cache first.
+  ASSERT_NO_FATAL_FAILURE(submit(ref_.Get(ref_.shared_first), std::nullopt));
+  ASSERT_TRUE(collector.WaitFinished(1));
+  for (const PromptRef& p : ref_.prompts) ASSERT_NO_FATAL_FAILURE(submit(p, kTop));
+  ASSERT_TRUE(collector.WaitFinished(1 + static_cast<int>(ref_.prompts.size())));
+  double max_error = 0;
+  for (const PromptRef& p : ref_.prompts) {
+    SCOPED_TRACE(p.name);
+    const OutputCollector::Result got = collector.Get(p.name + "+lp");
+    ASSERT_EQ(got.finish, FinishReason::kLength) << got.error;
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(p.greedy.begin(), p.greedy.begin() + 2));
+    EXPECT_EQ(got.outputs_with_prompt_logprobs, 1);
+    EXPECT_EQ(got.usage.cached_prompt_tokens, 0);
+    ASSERT_EQ(got.prompt_logprobs.size(), p.prompt.size() - 1);
+    ASSERT_EQ(p.prompt_log_softmax.size(), p.prompt.size() - 1);
+    for (size_t i = 0; i + 1 < p.prompt.size(); ++i) {
+      const std::vector<double>& want = p.prompt_log_softmax[i];
+      const ScoredToken& s = got.prompt_logprobs[i];
+      ASSERT_EQ(s.token, p.prompt[i + 1]) << "position " << i;
+      const double lp = want[static_cast<size_t>(s.token)];
+      max_error = std::max(max_error, std::abs(s.logprob - lp));
+      EXPECT_NEAR(s.logprob, lp, kLogitTolerance) << "position " << i;
+      // Rank by torch, counting only clear winners (no near-ties in this random model).
+      const int above = static_cast<int>(std::count_if(
+          want.begin(), want.end(), [&](double x) { return x > lp + kLogitTolerance; }));
+      const int tied = static_cast<int>(std::count_if(
+          want.begin(), want.end(), [&](double x) { return std::abs(x - lp) <= kLogitTolerance; }));
+      EXPECT_GE(s.rank, above + 1) << "position " << i;
+      EXPECT_LE(s.rank, above + tied) << "position " << i;
+      ASSERT_EQ(s.top.size(), static_cast<size_t>(kTop));
+      std::vector<double> sorted = want;
+      std::sort(sorted.rbegin(), sorted.rend());
+      for (int k = 0; k < kTop; ++k) {
+        EXPECT_NEAR(s.top[k].logprob, want[static_cast<size_t>(s.top[k].token)], kLogitTolerance);
+        EXPECT_NEAR(s.top[k].logprob, sorted[static_cast<size_t>(k)], kLogitTolerance);
+      }
+    }
+  }
+  std::printf("max |prompt logprob - torch| = %.3g\n", max_error);
+  (*engine)->Shutdown(absl::Seconds(5));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchReferenceTest,
