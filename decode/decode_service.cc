@@ -229,7 +229,11 @@ void DecodeService::GenerateCall::Begin() {
   }
   last_output_ = arrival_;
   // A resumed (migrated) request samples its first token here, at its seed position.
-  prefill_worker_ = request_->resumed_output_tokens() > 0 ? "" : request_->prefill_worker();
+  // So does a request scoring its prompt: the engine that emits the first token scores it.
+  prefill_worker_ =
+      request_->resumed_output_tokens() > 0 || request_->sampling().has_prompt_logprobs()
+          ? ""
+          : request_->prefill_worker();
   if (prefill_worker_.empty()) return Submit(std::nullopt);
   auto paired = service_->PairWith(prefill_worker_, shared_from_this());
   if (Pairing* pairing = std::get_if<Pairing>(&paired)) return Submit(*pairing);
@@ -442,6 +446,9 @@ void DecodeService::GenerateCall::HandleOutput(GenerationOutput& out, absl::Time
     for (const TokenLogprobs& lp : out.logprobs) {
       server::TokenLogprobsToProto(lp, response.add_logprobs());
     }
+  }
+  for (const ScoredToken& scored : out.prompt_logprobs) {
+    server::ScoredTokenToProto(scored, response.add_prompt_logprobs());
   }
   response.set_text(out.text);
   server::UsageToProto(out.usage, response.mutable_usage());

@@ -24,7 +24,9 @@ constexpr ApiField kFields[] = {
     {"n", B, I, "1 to 128 choices"},
     {"best_of", B, N, "accepted when equal to `n` (then it changes nothing); other values are 400"},
     {"priority", B, I, "vLLM: lower is scheduled first; any 32-bit integer"},
-    {"echo", C, I, "the prompt text before the completion"},
+    {"echo", C, I,
+     "the prompt text before the completion; with `logprobs`, the prompt's tokens lead the "
+     "logprobs (the first one null)"},
     // ---- Length ----
     {"max_tokens", B, I, "completions default 16; chat default: up to the context limit"},
     {"max_completion_tokens", H, I, "wins over `max_tokens`"},
@@ -55,7 +57,10 @@ constexpr ApiField kFields[] = {
     {"skip_special_tokens", B, I, "vLLM: special tokens left out of the text (default true)"},
     {"spaces_between_special_tokens", B, R,
      "vLLM; `true` (what the detokenizer does) is accepted, `false` is 400"},
-    {"prompt_logprobs", B, R, "vLLM: prompt logprobs are not computed yet"},
+    {"prompt_logprobs", B, I,
+     "vLLM: 0 to 20; each prompt token after the first with logprob, rank and alternatives "
+     "(completions: per choice; chat: top level); not with `stream`; such requests are prefilled "
+     "on the decode worker and skip the prefix cache"},
     {"return_tokens_as_token_ids", B, R, "vLLM"},
     {"return_token_ids", B, R, "vLLM"},
     // ---- Prompt handling ----

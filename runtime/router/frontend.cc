@@ -347,6 +347,9 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         stream_(req.stream),
         include_usage_(req.include_usage),
         echo_(req.echo),
+        logprobs_(req.logprobs),
+        prompt_logprobs_(req.prompt_logprobs),
+        scores_prompt_(req.params.prompt_logprobs.has_value()),
         tool_choice_(req.tools.choice),
         meta_(std::move(meta)),
         endpoint_label_(std::move(endpoint_label)),
@@ -399,7 +402,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
         --remaining_;
         if (!finished_) to_cancel = FailLocked(event.status());
       } else {
-        HandleChunkLocked(i, *std::move(event));
+        HandleChunkLocked(i, *std::move(event), &to_cancel);
       }
       if (c.done && !finished_ && next_choice_ < static_cast<int>(choices_.size())) {
         start = next_choice_++;
@@ -451,6 +454,8 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     int text_chars = 0;  // code points of `text` (completions text_offset)
     bool started = false;
     bool done = false;
+    bool prompt_scored = false;  // the prompt's logprobs arrived (when it is scored)
+    PromptLogprobs prompt_logprobs;
     BackendUsage usage;
     int tokens = 0;
     absl::Time last_token;
@@ -458,10 +463,75 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     std::vector<ToolCall> tool_calls;
   };
 
-  void HandleChunkLocked(int i, BackendChunk chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The prompt's scores from the first chunk with a token: vLLM's prompt_logprobs, and echo's
+  // leading logprob entries. False (nothing kept) when they do not describe this prompt.
+  bool TakePromptScoresLocked(int i, const BackendChunk& chunk,
+                              std::vector<LogprobEntry>* echo_entries)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[i];
+    const std::vector<int32_t>& prompt = prompts_[i / n_].token_ids;
+    const std::vector<BackendTokenLogprobs>& scored = chunk.prompt_logprobs;
+    if (prompt.empty() || scored.size() != prompt.size() - 1) return false;
+    for (size_t k = 0; k < scored.size(); ++k) {
+      if (scored[k].token_id != prompt[k + 1]) return false;
+    }
+    c.prompt_scored = true;
+    const Tokenizer& tok = *core_->model.tokenizer;
+    const auto text = [&](int32_t id) {
+      return tok.Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+    };
+    if (prompt_logprobs_.has_value()) {
+      const size_t top = static_cast<size_t>(*prompt_logprobs_);
+      c.prompt_logprobs.assign(1, std::nullopt);
+      for (const BackendTokenLogprobs& lp : scored) {
+        std::vector<PromptLogprobToken> position = {
+            {lp.token_id, lp.logprob, lp.rank, text(lp.token_id)}};
+        for (size_t t = 0; t < std::min(top, lp.top.size()); ++t) {
+          const BackendTopLogprob& alt = lp.top[t];
+          if (alt.token_id == lp.token_id) continue;
+          position.push_back(
+              {alt.token_id, alt.logprob, static_cast<int>(t) + 1, text(alt.token_id)});
+        }
+        c.prompt_logprobs.push_back(std::move(position));
+      }
+    }
+    if (echo_ && logprobs_.has_value()) {
+      const size_t top = static_cast<size_t>(*logprobs_);
+      LogprobEntry first;
+      first.token = text(prompt[0]);
+      first.null = true;
+      echo_entries->push_back(std::move(first));
+      for (const BackendTokenLogprobs& lp : scored) {
+        LogprobEntry e;
+        e.token = text(lp.token_id);
+        e.logprob = lp.logprob;
+        for (size_t t = 0; t < std::min(top, lp.top.size()); ++t) {
+          e.top.push_back({text(lp.top[t].token_id), lp.top[t].logprob});
+        }
+        echo_entries->push_back(std::move(e));
+      }
+    }
+    return true;
+  }
+
+  // `to_cancel`: the backend requests to cancel once the lock is released (the request failed).
+  void HandleChunkLocked(int i, BackendChunk chunk, std::vector<std::string>* to_cancel)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[i];
     const absl::Time now = absl::Now();
     const bool has_tokens = !chunk.token_ids.empty();
+    std::vector<LogprobEntry> echo_entries;
+    if (scores_prompt_ && has_tokens && !c.prompt_scored &&
+        !TakePromptScoresLocked(i, chunk, &echo_entries)) {
+      // A worker that does not score the prompt, or scores another one: nothing is made up.
+      c.done = true;
+      --remaining_;
+      if (!finished_) {
+        *to_cancel = FailLocked(
+            absl::InternalError("the decode worker's prompt logprobs do not match the prompt"));
+      }
+      return;
+    }
     if (has_tokens) {
       const bool first = !first_token_seen_;
       if (first) first_token_at_ = now;
@@ -504,11 +574,20 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
       }
     }
     // Offsets follow the tokens' texts (which may differ from `text` at UTF-8 boundaries).
-    int offset = c.text_chars;
+    int offset = 0;
+    for (LogprobEntry& e : echo_entries) {
+      e.text_offset = offset;
+      offset += CodePoints(e.token);
+    }
+    offset = c.text_chars;
     if (echo_ && !c.started) offset += CodePoints(prompt_text);
     for (LogprobEntry& e : entries) {
       e.text_offset = offset;
       offset += CodePoints(e.token);
+    }
+    if (!echo_entries.empty()) {
+      entries.insert(entries.begin(), std::make_move_iterator(echo_entries.begin()),
+                     std::make_move_iterator(echo_entries.end()));
     }
     c.text_chars = entries.empty() ? c.text_chars + CodePoints(text) : offset;
     std::vector<ToolCallDelta> calls;
@@ -551,6 +630,7 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
           r.tool_calls = std::move(choices_[k].tool_calls);
           r.content_null = r.text.empty() && !r.tool_calls.empty();
           r.logprobs = std::move(choices_[k].logprobs);
+          r.prompt_logprobs = std::move(choices_[k].prompt_logprobs);
           r.finish_reason = choices_[k].finish_reason;
           results.push_back(std::move(r));
         }
@@ -704,6 +784,9 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
   const bool stream_;
   const bool include_usage_;
   const bool echo_;
+  const std::optional<int> logprobs_;         // the client's `logprobs` (alternatives)
+  const std::optional<int> prompt_logprobs_;  // the client's `prompt_logprobs`
+  const bool scores_prompt_;                  // params.prompt_logprobs: the workers score it
   const ToolChoice tool_choice_;
   const ResponseMeta meta_;
   const std::string endpoint_label_;
@@ -970,6 +1053,7 @@ void RouterFrontend::Core::HandleGenerate(Endpoint endpoint, const HttpRequest& 
   meta.created = absl::ToUnixSeconds(absl::Now());
   meta.model = options.served_model_name;
   meta.logprobs = req.logprobs.has_value();
+  meta.prompt_logprobs = req.prompt_logprobs.has_value();
   auto state = std::make_shared<RequestState>(shared_from_this(), exchange, req, std::move(meta),
                                               label, *std::move(prompts), client_id, arrival);
   exchange->SetCloseHandler([weak = std::weak_ptr<RequestState>(state)] {

@@ -43,6 +43,7 @@ int32_t FakeGenerationBackend::TokenAt(uint64_t seed, int position) {
 float FakeGenerationBackend::LogprobAt(int position) { return -0.125f * (position + 1); }
 int32_t FakeGenerationBackend::AlternativeToken(int rank) { return 'A' + rank; }
 float FakeGenerationBackend::AlternativeLogprob(int rank) { return -0.5f * (rank + 1); }
+float FakeGenerationBackend::PromptLogprobAt(int position) { return -0.25f * position; }
 
 void FakeGenerationBackend::Generate(BackendRequest request, BackendEventCallback on_event) {
   absl::MutexLock lock(&mu_);
@@ -104,6 +105,19 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
     }
     c.usage = usage(j + 1);
     if (j == 0) c.ttft = TtftParts{1000, 2000, 3000, 4000};
+    if (j == 0 && request.params.prompt_logprobs.has_value()) {
+      const std::vector<int32_t>& prompt = request.prompt_token_ids;
+      const size_t scored = prompt.size() - (b.misscore_prompt ? 0 : 1);
+      for (size_t k = 1; k <= scored; ++k) {
+        const int position = static_cast<int>(k);
+        BackendTokenLogprobs lp{k < prompt.size() ? prompt[k] : 0, PromptLogprobAt(position), {},
+                                position};
+        for (int t = 0; t < *request.params.prompt_logprobs; ++t) {
+          lp.top.push_back({AlternativeToken(t), AlternativeLogprob(t)});
+        }
+        c.prompt_logprobs.push_back(std::move(lp));
+      }
+    }
     const bool last = j + 1 >= limit;
     if (last) {
       c.finish_reason = limit_reason;

@@ -9,7 +9,9 @@
 // -0.125 * (j + 1); alternative t (t < params.logprobs) is token 'A' + t with -0.5 * (t + 1).
 // A request ends after max_tokens tokens (finish "length"), or after `default_tokens` when
 // max_tokens is unset (finish "stop"), or "abort" once cancelled. With `script` set, the tokens
-// are that text's bytes instead.
+// are that text's bytes instead. Prompt logprobs (params.prompt_logprobs): on the first token's
+// chunk, prompt token k (k >= 1) with PromptLogprobAt(k), rank k, and the same alternatives.
+// `misscore_prompt` scores a prompt that is one token off (a broken worker).
 //
 // Thread-safety: all methods are thread-safe. The destructor cancels and joins every request
 // thread; callbacks never run after it returns.
@@ -40,6 +42,7 @@ struct FakeBackendBehavior {
   // Non-empty: every request emits these bytes, one token each, then finishes "stop" (the
   // seeded letters and max_tokens no longer apply), so a test can script the model's text.
   std::string script;
+  bool misscore_prompt = false;
 };
 
 class FakeGenerationBackend : public GenerationBackend {
@@ -67,6 +70,7 @@ class FakeGenerationBackend : public GenerationBackend {
   static float LogprobAt(int position);
   static int32_t AlternativeToken(int rank);
   static float AlternativeLogprob(int rank);
+  static float PromptLogprobAt(int position);
 
  private:
   struct Running {

@@ -250,8 +250,10 @@ std::vector<BadCase> BadCases() {
       {"stream type", "POST", kC, c({{"stream", "yes"}}), 400, bad, "stream", ""},
       {"stream_options without stream", "POST", kChat,
        ch({{"stream_options", {{"include_usage", true}}}}), 400, bad, "stream_options", ""},
-      {"echo with logprobs", "POST", kC, c({{"echo", true}, {"logprobs", 1}}), 400, bad, "echo",
-       ""},
+      {"prompt_logprobs streamed", "POST", kC,
+       c({{"prompt_logprobs", 1}, {"stream", true}}), 400, bad, "prompt_logprobs", ""},
+      {"prompt_logprobs over 20", "POST", kChat, ch({{"prompt_logprobs", 21}}), 400, bad,
+       "prompt_logprobs", ""},
       {"ignore_eos type", "POST", kC, c({{"ignore_eos", "yes"}}), 400, bad, "ignore_eos", ""},
       {"tools", "POST", kChat, ch({{"tools", {{{"type", "function"}}}}}), 400, bad,
        "tools[0].function", ""},
@@ -827,6 +829,85 @@ TEST_F(FrontendTest, EchoPrependsPrompt) {
     if (!e.is_string()) text += e["choices"][0]["text"].get<std::string>();
   }
   EXPECT_EQ(text, "helloab");
+}
+
+// OpenAI's echo with logprobs: the prompt's tokens lead the logprobs, the first with nulls, the
+// rest with the worker's prompt scores (fake backend: -0.25 * position) and `logprobs`
+// alternatives; then the completion's. Streamed, the first chunk carries the prompt's.
+TEST_F(FrontendTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
+  auto r = Post("/v1/completions",
+                CompletionBody({{"max_tokens", 2}, {"echo", true}, {"logprobs", 1}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = Json(r)["choices"][0];
+  EXPECT_EQ(choice["text"], "helloab");
+  const json lp = choice["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"h", "e", "l", "l", "o", "a", "b"}));
+  EXPECT_EQ(lp["token_logprobs"], json({nullptr, -0.25, -0.5, -0.75, -1.0, -0.125, -0.25}));
+  const json alt = {{"A", -0.5}};
+  EXPECT_EQ(lp["top_logprobs"], json::array({nullptr, alt, alt, alt, alt, alt, alt}));
+  EXPECT_EQ(lp["text_offset"], json({0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(choice.contains("prompt_logprobs"));
+  ASSERT_FALSE(backend_.requests().empty());
+  EXPECT_EQ(backend_.requests().back().params.prompt_logprobs, 1);
+
+  r = Post("/v1/completions", CompletionBody({{"max_tokens", 2},
+                                              {"echo", true},
+                                              {"logprobs", 1},
+                                              {"stream", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  json tokens = json::array(), values = json::array();
+  for (const json& e : Events(r)) {
+    if (e.is_string()) continue;
+    const json& l = e["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const json& t : l["tokens"]) tokens.push_back(t);
+    for (const json& v : l["token_logprobs"]) values.push_back(v);
+  }
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(values, lp["token_logprobs"]);
+}
+
+// vLLM's prompt_logprobs: per choice on completions (batched prompts each their own), at the top
+// level on chat; {token id: {logprob, rank, decoded_token}}, the prompt token first.
+TEST_F(FrontendTest, PromptLogprobsShapes) {
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 1},
+                                                   {"prompt", {"hello", "hi"}},
+                                                   {"prompt_logprobs", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choices = Json(r)["choices"];
+  ASSERT_EQ(choices.size(), 2u);
+  const json& first = choices[0]["prompt_logprobs"];
+  ASSERT_EQ(first.size(), 5u);
+  EXPECT_TRUE(first[0].is_null());
+  EXPECT_EQ(first[1], json({{"101", {{"logprob", -0.25}, {"rank", 1}, {"decoded_token", "e"}}},
+                            {"65", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", "A"}}},
+                            {"66", {{"logprob", -1.0}, {"rank", 2}, {"decoded_token", "B"}}}}));
+  EXPECT_EQ(first[4]["111"]["logprob"], -1.0);
+  EXPECT_EQ(first[4]["111"]["rank"], 4);
+  ASSERT_EQ(choices[1]["prompt_logprobs"].size(), 2u);
+  EXPECT_EQ(choices[1]["prompt_logprobs"][1]["105"]["decoded_token"], "i");
+  EXPECT_TRUE(choices[0]["logprobs"].is_null());
+
+  r = Post("/v1/chat/completions", ChatBody({{"max_tokens", 1}, {"prompt_logprobs", 0}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json body = Json(r);
+  ASSERT_TRUE(body["prompt_logprobs"].is_array()) << body.dump();
+  EXPECT_TRUE(body["prompt_logprobs"][0].is_null());
+  ASSERT_GE(body["prompt_logprobs"].size(), 2u);
+  EXPECT_EQ(body["prompt_logprobs"][1].size(), 1u);  // the prompt token alone
+}
+
+// A worker whose prompt scores are not this prompt's fails the request (500), never passes them.
+TEST_F(FrontendTest, PromptLogprobsThatDoNotMatchThePromptFailTheRequest) {
+  FakeBackendBehavior b;
+  b.misscore_prompt = true;
+  backend_.set_behavior(b);
+  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 2}, {"prompt_logprobs", 1}}));
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(),
+              ::testing::HasSubstr("prompt logprobs do not match"));
+  r = Post("/v1/completions", CompletionBody({{"max_tokens", 2}}));
+  EXPECT_EQ(r.status, 200);
 }
 
 TEST_F(FrontendTest, SamplingParametersReachTheBackend) {

@@ -31,6 +31,7 @@ struct BackendTokenLogprobs {
   int32_t token_id = 0;
   float logprob = 0.0f;
   std::vector<BackendTopLogprob> top;
+  int rank = 0;  // prompt logprobs: 1 + tokens with a higher logprob; 0 for sampled tokens
 };
 
 struct BackendUsage {
@@ -62,6 +63,9 @@ struct BackendChunk {
   std::optional<std::string> finish_reason;    // "stop" | "length" | "abort" on the final chunk
   BackendUsage usage;                          // running totals
   std::optional<TtftParts> ttft;               // on the first chunk carrying a token
+  // params.prompt_logprobs: on the first chunk carrying a token, prompt tokens 1..n-1 (n - 1
+  // entries), each scored against the logits before it.
+  std::vector<BackendTokenLogprobs> prompt_logprobs = {};
 };
 
 using BackendEventCallback = std::function<void(absl::StatusOr<BackendChunk>)>;

@@ -27,6 +27,11 @@ BackendChunk ChunkFromProto(const v1::GenerateResponse& r) {
     for (const v1::TopLogprob& top : lp.top()) out.top.push_back({top.token_id(), top.logprob()});
     chunk.logprobs.push_back(std::move(out));
   }
+  for (const v1::TokenLogprobs& lp : r.prompt_logprobs()) {
+    BackendTokenLogprobs out{lp.token_id(), lp.logprob(), {}, lp.rank()};
+    for (const v1::TopLogprob& top : lp.top()) out.top.push_back({top.token_id(), top.logprob()});
+    chunk.prompt_logprobs.push_back(std::move(out));
+  }
   chunk.text = r.text();
   if (!r.finish_reason().empty()) chunk.finish_reason = r.finish_reason();
   chunk.usage.prompt_tokens = r.usage().prompt_tokens();
@@ -441,8 +446,10 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
   }
   stream->tried.insert(decode->address());
   const int decode_cached = workers[index].cached_prefix_tokens;
-  // A migrated attempt samples its next token on D (at its seed position): no prefill worker.
-  const std::string prefill = stream->force_local || stream->migrated_tokens > 0
+  // A migrated attempt samples its next token on D (at its seed position), and a request scoring
+  // its prompt is prefilled where its first token is sampled: no prefill worker.
+  const std::string prefill = stream->force_local || stream->migrated_tokens > 0 ||
+                                      request.params.prompt_logprobs.has_value()
                                   ? std::string()
                                   : ChoosePrefill(prompt, decode_cached);
   if (options_.policy == RoutingPolicy::kKvAware) {
@@ -470,6 +477,7 @@ void GrpcGenerationBackend::StartAttempt(const std::shared_ptr<Stream>& stream) 
     // Continue where the client is: its tokens so far joined the prompt, as resumed output.
     proto.set_resumed_output_tokens(stream->migrated_tokens);
     proto.set_resumed_text_bytes(stream->migrated_text_bytes);
+    params.prompt_logprobs.reset();  // they went out with the first token
     if (params.max_tokens.has_value()) {
       params.max_tokens = std::max(1, *params.max_tokens - stream->migrated_tokens);
     }

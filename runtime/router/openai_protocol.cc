@@ -258,7 +258,18 @@ absl::Status ParseCommon(const json& j, absl::string_view body, OpenAiRequest* r
     }
   }
 
+  if (absl::Status s =
+          GetIntInRange(j, "prompt_logprobs", 0, kMaxLogprobs, &r->prompt_logprobs);
+      !s.ok()) {
+    return s;
+  }
+  if (r->prompt_logprobs.has_value() && r->stream) {
+    return InvalidParam("prompt_logprobs",
+                        "'prompt_logprobs' is not available when 'stream' is true (as in vLLM)");
+  }
+
   SamplingParams& p = r->params;
+  p.prompt_logprobs = r->prompt_logprobs;
   if (absl::Status s = GetFloatInRange(j, "temperature", 0, 2, false, &p.temperature); !s.ok()) {
     return s;
   }
@@ -553,6 +564,12 @@ json LogprobsCompletionJson(const std::vector<LogprobEntry>& entries) {
        offsets = json::array();
   for (const LogprobEntry& e : entries) {
     tokens.push_back(e.token);
+    offsets.push_back(e.text_offset);
+    if (e.null) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(e.logprob);
     json alts = json::object();
     for (const LogprobAlternative& t : e.top) {
@@ -562,7 +579,6 @@ json LogprobsCompletionJson(const std::vector<LogprobEntry>& entries) {
       }
     }
     top.push_back(alts);
-    offsets.push_back(e.text_offset);
   }
   return json{{"tokens", tokens},
               {"token_logprobs", token_logprobs},
@@ -574,6 +590,23 @@ json LogprobsJson(const ResponseMeta& meta, const std::vector<LogprobEntry>& ent
   if (!meta.logprobs) return nullptr;
   return meta.endpoint == Endpoint::kChatCompletions ? LogprobsChatJson(entries)
                                                      : LogprobsCompletionJson(entries);
+}
+
+json PromptLogprobsJson(const PromptLogprobs& positions) {
+  json out = json::array();
+  for (const auto& position : positions) {
+    if (!position.has_value()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    json tokens = json::object();
+    for (const PromptLogprobToken& t : *position) {
+      tokens[absl::StrCat(t.token_id)] = {
+          {"logprob", t.logprob}, {"rank", t.rank}, {"decoded_token", t.decoded}};
+    }
+    out.push_back(std::move(tokens));
+  }
+  return out;
 }
 
 json UsageJson(const Usage& u) {
@@ -677,10 +710,11 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(absl::string_view body) {
     return s;
   }
   r.logprobs = logprobs;
-  if (r.echo && r.logprobs.has_value()) {
-    return InvalidParam("echo", "'echo' together with 'logprobs' is not supported");
-  }
   r.params.logprobs = r.logprobs;
+  if (r.echo && r.logprobs.has_value()) {
+    // The prompt's tokens lead the logprobs: the engine scores them with as many alternatives.
+    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.logprobs);
+  }
   r.default_max_tokens = kDefaultCompletionMaxTokens;
   return r;
 }
@@ -871,6 +905,8 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
          {"max_tokens", opt(p.max_tokens)},
          {"ignore_eos", p.ignore_eos},
          {"params.logprobs", opt(p.logprobs)},
+         {"prompt_logprobs", opt(r.prompt_logprobs)},
+         {"params.prompt_logprobs", opt(p.prompt_logprobs)},
          {"skip_special_tokens", p.skip_special_tokens},
          {"min_tokens", p.min_tokens},
          {"logit_bias", bias},
@@ -904,10 +940,15 @@ std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResul
       choice["message"] = std::move(message);
     } else {
       choice["text"] = c.text;
+      if (meta.prompt_logprobs) choice["prompt_logprobs"] = PromptLogprobsJson(c.prompt_logprobs);
     }
     arr.push_back(std::move(choice));
   }
   j["choices"] = std::move(arr);
+  if (meta.prompt_logprobs && meta.endpoint == Endpoint::kChatCompletions) {
+    j["prompt_logprobs"] =
+        choices.empty() ? json(nullptr) : PromptLogprobsJson(choices.front().prompt_logprobs);
+  }
   j["usage"] = UsageJson(usage);
   return Dump(j);
 }

@@ -16,8 +16,11 @@
 // - `n` in [1, 128]; `logprobs` (completions) and `top_logprobs` (chat) in [0, 20].
 // - Completions: `prompt` is a string, a list of token ids, or a list of strings / token-id lists
 //   (batched: at most kMaxBatchedPrompts, n choices each). `max_tokens` defaults to 16 as in
-//   OpenAI (clamped to the context left); `echo` with `logprobs` is rejected (prompt logprobs are
-//   not computed).
+//   OpenAI (clamped to the context left). `echo` with `logprobs: k` puts the prompt's tokens
+//   first in the logprobs (the first with null logprob and alternatives), scored with k
+//   alternatives (params.prompt_logprobs is at least k).
+// - vLLM's `prompt_logprobs` (0 to 20, both endpoints; not with `stream`, as in vLLM): every
+//   prompt token after the first with its logprob, rank and the top alternatives.
 // - Chat: `content` is a string, null, or a list of {"type": "text", "text"} parts (joined);
 //   other part types are rejected. `max_completion_tokens` wins over `max_tokens`.
 // - `logit_bias` keys are token ids written as strings (OpenAI's form); sorted by id here.
@@ -109,6 +112,8 @@ struct OpenAiRequest {
   // Logprobs requested (completions `logprobs: k`; chat `logprobs: true` with `top_logprobs: k`):
   // the number of alternatives per token. nullopt: none.
   std::optional<int> logprobs;
+  // vLLM's prompt_logprobs as given (params.prompt_logprobs may be larger: echo with logprobs).
+  std::optional<int> prompt_logprobs;
   // Sampling, with params.max_tokens as the client gave it (unset when omitted) and
   // params.logprobs == logprobs. The frontend adds the context limit.
   SamplingParams params;
@@ -163,7 +168,19 @@ struct LogprobEntry {
   float logprob = 0.0f;
   std::vector<LogprobAlternative> top;
   int text_offset = 0;  // completions: offset of the token in the choice's text
+  bool null = false;    // echo: the prompt's first token (null logprob and alternatives)
 };
+
+// vLLM's prompt_logprobs: one position's {"<token id>": {"logprob", "rank", "decoded_token"}},
+// the prompt token first, then the alternatives not already listed.
+struct PromptLogprobToken {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int rank = 0;
+  std::string decoded;
+};
+// Prompt position 0 is null; position i > 0 scores prompt token i.
+using PromptLogprobs = std::vector<std::optional<std::vector<PromptLogprobToken>>>;
 
 struct Usage {
   int prompt_tokens = 0;
@@ -177,6 +194,7 @@ struct ResponseMeta {
   int64_t created = 0;
   std::string model;
   bool logprobs = false;  // logprobs were requested (else `logprobs: null`)
+  bool prompt_logprobs = false;  // prompt_logprobs were requested (else absent)
 };
 
 struct ChoiceResult {
@@ -186,9 +204,11 @@ struct ChoiceResult {
   std::string finish_reason;
   bool content_null = false;  // chat: "content": null (a message of tool calls only)
   std::vector<ToolCall> tool_calls = {};
+  PromptLogprobs prompt_logprobs = {};  // meta.prompt_logprobs: the choice's prompt's
 };
 
-// The whole non-streaming response body.
+// The whole non-streaming response body. meta.prompt_logprobs: completions put each choice's
+// prompt_logprobs in the choice; chat puts the first choice's at the top level (vLLM's shapes).
 std::string ResponseJson(const ResponseMeta& meta, const std::vector<ChoiceResult>& choices,
                          const Usage& usage);
 

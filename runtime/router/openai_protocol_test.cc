@@ -257,7 +257,27 @@ TEST(OpenAiProtocolTest, OutOfRangeAndWrongTypesAre400WithParam) {
   json too_many = json::array();
   for (int i = 0; i <= kMaxStopStrings; ++i) too_many.push_back(absl::StrCat("s", i));
   EXPECT_EQ(CompletionError(Completion({{"stop", too_many}})).param, "stop");
-  EXPECT_EQ(CompletionError(Completion({{"echo", true}, {"logprobs", 1}})).param, "echo");
+  EXPECT_EQ(CompletionError(Completion({{"prompt_logprobs", -1}})).param, "prompt_logprobs");
+  EXPECT_EQ(CompletionError(Completion({{"prompt_logprobs", 2}, {"stream", true}})).param,
+            "prompt_logprobs");
+}
+
+// echo with logprobs scores the prompt with as many alternatives; prompt_logprobs keeps its own
+// count (the larger one is computed).
+TEST(OpenAiProtocolTest, EchoWithLogprobsScoresThePrompt) {
+  absl::StatusOr<OpenAiRequest> r =
+      ParseCompletionRequest(Completion({{"echo", true}, {"logprobs", 3}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params.prompt_logprobs, 3);
+  EXPECT_FALSE(r->prompt_logprobs.has_value());
+  r = ParseCompletionRequest(
+      Completion({{"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 4}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params.prompt_logprobs, 4);
+  EXPECT_EQ(r->prompt_logprobs, 4);
+  r = ParseCompletionRequest(Completion({{"echo", true}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->params.prompt_logprobs.has_value());
 }
 
 TEST(OpenAiProtocolTest, BoundaryValuesAreAccepted) {

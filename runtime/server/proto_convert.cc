@@ -1,5 +1,7 @@
 #include "runtime/server/proto_convert.h"
 
+#include <utility>
+
 namespace tandem::server {
 
 void TokenLogprobsToProto(const TokenLogprobs& logprobs, v1::TokenLogprobs* proto) {
@@ -21,6 +23,16 @@ TokenLogprobs TokenLogprobsFromProto(const v1::TokenLogprobs& proto) {
     logprobs.top.push_back(TokenLogprob{t.token_id(), t.logprob()});
   }
   return logprobs;
+}
+
+void ScoredTokenToProto(const ScoredToken& scored, v1::TokenLogprobs* proto) {
+  TokenLogprobsToProto(TokenLogprobs{scored.token, scored.logprob, scored.top}, proto);
+  proto->set_rank(scored.rank);
+}
+
+ScoredToken ScoredTokenFromProto(const v1::TokenLogprobs& proto) {
+  TokenLogprobs lp = TokenLogprobsFromProto(proto);
+  return ScoredToken{lp.token, lp.logprob, proto.rank(), std::move(lp.top)};
 }
 
 void UsageToProto(const Usage& usage, v1::Usage* proto) {

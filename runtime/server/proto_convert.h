@@ -15,6 +15,9 @@ namespace tandem::server {
 
 void TokenLogprobsToProto(const TokenLogprobs& logprobs, v1::TokenLogprobs* proto);
 TokenLogprobs TokenLogprobsFromProto(const v1::TokenLogprobs& proto);
+// A scored prompt token (rank included).
+void ScoredTokenToProto(const ScoredToken& scored, v1::TokenLogprobs* proto);
+ScoredToken ScoredTokenFromProto(const v1::TokenLogprobs& proto);
 
 void UsageToProto(const Usage& usage, v1::Usage* proto);
 

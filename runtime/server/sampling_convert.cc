@@ -18,6 +18,7 @@ SamplingParams SamplingParamsFromProto(const v1::SamplingParams& proto) {
   params.stop.assign(proto.stop().begin(), proto.stop().end());
   params.ignore_eos = proto.ignore_eos();
   if (proto.logprobs() != -1) params.logprobs = proto.logprobs();
+  if (proto.has_prompt_logprobs()) params.prompt_logprobs = proto.prompt_logprobs();
   params.skip_special_tokens = !proto.keep_special_tokens();
   params.min_tokens = proto.min_tokens();
   params.logit_bias.reserve(proto.logit_bias_size());
@@ -48,6 +49,7 @@ v1::SamplingParams SamplingParamsToProto(const SamplingParams& params) {
   for (const std::string& s : params.stop) proto.add_stop(s);
   proto.set_ignore_eos(params.ignore_eos);
   proto.set_logprobs(params.logprobs.value_or(-1));
+  if (params.prompt_logprobs.has_value()) proto.set_prompt_logprobs(*params.prompt_logprobs);
   proto.set_keep_special_tokens(!params.skip_special_tokens);
   proto.set_min_tokens(params.min_tokens);
   for (const auto& [id, bias] : params.logit_bias) {

@@ -388,6 +388,53 @@ test('tool calling: forced calls parse and validate, stream the same, and round-
   });
 });
 
+test('prompt_logprobs and echo with logprobs score the prompt as sampling scores tokens', async () => {
+  const text = 'The weather today';
+  const answers = await inBothModes(async (c, name) => {
+    const root = modes[name].baseURL.replace(/\/v1$/, '');
+    const tok = await (await fetch(`${root}/tokenize`, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: text }) })).json();
+    const ids = tok.tokens;
+    const gen = await complete(c, { prompt: ids, max_tokens: 1, logprobs: 1 });
+    // The prompt plus any token: its last entry is scored where `gen` sampled.
+    const scored = await complete(c, { prompt: [...ids, ids[0]], max_tokens: 1,
+                                       prompt_logprobs: 1, echo: true, logprobs: 1 });
+    return { ids, gen: gen.choices[0].logprobs, pl: scored.choices[0].prompt_logprobs,
+             echo: scored.choices[0].logprobs, cached: scored.usage.prompt_tokens_details };
+  });
+  const { ids, gen, pl, echo } = answers;
+  assert.equal(pl.length, ids.length + 1);
+  assert.equal(pl[0], null);
+  assert.equal(echo.token_logprobs[0], null);
+  assert.equal(echo.top_logprobs[0], null);
+  const prompt = [...ids, ids[0]];
+  for (let i = 1; i < prompt.length; ++i) {
+    const own = pl[i][String(prompt[i])];
+    assert.ok(own, `position ${i}: the prompt token ${prompt[i]} is scored`);
+    assert.ok(Number.isInteger(own.rank) && own.rank >= 1);
+    assert.ok(own.logprob <= 0);
+    // echo's entry for the same token is the same score.
+    assert.equal(echo.tokens[i], own.decoded_token);
+    assert.ok(Math.abs(echo.token_logprobs[i] - own.logprob) < 1e-6);
+    const best = Object.values(pl[i]).find((t) => t.rank === 1);
+    assert.ok(best, `position ${i} lists its most likely token`);
+    assert.ok(best.logprob >= own.logprob);
+  }
+  // At the last prompt position, the most likely token is what greedy sampling drew, with the
+  // logprob sampling reported (a prefill row against a decode step: within float error).
+  const last = Object.values(pl[ids.length]).find((t) => t.rank === 1);
+  assert.equal(last.decoded_token, gen.tokens[0]);
+  assert.ok(Math.abs(last.logprob - gen.token_logprobs[0]) < 1e-3,
+            `${last.logprob} vs ${gen.token_logprobs[0]}`);
+  // Streamed prompt_logprobs are refused, as in vLLM.
+  await inBothModes(async (c) => {
+    await assert.rejects(complete(c, { prompt: text, prompt_logprobs: 1, stream: true }),
+      (e) => e.status === 400 && e.error?.param === 'prompt_logprobs');
+    return true;
+  });
+});
+
 test('an unknown or unsupported field is a 400 naming it, never ignored', async () => {
   await inBothModes(async (_, name) => {
     const post = (body) => fetch(`${modes[name].baseURL}/chat/completions`, {
