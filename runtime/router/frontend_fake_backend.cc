@@ -110,8 +110,8 @@ void FakeGenerationBackend::Run(BackendRequest request, BackendEventCallback on_
       const size_t scored = prompt.size() - (b.misscore_prompt ? 0 : 1);
       for (size_t k = 1; k <= scored; ++k) {
         const int position = static_cast<int>(k);
-        BackendTokenLogprobs lp{k < prompt.size() ? prompt[k] : 0, PromptLogprobAt(position), {},
-                                position};
+        BackendTokenLogprobs lp{
+            k < prompt.size() ? prompt[k] : 0, PromptLogprobAt(position), {}, position};
         for (int t = 0; t < *request.params.prompt_logprobs; ++t) {
           lp.top.push_back({AlternativeToken(t), AlternativeLogprob(t)});
         }

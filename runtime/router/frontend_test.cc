@@ -250,8 +250,8 @@ std::vector<BadCase> BadCases() {
       {"stream type", "POST", kC, c({{"stream", "yes"}}), 400, bad, "stream", ""},
       {"stream_options without stream", "POST", kChat,
        ch({{"stream_options", {{"include_usage", true}}}}), 400, bad, "stream_options", ""},
-      {"prompt_logprobs streamed", "POST", kC,
-       c({{"prompt_logprobs", 1}, {"stream", true}}), 400, bad, "prompt_logprobs", ""},
+      {"prompt_logprobs streamed", "POST", kC, c({{"prompt_logprobs", 1}, {"stream", true}}), 400,
+       bad, "prompt_logprobs", ""},
       {"prompt_logprobs over 20", "POST", kChat, ch({{"prompt_logprobs", 21}}), 400, bad,
        "prompt_logprobs", ""},
       {"ignore_eos type", "POST", kC, c({{"ignore_eos", "yes"}}), 400, bad, "ignore_eos", ""},
@@ -835,8 +835,8 @@ TEST_F(FrontendTest, EchoPrependsPrompt) {
 // rest with the worker's prompt scores (fake backend: -0.25 * position) and `logprobs`
 // alternatives; then the completion's. Streamed, the first chunk carries the prompt's.
 TEST_F(FrontendTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
-  auto r = Post("/v1/completions",
-                CompletionBody({{"max_tokens", 2}, {"echo", true}, {"logprobs", 1}}));
+  auto r =
+      Post("/v1/completions", CompletionBody({{"max_tokens", 2}, {"echo", true}, {"logprobs", 1}}));
   ASSERT_EQ(r.status, 200) << r.body;
   const json choice = Json(r)["choices"][0];
   EXPECT_EQ(choice["text"], "helloab");
@@ -850,10 +850,8 @@ TEST_F(FrontendTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
   ASSERT_FALSE(backend_.requests().empty());
   EXPECT_EQ(backend_.requests().back().params.prompt_logprobs, 1);
 
-  r = Post("/v1/completions", CompletionBody({{"max_tokens", 2},
-                                              {"echo", true},
-                                              {"logprobs", 1},
-                                              {"stream", true}}));
+  r = Post("/v1/completions",
+           CompletionBody({{"max_tokens", 2}, {"echo", true}, {"logprobs", 1}, {"stream", true}}));
   ASSERT_EQ(r.status, 200) << r.body;
   json tokens = json::array(), values = json::array();
   for (const json& e : Events(r)) {
@@ -870,9 +868,9 @@ TEST_F(FrontendTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
 // vLLM's prompt_logprobs: per choice on completions (batched prompts each their own), at the top
 // level on chat; {token id: {logprob, rank, decoded_token}}, the prompt token first.
 TEST_F(FrontendTest, PromptLogprobsShapes) {
-  auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 1},
-                                                   {"prompt", {"hello", "hi"}},
-                                                   {"prompt_logprobs", 2}}));
+  auto r = Post(
+      "/v1/completions",
+      CompletionBody({{"max_tokens", 1}, {"prompt", {"hello", "hi"}}, {"prompt_logprobs", 2}}));
   ASSERT_EQ(r.status, 200) << r.body;
   const json choices = Json(r)["choices"];
   ASSERT_EQ(choices.size(), 2u);

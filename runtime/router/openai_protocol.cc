@@ -258,8 +258,7 @@ absl::Status ParseCommon(const json& j, absl::string_view body, OpenAiRequest* r
     }
   }
 
-  if (absl::Status s =
-          GetIntInRange(j, "prompt_logprobs", 0, kMaxLogprobs, &r->prompt_logprobs);
+  if (absl::Status s = GetIntInRange(j, "prompt_logprobs", 0, kMaxLogprobs, &r->prompt_logprobs);
       !s.ok()) {
     return s;
   }

@@ -193,7 +193,7 @@ struct ResponseMeta {
   std::string id;  // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;
   std::string model;
-  bool logprobs = false;  // logprobs were requested (else `logprobs: null`)
+  bool logprobs = false;         // logprobs were requested (else `logprobs: null`)
   bool prompt_logprobs = false;  // prompt_logprobs were requested (else absent)
 };
 
