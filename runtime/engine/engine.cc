@@ -221,10 +221,12 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> Engine::Grammar(
     cache = grammars_.get();  // lives as long as the engine; thread-safe itself
   }
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
-      cache->Get(guided.regex, guided.choices);
+      cache->Get(guided.regex, guided.choices, guided.grammar);
   if (!g.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        guided.regex.empty() ? "guided_choice: " : "guided_regex: ", g.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(!guided.grammar.empty() ? "guided_grammar: "
+                                                   : guided.regex.empty()  ? "guided_choice: "
+                                                                           : "guided_regex: ",
+                                                   g.status().message()));
   }
   return g;
 }
@@ -421,8 +423,8 @@ void Engine::Admit(Incoming incoming) {
   if (active->grammar != nullptr) {
     // The resumed output already went through the automaton on the first engine.
     for (int i = prompt_len - active->resumed; i < prompt_len; ++i) {
-      const int s =
-          active->grammar->dfa().Walk(active->grammar_state, tokenizer_->TokenBytes(prompt[i]));
+      const int s = active->grammar->automaton().Walk(active->grammar_state,
+                                                      tokenizer_->TokenBytes(prompt[i]));
       if (s != grammar::kDeadState) active->grammar_state = s;
     }
   }
@@ -921,7 +923,7 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
   std::optional<FinishReason> finish;
   bool grammar_done = false;
   if (a.grammar != nullptr && !stop_token) {
-    const int s = a.grammar->dfa().Walk(a.grammar_state, tokenizer_->TokenBytes(token));
+    const int s = a.grammar->automaton().Walk(a.grammar_state, tokenizer_->TokenBytes(token));
     if (s == grammar::kDeadState) {
       // Only a token sampled elsewhere (a peer's first token) can get here.
       FinishRequest(seq_id, FinishReason::kError,
@@ -932,7 +934,7 @@ void Engine::EmitToken(int64_t seq_id, int32_t token, std::optional<TokenLogprob
     }
     a.grammar_state = s;
     // A whole match that nothing can extend: the output is complete.
-    grammar_done = a.grammar->dfa().accepting(s) && !a.grammar->dfa().can_continue(s);
+    grammar_done = a.grammar->automaton().accepting(s) && !a.grammar->automaton().can_continue(s);
   }
   if (stop_token) {
     finish = FinishReason::kStop;  // the stop token's text is not part of the output
@@ -979,7 +981,7 @@ bool Engine::GrammarMask(const Active& a, std::span<uint64_t> words) const {
   std::copy(mask.begin(), mask.begin() + n, words.begin());
   std::fill(words.begin() + n, words.end(), 0);
   // EOS ends the output whatever its bytes: allowed exactly where the output is a whole match.
-  const bool accepting = a.grammar->dfa().accepting(a.grammar_state);
+  const bool accepting = a.grammar->automaton().accepting(a.grammar_state);
   const size_t vocab = words.size() * 64;
   for (int32_t eos : eos_ids_) {
     if (eos < 0 || static_cast<size_t>(eos) >= vocab) continue;

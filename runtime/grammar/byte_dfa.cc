@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/grammar/vocab_trie.h"
 
 namespace tandem::grammar {
 namespace {
@@ -760,6 +761,22 @@ int ByteDfa::Walk(int state, absl::string_view bytes) const {
     state = next_[state][c];
   }
   return state;
+}
+
+void ByteDfa::AllowedTokens(int state, const VocabTrie& trie, TokenBitmask* mask) const {
+  const std::vector<VocabTrie::Node>& nodes = trie.nodes();
+  // Depth-first over (trie node, DFA state); the root's own tokens are none (empty bytes).
+  std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};
+  while (!stack.empty()) {
+    const auto [node, s] = stack.back();
+    stack.pop_back();
+    for (const auto& [byte, child] : nodes[node].children) {
+      const int t = Next(s, byte);
+      if (t == kDeadState) continue;
+      for (int32_t id : nodes[child].tokens) mask->Set(id);
+      if (!nodes[child].children.empty()) stack.push_back({child, t});
+    }
+  }
 }
 
 absl::StatusOr<ByteDfa> ByteDfa::FromRegex(absl::string_view pattern, const ByteDfaLimits& limits) {

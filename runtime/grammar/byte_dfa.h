@@ -18,7 +18,8 @@
 // past either, so a hostile pattern cannot take the server's memory). Dead states are pruned:
 // every state the DFA keeps can still reach an accepting state. State 0 is the start.
 //
-// Value type; immutable after construction; thread-safe to share.
+// Value type; immutable after construction; thread-safe to share. A ByteAutomaton
+// (byte_automaton.h).
 
 #include <array>
 #include <cstdint>
@@ -27,10 +28,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/grammar/byte_automaton.h"
 
 namespace tandem::grammar {
-
-inline constexpr int kDeadState = -1;
 
 struct ByteDfaLimits {
   int max_states = 4096;  // of the minimal automaton; the subset construction may take 4x
@@ -45,7 +45,7 @@ struct ByteDfaLimits {
 // UTF-8 included, stay literal).
 std::string RegexEscape(absl::string_view text);
 
-class ByteDfa {
+class ByteDfa final : public ByteAutomaton {
  public:
   static absl::StatusOr<ByteDfa> FromRegex(absl::string_view pattern,
                                            const ByteDfaLimits& limits = {});
@@ -53,20 +53,16 @@ class ByteDfa {
   static absl::StatusOr<ByteDfa> FromChoices(const std::vector<std::string>& choices,
                                              const ByteDfaLimits& limits = {});
 
-  int start() const { return 0; }
+  int start() const override { return 0; }
   int num_states() const { return static_cast<int>(next_.size()); }
   // The state after `byte` from `state` (kDeadState: no match can follow).
   int Next(int state, uint8_t byte) const { return next_[state][byte]; }
-  // `bytes` from `state`; kDeadState as soon as no match can follow.
-  int Walk(int state, absl::string_view bytes) const;
-  bool accepting(int state) const { return accepting_[state]; }
-  // Whether some non-empty continuation from `state` can still match (else only the end can).
-  bool can_continue(int state) const { return can_continue_[state]; }
-  // Full match of `text`.
-  bool Matches(absl::string_view text) const {
-    const int s = Walk(start(), text);
-    return s != kDeadState && accepting(s);
-  }
+  int Walk(int state, absl::string_view bytes) const override;
+  bool accepting(int state) const override { return accepting_[state]; }
+  bool can_continue(int state) const override { return can_continue_[state]; }
+  // Walks the trie alongside the automaton: tokens that share a prefix share its steps, and a
+  // dead branch is cut with all the tokens under it.
+  void AllowedTokens(int state, const VocabTrie& trie, TokenBitmask* mask) const override;
 
  private:
   std::vector<std::array<int32_t, 256>> next_;

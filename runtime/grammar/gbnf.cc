@@ -12,26 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/base/utf8.h"
-#include "runtime/grammar/byte_dfa.h"
 
 namespace tandem::grammar {
 namespace {
 
 constexpr int kMaxRepeat = 256;
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-constexpr int kMaxNonAsciiClassCodePoints = 256;
 constexpr int kMaxNesting = 200;  // parentheses: a hostile grammar cannot exhaust the stack
 
-struct Node {
-  enum class Kind { kSeq, kAlt, kLiteral, kClass, kAny, kRef, kRepeat };
-  Kind kind = Kind::kSeq;
-  std::vector<Node> kids;
-  std::string text;                                   // kLiteral: UTF-8 bytes; kRef: the rule name
-  std::vector<std::pair<uint32_t, uint32_t>> ranges;  // kClass, inclusive code points
-  bool negated = false;
-  int min = 0, max = 0;  // kRepeat; max -1: unbounded
-  size_t pos = 0;        // where it starts in the grammar text
-};
+using Node = GbnfNode;
 
 class Parser {
  public:
@@ -388,249 +377,44 @@ class Parser {
   size_t pos_ = 0;
 };
 
-// Regex text of one class member byte, escaped.
-std::string Hex(uint32_t b) { return absl::StrFormat("\\x%02x", b); }
-
-class Emitter {
- public:
-  Emitter(const std::vector<std::pair<std::string, Node>>& rules,
-          const std::map<std::string, int>& index, int depth, size_t max_bytes,
-          const Parser& parser)
-      : rules_(rules),
-        index_(index),
-        on_stack_(rules.size(), 0),
-        depth_(depth),
-        max_bytes_(max_bytes),
-        parser_(parser) {}
-  bool overflow() const { return overflow_; }
-  const absl::Status& status() const { return status_; }
-
-  // nullopt: no finite sentence within the depth (or an error / overflow: see status, overflow).
-  std::optional<std::string> Emit(const Node& n) {
-    if (overflow_ || !status_.ok()) return std::nullopt;
-    std::optional<std::string> out = EmitNode(n);
-    if (out.has_value() && out->size() > max_bytes_) {
-      overflow_ = true;
-      return std::nullopt;
-    }
-    return out;
-  }
-
- private:
-  static std::string Group(const std::string& r) { return absl::StrCat("(?:", r, ")"); }
-
-  std::optional<std::string> EmitNode(const Node& n) {
-    switch (n.kind) {
-      case Node::Kind::kLiteral:
-        return RegexEscape(n.text);
-      case Node::Kind::kAny:
-        return std::string("(?:.|\\n)");
-      case Node::Kind::kClass:
-        return Class(n);
-      case Node::Kind::kRef: {
-        const int i = index_.at(n.text);
-        if (on_stack_[i] >= depth_) return std::nullopt;
-        ++on_stack_[i];
-        std::optional<std::string> r = Emit(rules_[i].second);
-        --on_stack_[i];
-        if (!r.has_value()) return std::nullopt;
-        return Group(*r);
-      }
-      case Node::Kind::kSeq: {
-        std::string out;
-        for (const Node& k : n.kids) {
-          std::optional<std::string> r = Emit(k);
-          if (!r.has_value()) return std::nullopt;
-          out += *r;
-          if (out.size() > max_bytes_) {
-            overflow_ = true;
-            return std::nullopt;
-          }
-        }
-        return out;
-      }
-      case Node::Kind::kAlt: {
-        std::vector<std::string> alts;
-        for (const Node& k : n.kids) {
-          std::optional<std::string> r = Emit(k);
-          if (overflow_ || !status_.ok()) return std::nullopt;
-          if (r.has_value()) alts.push_back(*std::move(r));
-        }
-        if (alts.empty()) return std::nullopt;
-        if (alts.size() == 1) return alts[0];
-        std::string out = "(?:";
-        for (size_t i = 0; i < alts.size(); ++i) absl::StrAppend(&out, i ? "|" : "", alts[i]);
-        out += ")";
-        return out;
-      }
-      case Node::Kind::kRepeat: {
-        std::optional<std::string> r = Emit(n.kids[0]);
-        if (!r.has_value()) {
-          if (overflow_ || !status_.ok()) return std::nullopt;
-          return n.min == 0 ? std::optional<std::string>("") : std::nullopt;
-        }
-        std::string q;
-        if (n.min == 0 && n.max == -1) {
-          q = "*";
-        } else if (n.min == 1 && n.max == -1) {
-          q = "+";
-        } else if (n.min == 0 && n.max == 1) {
-          q = "?";
-        } else if (n.max == -1) {
-          q = absl::StrCat("{", n.min, ",}");
-        } else if (n.min == n.max) {
-          q = absl::StrCat("{", n.min, "}");
-        } else {
-          q = absl::StrCat("{", n.min, ",", n.max, "}");
-        }
-        return absl::StrCat(Group(*r), q);
-      }
-    }
-    return std::nullopt;
-  }
-
-  std::optional<std::string> Class(const Node& n) {
-    std::string ascii;
-    std::vector<std::string> wide;
-    int wide_count = 0;
-    for (const auto& [lo, hi] : n.ranges) {
-      if (lo < 0x80) {
-        const uint32_t top = std::min<uint32_t>(hi, 0x7F);
-        ascii += lo == top ? Hex(lo) : absl::StrCat(Hex(lo), "-", Hex(top));
-      }
-      if (hi >= 0x80) {
-        if (n.negated) {
-          status_ = absl::InvalidArgumentError(
-              absl::StrCat("grammar ", parser_.Where(n.pos),
-                           ": a negated class with non-ASCII members is not supported"));
-          return std::nullopt;
-        }
-        for (uint32_t cp = std::max<uint32_t>(lo, 0x80); cp <= hi; ++cp) {
-          if (++wide_count > kMaxNonAsciiClassCodePoints) {
-            status_ = absl::InvalidArgumentError(
-                absl::StrCat("grammar ", parser_.Where(n.pos), ": a class with more than ",
-                             kMaxNonAsciiClassCodePoints, " non-ASCII characters"));
-            return std::nullopt;
-          }
-          std::string bytes;
-          AppendUtf8(cp, &bytes);
-          wide.push_back(RegexEscape(bytes));
-        }
-      }
-    }
-    if (n.negated) return absl::StrCat("[^", ascii, "]");
-    std::vector<std::string> alts;
-    if (!ascii.empty()) alts.push_back(absl::StrCat("[", ascii, "]"));
-    alts.insert(alts.end(), wide.begin(), wide.end());
-    if (alts.size() == 1) return alts[0];
-    std::string out = "(?:";
-    for (size_t i = 0; i < alts.size(); ++i) absl::StrAppend(&out, i ? "|" : "", alts[i]);
-    return out + ")";
-  }
-
-  const std::vector<std::pair<std::string, Node>>& rules_;
-  const std::map<std::string, int>& index_;
-  std::vector<int> on_stack_;
-  const int depth_;
-  const size_t max_bytes_;
-  const Parser& parser_;
-  bool overflow_ = false;
-  absl::Status status_;
-};
-
-// Every rule reference names a defined rule; fills `refs` (rule -> rules it references).
-absl::Status CheckRefs(const Node& n, const std::map<std::string, int>& index, const Parser& parser,
-                       std::vector<int>* refs) {
+// Every rule reference names a defined rule; sets each kRef's `rule`.
+absl::Status ResolveRefs(Node& n, const std::map<std::string, int>& index, const Parser& parser) {
   if (n.kind == Node::Kind::kRef) {
     const auto it = index.find(n.text);
     if (it == index.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("grammar ", parser.Where(n.pos), ": rule '", n.text, "' is not defined"));
     }
-    refs->push_back(it->second);
+    n.rule = it->second;
   }
-  for (const Node& k : n.kids) {
-    if (absl::Status s = CheckRefs(k, index, parser, refs); !s.ok()) return s;
+  for (Node& k : n.kids) {
+    if (absl::Status s = ResolveRefs(k, index, parser); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<GbnfRegex> GbnfToRegex(absl::string_view grammar, const GbnfOptions& options) {
-  if (grammar.size() > options.max_grammar_bytes) {
+std::string GbnfGrammar::Where(size_t pos) const { return Parser(text).Where(pos); }
+
+absl::StatusOr<GbnfGrammar> ParseGbnf(absl::string_view text, const GbnfOptions& options) {
+  if (text.size() > options.max_grammar_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("grammar: ", grammar.size(), " bytes; at most ", options.max_grammar_bytes));
+        absl::StrCat("grammar: ", text.size(), " bytes; at most ", options.max_grammar_bytes));
   }
-  Parser parser(grammar);
-  std::vector<std::pair<std::string, Node>> rules;
-  if (absl::Status s = parser.Parse(&rules, options.max_rules); !s.ok()) return s;
+  GbnfGrammar g;
+  g.text = std::string(text);
+  Parser parser(g.text);
+  if (absl::Status s = parser.Parse(&g.rules, options.max_rules); !s.ok()) return s;
   std::map<std::string, int> index;
-  for (size_t i = 0; i < rules.size(); ++i) index[rules[i].first] = static_cast<int>(i);
-  if (!index.contains("root")) return absl::InvalidArgumentError("grammar: no 'root' rule");
-  std::vector<std::vector<int>> refs(rules.size());
-  for (size_t i = 0; i < rules.size(); ++i) {
-    if (absl::Status s = CheckRefs(rules[i].second, index, parser, &refs[i]); !s.ok()) return s;
+  for (size_t i = 0; i < g.rules.size(); ++i) index[g.rules[i].first] = static_cast<int>(i);
+  const auto root = index.find("root");
+  if (root == index.end()) return absl::InvalidArgumentError("grammar: no 'root' rule");
+  g.root = root->second;
+  for (auto& [name, body] : g.rules) {
+    if (absl::Status s = ResolveRefs(body, index, parser); !s.ok()) return s;
   }
-  // Does any rule reachable from root reach itself?
-  bool recursive = false;
-  {
-    std::vector<int> color(rules.size(), 0);  // 0 new, 1 on the path, 2 done
-    std::vector<std::pair<int, size_t>> stack = {{index["root"], 0}};
-    color[index["root"]] = 1;
-    while (!stack.empty() && !recursive) {
-      auto& [r, k] = stack.back();
-      if (k == refs[r].size()) {
-        color[r] = 2;
-        stack.pop_back();
-        continue;
-      }
-      const int next = refs[r][k++];
-      if (color[next] == 1) {
-        recursive = true;
-      } else if (color[next] == 0) {
-        color[next] = 1;
-        stack.emplace_back(next, 0);
-      }
-    }
-  }
-  const Node root_ref = [] {
-    Node n;
-    n.kind = Node::Kind::kRef;
-    n.text = "root";
-    return n;
-  }();
-  const int top = recursive ? std::max(1, options.max_recursion_depth) : 1;
-  absl::Status last_error;
-  for (int depth = top; depth >= 1; --depth) {
-    Emitter emitter(rules, index, depth, options.max_regex_bytes, parser);
-    std::optional<std::string> regex = emitter.Emit(root_ref);
-    if (!emitter.status().ok()) return emitter.status();
-    if (!regex.has_value() && !emitter.overflow()) {
-      // No derivation finishes within this depth, and a smaller one holds fewer.
-      return absl::InvalidArgumentError(
-          recursive ? absl::StrCat("grammar: no sentence of 'root' nests within ", depth,
-                                   " recursive expansions (a rule that can never finish?)")
-                    : "grammar: 'root' has no sentence");
-    }
-    if (emitter.overflow()) {
-      last_error =
-          absl::InvalidArgumentError(absl::StrCat("grammar: more than ", options.max_regex_bytes,
-                                                  " bytes of automaton regex at "
-                                                  "recursion depth ",
-                                                  depth));
-      continue;
-    }
-    absl::StatusOr<ByteDfa> dfa = ByteDfa::FromRegex(*regex);
-    if (!dfa.ok()) {
-      last_error = absl::InvalidArgumentError(
-          absl::StrCat("grammar at recursion depth ", depth, ": ", dfa.status().message()));
-      if (recursive) continue;
-      return last_error;
-    }
-    return GbnfRegex{*std::move(regex), recursive ? depth : 0};
-  }
-  return last_error;
+  return g;
 }
 
 }  // namespace tandem::grammar

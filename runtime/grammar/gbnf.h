@@ -1,7 +1,6 @@
 #pragma once
-// GBNF grammars (llama.cpp's and XGrammar's EBNF dialect; vLLM's `guided_grammar`) compiled to a
-// regular expression in the ByteDfa subset (byte_dfa.h), the way json_schema.h compiles schemas,
-// so guided decoding runs them through the same automaton and masks.
+// GBNF grammars (llama.cpp's and XGrammar's EBNF dialect; vLLM's `guided_grammar`): the parser.
+// GrammarPda (pda.h) compiles the parsed rules into a pushdown automaton for guided decoding.
 //
 // The dialect:
 //   rule-name ::= alternatives        a rule may start on the line after '::=', span lines
@@ -14,21 +13,17 @@
 //   # comment to the end of the line
 // `root` is the start rule. Rule names are letters, digits, '-' and '_'.
 //
-// Recursion: a grammar is context-free and an automaton is not, so a recursive rule is expanded
-// at most `max_recursion_depth` times along any derivation (a JSON value nests that deep); past
-// it the recursive alternative is not offered. Every output the automaton accepts is still a
-// sentence of the grammar; only deeper nesting is not produced. The compiler uses the largest
-// depth <= max_recursion_depth whose automaton fits the limits, and reports it.
-//
 // Errors (InvalidArgument, naming line:column or the rule): syntax errors, a rule used but never
-// defined, no `root`, a rule defined twice, a rule that can never finish (every alternative
-// recurses), non-ASCII class ranges wider than 256 code points, and grammars too large for the
-// limits at every depth.
+// defined, no `root`, a rule defined twice, more than `max_rules` rules, a grammar over
+// `max_grammar_bytes`.
 //
-// Thread-safety: pure functions.
+// Thread-safety: pure functions; GbnfGrammar is a value.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,17 +31,32 @@
 namespace tandem::grammar {
 
 struct GbnfOptions {
-  int max_recursion_depth = 4;          // expansions of one rule along a derivation
   size_t max_grammar_bytes = 64 << 10;  // of the grammar text
-  size_t max_regex_bytes = 96 << 10;    // of the regex produced
   int max_rules = 1024;
 };
 
-struct GbnfRegex {
-  std::string regex;
-  int recursion_depth = 0;  // the depth used; 0 when the grammar does not recurse
+// One node of a rule's body.
+struct GbnfNode {
+  enum class Kind { kSeq, kAlt, kLiteral, kClass, kAny, kRef, kRepeat };
+  Kind kind = Kind::kSeq;
+  std::vector<GbnfNode> kids;                         // kSeq, kAlt: the parts; kRepeat: one
+  std::string text;                                   // kLiteral: UTF-8 bytes; kRef: the rule name
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;  // kClass, inclusive code points
+  bool negated = false;                               // kClass
+  int min = 0, max = 0;                               // kRepeat; max -1: unbounded
+  int rule = -1;                                      // kRef: index into GbnfGrammar::rules
+  size_t pos = 0;                                     // where it starts in the grammar text
 };
 
-absl::StatusOr<GbnfRegex> GbnfToRegex(absl::string_view grammar, const GbnfOptions& options = {});
+struct GbnfGrammar {
+  std::vector<std::pair<std::string, GbnfNode>> rules;  // in definition order
+  int root = 0;                                         // the `root` rule's index
+  std::string text;                                     // the grammar, for Where()
+  // "line:column" of a byte offset of `text`.
+  std::string Where(size_t pos) const;
+};
+
+// Parses and checks references (every kRef has its `rule`).
+absl::StatusOr<GbnfGrammar> ParseGbnf(absl::string_view text, const GbnfOptions& options = {});
 
 }  // namespace tandem::grammar

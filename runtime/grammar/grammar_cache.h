@@ -1,6 +1,7 @@
 #pragma once
-// CompiledGrammar: a guided-decoding constraint (a regex or a list of choices) compiled for one
-// vocabulary: its byte automaton and its token masker. GrammarCache compiles each distinct
+// CompiledGrammar: a guided-decoding constraint (a regex, a list of choices or a GBNF grammar)
+// compiled for one vocabulary: its byte automaton (a ByteDfa, or a GrammarPda for a grammar) and
+// its token masker. GrammarCache compiles each distinct
 // constraint once per engine and shares it between the requests that use it (vLLM users send
 // the same schema with every request).
 //
@@ -15,25 +16,26 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/byte_automaton.h"
 #include "runtime/grammar/token_mask.h"
 
 namespace tandem::grammar {
 
 class CompiledGrammar {
  public:
-  // Exactly one of `regex` (non-empty) and `choices` (non-empty).
+  // Exactly one of `regex`, `choices` and `gbnf` non-empty.
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(
-      const std::string& regex, const std::vector<std::string>& choices,
+      const std::string& regex, const std::vector<std::string>& choices, const std::string& gbnf,
       std::shared_ptr<const VocabTrie> vocab);
 
-  const ByteDfa& dfa() const { return dfa_; }
+  const ByteAutomaton& automaton() const { return *automaton_; }
   const TokenMasker& masker() const { return *masker_; }
 
  private:
-  explicit CompiledGrammar(ByteDfa dfa) : dfa_(std::move(dfa)) {}
-  ByteDfa dfa_;
-  std::unique_ptr<TokenMasker> masker_;  // points at dfa_: the object never moves (shared_ptr)
+  explicit CompiledGrammar(std::unique_ptr<const ByteAutomaton> automaton)
+      : automaton_(std::move(automaton)) {}
+  std::unique_ptr<const ByteAutomaton> automaton_;
+  std::unique_ptr<TokenMasker> masker_;  // points at *automaton_
 };
 
 class GrammarCache {
@@ -44,7 +46,8 @@ class GrammarCache {
   explicit GrammarCache(const std::vector<std::string>& token_bytes, size_t capacity = 32)
       : vocab_(std::make_shared<const VocabTrie>(token_bytes)), capacity_(capacity) {}
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Get(
-      const std::string& regex, const std::vector<std::string>& choices);
+      const std::string& regex, const std::vector<std::string>& choices,
+      const std::string& gbnf = "");
   size_t size() const;
 
  private:

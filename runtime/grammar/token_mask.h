@@ -1,13 +1,14 @@
 #pragma once
-// TokenMasker: which tokens of a vocabulary may come next in a ByteDfa state. A token is allowed
-// when its bytes, fed to the automaton from that state, do not reach the dead state (the text
-// so far plus the token is still a prefix of some match). Special tokens and tokens without
-// bytes are never allowed; the caller adds EOS where the state accepts.
+// TokenMasker: which tokens of a vocabulary may come next in a state of a constraint's automaton
+// (byte_automaton.h). A token is allowed when its bytes, fed to the automaton from that state, do
+// not reach the dead state (the text so far plus the token is still a prefix of some match).
+// Special tokens and tokens without bytes are never allowed; the caller adds EOS where the state
+// accepts.
 //
 // The vocabulary's token byte strings go into a trie once (VocabTrie); a mask walks the trie
-// alongside the automaton, so tokens that share a prefix share its steps, and a dead branch is cut
-// with all the tokens under it. Every DFA state is context-free (its mask depends on nothing else),
-// so masks are computed once per state and cached: after warm-up a step's mask is a lookup.
+// alongside the automaton (ByteAutomaton::AllowedTokens). A state's mask depends on the state
+// alone (a DFA state, or a pushdown automaton's whole configuration), so masks are computed once
+// per state and cached: after warm-up a step's mask is a lookup.
 //
 // Memory is bounded: at most `max_cached` masks are kept (vocab_size / 8 bytes each: 16 KiB at
 // 131,072 tokens), the least recently used one making room for a new one. A JSON Schema's
@@ -16,7 +17,7 @@
 //
 // Thread-safety: Mask() may run concurrently (the cache takes a lock). A caller that asks for a
 // state another thread is computing waits for that result instead of computing it again, which is
-// how MaskPrefetcher takes the computation off the engine's critical path. The DFA and the
+// how MaskPrefetcher takes the computation off the engine's critical path. The automaton and the
 // vocabulary must outlive the masker.
 
 #include <atomic>
@@ -30,54 +31,21 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/byte_automaton.h"
+#include "runtime/grammar/vocab_trie.h"
 
 namespace tandem::grammar {
-
-// One bit per token id.
-class TokenBitmask {
- public:
-  explicit TokenBitmask(int vocab_size) : size_(vocab_size), words_((vocab_size + 63) / 64, 0) {}
-  void Set(int id) { words_[id >> 6] |= uint64_t{1} << (id & 63); }
-  bool Test(int id) const { return (words_[id >> 6] >> (id & 63)) & 1; }
-  int size() const { return size_; }
-  int Count() const;
-  const std::vector<uint64_t>& words() const { return words_; }
-
- private:
-  int size_;
-  std::vector<uint64_t> words_;
-};
-
-// The vocabulary's token byte strings as a trie: built once per vocabulary (206 ms for 131,072
-// tokens on the CI VM) and shared by every constraint's masker.
-class VocabTrie {
- public:
-  // token_bytes[id]: the bytes token `id` adds to the text ("" for special tokens and ids that
-  // decode to nothing: never allowed).
-  explicit VocabTrie(const std::vector<std::string>& token_bytes);
-  int vocab_size() const { return vocab_size_; }
-
- private:
-  friend class TokenMasker;
-  struct Node {
-    std::vector<std::pair<uint8_t, int32_t>> children;  // byte -> node, sorted by byte
-    std::vector<int32_t> tokens;                        // tokens whose bytes end here
-  };
-  int vocab_size_;
-  std::vector<Node> nodes_;
-};
 
 class TokenMasker {
  public:
   static constexpr size_t kDefaultMaxCached = 256;
-  TokenMasker(const ByteDfa* dfa, std::shared_ptr<const VocabTrie> trie,
+  TokenMasker(const ByteAutomaton* automaton, std::shared_ptr<const VocabTrie> trie,
               size_t max_cached = kDefaultMaxCached);
   // Builds its own trie of `token_bytes`.
-  TokenMasker(const ByteDfa* dfa, const std::vector<std::string>& token_bytes)
-      : TokenMasker(dfa, std::make_shared<const VocabTrie>(token_bytes)) {}
+  TokenMasker(const ByteAutomaton* automaton, const std::vector<std::string>& token_bytes)
+      : TokenMasker(automaton, std::make_shared<const VocabTrie>(token_bytes)) {}
 
-  // The tokens allowed in `state` (a live state of the DFA).
+  // The tokens allowed in `state` (a live state of the automaton).
   std::shared_ptr<const TokenBitmask> Mask(int state) const;
   // Whether Mask(state) would be a lookup (cached, or being computed by another thread).
   bool CachedOrPending(int state) const;
@@ -93,7 +61,7 @@ class TokenMasker {
     std::shared_ptr<const TokenBitmask> mask;
     std::list<int>::iterator lru;  // into lru_
   };
-  const ByteDfa* dfa_;
+  const ByteAutomaton* automaton_;
   std::shared_ptr<const VocabTrie> trie_;
   const size_t max_cached_;
   mutable absl::Mutex mu_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/grammar_cache.h"
 #include "runtime/grammar/mask_prefetcher.h"
 
@@ -94,11 +95,11 @@ namespace {
 TEST(MaskPrefetcherTest, PrefetchedMasksAreComputedOnceAndRight) {
   std::mt19937 rng(5);
   const std::vector<std::string> vocab = RandomVocab(rng, 2000);
-  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
-      CompiledGrammar::Compile("[ab]{0,40}(1|22)", {}, std::make_shared<const VocabTrie>(vocab));
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g = CompiledGrammar::Compile(
+      "[ab]{0,40}(1|22)", {}, "", std::make_shared<const VocabTrie>(vocab));
   ASSERT_TRUE(g.ok()) << g.status();
   const TokenMasker& masker = (*g)->masker();
-  const int states = (*g)->dfa().num_states();
+  const int states = dynamic_cast<const ByteDfa&>((*g)->automaton()).num_states();
   {
     MaskPrefetcher prefetcher;
     for (int s = 0; s < states; ++s) prefetcher.Prefetch(*g, s);
@@ -116,11 +117,12 @@ TEST(MaskPrefetcherTest, AFullQueueDropsRequestsAndNothingElse) {
   std::mt19937 rng(6);
   const std::vector<std::string> vocab = RandomVocab(rng, 300);
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g =
-      CompiledGrammar::Compile("[ab]{0,60}1", {}, std::make_shared<const VocabTrie>(vocab));
+      CompiledGrammar::Compile("[ab]{0,60}1", {}, "", std::make_shared<const VocabTrie>(vocab));
   ASSERT_TRUE(g.ok());
   MaskPrefetcher prefetcher(/*max_queued=*/1);
-  for (int s = 0; s < (*g)->dfa().num_states(); ++s) prefetcher.Prefetch(*g, s);
-  for (int s = 0; s < (*g)->dfa().num_states(); ++s) {
+  for (int s = 0; s < dynamic_cast<const ByteDfa&>((*g)->automaton()).num_states(); ++s)
+    prefetcher.Prefetch(*g, s);
+  for (int s = 0; s < dynamic_cast<const ByteDfa&>((*g)->automaton()).num_states(); ++s) {
     ASSERT_EQ((*g)->masker().Mask(s)->words(), (*g)->masker().ComputeMask(s).words());
   }
   prefetcher.Prefetch(nullptr, 0);  // ignored

@@ -92,7 +92,8 @@ constexpr ApiField kFields[] = {
      "anything else is a 400 naming the construct)"},
     {"guided_choice", B, I, "vLLM: the output is exactly one of the strings"},
     {"guided_grammar", B, I,
-     "vLLM: a GBNF grammar (docs/structured_outputs.md); recursion nests at most 4 deep"},
+     "vLLM: a GBNF grammar (docs/structured_outputs.md), run as a pushdown automaton; "
+     "left recursion is 400"},
     {"guided_decoding_backend", B, N, "vLLM: one engine (Tandem's own), whatever is named"},
     {"guided_whitespace_pattern", B, I,
      "vLLM: the regex allowed between JSON tokens (whitespace only; default: at most one space)"},

@@ -912,7 +912,8 @@ std::string RequestDebugJson(const OpenAiRequest& r) {
          {"allowed_token_ids", p.allowed_token_ids},
          {"include_stop_str_in_output", p.include_stop_str_in_output},
          {"guided_regex", p.guided.regex},
-         {"guided_choice", p.guided.choices}};
+         {"guided_choice", p.guided.choices},
+         {"guided_grammar", p.guided.grammar}};
   return Dump(j);
 }
 

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/grammar/byte_dfa.h"
-#include "runtime/grammar/gbnf.h"
 #include "runtime/grammar/json_schema.h"
+#include "runtime/grammar/pda.h"
 #include "runtime/router/constraint_cache.h"
 #include "runtime/router/json_fields.h"
 #include "runtime/router/openai_protocol.h"
@@ -231,11 +231,14 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
       }
       text = g.value->get<std::string>();
       compile = [&]() -> absl::StatusOr<std::string> {
-        absl::StatusOr<grammar::GbnfRegex> regex = grammar::GbnfToRegex(text);
-        if (!regex.ok()) {
-          return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", regex.status().message()));
+        // The workers get the grammar itself (a pushdown automaton each); compiling it here
+        // checks it, so a bad one is a 400 naming the problem.
+        absl::StatusOr<std::unique_ptr<grammar::GrammarPda>> pda =
+            grammar::GrammarPda::FromGbnf(text);
+        if (!pda.ok()) {
+          return InvalidParam(g.name, absl::StrCat("'", g.name, "': ", pda.status().message()));
         }
-        return std::move(regex->regex);
+        return text;
       };
       break;
     case Kind::kChoice:
@@ -285,7 +288,7 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
   absl::StatusOr<std::string> regex =
       ConstraintCache::Shared().GetOrCompile(key, [&]() -> absl::StatusOr<std::string> {
         absl::StatusOr<std::string> r = compile();
-        if (!r.ok()) return r;
+        if (!r.ok() || g.kind == Kind::kGrammar) return r;
         absl::StatusOr<grammar::ByteDfa> dfa = r->empty()
                                                    ? grammar::ByteDfa::FromChoices(out->choices)
                                                    : grammar::ByteDfa::FromRegex(*r);
@@ -298,7 +301,7 @@ absl::Status ParseStructuredOutputs(const json& j, absl::string_view body,
     *out = {};
     return regex.status();
   }
-  out->regex = *std::move(regex);
+  (g.kind == Kind::kGrammar ? out->grammar : out->regex) = *std::move(regex);
   return absl::OkStatus();
 }
 

@@ -1,9 +1,9 @@
 #pragma once
 // The structured-output fields of a completions or chat request, turned into the one constraint
-// the engine decodes under (SamplingParams::Guided: a regex or a list of choices):
-//   guided_regex, guided_choice, guided_json (vLLM), structured_outputs {regex | choice | json |
-//   json_object, whitespace_pattern} (vLLM), response_format {type: text | json_object |
-//   json_schema} (OpenAI), and guided_whitespace_pattern.
+// the engine decodes under (SamplingParams::Guided: a regex, a list of choices or a GBNF grammar):
+//   guided_regex, guided_choice, guided_json, guided_grammar (vLLM), structured_outputs {regex |
+//   choice | json | json_object | grammar, whitespace_pattern} (vLLM), response_format {type:
+//   text | json_object | json_schema} (OpenAI), and guided_whitespace_pattern.
 // At most one constraint per request (two are a 400 naming the second). JSON Schemas compile
 // through runtime/grammar/json_schema.h; every constraint is compiled to its automaton here, so
 // a schema or pattern the engine cannot take is a 400 naming the field and the keyword, never an

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/grammar/byte_dfa.h"
+#include "runtime/grammar/pda.h"
 #include "runtime/router/openai_protocol.h"
 
 namespace tandem::router {
@@ -22,6 +23,11 @@ absl::StatusOr<SamplingParams::Guided> Guided(const std::string& extra) {
 }
 
 bool Accepts(const SamplingParams::Guided& g, const std::string& text) {
+  if (!g.grammar.empty()) {
+    absl::StatusOr<std::unique_ptr<grammar::GrammarPda>> pda =
+        grammar::GrammarPda::FromGbnf(g.grammar);
+    return pda.ok() && (*pda)->Matches(text);
+  }
   absl::StatusOr<grammar::ByteDfa> dfa = grammar::ByteDfa::FromRegex(g.regex);
   return dfa.ok() && dfa->Matches(text);
 }
@@ -39,6 +45,7 @@ TEST(StructuredOutputsTest, GrammarsCompileToTheConstraint) {
     const std::string close = std::string(field).find('{') != std::string::npos ? "}" : "";
     absl::StatusOr<SamplingParams::Guided> g = Guided(absl::StrCat(field, grammar, close));
     ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(g->regex.empty());  // the workers get the grammar itself
     EXPECT_TRUE(Accepts(*g, "yes 42"));
     EXPECT_TRUE(Accepts(*g, "no 7"));
     EXPECT_FALSE(Accepts(*g, "maybe 1"));

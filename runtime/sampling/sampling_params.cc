@@ -78,8 +78,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   if (vocab_size > 0 && p.allowed_token_ids.size() > static_cast<size_t>(vocab_size)) {
     return Bad("allowed_token_ids", "more ids than the vocabulary has");
   }
-  if (!p.guided.regex.empty() && !p.guided.choices.empty()) {
-    return Bad("guided", "a regex and choices cannot both be given");
+  if (!p.guided.regex.empty() + !p.guided.choices.empty() + !p.guided.grammar.empty() > 1) {
+    return Bad("guided", "at most one of a regex, choices and a grammar");
+  }
+  if (p.guided.grammar.size() > kMaxGuidedBytes) {
+    return Bad("guided_grammar", absl::StrCat("at most ", kMaxGuidedBytes, " bytes"));
   }
   if (p.guided.regex.size() > kMaxGuidedBytes) {
     return Bad("guided_regex", absl::StrCat("at most ", kMaxGuidedBytes, " bytes"));

@@ -64,7 +64,8 @@ struct SamplingParams {
   struct Guided {
     std::string regex;
     std::vector<std::string> choices;
-    bool empty() const { return regex.empty() && choices.empty(); }
+    std::string grammar;  // GBNF (runtime/grammar/gbnf.h)
+    bool empty() const { return regex.empty() && choices.empty() && grammar.empty(); }
   };
   Guided guided;
 

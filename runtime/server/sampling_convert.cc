@@ -30,6 +30,7 @@ SamplingParams SamplingParamsFromProto(const v1::SamplingParams& proto) {
   params.include_stop_str_in_output = proto.include_stop_str_in_output();
   params.guided.regex = proto.guided().regex();
   params.guided.choices.assign(proto.guided().choices().begin(), proto.guided().choices().end());
+  params.guided.grammar = proto.guided().grammar();
   return params;
 }
 
@@ -62,6 +63,7 @@ v1::SamplingParams SamplingParamsToProto(const SamplingParams& params) {
   if (!params.guided.empty()) {
     proto.mutable_guided()->set_regex(params.guided.regex);
     for (const std::string& c : params.guided.choices) proto.mutable_guided()->add_choices(c);
+    proto.mutable_guided()->set_grammar(params.guided.grammar);
   }
   return proto;
 }

@@ -21,12 +21,14 @@ SamplingParams Everything() {
   p.max_tokens = 99;
   p.ignore_eos = true;
   p.logprobs = 3;
+  p.prompt_logprobs = 4;
   p.skip_special_tokens = false;
   p.min_tokens = 12;
   p.logit_bias = {{5, -100.0f}, {9, 2.5f}};
   p.allowed_token_ids = {1, 2, 3};
   p.include_stop_str_in_output = true;
   p.guided.choices = {"yes", "no"};
+  p.guided.grammar = "root ::= \"x\"";  // (one kind at a time is the validator's rule)
   return p;
 }
 
@@ -44,6 +46,7 @@ void ExpectSame(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.max_tokens, b.max_tokens);
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_EQ(a.prompt_logprobs, b.prompt_logprobs);
   EXPECT_EQ(a.skip_special_tokens, b.skip_special_tokens);
   EXPECT_EQ(a.min_tokens, b.min_tokens);
   EXPECT_EQ(a.logit_bias, b.logit_bias);
@@ -51,6 +54,7 @@ void ExpectSame(const SamplingParams& a, const SamplingParams& b) {
   EXPECT_EQ(a.include_stop_str_in_output, b.include_stop_str_in_output);
   EXPECT_EQ(a.guided.regex, b.guided.regex);
   EXPECT_EQ(a.guided.choices, b.guided.choices);
+  EXPECT_EQ(a.guided.grammar, b.guided.grammar);
 }
 
 TEST(SamplingConvertTest, EveryFieldRoundTrips) {
@@ -88,9 +92,11 @@ TEST(SamplingConvertTest, UnsetProtoFieldsMeanOffAndBadValuesPassThroughForValid
 // A field added to the message must be added to both conversions and to Everything() above:
 // this count is the reminder.
 TEST(SamplingConvertTest, TheMessageHasTheFieldsThisFileConverts) {
-  EXPECT_EQ(v1::SamplingParams::descriptor()->field_count(), 20)
+  EXPECT_EQ(v1::SamplingParams::descriptor()->field_count(), 21)
       << "a field was added to tandem.v1.SamplingParams: convert it in sampling_convert.cc and "
          "round-trip it in Everything()";
+  EXPECT_EQ(v1::GuidedDecoding::descriptor()->field_count(), 3)
+      << "a field was added to tandem.v1.GuidedDecoding: convert it too";
 }
 
 }  // namespace
