@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/grammar/byte_dfa.h"
 #include "runtime/grammar/json_schema.h"
+#include "runtime/grammar/pda.h"
 #include "runtime/grammar/token_mask.h"
 #include "runtime/model/tokenizer.h"
 #include "runtime/router/openai_protocol.h"
@@ -211,6 +212,71 @@ void BM_JsonMaskPerToken(benchmark::State& state) {
   state.counters["states"] = dfa.num_states();
 }
 BENCHMARK(BM_JsonMaskPerToken)->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// llama.cpp's grammars/json.gbnf (recursive: values hold objects and arrays, which hold values)
+// as a pushdown automaton: compile time, and the mask time per decoded token as above (random
+// walks over the allowed tokens, a cold masker per iteration: every configuration's first mask is
+// paid; Arg 1 starts each document 60 to 63 arrays deep, where every configuration is new).
+const char* kJsonGbnf = R"(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)";
+
+void BM_GbnfCompile(benchmark::State& state) {
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(tandem::grammar::GrammarPda::FromGbnf(kJsonGbnf));
+  }
+}
+BENCHMARK(BM_GbnfCompile)->Unit(benchmark::kMicrosecond);
+
+void BM_GbnfJsonMaskPerToken(benchmark::State& state) {
+  const std::vector<std::string>& vocab = LargeVocab();
+  const auto trie = std::make_shared<const tandem::grammar::VocabTrie>(vocab);
+  std::vector<double> times_us;
+  std::mt19937 rng(7);
+  int configs = 0, deepest = 0;
+  for (auto _ : state) {
+    const std::unique_ptr<tandem::grammar::GrammarPda> pda =
+        *tandem::grammar::GrammarPda::FromGbnf(kJsonGbnf);  // cold
+    const TokenMasker masker(pda.get(), trie);
+    for (int doc = 0; doc < 4; ++doc) {
+      std::string deep = "{\"a\": ";
+      for (int i = 0; i < 60 + doc; ++i) deep += "[ ";
+      int s = state.range(0) == 1 ? pda->Walk(pda->start(), deep) : pda->start();
+      for (int step = 0; step < 400; ++step) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::shared_ptr<const tandem::grammar::TokenBitmask> mask = masker.Mask(s);
+        times_us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count());
+        deepest = std::max(deepest, pda->StacksAndDepth(s).second);
+        if (pda->accepting(s) && (!pda->can_continue(s) || rng() % 8 == 0)) break;
+        std::vector<int> allowed;
+        for (int id = 0; id < mask->size(); ++id) {
+          if (mask->Test(id)) allowed.push_back(id);
+        }
+        if (allowed.empty()) break;
+        const int pick = allowed[rng() % allowed.size()];
+        s = pda->Walk(s, vocab[pick]);
+      }
+    }
+    configs = pda->num_configs();
+  }
+  std::sort(times_us.begin(), times_us.end());
+  state.counters["tokens"] = static_cast<double>(times_us.size());
+  state.counters["median_us"] = times_us[times_us.size() / 2];
+  state.counters["p90_us"] = times_us[times_us.size() * 9 / 10];
+  double sum = 0;
+  for (double t : times_us) sum += t;
+  state.counters["mean_us"] = sum / static_cast<double>(times_us.size());
+  state.counters["configs"] = configs;
+  state.counters["max_depth"] = deepest;
+}
+BENCHMARK(BM_GbnfJsonMaskPerToken)->Arg(0)->Arg(1)->Iterations(3)->Unit(benchmark::kMillisecond);
 
 // One uncached mask per iteration, cycling over every state of the automaton.
 void BM_MaskUncached(benchmark::State& state) {

@@ -196,7 +196,7 @@ test('guided_choice and guided_regex: every output is a match, also sampled, in 
 
 test('guided_grammar: GBNF outputs are sentences of the grammar, sampled, in both modes',
      async () => {
-  // Arithmetic with nested parentheses (recursive: nesting is bounded, every output parses).
+  // Arithmetic with nested parentheses (recursive; every output parses).
   const grammar = [
     'root ::= expr',
     'expr ::= term (("+" | "-") term)*',
@@ -227,7 +227,22 @@ test('guided_grammar: GBNF outputs are sentences of the grammar, sampled, in bot
     if (finish === 'stop') assert.ok(parse(text), `${JSON.stringify(text)} is not in the grammar`);
     else assert.equal(finish, 'length');
   }
+  // Recursion is not bounded: with '(' pushed to the top, the output opens 30 levels deep and
+  // is still a prefix of a sentence (a depth-bounded automaton would have to close by now).
+  const deep = await inBothModes(async (c, name) => {
+    const root = modes[name].baseURL.replace(/\/v1$/, '');
+    const tok = await (await fetch(`${root}/tokenize`, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: '(', add_special_tokens: false }) })).json();
+    assert.equal(tok.tokens.length, 1);
+    const r = await complete(c, { prompt: 'Nest:', max_tokens: 30, guided_grammar:
+      'root ::= "(" root ")" | "x"', logit_bias: { [tok.tokens[0]]: 100 } });
+    return [r.choices[0].text, r.choices[0].finish_reason];
+  });
+  assert.deepEqual(deep, ['('.repeat(30), 'length']);
   await inBothModes(async (c) => {
+    await assert.rejects(complete(c, { prompt: 'x', guided_grammar: 'root ::= root "a" | "b"' }),
+                         (e) => e.status === 400 && /left-recursive/.test(e.error?.message));
     await assert.rejects(complete(c, { prompt: 'x', guided_grammar: 'root ::= missing' }),
                          (e) => e.status === 400 && e.error?.param === 'guided_grammar' &&
                                 /'missing' is not defined/.test(e.error?.message));
