@@ -1,0 +1,74 @@
+#pragma once
+// DeviceProfile: what one worker's device can do, as `tandem profile` measured it and `tandem
+// plan` reads it (docs/planning.md): prefill latency against prompt length (with and without a
+// prefix-cache hit), decode step time against batch size and context, KV capacity, and KV
+// transfer time against prompt length on one backend.
+//
+// The JSON file is untrusted input (a planner reads files from anywhere): ProfileFromJson checks
+// every field (types, ranges, sorted distinct grid points, finite positive times) and names the
+// first bad one; unknown keys are errors too.
+//
+// Between grid points the lookups interpolate linearly; past the last point they extrapolate
+// from the last two (prefill grows with length, decode with batch and context), never below the
+// smallest measured time.
+//
+// Thread-safety: values.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::planning {
+
+inline constexpr int kProfileVersion = 1;
+
+struct PrefillPoint {
+  int tokens = 0;         // prompt length
+  int cached_tokens = 0;  // of which a prefix-cache hit (not computed)
+  double ms = 0;          // median forward time of the uncached part
+};
+
+struct DecodePoint {
+  int batch = 0;    // sequences decoding one token each
+  int context = 0;  // tokens already in each sequence's KV cache
+  double ms = 0;    // median step time
+};
+
+struct TransferPoint {
+  int tokens = 0;  // prompt length whose KV moved
+  int64_t bytes = 0;
+  double ms = 0;  // median, post to landed
+};
+
+struct DeviceProfile {
+  int version = kProfileVersion;
+  std::string model;   // the model directory's name
+  std::string device;  // "cpu", "cuda:0"
+  std::string host;    // where it was measured (free text)
+  std::string date;    // UTC, ISO 8601
+  int block_size = 16;
+  int64_t kv_capacity_tokens = 0;       // KV cache blocks * block size
+  int64_t kv_bytes_per_token = 0;       // all layers, K and V
+  int max_num_batched_tokens = 0;       // the engine's step token budget the prefill points used
+  std::string transfer_backend;         // "" when no transfer was measured
+  std::vector<PrefillPoint> prefill;    // cached_tokens 0 first, by tokens; then hits
+  std::vector<DecodePoint> decode;      // by (batch, context)
+  std::vector<TransferPoint> transfer;  // by tokens
+
+  // Forward time of a prefill chunk of `tokens` uncached tokens after `cached` already in the
+  // cache: a whole prompt's cost beyond its first `cached` positions, plus the step's fixed
+  // cost (the hit points are measured to check this; docs/planning.md).
+  double PrefillMs(int tokens, int cached = 0) const;
+  // One decode step of `batch` sequences at mean context `context`.
+  double DecodeStepMs(int batch, int context) const;
+  // Moving a `tokens`-token prompt's KV; 0 when no transfer was measured.
+  double TransferMs(int tokens) const;
+};
+
+std::string ProfileToJson(const DeviceProfile& profile);
+absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text);
+
+}  // namespace tandem::planning
