@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   tandem::cli::AddDecodeCommand(app, &exit_code);
   tandem::cli::AddRouterCommand(app, &exit_code);
   tandem::cli::AddServeCommand(app, &exit_code);
+  tandem::cli::AddProfileCommand(app, &exit_code);
+  tandem::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -144,11 +144,12 @@ std::string ReplicaPatch(const Layout& layout, const std::string& prefill_deploy
     return absl::StrCat("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: ", name,
                         "\nspec:\n  replicas: ", replicas, "\n");
   };
-  return absl::StrCat(
-      "# tandem plan: ",
-      layout.disaggregated() ? absl::StrCat(layout.prefill, " prefill + ", layout.decode, " decode")
-                             : absl::StrCat(layout.aggregated, " aggregated"),
-      " workers\n", one(prefill_deployment, prefill), "---\n", one(decode_deployment, decode));
+  const std::string what =
+      layout.disaggregated()
+          ? absl::StrCat(layout.prefill, " prefill + ", layout.decode, " decode")
+          : absl::StrCat(layout.aggregated, " aggregated (decode workers, no prefill workers)");
+  return absl::StrCat("# tandem plan: ", what, "\n", one(prefill_deployment, prefill), "---\n",
+                      one(decode_deployment, decode));
 }
 
 }  // namespace tandem::planning

@@ -217,7 +217,7 @@ TEST(PlannerTest, BadInputsAndThePatch) {
   in.slo.tpot_ms = 0;
   EXPECT_THAT(std::string(MakePlan(in).status().message()), HasSubstr("slo"));
   EXPECT_EQ(ReplicaPatch({2, 3, 0}, "p", "d"),
-            "# tandem plan: 2 prefill + 3 decode workers\napiVersion: apps/v1\nkind: "
+            "# tandem plan: 2 prefill + 3 decode\napiVersion: apps/v1\nkind: "
             "Deployment\nmetadata:\n  name: p\nspec:\n  replicas: 2\n---\napiVersion: "
             "apps/v1\nkind: Deployment\nmetadata:\n  name: d\nspec:\n  replicas: 3\n");
   EXPECT_THAT(ReplicaPatch({0, 0, 4}, "p", "d"), HasSubstr("name: p\nspec:\n  replicas: 0"));

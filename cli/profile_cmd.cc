@@ -1,0 +1,177 @@
+// `tandem profile`: measures what one worker's device can do (docs/planning.md) and writes one
+// JSON profile for `tandem plan`.
+//   tandem profile --model DIR [--device cpu|cuda|cuda:N] [--kv-cache-mib M] [--block-size B]
+//                  [--prompt-lens 16,64,...] [--batch-sizes 1,2,...] [--contexts 64,256,...]
+//                  [--max-num-batched-tokens N] [--transfer-backend loopback|ucx|cma|none]
+//                  [--repeats R] [--out FILE] [--no-progress]
+// A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
+// Exit status: 0 ok, 1 runtime error (model, device, measurement), 2 usage error.
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/commands.h"
+#include "planning/profiler.h"
+#include "runtime/model/runner_factory.h"
+
+namespace tandem::cli {
+namespace {
+
+struct ProfileFlags {
+  std::string model_dir;
+  std::string device = "cpu";
+  int kv_cache_mib = 256;
+  int block_size = 16;
+  std::string prompt_lens = "16,64,128,256,512,1024";
+  std::string batch_sizes = "1,2,4,8,16,32";
+  std::string contexts = "64,256,1024";
+  int max_num_batched_tokens = 512;
+  std::string transfer_backend = "loopback";
+  int repeats = 5;
+  std::string out;
+  bool no_progress = false;
+};
+
+absl::StatusOr<std::vector<int>> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", piece, "' is not an integer (expected e.g. 1,2,4)"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// "[#####.....] 12/40 prefill 256 tokens", redrawn in place.
+void DrawProgress(int done, int total, const std::string& what) {
+  constexpr int kWidth = 30;
+  const int filled = total > 0 ? done * kWidth / total : kWidth;
+  std::cerr << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
+            << done << "/" << total << " " << what << "\033[K" << std::flush;
+  if (done == total) std::cerr << "\n";
+}
+
+int Run(const ProfileFlags& f) {
+  const auto usage = [](const std::string& message) {
+    std::cerr << "tandem profile: " << message << "\n";
+    return 2;
+  };
+  planning::ProfilerOptions options;
+  absl::StatusOr<std::vector<int>> lens = ParseList("--prompt-lens", f.prompt_lens);
+  if (!lens.ok()) return usage(std::string(lens.status().message()));
+  absl::StatusOr<std::vector<int>> batches = ParseList("--batch-sizes", f.batch_sizes);
+  if (!batches.ok()) return usage(std::string(batches.status().message()));
+  absl::StatusOr<std::vector<int>> contexts = ParseList("--contexts", f.contexts);
+  if (!contexts.ok()) return usage(std::string(contexts.status().message()));
+  options.prompt_lens = *lens;
+  options.batch_sizes = *batches;
+  options.contexts = *contexts;
+  options.max_num_batched_tokens = f.max_num_batched_tokens;
+  options.transfer_backend = f.transfer_backend;
+  options.repeats = f.repeats;
+  if (!ParseRunnerDevice(f.device).ok()) {
+    return usage(absl::StrCat("--device: '", f.device, "' is not cpu, cuda or cuda:N"));
+  }
+  RunnerOptions runner_options;
+  runner_options.block_size = f.block_size;
+  runner_options.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mib) << 20;
+  runner_options.max_batch_tokens = f.max_num_batched_tokens;
+  runner_options.progress = !f.no_progress;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
+      CreateModelRunner(f.device, f.model_dir, runner_options);
+  if (!runner.ok()) {
+    std::cerr << "tandem profile: " << runner.status().message() << "\n";
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<planning::DeviceProfile> profile = planning::MeasureProfile(
+      **runner, options, f.no_progress ? planning::ProfileProgress() : DrawProgress);
+  if (!profile.ok()) {
+    std::cerr << "\ntandem profile: " << profile.status().message() << "\n";
+    return profile.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  profile->model = std::filesystem::path(f.model_dir).filename().string();
+  if (profile->model.empty()) profile->model = f.model_dir;
+  profile->device = f.device;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) {
+    profile->host = absl::StrCat(host, ", ", std::thread::hardware_concurrency(), " cores");
+  }
+  profile->date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string text = planning::ProfileToJson(*profile);
+  if (f.out.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream out(f.out);
+    out << text;
+    if (!out.good()) {
+      std::cerr << "tandem profile: cannot write " << f.out << "\n";
+      return 1;
+    }
+  }
+  if (!f.no_progress) {
+    std::cerr << "tandem profile: " << profile->prefill.size() << " prefill, "
+              << profile->decode.size() << " decode and " << profile->transfer.size()
+              << " transfer points in "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+              << " s; KV capacity " << profile->kv_capacity_tokens << " tokens"
+              << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddProfileCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<ProfileFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile",
+      "Measure a worker's device (prefill, decode, KV capacity, KV transfer) for "
+      "`tandem plan`");
+  cmd->add_option("--model", flags->model_dir, "Model directory")->required();
+  cmd->add_option("--device", flags->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--kv-cache-mib", flags->kv_cache_mib, "KV cache size in MiB, as the worker's")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--block-size", flags->block_size, "Tokens per KV block, as the worker's")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--prompt-lens", flags->prompt_lens, "Prompt lengths to prefill (ascending)")
+      ->capture_default_str();
+  cmd->add_option("--batch-sizes", flags->batch_sizes, "Decode batch sizes (ascending)")
+      ->capture_default_str();
+  cmd->add_option("--contexts", flags->contexts, "Decode contexts in tokens (ascending)")
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
+                  "The engine's step token budget (prefill chunk size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--transfer-backend", flags->transfer_backend,
+                  "KV transfer backend measured in-process: loopback, ucx, cma, or none")
+      ->capture_default_str();
+  cmd->add_option("--repeats", flags->repeats, "Timed runs per point (median)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--out", flags->out, "Write the profile here (default: stdout)");
+  cmd->add_flag("--no-progress", flags->no_progress, "No progress bar on stderr");
+  cmd->callback([flags, exit_code] { *exit_code = Run(*flags); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""`tandem profile` then `tandem plan` on the bundled model, and the plan's replica patch applied
+to the cpu-demo overlay with kubectl kustomize.
+
+Checks: the profile is complete and `tandem plan` reads it; prefill-heavy and decode-heavy
+workloads get more prefill and more decode workers respectively; the JSON plan is consistent
+(goodput per device = goodput / devices, the recommended layout sustains the rate it says it
+does); the patch rendered over the overlay sets exactly the replicas the plan recommends; bad
+inputs are usage errors (exit 2) naming the problem.
+
+Usage: plan_end_to_end.py --tandem BIN --model DIR --kubectl KUBECTL --deploy DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tandem", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--kubectl", required=True)
+    ap.add_argument("--deploy", required=True)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tandem-plan-")
+    failures = []
+
+    def check(ok, what):
+        if not ok:
+            failures.append(what)
+            print("FAIL:", what, file=sys.stderr)
+
+    try:
+        profile = os.path.join(tmp, "profile.json")
+        r = run([args.tandem, "profile", "--model", args.model, "--prompt-lens", "16,64,256",
+                 "--batch-sizes", "1,4,16", "--contexts", "64,512", "--repeats", "2",
+                 "--no-progress", "--out", profile])
+        check(r.returncode == 0, f"tandem profile exits 0: {r.stderr}")
+        p = json.load(open(profile))
+        check(len([x for x in p["prefill"] if x["cached_tokens"] == 0]) == 3, "3 prefill lengths")
+        check(len(p["decode"]) == 6 and len(p["transfer"]) == 3, "decode grid and transfers")
+        check(p["kv_capacity_tokens"] > 0 and p["kv_bytes_per_token"] > 0, "KV geometry")
+
+        def plan(*extra):
+            r = run([args.tandem, "plan", "--profile", profile, "--devices", "4", "--requests",
+                     "300", "--json", *extra])
+            check(r.returncode == 0, f"tandem plan {extra} exits 0: {r.stderr}")
+            return json.loads(r.stdout) if r.returncode == 0 else None
+
+        def best_disagg(j):
+            c = next(c for c in j["candidates"] if c["layout"] == j["best_disaggregated"])
+            return c["prefill"], c["decode"]
+
+        heavy_prefill = plan("--mix", "1024:2", "--ttft-ms", "2000", "--tpot-ms", "200")
+        heavy_decode = plan("--mix", "16:256", "--ttft-ms", "2000", "--tpot-ms", "200")
+        if heavy_prefill and heavy_decode:
+            pp, pd = best_disagg(heavy_prefill)
+            dp, dd = best_disagg(heavy_decode)
+            check(pp > pd, f"prefill-heavy work gets more prefill workers ({pp}P+{pd}D)")
+            check(dd > dp, f"decode-heavy work gets more decode workers ({dp}P+{dd}D)")
+            for c in heavy_prefill["candidates"]:
+                check(abs(c["goodput_per_device"] * c["devices"] - c["goodput"]) < 1e-6,
+                      f"{c['layout']}: per-device goodput is goodput / devices")
+
+        patch = os.path.join(tmp, "replicas.yaml")
+        mixed = plan("--mix", "64:128,512:16", "--rate", "2", "--ttft-ms", "2000", "--tpot-ms",
+                     "100", "--patch", patch)
+        if mixed:
+            rec = next(c for c in mixed["candidates"] if c["layout"] == mixed["recommended"])
+            if mixed["rate_sustained"]:
+                check(rec["goodput"] >= 2, "a sustaining recommendation has goodput >= the rate")
+                check(rec["at_rate"]["attainment"] >= 0.9, "and meets the SLO at the rate")
+            want = {"tandem-prefill": rec["prefill"],
+                    "tandem-decode": rec["decode"] or rec["aggregated"]}
+            overlay = os.path.join(tmp, "overlay")
+            os.makedirs(overlay)
+            shutil.copy(patch, os.path.join(overlay, "replicas.yaml"))
+            base = os.path.relpath(os.path.join(args.deploy, "kubernetes/overlays/cpu-demo"),
+                                   overlay)
+            with open(os.path.join(overlay, "kustomization.yaml"), "w") as f:
+                f.write(f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                        f"bases:\n- {base}\npatchesStrategicMerge:\n- replicas.yaml\n")
+            r = run([args.kubectl, "kustomize", overlay])
+            check(r.returncode == 0, f"the patched overlay renders: {r.stderr}")
+            if r.returncode == 0:
+                got = {d["metadata"]["name"]: d["spec"].get("replicas")
+                       for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment"}
+                for name, replicas in want.items():
+                    check(got.get(name) == replicas,
+                          f"{name} has {got.get(name)} replicas, the plan says {replicas}")
+
+        for bad, needle in [(["--mix", "12"], "--mix"), (["--input-len", "10"], "--output-len"),
+                            (["--mix", "8:8", "--percentile", "0"], "slo")]:
+            r = run([args.tandem, "plan", "--profile", profile, *bad])
+            check(r.returncode == 2 and needle in r.stderr, f"{bad}: exit 2 naming {needle}: "
+                  f"{r.returncode} {r.stderr.strip()}")
+        with open(os.path.join(tmp, "broken.json"), "w") as f:
+            f.write(json.dumps({**p, "decode": p["decode"][:-1]}))
+        r = run([args.tandem, "plan", "--profile", os.path.join(tmp, "broken.json"), "--mix",
+                 "8:8"])
+        check(r.returncode == 2 and "full grid" in r.stderr, f"a ragged profile: {r.stderr}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("plan end to end: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
