@@ -62,6 +62,7 @@ struct RouterFlags {
   int max_model_len = 0;
   double request_timeout_s = 0;
   int http_threads = 4;
+  double http_idle_timeout_s = 75;
   double wait_ready_s = 10;
 };
 
@@ -121,6 +122,7 @@ int RunRouter(const RouterFlags& flags) {
   frontend_options.http.host = flags.host;
   frontend_options.http.port = flags.port;
   frontend_options.http.num_threads = flags.http_threads;
+  frontend_options.http.idle_timeout = absl::Seconds(flags.http_idle_timeout_s);
   frontend_options.model_dir = flags.model_dir;
   frontend_options.served_model_name = flags.frontend.served_model_name;
   frontend_options.model_options.chat_template_file = flags.frontend.chat_template;
@@ -273,6 +275,10 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--http-threads", flags->http_threads, "HTTP io threads (default 4)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-idle-timeout-s", flags->http_idle_timeout_s,
+                  "How long an idle keep-alive connection (or a request header) may take; behind "
+                  "a proxy, set it above the proxy's idle timeout (default 75)")
+      ->check(CLI::Range(1.0, 86400.0));
   cmd->add_option("--wait-ready-s", flags->wait_ready_s,
                   "At start-up, wait this long for a healthy decode worker before announcing "
                   "readiness (default 10)")

@@ -81,7 +81,12 @@ struct HttpServerOptions {
   int num_threads = 4;
   size_t max_body_bytes = 4 << 20;  // larger bodies get 413 without being read
   size_t max_header_bytes = 64 << 10;
-  absl::Duration idle_timeout = absl::Seconds(75);   // keep-alive wait plus reading the header
+  // Keep-alive wait plus reading the header (`tandem router --http-idle-timeout-s`). Behind a
+  // proxy it must exceed the proxy's idle timeout (AWS ALB 60 s, GCP load balancers 600 s), so
+  // the proxy, not the router, closes an idle connection: a router that closes first races the
+  // proxy's next request on it, a reset the client sees. Facing clients directly, it also bounds
+  // how long a slow header may hold a connection, hence the modest default.
+  absl::Duration idle_timeout = absl::Seconds(75);
   absl::Duration read_timeout = absl::Seconds(60);   // reading the body once the header is in
   absl::Duration write_timeout = absl::Seconds(60);  // each write (a client not reading)
   absl::Duration shutdown_grace = absl::Seconds(5);  // Stop(): pending responses may finish
