@@ -92,6 +92,7 @@ class CudaIpcBackend final : public TransferBackend {
     num_sms_ = prop.multiProcessorCount;
     std::memcpy(self_.gpu.data(), prop.uuid.bytes, cuda_ipc::kUuidBytes);
     self_.pid = static_cast<uint32_t>(getpid());
+    self_.process = cuda_ipc::ProcessNonce();
     self_.boot_id = cuda_ipc::ReadBootId();
     if (self_.boot_id.empty()) {
       return absl::FailedPreconditionError(
@@ -249,7 +250,7 @@ class CudaIpcBackend final : public TransferBackend {
     p.address = address;
     p.pid = a.pid;
     p.gpu = a.gpu;
-    p.same_process = a.pid == self_.pid;
+    p.same_process = a.process == self_.process;  // not the pid: containers reuse pid 1
     peers_.emplace(peer, std::move(p));
     return absl::OkStatus();
   }

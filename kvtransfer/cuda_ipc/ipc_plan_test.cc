@@ -58,6 +58,7 @@ AgentAddress SomeAddress() {
   AgentAddress a;
   a.boot_id = "0d3c5a52-7b1e-4f57-9a43-3a3d5a0e2f11";
   a.pid = 4242;
+  a.process = 0x0123456789abcdefULL;
   for (size_t i = 0; i < kUuidBytes; ++i) a.gpu[i] = static_cast<uint8_t>(i * 17);
   return a;
 }
@@ -68,7 +69,11 @@ TEST(IpcWireTest, AgentAddressRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->boot_id, a.boot_id);
   EXPECT_EQ(back->pid, a.pid);
+  EXPECT_EQ(back->process, a.process);
   EXPECT_EQ(back->gpu, a.gpu);
+  // One nonce per process, never 0.
+  EXPECT_NE(ProcessNonce(), 0u);
+  EXPECT_EQ(ProcessNonce(), ProcessNonce());
 }
 
 TEST(IpcWireTest, RegionRoundTrips) {
@@ -95,7 +100,11 @@ TEST(IpcWireTest, MalformedBlobsAreInvalidArgument) {
            "cuda_ipc/1;boot=x;pid=1;pid=2;gpu=" + gpu_hex, "cuda_ipc/1;boot=x;pid=0;gpu=" + gpu_hex,
            "cuda_ipc/1;boot=x;pid=-1;gpu=" + gpu_hex, "cuda_ipc/1;boot=;pid=1;gpu=" + gpu_hex,
            "cuda_ipc/1;boot=x;pid=1;gpu=zz" + gpu_hex.substr(2),
-           "cuda_ipc/1;boot=x;pid=1;gpu=" + gpu_hex + "00", std::string(5000, 'c')}) {
+           "cuda_ipc/1;boot=x;pid=1;gpu=" + gpu_hex + "00", std::string(5000, 'c'),
+           "cuda_ipc/1;boot=x;pid=1;gpu=" + gpu_hex,  // no process nonce (an older peer)
+           "cuda_ipc/1;boot=x;pid=1;proc=0000000000000000;gpu=" + gpu_hex,
+           "cuda_ipc/1;boot=x;pid=1;proc=12;gpu=" + gpu_hex,
+           "cuda_ipc/1;boot=x;pid=1;proc=zz23456789abcdef;gpu=" + gpu_hex}) {
     EXPECT_EQ(DecodeAgentAddress(blob).status().code(), absl::StatusCode::kInvalidArgument) << blob;
   }
   const std::string region =

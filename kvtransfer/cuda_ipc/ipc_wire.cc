@@ -1,6 +1,7 @@
 #include "kvtransfer/cuda_ipc/ipc_wire.h"
 
 #include <fstream>
+#include <random>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -66,13 +67,24 @@ absl::StatusOr<absl::flat_hash_map<std::string, std::string>> Fields(
 
 }  // namespace
 
+uint64_t ProcessNonce() {
+  static const uint64_t nonce = [] {
+    std::random_device rd;
+    uint64_t n = 0;
+    while (n == 0) n = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return n;
+  }();
+  return nonce;
+}
+
 std::string EncodeAgentAddress(const AgentAddress& address) {
   return absl::StrCat(kVersion, ";boot=", address.boot_id, ";pid=", address.pid,
+                      ";proc=", absl::Hex(address.process, absl::kZeroPad16),
                       ";gpu=", Hex(address.gpu));
 }
 
 absl::StatusOr<AgentAddress> DecodeAgentAddress(absl::string_view blob) {
-  auto fields = Fields(blob, "agent address", {"boot", "pid", "gpu"});
+  auto fields = Fields(blob, "agent address", {"boot", "pid", "proc", "gpu"});
   if (!fields.ok()) return fields.status();
   AgentAddress a;
   a.boot_id = (*fields)["boot"];
@@ -81,6 +93,10 @@ absl::StatusOr<AgentAddress> DecodeAgentAddress(absl::string_view blob) {
   }
   if (!absl::SimpleAtoi((*fields)["pid"], &a.pid) || a.pid == 0) {
     return absl::InvalidArgumentError("cuda_ipc: agent address: bad pid");
+  }
+  const std::string& proc = (*fields)["proc"];
+  if (proc.size() != 16 || !absl::SimpleHexAtoi(proc, &a.process) || a.process == 0) {
+    return absl::InvalidArgumentError("cuda_ipc: agent address: bad process nonce");
   }
   if (!FromHex((*fields)["gpu"], &a.gpu)) {
     return absl::InvalidArgumentError("cuda_ipc: agent address: bad gpu UUID");

@@ -1,7 +1,8 @@
 #pragma once
 // The cuda_ipc backend's two blobs, parsed and validated here with no CUDA types (unit-tested
 // without a GPU). Both are text, versioned "cuda_ipc/1", fields separated by ';':
-//   agent address: cuda_ipc/1;boot=<host boot id>;pid=<pid>;gpu=<32 hex: device UUID>
+//   agent address: cuda_ipc/1;boot=<host boot id>;pid=<pid>;proc=<16 hex: process nonce>;
+//                  gpu=<32 hex: device UUID>
 //   region:        cuda_ipc/1;handle=<128 hex: cudaIpcMemHandle_t>;offset=<N>;length=<N>;
 //                  gpu=<32 hex>
 // A region blob names an IPC handle of a whole device allocation and the registered range inside
@@ -24,9 +25,15 @@ inline constexpr size_t kUuidBytes = 16;       // sizeof(cudaUUID_t)
 
 struct AgentAddress {
   std::string boot_id;  // /proc/sys/kernel/random/boot_id: same value = same host (and boot)
-  uint32_t pid = 0;
+  uint32_t pid = 0;     // in the agent's own PID namespace (for messages only)
+  // ProcessNonce() of the agent's process: the same value = the same process. A pid cannot say
+  // that: two containers on one host each run their worker as pid 1.
+  uint64_t process = 0;
   std::array<uint8_t, kUuidBytes> gpu{};
 };
+
+// A random number drawn once per process (thread-safe).
+uint64_t ProcessNonce();
 
 struct RegionBlob {
   std::array<uint8_t, kIpcHandleBytes> handle{};
