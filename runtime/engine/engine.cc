@@ -194,10 +194,9 @@ absl::Status Engine::Validate(const GenerateRequest& r) const {
   if (r.params.prompt_logprobs.has_value() &&
       (r.hold_kv_after_prefill || r.resumed_output_tokens > 0)) {
     return absl::InvalidArgumentError(
-        r.hold_kv_after_prefill ? "prompt_logprobs: scored by the engine that emits the first "
-                                  "token, not a prefill-only "
-                                  "one"
-                                : "prompt_logprobs: a resumed request's prompt was already scored");
+        r.hold_kv_after_prefill
+            ? "prompt_logprobs: scored where the first token is emitted, not on a prefill worker"
+            : "prompt_logprobs: a resumed request's prompt was already scored");
   }
   if (r.resumed_output_tokens > 0 && r.params.temperature > 0 && !r.params.seed.has_value()) {
     return absl::InvalidArgumentError(

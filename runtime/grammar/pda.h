@@ -112,8 +112,8 @@ class GrammarPda final : public ByteAutomaton {
   mutable absl::flat_hash_map<uint64_t, int32_t> steps_
       ABSL_GUARDED_BY(mu_);  // config * 256 + byte
   // Close's visited marks, by frame id (a generation counter, so no clearing per step).
-  mutable std::vector<uint32_t> seen_gen_ ABSL_GUARDED_BY(mu_);
-  mutable uint32_t gen_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::vector<uint64_t> seen_gen_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t gen_ ABSL_GUARDED_BY(mu_) = 0;  // never wraps
 };
 
 }  // namespace tandem::grammar

@@ -524,12 +524,16 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     if (scores_prompt_ && has_tokens && !c.prompt_scored &&
         !TakePromptScoresLocked(i, chunk, &echo_entries)) {
       // A worker that does not score the prompt, or scores another one: nothing is made up.
-      c.done = true;
-      --remaining_;
       if (!finished_) {
         *to_cancel = FailLocked(
             absl::InternalError("the decode worker's prompt logprobs do not match the prompt"));
       }
+      // This choice's stream is still running: cancel it too, and take nothing more from it.
+      if (std::find(to_cancel->begin(), to_cancel->end(), c.backend_id) == to_cancel->end()) {
+        to_cancel->push_back(c.backend_id);
+      }
+      c.done = true;
+      --remaining_;
       return;
     }
     if (has_tokens) {

@@ -899,11 +899,14 @@ TEST_F(FrontendTest, PromptLogprobsShapes) {
 TEST_F(FrontendTest, PromptLogprobsThatDoNotMatchThePromptFailTheRequest) {
   FakeBackendBehavior b;
   b.misscore_prompt = true;
+  b.endless = true;  // only a cancel ends the misscoring stream
   backend_.set_behavior(b);
   auto r = Post("/v1/completions", CompletionBody({{"max_tokens", 2}, {"prompt_logprobs", 1}}));
   EXPECT_EQ(r.status, 500) << r.body;
   EXPECT_THAT(Json(r)["error"]["message"].get<std::string>(),
               ::testing::HasSubstr("prompt logprobs do not match"));
+  EXPECT_TRUE(backend_.WaitForIdle(absl::Seconds(10))) << "the misscoring stream was not cancelled";
+  backend_.set_behavior({});
   r = Post("/v1/completions", CompletionBody({{"max_tokens", 2}}));
   EXPECT_EQ(r.status, 200);
 }
