@@ -19,17 +19,22 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "cli/access_flags.h"
 #include "cli/commands.h"
+#include "planning/online_planner.h"
+#include "planning/profile.h"
 #include "prometheus/registry.h"
+#include "runtime/base/logging.h"
 #include "runtime/metrics/metrics.h"
 #include "runtime/router/access_policy.h"
 #include "runtime/router/discovery.h"
@@ -64,7 +69,44 @@ struct RouterFlags {
   int http_threads = 4;
   double http_idle_timeout_s = 75;
   double wait_ready_s = 10;
+  // The online planner (docs/planning.md): recommended replicas from these profiles.
+  std::string plan_profile;
+  std::string plan_decode_profile;
+  double plan_ttft_ms = 400, plan_tpot_ms = 25, plan_percentile = 90;
+  int plan_max_workers = 16;
+  double plan_interval_s = 15;
 };
+
+absl::StatusOr<planning::DeviceProfile> ReadProfile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<planning::DeviceProfile> p = planning::ProfileFromJson(text);
+  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.status().message()));
+  return p;
+}
+
+// Publishes the online planner's layout as the pools' recommended replicas (1 + 1 while idle).
+void PublishPlan(planning::OnlinePlanner& planner, metrics::RouterMetrics& m,
+                 planning::Layout* last) {
+  const std::optional<planning::Recommendation> rec = planner.Recommend(absl::Now());
+  const planning::Layout layout = rec.has_value() ? rec->layout : planning::Layout{1, 1, 0};
+  m.pool_recommended_replicas.Add({{"pool", "prefill"}}).Set(layout.prefill);
+  m.pool_recommended_replicas.Add({{"pool", "decode"}}).Set(layout.decode);
+  if (layout.prefill != last->prefill || layout.decode != last->decode) {
+    LOG(INFO) << "router: planner recommends " << layout.prefill << " prefill + " << layout.decode
+              << " decode workers"
+              << (rec.has_value()
+                      ? absl::StrCat(
+                            " for ", absl::StrFormat("%.2f", rec->rate),
+                            " requests/s (predicted TTFT p90 ",
+                            absl::StrFormat("%.0f", rec->at_rate.ttft_p90), " ms, TPOT p90 ",
+                            absl::StrFormat("%.1f", rec->at_rate.tpot_p90), " ms",
+                            rec->sustained ? "" : "; the SLOs are NOT met at the limit", ")")
+                      : " (no traffic)");
+    *last = layout;
+  }
+}
 
 // Blocks until SIGINT or SIGTERM (blocked in every thread), or `timeout` passes; true on a signal.
 bool WaitForSignal(const sigset_t& signals, absl::Duration timeout) {
@@ -103,6 +145,22 @@ int RunRouter(const RouterFlags& flags) {
   decode_pool_options.role = "decode";
   decode_pool_options.identity = *identity;
   decode_pool_options.track_prefix_cache = *policy == router::RoutingPolicy::kKvAware;
+  std::unique_ptr<planning::OnlinePlanner> planner;
+  if (!flags.plan_profile.empty()) {
+    absl::StatusOr<planning::DeviceProfile> prefill_profile = ReadProfile(flags.plan_profile);
+    if (!prefill_profile.ok()) return usage(std::string(prefill_profile.status().message()));
+    absl::StatusOr<planning::DeviceProfile> decode_profile =
+        flags.plan_decode_profile.empty() ? prefill_profile
+                                          : ReadProfile(flags.plan_decode_profile);
+    if (!decode_profile.ok()) return usage(std::string(decode_profile.status().message()));
+    planning::OnlinePlannerOptions plan_options;
+    plan_options.slo = {flags.plan_ttft_ms, flags.plan_tpot_ms, flags.plan_percentile};
+    plan_options.max_workers = flags.plan_max_workers;
+    plan_options.limits.max_num_batched_tokens = prefill_profile->max_num_batched_tokens;
+    planner =
+        std::make_unique<planning::OnlinePlanner>(*prefill_profile, *decode_profile, plan_options);
+    decode_pool_options.publish_recommended = false;
+  }
   router::WorkerPool decode_pool(decode_pool_options);
   std::unique_ptr<router::WorkerPool> prefill_pool;
   if (disaggregated) {
@@ -123,6 +181,11 @@ int RunRouter(const RouterFlags& flags) {
   frontend_options.http.port = flags.port;
   frontend_options.http.num_threads = flags.http_threads;
   frontend_options.http.idle_timeout = absl::Seconds(flags.http_idle_timeout_s);
+  if (planner != nullptr) {
+    frontend_options.on_choice_done = [p = planner.get()](int prompt_tokens, int output_tokens) {
+      p->Record(prompt_tokens, output_tokens, absl::Now());
+    };
+  }
   frontend_options.model_dir = flags.model_dir;
   frontend_options.served_model_name = flags.frontend.served_model_name;
   frontend_options.model_options.chat_template_file = flags.frontend.chat_template;
@@ -197,7 +260,13 @@ int RunRouter(const RouterFlags& flags) {
                 << " decode + " << (prefill_pool != nullptr ? prefill_pool->size() : 0)
                 << " prefill workers, routing " << router::RoutingPolicyName(*policy)
                 << (disaggregated ? "" : ", aggregated") << ")" << std::endl;
+      planning::Layout published{0, 0, 0};
+      absl::Time next_plan = absl::Now();
       while (!WaitForSignal(signals, absl::Seconds(1))) {
+        if (planner != nullptr && absl::Now() >= next_plan) {
+          PublishPlan(*planner, (*frontend)->metrics(), &published);
+          next_plan = absl::Now() + absl::Seconds(flags.plan_interval_s);
+        }
       }
     }
     std::cerr << "tandem router: shutting down\n";
@@ -279,6 +348,32 @@ void AddRouterCommand(CLI::App& app, int* exit_code) {
                   "How long an idle keep-alive connection (or a request header) may take; behind "
                   "a proxy, set it above the proxy's idle timeout (default 75)")
       ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--plan-profile", flags->plan_profile,
+                  "A tandem profile of the workers: tandem_pool_recommended_replicas then comes "
+                  "from the planner's model over the last minute's traffic (docs/planning.md) "
+                  "instead of the pools' saturation")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--plan-decode-profile", flags->plan_decode_profile,
+                  "The decode workers' profile, when it differs (default: --plan-profile)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--plan-ttft-ms", flags->plan_ttft_ms, "Planner: TTFT objective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--plan-tpot-ms", flags->plan_tpot_ms, "Planner: TPOT objective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--plan-percentile", flags->plan_percentile,
+                  "Planner: percent of requests meeting both")
+      ->check(CLI::Range(1.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--plan-max-workers", flags->plan_max_workers,
+                  "Planner: the most workers (prefill + decode) it recommends")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  cmd->add_option("--plan-interval-s", flags->plan_interval_s,
+                  "Planner: seconds between recommendations")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--wait-ready-s", flags->wait_ready_s,
                   "At start-up, wait this long for a healthy decode worker before announcing "
                   "readiness (default 10)")

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "planning/online_planner.h"
 #include "planning/planner.h"
 #include "planning/profile.h"
 #include "planning/simulator.h"
@@ -22,8 +23,8 @@ using ::testing::HasSubstr;
 // token; transfer: 0.002 ms per token.
 DeviceProfile Linear(int64_t capacity = 1 << 20) {
   DeviceProfile p;
-  p.model = "m";
-  p.device = "cpu";
+  p.model = std::string("linear");
+  p.device = std::string("cpu");
   p.block_size = 16;
   p.kv_capacity_tokens = capacity;
   p.kv_bytes_per_token = 1024;
@@ -204,6 +205,47 @@ TEST(PlannerTest, ARequestedRateGetsTheSmallestLayoutThatSustainsIt) {
               return plan->candidates[a].goodput_per_device <
                      plan->candidates[b].goodput_per_device;
             }));
+}
+
+// The router's planner: the last minute's finished requests are the workload; its answer is the
+// smallest layout that sustains their rate, as the offline search finds it.
+TEST(OnlinePlannerTest, RecommendsTheSmallestSustainingLayoutForTheTrafficSeen) {
+  OnlinePlannerOptions options;
+  options.slo = {200, 10, 90};
+  options.max_workers = 6;
+  options.sim.num_requests = 300;
+  OnlinePlanner planner(Linear(), Linear(), options);
+  const absl::Time now = absl::FromUnixSeconds(1000000);
+  EXPECT_FALSE(planner.Recommend(now).has_value());  // nothing seen yet
+  // 150 requests/s for the last minute (more than max_samples keeps), and older ones outside it.
+  for (int i = 0; i < 600; ++i) {
+    planner.Record(512, 64, now - absl::Seconds(120) + absl::Seconds(i) / 10);
+  }
+  for (int i = 0; i < 9000; ++i) {
+    planner.Record(512, 64, now - absl::Seconds(60) + absl::Seconds(i + 1) / 150);
+  }
+  planner.Record(0, 5, now);  // ignored
+  std::optional<Recommendation> rec = planner.Recommend(now);
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_NEAR(rec->rate, 150, 0.5);
+  EXPECT_GT(rec->layout.devices(), 2);  // the smallest layouts cannot take this
+  PlanInput in;
+  in.prefill = in.decode = Linear();
+  in.slo = options.slo;
+  in.sim = options.sim;
+  in.workload.requests = {{512, 64}};
+  in.workload.rate = rec->rate;
+  const double target = 0.9;
+  EXPECT_TRUE(rec->sustained);
+  EXPECT_GE(Predict(in, rec->layout, rec->rate).attainment, target);
+  for (int p = 1; p < rec->layout.devices() - 1; ++p) {
+    for (int d = 1; p + d < rec->layout.devices(); ++d) {
+      EXPECT_LT(Predict(in, {p, d, 0}, rec->rate).attainment, target)
+          << p << "P+" << d << "D is smaller and sustains it too";
+    }
+  }
+  // A quiet minute later, nothing is in the window.
+  EXPECT_FALSE(planner.Recommend(now + absl::Seconds(120)).has_value());
 }
 
 TEST(PlannerTest, BadInputsAndThePatch) {

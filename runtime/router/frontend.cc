@@ -614,6 +614,10 @@ class RequestState : public LiveRequest, public std::enable_shared_from_this<Req
     c.started = true;
     if (chunk.finish_reason.has_value()) {
       c.finish_reason = *chunk.finish_reason;
+      if (core_->options.on_choice_done && c.finish_reason != "abort") {
+        core_->options.on_choice_done(static_cast<int>(prompts_[i / n_].token_ids.size()),
+                                      std::max(c.usage.completion_tokens, c.tokens));
+      }
       // OpenAI's reason for a turn that ended in calls (a named function's stays "stop").
       if (c.finish_reason == "stop" && c.tool_parser != nullptr && c.tool_parser->calls() > 0 &&
           tool_choice_ != ToolChoice::kFunction) {

@@ -92,6 +92,10 @@ struct RouterFrontendOptions {
   // Fairness: the choices of one request (`n`) that run at once; the next starts as one ends. A
   // request with n = 128 then holds at most this many batch slots.
   int max_parallel_choices = 4;
+  // Called (on a backend thread, under a request's lock: must be quick and not call back) for
+  // each choice that finished normally, with its prompt and output lengths in tokens: the
+  // online planner's view of the workload (planning/online_planner.h). Null: none.
+  std::function<void(int prompt_tokens, int output_tokens)> on_choice_done = nullptr;
 };
 
 // Sampling defaults from a generation_config.json (vLLM's --generation-config): used for a field

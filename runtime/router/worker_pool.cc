@@ -389,7 +389,8 @@ void WorkerPool::CheckHealthOnce() {
     const prometheus::Labels labels = {{"pool", options_.role}};
     m->pool_saturation.Add(labels).Set(load.saturation);
     m->pool_replicas.Add(labels).Set(load.healthy);
-    m->pool_recommended_replicas.Add(labels).Set(load.recommended);
+    if (options_.publish_recommended)
+      m->pool_recommended_replicas.Add(labels).Set(load.recommended);
   }
 }
 

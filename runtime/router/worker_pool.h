@@ -66,6 +66,9 @@ struct WorkerPoolOptions {
   // How long a prompt routed to a worker counts as cached there before the worker's events
   // confirm it (prefix_index.h NoteRouted).
   absl::Duration prefix_pending_ttl = absl::Seconds(2);
+  // Publish tandem_pool_recommended_replicas from the pool's saturation (pool_load.h). False when
+  // the router's online planner publishes it instead (tandem router --plan-profile).
+  bool publish_recommended = true;
 };
 
 // One worker's channel, shared by the pool and the requests on it.
