@@ -764,19 +764,8 @@ int ByteDfa::Walk(int state, absl::string_view bytes) const {
 }
 
 void ByteDfa::AllowedTokens(int state, const VocabTrie& trie, TokenBitmask* mask) const {
-  const std::vector<VocabTrie::Node>& nodes = trie.nodes();
-  // Depth-first over (trie node, DFA state); the root's own tokens are none (empty bytes).
-  std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};
-  while (!stack.empty()) {
-    const auto [node, s] = stack.back();
-    stack.pop_back();
-    for (const auto& [byte, child] : nodes[node].children) {
-      const int t = Next(s, byte);
-      if (t == kDeadState) continue;
-      for (int32_t id : nodes[child].tokens) mask->Set(id);
-      if (!nodes[child].children.empty()) stack.push_back({child, t});
-    }
-  }
+  MarkLiveTokens(
+      trie, state, [this](int32_t s, uint8_t byte) { return Next(s, byte); }, mask);
 }
 
 absl::StatusOr<ByteDfa> ByteDfa::FromRegex(absl::string_view pattern, const ByteDfaLimits& limits) {

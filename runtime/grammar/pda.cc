@@ -545,18 +545,10 @@ bool GrammarPda::can_continue(int state) const {
 
 void GrammarPda::AllowedTokens(int state, const VocabTrie& trie, TokenBitmask* mask) const {
   absl::MutexLock lock(&mu_);
-  const std::vector<VocabTrie::Node>& nodes = trie.nodes();
-  std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};
-  while (!stack.empty()) {
-    const auto [node, s] = stack.back();
-    stack.pop_back();
-    for (const auto& [byte, child] : nodes[node].children) {
-      const int32_t t = Step(s, byte);
-      if (t == kDeadState) continue;
-      for (int32_t id : nodes[child].tokens) mask->Set(id);
-      if (!nodes[child].children.empty()) stack.push_back({child, t});
-    }
-  }
+  MarkLiveTokens(
+      trie, state,
+      [this](int32_t s, uint8_t byte) ABSL_NO_THREAD_SAFETY_ANALYSIS { return Step(s, byte); },
+      mask);
 }
 
 int GrammarPda::num_configs() const {

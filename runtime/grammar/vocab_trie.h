@@ -46,4 +46,23 @@ class VocabTrie {
   std::vector<Node> nodes_;
 };
 
+// Sets in `mask` every token of `trie` whose bytes, fed through `next(state, byte)` from `state`,
+// never give -1 (the dead state): depth first, so tokens that share a prefix share its steps and
+// a dead branch is cut with every token under it. The root's own tokens are none (empty bytes).
+template <typename Next>
+void MarkLiveTokens(const VocabTrie& trie, int32_t state, Next&& next, TokenBitmask* mask) {
+  const std::vector<VocabTrie::Node>& nodes = trie.nodes();
+  std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};
+  while (!stack.empty()) {
+    const auto [node, s] = stack.back();
+    stack.pop_back();
+    for (const auto& [byte, child] : nodes[node].children) {
+      const int32_t t = next(s, byte);
+      if (t == -1) continue;
+      for (int32_t id : nodes[child].tokens) mask->Set(id);
+      if (!nodes[child].children.empty()) stack.push_back({child, t});
+    }
+  }
+}
+
 }  // namespace tandem::grammar

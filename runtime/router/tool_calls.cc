@@ -127,6 +127,16 @@ class ParserBase : public ToolCallParser {
   bool Room() const { return parallel_ || calls_ == 0; }
 
   void Content(absl::string_view text, ToolParseOutput* out) {
+    if (drop_space_) {
+      // The whitespace right after a call, however the text was cut into pieces.
+      size_t begin = 0;
+      while (begin < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[begin]))) {
+        ++begin;
+      }
+      text.remove_prefix(begin);
+      if (text.empty()) return;
+      drop_space_ = false;
+    }
     if (text.empty()) return;
     size_t end = text.size();
     while (end > 0 && absl::ascii_isspace(static_cast<unsigned char>(text[end - 1]))) --end;
@@ -134,8 +144,7 @@ class ParserBase : public ToolCallParser {
       absl::StrAppend(&held_space_, text);
       return;
     }
-    if (!drop_space_) absl::StrAppend(&out->content, held_space_);
-    drop_space_ = false;
+    absl::StrAppend(&out->content, held_space_);
     absl::StrAppend(&out->content, text.substr(0, end));
     held_space_ = std::string(text.substr(end));
   }

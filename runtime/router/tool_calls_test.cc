@@ -281,6 +281,19 @@ TEST(HermesParserTest, CallsLeaveTheTextAndContentStays) {
   ExpectSplitsAgree(req, "hermes", text);
 }
 
+// Text after a call: its leading whitespace goes, however the pieces cut it (the fuzzer found
+// "\n" arriving alone dropped where "\n<t..." in one piece kept it).
+TEST(HermesParserTest, WhitespaceAfterACallGoesWhateverThePieces) {
+  const ToolRequest req = Request(ToolChoice::kAuto);
+  const std::string text =
+      "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Pari|d\"}}\n</tool_call>\n<t\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const Parsed p = RunWhole(req, "hermes", text);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content, "Checking.<t\": {\"city\": \"Paris\"}}\n</tool_call>");
+  ExpectSplitsAgree(req, "hermes", text);
+}
+
 TEST(HermesParserTest, WhatIsNotAValidCallIsContentWordForWord) {
   const ToolRequest req = Request(ToolChoice::kAuto);
   for (const std::string& text : {
