@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -176,6 +177,17 @@ nlohmann::ordered_json NestedSchema() {
     "required": ["id", "status", "owner", "items"]})");
 }
 
+// The per-token mask times' count, median, p90 and mean as the benchmark's counters.
+void ReportPerToken(std::vector<double> times_us, benchmark::State& state) {
+  std::sort(times_us.begin(), times_us.end());
+  state.counters["tokens"] = static_cast<double>(times_us.size());
+  state.counters["median_us"] = times_us[times_us.size() / 2];
+  state.counters["p90_us"] = times_us[times_us.size() * 9 / 10];
+  double sum = 0;
+  for (double t : times_us) sum += t;
+  state.counters["mean_us"] = sum / static_cast<double>(times_us.size());
+}
+
 void BM_JsonMaskPerToken(benchmark::State& state) {
   const std::vector<std::string>& vocab = LargeVocab();
   const ByteDfa dfa = *ByteDfa::FromRegex(*tandem::grammar::JsonSchemaToRegex(NestedSchema()));
@@ -202,13 +214,7 @@ void BM_JsonMaskPerToken(benchmark::State& state) {
       }
     }
   }
-  std::sort(times_us.begin(), times_us.end());
-  state.counters["tokens"] = static_cast<double>(times_us.size());
-  state.counters["median_us"] = times_us[times_us.size() / 2];
-  state.counters["p90_us"] = times_us[times_us.size() * 9 / 10];
-  double sum = 0;
-  for (double t : times_us) sum += t;
-  state.counters["mean_us"] = sum / static_cast<double>(times_us.size());
+  ReportPerToken(std::move(times_us), state);
   state.counters["states"] = dfa.num_states();
 }
 BENCHMARK(BM_JsonMaskPerToken)->Iterations(3)->Unit(benchmark::kMillisecond);
@@ -266,13 +272,7 @@ void BM_GbnfJsonMaskPerToken(benchmark::State& state) {
     }
     configs = pda->num_configs();
   }
-  std::sort(times_us.begin(), times_us.end());
-  state.counters["tokens"] = static_cast<double>(times_us.size());
-  state.counters["median_us"] = times_us[times_us.size() / 2];
-  state.counters["p90_us"] = times_us[times_us.size() * 9 / 10];
-  double sum = 0;
-  for (double t : times_us) sum += t;
-  state.counters["mean_us"] = sum / static_cast<double>(times_us.size());
+  ReportPerToken(std::move(times_us), state);
   state.counters["configs"] = configs;
   state.counters["max_depth"] = deepest;
 }
