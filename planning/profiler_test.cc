@@ -1,7 +1,7 @@
-// The profiler on the CPU runner over a synthesized tiny model: every point measured and sane
-// (positive, prefill growing with length, decode with batch), the file valid, KV geometry from
-// the runner, decode points that do not fit the cache left out, transfers over the in-process
-// backends, bad options refused.
+// The profiler on the CPU runner over a synthesized tiny model: every point measured (positive
+// times; no timing is compared, a loaded machine may reorder them), the file valid, KV geometry
+// from the runner, decode points that do not fit the cache left out, transfers over the
+// in-process backends, bad options refused.
 #include "planning/profiler.h"
 
 #include <string>
@@ -40,7 +40,6 @@ TEST(ProfilerTest, MeasuresEveryPointOnTheCpuRunner) {
   // 3 lengths + 3 cache hits (each has a whole block in its first half).
   ASSERT_EQ(p->prefill.size(), 6u);
   for (const PrefillPoint& x : p->prefill) EXPECT_GT(x.ms, 0);
-  EXPECT_GT(p->PrefillMs(96), p->PrefillMs(8));
   // Batch 16 at context 24 needs 16 * 7 = 112 blocks of the 64: that batch is left out.
   ASSERT_EQ(p->decode.size(), 4u);
   EXPECT_EQ(p->decode.back().batch, 4);
