@@ -66,14 +66,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t limit) {
   return text;
 }
 
-absl::StatusOr<planning::DeviceProfile> LoadProfile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path, 16 << 20);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<planning::DeviceProfile> p = planning::ProfileFromJson(*text);
-  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.status().message()));
-  return p;
-}
-
 // (input, output) samples: from a bench result, a mix, or uniform lengths around a mean.
 absl::StatusOr<std::vector<std::pair<int, int>>> Samples(const PlanFlags& f) {
   const int sources =
@@ -171,12 +163,12 @@ int Run(const PlanFlags& f) {
     std::cerr << "tandem plan: " << message << "\n";
     return code;
   };
-  absl::StatusOr<planning::DeviceProfile> prefill = LoadProfile(f.profile);
+  absl::StatusOr<planning::DeviceProfile> prefill = planning::LoadProfile(f.profile);
   if (!prefill.ok())
     return fail(prefill.status().code() == absl::StatusCode::kNotFound ? 1 : 2,
                 std::string(prefill.status().message()));
   absl::StatusOr<planning::DeviceProfile> decode =
-      f.decode_profile.empty() ? prefill : LoadProfile(f.decode_profile);
+      f.decode_profile.empty() ? prefill : planning::LoadProfile(f.decode_profile);
   if (!decode.ok()) return fail(2, std::string(decode.status().message()));
   absl::StatusOr<std::vector<std::pair<int, int>>> samples = Samples(f);
   if (!samples.ok()) return fail(2, std::string(samples.status().message()));

@@ -19,7 +19,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -76,15 +75,6 @@ struct RouterFlags {
   int plan_max_workers = 16;
   double plan_interval_s = 15;
 };
-
-absl::StatusOr<planning::DeviceProfile> ReadProfile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  absl::StatusOr<planning::DeviceProfile> p = planning::ProfileFromJson(text);
-  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.status().message()));
-  return p;
-}
 
 // Publishes the online planner's layout as the pools' recommended replicas (1 + 1 while idle).
 void PublishPlan(planning::OnlinePlanner& planner, metrics::RouterMetrics& m,
@@ -147,11 +137,12 @@ int RunRouter(const RouterFlags& flags) {
   decode_pool_options.track_prefix_cache = *policy == router::RoutingPolicy::kKvAware;
   std::unique_ptr<planning::OnlinePlanner> planner;
   if (!flags.plan_profile.empty()) {
-    absl::StatusOr<planning::DeviceProfile> prefill_profile = ReadProfile(flags.plan_profile);
+    absl::StatusOr<planning::DeviceProfile> prefill_profile =
+        planning::LoadProfile(flags.plan_profile);
     if (!prefill_profile.ok()) return usage(std::string(prefill_profile.status().message()));
     absl::StatusOr<planning::DeviceProfile> decode_profile =
         flags.plan_decode_profile.empty() ? prefill_profile
-                                          : ReadProfile(flags.plan_decode_profile);
+                                          : planning::LoadProfile(flags.plan_decode_profile);
     if (!decode_profile.ok()) return usage(std::string(decode_profile.status().message()));
     planning::OnlinePlannerOptions plan_options;
     plan_options.slo = {flags.plan_ttft_ms, flags.plan_tpot_ms, flags.plan_percentile};

@@ -78,6 +78,15 @@ TEST(ProfileTest, BadFilesAreNamedErrors) {
   EXPECT_THAT(error([](auto& j) { j["transfer_backend"] = ""; }), HasSubstr("transfer_backend"));
   EXPECT_THAT(error([](auto& j) { j["prefill"][0]["tokens"] = 1.5; }), HasSubstr("integer"));
   EXPECT_EQ(error([](auto&) {}), "accepted");
+  // From a file: missing is NotFound, a bad one names the file.
+  EXPECT_EQ(LoadProfile(::testing::TempDir() + "/no-such-profile.json").status().code(),
+            absl::StatusCode::kNotFound);
+  const std::string bad = ::testing::TempDir() + "/bad-profile.json";
+  std::FILE* f = std::fopen(bad.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("{\"version\": 1}", f);
+  std::fclose(f);
+  EXPECT_THAT(std::string(LoadProfile(bad).status().message()), HasSubstr(bad + ": profile:"));
 }
 
 // One prefill worker, fixed-length prompts, one step each: an M/D/1 queue. Its mean wait is

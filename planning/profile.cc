@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <utility>
@@ -280,6 +282,22 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   if (p.transfer.empty() != p.transfer_backend.empty()) {
     return Bad("transfer", "points need 'transfer_backend', and it needs points");
   }
+  return p;
+}
+
+absl::StatusOr<DeviceProfile> LoadProfile(const std::string& path) {
+  constexpr size_t kMaxBytes = 16 << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string text;
+  text.resize(kMaxBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxBytes, " bytes"));
+  }
+  absl::StatusOr<DeviceProfile> p = ProfileFromJson(text);
+  if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", p.status().message()));
   return p;
 }
 

@@ -70,5 +70,8 @@ struct DeviceProfile {
 
 std::string ProfileToJson(const DeviceProfile& profile);
 absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text);
+// ProfileFromJson of a file (at most 16 MiB): NotFound when it cannot be read, InvalidArgument
+// naming the file and the problem otherwise.
+absl::StatusOr<DeviceProfile> LoadProfile(const std::string& path);
 
 }  // namespace tandem::planning
