@@ -3,7 +3,7 @@
 //   tandem profile --model DIR [--device cpu|cuda|cuda:N] [--kv-cache-mib M] [--block-size B]
 //                  [--prompt-lens 16,64,...] [--batch-sizes 1,2,...] [--contexts 64,256,...]
 //                  [--max-num-batched-tokens N] [--transfer-backend loopback|ucx|cma|none]
-//                  [--repeats R] [--out FILE] [--no-progress]
+//                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
 // Exit status: 0 ok, 1 runtime error (model, device, measurement), 2 usage error.
 #include <unistd.h>
@@ -42,6 +42,7 @@ struct ProfileFlags {
   int max_num_batched_tokens = 512;
   std::string transfer_backend = "loopback";
   int repeats = 5;
+  int neighbours = 0;
   std::string out;
   bool no_progress = false;
 };
@@ -99,6 +100,18 @@ int Run(const ProfileFlags& f) {
   if (!runner.ok()) {
     std::cerr << "tandem profile: " << runner.status().message() << "\n";
     return 1;
+  }
+  std::vector<std::unique_ptr<ModelRunner>> neighbours;
+  for (int i = 0; i < f.neighbours; ++i) {
+    runner_options.progress = false;
+    absl::StatusOr<std::unique_ptr<ModelRunner>> n =
+        CreateModelRunner(f.device, f.model_dir, runner_options);
+    if (!n.ok()) {
+      std::cerr << "tandem profile: neighbour " << i + 1 << ": " << n.status().message() << "\n";
+      return 1;
+    }
+    options.neighbours.push_back(n->get());
+    neighbours.push_back(*std::move(n));
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<planning::DeviceProfile> profile = planning::MeasureProfile(
@@ -168,6 +181,11 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--repeats", flags->repeats, "Timed runs per point (median)")
       ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--neighbours", flags->neighbours,
+                  "Other runners of the model measuring the same points alongside, as the other "
+                  "workers of a full host would (each loads the model and a cache)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--out", flags->out, "Write the profile here (default: stdout)");
   cmd->add_flag("--no-progress", flags->no_progress, "No progress bar on stderr");

@@ -139,6 +139,7 @@ std::string ProfileToJson(const DeviceProfile& p) {
   j["kv_bytes_per_token"] = p.kv_bytes_per_token;
   j["max_num_batched_tokens"] = p.max_num_batched_tokens;
   j["transfer_backend"] = p.transfer_backend;
+  j["neighbours"] = p.neighbours;
   j["prefill"] = json::array();
   for (const PrefillPoint& x : p.prefill) {
     j["prefill"].push_back(
@@ -162,7 +163,7 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
           OnlyKeys(j, "top level",
                    {"version", "model", "device", "host", "date", "block_size",
                     "kv_capacity_tokens", "kv_bytes_per_token", "max_num_batched_tokens",
-                    "transfer_backend", "prefill", "decode", "transfer"});
+                    "transfer_backend", "neighbours", "prefill", "decode", "transfer"});
       !s.ok()) {
     return s;
   }
@@ -197,6 +198,12 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
                               &p.max_num_batched_tokens);
       !s.ok()) {
     return s;
+  }
+  if (j.contains("neighbours")) {  // optional: profiles written before it have none
+    if (absl::Status s = GetInt(j, "top level", "neighbours", 0, 1024, &p.neighbours);
+        !s.ok()) {
+      return s;
+    }
   }
   const auto list = [&](const char* key) -> absl::StatusOr<const json*> {
     const auto it = j.find(key);

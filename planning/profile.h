@@ -54,6 +54,7 @@ struct DeviceProfile {
   int64_t kv_bytes_per_token = 0;       // all layers, K and V
   int max_num_batched_tokens = 0;       // the engine's step token budget the prefill points used
   std::string transfer_backend;         // "" when no transfer was measured
+  int neighbours = 0;                   // runners measuring beside this one (profiler.h)
   std::vector<PrefillPoint> prefill;    // cached_tokens 0 first, by tokens; then hits
   std::vector<DecodePoint> decode;      // by (batch, context)
   std::vector<TransferPoint> transfer;  // by tokens

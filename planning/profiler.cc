@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
@@ -10,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kvtransfer/transfer_backend.h"
@@ -205,6 +207,68 @@ class TransferPair {
   std::string blob_;
 };
 
+// Neighbour runners on threads of their own, each repeating the point being measured (the same
+// prefill or decode step, on its own runner and cache) until the next one, or idling when none
+// is set (transfer points). Errors of a neighbour are kept and returned by Stop.
+class Neighbours {
+ public:
+  using Job = std::function<absl::Status(Measurer&)>;
+
+  Neighbours(const std::vector<ModelRunner*>& runners, const ProfilerOptions& options) {
+    for (ModelRunner* runner : runners) {
+      measurers_.push_back(std::make_unique<Measurer>(*runner, options));
+    }
+    for (auto& m : measurers_) threads_.emplace_back([this, mp = m.get()] { Run(*mp); });
+  }
+  ~Neighbours() { (void)Stop(); }
+  Neighbours(const Neighbours&) = delete;
+  Neighbours& operator=(const Neighbours&) = delete;
+
+  void Set(Job job) {
+    absl::MutexLock lock(&mu_);
+    job_ = std::make_shared<const Job>(std::move(job));
+  }
+  absl::Status Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  void Run(Measurer& m) {
+    while (true) {
+      std::shared_ptr<const Job> job;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || job_ != nullptr;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        job = job_;
+      }
+      if (absl::Status s = (*job)(m); !s.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (error_.ok()) error_ = absl::Status(s.code(), absl::StrCat("neighbour: ", s.message()));
+        stop_ = true;
+        return;
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<Measurer>> measurers_;
+  std::vector<std::thread> threads_;
+  absl::Mutex mu_;
+  std::shared_ptr<const Job> job_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const ProfilerOptions& options,
@@ -223,6 +287,14 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
   }
   if (options.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError("max_num_batched_tokens: must be >= 1");
+  }
+  for (ModelRunner* n : options.neighbours) {
+    if (n == nullptr || n == &runner || n->block_size() != bs ||
+        n->num_blocks() != runner.num_blocks() ||
+        n->config().vocab_size != runner.config().vocab_size) {
+      return absl::InvalidArgumentError(
+          "neighbours: each must be another runner of the same model and cache geometry");
+    }
   }
   const KvCacheLayout layout = runner.kv_layout();
   DeviceProfile p;
@@ -249,8 +321,11 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
     if (progress) progress(done, total, what);
   };
 
+  p.neighbours = static_cast<int>(options.neighbours.size());
+  Neighbours neighbours(options.neighbours, options);
   Measurer m(runner, options);
   for (int len : options.prompt_lens) {
+    neighbours.Set([len](Measurer& n) { return n.Prefill(0, len); });
     absl::StatusOr<double> ms = MedianMs(options.repeats, [&] { return m.Prefill(0, len); });
     if (!ms.ok()) return ms.status();
     p.prefill.push_back({len, 0, *ms});
@@ -262,6 +337,7 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
       tick(absl::StrCat("prefill ", len, " tokens, no whole block to hit"));
       continue;
     }
+    neighbours.Set([cached, len](Measurer& n) { return n.Prefill(cached, len); });
     absl::StatusOr<double> ms = MedianMs(options.repeats, [&] { return m.Prefill(cached, len); });
     if (!ms.ok()) return ms.status();
     p.prefill.push_back({len, cached, *ms});
@@ -275,6 +351,7 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
         skipped.push_back(absl::StrCat(b, "x", c));
         continue;
       }
+      neighbours.Set([b, c](Measurer& n) { return n.Decode(b, c); });
       absl::StatusOr<double> ms = MedianMs(options.repeats, [&] { return m.Decode(b, c); });
       if (!ms.ok()) return ms.status();
       p.decode.push_back({b, c, *ms});
@@ -291,6 +368,8 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
         "no decode point fits the KV cache: use smaller batch sizes or contexts, or a larger "
         "cache");
   }
+  // Transfers run between two agents of this process: the neighbours are done by then.
+  if (absl::Status s = neighbours.Stop(); !s.ok()) return s;
   if (transfer) {
     const size_t bytes = static_cast<size_t>(p.kv_bytes_per_token) * options.prompt_lens.back() +
                          layout.block_bytes * 2 * layout.num_layers;

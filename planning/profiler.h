@@ -12,8 +12,14 @@
 //   between two agents of the backend in this process, post to landed. Backends that need two
 //   processes or devices (cuda_ipc, nccl) are refused with InvalidArgument.
 // Each point is the median of `repeats` runs after one warm-up run.
-//
-// Thread-compatible: Profile runs on the calling thread, which owns the runner meanwhile.
+// - Neighbours: other runners of the same model (options.neighbours), each on a thread of its
+//   own repeating the point being measured, as the other workers of a full host would. A served
+//   host is not idle: on a 2-core VM a bare forward pass measured alone ran about 20% faster
+//   than the same pass inside `tandem serve`, whose router, gRPC threads and clients shared the
+//   other core (bench/RESULTS.md). Their count is recorded in the profile; transfer points run
+//   without them.
+// Thread-compatible: Profile runs on the calling thread, which owns the runner meanwhile (and
+// the neighbours, through threads it starts and joins).
 
 #include <functional>
 #include <string>
@@ -33,6 +39,7 @@ struct ProfilerOptions {
   int repeats = 5;
   std::string transfer_backend = "loopback";  // "" or "none": no transfer points
   uint64_t seed = 1;
+  std::vector<ModelRunner*> neighbours;  // not owned; see above
 };
 
 // Called after each measured point: (points done, points in all, what was just measured).

@@ -4,6 +4,8 @@
 // in-process backends, bad options refused.
 #include "planning/profiler.h"
 
+#include <atomic>
+#include <memory>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -15,6 +17,26 @@ namespace tandem::planning {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A runner that counts its forward passes (from the neighbour's thread) and can fail them.
+class CountingRunner : public ModelRunner {
+ public:
+  explicit CountingRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int num_blocks() const override { return inner_->num_blocks(); }
+  KvCacheLayout kv_layout() const override { return inner_->kv_layout(); }
+  absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
+    ++forwards;
+    if (fail) return absl::InternalError("injected neighbour failure");
+    return inner_->Forward(batch, out);
+  }
+  std::atomic<int> forwards{0};
+  std::atomic<bool> fail{false};
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+};
 
 TEST(ProfilerTest, MeasuresEveryPointOnTheCpuRunner) {
   TinyModel model("profiler_tiny", 3);
@@ -81,6 +103,40 @@ TEST(ProfilerTest, UcxTransfersAndRefusals) {
   options.contexts = {100};
   EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
               HasSubstr("no decode point fits"));
+}
+
+TEST(ProfilerTest, NeighboursRepeatThePointsAndTheirErrorsAreReported) {
+  TinyModel model("profiler_neighbours", 5);
+  std::unique_ptr<ModelRunner> runner = model.MakeCpuRunner(64, 4);
+  CountingRunner neighbour(model.MakeCpuRunner(64, 4));
+  ProfilerOptions options;
+  options.prompt_lens = {8, 32};
+  options.batch_sizes = {1, 4};
+  options.contexts = {4, 24};
+  options.repeats = 3;
+  options.neighbours = {&neighbour};
+  absl::StatusOr<DeviceProfile> p = MeasureProfile(*runner, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->neighbours, 1);
+  EXPECT_GT(neighbour.forwards.load(), 0);  // it ran beside the measurement
+  p->model = "tiny";
+  p->device = "cpu";
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(*p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->neighbours, 1);
+
+  neighbour.fail = true;
+  absl::Status failed = MeasureProfile(*runner, options).status();
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("neighbour: injected neighbour failure"));
+
+  // The measured runner itself, or one of another cache geometry, is no neighbour.
+  options.neighbours = {runner.get()};
+  EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
+              HasSubstr("another runner of the same model"));
+  std::unique_ptr<ModelRunner> small = model.MakeCpuRunner(32, 4);
+  options.neighbours = {small.get()};
+  EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
+              HasSubstr("another runner of the same model"));
 }
 
 }  // namespace

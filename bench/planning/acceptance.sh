@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The planner's acceptance on this machine (issue 24): profile one single-threaded CPU worker
-# (one core = one device), plan each workload mix for a budget of 2 devices, then measure every
-# layout with `tandem serve` + `tandem bench --rates` around the predicted goodput, and compare.
+# (one core = one device) with one neighbour runner measuring beside it on the other core (a
+# served host is full: the other worker, or the router and the clients), plan each workload mix
+# for a budget of 2 devices, then measure every layout with `tandem serve` + `tandem bench
+# --rates` around the predicted goodput, and compare.
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, plan-*.json, bench-*.json, summary.txt}.
-# Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate, 200: fewer never reach a steady state with long outputs),
-# SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in long_in mixed).
+# Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
+# per mix: 200 for short_in, whose 256-token outputs take that many to reach a steady state, 100
+# for long_in, 120 for mixed), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
+# long_in mixed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
 tandem=${TANDEM:-build/tandem}
 model=${MODEL:-models/target}
-prompts=${PROMPTS:-200}
 ttft=${SLO_TTFT_MS:-1500}
 tpot=${SLO_TPOT_MS:-60}
 read -r -a mixes <<<"${MIXES:-short_in long_in mixed}"
@@ -33,9 +36,17 @@ layout_flags() {
   esac
 }
 
-echo "[acceptance] profiling one single-threaded worker" >&2
-taskset -c 1 "$tandem" profile --model "$model" --prompt-lens 16,64,128,256,512,1000 \
-  --batch-sizes 1,2,4,8,16 --contexts 64,256,900 --repeats 3 --no-progress \
+mix_prompts() {
+  case $1 in
+    short_in) echo "${PROMPTS:-200}" ;;
+    long_in) echo "${PROMPTS:-100}" ;;
+    mixed) echo "${PROMPTS:-120}" ;;
+  esac
+}
+
+echo "[acceptance] profiling one single-threaded worker beside a neighbour" >&2
+"$tandem" profile --model "$model" --prompt-lens 16,64,128,256,512,1000 \
+  --batch-sizes 1,2,4,8,16,32 --contexts 64,256,500 --repeats 10 --neighbours 1 --no-progress \
   --out "$out/profile.json"
 
 port=18431
@@ -66,7 +77,7 @@ print(','.join('%.3f' % (g*f) for f in (0.75, 0.9, 1.0, 1.1, 1.25, 1.5)))" "$pre
     done
     # shellcheck disable=SC2046
     "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
-      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$prompts" \
+      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$mix")" \
       --warmup 4 --rates "$rates" --slo "ttft=$ttft,tpot=$tpot" --seed 1 --no-progress \
       --json "$out/bench-$tag.json" >"$out/bench-$tag.txt" 2>&1
     kill -INT "$serve"

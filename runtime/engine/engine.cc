@@ -384,6 +384,7 @@ void Engine::Loop() {
       stopping = stopping_;
       deadline = drain_deadline_;
     }
+    const absl::Time iteration_start = absl::Now();
     for (Incoming& r : incoming) Admit(std::move(r));
     for (Completion& c : completions) OnRemotePrefillDone(std::move(c));
     for (const std::string& id : releases) ReleaseHeld(id, "");
@@ -399,6 +400,9 @@ void Engine::Loop() {
     last_step_ran_ = scheduler_.HasWork() && Step();
     // Blocks freed by the step go to queued reservations before the next step's admissions.
     if (last_step_ran_ && !reservations_.empty()) ProcessReservations(absl::Now());
+    if (last_step_ran_) {
+      local_stats_.busy_seconds += absl::ToDoubleSeconds(absl::Now() - iteration_start);
+    }
     PublishStats();
   }
   absl::MutexLock lock(&mu_);
@@ -690,6 +694,7 @@ bool Engine::Step() {
     };
   }
   ForwardOutput out;
+  const absl::Time forward_start = absl::Now();
   absl::Status status = runner_->Forward(batch, &out);
   const absl::Time forward_done = absl::Now();
   const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
@@ -713,6 +718,7 @@ bool Engine::Step() {
                                               " sequences of vocabulary ", vocab));
   }
   ++local_stats_.steps;
+  local_stats_.forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
   if (!status.ok()) {
     LOG(ERROR) << "engine: forward pass failed: " << status;
     for (const ScheduledChunk& c : plan.chunks) {

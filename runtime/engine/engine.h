@@ -236,6 +236,8 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t finished_requests = 0;
+  double forward_seconds = 0;  // inside ModelRunner::Forward
+  double busy_seconds = 0;     // loop iterations that ran a step: forward plus host work
   int blocks_total = 0;
   int blocks_used = 0;         // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;         // free + cached-idle

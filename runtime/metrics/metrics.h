@@ -164,6 +164,13 @@ struct WorkerMetrics {
   // tandem_generation_tokens_total: tokens this worker delivers (decode and aggregated workers;
   // a prefill worker's first token is delivered, and counted, by its decode worker).
   prometheus::Counter& generation_tokens;
+  // Where the engine thread's time goes (docs/metrics.md): steps run, seconds inside the model
+  // runner's forward pass, and seconds of loop iterations that ran a step (forward plus the
+  // host work around it: scheduling, sampling, stop checks, output callbacks). busy - forward is
+  // the per-step host overhead.
+  prometheus::Counter& engine_steps;            // tandem_engine_steps_total
+  prometheus::Counter& engine_forward_seconds;  // tandem_engine_forward_seconds_total
+  prometheus::Counter& engine_busy_seconds;     // tandem_engine_busy_seconds_total
 };
 
 }  // namespace tandem::metrics

@@ -73,6 +73,13 @@ void WorkerMetricsReporter::Refresh() {
   };
   advance(metrics_.prefix_cache_queries, stats.prefix_query_tokens, &last_prefix_query_tokens_);
   advance(metrics_.prefix_cache_hits, stats.prefix_hit_tokens, &last_prefix_hit_tokens_);
+  advance(metrics_.engine_steps, stats.steps, &last_steps_);
+  auto advance_seconds = [](prometheus::Counter& counter, double now, double* last) {
+    if (now > *last) counter.Increment(now - *last);
+    *last = now;
+  };
+  advance_seconds(metrics_.engine_forward_seconds, stats.forward_seconds, &last_forward_seconds_);
+  advance_seconds(metrics_.engine_busy_seconds, stats.busy_seconds, &last_busy_seconds_);
   if (count_generation_) {
     advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
   }

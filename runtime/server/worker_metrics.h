@@ -60,6 +60,9 @@ class WorkerMetricsReporter {
   int64_t last_generated_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_prefix_query_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_prefix_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::server
