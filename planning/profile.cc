@@ -200,8 +200,7 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
     return s;
   }
   if (j.contains("neighbours")) {  // optional: profiles written before it have none
-    if (absl::Status s = GetInt(j, "top level", "neighbours", 0, 1024, &p.neighbours);
-        !s.ok()) {
+    if (absl::Status s = GetInt(j, "top level", "neighbours", 0, 1024, &p.neighbours); !s.ok()) {
       return s;
     }
   }

@@ -245,9 +245,8 @@ class Neighbours {
       std::shared_ptr<const Job> job;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || job_ != nullptr;
-        };
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_ != nullptr; };
         mu_.Await(absl::Condition(&ready));
         if (stop_) return;
         job = job_;
