@@ -129,6 +129,8 @@ struct ServeFlags {
   int long_prefill_token_threshold = 0;    // every worker
   std::string kv_streaming = "on";         // prefill workers
   std::string kv_verify = "off";           // decode workers
+  std::string speculative;                 // decode workers; "": off
+  int num_speculative_tokens = 4;          // decode workers
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -563,6 +565,10 @@ int RunServe(ServeFlags flags) {
     args.insert(args.end(), {"--port", std::to_string(ports[i])});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
     if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
+    if (!is_prefill && !flags.speculative.empty()) {
+      args.insert(args.end(), {"--speculative", flags.speculative, "--num-speculative-tokens",
+                               std::to_string(flags.num_speculative_tokens)});
+    }
     if (!is_prefill) {
       args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
     }
@@ -823,6 +829,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "on: decode workers check each prompt's KV that landed in host memory against "
                   "the prefill worker's checksum (a mismatch recomputes it); off (default)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--speculative", flags->speculative,
+                  "Speculative decoding on decode (and aggregated) workers with this drafter: "
+                  "ngram (docs/speculative.md). Default: off");
+  cmd->add_option("--num-speculative-tokens", flags->num_speculative_tokens,
+                  "With --speculative: the most drafts per sequence and step (default 4)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--routing", flags->routing,
                   "kv-aware (default), least-loaded or round-robin (docs/routing.md)")
       ->check(CLI::IsMember({"least-loaded", "round-robin", "kv-aware"}));

@@ -5,6 +5,7 @@
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
+//       [--speculative ngram [--num-speculative-tokens K]]   (decode only)
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -30,6 +31,7 @@
 #include "runtime/model/runner_factory.h"
 #include "runtime/server/model_loader.h"
 #include "runtime/server/worker_main.h"
+#include "speculative/registry.h"
 
 namespace tandem::cli {
 namespace {
@@ -54,6 +56,8 @@ struct WorkerFlags {
   int64_t admission_window_tokens = 16384;           // prefill workers only
   std::string two_phase_admission = "on";            // decode workers only
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
+  std::string speculative;                           // decode workers only; "": off
+  int num_speculative_tokens = 4;                    // decode workers only
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
   double stats_interval_s = 10;
@@ -86,6 +90,16 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
   const bool streaming = std::string(role) == "prefill" && flags.kv_streaming == "on";
   load.engine.kv_layer_progress = streaming;
+  if (!flags.speculative.empty()) {
+    absl::StatusOr<std::unique_ptr<speculative::Drafter>> drafter =
+        speculative::CreateDrafter(flags.speculative);
+    if (!drafter.ok()) {
+      std::cerr << prefix << drafter.status().message() << "\n";
+      return drafter.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    load.engine.drafter = *std::move(drafter);
+    load.engine.num_speculative_tokens = flags.num_speculative_tokens;
+  }
   auto model = server::LoadModel(load);
   if (!model.ok()) {
     std::cerr << prefix << model.status().message() << "\n";
@@ -246,6 +260,13 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
                   "on (default): ask the prefill worker to admit a prompt before reserving its KV "
                   "blocks; off: reserve at once (blocks then wait out the prefill worker's queue)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--speculative", flags->speculative,
+                  "speculative decoding with this drafter: ngram (prompt lookup and suffix "
+                  "decoding; docs/speculative.md). Default: off");
+  cmd->add_option("--num-speculative-tokens", flags->num_speculative_tokens,
+                  "with --speculative: the most drafts per sequence and step (adapted per request "
+                  "from its acceptance; default 4)")
+      ->check(CLI::Range(1, 64));
   cmd->callback([flags, exit_code] {
     *exit_code = RunWorker<decode::DecodeWorker, decode::DecodeWorkerOptions>("decode", *flags);
   });

@@ -64,6 +64,8 @@ struct Engine::Active {
   int prompt_scored = 0;  // entries filled (each index once)
   std::vector<char> prompt_scored_at;
   bool prompt_logprobs_sent = false;
+  // Speculative decoding: drafts to ask for next (adapted from the acceptance; -1: not yet set).
+  int spec_k = -1;
   // Whether the chunk starting at `start` needs its prompt positions' logits.
   bool ScoresPrompt(int start) const {
     return request.params.prompt_logprobs.has_value() && !prompt_logprobs_sent &&
@@ -109,6 +111,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
     return absl::InvalidArgumentError("long_prefill_token_threshold: must be >= 0");
   }
   if (options.max_model_len < 0) return absl::InvalidArgumentError("max_model_len: must be >= 0");
+  if (options.num_speculative_tokens < 0 || options.num_speculative_tokens > 64) {
+    return absl::InvalidArgumentError("num_speculative_tokens: must be in [0, 64]");
+  }
+  if (options.num_speculative_tokens > 0 && options.drafter == nullptr) {
+    return absl::InvalidArgumentError("num_speculative_tokens: set, but there is no drafter");
+  }
+  if (options.drafter_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("drafter_deadline: must be >= 0");
+  }
   int max_len =
       options.max_model_len > 0 ? options.max_model_len : runner->config().max_position_embeddings;
   const int kv_capacity = runner->num_blocks() * runner->block_size();
@@ -601,15 +612,98 @@ void Engine::ExpireHeldLeases(absl::Time now) {
   for (const std::string& id : expired) ReleaseHeld(id, "lease expired before ReleaseHeldKv");
 }
 
+namespace {
+
+// Drafter fallbacks are logged at the 1st, 2nd, 4th, 8th ... (the metric counts them all).
+bool LogFallback(int64_t n) { return (n & (n - 1)) == 0; }
+
+}  // namespace
+
+void Engine::ProposeDrafts() {
+  if (options_.drafter == nullptr || options_.num_speculative_tokens <= 0) return;
+  std::vector<speculative::DraftRequest> requests;
+  for (int64_t id : scheduler_.running()) {
+    const Sequence* seq = scheduler_.Get(id);
+    // Decoding (one token left to compute), no drafts yet, not a prefill-role request.
+    if (seq->num_draft > 0 || seq->num_computed + 1 != static_cast<int>(seq->tokens.size())) {
+      continue;
+    }
+    Active& a = *active_.at(id);
+    if (a.request.hold_kv_after_prefill || a.ScoresPrompt(seq->num_computed)) continue;
+    if (a.spec_k < 0) a.spec_k = options_.num_speculative_tokens;
+    // This step emits at most drafts + 1 tokens, and never past max_tokens.
+    const int left = a.max_tokens - (seq->num_output_tokens() + a.resumed);
+    const int k = std::min(a.spec_k, left - 1);
+    if (k < 1) continue;
+    speculative::DraftRequest r;
+    r.key = id;
+    r.tokens = seq->tokens;
+    r.num_prompt_tokens = a.num_prompt_tokens;
+    r.max_tokens = k;
+    requests.push_back(r);
+  }
+  if (requests.empty()) return;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.drafter_deadline;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> drafts =
+      options_.drafter->Propose(requests, deadline);
+  const absl::Time done = absl::Now();
+  local_stats_.drafter_seconds += absl::ToDoubleSeconds(done - start);
+  if (!drafts.ok() || drafts->size() != requests.size() || done > deadline) {
+    // Plain decoding this step; the drafter is not trusted to be up, fast or right.
+    if (LogFallback(++local_stats_.spec_fallbacks)) {
+      LOG(WARNING) << "engine: drafter " << options_.drafter->name() << " gave no usable answer ("
+                   << (!drafts.ok() ? drafts.status().ToString()
+                       : drafts->size() != requests.size()
+                           ? absl::StrCat(drafts->size(), " answers for ", requests.size(),
+                                          " sequences")
+                           : absl::StrCat("late by ", absl::FormatDuration(done - deadline)))
+                   << "); decoding without drafts (fallback " << local_stats_.spec_fallbacks << ")";
+    }
+    return;
+  }
+  const int vocab = runner_->config().vocab_size;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::vector<int32_t>& d = (*drafts)[i];
+    if (d.empty()) continue;
+    if (static_cast<int>(d.size()) > requests[i].max_tokens ||
+        std::any_of(d.begin(), d.end(), [&](int32_t t) { return t < 0 || t >= vocab; })) {
+      if (LogFallback(++local_stats_.spec_fallbacks)) {
+        LOG(WARNING) << "engine: drafter " << options_.drafter->name() << " proposed "
+                     << (static_cast<int>(d.size()) > requests[i].max_tokens
+                             ? absl::StrCat(d.size(), " tokens, ", requests[i].max_tokens, " asked")
+                             : std::string("a token outside the vocabulary"))
+                     << "; dropped (fallback " << local_stats_.spec_fallbacks << ")";
+      }
+      continue;
+    }
+    scheduler_.SetDrafts(requests[i].key, d);
+  }
+}
+
 bool Engine::Step() {
+  ProposeDrafts();
   SchedulerStep plan = scheduler_.Schedule();
   // A plan that only preempted (blocks pinned by awaiting or held KV) still made progress.
   if (plan.empty()) return !plan.preempted.empty();
   ForwardBatch batch;
   int rows = 0;
+  // Chunks that carry drafts (plan order): scored row by row on the host.
+  std::vector<int> chunk_drafts(plan.chunks.size(), 0);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    const Sequence* seq = scheduler_.Get(c.seq_id);
+    if (c.need_logits && seq->num_draft > 0) {
+      CHECK_EQ(c.num_tokens, 1 + seq->num_draft);
+      chunk_drafts[i] = seq->num_draft;
+    }
+  }
+  const bool any_drafts =
+      std::any_of(chunk_drafts.begin(), chunk_drafts.end(), [](int d) { return d > 0; });
   // Rows the runner may sample itself (model_runner.h); reserved up front so that the chunks'
-  // pointers stay valid.
-  const bool runner_samples = runner_->SupportsDeviceSampling();
+  // pointers stay valid. Not in a step that verifies drafts: their rows are sampled one after
+  // another on the host, each after the previous one's token.
+  const bool runner_samples = runner_->SupportsDeviceSampling() && !any_drafts;
   std::vector<SampleRequest> requests;
   requests.reserve(plan.chunks.size());
   // Guided rows the runner samples under their grammar mask: the words, written by
@@ -620,7 +714,8 @@ bool Engine::Step() {
   std::vector<int64_t> mask_seq;  // masks[i] is of sequence mask_seq[i]
   std::vector<int> row_mask;      // logits row -> index in masks, or -1
   std::vector<char> mask_empty;   // masks[i] allows no token
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    const ScheduledChunk& c = plan.chunks[ci];
     const Sequence* seq = scheduler_.Get(c.seq_id);
     SequenceChunk chunk;
     chunk.tokens = std::span<const int32_t>(seq->tokens).subspan(c.start_pos, c.num_tokens);
@@ -631,6 +726,11 @@ bool Engine::Step() {
     if (a.ScoresPrompt(c.start_pos)) {
       // Prompt logprobs: a row per token of the chunk; never sampled by the runner.
       chunk.need_logits = true;
+      chunk.num_logits = c.num_tokens;
+      rows += c.num_tokens;
+      row_mask.insert(row_mask.end(), static_cast<size_t>(c.num_tokens), -1);
+    } else if (chunk_drafts[ci] > 0) {
+      // The last token and its drafts: a row each.
       chunk.num_logits = c.num_tokens;
       rows += c.num_tokens;
       row_mask.insert(row_mask.end(), static_cast<size_t>(c.num_tokens), -1);
@@ -729,7 +829,16 @@ bool Engine::Step() {
   local_stats_.batched_tokens += plan.num_batched_tokens;
   scheduler_.OnStepComputed(plan);
   size_t row = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    const ScheduledChunk& c = plan.chunks[ci];
+    if (chunk_drafts[ci] > 0) {
+      const size_t first = row;
+      row += static_cast<size_t>(c.num_tokens);
+      VerifyDrafts(c.seq_id,
+                   std::span<const float>(out.logits)
+                       .subspan(first * vocab, static_cast<size_t>(c.num_tokens) * vocab));
+      continue;
+    }
     Active& a = *active_.at(c.seq_id);
     if (a.ScoresPrompt(c.start_pos)) {
       // Logits rows of positions start_pos.. (sampled is false: the runner had no sample for
@@ -792,7 +901,41 @@ bool Engine::Step() {
   return true;
 }
 
-void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
+void Engine::VerifyDrafts(int64_t seq_id, std::span<const float> rows) {
+  const std::vector<int32_t> drafts = scheduler_.TakeDrafts(seq_id);
+  const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
+  CHECK_EQ(rows.size(), (drafts.size() + 1) * vocab);
+  ++local_stats_.spec_verifications;
+  local_stats_.spec_draft_tokens += static_cast<int64_t>(drafts.size());
+  // Row i follows the last token and drafts[0, i): sample it exactly as plain decoding would
+  // (OnLogits: same history, seed, step, penalties and grammar state); while the sampled token
+  // is the draft the step computed next, its KV is already there and row i + 1 is valid.
+  int accepted = 0;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    const std::span<const float> logits = rows.subspan(i * vocab, vocab);
+    if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
+      FinishRequest(seq_id, FinishReason::kError,
+                    absl::InternalError("the model produced NaN logits"), {});
+      break;
+    }
+    const int32_t token = OnLogits(seq_id, logits);
+    const bool agrees = i < drafts.size() && token == drafts[i];
+    accepted += agrees ? 1 : 0;
+    if (!active_.contains(seq_id)) break;  // finished: a stop, its length, or an error
+    if (!agrees) break;
+    scheduler_.AcceptDraftKv(seq_id);
+  }
+  local_stats_.spec_accepted_tokens += accepted;
+  if (auto it = active_.find(seq_id); it != active_.end()) {
+    // Ask for more while every draft holds, else for what held (and one more).
+    Active& a = *it->second;
+    const int asked = static_cast<int>(drafts.size());
+    a.spec_k = std::clamp(accepted == asked ? std::max(a.spec_k, asked) + 1 : accepted + 1, 1,
+                          options_.num_speculative_tokens);
+  }
+}
+
+int32_t Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
   Active& a = *active_.at(seq_id);
   const SamplingParams& params = a.request.params;
   const Sequence* seq = scheduler_.Get(seq_id);
@@ -809,11 +952,13 @@ void Engine::OnLogits(int64_t seq_id, std::span<const float> logits) {
                     absl::InvalidArgumentError(
                         "guided decoding: no token of the vocabulary can continue the output"),
                     {});
-      return;
+      return -1;
     }
   }
-  OnSampled(seq_id, Sample(params, logits, all.first(split), all.subspan(split), a.seed,
-                           static_cast<uint64_t>(output_len), suppressed, allowed));
+  const SampleResult r = Sample(params, logits, all.first(split), all.subspan(split), a.seed,
+                                static_cast<uint64_t>(output_len), suppressed, allowed);
+  OnSampled(seq_id, r);
+  return r.token;
 }
 
 void Engine::OnSampled(int64_t seq_id, const SampleResult& r) {
@@ -1028,6 +1173,11 @@ void Engine::FinishRequest(int64_t seq_id, FinishReason reason, absl::Status err
   const bool held = held_.contains(a->request.request_id);
   if (const Sequence* seq = scheduler_.Get(seq_id); seq != nullptr) {
     a->usage.cached_prompt_tokens = std::max(0, seq->num_cached_prompt_tokens);
+    if (options_.drafter != nullptr && options_.num_speculative_tokens > 0) {
+      const std::span<const int32_t> tokens(seq->tokens);
+      options_.drafter->Release(seq_id, tokens.first(tokens.size() - seq->num_draft),
+                                seq->num_prompt_tokens);
+    }
     if (!held) scheduler_.Finish(seq_id);
   }
   out.request_id = a->request.request_id;

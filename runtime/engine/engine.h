@@ -73,6 +73,7 @@
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/sampling_params.h"
 #include "runtime/scheduler/scheduler.h"
+#include "speculative/drafter.h"
 
 namespace tandem {
 namespace grammar {
@@ -226,6 +227,16 @@ struct EngineOptions {
   // Guided decoding: compute each guided sequence's next token mask on a helper thread while the
   // forward pass runs (grammar::MaskPrefetcher), instead of after it on the engine thread.
   bool prefetch_grammar_masks = true;
+  // Speculative decoding (docs/speculative.md): each step asks `drafter` for up to
+  // num_speculative_tokens tokens per decoding sequence, scores them with the sequence's last
+  // token in one forward pass and keeps those the target's own sampling reproduces, token by
+  // token (same seed, step, penalties and grammar mask as without speculation, so outputs are
+  // identical). The count adapts per request: it grows while every draft is accepted and
+  // shrinks to what was. Null drafter or 0: off. Prefill-role requests never speculate.
+  std::shared_ptr<speculative::Drafter> drafter;
+  int num_speculative_tokens = 0;  // the most drafts per sequence and step, [0, 64]
+  // A drafter answer later than this is dropped and the step runs without drafts.
+  absl::Duration drafter_deadline = absl::Milliseconds(50);
 };
 
 struct EngineStats {
@@ -238,6 +249,14 @@ struct EngineStats {
   int64_t finished_requests = 0;
   double forward_seconds = 0;  // inside ModelRunner::Forward
   double busy_seconds = 0;     // loop iterations that ran a step: forward plus host work
+  // Speculative decoding: tokens drafted and scheduled, of them accepted, verifications (a
+  // sequence's drafts scored in a step), drafter calls that failed or were late, and seconds
+  // spent waiting for the drafter.
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_verifications = 0;
+  int64_t spec_fallbacks = 0;
+  double drafter_seconds = 0;
   int blocks_total = 0;
   int blocks_used = 0;         // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;         // free + cached-idle
@@ -360,8 +379,14 @@ class Engine {
   bool HasLiveWork() const;
   // Runs one scheduled step; false when nothing could be scheduled.
   bool Step();
-  // Samples one token for `seq_id` from `logits` and emits it (or holds the KV).
-  void OnLogits(int64_t seq_id, std::span<const float> logits);
+  // Speculative decoding: asks the drafter for the decoding sequences' drafts (SetDrafts).
+  void ProposeDrafts();
+  // After a step that scored `seq_id`'s last token and drafts (rows: drafts + 1 logits rows):
+  // emits the tokens plain decoding would, accepting drafts while they agree.
+  void VerifyDrafts(int64_t seq_id, std::span<const float> rows);
+  // Samples one token for `seq_id` from `logits` and emits it (or holds the KV); returns it
+  // (-1 when the request failed first: a grammar that allows no token).
+  int32_t OnLogits(int64_t seq_id, std::span<const float> logits);
   // Emits the token sampled for `seq_id` (on the host or by the runner), or holds the KV.
   void OnSampled(int64_t seq_id, const SampleResult& sampled);
   // Emits a token already appended to the sequence; may finish the request.

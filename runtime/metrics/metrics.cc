@@ -268,6 +268,16 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_n
                                      "Seconds the engine thread spent in forward passes")),
       engine_busy_seconds(Counter(r, "tandem_engine_busy_seconds_total",
                                   "Seconds of engine loop iterations that ran a step (forward "
-                                  "pass plus host work)")) {}
+                                  "pass plus host work)")),
+      spec_draft_tokens(Counter(r, "tandem_spec_draft_tokens_total",
+                                "Speculative draft tokens scored by the target model")),
+      spec_accepted_tokens(
+          Counter(r, "tandem_spec_accepted_tokens_total", "Speculative draft tokens accepted")),
+      spec_verifications(Counter(r, "tandem_spec_verifications_total",
+                                 "Sequences whose drafts were scored in a step")),
+      spec_fallbacks(Counter(r, "tandem_spec_fallbacks_total",
+                             "Drafter answers dropped (failed, late or invalid): plain decoding")),
+      spec_drafter_seconds(Counter(r, "tandem_spec_drafter_seconds_total",
+                                   "Seconds the engine waited for the drafter")) {}
 
 }  // namespace tandem::metrics

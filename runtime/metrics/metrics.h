@@ -171,6 +171,14 @@ struct WorkerMetrics {
   prometheus::Counter& engine_steps;            // tandem_engine_steps_total
   prometheus::Counter& engine_forward_seconds;  // tandem_engine_forward_seconds_total
   prometheus::Counter& engine_busy_seconds;     // tandem_engine_busy_seconds_total
+  // Speculative decoding (docs/speculative.md): draft tokens scored, of them accepted,
+  // verifications (a sequence's drafts scored in one step), drafter calls that failed or came
+  // late (the step ran without drafts), seconds waiting for the drafter.
+  prometheus::Counter& spec_draft_tokens;     // tandem_spec_draft_tokens_total
+  prometheus::Counter& spec_accepted_tokens;  // tandem_spec_accepted_tokens_total
+  prometheus::Counter& spec_verifications;    // tandem_spec_verifications_total
+  prometheus::Counter& spec_fallbacks;        // tandem_spec_fallbacks_total
+  prometheus::Counter& spec_drafter_seconds;  // tandem_spec_drafter_seconds_total
 };
 
 }  // namespace tandem::metrics

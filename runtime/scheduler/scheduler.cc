@@ -146,6 +146,7 @@ const Sequence* Scheduler::Get(int64_t id) const {
 void Scheduler::Preempt(int64_t id) {
   Sequence& seq = Mutable(id);
   CHECK(seq.running());
+  DropDrafts(seq);
   kv_.Free(id);
   seq.state = SequenceState::kWaiting;
   seq.num_computed = 0;
@@ -179,10 +180,17 @@ SchedulerStep Scheduler::Schedule() {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       const int64_t id = running_[i];
       Sequence& seq = Mutable(id);
-      const int remaining = static_cast<int>(seq.tokens.size()) - seq.num_computed;
+      seq.verifying.clear();  // the last step's verification is over
+      int remaining = static_cast<int>(seq.tokens.size()) - seq.num_computed;
       CHECK_GT(remaining, 0);
-      if ((remaining == 1) != (pass == 0)) continue;
-      const int n = std::min({remaining, budget, cap});
+      if ((remaining == 1 + seq.num_draft) != (pass == 0)) continue;
+      if (seq.num_draft > 0 &&
+          (remaining > budget || !kv_.CanAllocate(id, nullptr, seq.num_computed + remaining))) {
+        // Drafts take the whole chunk or nothing, and never preempt anyone.
+        DropDrafts(seq);
+        remaining = 1;
+      }
+      const int n = seq.num_draft > 0 ? remaining : std::min({remaining, budget, cap});
       bool self_preempted = false;
       while (!kv_.CanAllocate(id, nullptr, seq.num_computed + n)) {
         // The least urgent running sequence, the newest among equals.
@@ -272,8 +280,56 @@ void Scheduler::OnStepComputed(const SchedulerStep& step) {
     CHECK_EQ(seq.num_computed, chunk.start_pos) << "plan applied twice for " << chunk.seq_id;
     seq.num_computed += chunk.num_tokens;
     CHECK_LE(seq.num_computed, static_cast<int>(seq.tokens.size()));
-    kv_.CommitComputed(chunk.seq_id, seq.tokens, seq.num_computed);
+    // Draft positions are not the sequence's yet: they never enter the prefix cache.
+    kv_.CommitComputed(
+        chunk.seq_id, seq.tokens,
+        std::min(seq.num_computed, static_cast<int>(seq.tokens.size()) - seq.num_draft));
   }
+}
+
+void Scheduler::DropDrafts(Sequence& seq) {
+  seq.tokens.resize(seq.tokens.size() - static_cast<size_t>(seq.num_draft));
+  seq.num_computed = std::min(seq.num_computed, static_cast<int>(seq.tokens.size()));
+  seq.num_draft = 0;
+  seq.verifying.clear();
+}
+
+void Scheduler::SetDrafts(int64_t id, std::span<const int32_t> drafts) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running());
+  CHECK_EQ(seq.num_draft, 0) << "drafts set twice for " << id;
+  CHECK_EQ(seq.num_computed + 1, static_cast<int>(seq.tokens.size()))
+      << "drafts for a sequence that is not decoding";
+  seq.verifying.clear();
+  seq.tokens.insert(seq.tokens.end(), drafts.begin(), drafts.end());
+  seq.num_draft = static_cast<int>(drafts.size());
+}
+
+std::vector<int32_t> Scheduler::TakeDrafts(int64_t id) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running());
+  if (seq.num_draft == 0) return {};
+  CHECK_EQ(seq.num_computed, static_cast<int>(seq.tokens.size())) << "drafts not computed";
+  const size_t keep = seq.tokens.size() - static_cast<size_t>(seq.num_draft);
+  seq.verifying.assign(seq.tokens.begin() + static_cast<std::ptrdiff_t>(keep), seq.tokens.end());
+  seq.verify_start = static_cast<int>(keep);
+  seq.tokens.resize(keep);
+  seq.num_computed = static_cast<int>(keep);
+  seq.num_draft = 0;
+  return seq.verifying;
+}
+
+void Scheduler::AcceptDraftKv(int64_t id) {
+  Sequence& seq = Mutable(id);
+  CHECK(seq.running());
+  const int pos = static_cast<int>(seq.tokens.size()) - 1;  // the appended token's position
+  CHECK_EQ(seq.num_computed, pos) << "AcceptDraftKv without a freshly appended token";
+  const int i = pos - seq.verify_start;
+  CHECK(i >= 0 && i < static_cast<int>(seq.verifying.size()) &&
+        seq.verifying[static_cast<size_t>(i)] == seq.tokens.back())
+      << "token at " << pos << " is not the draft computed there";
+  seq.num_computed = pos + 1;
+  kv_.CommitComputed(id, seq.tokens, seq.num_computed);
 }
 
 void Scheduler::AppendToken(int64_t id, int32_t token) {

@@ -24,6 +24,14 @@
 // Usage per step: Schedule() (allocates blocks), run the forward pass over the plan, then
 // OnStepComputed(plan), then AppendToken()/Finish() for each chunk with need_logits.
 //
+// Speculative decoding: SetDrafts appends draft tokens to a running sequence that has one token
+// left to compute; its next decode chunk then covers that token and the drafts, all or nothing
+// (when the step's budget or the free blocks cannot take them, the drafts are dropped and it
+// decodes one token: drafts never preempt anyone). Draft positions never enter the prefix cache.
+// After the step, TakeDrafts removes them again (their KV stays in the slots, uncomputed), the
+// engine appends what it verified token by token, and AcceptDraftKv marks an appended token's KV
+// computed when it equals the draft the step computed at that position. Preemption drops drafts.
+//
 // Disaggregation (a sequence's KV computed elsewhere, or kept for someone else to read):
 // - Decode side: AddAwaitingKv reserves blocks for the whole prompt plus its first generated
 //   token (prefix-cache hits reused) and parks the sequence (kAwaitingKv): never scheduled, never
@@ -80,6 +88,10 @@ struct Sequence {
   int num_preemptions = 0;
   int priority = 0;                // lower is more urgent (vLLM's convention)
   bool skip_prefix_cache = false;  // never reuses cached blocks (every position is computed)
+  int num_draft = 0;               // trailing draft tokens of `tokens` (SetDrafts)
+  // After TakeDrafts: the drafts the last step computed, from position verify_start on.
+  std::vector<int32_t> verifying;
+  int verify_start = 0;
   SequenceState state = SequenceState::kWaiting;
   bool running() const { return state == SequenceState::kRunning; }
   int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
@@ -144,6 +156,15 @@ class Scheduler {
   void OnStepComputed(const SchedulerStep& step);
   // Appends a sampled token to a running sequence whose last chunk had need_logits.
   void AppendToken(int64_t id, int32_t token);
+  // Speculative decoding (see above). SetDrafts: `id` is running with exactly one token left to
+  // compute and no drafts; appends `drafts` (may be empty: no-op).
+  void SetDrafts(int64_t id, std::span<const int32_t> drafts);
+  // After OnStepComputed: removes the sequence's drafts (returned, in order) and leaves its
+  // tokens as before SetDrafts, all computed; empty when it had none (dropped by Schedule).
+  std::vector<int32_t> TakeDrafts(int64_t id);
+  // The token just appended equals the draft the last step computed at its position: its KV is
+  // computed (num_computed + 1). CHECK-fails unless it does.
+  void AcceptDraftKv(int64_t id);
   // Removes a finished sequence and frees its blocks.
   void Finish(int64_t id);
 
@@ -179,6 +200,8 @@ class Scheduler {
   // among equals.
   size_t VictimIndex() const;
   void Preempt(int64_t id);
+  // Removes a sequence's drafts (tokens back to before SetDrafts; computed count capped there).
+  static void DropDrafts(Sequence& seq);
 
   SchedulerConfig config_;
   KvCacheManager kv_;

@@ -623,5 +623,98 @@ TEST(SchedulerTest, RandomizedDisaggregationOperations) {
   }
 }
 
+// Speculative decoding: a sequence decoding after a 6-token prompt (block size 4) gets 3 drafts.
+TEST(SchedulerTest, DraftsAreScheduledWholeAndVerifiedTokenByToken) {
+  Scheduler s(Config(16, 4, 16));
+  s.Add(1, Iota(6));
+  Step(s, 100);  // prefill; token 100 at position 6
+  const std::vector<int32_t> drafts = {101, 102, 103};
+  s.SetDrafts(1, drafts);
+  SchedulerStep step = s.Schedule();
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].start_pos, 6);
+  EXPECT_EQ(step.chunks[0].num_tokens, 4);  // the last token and its drafts, whole
+  EXPECT_TRUE(step.chunks[0].need_logits);
+  s.OnStepComputed(step);
+  // Positions 0..9 are computed, but block 1 (positions 4..7) holds a draft: not cached.
+  std::vector<int32_t> probe = Iota(6);
+  probe.insert(probe.end(), {100, 101, 102, 103, 104});
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks.size(), 1u);
+  EXPECT_EQ(s.TakeDrafts(1), drafts);
+  EXPECT_EQ(s.Get(1)->tokens.size(), 7u);
+  EXPECT_EQ(s.Get(1)->num_computed, 7);
+  // 101 verified (its KV computed at position 7), then 55 instead of 102.
+  s.AppendToken(1, 101);
+  s.AcceptDraftKv(1);
+  s.AppendToken(1, 55);
+  s.CheckInvariants();
+  EXPECT_EQ(s.Get(1)->num_computed, 8);
+  EXPECT_EQ(s.Get(1)->tokens.size(), 9u);
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks.size(), 2u);  // block 1 is real now
+  probe[8] = 102;  // the rejected draft's continuation is not cached
+  EXPECT_EQ(s.kv().FindCachedPrefix(probe).blocks.size(), 2u);
+  SchedulerStep next = Step(s);
+  ASSERT_EQ(next.chunks.size(), 1u);
+  EXPECT_EQ(next.chunks[0].start_pos, 8);
+  EXPECT_EQ(next.chunks[0].num_tokens, 1);
+  EXPECT_TRUE(s.TakeDrafts(1).empty());
+}
+
+TEST(SchedulerTest, DraftsThatDoNotFitAreDroppedNeverPreempting) {
+  // Budget: 2 tokens, so 3 drafts do not fit; the sequence decodes one token.
+  Scheduler s(Config(16, 4, 2));
+  s.Add(1, Iota(2));
+  Step(s);
+  s.SetDrafts(1, std::vector<int32_t>{8, 9, 10});
+  SchedulerStep step = Step(s);
+  ASSERT_EQ(step.chunks.size(), 1u);
+  EXPECT_EQ(step.chunks[0].num_tokens, 1);
+  EXPECT_TRUE(s.TakeDrafts(1).empty());
+  EXPECT_EQ(s.Get(1)->tokens.size(), 4u);
+
+  // Blocks: 3 of 2 tokens. After the prefill each sequence holds one; decoding, sequence 1 takes
+  // the last free block, and the drafts of sequence 2 would need another one, which only
+  // preempting 1 would give: they are dropped instead.
+  Scheduler t(Config(3, 2, 16));
+  t.Add(1, Iota(2));
+  t.Add(2, Iota(1, 50));
+  Step(t);
+  ASSERT_EQ(t.BlockTable(1).size(), 1u);
+  ASSERT_EQ(t.BlockTable(2).size(), 1u);
+  t.SetDrafts(2, std::vector<int32_t>{60, 61});
+  SchedulerStep s2 = Step(t);
+  EXPECT_TRUE(s2.preempted.empty());
+  EXPECT_EQ(s2.chunks.size(), 2u);
+  for (const auto& c : s2.chunks) EXPECT_EQ(c.num_tokens, 1);
+}
+
+TEST(SchedulerTest, PreemptionDropsDrafts) {
+  // 4 blocks of 2, all taken by the prefills. Sequence 1 needs a third block to decode; the
+  // victim is the newer sequence 2, which had drafts: it goes back to waiting with its real
+  // tokens only.
+  Scheduler s(Config(4, 2, 16));
+  s.Add(1, Iota(4));
+  s.Add(2, Iota(3, 50));
+  Step(s);
+  s.SetDrafts(2, std::vector<int32_t>{60});
+  SchedulerStep step = Step(s);
+  ASSERT_EQ(step.preempted, std::vector<int64_t>{2});
+  EXPECT_EQ(s.Get(2)->state, SequenceState::kWaiting);
+  EXPECT_EQ(s.Get(2)->tokens, (std::vector<int32_t>{50, 51, 52, 7}));
+  EXPECT_EQ(s.Get(2)->num_draft, 0);
+}
+
+TEST(SchedulerDeathTest, AcceptingATokenThatIsNotTheDraftDies) {
+  Scheduler s(Config(16, 4, 16));
+  s.Add(1, Iota(3));
+  Step(s);
+  s.SetDrafts(1, std::vector<int32_t>{8, 9});
+  SchedulerStep step = s.Schedule();
+  s.OnStepComputed(step);
+  s.TakeDrafts(1);
+  s.AppendToken(1, 5);  // not 8
+  EXPECT_DEATH(s.AcceptDraftKv(1), "not the draft");
+}
+
 }  // namespace
 }  // namespace tandem

@@ -80,6 +80,11 @@ void WorkerMetricsReporter::Refresh() {
   };
   advance_seconds(metrics_.engine_forward_seconds, stats.forward_seconds, &last_forward_seconds_);
   advance_seconds(metrics_.engine_busy_seconds, stats.busy_seconds, &last_busy_seconds_);
+  advance(metrics_.spec_draft_tokens, stats.spec_draft_tokens, &last_spec_draft_tokens_);
+  advance(metrics_.spec_accepted_tokens, stats.spec_accepted_tokens, &last_spec_accepted_tokens_);
+  advance(metrics_.spec_verifications, stats.spec_verifications, &last_spec_verifications_);
+  advance(metrics_.spec_fallbacks, stats.spec_fallbacks, &last_spec_fallbacks_);
+  advance_seconds(metrics_.spec_drafter_seconds, stats.drafter_seconds, &last_drafter_seconds_);
   if (count_generation_) {
     advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
   }

@@ -63,6 +63,11 @@ class WorkerMetricsReporter {
   int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   double last_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_spec_draft_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_spec_accepted_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_spec_verifications_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_spec_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_drafter_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem::server
