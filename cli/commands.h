@@ -17,5 +17,6 @@ void AddRouterCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);    // router + workers as local processes
 void AddProfileCommand(CLI::App& app, int* exit_code);  // a device's profile for `tandem plan`
 void AddPlanCommand(CLI::App& app, int* exit_code);     // prefill:decode ratio from profiles
+void AddDrafterCommand(CLI::App& app, int* exit_code);  // speculative drafts for decode workers
 
 }  // namespace tandem::cli

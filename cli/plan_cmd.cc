@@ -43,6 +43,7 @@ struct PlanFlags {
   int devices = 2;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 0;
+  int prefill_max_num_batched_tokens = 8192;
   int requests = 1000;
   uint64_t seed = 1;
   bool json_output = false;
@@ -183,6 +184,7 @@ int Run(const PlanFlags& f) {
   in.limits.max_num_seqs = f.max_num_seqs;
   in.limits.max_num_batched_tokens =
       f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : prefill->max_num_batched_tokens;
+  in.limits.prefill_max_num_batched_tokens = f.prefill_max_num_batched_tokens;
   in.sim.num_requests = f.requests;
   in.sim.seed = f.seed;
   absl::StatusOr<planning::Plan> plan = planning::MakePlan(in);
@@ -310,8 +312,13 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
-                  "Step token budget (default: the profile's)")
+                  "Step token budget of decode workers and aggregated replicas (default: the "
+                  "profile's)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-max-num-batched-tokens", flags->prefill_max_num_batched_tokens,
+                  "Step token budget of prefill workers, as theirs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--requests", flags->requests, "Simulated requests per evaluation")
       ->check(CLI::Range(50, 100000))
       ->capture_default_str();

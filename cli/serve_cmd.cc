@@ -8,6 +8,8 @@
 //                [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
 //                [--tool-call-parser auto|hermes|llama3_json|none]
+//                [--speculative ngram|draft:DIR|remote:ADDR,...|remote [--num-speculative-tokens K]]
+//                [--drafters N [--drafter ngram|draft:DIR]]   (with --speculative remote)
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -19,6 +21,8 @@
 // Children run in their own process group (a terminal's Ctrl-C reaches only serve, which stops
 // them in order) and get PR_SET_PDEATHSIG(SIGKILL): none outlives serve, even a SIGKILLed one.
 // --aggregated: no prefill workers; decode workers prefill locally (the baseline).
+// --speculative remote --drafters N: N `tandem drafter` services are started first (supervised
+// like the workers) and every decode worker drafts through them (docs/speculative.md).
 // --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]);
 // --prefill-device / --decode-device place one pool elsewhere (e.g. prefill on the GPU, decode
 // on CPUs: the pair handshake converts the KV between their layouts).
@@ -129,8 +133,10 @@ struct ServeFlags {
   int long_prefill_token_threshold = 0;    // every worker
   std::string kv_streaming = "on";         // prefill workers
   std::string kv_verify = "off";           // decode workers
-  std::string speculative;                 // decode workers; "": off
+  std::string speculative;                 // decode workers; "": off; "remote": our drafters
   int num_speculative_tokens = 4;          // decode workers
+  int drafters = 0;                        // `tandem drafter` services (--speculative remote)
+  std::string drafter = "ngram";           // what they run
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -472,6 +478,11 @@ int RunServe(ServeFlags flags) {
       return 2;
     }
   }
+  if ((flags.speculative == "remote") != (flags.drafters > 0)) {
+    std::cerr << "tandem serve: --speculative remote and --drafters N go together (remote:ADDR "
+                 "names drafters serve does not start)\n";
+    return 2;
+  }
   const std::string exe = SelfExe();
   Supervisor supervisor(exe);
   supervisor.BlockSignals();
@@ -522,6 +533,43 @@ int RunServe(ServeFlags flags) {
   std::vector<std::string> service_args = flags.service_auth.Args();
   service_args.insert(service_args.end(), {"--log-format", flags.log_format});
   service_args.insert(service_args.end(), {"--drain-seconds", absl::StrCat(flags.drain_seconds)});
+  // Drafter services first (--speculative remote): the decode workers are told their addresses.
+  // Their ports are picked here so a restarted drafter comes back where the workers look.
+  std::string speculative = flags.speculative;
+  if (flags.drafters > 0) {
+    std::vector<std::string> addresses;
+    std::vector<Child*> drafters;
+    for (int i = 0; i < flags.drafters; ++i) {
+      absl::StatusOr<int> port = FreeLoopbackPort();
+      if (!port.ok()) {
+        std::cerr << "tandem serve: a port for drafter " << i << ": " << port.status().message()
+                  << "\n";
+        return stop(1);
+      }
+      std::vector<std::string> args = {"drafter", "--drafter",     flags.drafter,
+                                       "--model", flags.model_dir,  "--port",
+                                       std::to_string(*port),       "--device",
+                                       flags.decode_device,         "--log-format",
+                                       flags.log_format};
+      const std::vector<std::string> auth = flags.service_auth.Args();
+      args.insert(args.end(), auth.begin(), auth.end());
+      const std::string name = absl::StrCat("drafter-", i);
+      auto child = supervisor.Start(name, args);
+      if (!child.ok()) {
+        std::cerr << "tandem serve: starting " << name << ": " << child.status().message() << "\n";
+        return stop(1);
+      }
+      drafters.push_back(*child);
+      addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+    }
+    if (absl::Status ready = supervisor.WaitReady(drafters, absl::Seconds(flags.startup_timeout_s));
+        !ready.ok()) {
+      if (absl::IsCancelled(ready)) return stop(0);
+      std::cerr << "tandem serve: drafters: " << ready.message() << "\n";
+      return stop(1);
+    }
+    speculative = absl::StrCat("remote:", absl::StrJoin(addresses, ","));
+  }
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
   std::vector<std::string> common = {"--model", flags.model_dir, "--kv-transfer",
@@ -565,8 +613,8 @@ int RunServe(ServeFlags flags) {
     args.insert(args.end(), {"--port", std::to_string(ports[i])});
     if (is_prefill) args.insert(args.end(), {"--kv-streaming", flags.kv_streaming});
     if (!is_prefill) args.insert(args.end(), {"--kv-verify", flags.kv_verify});
-    if (!is_prefill && !flags.speculative.empty()) {
-      args.insert(args.end(), {"--speculative", flags.speculative, "--num-speculative-tokens",
+    if (!is_prefill && !speculative.empty()) {
+      args.insert(args.end(), {"--speculative", speculative, "--num-speculative-tokens",
                                std::to_string(flags.num_speculative_tokens)});
     }
     if (!is_prefill) {
@@ -831,7 +879,15 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--speculative", flags->speculative,
                   "Speculative decoding on decode (and aggregated) workers with this drafter: "
-                  "ngram (docs/speculative.md). Default: off");
+                  "ngram, draft:DIR, remote:ADDR,... or remote (the --drafters this serve "
+                  "starts); docs/speculative.md. Default: off");
+  cmd->add_option("--drafters", flags->drafters,
+                  "With --speculative remote: `tandem drafter` services to start (each running "
+                  "--drafter) and wire to the decode workers")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--drafter", flags->drafter,
+                  "What the --drafters run: ngram (default) or draft:DIR")
+      ->capture_default_str();
   cmd->add_option("--num-speculative-tokens", flags->num_speculative_tokens,
                   "With --speculative: the most drafts per sequence and step (default 4)")
       ->check(CLI::Range(1, 64));

@@ -572,6 +572,74 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
   EXPECT_NE(serve.Wait(absl::Seconds(60)), -1);
 }
 
+// Speculative decoding through a `tandem drafter` service (--speculative remote --drafters 1):
+// killing the drafter with SIGKILL mid-run, and later freezing its restarted process with
+// SIGSTOP, changes no stream's text (greedy and seeded ones): the decode worker drafts without
+// it, never waits on it for longer than its deadline, and drafts through it again once it is
+// back.
+TEST_F(ServeTest, KilledOrFrozenDrafterMidRunChangesNoText) {
+  const int port = FreePort();
+  ServeProcess serve({"--port", std::to_string(port), "--aggregated", "--decode-workers", "1",
+                      "--speculative", "remote", "--drafters", "1", "--request-timeout-s", "120"},
+                     cache_dir_.string());
+  ASSERT_EQ(StartServing(serve, port, 3).size(), 3u) << serve.output();
+  constexpr int kStreams = 12;
+  const auto body = [](int i) {
+    const std::string sampling = i % 2 == 0
+                                     ? R"("temperature": 0)"
+                                     : absl::StrCat(R"("temperature": 0.8, "seed": )", i);
+    return absl::StrCat(R"({"model": "tiny", "prompt": "the the the river )", i,
+                        R"( the the the river", "max_tokens": 600, )", sampling,
+                        R"(, "ignore_eos": true, "stream": true})");
+  };
+  const auto text_of = [](const std::string& response) {
+    std::string text;
+    for (absl::string_view line : absl::StrSplit(response, '\n')) {
+      if (!absl::StartsWith(line, "data: {")) continue;
+      const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
+      if (j.is_discarded()) return std::string("<bad event>");
+      if (j.contains("error")) return std::string("<error>");
+      for (const auto& choice : j["choices"]) {
+        if (choice.contains("text") && choice["text"].is_string()) text += choice["text"];
+      }
+    }
+    if (response.find("data: [DONE]") == std::string::npos) return std::string("<cut>");
+    return text;
+  };
+  const auto run = [&](int signal) {
+    std::vector<std::string> texts(kStreams);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kStreams; ++i) {
+      clients.emplace_back(
+          [&, i] { texts[i] = text_of(HttpPost(port, "/v1/completions", body(i))); });
+    }
+    pid_t victim = -1;
+    if (signal != 0) {
+      absl::SleepFor(absl::Milliseconds(150));
+      victim = ChildWithRole(ChildrenOf(serve.pid()), "drafter");
+      EXPECT_NE(victim, -1);
+      if (victim != -1) kill(victim, signal);
+    }
+    for (std::thread& t : clients) t.join();
+    if (signal == SIGSTOP && victim != -1) kill(victim, SIGCONT);
+    return texts;
+  };
+  const std::vector<std::string> reference = run(0);
+  for (const std::string& t : reference) ASSERT_FALSE(t.empty() || t[0] == '<') << t;
+  const std::vector<std::string> killed = run(SIGKILL);
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(killed[i], reference[i]) << "stream " << i;
+  ASSERT_TRUE(WaitFor([&] { return serve.output().find("drafter-0 restarted") != std::string::npos; },
+                      absl::Seconds(30)))
+      << serve.output();
+  absl::SleepFor(absl::Seconds(2));
+  const std::vector<std::string> frozen = run(SIGSTOP);
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(frozen[i], reference[i]) << "stream " << i;
+  // The decode worker noticed (and counted) the drafter's absence.
+  EXPECT_NE(serve.output().find("decoding without drafts"), std::string::npos) << serve.output();
+  ASSERT_EQ(kill(serve.pid(), SIGINT), 0);
+  EXPECT_NE(serve.Wait(absl::Seconds(60)), -1);
+}
+
 // A worker killed with SIGKILL is started again (same port) while the others keep serving, and
 // takes requests again; the same for the prefill worker.
 TEST_F(ServeTest, AKilledWorkerIsRestartedAndServesAgain) {

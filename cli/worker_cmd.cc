@@ -5,7 +5,7 @@
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
-//       [--speculative ngram [--num-speculative-tokens K]]   (decode only)
+//       [--speculative ngram|draft:DIR|remote:ADDR,... [--num-speculative-tokens K]]  (decode)
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -28,6 +28,7 @@
 #include "decode/decode_worker.h"
 #include "prefill/prefill_worker.h"
 #include "runtime/base/logging.h"
+#include "runtime/model/model_config.h"
 #include "runtime/model/runner_factory.h"
 #include "runtime/server/model_loader.h"
 #include "runtime/server/worker_main.h"
@@ -91,8 +92,18 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   const bool streaming = std::string(role) == "prefill" && flags.kv_streaming == "on";
   load.engine.kv_layer_progress = streaming;
   if (!flags.speculative.empty()) {
+    absl::StatusOr<ModelConfig> target = LoadModelConfig(flags.model_dir);
+    if (!target.ok()) {
+      std::cerr << prefix << target.status().message() << "\n";
+      return 1;
+    }
+    speculative::DrafterContext context;
+    context.target_vocab_size = target->vocab_size;
+    context.device = flags.device;
+    context.block_size = flags.block_size;
+    context.identity = *identity;
     absl::StatusOr<std::unique_ptr<speculative::Drafter>> drafter =
-        speculative::CreateDrafter(flags.speculative);
+        speculative::CreateDrafter(flags.speculative, context);
     if (!drafter.ok()) {
       std::cerr << prefix << drafter.status().message() << "\n";
       return drafter.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -262,7 +273,9 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--speculative", flags->speculative,
                   "speculative decoding with this drafter: ngram (prompt lookup and suffix "
-                  "decoding; docs/speculative.md). Default: off");
+                  "decoding), draft:DIR (a small model of the same tokenizer on this worker's "
+                  "device, with a 64 MiB KV cache of its own) or remote:ADDR[,ADDR...] (tandem "
+                  "drafter services); docs/speculative.md. Default: off");
   cmd->add_option("--num-speculative-tokens", flags->num_speculative_tokens,
                   "with --speculative: the most drafts per sequence and step (adapted per request "
                   "from its acceptance; default 4)")

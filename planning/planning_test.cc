@@ -101,7 +101,7 @@ TEST(SimulatorTest, OnePrefillWorkerIsAnMD1Queue) {
     SimOptions options;
     options.num_requests = 40000;
     EngineLimits one_prompt_per_step;
-    one_prompt_per_step.max_num_batched_tokens = 256;
+    one_prompt_per_step.prefill_max_num_batched_tokens = 256;
     const SimResult r = Simulate(p, p, {1, 1, 0}, w, one_prompt_per_step, options);
     double sum = 0;
     for (const RequestOutcome& o : r.requests) sum += o.ttft_ms;
@@ -109,6 +109,32 @@ TEST(SimulatorTest, OnePrefillWorkerIsAnMD1Queue) {
     const double md1 = rho * service / (2 * (1 - rho));
     EXPECT_NEAR(wait, md1, 0.06 * md1 + 0.02) << "rho " << rho;
   }
+}
+
+// A prefill worker batches waiting prompts up to its own step budget (8192 by default, as the
+// workers'); a step costs its fixed cost once plus each prompt's share, and every prompt in it
+// gets its first token at the step's end.
+TEST(SimulatorTest, PrefillStepsBatchPromptsAndChargeEachItsOwnAttention) {
+  const DeviceProfile p = Linear();
+  Workload w;
+  w.requests = {{256, 1}};
+  w.rate = 1e6;  // 4 at once: the first finds the worker idle, the other 3 share a step
+  SimOptions options;
+  options.num_requests = 4;
+  options.warmup_fraction = 0;
+  const SimResult r = Simulate(p, p, {1, 1, 0}, w, {}, options);
+  ASSERT_EQ(r.requests.size(), 4u);
+  const double alone = p.PrefillMs(256);
+  const double step = p.PrefillFixedMs() + 3 * (p.PrefillMs(256) - p.PrefillFixedMs());
+  EXPECT_NEAR(r.requests[0].ttft_ms, alone + p.TransferMs(256), 0.01);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_NEAR(r.requests[i].ttft_ms, alone + step + p.TransferMs(256), 0.01) << i;
+  }
+  EngineLimits one_at_a_time;
+  one_at_a_time.prefill_max_num_batched_tokens = 256;
+  const SimResult s = Simulate(p, p, {1, 1, 0}, w, one_at_a_time, options);
+  EXPECT_NEAR(s.requests[0].ttft_ms, alone + p.TransferMs(256), 0.01);
+  EXPECT_NEAR(s.requests[3].ttft_ms, 4 * alone + p.TransferMs(256), 0.01);
 }
 
 // The decode batch is bounded by the KV capacity: with room for 4 sequences, 16 arrive at once

@@ -80,6 +80,19 @@ constexpr size_t kMaxPoints = 4096;
 
 }  // namespace
 
+double DeviceProfile::PrefillFixedMs() const {
+  std::vector<double> xs, ys;
+  for (const PrefillPoint& p : prefill) {
+    if (p.cached_tokens != 0) continue;
+    xs.push_back(p.tokens);
+    ys.push_back(p.ms);
+  }
+  if (xs.empty()) return 0;
+  // The intercept of the first two points.
+  const double slope = xs.size() > 1 ? (ys[1] - ys[0]) / (xs[1] - xs[0]) : 0;
+  return std::clamp(ys[0] - xs[0] * slope, 0.0, ys[0]);
+}
+
 double DeviceProfile::PrefillMs(int tokens, int cached) const {
   std::vector<double> xs, ys;
   for (const PrefillPoint& p : prefill) {
@@ -91,9 +104,8 @@ double DeviceProfile::PrefillMs(int tokens, int cached) const {
   if (cached <= 0) return Lerp(xs, ys, tokens);
   // Computing positions [cached, cached + tokens) costs what a whole prompt of that length costs
   // beyond its first `cached` positions (attention over the cached part included), plus the
-  // step's fixed cost: the intercept of the first two points.
-  const double slope = xs.size() > 1 ? (ys[1] - ys[0]) / (xs[1] - xs[0]) : 0;
-  const double fixed = std::clamp(ys[0] - xs[0] * slope, 0.0, ys[0]);
+  // step's fixed cost.
+  const double fixed = PrefillFixedMs();
   return std::max(fixed, Lerp(xs, ys, cached + tokens) - Lerp(xs, ys, cached) + fixed);
 }
 

@@ -63,6 +63,8 @@ struct DeviceProfile {
   // cache: a whole prompt's cost beyond its first `cached` positions, plus the step's fixed
   // cost (the hit points are measured to check this; docs/planning.md).
   double PrefillMs(int tokens, int cached = 0) const;
+  // The fixed cost of a prefill step (the intercept of the first two uncached points).
+  double PrefillFixedMs() const;
   // One decode step of `batch` sequences at mean context `context`.
   double DecodeStepMs(int batch, int context) const;
   // Moving a `tokens`-token prompt's KV; 0 when no transfer was measured.

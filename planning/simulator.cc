@@ -189,23 +189,37 @@ class Sim {
     }
   }
 
+  // The prompt chunks of one step, (request, tokens) each: the step's fixed cost once, plus each
+  // chunk's share (its prompt's cost beyond the positions computed before it: attention is per
+  // sequence, so two 512-token prompts cost twice one, not one 1,024-token prompt).
+  double StepPrefillMs(const std::vector<std::pair<int, int>>& chunks) const {
+    const double fixed = pp_.PrefillFixedMs();
+    double ms = fixed;
+    for (const auto& [i, n] : chunks) {
+      const int done = reqs_[i].input - reqs_[i].prefill_left;
+      ms += std::max(0.0, pp_.PrefillMs(n, done) - fixed);
+    }
+    return ms;
+  }
+
   void StartPrefillStep(int w) {
     PrefillWorker& pw = prefill_[w];
     pw.step.clear();
-    int budget = limits_.max_num_batched_tokens;
+    int budget = limits_.prefill_max_num_batched_tokens;
+    int seqs = 0;
     for (int i : pw.fifo) {
-      if (budget == 0) break;
+      if (budget == 0 || seqs == limits_.max_num_seqs) break;
       const int n = std::min(budget, reqs_[i].prefill_left);
       pw.step.push_back({i, n});
       budget -= n;
+      ++seqs;
     }
     if (pw.step.empty()) {
       pw.busy = false;
       return;
     }
     pw.busy = true;
-    const int tokens = limits_.max_num_batched_tokens - budget;
-    Push(now_ + pp_.PrefillMs(tokens), Event::kPrefillStepEnd, w);
+    Push(now_ + StepPrefillMs(pw.step), Event::kPrefillStepEnd, w);
   }
 
   void PrefillStepEnd(int w) {
@@ -316,7 +330,7 @@ class Sim {
     if (!x.step_decode.empty()) {
       ms += pp_.DecodeStepMs(static_cast<int>(x.step_decode.size()), MeanContext(x.step_decode));
     }
-    if (prompt_tokens > 0) ms += pp_.PrefillMs(prompt_tokens);
+    if (prompt_tokens > 0) ms += StepPrefillMs(x.step_prefill);
     Push(now_ + ms, Event::kReplicaStepEnd, w);
   }
 

@@ -13,9 +13,11 @@
 //   its KV (input + output) in FIFO order as capacity frees up; only then is the prompt sent to
 //   the prefill worker with the least work queued (Tandem's two-phase admission).
 // - A prefill worker is a FIFO queue served in engine steps: each step takes the waiting prompts
-//   in order up to max_num_batched_tokens tokens (chunking the long ones) and lasts
-//   PrefillMs(step tokens). A prompt is done at the end of the step holding its last chunk
-//   (with one prompt per step and fixed lengths, this is DistServe's M/D/1 queue).
+//   in order up to prefill_max_num_batched_tokens tokens and max_num_seqs prompts (chunking the
+//   long ones) and lasts the step's fixed cost plus each chunk's own (attention is per
+//   sequence: PrefillMs(chunk, computed before it) less the fixed cost). A prompt is done at the
+//   end of the step holding its last chunk (with one prompt per step and fixed lengths, this is
+//   DistServe's M/D/1 queue).
 // - The KV then moves to the decode worker, taking TransferMs(input); the first token (sampled
 //   on the prefill worker) is out when the KV lands: TTFT.
 // - A decode worker runs continuous batching: a step decodes one token for each running
@@ -24,7 +26,7 @@
 //   TPOT = (last token - first token) / (output - 1).
 // - An aggregated replica does both in one engine: each step decodes its running sequences and
 //   fills the rest of the token budget with prompt chunks (FIFO, KV reserved at admission),
-//   lasting DecodeStepMs(batch, context) + PrefillMs(prompt tokens). A prompt's first token comes
+//   lasting DecodeStepMs(batch, context) plus the prompt chunks' cost as above. A prompt's first token comes
 //   at the end of the step that finishes it.
 // The first `warmup_fraction` of requests (by arrival) are left out of the statistics.
 //
@@ -53,7 +55,8 @@ struct Layout {
 
 struct EngineLimits {
   int max_num_seqs = 64;
-  int max_num_batched_tokens = 512;
+  int max_num_batched_tokens = 512;           // decode workers and aggregated replicas
+  int prefill_max_num_batched_tokens = 8192;  // prefill workers (their default)
 };
 
 struct SimOptions {

@@ -1,7 +1,8 @@
 // The OpenAI API fields of docs/api.md against the bundled model, in both serving modes:
-// `tandem serve` (disaggregated: 1 prefill + 1 decode worker) and `tandem serve --aggregated`.
-// Every request runs in both; each answer is checked for what the field promises, and the two
-// modes must give the same bytes (greedy). Env: TANDEM_BIN, TANDEM_MODEL_DIR (models/target),
+// `tandem serve` (disaggregated: 1 prefill + 1 decode worker) and `tandem serve --aggregated`,
+// each also with speculative decoding (n-gram drafts, the bundled draft model). Every request
+// runs in every mode; each answer is checked for what the field promises, and the modes must
+// give the same bytes (greedy; seeded sampling too). Env: TANDEM_BIN, TANDEM_MODEL_DIR (models/target),
 // E2E_LOG_DIR.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,10 +19,21 @@ assert.ok(tandem && fs.existsSync(tandem), `TANDEM_BIN not found: ${tandem}`);
 assert.ok(model && fs.existsSync(path.join(model, 'config.json')), `no model at ${model}`);
 const modelName = path.basename(model);
 
+// Speculative decoding must not change a byte (docs/speculative.md): the suite also runs with
+// the n-gram drafter (disaggregated) and with the bundled draft model beside the target
+// (models/draft; aggregated).
+const draftDir = path.join(path.dirname(model), 'draft');
+assert.ok(fs.existsSync(path.join(draftDir, 'config.json')), `no draft model at ${draftDir}`);
 const modes = {
   disaggregated: new ServeStack({ tandem, model, logDir: path.join(logDir, 'disaggregated') }),
   aggregated: new ServeStack({ tandem, model, aggregated: true,
                                logDir: path.join(logDir, 'aggregated') }),
+  'speculative-ngram': new ServeStack({ tandem, model,
+                                        logDir: path.join(logDir, 'speculative-ngram'),
+                                        extraArgs: ['--speculative', 'ngram'] }),
+  'speculative-draft': new ServeStack({
+    tandem, model, aggregated: true, logDir: path.join(logDir, 'speculative-draft'),
+    extraArgs: ['--speculative', `draft:${draftDir}`, '--num-speculative-tokens', '3'] }),
 };
 const clients = {};
 
