@@ -8,7 +8,8 @@
 //                [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
 //                [--tool-call-parser auto|hermes|llama3_json|none]
-//                [--speculative ngram|draft:DIR|remote:ADDR,...|remote [--num-speculative-tokens K]]
+//                [--speculative ngram|draft:DIR|remote:ADDR,...|remote [--num-speculative-tokens
+//                K]]
 //                [--drafters N [--drafter ngram|draft:DIR]]   (with --speculative remote)
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
@@ -546,11 +547,10 @@ int RunServe(ServeFlags flags) {
                   << "\n";
         return stop(1);
       }
-      std::vector<std::string> args = {"drafter", "--drafter",     flags.drafter,
-                                       "--model", flags.model_dir,  "--port",
-                                       std::to_string(*port),       "--device",
-                                       flags.decode_device,         "--log-format",
-                                       flags.log_format};
+      std::vector<std::string> args = {
+          "drafter",           "--drafter",    flags.drafter,         "--model",
+          flags.model_dir,     "--port",       std::to_string(*port), "--device",
+          flags.decode_device, "--log-format", flags.log_format};
       const std::vector<std::string> auth = flags.service_auth.Args();
       args.insert(args.end(), auth.begin(), auth.end());
       const std::string name = absl::StrCat("drafter-", i);

@@ -486,6 +486,23 @@ TEST_F(ServeTest, SigtermEndsRunningStreamsWithAFinalEvent) {
   EXPECT_NE(body.find("data: [DONE]", error), std::string::npos);
 }
 
+// The text of a completion stream from its SSE events: "<error>" when it ended in an error,
+// "<cut>" without a final [DONE], "<bad event>" for an event that is not JSON.
+std::string StreamText(const std::string& response) {
+  std::string text;
+  for (absl::string_view line : absl::StrSplit(response, '\n')) {
+    if (!absl::StartsWith(line, "data: {")) continue;
+    const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
+    if (j.is_discarded()) return "<bad event>";
+    if (j.contains("error")) return "<error>";
+    for (const auto& choice : j["choices"]) {
+      if (choice.contains("text") && choice["text"].is_string()) text += choice["text"];
+    }
+  }
+  if (response.find("data: [DONE]") == std::string::npos) return "<cut>";
+  return text;
+}
+
 // The one of `children` whose role (argv[1]) is `role`, or -1.
 pid_t ChildWithRole(const std::vector<pid_t>& children, const std::string& role) {
   for (pid_t child : children) {
@@ -521,27 +538,12 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
                         R"( tells a story about the river", "max_tokens": 48, )", sampling,
                         R"(, "ignore_eos": true, "stream": true})");
   };
-  // The text of each stream from its SSE events ("" with "<error>" when it ended in an error).
-  const auto text_of = [](const std::string& response) {
-    std::string text;
-    for (absl::string_view line : absl::StrSplit(response, '\n')) {
-      if (!absl::StartsWith(line, "data: {")) continue;
-      const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
-      if (j.is_discarded()) return std::string("<bad event>");
-      if (j.contains("error")) return std::string("<error>");
-      for (const auto& choice : j["choices"]) {
-        if (choice.contains("text") && choice["text"].is_string()) text += choice["text"];
-      }
-    }
-    if (response.find("data: [DONE]") == std::string::npos) return std::string("<cut>");
-    return text;
-  };
   const auto run = [&](bool chaos) {
     std::vector<std::string> texts(kStreams);
     std::vector<std::thread> clients;
     for (int i = 0; i < kStreams; ++i) {
       clients.emplace_back(
-          [&, i] { texts[i] = text_of(HttpPost(port, "/v1/completions", body(i))); });
+          [&, i] { texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i))); });
     }
     if (chaos) {
       absl::SleepFor(absl::Milliseconds(300));
@@ -585,33 +587,18 @@ TEST_F(ServeTest, KilledOrFrozenDrafterMidRunChangesNoText) {
   ASSERT_EQ(StartServing(serve, port, 3).size(), 3u) << serve.output();
   constexpr int kStreams = 12;
   const auto body = [](int i) {
-    const std::string sampling = i % 2 == 0
-                                     ? R"("temperature": 0)"
-                                     : absl::StrCat(R"("temperature": 0.8, "seed": )", i);
+    const std::string sampling =
+        i % 2 == 0 ? R"("temperature": 0)" : absl::StrCat(R"("temperature": 0.8, "seed": )", i);
     return absl::StrCat(R"({"model": "tiny", "prompt": "the the the river )", i,
                         R"( the the the river", "max_tokens": 600, )", sampling,
                         R"(, "ignore_eos": true, "stream": true})");
-  };
-  const auto text_of = [](const std::string& response) {
-    std::string text;
-    for (absl::string_view line : absl::StrSplit(response, '\n')) {
-      if (!absl::StartsWith(line, "data: {")) continue;
-      const nlohmann::json j = nlohmann::json::parse(line.substr(6), nullptr, false);
-      if (j.is_discarded()) return std::string("<bad event>");
-      if (j.contains("error")) return std::string("<error>");
-      for (const auto& choice : j["choices"]) {
-        if (choice.contains("text") && choice["text"].is_string()) text += choice["text"];
-      }
-    }
-    if (response.find("data: [DONE]") == std::string::npos) return std::string("<cut>");
-    return text;
   };
   const auto run = [&](int signal) {
     std::vector<std::string> texts(kStreams);
     std::vector<std::thread> clients;
     for (int i = 0; i < kStreams; ++i) {
       clients.emplace_back(
-          [&, i] { texts[i] = text_of(HttpPost(port, "/v1/completions", body(i))); });
+          [&, i] { texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i))); });
     }
     pid_t victim = -1;
     if (signal != 0) {
@@ -628,8 +615,9 @@ TEST_F(ServeTest, KilledOrFrozenDrafterMidRunChangesNoText) {
   for (const std::string& t : reference) ASSERT_FALSE(t.empty() || t[0] == '<') << t;
   const std::vector<std::string> killed = run(SIGKILL);
   for (int i = 0; i < kStreams; ++i) EXPECT_EQ(killed[i], reference[i]) << "stream " << i;
-  ASSERT_TRUE(WaitFor([&] { return serve.output().find("drafter-0 restarted") != std::string::npos; },
-                      absl::Seconds(30)))
+  ASSERT_TRUE(
+      WaitFor([&] { return serve.output().find("drafter-0 restarted") != std::string::npos; },
+              absl::Seconds(30)))
       << serve.output();
   absl::SleepFor(absl::Seconds(2));
   const std::vector<std::string> frozen = run(SIGSTOP);

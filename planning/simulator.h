@@ -26,8 +26,8 @@
 //   TPOT = (last token - first token) / (output - 1).
 // - An aggregated replica does both in one engine: each step decodes its running sequences and
 //   fills the rest of the token budget with prompt chunks (FIFO, KV reserved at admission),
-//   lasting DecodeStepMs(batch, context) plus the prompt chunks' cost as above. A prompt's first token comes
-//   at the end of the step that finishes it.
+//   lasting DecodeStepMs(batch, context) plus the prompt chunks' cost as above. A prompt's first
+//   token comes at the end of the step that finishes it.
 // The first `warmup_fraction` of requests (by arrival) are left out of the statistics.
 //
 // Thread-safety: pure functions.

@@ -55,9 +55,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> DraftModelDrafter::Propose(
     if (len == 0 || k < 1) continue;
     std::vector<int32_t>& fed = fed_[r.key];
     // Roll back to what still agrees (never the whole sequence: its last token is fed again).
-    const size_t agree = std::mismatch(fed.begin(), fed.end(), r.tokens.begin(), r.tokens.end())
-                             .first -
-                         fed.begin();
+    const size_t agree =
+        std::mismatch(fed.begin(), fed.end(), r.tokens.begin(), r.tokens.end()).first - fed.begin();
     fed.resize(std::min<size_t>(agree, static_cast<size_t>(len - 1)));
     const int positions = len + k - 1;
     if (!kv_.CanAllocate(r.key, nullptr, positions)) {

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/generate_test_util.h"
 #include "runtime/engine/tiny_model_test_util.h"
 #include "speculative/registry.h"
 
@@ -141,31 +141,7 @@ std::vector<std::vector<int32_t>> Generate(const TinyModel& target,
                                            const EngineOptions& options, EngineStats* stats) {
   auto engine = Engine::Create(target.MakeCpuRunner(256), nullptr, options);
   CHECK(engine.ok()) << engine.status();
-  absl::Mutex mu;
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  size_t finished = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateRequest r;
-    r.request_id = std::to_string(i);
-    r.prompt_token_ids = prompts[i];
-    r.params = params;
-    r.on_output = [&, i](const GenerationOutput& o) {
-      absl::MutexLock lock(&mu);
-      out[i].insert(out[i].end(), o.token_ids.begin(), o.token_ids.end());
-      EXPECT_NE(o.finish_reason, FinishReason::kError) << o.error;
-      if (o.finish_reason.has_value()) ++finished;
-    };
-    CHECK((*engine)->Submit(std::move(r)).ok());
-  }
-  {
-    absl::MutexLock lock(&mu);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return finished == prompts.size(); };
-    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120)));
-  }
-  (*engine)->Shutdown(absl::Seconds(5));
-  *stats = (*engine)->stats();
-  absl::MutexLock lock(&mu);
-  return out;
+  return GenerateAll(*std::move(engine), prompts, params, stats);
 }
 
 TEST_F(DraftModelDrafterTest, InTheEngineOutputsMatchPlainDecoding) {

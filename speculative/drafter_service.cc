@@ -91,8 +91,8 @@ grpc::Status DrafterService::Propose(grpc::ServerContext* context,
       return reject(absl::StrCat(where, ".max_tokens: ", s.max_tokens(), " is not in 1..64"));
     }
     if (static_cast<int64_t>(s.start()) + s.tokens_size() > options_.max_tokens_per_sequence) {
-      return reject(absl::StrCat(where, ": longer than ", options_.max_tokens_per_sequence,
-                                 " tokens"));
+      return reject(
+          absl::StrCat(where, ": longer than ", options_.max_tokens_per_sequence, " tokens"));
     }
     if (s.start() == 0 && s.tokens_size() == 0) {
       return reject(absl::StrCat(where, ".tokens: empty"));
@@ -164,8 +164,8 @@ grpc::Status DrafterService::Propose(grpc::ServerContext* context,
   }
   if (!job->requests.empty()) {
     absl::MutexLock lock(&mu_);
-    const bool done = mu_.AwaitWithDeadline(absl::Condition(&job->done), job->deadline +
-                                                                            absl::Seconds(1));
+    const bool done =
+        mu_.AwaitWithDeadline(absl::Condition(&job->done), job->deadline + absl::Seconds(1));
     if (!done) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the drafter did not answer");
     }

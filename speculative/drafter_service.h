@@ -44,12 +44,12 @@ struct DrafterServiceOptions {
 
 struct DrafterServiceStats {
   int64_t calls = 0;
-  int64_t batches = 0;             // drafter invocations
-  int64_t sequences = 0;           // sequences drafted for
-  int64_t tokens_received = 0;     // sequence tokens sent by clients
+  int64_t batches = 0;          // drafter invocations
+  int64_t sequences = 0;        // sequences drafted for
+  int64_t tokens_received = 0;  // sequence tokens sent by clients
   int64_t resyncs = 0;
   int64_t evictions = 0;
-  int64_t rejected = 0;            // INVALID_ARGUMENT or UNAUTHENTICATED calls
+  int64_t rejected = 0;  // INVALID_ARGUMENT or UNAUTHENTICATED calls
 };
 
 class DrafterService final : public tandem::v1::Drafter::Service {
@@ -79,9 +79,9 @@ class DrafterService final : public tandem::v1::Drafter::Service {
     }
   };
   struct State {
-    int64_t id = 0;                 // the drafter's key
+    int64_t id = 0;  // the drafter's key
     std::vector<int32_t> tokens;
-    std::list<Key>::iterator lru;   // position in lru_ (front: most recent)
+    std::list<Key>::iterator lru;  // position in lru_ (front: most recent)
   };
   // One queued call: its sequences' tokens (copies: the states may change meanwhile), the
   // requests over them, and the answer. Shared by the handler and the drafter thread, so a

@@ -8,11 +8,11 @@
 // InvalidArgument for an unknown name (naming the choices) or a draft model that does not fit
 // the target; the model loader's errors otherwise.
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
-#include <cstddef>
 
 #include "absl/status/statusor.h"
 #include "speculative/drafter.h"
@@ -31,8 +31,8 @@ const std::vector<DrafterEntry>& DrafterRegistry();
 
 // What a drafter must match or use of the worker it drafts for.
 struct DrafterContext {
-  int target_vocab_size = 0;            // 0: not checked
-  std::string device = "cpu";           // the worker's device ("cpu", "cuda:N")
+  int target_vocab_size = 0;                 // 0: not checked
+  std::string device = "cpu";                // the worker's device ("cpu", "cuda:N")
   size_t kv_cache_bytes = size_t{64} << 20;  // a draft model's own KV cache
   int block_size = 16;
   // remote: the credential presented to the drafter services (required).

@@ -18,8 +18,8 @@ namespace tandem::speculative {
 RemoteDrafter::RemoteDrafter(std::vector<Server> servers, const RemoteDrafterOptions& options)
     : servers_(std::move(servers)), options_(options) {
   std::random_device rd;
-  client_ = absl::StrCat("worker-", absl::Hex(static_cast<uint64_t>(rd()) << 32 | rd(),
-                                              absl::kZeroPad16));
+  client_ = absl::StrCat("worker-",
+                         absl::Hex(static_cast<uint64_t>(rd()) << 32 | rd(), absl::kZeroPad16));
 }
 
 absl::StatusOr<std::unique_ptr<RemoteDrafter>> RemoteDrafter::Create(
@@ -162,9 +162,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> RemoteDrafter::Propose(
   while (cq.Next(&tag, &ok)) {
   }
   if (needed > 0 && failed == needed) {
-    return absl::UnavailableError(
-        errors.empty() ? std::string("every drafter is backing off after failures")
-                       : absl::StrJoin(errors, "; "));
+    return absl::UnavailableError(errors.empty()
+                                      ? std::string("every drafter is backing off after failures")
+                                      : absl::StrJoin(errors, "; "));
   }
   return drafts;
 }

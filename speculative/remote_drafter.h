@@ -39,7 +39,7 @@ struct RemoteDrafterOptions {
 struct RemoteDrafterStats {
   int64_t calls = 0;
   int64_t failed_calls = 0;
-  int64_t skipped_calls = 0;   // a server in backoff
+  int64_t skipped_calls = 0;  // a server in backoff
   int64_t tokens_sent = 0;
   int64_t resyncs = 0;
 };
@@ -72,7 +72,7 @@ class RemoteDrafter : public Drafter {
 
   std::vector<Server> servers_;
   RemoteDrafterOptions options_;
-  std::string client_;  // this instance's id (random)
+  std::string client_;                                       // this instance's id (random)
   absl::flat_hash_map<int64_t, std::vector<int32_t>> sent_;  // what each server holds per key
   RemoteDrafterStats stats_;
 };

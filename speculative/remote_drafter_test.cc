@@ -3,6 +3,8 @@
 // service resyncs; calls without the deployment's credential, or with bad fields, are refused
 // and change nothing; a dead or frozen service costs at most one deadline per backoff; and in the
 // engine, outputs equal plain decoding even when the service dies mid-run.
+#include "speculative/remote_drafter.h"
+
 #include <atomic>
 #include <memory>
 #include <random>
@@ -10,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -18,10 +19,10 @@
 #include "runtime/base/logging.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/fake_model_runner.h"
+#include "runtime/engine/generate_test_util.h"
 #include "runtime/server/grpc_server.h"
 #include "speculative/drafter_service.h"
 #include "speculative/ngram_drafter.h"
-#include "speculative/remote_drafter.h"
 
 namespace tandem::speculative {
 namespace {
@@ -244,8 +245,7 @@ TEST(RemoteDrafterTest, EngineOutputsEqualPlainDecodingWhenTheServiceDiesMidRun)
   params.temperature = 0;
   params.max_tokens = 40;
   params.ignore_eos = true;
-  auto run = [&](std::shared_ptr<Drafter> drafter, std::function<void()> hook,
-                 EngineStats* stats) {
+  auto run = [&](std::shared_ptr<Drafter> drafter, std::function<void()> hook, EngineStats* stats) {
     auto runner = std::make_unique<FakeModelRunner>(kVocab, 256, 4, 512);
     if (hook) runner->set_forward_hook(hook);
     EngineOptions options;
@@ -254,30 +254,7 @@ TEST(RemoteDrafterTest, EngineOutputsEqualPlainDecodingWhenTheServiceDiesMidRun)
     options.drafter_deadline = absl::Seconds(1);
     auto engine = Engine::Create(std::move(runner), nullptr, options);
     CHECK(engine.ok()) << engine.status();
-    absl::Mutex mu;
-    std::vector<std::vector<int32_t>> out(prompts.size());
-    size_t finished = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      GenerateRequest r;
-      r.request_id = std::to_string(i);
-      r.prompt_token_ids = prompts[i];
-      r.params = params;
-      r.on_output = [&, i](const GenerationOutput& o) {
-        absl::MutexLock lock(&mu);
-        out[i].insert(out[i].end(), o.token_ids.begin(), o.token_ids.end());
-        if (o.finish_reason.has_value()) ++finished;
-      };
-      CHECK((*engine)->Submit(std::move(r)).ok());
-    }
-    {
-      absl::MutexLock lock(&mu);
-      auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return finished == prompts.size(); };
-      EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(60)));
-    }
-    (*engine)->Shutdown(absl::Seconds(5));
-    if (stats != nullptr) *stats = (*engine)->stats();
-    absl::MutexLock lock(&mu);
-    return out;
+    return GenerateAll(*std::move(engine), prompts, params, stats);
   };
   const auto plain = run(nullptr, nullptr, nullptr);
   Service service(Ngram());
@@ -285,11 +262,12 @@ TEST(RemoteDrafterTest, EngineOutputsEqualPlainDecodingWhenTheServiceDiesMidRun)
   ASSERT_TRUE(remote.ok());
   std::atomic<int> forwards{0};
   EngineStats stats;
-  const auto got = run(std::shared_ptr<Drafter>(*std::move(remote)),
-                       [&] {
-                         if (++forwards == 12) service.Stop();  // mid-run, on the engine thread
-                       },
-                       &stats);
+  const auto got = run(
+      std::shared_ptr<Drafter>(*std::move(remote)),
+      [&] {
+        if (++forwards == 12) service.Stop();  // mid-run, on the engine thread
+      },
+      &stats);
   EXPECT_EQ(got, plain);
   EXPECT_GT(stats.spec_draft_tokens, 0);
   EXPECT_GT(stats.spec_fallbacks, 0);
