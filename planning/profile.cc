@@ -80,13 +80,23 @@ constexpr size_t kMaxPoints = 4096;
 
 }  // namespace
 
-double DeviceProfile::PrefillFixedMs() const {
-  std::vector<double> xs, ys;
+namespace {
+
+// The uncached prefill points as (tokens, ms) columns.
+void UncachedPrefill(const std::vector<PrefillPoint>& prefill, std::vector<double>* xs,
+                     std::vector<double>* ys) {
   for (const PrefillPoint& p : prefill) {
     if (p.cached_tokens != 0) continue;
-    xs.push_back(p.tokens);
-    ys.push_back(p.ms);
+    xs->push_back(p.tokens);
+    ys->push_back(p.ms);
   }
+}
+
+}  // namespace
+
+double DeviceProfile::PrefillFixedMs() const {
+  std::vector<double> xs, ys;
+  UncachedPrefill(prefill, &xs, &ys);
   if (xs.empty()) return 0;
   // The intercept of the first two points.
   const double slope = xs.size() > 1 ? (ys[1] - ys[0]) / (xs[1] - xs[0]) : 0;
@@ -95,11 +105,7 @@ double DeviceProfile::PrefillFixedMs() const {
 
 double DeviceProfile::PrefillMs(int tokens, int cached) const {
   std::vector<double> xs, ys;
-  for (const PrefillPoint& p : prefill) {
-    if (p.cached_tokens != 0) continue;
-    xs.push_back(p.tokens);
-    ys.push_back(p.ms);
-  }
+  UncachedPrefill(prefill, &xs, &ys);
   if (xs.empty()) return 0;
   if (cached <= 0) return Lerp(xs, ys, tokens);
   // Computing positions [cached, cached + tokens) costs what a whole prompt of that length costs
