@@ -5,7 +5,11 @@
 //                  [--max-num-batched-tokens N] [--transfer-backend loopback|ucx|cma|none]
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
-// Exit status: 0 ok, 1 runtime error (model, device, measurement), 2 usage error.
+//   tandem profile calibrate --profile FILE --metrics URL[,URL...] [--window-s S] [--min-steps N]
+//                            [--out FILE] [--no-progress]
+// reads decode workers' /metrics over a window of load and writes the profile with its decode
+// factor (planning/calibration.h, docs/planning.md).
+// Exit status: 0 ok, 1 runtime error (model, device, measurement, scrape), 2 usage error.
 #include <unistd.h>
 
 #include <chrono>
@@ -24,7 +28,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/serving/client.h"
 #include "cli/commands.h"
+#include "planning/calibration.h"
 #include "planning/profiler.h"
 #include "runtime/model/runner_factory.h"
 
@@ -74,6 +80,7 @@ int Run(const ProfileFlags& f) {
     std::cerr << "tandem profile: " << message << "\n";
     return 2;
   };
+  if (f.model_dir.empty()) return usage("--model is required");
   planning::ProfilerOptions options;
   absl::StatusOr<std::vector<int>> lens = ParseList("--prompt-lens", f.prompt_lens);
   if (!lens.ok()) return usage(std::string(lens.status().message()));
@@ -150,6 +157,109 @@ int Run(const ProfileFlags& f) {
   return 0;
 }
 
+struct CalibrateFlags {
+  std::string profile;
+  std::string metrics;
+  double window_s = 60;
+  int64_t min_steps = 200;
+  std::string out;
+  bool no_progress = false;
+};
+
+struct MetricsSource {
+  std::string url;
+  bench::ParsedUrl parsed;
+  std::string path;
+};
+
+absl::StatusOr<planning::DecodeCounters> Scrape(const MetricsSource& m) {
+  absl::StatusOr<std::string> body =
+      bench::HttpGet(m.parsed.host, m.parsed.port, m.path, /*timeout_s=*/10);
+  if (!body.ok()) return body.status();
+  absl::StatusOr<planning::DecodeCounters> c = planning::ParseDecodeCounters(*body);
+  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(m.url, ": ", c.status().message()));
+  return c;
+}
+
+int RunCalibrate(const CalibrateFlags& f) {
+  const auto usage = [](const std::string& message) {
+    std::cerr << "tandem profile calibrate: " << message << "\n";
+    return 2;
+  };
+  const auto fail = [](const absl::Status& s) {
+    std::cerr << "\ntandem profile calibrate: " << s.message() << "\n";
+    return 1;
+  };
+  absl::StatusOr<planning::DeviceProfile> profile = planning::LoadProfile(f.profile);
+  if (!profile.ok()) return usage(std::string(profile.status().message()));
+  std::vector<MetricsSource> sources;
+  for (absl::string_view url : absl::StrSplit(f.metrics, ',', absl::SkipWhitespace())) {
+    MetricsSource m;
+    m.url = std::string(absl::StripAsciiWhitespace(url));
+    absl::StatusOr<bench::ParsedUrl> parsed = bench::ParseUrl(m.url);
+    if (!parsed.ok()) return usage(absl::StrCat("--metrics: ", parsed.status().message()));
+    m.parsed = *parsed;
+    m.path = m.parsed.base_path.empty() ? "/metrics" : m.parsed.base_path;
+    sources.push_back(std::move(m));
+  }
+  if (sources.empty()) return usage("--metrics: no URL");
+  std::vector<planning::DecodeCounters> before;
+  for (const MetricsSource& m : sources) {
+    absl::StatusOr<planning::DecodeCounters> c = Scrape(m);
+    if (!c.ok()) return fail(c.status());
+    before.push_back(*c);
+  }
+  // The window, with a scrape every few seconds for the progress line (and to fail early when
+  // a worker goes away).
+  const absl::Time start = absl::Now();
+  const absl::Duration window = absl::Seconds(f.window_s);
+  std::vector<planning::DecodeCounters> windows(sources.size());
+  for (;;) {
+    const absl::Duration left = window - (absl::Now() - start);
+    if (left > absl::ZeroDuration()) absl::SleepFor(std::min(left, absl::Seconds(5)));
+    double steps = 0, sequences = 0;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      absl::StatusOr<planning::DecodeCounters> c = Scrape(sources[i]);
+      if (!c.ok()) return fail(c.status());
+      absl::StatusOr<planning::DecodeCounters> w = planning::CounterWindow(before[i], *c);
+      if (!w.ok()) return fail(absl::Status(w.status().code(), absl::StrCat(sources[i].url, ": ",
+                                                                            w.status().message())));
+      windows[i] = *w;
+      steps += w->steps;
+      sequences += w->sequences;
+    }
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!f.no_progress) {
+      std::cerr << "\rcalibrating: " << static_cast<int>(std::min(elapsed, f.window_s)) << "/"
+                << f.window_s << " s, " << static_cast<int64_t>(steps)
+                << " decode steps, mean batch " << (steps > 0 ? sequences / steps : 0.0)
+                << "\033[K" << std::flush;
+    }
+    if (elapsed >= f.window_s) break;
+  }
+  if (!f.no_progress) std::cerr << "\n";
+  planning::CalibrationOptions options;
+  options.min_steps = f.min_steps;
+  absl::StatusOr<planning::DecodeCalibration> c =
+      planning::CalibrateDecode(*profile, windows, options);
+  if (!c.ok()) return fail(c.status());
+  profile->calibration = *c;
+  const std::string text = planning::ProfileToJson(*profile);
+  if (f.out.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream out(f.out);
+    out << text;
+    if (!out.good()) return fail(absl::UnavailableError(absl::StrCat("cannot write ", f.out)));
+  }
+  std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
+            << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
+            << c->served_step_ms << " ms a step, profiled " << c->profiled_step_ms
+            << " ms; decode factor " << c->factor
+            << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 void AddProfileCommand(CLI::App& app, int* exit_code) {
@@ -158,7 +268,7 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       "profile",
       "Measure a worker's device (prefill, decode, KV capacity, KV transfer) for "
       "`tandem plan`");
-  cmd->add_option("--model", flags->model_dir, "Model directory")->required();
+  cmd->add_option("--model", flags->model_dir, "Model directory (required unless calibrating)");
   cmd->add_option("--device", flags->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib, "KV cache size in MiB, as the worker's")
       ->check(CLI::PositiveNumber)
@@ -189,7 +299,35 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--out", flags->out, "Write the profile here (default: stdout)");
   cmd->add_flag("--no-progress", flags->no_progress, "No progress bar on stderr");
-  cmd->callback([flags, exit_code] { *exit_code = Run(*flags); });
+  auto calibrate_flags = std::make_shared<CalibrateFlags>();
+  CLI::App* calibrate = cmd->add_subcommand(
+      "calibrate",
+      "Scale a profile's decode steps to a live deployment's, from its decode workers' /metrics "
+      "over a window of load");
+  calibrate->add_option("--profile", calibrate_flags->profile, "The profile to calibrate")
+      ->required();
+  calibrate
+      ->add_option("--metrics", calibrate_flags->metrics,
+                   "Decode (or aggregated) workers' metrics URLs, comma-separated "
+                   "(http://HOST:PORT, path /metrics by default)")
+      ->required();
+  calibrate->add_option("--window-s", calibrate_flags->window_s, "Seconds of load to read")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  calibrate
+      ->add_option("--min-steps", calibrate_flags->min_steps,
+                   "Decode-only steps the window must hold, over every worker")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  calibrate->add_option("--out", calibrate_flags->out,
+                        "Write the calibrated profile here (default: stdout)");
+  calibrate->add_flag("--no-progress", calibrate_flags->no_progress, "No progress line on stderr");
+  calibrate->callback(
+      [calibrate_flags, exit_code] { *exit_code = RunCalibrate(*calibrate_flags); });
+  cmd->callback([flags, exit_code, calibrate] {
+    if (calibrate->parsed()) return;
+    *exit_code = Run(*flags);
+  });
 }
 
 }  // namespace tandem::cli

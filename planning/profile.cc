@@ -78,6 +78,57 @@ absl::Status GetString(const json& j, const char* key, bool required, std::strin
 constexpr int kMaxTokens = 1 << 22;
 constexpr size_t kMaxPoints = 4096;
 
+absl::Status GetPositive(const json& j, const char* key, double hi, double* out) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) {
+    return Bad("calibration", absl::StrCat("'", key, "' must be a number"));
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v <= 0 || v > hi) {
+    return Bad("calibration", absl::StrCat("'", key, "' is ", v, ", outside (0, ", hi, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
+  if (absl::Status s = OnlyKeys(j, "calibration",
+                                {"factor", "served_step_ms", "profiled_step_ms", "batch",
+                                 "context", "steps", "workers", "date"});
+      !s.ok()) {
+    return s;
+  }
+  // The factor's bound is calibration.h's widest (4x) composed a few times over.
+  if (absl::Status s = GetPositive(j, "factor", 64, &c->factor); !s.ok()) return s;
+  if (absl::Status s = GetPositive(j, "served_step_ms", 3.6e6, &c->served_step_ms); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetPositive(j, "profiled_step_ms", 3.6e6, &c->profiled_step_ms); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetPositive(j, "batch", 1 << 16, &c->batch); !s.ok()) return s;
+  const auto context = j.find("context");
+  if (context == j.end() || !context->is_number() || !std::isfinite(context->get<double>()) ||
+      context->get<double>() < 0 || context->get<double>() > kMaxTokens) {
+    return Bad("calibration", "'context' must be a number in [0, 4194304]");
+  }
+  c->context = context->get<double>();
+  if (absl::Status s =
+          GetInt<int64_t>(j, "calibration", "steps", 1, int64_t{1} << 50, &c->steps);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetInt(j, "calibration", "workers", 1, 1 << 16, &c->workers); !s.ok()) {
+    return s;
+  }
+  const auto date = j.find("date");
+  if (date == j.end() || !date->is_string() || date->get<std::string>().size() > 256) {
+    return Bad("calibration", "'date' must be a string of at most 256 bytes");
+  }
+  c->date = date->get<std::string>();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace {
@@ -132,7 +183,7 @@ double DeviceProfile::DecodeStepMs(int batch, int context) const {
     for (size_t c = 0; c < contexts.size(); ++c) ys.push_back(decode[b * contexts.size() + c].ms);
     at_batch.push_back(Lerp(contexts, ys, context));
   }
-  return Lerp(batches, at_batch, batch);
+  return calibration.factor * Lerp(batches, at_batch, batch);
 }
 
 double DeviceProfile::TransferMs(int tokens) const {
@@ -171,6 +222,13 @@ std::string ProfileToJson(const DeviceProfile& p) {
   for (const TransferPoint& x : p.transfer) {
     j["transfer"].push_back({{"tokens", x.tokens}, {"bytes", x.bytes}, {"ms", x.ms}});
   }
+  if (p.calibration.factor != 1.0 || p.calibration.steps > 0) {
+    const DecodeCalibration& c = p.calibration;
+    j["calibration"] = {{"factor", c.factor},       {"served_step_ms", c.served_step_ms},
+                        {"profiled_step_ms", c.profiled_step_ms}, {"batch", c.batch},
+                        {"context", c.context},     {"steps", c.steps},
+                        {"workers", c.workers},     {"date", c.date}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -181,7 +239,8 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
           OnlyKeys(j, "top level",
                    {"version", "model", "device", "host", "date", "block_size",
                     "kv_capacity_tokens", "kv_bytes_per_token", "max_num_batched_tokens",
-                    "transfer_backend", "neighbours", "prefill", "decode", "transfer"});
+                    "transfer_backend", "neighbours", "prefill", "decode", "transfer",
+                    "calibration"});
       !s.ok()) {
     return s;
   }
@@ -305,6 +364,9 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   }
   if (p.transfer.empty() != p.transfer_backend.empty()) {
     return Bad("transfer", "points need 'transfer_backend', and it needs points");
+  }
+  if (j.contains("calibration")) {  // optional: uncalibrated profiles have none
+    if (absl::Status s = ParseCalibration(j["calibration"], &p.calibration); !s.ok()) return s;
   }
   return p;
 }

@@ -8,6 +8,9 @@
 // every field (types, ranges, sorted distinct grid points, finite positive times) and names the
 // first bad one; unknown keys are errors too.
 //
+// A calibration (planning/calibration.h) scales the decode lookups by its factor; the points stay
+// as measured.
+//
 // Between grid points the lookups interpolate linearly; past the last point they extrapolate
 // from the last two (prefill grows with length, decode with batch and context), never below the
 // smallest measured time.
@@ -43,6 +46,19 @@ struct TransferPoint {
   double ms = 0;  // median, post to landed
 };
 
+// What a live deployment's decode steps said of the profile (planning/calibration.h). factor
+// multiplies every decode step time the profile predicts; 1 when never calibrated.
+struct DecodeCalibration {
+  double factor = 1.0;
+  double served_step_ms = 0;    // the window's mean served decode step
+  double profiled_step_ms = 0;  // what the profile predicted for those steps, before `factor`
+  double batch = 0;             // the window's mean batch and context
+  double context = 0;
+  int64_t steps = 0;     // decode-only steps in the window, over every worker
+  int workers = 0;       // workers that contributed steps
+  std::string date;      // UTC, ISO 8601
+};
+
 struct DeviceProfile {
   int version = kProfileVersion;
   std::string model;   // the model directory's name
@@ -58,6 +74,7 @@ struct DeviceProfile {
   std::vector<PrefillPoint> prefill;    // cached_tokens 0 first, by tokens; then hits
   std::vector<DecodePoint> decode;      // by (batch, context)
   std::vector<TransferPoint> transfer;  // by tokens
+  DecodeCalibration calibration;        // optional in the file ("calibration")
 
   // Forward time of a prefill chunk of `tokens` uncached tokens after `cached` already in the
   // cache: a whole prompt's cost beyond its first `cached` positions, plus the step's fixed
@@ -65,7 +82,7 @@ struct DeviceProfile {
   double PrefillMs(int tokens, int cached = 0) const;
   // The fixed cost of a prefill step (the intercept of the first two uncached points).
   double PrefillFixedMs() const;
-  // One decode step of `batch` sequences at mean context `context`.
+  // One decode step of `batch` sequences at mean context `context`, times calibration.factor.
   double DecodeStepMs(int batch, int context) const;
   // Moving a `tokens`-token prompt's KV; 0 when no transfer was measured.
   double TransferMs(int tokens) const;

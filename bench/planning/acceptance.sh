@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The planner's acceptance on this machine (issue 24): profile one single-threaded CPU worker
 # (one core = one device) with one neighbour runner measuring beside it on the other core (a
-# served host is full: the other worker, or the router and the clients), plan each workload mix
-# for a budget of 2 devices, then measure every layout with `tandem serve` + `tandem bench
-# --rates` around the predicted goodput, and compare.
-# Output: OUT (default /tmp/plan-acceptance)/{profile.json, plan-*.json, bench-*.json, summary.txt}.
+# served host is full: the other worker, or the router and the clients), calibrate the profile's
+# decode steps against a served 1P+1D deployment under a load unlike every mix (`tandem profile
+# calibrate`), plan each workload mix for a budget of 2 devices with the calibrated profile, then
+# measure every layout with `tandem serve` + `tandem bench` around the predicted goodput, and
+# compare. Rates are swept upward from 0.7x the prediction and the sweep stops at the first rate
+# that misses the objective (downward from 0.7x while it misses).
+# Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-calibrated.json,
+# calibrate.log, plan-*.json, bench-*-rate*.json, summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
 # per mix: 200 for short_in, whose 256-token outputs take that many to reach a steady state, 100
 # for long_in, 120 for mixed), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
-# long_in mixed).
+# long_in mixed), CALIBRATE (1; 0 plans with the profile as measured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
@@ -49,52 +53,100 @@ echo "[acceptance] profiling one single-threaded worker beside a neighbour" >&2
   --batch-sizes 1,2,4,8,16,32 --contexts 64,256,500 --repeats 10 --neighbours 1 --no-progress \
   --out "$out/profile.json"
 
+start_serve() {  # port, log, layout flags...: starts tandem serve, waits for /health
+  local port=$1 log=$2
+  shift 2
+  "$tandem" serve --model "$model" --port "$port" "$@" >"$log" 2>&1 &
+  serve=$!
+  local deadline=$((SECONDS + 180))
+  until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)) || ! kill -0 "$serve" 2>/dev/null; then
+      echo "[acceptance] serve did not come up: $log" >&2
+      kill -INT "$serve" 2>/dev/null || true
+      exit 1
+    fi
+    sleep 1
+  done
+}
+stop_serve() {
+  kill -INT "$serve"
+  wait "$serve" || true
+}
+
 port=18431
+profile=$out/profile.json
+if [[ ${CALIBRATE:-1} == 1 ]]; then
+  # A closed loop of 24 streams of 128 in / 128 out on 1P+1D: a load unlike every mix.
+  echo "[acceptance] calibrating the decode steps against a served 1P+1D" >&2
+  start_serve "$port" "$out/serve-calibrate.log" --prefill-workers 1 --decode-workers 1
+  sleep 1
+  metrics=$(sed -n 's/.*\[decode-[0-9]*\].*metrics on \(http:[^ ]*\).*/\1/p' "$out/serve-calibrate.log" |
+    paste -sd, -)
+  "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \
+    --input-len 128 --output-len 128 --ignore-eos --num-prompts 0 --max-concurrency 24 \
+    --duration 90 --seed 3 --no-progress >"$out/calibrate-bench.txt" 2>&1 &
+  load=$!
+  sleep 20  # past the ramp
+  "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" --window-s 45 \
+    --no-progress --out "$out/profile-calibrated.json" 2>&1 | tee "$out/calibrate.log" >&2
+  kill -INT "$load" 2>/dev/null || true
+  wait "$load" || true
+  stop_serve
+  port=$((port + 1))
+  profile=$out/profile-calibrated.json
+fi
+
+measure() {  # mix layout predicted tag: one tandem bench run per rate, adaptively
+  local mix=$1 layout=$2 predicted=$3 tag=$4 f k=0 att
+  # shellcheck disable=SC2046
+  start_serve "$port" "$out/serve-$tag.log" $(layout_flags "$layout")
+  run_rate() {
+    local rate
+    rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
+      "$predicted" "$1")
+    # shellcheck disable=SC2046
+    "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
+      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$mix")" \
+      --warmup 4 --rates "$rate" --slo "ttft=$ttft,tpot=$tpot" --seed 1 --no-progress \
+      --json "$out/bench-$tag-rate$1.json" >>"$out/bench-$tag.txt" 2>&1
+    att=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; \
+print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$tag-rate$1.json")
+    echo "[acceptance] $mix, $layout: rate $rate req/s, attainment $att" >&2
+    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.9 else 1)" "$att"
+  }
+  if run_rate 0.7; then
+    for f in 0.85 1.0 1.15 1.3 1.5; do run_rate "$f" || break; done
+  else
+    for f in 0.55 0.4 0.3; do run_rate "$f" && break; done
+  fi
+  stop_serve
+  port=$((port + 1))
+}
+
 for mix in "${mixes[@]}"; do
   # shellcheck disable=SC2046
-  "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$ttft" \
+  "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$ttft" \
     --tpot-ms "$tpot" --devices 2 --requests 1000 --json >"$out/plan-$mix.json"
   for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
     predicted=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print(next(c['goodput'] for c in p['candidates'] if c['layout']==sys.argv[2]))" \
       "$out/plan-$mix.json" "$layout")
-    rates=$(python3 -c "import sys; g=float(sys.argv[1]); \
-print(','.join('%.3f' % (g*f) for f in (0.75, 0.9, 1.0, 1.1, 1.25, 1.5)))" "$predicted")
     tag="$mix-${layout// /_}"
-    echo "[acceptance] $mix, $layout: predicted goodput $predicted req/s; rates $rates" >&2
-    # shellcheck disable=SC2046
-    "$tandem" serve --model "$model" --port "$port" $(layout_flags "$layout") \
-      >"$out/serve-$tag.log" 2>&1 &
-    serve=$!
-    deadline=$((SECONDS + 180))
-    until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-      if ((SECONDS > deadline)) || ! kill -0 "$serve" 2>/dev/null; then
-        echo "[acceptance] serve did not come up: $out/serve-$tag.log" >&2
-        kill -INT "$serve" 2>/dev/null || true
-        exit 1
-      fi
-      sleep 1
-    done
-    # shellcheck disable=SC2046
-    "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
-      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$mix")" \
-      --warmup 4 --rates "$rates" --slo "ttft=$ttft,tpot=$tpot" --seed 1 --no-progress \
-      --json "$out/bench-$tag.json" >"$out/bench-$tag.txt" 2>&1
-    kill -INT "$serve"
-    wait "$serve" || true
-    port=$((port + 1))
+    echo "[acceptance] $mix, $layout: predicted goodput $predicted req/s" >&2
+    measure "$mix" "$layout" "$predicted" "$tag"
   done
 done
 
 python3 - "$out" "${mixes[@]}" <<'PY' | tee "$out/summary.txt"
-import json, sys
+import glob, json, sys
 out, mixes = sys.argv[1], sys.argv[2:]
 print(f"{'mix':9} {'layout':13} {'predicted':>9} {'measured':>9} {'error':>7}")
 for mix in mixes:
     plan = json.load(open(f"{out}/plan-{mix}.json"))
     for c in plan["candidates"]:
         tag = f"{mix}-{c['layout'].replace(' ', '_')}"
-        runs = json.load(open(f"{out}/bench-{tag}.json"))["runs"]
+        runs = [json.load(open(f))["runs"][0]
+                for f in glob.glob(f"{out}/bench-{tag}-rate*.json")]
         pts = sorted((r["request_rate"], r["good_completed"] / max(1, r["completed"] + r["failed"]))
                      for r in runs)
         # Measured goodput: the highest swept rate meeting the 90% objective, interpolated to

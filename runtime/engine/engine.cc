@@ -819,6 +819,14 @@ bool Engine::Step() {
   }
   ++local_stats_.steps;
   local_stats_.forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
+  if (status.ok() && !any_drafts &&
+      std::all_of(plan.chunks.begin(), plan.chunks.end(),
+                  [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; })) {
+    ++local_stats_.decode_steps;
+    local_stats_.decode_forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
+    local_stats_.decode_sequences += static_cast<int64_t>(plan.chunks.size());
+    for (const ScheduledChunk& c : plan.chunks) local_stats_.decode_context_tokens += c.start_pos;
+  }
   if (!status.ok()) {
     LOG(ERROR) << "engine: forward pass failed: " << status;
     for (const ScheduledChunk& c : plan.chunks) {

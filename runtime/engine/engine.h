@@ -249,6 +249,14 @@ struct EngineStats {
   int64_t finished_requests = 0;
   double forward_seconds = 0;  // inside ModelRunner::Forward
   double busy_seconds = 0;     // loop iterations that ran a step: forward plus host work
+  // Steps that only decoded (every chunk one token with logits, no drafts): their count, forward
+  // seconds, sequences and the tokens those sequences already had in the KV cache. Over a window,
+  // the served step time at a mean batch and context, which `tandem profile calibrate` compares
+  // with a profile's prediction.
+  int64_t decode_steps = 0;
+  double decode_forward_seconds = 0;
+  int64_t decode_sequences = 0;
+  int64_t decode_context_tokens = 0;
   // Speculative decoding: tokens drafted and scheduled, of them accepted, verifications (a
   // sequence's drafts scored in a step), drafter calls that failed or were late, and seconds
   // spent waiting for the drafter.

@@ -269,6 +269,16 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_n
       engine_busy_seconds(Counter(r, "tandem_engine_busy_seconds_total",
                                   "Seconds of engine loop iterations that ran a step (forward "
                                   "pass plus host work)")),
+      engine_decode_steps(Counter(r, "tandem_engine_decode_steps_total",
+                                  "Engine steps that only decoded (one token per sequence)")),
+      engine_decode_forward_seconds(
+          Counter(r, "tandem_engine_decode_forward_seconds_total",
+                  "Seconds of forward passes in engine steps that only decoded")),
+      engine_decode_sequences(Counter(r, "tandem_engine_decode_sequences_total",
+                                      "Sequences decoded in engine steps that only decoded")),
+      engine_decode_context_tokens(
+          Counter(r, "tandem_engine_decode_context_tokens_total",
+                  "Tokens already cached of the sequences of decode-only steps")),
       spec_draft_tokens(Counter(r, "tandem_spec_draft_tokens_total",
                                 "Speculative draft tokens scored by the target model")),
       spec_accepted_tokens(

@@ -80,6 +80,12 @@ void WorkerMetricsReporter::Refresh() {
   };
   advance_seconds(metrics_.engine_forward_seconds, stats.forward_seconds, &last_forward_seconds_);
   advance_seconds(metrics_.engine_busy_seconds, stats.busy_seconds, &last_busy_seconds_);
+  advance(metrics_.engine_decode_steps, stats.decode_steps, &last_decode_steps_);
+  advance_seconds(metrics_.engine_decode_forward_seconds, stats.decode_forward_seconds,
+                  &last_decode_forward_seconds_);
+  advance(metrics_.engine_decode_sequences, stats.decode_sequences, &last_decode_sequences_);
+  advance(metrics_.engine_decode_context_tokens, stats.decode_context_tokens,
+          &last_decode_context_tokens_);
   advance(metrics_.spec_draft_tokens, stats.spec_draft_tokens, &last_spec_draft_tokens_);
   advance(metrics_.spec_accepted_tokens, stats.spec_accepted_tokens, &last_spec_accepted_tokens_);
   advance(metrics_.spec_verifications, stats.spec_verifications, &last_spec_verifications_);

@@ -63,6 +63,10 @@ class WorkerMetricsReporter {
   int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   double last_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_decode_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_decode_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_decode_sequences_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_decode_context_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_draft_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_accepted_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_verifications_ ABSL_GUARDED_BY(mu_) = 0;

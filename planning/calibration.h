@@ -1,0 +1,61 @@
+#pragma once
+// Calibrating a profile against a live deployment (docs/planning.md, "Calibration").
+//
+// `tandem profile` times bare forward passes; a served worker shares its host with the router,
+// the gRPC threads, the other workers and their traffic, and its steps run some percent slower.
+// Near saturation that error grows: the batch a rate needs grows with the step time, so 9% on
+// the step is 20-30% on goodput. Decode workers count their decode-only steps
+// (tandem_engine_decode_{steps,forward_seconds,sequences,context_tokens}_total); over a window of
+// load, each worker's served step time at its mean batch and context is compared with the
+// profile's DecodeStepMs there, and the ratio (weighted by steps) becomes the profile's decode
+// factor. It is the correction an SLA planner applies from live latencies, kept in the profile
+// file so that a plan says what it was calibrated against.
+//
+// Metrics text comes from other processes and is untrusted: the parser bounds its input, takes
+// only the four counters (unlabelled, finite, non-negative) and names what is missing or bad.
+//
+// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planning/profile.h"
+
+namespace tandem::planning {
+
+// One worker's decode-only step counters at one instant (or a window's difference).
+struct DecodeCounters {
+  double steps = 0;
+  double forward_seconds = 0;
+  double sequences = 0;       // summed batch sizes
+  double context_tokens = 0;  // summed tokens already cached of those sequences
+  std::string model_name;     // from vllm:* labels when present, else empty
+};
+
+// The counters of one Prometheus text exposition (a worker's /metrics). InvalidArgument when a
+// counter is missing, repeated, labelled or not a finite non-negative number, or the text is
+// larger than 16 MiB.
+absl::StatusOr<DecodeCounters> ParseDecodeCounters(absl::string_view text);
+
+// after - before; InvalidArgument when a counter went backwards (the worker restarted).
+absl::StatusOr<DecodeCounters> CounterWindow(const DecodeCounters& before,
+                                             const DecodeCounters& after);
+
+struct CalibrationOptions {
+  int64_t min_steps = 200;  // decode-only steps, over every worker, for a usable window
+  double max_factor = 4.0;  // a larger disagreement (either way) is a wrong profile, not load
+};
+
+// The decode factor of `profile` from windows of one or more workers (each with at least one
+// step; workers without steps are skipped). FailedPrecondition when the windows hold fewer than
+// min_steps steps or a window's model differs from the profile's; OutOfRange when the factor
+// falls outside [1 / max_factor, max_factor]. The factor is against the points as profiled, so
+// calibrating a calibrated profile again replaces its factor.
+absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
+                                                  const std::vector<DecodeCounters>& windows,
+                                                  const CalibrationOptions& options = {});
+
+}  // namespace tandem::planning
