@@ -177,7 +177,8 @@ absl::StatusOr<planning::DecodeCounters> Scrape(const MetricsSource& m) {
       bench::HttpGet(m.parsed.host, m.parsed.port, m.path, /*timeout_s=*/10);
   if (!body.ok()) return body.status();
   absl::StatusOr<planning::DecodeCounters> c = planning::ParseDecodeCounters(*body);
-  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(m.url, ": ", c.status().message()));
+  if (!c.ok())
+    return absl::Status(c.status().code(), absl::StrCat(m.url, ": ", c.status().message()));
   return c;
 }
 
@@ -222,8 +223,9 @@ int RunCalibrate(const CalibrateFlags& f) {
       absl::StatusOr<planning::DecodeCounters> c = Scrape(sources[i]);
       if (!c.ok()) return fail(c.status());
       absl::StatusOr<planning::DecodeCounters> w = planning::CounterWindow(before[i], *c);
-      if (!w.ok()) return fail(absl::Status(w.status().code(), absl::StrCat(sources[i].url, ": ",
-                                                                            w.status().message())));
+      if (!w.ok())
+        return fail(absl::Status(w.status().code(),
+                                 absl::StrCat(sources[i].url, ": ", w.status().message())));
       windows[i] = *w;
       steps += w->steps;
       sequences += w->sequences;
@@ -232,8 +234,8 @@ int RunCalibrate(const CalibrateFlags& f) {
     if (!f.no_progress) {
       std::cerr << "\rcalibrating: " << static_cast<int>(std::min(elapsed, f.window_s)) << "/"
                 << f.window_s << " s, " << static_cast<int64_t>(steps)
-                << " decode steps, mean batch " << (steps > 0 ? sequences / steps : 0.0)
-                << "\033[K" << std::flush;
+                << " decode steps, mean batch " << (steps > 0 ? sequences / steps : 0.0) << "\033[K"
+                << std::flush;
     }
     if (elapsed >= f.window_s) break;
   }

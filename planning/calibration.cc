@@ -104,9 +104,8 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
   double served_ms = 0, predicted_ms = 0, sequences = 0, context = 0;
   for (const DecodeCounters& w : windows) {
     if (!w.model_name.empty() && w.model_name != profile.model) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a worker serves model '", w.model_name, "', the profile is of '",
-                       profile.model, "'"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a worker serves model '", w.model_name, "', the profile is of '", profile.model, "'"));
     }
     if (w.steps < 1 || w.sequences < w.steps) continue;
     const double batch = w.sequences / w.steps;

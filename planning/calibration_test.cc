@@ -35,12 +35,13 @@ double LinearStepMs(int batch, int context) { return 2 + 0.1 * batch + 0.001 * c
 std::string Exposition(double steps, double seconds, double sequences, double context) {
   return "# HELP tandem_engine_decode_steps_total Engine steps that only decoded\n"
          "# TYPE tandem_engine_decode_steps_total counter\n"
-         "tandem_engine_decode_steps_total " + std::to_string(steps) + "\n" +
+         "tandem_engine_decode_steps_total " +
+         std::to_string(steps) + "\n" +
          "tandem_engine_decode_steps_total_bogus_suffix 99\n"
-         "tandem_engine_decode_forward_seconds_total " + std::to_string(seconds) + "\n" +
-         "tandem_engine_decode_sequences_total " + std::to_string(sequences) + "\n" +
-         "tandem_engine_decode_context_tokens_total " + std::to_string(context) + "\n" +
-         "vllm:num_requests_running{model_name=\"target\"} 3\n";
+         "tandem_engine_decode_forward_seconds_total " +
+         std::to_string(seconds) + "\n" + "tandem_engine_decode_sequences_total " +
+         std::to_string(sequences) + "\n" + "tandem_engine_decode_context_tokens_total " +
+         std::to_string(context) + "\n" + "vllm:num_requests_running{model_name=\"target\"} 3\n";
 }
 
 // A worker's window: `steps` steps of `batch` sequences at `context`, each served `factor` times

@@ -93,8 +93,8 @@ absl::Status GetPositive(const json& j, const char* key, double hi, double* out)
 
 absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
   if (absl::Status s = OnlyKeys(j, "calibration",
-                                {"factor", "served_step_ms", "profiled_step_ms", "batch",
-                                 "context", "steps", "workers", "date"});
+                                {"factor", "served_step_ms", "profiled_step_ms", "batch", "context",
+                                 "steps", "workers", "date"});
       !s.ok()) {
     return s;
   }
@@ -113,8 +113,7 @@ absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
     return Bad("calibration", "'context' must be a number in [0, 4194304]");
   }
   c->context = context->get<double>();
-  if (absl::Status s =
-          GetInt<int64_t>(j, "calibration", "steps", 1, int64_t{1} << 50, &c->steps);
+  if (absl::Status s = GetInt<int64_t>(j, "calibration", "steps", 1, int64_t{1} << 50, &c->steps);
       !s.ok()) {
     return s;
   }
@@ -224,10 +223,14 @@ std::string ProfileToJson(const DeviceProfile& p) {
   }
   if (p.calibration.factor != 1.0 || p.calibration.steps > 0) {
     const DecodeCalibration& c = p.calibration;
-    j["calibration"] = {{"factor", c.factor},       {"served_step_ms", c.served_step_ms},
-                        {"profiled_step_ms", c.profiled_step_ms}, {"batch", c.batch},
-                        {"context", c.context},     {"steps", c.steps},
-                        {"workers", c.workers},     {"date", c.date}};
+    j["calibration"] = {{"factor", c.factor},
+                        {"served_step_ms", c.served_step_ms},
+                        {"profiled_step_ms", c.profiled_step_ms},
+                        {"batch", c.batch},
+                        {"context", c.context},
+                        {"steps", c.steps},
+                        {"workers", c.workers},
+                        {"date", c.date}};
   }
   return j.dump(2) + "\n";
 }
@@ -235,12 +238,11 @@ std::string ProfileToJson(const DeviceProfile& p) {
 absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("file", "not valid JSON");
-  if (absl::Status s =
-          OnlyKeys(j, "top level",
-                   {"version", "model", "device", "host", "date", "block_size",
-                    "kv_capacity_tokens", "kv_bytes_per_token", "max_num_batched_tokens",
-                    "transfer_backend", "neighbours", "prefill", "decode", "transfer",
-                    "calibration"});
+  if (absl::Status s = OnlyKeys(
+          j, "top level",
+          {"version", "model", "device", "host", "date", "block_size", "kv_capacity_tokens",
+           "kv_bytes_per_token", "max_num_batched_tokens", "transfer_backend", "neighbours",
+           "prefill", "decode", "transfer", "calibration"});
       !s.ok()) {
     return s;
   }

@@ -168,13 +168,13 @@ struct WorkerMetrics {
   // runner's forward pass, and seconds of loop iterations that ran a step (forward plus the
   // host work around it: scheduling, sampling, stop checks, output callbacks). busy - forward is
   // the per-step host overhead.
-  prometheus::Counter& engine_steps;            // tandem_engine_steps_total
-  prometheus::Counter& engine_forward_seconds;  // tandem_engine_forward_seconds_total
-  prometheus::Counter& engine_busy_seconds;     // tandem_engine_busy_seconds_total
-  prometheus::Counter& engine_decode_steps;     // tandem_engine_decode_steps_total
+  prometheus::Counter& engine_steps;                   // tandem_engine_steps_total
+  prometheus::Counter& engine_forward_seconds;         // tandem_engine_forward_seconds_total
+  prometheus::Counter& engine_busy_seconds;            // tandem_engine_busy_seconds_total
+  prometheus::Counter& engine_decode_steps;            // tandem_engine_decode_steps_total
   prometheus::Counter& engine_decode_forward_seconds;  // tandem_engine_decode_forward_seconds_total
-  prometheus::Counter& engine_decode_sequences;  // tandem_engine_decode_sequences_total
-  prometheus::Counter& engine_decode_context_tokens;  // tandem_engine_decode_context_tokens_total
+  prometheus::Counter& engine_decode_sequences;        // tandem_engine_decode_sequences_total
+  prometheus::Counter& engine_decode_context_tokens;   // tandem_engine_decode_context_tokens_total
   // Speculative decoding (docs/speculative.md): draft tokens scored, of them accepted,
   // verifications (a sequence's drafts scored in one step), drafter calls that failed or came
   // late (the step ran without drafts), seconds waiting for the drafter.
