@@ -2,7 +2,8 @@
 // it is given.
 //   engine_bench --model DIR [--device N] [--json FILE] [--iters 50]
 //                [--batches 1,8,64,256] [--contexts 1024,8192] [--prefill 512,2048,8192]
-//                [--skip sampling,prefill,profile,gemv-ab,skinny-ab] [--block-size 16]
+//                [--skip sampling,verify,prefill,profile,gemv-ab,skinny-ab] [--block-size 16]
+//                [--verify-batches 1,32] [--verify-k 0,1,2,4,8]
 // Ceilings, measured first in the same process: device copy bandwidth (cudaMemcpy D2D of 1 GiB,
 // read + write bytes / time) and cuBLASLt bf16 GEMM throughput at 8192^3 (f32 accumulation).
 // Then, with the model loaded by the CUDA runner:
@@ -65,7 +66,9 @@ struct Flags {
   std::vector<int> contexts = {1024, 8192};
   std::vector<int> prefill = {512, 2048, 8192};
   std::vector<std::string> skip;  // sections not to run (see --skip)
-  int block_size = 16;            // KV cache tokens per block
+  std::vector<int> verify_batches = {1, 32};
+  std::vector<int> verify_k = {0, 1, 2, 4, 8};  // 0: the plain step, the baseline
+  int block_size = 16;                          // KV cache tokens per block
 };
 
 // Times `fn` (which queues work on `stream`) over iters runs after warmup runs; ms per run.
@@ -406,6 +409,67 @@ int Run(const Flags& flags) {
                                   {"sampled_gpu_ms", sampled->first}};
   }
 
+  // 3c. Speculative verification: each sequence's last token and k drafts scored in one step
+  // (k + 1 logits rows, each sampled greedily on the GPU, as the engine asks for plain requests),
+  // against the plain step (k = 0). A step of batch * (k + 1) <= 256 rows replays a graph.
+  if (const int ctx = flags.contexts.front(); run("verify")) {
+    std::printf(
+        "\nverification at context %d (GPU step by CUDA events; Forward: the engine's call, "
+        "sampled on the GPU)\n%6s %3s %6s %8s %10s %12s %9s   speedup bound at acceptance "
+        "0.5 / 0.7 / 0.9\n",
+        ctx, "batch", "k", "rows", "graphed", "GPU ms", "Forward ms", "x plain");
+    json verify = json::array();
+    for (int b : flags.verify_batches) {
+      if (blocks_for(b, ctx) > kv.num_blocks) continue;
+      double plain_ms = 0;
+      for (int k : flags.verify_k) {
+        ForwardBatch fb = make_batch(b, ctx, k + 1);
+        std::vector<SampleRequest> requests(static_cast<size_t>(b) * (k + 1));
+        for (SampleRequest& r : requests) r.greedy = 1;
+        for (int i = 0; i < b; ++i) {
+          fb.chunks[i].num_logits = k + 1;
+          fb.chunks[i].sample = &requests[static_cast<size_t>(i) * (k + 1)];
+        }
+        auto gpu_ms = runner->TimeDeviceStep(fb, 5, flags.iters);
+        if (!gpu_ms.ok()) return fail(gpu_ms.status());
+        ForwardOutput fo;
+        double forward_ms = 0;
+        const int calls = 20;
+        for (int i = 0; i < calls; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (absl::Status st = runner->Forward(fb, &fo); !st.ok()) return fail(st);
+          forward_ms +=
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+        }
+        forward_ms /= calls;
+        const bool graphed = runner->last_step_stats().graph_bucket > 0;
+        if (k == 0) plain_ms = forward_ms;
+        // Tokens per verification at acceptance a: 1 + a + ... + a^k; speedup bound: that over
+        // the step's cost in plain steps.
+        json bound = json::array();
+        std::string bounds;
+        for (double a : {0.5, 0.7, 0.9}) {
+          const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
+          const double x = plain_ms > 0 ? tokens * plain_ms / forward_ms : 0;
+          bound.push_back(x);
+          absl::StrAppend(&bounds, absl::StrFormat(" %5.2f", x));
+        }
+        std::printf("%6d %3d %6d %8s %10.3f %12.3f %9.2f  %s\n", b, k, b * (k + 1),
+                    graphed ? "yes" : "no", *gpu_ms, forward_ms,
+                    plain_ms > 0 ? forward_ms / plain_ms : 0.0, bounds.c_str());
+        verify.push_back({{"batch", b},
+                          {"k", k},
+                          {"context", ctx},
+                          {"graphed", graphed},
+                          {"gpu_ms", *gpu_ms},
+                          {"forward_ms", forward_ms},
+                          {"speedup_bound_at_0.5_0.7_0.9", bound}});
+      }
+    }
+    out["verify"] = verify;
+  }
+
   // 4. Prefill.
   std::printf("\nprefill (one sequence, eager; ceiling = FLOPs / %.1f TFLOP/s)\n", *peak / 1e12);
   std::printf("%7s %10s %12s %10s %10s %8s\n", "tokens", "ms", "tokens/s", "TFLOP", "TFLOP/s",
@@ -613,10 +677,16 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", flags.prefill, "prefill token counts")->delimiter(',');
   app.add_option("--block-size", flags.block_size, "KV cache tokens per block (default 16)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--verify-batches", flags.verify_batches,
+                 "batch sizes of the verification section (default 1,32)")
+      ->delimiter(',');
+  app.add_option("--verify-k", flags.verify_k,
+                 "draft counts of the verification section, 0 first (default 0,1,2,4,8)")
+      ->delimiter(',');
   app.add_option("--skip", flags.skip,
-                 "sections not to run: sampling, prefill, profile, gemv-ab, skinny-ab")
+                 "sections not to run: sampling, verify, prefill, profile, gemv-ab, skinny-ab")
       ->delimiter(',')
-      ->check(CLI::IsMember({"sampling", "prefill", "profile", "gemv-ab", "skinny-ab"}));
+      ->check(CLI::IsMember({"sampling", "verify", "prefill", "profile", "gemv-ab", "skinny-ab"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Speculative decoding at batch 1 on this machine (issue 25): `tandem serve --aggregated` on the
-# bundled target, greedy, one request at a time, without speculation, with n-gram drafts and with
+# Speculative decoding at batch 1 (issue 25): `tandem serve --aggregated` on the bundled target
+# (on the CPU, or the GPU with DEVICE=cuda), greedy, one request at a time, without speculation, with n-gram drafts and with
 # the bundled draft model (models/draft), on two prompt sets:
 #   copy     a paragraph of this repository's docs, then its first quarter again: a model that
 #            continues the copy repeats text the prompt holds (n-gram drafts' best case);
@@ -8,7 +8,8 @@
 # Reports output tokens/s, median TPOT and the drafters' acceptance (the decode worker's
 # /metrics) per run. Output: OUT (default /tmp/spec-cpu)/{copy,natural}.jsonl, bench-*.json,
 # bench-*.txt, metrics-*.txt, summary.txt. Env: OUT, TANDEM (build/tandem), MODEL
-# (models/target), DRAFT (models/draft), PROMPTS (16), K (4).
+# (models/target), DRAFT (models/draft), PROMPTS (16), K (4), DEVICE (cpu; cuda, cuda:N),
+# DRAFTERS (ngram draft: which to run beside plain).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/spec-cpu}
@@ -17,6 +18,8 @@ model=${MODEL:-models/target}
 prompts=${PROMPTS:-16}
 k=${K:-4}
 draft=${DRAFT:-models/draft}
+device=${DEVICE:-cpu}
+read -r -a drafters <<<"${DRAFTERS:-ngram draft}"
 mkdir -p "$out"
 export OPENBLAS_NUM_THREADS=1
 
@@ -38,6 +41,15 @@ with open(f"{out_dir}/copy.jsonl", "w") as copy, open(f"{out_dir}/natural.jsonl"
 print(f"{min(n, len(paras))} prompts", file=sys.stderr)
 PY
 
+# curl where there is one (the GPU host may have none).
+http_get() {
+  if command -v curl >/dev/null; then
+    curl -fs "$1"
+  else
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null
+  fi
+}
+
 port=18471
 run() {  # tag, extra serve flags..., then -- bench flags
   local tag=$1
@@ -46,12 +58,12 @@ run() {  # tag, extra serve flags..., then -- bench flags
   while [[ $1 != -- ]]; do serve_flags+=("$1"); shift; done
   shift
   "$tandem" serve --model "$model" --port "$port" --aggregated --decode-workers 1 \
-    "${serve_flags[@]}" >"$out/serve-$tag.log" 2>&1 &
+    --device "$device" "${serve_flags[@]}" >"$out/serve-$tag.log" 2>&1 &
   local serve=$!
   local deadline=$((SECONDS + 120))
-  until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+  until http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
     if ((SECONDS > deadline)) || ! kill -0 "$serve" 2>/dev/null; then
-      echo "[spec-cpu] serve did not come up: $out/serve-$tag.log" >&2
+      echo "[spec] serve did not come up: $out/serve-$tag.log" >&2
       kill -INT "$serve" 2>/dev/null || true
       exit 1
     fi
@@ -62,7 +74,7 @@ run() {  # tag, extra serve flags..., then -- bench flags
     >"$out/bench-$tag.txt" 2>&1
   local metrics
   metrics=$(grep -o 'metrics on http://[0-9.:]*' "$out/serve-$tag.log" | head -1 | sed 's/metrics on //')
-  curl -fs "$metrics/metrics" | grep -E '^tandem_(spec|engine|generation)' >"$out/metrics-$tag.txt" || true
+  http_get "$metrics/metrics" | grep -E '^tandem_(spec|engine|generation)' >"$out/metrics-$tag.txt" || true
   kill -INT "$serve"
   wait "$serve" || true
   port=$((port + 1))
@@ -70,17 +82,19 @@ run() {  # tag, extra serve flags..., then -- bench flags
 
 for set in copy natural; do
   data=(--dataset "$out/$set.jsonl" --num-prompts "$prompts")
-  echo "[spec-cpu] $set, plain" >&2
+  echo "[spec] $set, plain" >&2
   run "$set-plain" -- "${data[@]}"
-  echo "[spec-cpu] $set, ngram k=$k" >&2
-  run "$set-ngram" --speculative ngram --num-speculative-tokens "$k" -- "${data[@]}"
-  echo "[spec-cpu] $set, draft model k=$k" >&2
-  run "$set-draft" --speculative "draft:$draft" --num-speculative-tokens "$k" -- "${data[@]}"
+  for d in "${drafters[@]}"; do
+    spec=ngram
+    [[ $d == draft ]] && spec="draft:$draft"
+    echo "[spec] $set, $d k=$k" >&2
+    run "$set-$d" --speculative "$spec" --num-speculative-tokens "$k" -- "${data[@]}"
+  done
 done
 
-python3 - "$out" <<'PY' | tee "$out/summary.txt"
+python3 - "$out" "${drafters[@]}" <<'PY' | tee "$out/summary.txt"
 import json, sys
-out = sys.argv[1]
+out, drafters = sys.argv[1], sys.argv[2:]
 def load(tag):
     j = json.load(open(f"{out}/bench-{tag}.json"))
     m = {}
@@ -89,7 +103,7 @@ def load(tag):
         m[k] = float(v)
     return j, m
 print(f"{'run':14} {'out tok/s':>9} {'median TPOT ms':>14} {'drafted':>8} {'accepted':>8} {'rate':>6} {'steps/token':>11}")
-for tag in [f"{d}-{m}" for d in ("copy", "natural") for m in ("plain", "ngram", "draft")]:
+for tag in [f"{d}-{m}" for d in ("copy", "natural") for m in ["plain"] + drafters]:
     j, m = load(tag)
     s = j if "output_throughput" in j else j["runs"][0]
     d, a = m.get("tandem_spec_draft_tokens_total", 0), m.get("tandem_spec_accepted_tokens_total", 0)

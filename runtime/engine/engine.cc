@@ -698,14 +698,15 @@ bool Engine::Step() {
       chunk_drafts[i] = seq->num_draft;
     }
   }
-  const bool any_drafts =
-      std::any_of(chunk_drafts.begin(), chunk_drafts.end(), [](int d) { return d > 0; });
-  // Rows the runner may sample itself (model_runner.h); reserved up front so that the chunks'
-  // pointers stay valid. Not in a step that verifies drafts: their rows are sampled one after
-  // another on the host, each after the previous one's token.
-  const bool runner_samples = runner_->SupportsDeviceSampling() && !any_drafts;
+  // Rows the runner may sample itself (model_runner.h); reserved up front (a request per row at
+  // most) so that the chunks' pointers stay valid. A chunk verifying drafts gets a request per
+  // row, each with the seed step its row has if the drafts before it hold, so the runner samples
+  // every row exactly as plain decoding would one after another.
+  const bool runner_samples = runner_->SupportsDeviceSampling();
   std::vector<SampleRequest> requests;
-  requests.reserve(plan.chunks.size());
+  size_t max_rows = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) max_rows += 1 + chunk_drafts[i];
+  requests.reserve(max_rows);
   // Guided rows the runner samples under their grammar mask: the words, written by
   // batch.masks_ready while the forward pass runs (reserved: the chunks' spans stay valid).
   const size_t vocab_words = (static_cast<size_t>(runner_->config().vocab_size) + 63) / 64;
@@ -734,6 +735,14 @@ bool Engine::Step() {
       chunk.num_logits = c.num_tokens;
       rows += c.num_tokens;
       row_mask.insert(row_mask.end(), static_cast<size_t>(c.num_tokens), -1);
+      if (runner_samples && SamplesFromLogitsOnly(a.request.params)) {
+        const uint64_t first_step =
+            static_cast<uint64_t>(seq->num_output_tokens() - seq->num_draft + a.resumed);
+        chunk.sample = requests.data() + requests.size();
+        for (int j = 0; j < c.num_tokens; ++j) {
+          requests.push_back(MakeSampleRequest(a.request.params, a.seed, first_step + j));
+        }
+      }
     } else if (c.need_logits) {
       ++rows;
       row_mask.push_back(-1);
@@ -819,7 +828,7 @@ bool Engine::Step() {
   }
   ++local_stats_.steps;
   local_stats_.forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
-  if (status.ok() && !any_drafts &&
+  if (status.ok() &&
       std::all_of(plan.chunks.begin(), plan.chunks.end(),
                   [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; })) {
     ++local_stats_.decode_steps;
@@ -842,9 +851,24 @@ bool Engine::Step() {
     if (chunk_drafts[ci] > 0) {
       const size_t first = row;
       row += static_cast<size_t>(c.num_tokens);
-      VerifyDrafts(c.seq_id,
-                   std::span<const float>(out.logits)
-                       .subspan(first * vocab, static_cast<size_t>(c.num_tokens) * vocab));
+      if (sampled) {
+        VerifyDrafts(c.seq_id, [&](size_t i) -> std::optional<int32_t> {
+          if (std::isnan(out.logprobs[first + i])) return std::nullopt;
+          OnSampled(c.seq_id, SampleResult{out.tokens[first + i], out.logprobs[first + i], {}});
+          return out.tokens[first + i];
+        });
+      } else {
+        const std::span<const float> rows_logits =
+            std::span<const float>(out.logits)
+                .subspan(first * vocab, static_cast<size_t>(c.num_tokens) * vocab);
+        VerifyDrafts(c.seq_id, [&](size_t i) -> std::optional<int32_t> {
+          const std::span<const float> logits = rows_logits.subspan(i * vocab, vocab);
+          if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
+            return std::nullopt;
+          }
+          return OnLogits(c.seq_id, logits);
+        });
+      }
       continue;
     }
     Active& a = *active_.at(c.seq_id);
@@ -909,25 +933,23 @@ bool Engine::Step() {
   return true;
 }
 
-void Engine::VerifyDrafts(int64_t seq_id, std::span<const float> rows) {
+void Engine::VerifyDrafts(int64_t seq_id,
+                          const std::function<std::optional<int32_t>(size_t)>& sample_row) {
   const std::vector<int32_t> drafts = scheduler_.TakeDrafts(seq_id);
-  const size_t vocab = static_cast<size_t>(runner_->config().vocab_size);
-  CHECK_EQ(rows.size(), (drafts.size() + 1) * vocab);
   ++local_stats_.spec_verifications;
   local_stats_.spec_draft_tokens += static_cast<int64_t>(drafts.size());
-  // Row i follows the last token and drafts[0, i): sample it exactly as plain decoding would
-  // (OnLogits: same history, seed, step, penalties and grammar state); while the sampled token
-  // is the draft the step computed next, its KV is already there and row i + 1 is valid.
+  // Row i follows the last token and drafts[0, i): it is sampled exactly as plain decoding would
+  // (same history, seed, step, penalties and grammar state); while the sampled token is the draft
+  // the step computed next, its KV is already there and row i + 1 is valid.
   int accepted = 0;
   for (size_t i = 0; i <= drafts.size(); ++i) {
-    const std::span<const float> logits = rows.subspan(i * vocab, vocab);
-    if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
+    const std::optional<int32_t> token = sample_row(i);
+    if (!token.has_value()) {
       FinishRequest(seq_id, FinishReason::kError,
                     absl::InternalError("the model produced NaN logits"), {});
       break;
     }
-    const int32_t token = OnLogits(seq_id, logits);
-    const bool agrees = i < drafts.size() && token == drafts[i];
+    const bool agrees = i < drafts.size() && *token == drafts[i];
     accepted += agrees ? 1 : 0;
     if (!active_.contains(seq_id)) break;  // finished: a stop, its length, or an error
     if (!agrees) break;

@@ -389,9 +389,12 @@ class Engine {
   bool Step();
   // Speculative decoding: asks the drafter for the decoding sequences' drafts (SetDrafts).
   void ProposeDrafts();
-  // After a step that scored `seq_id`'s last token and drafts (rows: drafts + 1 logits rows):
-  // emits the tokens plain decoding would, accepting drafts while they agree.
-  void VerifyDrafts(int64_t seq_id, std::span<const float> rows);
+  // After a step that scored `seq_id`'s last token and drafts (drafts + 1 rows): emits the tokens
+  // plain decoding would, accepting drafts while they agree. sample_row(i) samples and emits row
+  // i (from its logits, or the runner's token) and returns the token, or nullopt for NaN logits
+  // (the request then fails); it is called for rows 0, 1, ... while the drafts hold.
+  void VerifyDrafts(int64_t seq_id,
+                    const std::function<std::optional<int32_t>(size_t)>& sample_row);
   // Samples one token for `seq_id` from `logits` and emits it (or holds the KV); returns it
   // (-1 when the request failed first: a grammar that allows no token).
   int32_t OnLogits(int64_t seq_id, std::span<const float> logits);

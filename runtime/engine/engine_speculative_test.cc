@@ -20,6 +20,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/fake_model_runner.h"
 #include "runtime/engine/tiny_model_test_util.h"
+#include "runtime/sampling/sampler.h"
 #include "speculative/ngram_drafter.h"
 
 namespace tandem {
@@ -235,6 +236,65 @@ TEST(EngineSpeculativeTest, OutputsNeverDependOnTheDrafter) {
       EXPECT_EQ(static_cast<OracleDrafter&>(*c.drafter).released, static_cast<int>(jobs.size()));
     }
   }
+}
+
+// A runner that samples: a verifying chunk gets a request per row (each with its own seed step),
+// so the rows of a verification are sampled on the runner, and the outputs stay plain decoding's.
+TEST(EngineSpeculativeTest, RunnerSampledVerificationMatchesPlain) {
+  std::vector<Job> all = MixedJobs(), plain_jobs;
+  for (const Job& j : all) {
+    if (SamplesFromLogitsOnly(j.params)) plain_jobs.push_back(j);
+  }
+  ASSERT_GE(plain_jobs.size(), 4u);
+  for (const std::vector<Job>* jobs : {&plain_jobs, &all}) {
+    const std::vector<Result> plain = RunJobs(Fake(), *jobs, EngineOptions{});
+    std::map<std::vector<int32_t>, std::vector<int32_t>> outputs;
+    for (size_t i = 0; i < jobs->size(); ++i) outputs[(*jobs)[i].prompt] = plain[i].tokens;
+    auto runner = std::make_unique<FakeModelRunner>(kVocab, 256, 4, 512, std::vector<int>{1});
+    FakeModelRunner* fake = runner.get();
+    fake->EnableDeviceSampling();
+    EngineStats stats;
+    const std::vector<Result> got = RunJobs(
+        std::move(runner), *jobs,
+        Speculating(std::make_shared<OracleDrafter>(outputs, /*corrupt_every=*/3), 4), &stats);
+    const std::string name = jobs == &all ? "mixed jobs" : "plain jobs";
+    ExpectSame(got, plain, name);
+    EXPECT_TRUE(fake->violations().empty()) << name << ": " << fake->violations()[0];
+    EXPECT_GT(stats.spec_accepted_tokens, 0) << name;
+    if (jobs == &plain_jobs) {
+      // Every row of every step, verifications included, was sampled on the runner: a token
+      // each, and a row for each rejected draft (rows past a finishing token are sampled too).
+      EXPECT_GE(fake->runner_sampled_rows(),
+                stats.generated_tokens + stats.spec_draft_tokens - stats.spec_accepted_tokens)
+          << name;
+      EXPECT_GT(stats.spec_draft_tokens, stats.spec_accepted_tokens) << name;
+    }
+  }
+}
+
+// The decode-only step counters (tandem profile calibrate reads them): one request of a 10-token
+// prompt and 6 output tokens has 5 decode steps after its prefill, at contexts 10..14; steps that
+// verify drafts are not decode-only.
+TEST(EngineStatsTest, DecodeOnlyStepsAreCountedWithTheirBatchAndContext) {
+  Job job;
+  job.prompt = {2, 3, 4, 5, 6, 7, 2, 3, 4, 5};
+  job.params.max_tokens = 6;
+  job.params.ignore_eos = true;
+  job.params.temperature = 0;
+  EngineStats stats;
+  const std::vector<Result> plain = RunJobs(Fake(), {job}, EngineOptions{}, &stats);
+  ASSERT_EQ(plain[0].tokens.size(), 6u);
+  EXPECT_EQ(stats.decode_steps, 5);
+  EXPECT_EQ(stats.decode_sequences, 5);
+  EXPECT_EQ(stats.decode_context_tokens, 10 + 11 + 12 + 13 + 14);
+  EXPECT_GT(stats.decode_forward_seconds, 0);
+  EXPECT_LT(stats.decode_forward_seconds, stats.forward_seconds);  // the prefill step is not one
+  EXPECT_EQ(stats.steps, 6);
+
+  std::map<std::vector<int32_t>, std::vector<int32_t>> outputs = {{job.prompt, plain[0].tokens}};
+  RunJobs(Fake(), {job}, Speculating(std::make_shared<OracleDrafter>(outputs, 0), 4), &stats);
+  EXPECT_GT(stats.spec_verifications, 0);
+  EXPECT_EQ(stats.decode_steps, stats.steps - 1 - stats.spec_verifications);
 }
 
 TEST(EngineSpeculativeTest, MisbehavingDraftersFallBackToPlainDecoding) {

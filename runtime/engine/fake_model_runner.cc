@@ -216,7 +216,7 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
   const bool all_sampled =
       out->rows > 0 &&
       std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& c) {
-        return !c.need_logits || (c.sample && c.num_logits == 1);
+        return !c.need_logits || (c.sample && (c.num_logits == 1 || c.allowed.empty()));
       });
   if (device_sampling_ && all_sampled) {
     if (batch.masks_ready) {
@@ -226,16 +226,18 @@ absl::Status FakeModelRunner::Forward(const ForwardBatch& batch, ForwardOutput* 
     int r = 0;
     for (const SequenceChunk& chunk : batch.chunks) {
       if (!chunk.need_logits) continue;
-      const std::span<const float> row(out->logits.data() + r * vocab, vocab);
-      const SampleResult s =
-          std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x); })
-              ? SampleResult{0, std::nanf(""), {}}
-              : SampleFromRequest(*chunk.sample, row, chunk.allowed);
-      out->tokens.push_back(s.token);
-      out->logprobs.push_back(s.logprob);
-      ++runner_sampled_rows_;
-      if (!chunk.allowed.empty()) ++masked_rows_;
-      ++r;
+      for (int k = 0; k < chunk.num_logits; ++k) {
+        const std::span<const float> row(out->logits.data() + r * vocab, vocab);
+        const SampleResult s =
+            std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x); })
+                ? SampleResult{0, std::nanf(""), {}}
+                : SampleFromRequest(chunk.sample[k], row, chunk.allowed);
+        out->tokens.push_back(s.token);
+        out->logprobs.push_back(s.logprob);
+        ++runner_sampled_rows_;
+        if (!chunk.allowed.empty()) ++masked_rows_;
+        ++r;
+      }
     }
     out->logits.clear();
   }

@@ -27,19 +27,21 @@
 // Forward returns.
 //
 // Sampling on the runner: a runner whose SupportsDeviceSampling() is true samples the batch's
-// rows itself when EVERY chunk with need_logits carries a `sample` request: ForwardOutput then
-// holds one token and logprob per row and no logits, so a step moves [rows] ints instead of
-// [rows, vocab] floats off the device. The result must equal tandem::Sample(params, logits, {}, {},
-// seed, step) on the row's logits (runtime/sampling/sampler.h: SampleFromRequest), which the CPU
-// and GPU samplers guarantee bit for bit. When any logits row lacks a request, or the runner does
-// not support it, the runner ignores the requests and returns logits.
+// rows itself when EVERY chunk with need_logits carries `sample` requests (one per logits row:
+// num_logits of them, so a chunk scoring drafts has each row sampled with its own seed step):
+// ForwardOutput then holds one token and logprob per row and no logits, so a step moves [rows]
+// ints instead of [rows, vocab] floats off the device. The result must equal tandem::Sample(params,
+// logits, {}, {}, seed, step) on the row's logits (runtime/sampling/sampler.h: SampleFromRequest),
+// which the CPU and GPU samplers guarantee bit for bit. When any logits row lacks a request, or the
+// runner does not support it, the runner ignores the requests and returns logits.
 //
-// Grammar masks (guided decoding): a sampled row may carry `allowed`, the bits of the tokens it
-// may draw; the result is then Sample(params, logits, {}, {}, seed, step, {}, allowed) (the
-// logprob stays the raw log-softmax). The words may be written late: when ForwardBatch::
-// masks_ready is set the runner calls it exactly once per Forward that samples, after queuing the
-// forward pass and before reading any `allowed`, so the host computes masks while the device
-// runs. An error from it fails the Forward with that status.
+// Grammar masks (guided decoding): a sampled chunk of one logits row may carry `allowed`, the
+// bits of the tokens it may draw (a chunk of several rows carries none); the result is then
+// Sample(params, logits, {}, {}, seed, step, {}, allowed) (the logprob stays the raw log-softmax).
+// The words may be written late: when ForwardBatch:: masks_ready is set the runner calls it exactly
+// once per Forward that samples, after queuing the forward pass and before reading any `allowed`,
+// so the host computes masks while the device runs. An error from it fails the Forward with that
+// status.
 
 #include <cstddef>
 #include <cstdint>
@@ -64,14 +66,14 @@ struct SequenceChunk {
   // When true, logits of the chunk's last token are produced (one row of ForwardOutput).
   bool need_logits = true;
   // With need_logits: the logits of the chunk's last `num_logits` tokens, one row each in token
-  // order (1 <= num_logits <= tokens.size()): prompt logprobs, or scoring draft tokens. A runner
-  // samples a step only when every such chunk has 1 (and a `sample`).
+  // order (1 <= num_logits <= tokens.size()): prompt logprobs, or scoring draft tokens.
   int num_logits = 1;
-  // With need_logits: sample that row on the runner (see the header comment). Null: logits.
-  // Valid for the Forward call only.
+  // With need_logits: sample those rows on the runner (see the header comment), `num_logits`
+  // requests in row order. Null: logits. Valid for the Forward call only.
   const SampleRequest* sample = nullptr;
-  // With `sample`: the tokens the row may draw, ceil(vocab / 64) words (bit t % 64 of word t / 64);
-  // empty: all. Read only after ForwardBatch::masks_ready (see the header comment).
+  // With `sample` and num_logits 1: the tokens the row may draw, ceil(vocab / 64) words (bit
+  // t % 64 of word t / 64); empty: all. Read only after ForwardBatch::masks_ready (see the header
+  // comment).
   std::span<const uint64_t> allowed = {};
 };
 

@@ -804,9 +804,14 @@ class Runner final : public CudaModelRunner {
     for (size_t i = 0; i < batch.chunks.size(); ++i) {
       const SequenceChunk& ch = batch.chunks[i];
       if (!ch.need_logits) continue;
-      if (ch.sample == nullptr || ch.num_logits != 1) return absl::OkStatus();
-      if (absl::Status s = cuda::ValidateSamplingRow(*ch.sample); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": ", s.message()));
+      // A chunk of several rows samples each with its own request, and carries no mask.
+      if (ch.sample == nullptr || (ch.num_logits != 1 && !ch.allowed.empty())) {
+        return absl::OkStatus();
+      }
+      for (int k = 0; k < ch.num_logits; ++k) {
+        if (absl::Status s = cuda::ValidateSamplingRow(ch.sample[k]); !s.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": ", s.message()));
+        }
       }
       if (!ch.allowed.empty() && ch.allowed.size() != MaskWords()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -822,7 +827,8 @@ class Runner final : public CudaModelRunner {
     }
     int out_row = 0;
     for (const SequenceChunk& ch : batch.chunks) {
-      if (ch.need_logits) rows[plan_.output_rows[out_row++]] = *ch.sample;
+      if (!ch.need_logits) continue;
+      for (int k = 0; k < ch.num_logits; ++k) rows[plan_.output_rows[out_row++]] = ch.sample[k];
     }
     // The previous step synchronized its stream, so the pinned buffer is free to overwrite.
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(sampling_.data, rows, R * sizeof(cuda::SamplingRow),

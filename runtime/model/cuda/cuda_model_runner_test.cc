@@ -277,6 +277,36 @@ TEST_P(MixedBatchTest, LogitsAndKvMatchCpu) {
     for (Seq* s : live) batch.chunks.push_back(Chunk(s, RandomTokens(1, vocab)));
     step(batch, "decode x3 after growth #" + std::to_string(i));
   }
+  for (int i = 0; i < 3; ++i) {
+    // Speculative verification: a's last token and 4 drafts, b's and 2, c plain: 9 decode rows,
+    // each attending to its own prefix, graphed in the bucket of 16 (replayed after the first).
+    ForwardBatch batch;
+    batch.chunks = {Chunk(&a, RandomTokens(5, vocab)), Chunk(&b, RandomTokens(3, vocab)),
+                    Chunk(&c, RandomTokens(1, vocab))};
+    batch.chunks[0].num_logits = 5;
+    batch.chunks[1].num_logits = 3;
+    const ForwardOutput co = step(batch, "verify 5+3+1 #" + std::to_string(i));
+    EXPECT_EQ(co.rows, 9);
+    EXPECT_EQ(gpu->last_step_stats().graph_bucket, 16);
+    if (i > 0) {
+      EXPECT_TRUE(gpu->last_step_stats().graph_replayed);
+    }
+    // The same rows sampled greedily on the GPU: each row's token is its logits' argmax.
+    if (!gpu->SupportsDeviceSampling()) continue;
+    ForwardOutput logits_out, sampled_out;
+    ASSERT_TRUE(gpu->Forward(batch, &logits_out).ok());
+    std::vector<SampleRequest> greedy(9);
+    for (SampleRequest& r : greedy) r.greedy = 1;
+    batch.chunks[0].sample = &greedy[0];
+    batch.chunks[1].sample = &greedy[5];
+    batch.chunks[2].sample = &greedy[8];
+    ASSERT_TRUE(gpu->Forward(batch, &sampled_out).ok());
+    ASSERT_EQ(sampled_out.tokens.size(), 9u);
+    EXPECT_TRUE(sampled_out.logits.empty());
+    for (int r = 0; r < 9; ++r) {
+      EXPECT_EQ(sampled_out.tokens[r], Argmax(logits_out, r, vocab)) << "row " << r;
+    }
+  }
   std::printf("[%s] worst relative logit error %.4g (tolerance %.3g)\n", m.name.c_str(), worst,
               kRelTol);
 

@@ -63,6 +63,16 @@ absl::Status ValidateBatch(const ForwardBatch& batch, const StepPlanLimits& limi
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whether the chunk's tokens run as decode rows (step_plan.h).
+bool RunsAsDecodeRows(const SequenceChunk& ch) {
+  const int n = static_cast<int>(ch.tokens.size());
+  return n == 1 || (ch.need_logits && ch.num_logits == n && n <= kMaxVerifyRows);
+}
+
+}  // namespace
+
 absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, StepPlan* plan) {
   RETURN_IF_ERROR(ValidateBatch(batch, limits));
   const int bs = limits.block_size;
@@ -74,8 +84,8 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
     const int n = static_cast<int>(ch.tokens.size());
     const int blocks = (ch.start_pos + n + bs - 1) / bs;
     p.num_real_rows += n;
-    if (n == 1) {
-      ++p.num_decode;
+    if (RunsAsDecodeRows(ch)) {
+      p.num_decode += n;
       decode_blocks = std::max(decode_blocks, blocks);
     } else {
       ++p.num_prefill;
@@ -123,11 +133,15 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
     const int n = static_cast<int>(ch.tokens.size());
     const int blocks = (ch.start_pos + n + bs - 1) / bs;
     int first_row;
-    if (n == 1) {
-      first_row = decode_row++;
-      int32_t* table = m + o.decode_tables + static_cast<size_t>(first_row) * p.decode_table_width;
-      std::copy_n(ch.block_table.begin(), blocks, table);
-      m[o.context_lens + first_row] = ch.start_pos + 1;
+    if (RunsAsDecodeRows(ch)) {
+      first_row = decode_row;
+      for (int i = 0; i < n; ++i, ++decode_row) {
+        const int context = ch.start_pos + i + 1;
+        int32_t* table =
+            m + o.decode_tables + static_cast<size_t>(decode_row) * p.decode_table_width;
+        std::copy_n(ch.block_table.begin(), (context + bs - 1) / bs, table);
+        m[o.context_lens + decode_row] = context;
+      }
     } else {
       first_row = prefill_row;
       prefill_row += n;
@@ -145,7 +159,7 @@ absl::Status PlanStep(const ForwardBatch& batch, const StepPlanLimits& limits, S
       m[o.slots + first_row + i] = ch.block_table[pos / bs] * bs + pos % bs;
     }
     if (ch.need_logits) {
-      // Graphed steps are all one-token chunks, so num_logits is 1 there.
+      // A graphed step computes every row's logits (its rows are all decode rows).
       for (int k = ch.num_logits; k >= 1; --k) {
         const int row = first_row + n - k;
         if (p.graph_bucket > 0) {

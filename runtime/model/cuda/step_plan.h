@@ -3,10 +3,14 @@
 // the kernels read (one host->device copy), decides the row order and the CUDA-graph padding.
 // Pure host logic over plain data (no CUDA), so it is unit-tested without a GPU.
 //
-// Row order: every chunk of exactly one new token (a "decode row") comes first, in chunk order;
-// then the rows of the chunks with more than one new token ("prefill rows"), chunk after chunk.
-// The decode rows go through the paged decode-attention kernel, the prefill rows through the
-// prefill-attention kernel; every other op is row-wise and does not care about the order.
+// Row order: "decode rows" come first, in chunk order: every chunk of exactly one new token, and
+// every chunk whose every token needs logits with at most kMaxVerifyRows tokens (a sequence's
+// last token and its drafts, or a short prompt scored whole), one row per token, each attending
+// to its own prefix (context_len = its position + 1: the step appends every row's KV before any
+// attention, so a row sees the rows before it). Then the rows of the other chunks ("prefill
+// rows"), chunk after chunk. The decode rows go through the paged decode-attention kernel, the
+// prefill rows through the prefill-attention kernel; every other op is row-wise and does not care
+// about the order. A verifying step is thus a decode step of more rows, and graphed like one.
 //
 // CUDA graphs: a batch made only of decode rows, at most kMaxGraphBatch of them, is padded to the
 // next bucket of kGraphBuckets. Padding rows read token 0 at position 0, write no KV (slot -1),
@@ -30,6 +34,8 @@ namespace tandem::cuda_runner {
 
 inline constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 inline constexpr int kMaxGraphBatch = 256;
+// The most tokens of a chunk run as decode rows (see the header comment).
+inline constexpr int kMaxVerifyRows = 16;
 
 // The smallest bucket >= rows, or 0 when rows > kMaxGraphBatch or rows <= 0.
 int GraphBucketFor(int rows);
@@ -62,7 +68,7 @@ struct StepPlan {
   int num_rows = 0;       // rows run on the device, padding included
   int num_real_rows = 0;  // rows of the batch
   int num_decode = 0;     // decode rows [0, num_decode), padding included
-  int num_prefill = 0;    // prefill sequences; their rows are [num_decode, num_rows)
+  int num_prefill = 0;    // prefill chunks; their rows are [num_decode, num_rows)
   int decode_table_width = 0;
   int prefill_table_width = 0;
   int decode_max_context = 0;  // split hint for the decode kernel: decode_table_width * block_size

@@ -94,6 +94,54 @@ TEST(StepPlanTest, MultiRowLogitsGatherTheChunksLastTokens) {
   EXPECT_EQ(PlanStep(batch, Limits(true), &p).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(StepPlanTest, VerifyingChunksRunAsDecodeRowsAndAreGraphed) {
+  // Chunk 0: a last token and 3 drafts at positions 6..9 (blocks 7, 8, 9), every row's logits.
+  // Chunk 1: a plain decode at position 2 (block 1).
+  const std::vector<int32_t> t0 = {50, 51, 52, 53}, t1 = {60};
+  const std::vector<int32_t> b0 = {7, 8, 9}, b1 = {1};
+  ForwardBatch batch;
+  batch.chunks = {{t0, 6, b0, true}, {t1, 2, b1, true}};
+  batch.chunks[0].num_logits = 4;
+  StepPlan p;
+  ASSERT_TRUE(PlanStep(batch, Limits(true), &p).ok());
+  EXPECT_EQ(p.num_prefill, 0);
+  EXPECT_EQ(p.num_real_rows, 5);
+  EXPECT_EQ(p.graph_bucket, 8) << "5 decode rows pad to the bucket of 8";
+  EXPECT_EQ(p.num_decode, 8);
+  EXPECT_EQ(p.decode_table_width, 4) << "3 blocks round up to 4";
+  // Each verify row attends to its own prefix: positions 0..6, 0..7, 0..8, 0..9.
+  EXPECT_EQ(Section(p, p.off.context_lens, 8), (std::vector<int32_t>{7, 8, 9, 10, 3, 0, 0, 0}));
+  EXPECT_EQ(Section(p, p.off.decode_tables, 20),
+            (std::vector<int32_t>{7, 8, 0, 0, 7, 8, 0, 0, 7, 8, 9, 0, 7, 8, 9, 0, 1, 0, 0, 0}));
+  EXPECT_EQ(Section(p, p.off.positions, 5), (std::vector<int32_t>{6, 7, 8, 9, 2}));
+  // slot = block_table[pos / 4] * 4 + pos % 4: positions 6, 7 in block 8, 8, 9 in block 9.
+  EXPECT_EQ(Section(p, p.off.slots, 6),
+            (std::vector<int32_t>{8 * 4 + 2, 8 * 4 + 3, 9 * 4 + 0, 9 * 4 + 1, 1 * 4 + 2, -1}));
+  EXPECT_EQ(Section(p, p.off.ids, 5), (std::vector<int32_t>{50, 51, 52, 53, 60}));
+  EXPECT_EQ(p.output_rows, (std::vector<int>{0, 1, 2, 3, 4}));
+
+  // Eagerly (graphs off) the same rows, unpadded, with their logits gathered.
+  ASSERT_TRUE(PlanStep(batch, Limits(false), &p).ok());
+  EXPECT_EQ(p.graph_bucket, 0);
+  EXPECT_EQ(p.num_decode, 5);
+  EXPECT_EQ(p.num_logit_rows, 5);
+  EXPECT_EQ(Section(p, p.off.logit_rows, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+
+  // Only the last rows' logits, or more than kMaxVerifyRows tokens: prefill rows, not graphed.
+  batch.chunks[0].num_logits = 1;
+  ASSERT_TRUE(PlanStep(batch, Limits(true), &p).ok());
+  EXPECT_EQ(p.num_prefill, 1);
+  EXPECT_EQ(p.num_decode, 1);
+  EXPECT_EQ(p.graph_bucket, 0);
+  std::vector<int32_t> long_tokens(kMaxVerifyRows + 1, 5);
+  const std::vector<int32_t> long_blocks = {2, 3, 4, 5, 6};
+  batch.chunks[0] = {long_tokens, 0, long_blocks, true};
+  batch.chunks[0].num_logits = kMaxVerifyRows + 1;
+  ASSERT_TRUE(PlanStep(batch, Limits(true), &p).ok());
+  EXPECT_EQ(p.num_prefill, 1);
+  EXPECT_EQ(p.num_logit_rows, kMaxVerifyRows + 2);
+}
+
 TEST(StepPlanTest, DecodeOnlyBatchIsPaddedToABucket) {
   const std::vector<int32_t> t = {7};
   const std::vector<int32_t> b0 = {1}, b1 = {2, 3, 4}, b2 = {5, 6};
