@@ -75,6 +75,19 @@ void DrawProgress(int done, int total, const std::string& what) {
   if (done == total) std::cerr << "\n";
 }
 
+// The profile as JSON to `path`, or to stdout when it is empty.
+absl::Status WriteProfile(const planning::DeviceProfile& profile, const std::string& path) {
+  const std::string text = planning::ProfileToJson(profile);
+  if (path.empty()) {
+    std::cout << text;
+    return absl::OkStatus();
+  }
+  std::ofstream out(path);
+  out << text;
+  return out.good() ? absl::OkStatus()
+                    : absl::UnavailableError(absl::StrCat("cannot write ", path));
+}
+
 int Run(const ProfileFlags& f) {
   const auto usage = [](const std::string& message) {
     std::cerr << "tandem profile: " << message << "\n";
@@ -135,16 +148,9 @@ int Run(const ProfileFlags& f) {
     profile->host = absl::StrCat(host, ", ", std::thread::hardware_concurrency(), " cores");
   }
   profile->date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
-  const std::string text = planning::ProfileToJson(*profile);
-  if (f.out.empty()) {
-    std::cout << text;
-  } else {
-    std::ofstream out(f.out);
-    out << text;
-    if (!out.good()) {
-      std::cerr << "tandem profile: cannot write " << f.out << "\n";
-      return 1;
-    }
+  if (absl::Status s = WriteProfile(*profile, f.out); !s.ok()) {
+    std::cerr << "tandem profile: " << s.message() << "\n";
+    return 1;
   }
   if (!f.no_progress) {
     std::cerr << "tandem profile: " << profile->prefill.size() << " prefill, "
@@ -246,14 +252,7 @@ int RunCalibrate(const CalibrateFlags& f) {
       planning::CalibrateDecode(*profile, windows, options);
   if (!c.ok()) return fail(c.status());
   profile->calibration = *c;
-  const std::string text = planning::ProfileToJson(*profile);
-  if (f.out.empty()) {
-    std::cout << text;
-  } else {
-    std::ofstream out(f.out);
-    out << text;
-    if (!out.good()) return fail(absl::UnavailableError(absl::StrCat("cannot write ", f.out)));
-  }
+  if (absl::Status s = WriteProfile(*profile, f.out); !s.ok()) return fail(s);
   std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
             << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
             << c->served_step_ms << " ms a step, profiled " << c->profiled_step_ms

@@ -23,6 +23,7 @@ tpot=${SLO_TPOT_MS:-60}
 read -r -a mixes <<<"${MIXES:-short_in long_in mixed}"
 mkdir -p "$out"
 export OPENBLAS_NUM_THREADS=1
+source bench/lib/serve.sh
 
 mix_flags() {
   case $1 in
@@ -58,15 +59,7 @@ start_serve() {  # port, log, layout flags...: starts tandem serve, waits for /h
   shift 2
   "$tandem" serve --model "$model" --port "$port" "$@" >"$log" 2>&1 &
   serve=$!
-  local deadline=$((SECONDS + 180))
-  until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    if ((SECONDS > deadline)) || ! kill -0 "$serve" 2>/dev/null; then
-      echo "[acceptance] serve did not come up: $log" >&2
-      kill -INT "$serve" 2>/dev/null || true
-      exit 1
-    fi
-    sleep 1
-  done
+  wait_healthy "$port" "$serve" "$log" 180 || exit 1
 }
 stop_serve() {
   kill -INT "$serve"

@@ -41,14 +41,7 @@ with open(f"{out_dir}/copy.jsonl", "w") as copy, open(f"{out_dir}/natural.jsonl"
 print(f"{min(n, len(paras))} prompts", file=sys.stderr)
 PY
 
-# curl where there is one (the GPU host may have none).
-http_get() {
-  if command -v curl >/dev/null; then
-    curl -fs "$1"
-  else
-    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null
-  fi
-}
+source bench/lib/serve.sh
 
 port=18471
 run() {  # tag, extra serve flags..., then -- bench flags
@@ -60,15 +53,7 @@ run() {  # tag, extra serve flags..., then -- bench flags
   "$tandem" serve --model "$model" --port "$port" --aggregated --decode-workers 1 \
     --device "$device" "${serve_flags[@]}" >"$out/serve-$tag.log" 2>&1 &
   local serve=$!
-  local deadline=$((SECONDS + 120))
-  until http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    if ((SECONDS > deadline)) || ! kill -0 "$serve" 2>/dev/null; then
-      echo "[spec] serve did not come up: $out/serve-$tag.log" >&2
-      kill -INT "$serve" 2>/dev/null || true
-      exit 1
-    fi
-    sleep 1
-  done
+  wait_healthy "$port" "$serve" "$out/serve-$tag.log" 120 || exit 1
   "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \
     --max-concurrency 1 --warmup 1 --seed 1 --no-progress --json "$out/bench-$tag.json" "$@" \
     >"$out/bench-$tag.txt" 2>&1
