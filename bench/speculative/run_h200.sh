@@ -34,8 +34,13 @@ if [[ $steps == *" bench "* ]]; then
 fi
 if [[ $steps == *" e2e "* ]]; then
   # The engine end to end at a controlled acceptance: batch 1 and 32, 512-token prompts.
+  # The trained model first (its argmax margins are a trained model's), then the 8B shape.
+  timeout 120 "$B/spec_e2e_bench" --model models/draft --device cuda --requests 8 \
+    --prompt-len 256 --output-len 128 --k 4 --acceptance 0.5,0.7,0.9 --check-batching \
+    --json "$R/spec_e2e_draft_b1.json" > "$R/spec_e2e_draft_b1.txt" 2>&1
+  echo "spec_e2e_bench draft b1 rc=$?" >> "$R/tests.txt"
   timeout 150 "$B/spec_e2e_bench" --model /tmp/tandem_m8b --device cuda --requests 4 \
-    --prompt-len 512 --output-len 128 --k 4 --acceptance 0.5,0.7,0.9 \
+    --prompt-len 512 --output-len 128 --k 4 --acceptance 0.5,0.7,0.9 --check-batching \
     --json "$R/spec_e2e_8b_b1.json" > "$R/spec_e2e_8b_b1.txt" 2>&1
   echo "spec_e2e_bench b1 rc=$?" >> "$R/tests.txt"
   timeout 150 "$B/spec_e2e_bench" --model /tmp/tandem_m8b --device cuda --requests 64 \
