@@ -357,12 +357,13 @@ def _get(url, data=None, timeout=30):
 class Serve:
     """`tandem serve --port 0` in its own process group; its router and workers' URLs."""
 
-    def __init__(self, tandem, model, kv_transfer, log):
+    def __init__(self, tandem, model, kv_transfer, log, extra=()):
         self.log = log
         self.lines = []
         self.cv = threading.Condition()
         args = [tandem, "serve", "--model", model, "--port", "0", "--kv-transfer", kv_transfer,
-                "--startup-timeout-s", "90", "--drain-seconds", "1", "--stop-timeout-s", "10"]
+                "--startup-timeout-s", "90", "--drain-seconds", "1", "--stop-timeout-s", "10",
+                *extra]
         print("starting: " + " ".join(args), file=sys.stderr)
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True, text=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""`tandem profile` then `tandem plan` on the bundled model, and the plan's replica patch applied
-to the cpu-demo overlay with kubectl kustomize.
+"""`tandem profile` then `tandem plan` on the bundled model, the plan's replica patch applied
+to the cpu-demo overlay with kubectl kustomize, and `tandem profile calibrate` against a live
+`tandem serve`.
 
 Checks: the profile is complete and `tandem plan` reads it; prefill-heavy and decode-heavy
 workloads get more prefill and more decode workers respectively; the JSON plan is consistent
@@ -17,12 +18,66 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "observability"))
+from check_metrics import Serve, _get  # noqa: E402  (the same `tandem serve` harness)
 
 
 def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
+
+
+def calibrate(args, profile, tmp, check):
+    """`tandem profile calibrate` against a live `tandem serve --aggregated` under load: the
+    calibrated profile names the window, a router's /metrics (no decode counters) and a window
+    too short are errors, and `tandem plan` reads the result."""
+    with open(os.path.join(tmp, "serve.log"), "w") as log:
+        serve = Serve(args.tandem, args.model, "auto", log, ["--aggregated"])
+        try:
+            router, metrics = serve.wait_urls(1, 120)
+            stop = threading.Event()
+
+            def load():
+                body = json.dumps({"model": os.path.basename(args.model), "prompt": "The plan",
+                                   "max_tokens": 24, "ignore_eos": True}).encode()
+                while not stop.is_set():
+                    try:
+                        _get(router + "/v1/completions", body, timeout=60)
+                    except OSError:
+                        time.sleep(0.1)
+            threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+            for t in threads:
+                t.start()
+            out = os.path.join(tmp, "calibrated.json")
+            r = run([args.tandem, "profile", "calibrate", "--profile", profile, "--metrics",
+                     metrics[0].removesuffix("/metrics"), "--window-s", "6", "--min-steps", "20",
+                     "--no-progress", "--out", out])
+            check(r.returncode == 0, f"tandem profile calibrate exits 0: {r.stderr}")
+            if r.returncode == 0:
+                c = json.load(open(out))["calibration"]
+                check(0.25 <= c["factor"] <= 4 and c["steps"] >= 20 and c["workers"] == 1
+                      and c["batch"] >= 1, f"a calibration of the window: {c}")
+                check(abs(c["served_step_ms"] / c["profiled_step_ms"] - c["factor"]) < 1e-6,
+                      "factor = served / profiled")
+                r = run([args.tandem, "plan", "--profile", out, "--mix", "64:32", "--json"])
+                check(r.returncode == 0, f"tandem plan reads a calibrated profile: {r.stderr}")
+            r = run([args.tandem, "profile", "calibrate", "--profile", profile, "--metrics",
+                     router, "--window-s", "1"])
+            check(r.returncode == 1 and "tandem_engine_decode_steps_total" in r.stderr,
+                  f"a router's /metrics is no worker's: {r.returncode} {r.stderr.strip()}")
+            r = run([args.tandem, "profile", "calibrate", "--profile", profile, "--metrics",
+                     metrics[0], "--window-s", "1", "--min-steps", "100000"])
+            check(r.returncode == 1 and "fewer than 100000" in r.stderr,
+                  f"too short a window: {r.returncode} {r.stderr.strip()}")
+            stop.set()
+            for t in threads:
+                t.join(timeout=70)
+        finally:
+            serve.stop()
 
 
 def main():
@@ -109,6 +164,7 @@ def main():
         r = run([args.tandem, "plan", "--profile", os.path.join(tmp, "broken.json"), "--mix",
                  "8:8"])
         check(r.returncode == 2 and "full grid" in r.stderr, f"a ragged profile: {r.stderr}")
+        calibrate(args, profile, tmp, check)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
