@@ -9,7 +9,8 @@
 # /metrics) per run. Output: OUT (default /tmp/spec-cpu)/{copy,natural}.jsonl, bench-*.json,
 # bench-*.txt, metrics-*.txt, summary.txt. Env: OUT, TANDEM (build/tandem), MODEL
 # (models/target), DRAFT (models/draft), PROMPTS (16), K (4), DEVICE (cpu; cuda, cuda:N),
-# DRAFTERS (ngram draft: which to run beside plain).
+# DRAFTERS (ngram draft: which to run beside plain; remote is the draft model in a `tandem
+# drafter` service that serve starts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/spec-cpu}
@@ -70,10 +71,14 @@ for set in copy natural; do
   echo "[spec] $set, plain" >&2
   run "$set-plain" -- "${data[@]}"
   for d in "${drafters[@]}"; do
-    spec=ngram
-    [[ $d == draft ]] && spec="draft:$draft"
+    case $d in
+      ngram) spec=(--speculative ngram) ;;
+      draft) spec=(--speculative "draft:$draft") ;;
+      remote) spec=(--speculative remote --drafters 1 --drafter "draft:$draft") ;;
+      *) echo "unknown drafter $d (ngram, draft, remote)" >&2; exit 2 ;;
+    esac
     echo "[spec] $set, $d k=$k" >&2
-    run "$set-$d" --speculative "$spec" --num-speculative-tokens "$k" -- "${data[@]}"
+    run "$set-$d" "${spec[@]}" --num-speculative-tokens "$k" -- "${data[@]}"
   done
 done
 
