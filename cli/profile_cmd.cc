@@ -6,7 +6,7 @@
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
 //   tandem profile calibrate --profile FILE --metrics URL[,URL...] [--window-s S] [--min-steps N]
-//                            [--out FILE] [--no-progress]
+//                            [--max-factor F] [--out FILE] [--no-progress]
 // reads decode workers' /metrics over a window of load and writes the profile with its decode
 // factor (planning/calibration.h, docs/planning.md).
 // Exit status: 0 ok, 1 runtime error (model, device, measurement, scrape), 2 usage error.
@@ -168,6 +168,7 @@ struct CalibrateFlags {
   std::string metrics;
   double window_s = 60;
   int64_t min_steps = 200;
+  double max_factor = 4;
   std::string out;
   bool no_progress = false;
 };
@@ -248,6 +249,7 @@ int RunCalibrate(const CalibrateFlags& f) {
   if (!f.no_progress) std::cerr << "\n";
   planning::CalibrationOptions options;
   options.min_steps = f.min_steps;
+  options.max_factor = f.max_factor;
   absl::StatusOr<planning::DecodeCalibration> c =
       planning::CalibrateDecode(*profile, windows, options);
   if (!c.ok()) return fail(c.status());
@@ -319,6 +321,11 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->add_option("--min-steps", calibrate_flags->min_steps,
                    "Decode-only steps the window must hold, over every worker")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  calibrate
+      ->add_option("--max-factor", calibrate_flags->max_factor,
+                   "Refuse a factor above this or below its inverse (a wrong profile, not load)")
+      ->check(CLI::Range(1.0, 1000.0))
       ->capture_default_str();
   calibrate->add_option("--out", calibrate_flags->out,
                         "Write the calibrated profile here (default: stdout)");

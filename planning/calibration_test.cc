@@ -165,7 +165,7 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
     return q.ok() ? std::string("accepted") : std::string(q.status().message());
   };
   EXPECT_THAT(error([](auto& j) { j["factor"] = -1; }), HasSubstr("'factor'"));
-  EXPECT_THAT(error([](auto& j) { j["factor"] = 1000; }), HasSubstr("'factor'"));
+  EXPECT_THAT(error([](auto& j) { j["factor"] = 1001; }), HasSubstr("'factor'"));
   EXPECT_THAT(error([](auto& j) { j["factor"] = "1.1"; }), HasSubstr("'factor'"));
   EXPECT_THAT(error([](auto& j) { j["steps"] = 0; }), HasSubstr("'steps'"));
   EXPECT_THAT(error([](auto& j) { j["context"] = -3; }), HasSubstr("'context'"));

@@ -98,8 +98,8 @@ absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
       !s.ok()) {
     return s;
   }
-  // The factor's bound is calibration.h's widest (4x) composed a few times over.
-  if (absl::Status s = GetPositive(j, "factor", 64, &c->factor); !s.ok()) return s;
+  // The widest factor `tandem profile calibrate --max-factor` allows.
+  if (absl::Status s = GetPositive(j, "factor", 1000, &c->factor); !s.ok()) return s;
   if (absl::Status s = GetPositive(j, "served_step_ms", 3.6e6, &c->served_step_ms); !s.ok()) {
     return s;
   }
