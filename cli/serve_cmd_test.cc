@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -538,15 +539,19 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
                         R"( tells a story about the river", "max_tokens": 48, )", sampling,
                         R"(, "ignore_eos": true, "stream": true})");
   };
+  // The kills land at 40% of the unfaulted run's duration (at least 100 ms): mid-stream on a
+  // fast machine and on a loaded one alike.
+  absl::Duration unfaulted = absl::Milliseconds(750);
   const auto run = [&](bool chaos) {
     std::vector<std::string> texts(kStreams);
     std::vector<std::thread> clients;
+    const absl::Time start = absl::Now();
     for (int i = 0; i < kStreams; ++i) {
       clients.emplace_back(
           [&, i] { texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i))); });
     }
     if (chaos) {
-      absl::SleepFor(absl::Milliseconds(300));
+      absl::SleepFor(std::max(absl::Milliseconds(100), unfaulted * 0.4));
       for (const char* role : {"decode", "prefill"}) {
         const pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
         EXPECT_NE(victim, -1);
@@ -554,6 +559,7 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
       }
     }
     for (std::thread& t : clients) t.join();
+    if (!chaos) unfaulted = absl::Now() - start;
     return texts;
   };
   const std::vector<std::string> reference = run(false);
