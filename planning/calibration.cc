@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -110,10 +111,9 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
     if (w.steps < 1 || w.sequences < w.steps) continue;
     const double batch = w.sequences / w.steps;
     const double ctx = w.context_tokens / w.sequences;
-    // What the profile, uncalibrated, predicts for this worker's steps.
-    const double step = profile.DecodeStepMs(static_cast<int>(std::lround(batch)),
-                                             static_cast<int>(std::lround(ctx))) /
-                        profile.calibration.factor;
+    // What the measured points, uncalibrated, predict for this worker's steps.
+    const double step = profile.MeasuredDecodeStepMs(static_cast<int>(std::lround(batch)),
+                                                     static_cast<int>(std::lround(ctx)));
     predicted_ms += w.steps * step;
     served_ms += w.forward_seconds * 1000.0;
     c.steps += static_cast<int64_t>(w.steps);

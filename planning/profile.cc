@@ -166,6 +166,10 @@ double DeviceProfile::PrefillMs(int tokens, int cached) const {
 }
 
 double DeviceProfile::DecodeStepMs(int batch, int context) const {
+  return calibration.factor * MeasuredDecodeStepMs(batch, context);
+}
+
+double DeviceProfile::MeasuredDecodeStepMs(int batch, int context) const {
   std::vector<double> batches, contexts;
   for (const DecodePoint& p : decode) {
     if (batches.empty() || batches.back() != p.batch) batches.push_back(p.batch);
@@ -182,7 +186,7 @@ double DeviceProfile::DecodeStepMs(int batch, int context) const {
     for (size_t c = 0; c < contexts.size(); ++c) ys.push_back(decode[b * contexts.size() + c].ms);
     at_batch.push_back(Lerp(contexts, ys, context));
   }
-  return calibration.factor * Lerp(batches, at_batch, batch);
+  return Lerp(batches, at_batch, batch);
 }
 
 double DeviceProfile::TransferMs(int tokens) const {

@@ -84,6 +84,8 @@ struct DeviceProfile {
   double PrefillFixedMs() const;
   // One decode step of `batch` sequences at mean context `context`, times calibration.factor.
   double DecodeStepMs(int batch, int context) const;
+  // The same from the measured points alone (what a calibration compares served steps with).
+  double MeasuredDecodeStepMs(int batch, int context) const;
   // Moving a `tokens`-token prompt's KV; 0 when no transfer was measured.
   double TransferMs(int tokens) const;
 };
