@@ -65,8 +65,10 @@ int ConnectLoopback(int port) {
 }
 
 // One HTTP/1.1 request with Connection: close; the whole response ("" on connect failure).
+// `on_read`, when given, sees the response so far after every read.
 std::string HttpPost(int port, const std::string& path, const std::string& body,
-                     const std::string& extra_headers = "", const std::string& host = "127.0.0.1") {
+                     const std::string& extra_headers = "", const std::string& host = "127.0.0.1",
+                     const std::function<void(const std::string&)>& on_read = nullptr) {
   const int fd = ConnectLoopback(port);
   if (fd < 0) {
     return "";
@@ -83,7 +85,10 @@ std::string HttpPost(int port, const std::string& path, const std::string& body,
   std::string response;
   char buf[4096];
   ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    response.append(buf, static_cast<size_t>(n));
+    if (on_read) on_read(response);
+  }
   close(fd);
   return response;
 }
@@ -539,27 +544,47 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
                         R"( tells a story about the river", "max_tokens": 48, )", sampling,
                         R"(, "ignore_eos": true, "stream": true})");
   };
-  // The kills land at 40% of the unfaulted run's duration (at least 100 ms): mid-stream on a
-  // fast machine and on a loaded one alike.
-  absl::Duration unfaulted = absl::Milliseconds(750);
+  // The kills land mid-stream on a fast machine and on a loaded one alike: the prefill worker's
+  // once the first stream has its first token (the other prompts are still being prefilled or
+  // wait for it), the decode worker's once every stream has its first token and before any has
+  // its last.
   const auto run = [&](bool chaos) {
     std::vector<std::string> texts(kStreams);
     std::vector<std::thread> clients;
-    const absl::Time start = absl::Now();
+    absl::Mutex mu;
+    int streaming = 0;
     for (int i = 0; i < kStreams; ++i) {
-      clients.emplace_back(
-          [&, i] { texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i))); });
+      clients.emplace_back([&, i] {
+        bool counted = false;
+        texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i), "", "127.0.0.1",
+                                       [&](const std::string& response) {
+                                         if (counted || response.find("data: {") ==
+                                                            std::string::npos) {
+                                           return;
+                                         }
+                                         counted = true;
+                                         absl::MutexLock lock(&mu);
+                                         ++streaming;
+                                       }));
+      });
     }
     if (chaos) {
-      absl::SleepFor(std::max(absl::Milliseconds(100), unfaulted * 0.4));
-      for (const char* role : {"decode", "prefill"}) {
+      const auto kill_one = [&](const char* role, int after_streams) {
+        struct Reached {
+          const int* streaming;
+          int at;
+          bool Check() const { return *streaming >= at; }
+        } reached{&streaming, after_streams};
+        absl::MutexLock lock(&mu);
+        mu.AwaitWithTimeout(absl::Condition(&reached, &Reached::Check), absl::Seconds(60));
         const pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
-        EXPECT_NE(victim, -1);
+        EXPECT_NE(victim, -1) << role;
         if (victim != -1) kill(victim, SIGKILL);
-      }
+      };
+      kill_one("prefill", 1);
+      kill_one("decode", kStreams);
     }
     for (std::thread& t : clients) t.join();
-    if (!chaos) unfaulted = absl::Now() - start;
     return texts;
   };
   const std::vector<std::string> reference = run(false);
@@ -567,7 +592,9 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
   const std::vector<std::string> chaotic = run(true);
   for (int i = 0; i < kStreams; ++i) EXPECT_EQ(chaotic[i], reference[i]) << "stream " << i;
   // The kill landed mid-stream: streams were moved (else this test proved nothing).
-  EXPECT_NE(serve.output().find("tokens to another decode worker"), std::string::npos)
+  EXPECT_TRUE(WaitFor(
+      [&] { return serve.output().find("tokens to another decode worker") != std::string::npos; },
+      absl::Seconds(10)))
       << serve.output();
   ASSERT_TRUE(WaitFor([&] { return serve.output().find(" restarted (pid") != std::string::npos; },
                       absl::Seconds(30)));
