@@ -556,16 +556,15 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
     for (int i = 0; i < kStreams; ++i) {
       clients.emplace_back([&, i] {
         bool counted = false;
-        texts[i] = StreamText(HttpPost(port, "/v1/completions", body(i), "", "127.0.0.1",
-                                       [&](const std::string& response) {
-                                         if (counted || response.find("data: {") ==
-                                                            std::string::npos) {
-                                           return;
-                                         }
-                                         counted = true;
-                                         absl::MutexLock lock(&mu);
-                                         ++streaming;
-                                       }));
+        texts[i] = StreamText(HttpPost(
+            port, "/v1/completions", body(i), "", "127.0.0.1", [&](const std::string& response) {
+              if (counted || response.find("data: {") == std::string::npos) {
+                return;
+              }
+              counted = true;
+              absl::MutexLock lock(&mu);
+              ++streaming;
+            }));
       });
     }
     if (chaos) {
