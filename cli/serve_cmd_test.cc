@@ -23,6 +23,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -139,6 +141,57 @@ std::string ServingAddress(const std::string& output, const std::string& name) {
   if (at == std::string::npos) return "";
   const size_t begin = at + marker.size();
   return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// The body of GET `path` on 127.0.0.1:`port` ("" on connect failure or a non-200 answer).
+std::string HttpGetBody(int port, const std::string& path) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (!absl::StartsWith(response, "HTTP/1.1 200") || body == std::string::npos) return "";
+  return response.substr(body + 4);
+}
+
+// The running batch of the decode worker `pid` of a `tandem serve` whose output is `output`: its
+// `--port` finds its name in the "serving on" lines, the name its /metrics port, and that its
+// tandem_requests_running. -1 when any of these is missing.
+int RunningSequences(pid_t pid, const std::string& output) {
+  std::ifstream cmdline(absl::StrCat("/proc/", pid, "/cmdline"));
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(cmdline, arg, '\0');) args.push_back(arg);
+  const auto port = std::find(args.begin(), args.end(), "--port");
+  if (port == args.end() || port + 1 == args.end()) return -1;
+  for (int k = 0; k < 16; ++k) {
+    const std::string name = absl::StrCat("decode-", k);
+    if (!absl::EndsWith(ServingAddress(output, name), absl::StrCat(":", *(port + 1)))) continue;
+    const std::string marker =
+        absl::StrCat("[", name, "] tandem decode: metrics on http://127.0.0.1:");
+    const size_t at = output.find(marker);
+    int metrics_port;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(output.substr(at + marker.size(),
+                                        output.find('/', at + marker.size()) - at - marker.size()),
+                          &metrics_port)) {
+      return -1;
+    }
+    for (absl::string_view line : absl::StrSplit(HttpGetBody(metrics_port, "/metrics"), '\n')) {
+      double running;
+      if (absl::ConsumePrefix(&line, "tandem_requests_running ") &&
+          absl::SimpleAtod(line, &running)) {
+        return static_cast<int>(running);
+      }
+    }
+    return -1;
+  }
+  return -1;
 }
 
 // grpc.health.v1.Health/Check on `address` with no service credential.
@@ -546,8 +599,9 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
   };
   // The kills land mid-stream on a fast machine and on a loaded one alike: the prefill worker's
   // once the first stream has its first token (the other prompts are still being prefilled or
-  // wait for it), the decode worker's once every stream has its first token and before any has
-  // its last.
+  // wait for it); a decode worker's once every stream has its first token, and the one with the
+  // most sequences running then (the last stream to start has most of its tokens to go, so it
+  // runs somewhere).
   const auto run = [&](bool chaos) {
     std::vector<std::string> texts(kStreams);
     std::vector<std::thread> clients;
@@ -576,7 +630,18 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
         } reached{&streaming, after_streams};
         absl::MutexLock lock(&mu);
         mu.AwaitWithTimeout(absl::Condition(&reached, &Reached::Check), absl::Seconds(60));
-        const pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
+        pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
+        if (std::string(role) == "decode") {
+          int most = -1;
+          for (pid_t child : ChildrenOf(serve.pid())) {
+            const int running = RunningSequences(child, serve.output());
+            if (running > most) {
+              most = running;
+              victim = child;
+            }
+          }
+          EXPECT_GT(most, 0) << "no decode worker is running a sequence";
+        }
         EXPECT_NE(victim, -1) << role;
         if (victim != -1) kill(victim, SIGKILL);
       };
