@@ -14,6 +14,7 @@
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/kernels/cpu_ops.h"
+#include "runtime/mlp/dense_mlp.h"
 #include "runtime/sampling/sampler.h"
 
 namespace tandem {
@@ -47,7 +48,7 @@ absl::Status ValidateConfig(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
+absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w, bool offloaded_mlp) {
   const size_t hidden = c.hidden_size, inter = c.intermediate_size;
   const size_t q_out = static_cast<size_t>(c.num_heads) * c.head_dim;
   const size_t kv_out = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
@@ -70,9 +71,10 @@ absl::Status ValidateWeights(const ModelConfig& c, const ModelWeights& w) {
     RETURN_IF_ERROR(CheckSize(l.k_bias, kv_out, p + "k_bias", !c.attention_bias));
     RETURN_IF_ERROR(CheckSize(l.v_bias, kv_out, p + "v_bias", !c.attention_bias));
     RETURN_IF_ERROR(CheckSize(l.o_proj, hidden * q_out, p + "o_proj"));
-    RETURN_IF_ERROR(CheckSize(l.gate_proj, inter * hidden, p + "gate_proj"));
-    RETURN_IF_ERROR(CheckSize(l.up_proj, inter * hidden, p + "up_proj"));
-    RETURN_IF_ERROR(CheckSize(l.down_proj, hidden * inter, p + "down_proj"));
+    // With the MLP on a backend the runner holds none of it (any given is dropped).
+    RETURN_IF_ERROR(CheckSize(l.gate_proj, inter * hidden, p + "gate_proj", offloaded_mlp));
+    RETURN_IF_ERROR(CheckSize(l.up_proj, inter * hidden, p + "up_proj", offloaded_mlp));
+    RETURN_IF_ERROR(CheckSize(l.down_proj, hidden * inter, p + "down_proj", offloaded_mlp));
   }
   return absl::OkStatus();
 }
@@ -81,9 +83,15 @@ const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : 
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(const ModelConfig& config, ModelWeights weights, int block_size, int num_blocks)
+  CpuModelRunner(const ModelConfig& config, ModelWeights weights, int block_size, int num_blocks,
+                 std::shared_ptr<mlp::MlpBackend> mlp)
       : config_(config),
         weights_(std::move(weights)),
+        mlp_(std::move(mlp)),
+        mlp_shape_{.first_layer = 0,
+                   .end_layer = config.num_layers,
+                   .hidden_size = config.hidden_size,
+                   .intermediate_size = config.intermediate_size},
         block_size_(block_size),
         num_blocks_(num_blocks),
         kv_shape_{.block_size = block_size,
@@ -114,9 +122,12 @@ class CpuModelRunner final : public ModelRunner {
         // Row-major [out, in] matrices stack along `out` by concatenation.
         f.qkv = Concat(lw.q_proj, lw.k_proj, lw.v_proj);
         if (!lw.q_bias.empty()) f.qkv_bias = Concat(lw.q_bias, lw.k_bias, lw.v_bias);
-        f.gate_up = Concat(lw.gate_proj, lw.up_proj, {});
+        if (mlp_ == nullptr) {
+          f.mlp.gate_up = Concat(lw.gate_proj, lw.up_proj, {});
+          f.mlp.down = std::move(lw.down_proj);
+        }
         for (std::vector<float>* v : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.q_bias, &lw.k_bias,
-                                      &lw.v_bias, &lw.gate_proj, &lw.up_proj}) {
+                                      &lw.v_bias, &lw.gate_proj, &lw.up_proj, &lw.down_proj}) {
           std::vector<float>().swap(*v);
         }
       }
@@ -171,7 +182,6 @@ class CpuModelRunner final : public ModelRunner {
     const int q_width = c.num_heads * c.head_dim;
     const int kv_width = c.num_kv_heads * c.head_dim;
     const int qkv_width = q_width + 2 * kv_width;
-    const int inter = c.intermediate_size;
 
     int total = 0, max_context = 0, logit_rows = 0;
     for (const SequenceChunk& ch : batch.chunks) {
@@ -233,13 +243,17 @@ class CpuModelRunner final : public ModelRunner {
       cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, total, q_width, hidden, h_.data());
       cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
       cpu::RmsNorm(x_.data(), lw.post_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
-      // gate_up_ rows: [gate (inter) | up (inter)].
-      cpu::Linear(h_.data(), fl.gate_up.data(), nullptr, total, hidden, 2 * inter, gate_up_.data());
-      for (int r = 0; r < total; ++r) {
-        const float* gu = gate_up_.data() + static_cast<size_t>(r) * 2 * inter;
-        cpu::SiluAndMul(gu, gu + inter, inter, act_.data() + static_cast<size_t>(r) * inter);
+      if (mlp_ == nullptr) {
+        mlp::DenseMlpForward(fl.mlp, mlp_shape_, h_.data(), total, h_.data(), &mlp_scratch_);
+      } else if (absl::Status s =
+                     mlp_->Run(li, h_.data(), total, last_.data(), absl::InfiniteFuture());
+                 !s.ok()) {
+        // The batch's KV of this and earlier layers is written; the engine fails its requests.
+        return absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", li,
+                                                      std::string(mlp_->name()), s.message()));
+      } else {
+        std::swap(h_, last_);
       }
-      cpu::Linear(act_.data(), lw.down_proj.data(), nullptr, total, inter, hidden, h_.data());
       cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
     }
 
@@ -358,8 +372,6 @@ class CpuModelRunner final : public ModelRunner {
       last_.resize(t * c.hidden_size);
       qkv_.resize(t * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
       attn_.resize(t * c.num_heads * c.head_dim);
-      gate_up_.resize(t * 2 * c.intermediate_size);
-      act_.resize(t * c.intermediate_size);
       positions_.resize(t);
       capacity_tokens_ = tokens;
     }
@@ -383,13 +395,16 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   const ModelConfig config_;
-  // Norms, o_proj, down_proj, embeddings and LM head; the q/k/v and gate/up matrices are moved
-  // into fused_ by Init().
+  // Norms, o_proj, embeddings and LM head; the q/k/v and MLP matrices are moved into fused_ by
+  // Init().
   ModelWeights weights_;
+  // Null: the MLP runs here, from fused_[l].mlp; else on this backend and fused_ holds none.
+  const std::shared_ptr<mlp::MlpBackend> mlp_;
+  const mlp::MlpShape mlp_shape_;
   struct FusedLayer {
     std::vector<float> qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
     std::vector<float> qkv_bias;  // [(heads + 2 * kv_heads) * head_dim] or empty
-    std::vector<float> gate_up;   // [2 * intermediate, hidden]
+    mlp::DenseMlpLayer mlp;       // empty with an MLP backend
   };
   std::vector<FusedLayer> fused_;
   const int block_size_;
@@ -403,7 +418,7 @@ class CpuModelRunner final : public ModelRunner {
   // Scratch, sized for capacity_tokens_ rows / rope_positions_ positions.
   int capacity_tokens_ = 0;
   int rope_positions_ = 0;
-  std::vector<float> x_, h_, last_, qkv_, attn_, gate_up_, act_;
+  std::vector<float> x_, h_, last_, qkv_, attn_, mlp_scratch_;
   std::vector<int32_t> positions_;
   std::vector<float> rope_cos_, rope_sin_;  // [rope_positions_, head_dim / 2]
   std::vector<float> scores_;               // [rope_positions_]
@@ -415,7 +430,18 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelCon
                                                                   ModelWeights weights,
                                                                   const CpuRunnerOptions& options) {
   RETURN_IF_ERROR(ValidateConfig(config));
-  RETURN_IF_ERROR(ValidateWeights(config, weights));
+  RETURN_IF_ERROR(ValidateWeights(config, weights, options.mlp != nullptr));
+  if (options.mlp != nullptr) {
+    const mlp::MlpShape s = options.mlp->shape();
+    if (s.first_layer != 0 || s.end_layer != config.num_layers ||
+        s.hidden_size != config.hidden_size || s.intermediate_size != config.intermediate_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "CPU runner: the %s MLP backend serves layers %d:%d of hidden %d, intermediate %d; the "
+          "model has %d layers of hidden %d, intermediate %d",
+          std::string(options.mlp->name()), s.first_layer, s.end_layer, s.hidden_size,
+          s.intermediate_size, config.num_layers, config.hidden_size, config.intermediate_size));
+    }
+  }
   if (options.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CPU runner: block_size %d must be positive", options.block_size));
@@ -430,7 +456,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelCon
         num_blocks, options.num_blocks, options.kv_cache_bytes, block_bytes));
   }
   auto runner = std::make_unique<CpuModelRunner>(config, std::move(weights), options.block_size,
-                                                 static_cast<int>(num_blocks));
+                                                 static_cast<int>(num_blocks), options.mlp);
   if (!runner->Init()) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("CPU runner: cannot allocate fused weights and %d KV blocks of %d bytes",

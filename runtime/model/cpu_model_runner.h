@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/weights.h"
@@ -37,6 +38,11 @@ struct CpuRunnerOptions {
   int block_size = 16;
   int num_blocks = 0;  // 0 = derive from kv_cache_bytes
   size_t kv_cache_bytes = 256 << 20;
+  // Null: the MLP runs in the runner (local). Otherwise every layer's MLP runs on this backend
+  // (runtime/mlp/mlp_backend.h), which must serve all layers of the model's shape; the weights
+  // then need no gate/up/down_proj (any given are dropped), and a backend error fails Forward
+  // with its code, naming the layer.
+  std::shared_ptr<mlp::MlpBackend> mlp;
 };
 
 // Creates the runner. InvalidArgument when the config is inconsistent (non-positive sizes,

@@ -48,7 +48,8 @@ class Loader {
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> LoadCpuWeights(const ModelConfig& config, const TensorStore& store) {
+absl::StatusOr<ModelWeights> LoadCpuWeights(const ModelConfig& config, const TensorStore& store,
+                                            const CpuWeightsOptions& options) {
   if (config.vocab_size <= 0 || config.hidden_size <= 0 || config.intermediate_size <= 0 ||
       config.num_layers <= 0 || config.num_heads <= 0 || config.num_kv_heads <= 0 ||
       config.head_dim <= 0) {
@@ -78,6 +79,7 @@ absl::StatusOr<ModelWeights> LoadCpuWeights(const ModelConfig& config, const Ten
     }
     RETURN_IF_ERROR(loader.Add(p + "self_attn.o_proj.weight", {hidden, q_dim}, &l.o_proj));
     RETURN_IF_ERROR(loader.Add(p + "post_attention_layernorm.weight", {hidden}, &l.post_norm));
+    if (options.skip_mlp) continue;
     RETURN_IF_ERROR(loader.Add(p + "mlp.gate_proj.weight", {inter, hidden}, &l.gate_proj));
     RETURN_IF_ERROR(loader.Add(p + "mlp.up_proj.weight", {inter, hidden}, &l.up_proj));
     RETURN_IF_ERROR(loader.Add(p + "mlp.down_proj.weight", {hidden, inter}, &l.down_proj));

@@ -34,7 +34,14 @@ struct ModelWeights {
   const std::vector<float>& LmHead() const { return lm_head.empty() ? embed : lm_head; }
 };
 
+struct CpuWeightsOptions {
+  // Leaves every layer's gate/up/down_proj empty (the MLP runs on a runtime/mlp backend): the
+  // checkpoint's MLP tensors are neither read nor checked.
+  bool skip_mlp = false;
+};
+
 // Loads and converts every weight; errors name the tensor and file (missing, wrong shape).
-absl::StatusOr<ModelWeights> LoadCpuWeights(const ModelConfig& config, const TensorStore& store);
+absl::StatusOr<ModelWeights> LoadCpuWeights(const ModelConfig& config, const TensorStore& store,
+                                            const CpuWeightsOptions& options = {});
 
 }  // namespace tandem

@@ -1,0 +1,79 @@
+#pragma once
+// MlpBackend: where a dense model's MLP runs (docs/mlp.md). A runner's layer loop hands it the
+// post-attention normed activations of one layer and gets the MLP's output back,
+// y = down_proj(silu(gate_proj(x)) * up_proj(x)), asynchronously through a handle, so the
+// runner may do other work (another micro-batch's attention) while it computes.
+//
+// Backends, created by name (registry.h):
+//   local          the runner's own fused kernels: no backend object at all (the default);
+//   cpu            the MLP weights in host memory, computed with BLAS (cpu_mlp_backend.h);
+//   remote:A,B...  `tandem mlp-shard` processes (remote_mlp_backend.h).
+//
+// Contract:
+// - Submit(layer, x, rows, out, deadline) starts layer `layer`'s MLP over `rows` rows of
+//   hidden_size float32 at `x` (row-major), to be written to `out` (rows x hidden_size). The
+//   caller keeps `x` and `out` alive and leaves them alone until Wait on the handle returns. An
+//   error from Submit (InvalidArgument for a layer outside layers() or rows < 1) starts nothing.
+// - Wait(handle) returns once `out` holds the result, or with an error, after which `out` is
+//   unspecified: DeadlineExceeded when the deadline passed, Unavailable when no backend that
+//   serves the layer answered, InvalidArgument for an unknown or already waited handle. Wait
+//   never blocks past the Submit's deadline by more than the backend's own grace.
+// - Every handle is waited exactly once; handles may be waited in any order.
+// - Results are deterministic: the same rows give the same bits, whatever else was in flight.
+//
+// Thread-safety: Submit and Wait are called from one thread (the engine's); a backend's own
+// threads and RPCs are internal.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::mlp {
+
+// The layers a backend serves, [first, end), and the MLP's shape.
+struct MlpShape {
+  int first_layer = 0;
+  int end_layer = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  bool Serves(int layer) const { return layer >= first_layer && layer < end_layer; }
+};
+
+struct MlpBackendStats {
+  int64_t calls = 0;      // Submits that started
+  int64_t rows = 0;       // rows computed
+  int64_t failovers = 0;  // calls moved to another shard, or to the fallback, after a failure
+  int64_t failures = 0;   // Waits that returned an error
+};
+
+class MlpBackend {
+ public:
+  using Handle = uint64_t;
+
+  virtual ~MlpBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual MlpShape shape() const = 0;
+
+  virtual absl::StatusOr<Handle> Submit(int layer, const float* x, int rows, float* out,
+                                        absl::Time deadline) = 0;
+  virtual absl::Status Wait(Handle handle) = 0;
+
+  // Host bytes of MLP weights this backend holds in the calling process (0 for remote ones).
+  virtual int64_t resident_weight_bytes() const = 0;
+
+  virtual MlpBackendStats stats() const = 0;
+
+  // Submit then Wait.
+  absl::Status Run(int layer, const float* x, int rows, float* out, absl::Time deadline) {
+    absl::StatusOr<Handle> h = Submit(layer, x, rows, out, deadline);
+    if (!h.ok()) return h.status();
+    return Wait(*h);
+  }
+};
+
+}  // namespace tandem::mlp

@@ -1,0 +1,193 @@
+#include "runtime/mlp/mlp_shard_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace tandem::mlp {
+
+MlpShardService::MlpShardService(std::shared_ptr<const DenseMlpWeights> weights,
+                                 std::shared_ptr<const auth::ServiceIdentity> identity,
+                                 const MlpShardOptions& options)
+    : weights_(std::move(weights)), identity_(std::move(identity)), options_(options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+MlpShardService::~MlpShardService() { Shutdown(); }
+
+void MlpShardService::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+MlpShardStats MlpShardService::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+grpc::ServerUnaryReactor* MlpShardService::Info(grpc::CallbackServerContext* context,
+                                                const tandem::v1::MlpInfoRequest*,
+                                                tandem::v1::MlpInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = identity_->Authenticate(*context); !auth.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.rejected;
+    reactor->Finish(auth);
+    return reactor;
+  }
+  const MlpShape& s = weights_->shape;
+  response->set_model_fingerprint(options_.model_fingerprint);
+  response->set_first_layer(static_cast<uint32_t>(s.first_layer));
+  response->set_end_layer(static_cast<uint32_t>(s.end_layer));
+  response->set_hidden_size(static_cast<uint32_t>(s.hidden_size));
+  response->set_intermediate_size(static_cast<uint32_t>(s.intermediate_size));
+  response->set_max_rows(static_cast<uint32_t>(options_.max_rows));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MlpShardService::Compute(grpc::CallbackServerContext* context,
+                                                   const tandem::v1::MlpComputeRequest* request,
+                                                   tandem::v1::MlpComputeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auto reject = [&](grpc::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.rejected;
+    }
+    reactor->Finish(std::move(status));
+    return reactor;
+  };
+  if (grpc::Status auth = identity_->Authenticate(*context); !auth.ok()) return reject(auth);
+  const MlpShape& s = weights_->shape;
+  const auto invalid = [&](const std::string& message) {
+    return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message));
+  };
+  if (request->layer() < static_cast<uint32_t>(s.first_layer) ||
+      request->layer() >= static_cast<uint32_t>(s.end_layer)) {
+    return invalid(absl::StrCat("layer: ", request->layer(), " is not served here (layers ",
+                                s.first_layer, ":", s.end_layer, ")"));
+  }
+  if (request->rows() < 1 || request->rows() > static_cast<uint32_t>(options_.max_rows)) {
+    return invalid(absl::StrCat("rows: ", request->rows(), " is not in 1..", options_.max_rows));
+  }
+  const size_t expected =
+      static_cast<size_t>(request->rows()) * static_cast<size_t>(s.hidden_size) * sizeof(float);
+  if (request->activations().size() != expected) {
+    return invalid(absl::StrCat("activations: ", request->activations().size(), " bytes, expected ",
+                                expected, " (rows x hidden_size float32)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      ++stats_.calls;
+      queue_.push_back(Call{context, request, response, reactor});
+      return reactor;
+    }
+  }
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
+  return reactor;
+}
+
+void MlpShardService::Loop() {
+  const MlpShape& s = weights_->shape;
+  const size_t hidden = static_cast<size_t>(s.hidden_size);
+  std::vector<float> x, y, scratch;
+  while (true) {
+    std::vector<Call> calls;
+    std::deque<Call> left;  // answered UNAVAILABLE when stopping
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) {
+        left.swap(queue_);
+        stop = true;
+      }
+      // Everything queued, up to max_batch_rows per layer (the rest waits for the next round).
+      std::map<uint32_t, int64_t> taken;
+      std::deque<Call> rest;
+      for (Call& c : queue_) {
+        int64_t& rows = taken[c.request->layer()];
+        if (rows > 0 && rows + c.request->rows() > options_.max_batch_rows) {
+          rest.push_back(c);
+          continue;
+        }
+        rows += c.request->rows();
+        calls.push_back(c);
+      }
+      queue_.swap(rest);
+    }
+    if (stop) {
+      for (Call& c : left) {
+        c.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
+      }
+      return;
+    }
+    // Layer by layer, in arrival order within a layer.
+    std::stable_sort(calls.begin(), calls.end(), [](const Call& a, const Call& b) {
+      return a.request->layer() < b.request->layer();
+    });
+    const absl::Time now = absl::Now();
+    for (size_t begin = 0; begin < calls.size();) {
+      const uint32_t layer = calls[begin].request->layer();
+      size_t end = begin;
+      std::vector<Call> live;
+      int64_t rows = 0;
+      for (; end < calls.size() && calls[end].request->layer() == layer; ++end) {
+        Call& c = calls[end];
+        if (c.context->IsCancelled()) {
+          c.reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+        } else if (absl::FromChrono(c.context->deadline()) <= now) {
+          c.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "past its deadline before the shard computed it"));
+        } else {
+          live.push_back(c);
+          rows += c.request->rows();
+          continue;
+        }
+        absl::MutexLock lock(&mu_);
+        ++stats_.expired;
+      }
+      begin = end;
+      if (live.empty()) continue;
+      x.resize(static_cast<size_t>(rows) * hidden);
+      y.resize(static_cast<size_t>(rows) * hidden);
+      size_t at = 0;
+      for (const Call& c : live) {
+        std::memcpy(x.data() + at, c.request->activations().data(),
+                    c.request->activations().size());
+        at += static_cast<size_t>(c.request->rows()) * hidden;
+      }
+      const absl::Time start = absl::Now();
+      DenseMlpForward(weights_->layer(static_cast<int>(layer)), s, x.data(), static_cast<int>(rows),
+                      y.data(), &scratch);
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      at = 0;
+      for (const Call& c : live) {
+        const size_t n = static_cast<size_t>(c.request->rows()) * hidden;
+        c.response->mutable_output()->assign(reinterpret_cast<const char*>(y.data() + at),
+                                             n * sizeof(float));
+        at += n;
+        c.reactor->Finish(grpc::Status::OK);
+      }
+      absl::MutexLock lock(&mu_);
+      ++stats_.batches;
+      stats_.rows += rows;
+      stats_.max_batch_rows = std::max(stats_.max_batch_rows, rows);
+      stats_.compute_seconds += seconds;
+    }
+  }
+}
+
+}  // namespace tandem::mlp

@@ -1,0 +1,88 @@
+#pragma once
+// MlpShardService: tandem.v1.MlpShard (proto/tandem/v1/mlp.proto) over the MLP weights of one
+// range of layers (`tandem mlp-shard`), for many attention workers (docs/mlp.md).
+//
+// - Batching: a Compute call is validated on its gRPC callback thread and queued with its
+//   reactor; one compute thread takes everything queued, groups the calls by layer, and runs
+//   each layer's rows (from every worker) as one MLP (dense_mlp.h), then answers each call with
+//   its own rows. No thread waits per call.
+// - Untrusted input: every call is authenticated first (UNAUTHENTICATED touches nothing); a
+//   layer outside the range, rows outside 1..max_rows, or activations that are not exactly rows
+//   x hidden_size float32 are INVALID_ARGUMENT naming the field. Addresses and lengths never
+//   come from the wire: the shard reads only the message's own bytes, sized by its fields.
+// - Deadlines: a call whose deadline passed before the compute thread reached it (or that was
+//   cancelled) is answered DEADLINE_EXCEEDED (CANCELLED) without computing.
+// - Shutdown (or destruction) answers what is queued with UNAVAILABLE and stops the thread.
+//
+// Threading: gRPC callback threads and the compute thread.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/auth/service_identity.h"
+#include "runtime/mlp/dense_mlp.h"
+#include "tandem/v1/mlp.grpc.pb.h"
+
+namespace tandem::mlp {
+
+struct MlpShardOptions {
+  std::string model_fingerprint;
+  int max_rows = 8192;         // per call
+  int max_batch_rows = 16384;  // per layer batch (calls past it wait for the next batch)
+};
+
+struct MlpShardStats {
+  int64_t calls = 0;
+  int64_t batches = 0;  // layer batches computed
+  int64_t rows = 0;     // rows computed
+  int64_t max_batch_rows = 0;
+  int64_t rejected = 0;  // INVALID_ARGUMENT or UNAUTHENTICATED
+  int64_t expired = 0;   // past their deadline or cancelled before computing
+  double compute_seconds = 0;
+};
+
+class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
+ public:
+  MlpShardService(std::shared_ptr<const DenseMlpWeights> weights,
+                  std::shared_ptr<const auth::ServiceIdentity> identity,
+                  const MlpShardOptions& options);
+  ~MlpShardService() override;
+  MlpShardService(const MlpShardService&) = delete;
+  MlpShardService& operator=(const MlpShardService&) = delete;
+
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 const tandem::v1::MlpInfoRequest* request,
+                                 tandem::v1::MlpInfo* response) override;
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context,
+                                    const tandem::v1::MlpComputeRequest* request,
+                                    tandem::v1::MlpComputeResponse* response) override;
+
+  void Shutdown();
+  MlpShardStats stats() const;
+
+ private:
+  struct Call {
+    grpc::CallbackServerContext* context;
+    const tandem::v1::MlpComputeRequest* request;
+    tandem::v1::MlpComputeResponse* response;
+    grpc::ServerUnaryReactor* reactor;
+  };
+  void Loop();
+
+  const std::shared_ptr<const DenseMlpWeights> weights_;
+  const std::shared_ptr<const auth::ServiceIdentity> identity_;
+  const MlpShardOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Call> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  MlpShardStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace tandem::mlp

@@ -1,0 +1,73 @@
+#include "runtime/mlp/registry.h"
+
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/mlp/cpu_mlp_backend.h"
+#include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/remote_mlp_backend.h"
+
+namespace tandem::mlp {
+namespace {
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCpu(const MlpContext& context) {
+  if (context.store == nullptr) {
+    return absl::InvalidArgumentError("cpu MLP: needs the model's weights");
+  }
+  absl::StatusOr<MlpShape> shape = ParseLayerRange("all", *context.config);
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<DenseMlpWeights> weights =
+      LoadDenseMlpWeights(*context.config, *context.store, *shape);
+  if (!weights.ok()) return weights.status();
+  return std::unique_ptr<MlpBackend>(std::make_unique<CpuMlpBackend>(
+      std::make_shared<const DenseMlpWeights>(*std::move(weights))));
+}
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addresses,
+                                                         const MlpContext& context) {
+  std::vector<std::string> list = absl::StrSplit(addresses, ',');
+  for (const std::string& a : list) {
+    if (a.empty() || a.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mlp remote:", addresses, ": expected HOST:PORT[,HOST:PORT...]"));
+    }
+  }
+  if (context.identity == nullptr) {
+    return absl::InvalidArgumentError("remote MLP: needs the deployment's service credential");
+  }
+  std::unique_ptr<MlpBackend> fallback;
+  if (context.fallback == "cpu") {
+    absl::StatusOr<std::unique_ptr<MlpBackend>> cpu = CreateCpu(context);
+    if (!cpu.ok()) return cpu.status();
+    fallback = *std::move(cpu);
+  } else if (context.fallback != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mlp-fallback ", context.fallback, ": expected none or cpu"));
+  }
+  absl::StatusOr<MlpShape> shape = ParseLayerRange("all", *context.config);
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> remote =
+      RemoteMlpBackend::Create(list, context.identity, *shape, context.model_fingerprint,
+                               std::move(fallback), context.remote);
+  if (!remote.ok()) return remote.status();
+  return std::unique_ptr<MlpBackend>(*std::move(remote));
+}
+
+}  // namespace
+
+std::vector<std::string> MlpBackendNames() { return {"local", "cpu", "remote:ADDR[,ADDR...]"}; }
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
+                                                             const MlpContext& context) {
+  if (context.config == nullptr) return absl::InvalidArgumentError("MLP backend: no model");
+  if (spec == "local" || spec.empty()) return std::unique_ptr<MlpBackend>();
+  if (spec == "cpu") return CreateCpu(context);
+  if (spec.rfind("remote:", 0) == 0) return CreateRemote(spec.substr(7), context);
+  return absl::InvalidArgumentError(absl::StrCat("--mlp ", spec, ": unknown MLP backend; one of ",
+                                                 absl::StrJoin(MlpBackendNames(), ", ")));
+}
+
+}  // namespace tandem::mlp

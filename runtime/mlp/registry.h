@@ -1,0 +1,45 @@
+#pragma once
+// Creates an MlpBackend by name (mlp_backend.h, docs/mlp.md). This is the one file that knows
+// which backends exist:
+//   local              nullptr: the runner computes the MLP itself (the default)
+//   cpu                the model's MLP weights in host memory, computed with BLAS
+//   remote:A[,B...]    `tandem mlp-shard` services at A, B...; with fallback "cpu" the weights
+//                      are also kept here, and a layer no shard answers is computed on them
+// InvalidArgument for an unknown name or a malformed address list (the message lists the
+// names), plus the backends' own errors (missing tensors, unreachable or mismatched shards).
+//
+// Thread-safe.
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
+#include "runtime/mlp/remote_mlp_options.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+
+namespace tandem::auth {
+class ServiceIdentity;
+}  // namespace tandem::auth
+
+namespace tandem::mlp {
+
+struct MlpContext {
+  const ModelConfig* config = nullptr;
+  const TensorStore* store = nullptr;                     // for cpu, and remote's cpu fallback
+  std::string model_fingerprint;                          // what remote shards must serve
+  std::shared_ptr<const auth::ServiceIdentity> identity;  // remote: the service credential
+  std::string fallback = "none";                          // remote: "none" or "cpu"
+  RemoteMlpOptions remote;
+};
+
+// The names CreateMlpBackend takes (remote with its address list elided).
+std::vector<std::string> MlpBackendNames();
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
+                                                             const MlpContext& context);
+
+}  // namespace tandem::mlp
