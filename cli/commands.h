@@ -18,5 +18,6 @@ void AddServeCommand(CLI::App& app, int* exit_code);    // router + workers as l
 void AddProfileCommand(CLI::App& app, int* exit_code);  // a device's profile for `tandem plan`
 void AddPlanCommand(CLI::App& app, int* exit_code);     // prefill:decode ratio from profiles
 void AddDrafterCommand(CLI::App& app, int* exit_code);  // speculative drafts for decode workers
+void AddMlpShardCommand(CLI::App& app, int* exit_code);  // MLP layers for attention workers
 
 }  // namespace tandem::cli

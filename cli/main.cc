@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tandem::cli::AddServeCommand(app, &exit_code);
   tandem::cli::AddProfileCommand(app, &exit_code);
   tandem::cli::AddDrafterCommand(app, &exit_code);
+  tandem::cli::AddMlpShardCommand(app, &exit_code);
   tandem::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

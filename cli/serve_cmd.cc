@@ -11,6 +11,7 @@
 //                [--speculative ngram|draft:DIR|remote:ADDR,...|remote [--num-speculative-tokens
 //                K]]
 //                [--drafters N [--drafter ngram|draft:DIR]]   (with --speculative remote)
+//                [--mlp local|cpu|remote:ADDR,...|remote [--mlp-shards N] [--mlp-fallback cpu]]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -24,6 +25,9 @@
 // --aggregated: no prefill workers; decode workers prefill locally (the baseline).
 // --speculative remote --drafters N: N `tandem drafter` services are started first (supervised
 // like the workers) and every decode worker drafts through them (docs/speculative.md).
+// --mlp remote --mlp-shards N: N `tandem mlp-shard` services, each loading a contiguous range
+// of the layers' MLP weights, are started first, and every decode worker runs its MLP on them
+// (docs/mlp.md).
 // --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]);
 // --prefill-device / --decode-device place one pool elsewhere (e.g. prefill on the GPU, decode
 // on CPUs: the pair handshake converts the KV between their layouts).
@@ -50,8 +54,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,6 +144,10 @@ struct ServeFlags {
   int num_speculative_tokens = 4;          // decode workers
   int drafters = 0;                        // `tandem drafter` services (--speculative remote)
   std::string drafter = "ngram";           // what they run
+  std::string mlp = "local";               // decode workers: local, cpu, remote:ADDR,... or
+                                           // "remote": our --mlp-shards
+  int mlp_shards = 0;                      // `tandem mlp-shard` services (--mlp remote)
+  std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -479,6 +489,11 @@ int RunServe(ServeFlags flags) {
       return 2;
     }
   }
+  if ((flags.mlp == "remote") != (flags.mlp_shards > 0)) {
+    std::cerr << "tandem serve: --mlp remote and --mlp-shards N go together (remote:ADDR names "
+                 "shards serve does not start)\n";
+    return 2;
+  }
   if ((flags.speculative == "remote") != (flags.drafters > 0)) {
     std::cerr << "tandem serve: --speculative remote and --drafters N go together (remote:ADDR "
                  "names drafters serve does not start)\n";
@@ -534,41 +549,87 @@ int RunServe(ServeFlags flags) {
   std::vector<std::string> service_args = flags.service_auth.Args();
   service_args.insert(service_args.end(), {"--log-format", flags.log_format});
   service_args.insert(service_args.end(), {"--drain-seconds", absl::StrCat(flags.drain_seconds)});
-  // Drafter services first (--speculative remote): the decode workers are told their addresses.
-  // Their ports are picked here so a restarted drafter comes back where the workers look.
-  std::string speculative = flags.speculative;
-  if (flags.drafters > 0) {
+  // Helper services first (drafters for --speculative remote, MLP shards for --mlp remote):
+  // the decode workers are told their addresses. Their ports are picked here so a restarted one
+  // comes back where the workers look. Returns their addresses; nullopt after a failure (or a
+  // signal) with `exit_code` set.
+  int exit_code = 0;
+  const auto start_helpers =
+      [&](const std::string& kind, int count,
+          const std::function<std::vector<std::string>(int index, int port)>& args_of)
+      -> std::optional<std::vector<std::string>> {
     std::vector<std::string> addresses;
-    std::vector<Child*> drafters;
-    for (int i = 0; i < flags.drafters; ++i) {
+    std::vector<Child*> children;
+    for (int i = 0; i < count; ++i) {
       absl::StatusOr<int> port = FreeLoopbackPort();
       if (!port.ok()) {
-        std::cerr << "tandem serve: a port for drafter " << i << ": " << port.status().message()
-                  << "\n";
-        return stop(1);
+        std::cerr << "tandem serve: a port for " << kind << " " << i << ": "
+                  << port.status().message() << "\n";
+        exit_code = stop(1);
+        return std::nullopt;
       }
-      std::vector<std::string> args = {
-          "drafter",           "--drafter",    flags.drafter,         "--model",
-          flags.model_dir,     "--port",       std::to_string(*port), "--device",
-          flags.decode_device, "--log-format", flags.log_format};
+      std::vector<std::string> args = args_of(i, *port);
+      args.insert(args.end(), {"--log-format", flags.log_format});
       const std::vector<std::string> auth = flags.service_auth.Args();
       args.insert(args.end(), auth.begin(), auth.end());
-      const std::string name = absl::StrCat("drafter-", i);
+      const std::string name = absl::StrCat(kind, "-", i);
       auto child = supervisor.Start(name, args);
       if (!child.ok()) {
         std::cerr << "tandem serve: starting " << name << ": " << child.status().message() << "\n";
-        return stop(1);
+        exit_code = stop(1);
+        return std::nullopt;
       }
-      drafters.push_back(*child);
+      children.push_back(*child);
       addresses.push_back(absl::StrCat("127.0.0.1:", *port));
     }
-    if (absl::Status ready = supervisor.WaitReady(drafters, absl::Seconds(flags.startup_timeout_s));
+    if (absl::Status ready = supervisor.WaitReady(children, absl::Seconds(flags.startup_timeout_s));
         !ready.ok()) {
-      if (absl::IsCancelled(ready)) return stop(0);
-      std::cerr << "tandem serve: drafters: " << ready.message() << "\n";
+      if (absl::IsCancelled(ready)) {
+        exit_code = stop(0);
+        return std::nullopt;
+      }
+      std::cerr << "tandem serve: " << kind << "s: " << ready.message() << "\n";
+      exit_code = stop(1);
+      return std::nullopt;
+    }
+    return addresses;
+  };
+  std::string speculative = flags.speculative;
+  if (flags.drafters > 0) {
+    auto addresses = start_helpers("drafter", flags.drafters, [&](int, int port) {
+      return std::vector<std::string>{
+          "drafter", "--drafter",          flags.drafter, "--model",          flags.model_dir,
+          "--port",  std::to_string(port), "--device",    flags.decode_device};
+    });
+    if (!addresses.has_value()) return exit_code;
+    speculative = absl::StrCat("remote:", absl::StrJoin(*addresses, ","));
+  }
+  // MLP shards (--mlp remote --mlp-shards N): N contiguous ranges of the model's layers.
+  std::string mlp = flags.mlp;
+  if (flags.mlp_shards > 0) {
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir);
+    if (!config.ok()) {
+      std::cerr << "tandem serve: " << config.status().message() << "\n";
       return stop(1);
     }
-    speculative = absl::StrCat("remote:", absl::StrJoin(addresses, ","));
+    if (flags.mlp_shards > config->num_layers) {
+      std::cerr << "tandem serve: --mlp-shards " << flags.mlp_shards << ": the model has only "
+                << config->num_layers << " layers\n";
+      return stop(2);
+    }
+    const int layers = config->num_layers, n = flags.mlp_shards;
+    auto addresses = start_helpers("mlp-shard", n, [&](int i, int port) {
+      const int first = layers * i / n, end = layers * (i + 1) / n;
+      return std::vector<std::string>{"mlp-shard",
+                                      "--model",
+                                      flags.model_dir,
+                                      "--layers",
+                                      absl::StrCat(first, ":", end),
+                                      "--port",
+                                      std::to_string(port)};
+    });
+    if (!addresses.has_value()) return exit_code;
+    mlp = absl::StrCat("remote:", absl::StrJoin(*addresses, ","));
   }
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
@@ -616,6 +677,10 @@ int RunServe(ServeFlags flags) {
     if (!is_prefill && !speculative.empty()) {
       args.insert(args.end(), {"--speculative", speculative, "--num-speculative-tokens",
                                std::to_string(flags.num_speculative_tokens)});
+    }
+    // Decode (and aggregated) workers only: prefill keeps its MLP local (docs/mlp.md).
+    if (!is_prefill && mlp != "local") {
+      args.insert(args.end(), {"--mlp", mlp, "--mlp-fallback", flags.mlp_fallback});
     }
     if (!is_prefill) {
       args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
@@ -881,6 +946,20 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Speculative decoding on decode (and aggregated) workers with this drafter: "
                   "ngram, draft:DIR, remote:ADDR,... or remote (the --drafters this serve "
                   "starts); docs/speculative.md. Default: off");
+  cmd->add_option("--mlp", flags->mlp,
+                  "Where decode (and aggregated) workers run their MLP: local (default), cpu, "
+                  "remote:ADDR,... or remote (the --mlp-shards this serve starts); prefill "
+                  "workers keep it local. docs/mlp.md")
+      ->capture_default_str();
+  cmd->add_option("--mlp-shards", flags->mlp_shards,
+                  "With --mlp remote: `tandem mlp-shard` services to start, each serving a "
+                  "contiguous range of the layers, shared by every decode worker")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--mlp-fallback", flags->mlp_fallback,
+                  "With --mlp remote: none, or cpu (workers keep the MLP weights and compute a "
+                  "layer no shard answers)")
+      ->check(CLI::IsMember({"none", "cpu"}))
+      ->capture_default_str();
   cmd->add_option("--drafters", flags->drafters,
                   "With --speculative remote: `tandem drafter` services to start (each running "
                   "--drafter) and wire to the decode workers")

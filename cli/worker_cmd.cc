@@ -6,6 +6,7 @@
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
 //       [--speculative ngram|draft:DIR|remote:ADDR,... [--num-speculative-tokens K]]  (decode)
+//       [--mlp local|cpu|remote:ADDR,... [--mlp-fallback none|cpu] [--mlp-call-timeout-ms T]]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -57,8 +58,11 @@ struct WorkerFlags {
   int64_t admission_window_tokens = 16384;           // prefill workers only
   std::string two_phase_admission = "on";            // decode workers only
   std::vector<std::string> allowed_prefill_workers;  // decode workers only
-  std::string speculative;                           // decode workers only; "": off
-  int num_speculative_tokens = 4;                    // decode workers only
+  std::string mlp = "local";                         // runtime/mlp/registry.h
+  std::string mlp_fallback = "none";
+  int mlp_call_timeout_ms = 2000;
+  std::string speculative;         // decode workers only; "": off
+  int num_speculative_tokens = 4;  // decode workers only
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
   double stats_interval_s = 10;
@@ -86,6 +90,10 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.block_size = flags.block_size;
   load.num_blocks = flags.num_blocks;
   load.kv_cache_bytes = static_cast<size_t>(flags.kv_cache_mib) << 20;
+  load.mlp = flags.mlp;
+  load.mlp_fallback = flags.mlp_fallback;
+  load.mlp_identity = *identity;
+  load.mlp_remote.call_timeout = absl::Milliseconds(flags.mlp_call_timeout_ms);
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
   load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
@@ -271,6 +279,20 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
                   "on (default): ask the prefill worker to admit a prompt before reserving its KV "
                   "blocks; off: reserve at once (blocks then wait out the prefill worker's queue)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--mlp", flags->mlp,
+                  "Where the MLP runs: local (default), cpu (host weights, BLAS) or "
+                  "remote:ADDR[,ADDR...] (`tandem mlp-shard` services; docs/mlp.md)")
+      ->capture_default_str();
+  cmd->add_option("--mlp-fallback", flags->mlp_fallback,
+                  "With --mlp remote: none, or cpu (keep the MLP weights here and compute a "
+                  "layer on them when no shard answers)")
+      ->check(CLI::IsMember({"none", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--mlp-call-timeout-ms", flags->mlp_call_timeout_ms,
+                  "With --mlp remote: a layer call's deadline before the next shard or the "
+                  "fallback takes it")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
   cmd->add_option("--speculative", flags->speculative,
                   "speculative decoding with this drafter: ngram (prompt lookup and suffix "
                   "decoding), draft:DIR (a small model of the same tokenizer on this worker's "

@@ -63,17 +63,34 @@ absl::StatusOr<RunnerDevice> ParseRunnerDevice(std::string_view device) {
       absl::StrCat("unknown device \"", std::string(device), "\": expected cpu, cuda or cuda:N"));
 }
 
+size_t CpuMlpWeightBytes(const ModelConfig& config) {
+  return sizeof(float) * 3 * static_cast<size_t>(config.num_layers) *
+         static_cast<size_t>(config.hidden_size) * static_cast<size_t>(config.intermediate_size);
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view device,
                                                                const ModelConfig& config,
                                                                const TensorStore& store,
                                                                const RunnerOptions& options) {
   ASSIGN_OR_RETURN(RunnerDevice d, ParseRunnerDevice(device));
+  if (d.cuda && options.mlp != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--mlp ", std::string(options.mlp->name()),
+                     ": the CUDA runner runs its MLP locally only for now (docs/mlp.md)"));
+  }
   if (d.cuda) return CreateCuda(d.ordinal, config, store, options);
-  ASSIGN_OR_RETURN(ModelWeights weights, LoadCpuWeights(config, store));
+  ASSIGN_OR_RETURN(ModelWeights weights,
+                   LoadCpuWeights(config, store, {.skip_mlp = options.mlp != nullptr}));
   CpuRunnerOptions o;
   o.block_size = options.block_size;
   o.num_blocks = options.num_blocks;
   o.kv_cache_bytes = options.kv_cache_bytes;
+  if (options.mlp != nullptr) {
+    const int64_t freed =
+        static_cast<int64_t>(CpuMlpWeightBytes(config)) - options.mlp->resident_weight_bytes();
+    if (freed > 0) o.kv_cache_bytes += static_cast<size_t>(freed);
+  }
+  o.mlp = options.mlp;
   return CreateCpuModelRunner(config, std::move(weights), o);
 }
 

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/safetensors.h"
@@ -30,7 +31,16 @@ struct RunnerOptions {
   int max_batch_tokens = 2048;
   bool cuda_graphs = true;
   bool progress = false;
+  // Null: the runner computes the MLP (local). Otherwise the MLP runs on this backend
+  // (runtime/mlp/registry.h); the CPU runner then loads no MLP weights and adds the bytes they
+  // would have taken, less what the backend keeps in this process, to its KV cache. The CUDA
+  // runner refuses it (FailedPrecondition) for now.
+  std::shared_ptr<mlp::MlpBackend> mlp;
 };
+
+// Host bytes of a model's MLP weights in the CPU runner's float32: what an offloaded MLP gives
+// back to the KV cache.
+size_t CpuMlpWeightBytes(const ModelConfig& config);
 
 struct RunnerDevice {
   bool cuda = false;

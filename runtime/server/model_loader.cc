@@ -6,7 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status.h"
+#include "runtime/mlp/registry.h"
+#include "runtime/model/model_fingerprint.h"
 #include "runtime/model/runner_factory.h"
+#include "runtime/model/safetensors.h"
 
 namespace tandem::server {
 
@@ -30,8 +33,34 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
   runner_options.block_size = options.block_size;
   runner_options.num_blocks = options.num_blocks;
   runner_options.kv_cache_bytes = options.kv_cache_bytes;
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                   CreateModelRunner(options.device, options.model_dir, runner_options));
+  std::unique_ptr<ModelRunner> runner;
+  if (options.mlp.empty() || options.mlp == "local") {
+    ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, options.model_dir, runner_options));
+  } else {
+    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+    ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(options.model_dir));
+    config.fingerprint = ModelFingerprint(*store);
+    mlp::MlpContext context;
+    context.config = &config;
+    context.store = store.get();
+    context.model_fingerprint = config.fingerprint;
+    context.identity = options.mlp_identity;
+    context.fallback = options.mlp_fallback;
+    context.remote = options.mlp_remote;
+    ASSIGN_OR_RETURN(std::unique_ptr<mlp::MlpBackend> backend,
+                     mlp::CreateMlpBackend(options.mlp, context));
+    runner_options.mlp = std::move(backend);
+    ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, config, *store, runner_options));
+    const int64_t moved = static_cast<int64_t>(CpuMlpWeightBytes(config)) -
+                          runner_options.mlp->resident_weight_bytes();
+    LOG(INFO) << "MLP on the " << runner_options.mlp->name() << " backend ("
+              << (moved > 0 ? absl::StrCat(moved >> 20,
+                                           " MiB of MLP weights not held here, "
+                                           "given to the KV cache")
+                            : std::string("its weights held here"))
+              << "): KV cache of " << runner->num_blocks() << " blocks, "
+              << static_cast<int64_t>(runner->num_blocks()) * runner->block_size() << " tokens";
+  }
   ASSIGN_OR_RETURN(model.engine,
                    Engine::Create(std::move(runner), model.tokenizer.get(), options.engine));
   return model;

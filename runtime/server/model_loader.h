@@ -13,7 +13,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
+#include "runtime/mlp/remote_mlp_options.h"
 #include "runtime/model/tokenizer.h"
 
 namespace tandem::server {
@@ -25,6 +27,14 @@ struct ModelLoadOptions {
   int num_blocks = 0;  // 0: as many as fit in kv_cache_bytes
   size_t kv_cache_bytes = size_t{256} << 20;
   EngineOptions engine;
+  // Where the MLP runs (runtime/mlp/registry.h): "local", "cpu" or "remote:ADDR,...", with
+  // mlp_fallback "cpu" keeping the weights here for when no shard answers. A remote backend
+  // dials with mlp_identity (the deployment's service credential). With the MLP elsewhere the
+  // CPU runner gives the weights' bytes to the KV cache (logged with the capacity in tokens).
+  std::string mlp = "local";
+  std::string mlp_fallback = "none";
+  std::shared_ptr<const auth::ServiceIdentity> mlp_identity;
+  mlp::RemoteMlpOptions mlp_remote;
 };
 
 struct LoadedModel {

@@ -1,0 +1,119 @@
+// `tandem mlp-shard`: a dense model's MLP for a range of its layers, served to attention workers
+// started with `--mlp remote:ADDR,...` (tandem.v1.MlpShard, runtime/mlp/mlp_shard_service.h,
+// docs/mlp.md).
+//   tandem mlp-shard --model DIR --port P [--host H] [--layers FIRST:END|all] [--max-rows N]
+//       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
+// It loads only the MLP weights of those layers (host float32; the CPU computes them). Prints
+// "tandem mlp-shard: serving on HOST:PORT" once it serves; SIGINT/SIGTERM stop it (queued calls
+// are answered UNAVAILABLE: workers fail over to another shard or their fallback). Exit status:
+// 0 ok, 1 runtime error, 2 usage error.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/access_flags.h"
+#include "cli/commands.h"
+#include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/mlp_shard_service.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_fingerprint.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/server/grpc_server.h"
+#include "runtime/server/worker_main.h"
+
+namespace tandem::cli {
+namespace {
+
+struct MlpShardFlags {
+  std::string model_dir;
+  std::string layers = "all";
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int max_rows = 8192;
+  ServiceAuthFlags service_auth;
+  std::string log_format = "text";
+};
+
+int RunMlpShard(const MlpShardFlags& flags) {
+  const std::string prefix = "tandem mlp-shard: ";
+  server::BlockTerminationSignals();
+  ApplyLogFormat(flags.log_format);
+  auto identity = MakeServiceIdentity(flags.service_auth);
+  if (!identity.ok()) {
+    std::cerr << prefix << identity.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(flags.model_dir);
+  if (!config.ok()) {
+    std::cerr << prefix << "--model: " << config.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<mlp::MlpShape> shape = mlp::ParseLayerRange(flags.layers, *config);
+  if (!shape.ok()) {
+    std::cerr << prefix << "--layers: " << shape.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<TensorStore>> store = TensorStore::Open(flags.model_dir);
+  if (!store.ok()) {
+    std::cerr << prefix << store.status().message() << "\n";
+    return 1;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<mlp::DenseMlpWeights> weights = mlp::LoadDenseMlpWeights(*config, **store, *shape);
+  if (!weights.ok()) {
+    std::cerr << prefix << weights.status().message() << "\n";
+    return 1;
+  }
+  const int64_t bytes = weights->bytes();
+  mlp::MlpShardOptions options;
+  options.model_fingerprint = ModelFingerprint(**store);
+  options.max_rows = flags.max_rows;
+  store->reset();
+  mlp::MlpShardService service(std::make_shared<const mlp::DenseMlpWeights>(*std::move(weights)),
+                               *identity, options);
+  absl::StatusOr<server::GrpcServer> grpc = server::StartGrpcServer(
+      flags.host, flags.port, {&service}, {"tandem.v1.MlpShard"}, *identity);
+  if (!grpc.ok()) {
+    std::cerr << prefix << grpc.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << prefix << "layers " << shape->first_layer << ":" << shape->end_layer << ", "
+            << (bytes >> 20) << " MiB of MLP weights loaded in "
+            << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
+            << ", service authentication: " << (*identity)->mode() << "\n";
+  std::cout << prefix << "serving on " << flags.host << ":" << grpc->port << std::endl;
+  const int signal = server::WaitForTerminationSignal();
+  std::cerr << prefix << "signal " << signal << ", stopping\n";
+  service.Shutdown();
+  grpc->Shutdown(absl::Seconds(1));
+  const mlp::MlpShardStats s = service.stats();
+  std::cerr << prefix << s.calls << " calls, " << s.batches << " layer batches, " << s.rows
+            << " rows (largest batch " << s.max_batch_rows << "), " << s.rejected << " rejected, "
+            << s.expired << " expired\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddMlpShardCommand(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<MlpShardFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "mlp-shard", "Serve a model's MLP for a range of layers to attention workers (docs/mlp.md)");
+  cmd->add_option("--model", flags->model_dir, "Model directory (config.json, safetensors)")
+      ->required();
+  cmd->add_option("--layers", flags->layers, "FIRST:END (layers FIRST..END-1) or all")
+      ->capture_default_str();
+  cmd->add_option("--host", flags->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", flags->port, "Port (0: a free one, printed)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--max-rows", flags->max_rows, "Rows one call may carry")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  AddServiceAuthFlags(cmd, &flags->service_auth);
+  AddLogFormatFlag(cmd, &flags->log_format);
+  cmd->callback([flags, exit_code] { *exit_code = RunMlpShard(*flags); });
+}
+
+}  // namespace tandem::cli
