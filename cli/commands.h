@@ -14,10 +14,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code);  // OpenAI-compatible load 
 void AddPrefillCommand(CLI::App& app, int* exit_code);
 void AddDecodeCommand(CLI::App& app, int* exit_code);
 void AddRouterCommand(CLI::App& app, int* exit_code);
-void AddServeCommand(CLI::App& app, int* exit_code);    // router + workers as local processes
-void AddProfileCommand(CLI::App& app, int* exit_code);  // a device's profile for `tandem plan`
-void AddPlanCommand(CLI::App& app, int* exit_code);     // prefill:decode ratio from profiles
-void AddDrafterCommand(CLI::App& app, int* exit_code);  // speculative drafts for decode workers
+void AddServeCommand(CLI::App& app, int* exit_code);     // router + workers as local processes
+void AddProfileCommand(CLI::App& app, int* exit_code);   // a device's profile for `tandem plan`
+void AddPlanCommand(CLI::App& app, int* exit_code);      // prefill:decode ratio from profiles
+void AddDrafterCommand(CLI::App& app, int* exit_code);   // speculative drafts for decode workers
 void AddMlpShardCommand(CLI::App& app, int* exit_code);  // MLP layers for attention workers
 
 }  // namespace tandem::cli
