@@ -148,6 +148,7 @@ struct ServeFlags {
                                            // "remote": our --mlp-shards
   int mlp_shards = 0;                      // `tandem mlp-shard` services (--mlp remote)
   std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
+  int mlp_micro_batches = 2;               // with --mlp remote: ping-pong micro-batches
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -680,7 +681,8 @@ int RunServe(ServeFlags flags) {
     }
     // Decode (and aggregated) workers only: prefill keeps its MLP local (docs/mlp.md).
     if (!is_prefill && mlp != "local") {
-      args.insert(args.end(), {"--mlp", mlp, "--mlp-fallback", flags.mlp_fallback});
+      args.insert(args.end(), {"--mlp", mlp, "--mlp-fallback", flags.mlp_fallback,
+                               "--mlp-micro-batches", std::to_string(flags.mlp_micro_batches)});
     }
     if (!is_prefill) {
       args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
@@ -959,6 +961,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "With --mlp remote: none, or cpu (workers keep the MLP weights and compute a "
                   "layer no shard answers)")
       ->check(CLI::IsMember({"none", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
+                  "With --mlp remote: micro-batches a decode step runs in ping-pong; 1 turns it "
+                  "off")
+      ->check(CLI::Range(1, 16))
       ->capture_default_str();
   cmd->add_option("--drafters", flags->drafters,
                   "With --speculative remote: `tandem drafter` services to start (each running "

@@ -6,7 +6,8 @@
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
 //       [--speculative ngram|draft:DIR|remote:ADDR,... [--num-speculative-tokens K]]  (decode)
-//       [--mlp local|cpu|remote:ADDR,... [--mlp-fallback none|cpu] [--mlp-call-timeout-ms T]]
+//       [--mlp local|cpu|remote:ADDR,... [--mlp-fallback none|cpu] [--mlp-call-timeout-ms T]
+//        [--mlp-micro-batches N]]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -61,6 +62,7 @@ struct WorkerFlags {
   std::string mlp = "local";                         // runtime/mlp/registry.h
   std::string mlp_fallback = "none";
   int mlp_call_timeout_ms = 2000;
+  int mlp_micro_batches = 2;
   std::string speculative;         // decode workers only; "": off
   int num_speculative_tokens = 4;  // decode workers only
   ServiceAuthFlags service_auth;
@@ -94,6 +96,7 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.mlp_fallback = flags.mlp_fallback;
   load.mlp_identity = *identity;
   load.mlp_remote.call_timeout = absl::Milliseconds(flags.mlp_call_timeout_ms);
+  load.mlp_micro_batches = flags.mlp_micro_batches;
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
   load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
@@ -292,6 +295,11 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
                   "With --mlp remote: a layer call's deadline before the next shard or the "
                   "fallback takes it")
       ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
+  cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
+                  "With --mlp remote: micro-batches a step runs in ping-pong (one's attention "
+                  "while another's MLP is away); 1 turns it off")
+      ->check(CLI::Range(1, 16))
       ->capture_default_str();
   cmd->add_option("--speculative", flags->speculative,
                   "speculative decoding with this drafter: ngram (prompt lookup and suffix "

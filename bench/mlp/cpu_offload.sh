@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # MLP offload on the CPU (issue 26): output tokens/s of one aggregated decode worker on the
 # bundled model with its MLP local, on the `cpu` backend, and on one `tandem mlp-shard`
-# (`--mlp remote --mlp-shards 1`), at batch 1 and batch 16 (closed loops of 1 and 16 streams,
+# (`--mlp remote --mlp-shards 1`; remote-nopp without ping-pong, `--mlp-micro-batches 1`), at
+# batch 1 and batch 16 (closed loops of 1 and 16 streams,
 # greedy, 32 in / 128 out), plus the worker's KV capacity and its mean decode step.
 # Output: OUT (default /tmp/mlp-cpu)/{bench-*.json, serve-*.log, metrics-*.txt, summary.txt}.
-# Env: OUT, TANDEM (build/tandem), MODEL (models/target), BACKENDS (local cpu remote),
+# Env: OUT, TANDEM (build/tandem), MODEL (models/target), BACKENDS (local cpu remote; also
+#      local-2t, local with two BLAS threads, and remote-nopp),
 #      CONCURRENCY (1 16), PROMPTS (per run: 24 at batch 1, 96 at 16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,16 +23,20 @@ port=18711
 for backend in "${backends[@]}"; do
   case $backend in
     local) flags=() ;;
+    local-2t) flags=() ;;  # the same with two BLAS threads: the local use of both cores
     cpu) flags=(--mlp cpu) ;;
     remote) flags=(--mlp remote --mlp-shards 1) ;;
-    *) echo "unknown backend $backend (local cpu remote)" >&2; exit 2 ;;
+    remote-nopp) flags=(--mlp remote --mlp-shards 1 --mlp-micro-batches 1) ;;
+    *) echo "unknown backend $backend (local local-2t cpu remote remote-nopp)" >&2; exit 2 ;;
   esac
   for c in "${concurrency[@]}"; do
     tag="$backend-b$c"
     prompts=${PROMPTS:-$((c == 1 ? 24 : 96))}
     echo "[mlp] $backend, $c streams, $prompts requests" >&2
-    "$tandem" serve --model "$model" --port "$port" --aggregated --decode-workers 1 "${flags[@]}" \
-      >"$out/serve-$tag.log" 2>&1 &
+    threads=1
+    [[ $backend == local-2t ]] && threads=2
+    OPENBLAS_NUM_THREADS=$threads "$tandem" serve --model "$model" --port "$port" --aggregated \
+      --decode-workers 1 "${flags[@]}" >"$out/serve-$tag.log" 2>&1 &
     serve=$!
     wait_healthy "$port" "$serve" "$out/serve-$tag.log" 120 || exit 1
     "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \

@@ -63,6 +63,10 @@ class MlpBackend {
                                         absl::Time deadline) = 0;
   virtual absl::Status Wait(Handle handle) = 0;
 
+  // Whether a call computes after Submit returns, so the caller gains by doing other work
+  // before Wait (remote: true; cpu computes inside Submit).
+  virtual bool asynchronous() const { return false; }
+
   // Host bytes of MLP weights this backend holds in the calling process (0 for remote ones).
   virtual int64_t resident_weight_bytes() const = 0;
 

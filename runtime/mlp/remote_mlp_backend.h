@@ -52,6 +52,7 @@ class RemoteMlpBackend final : public MlpBackend {
   absl::StatusOr<Handle> Submit(int layer, const float* x, int rows, float* out,
                                 absl::Time deadline) override;
   absl::Status Wait(Handle handle) override;
+  bool asynchronous() const override { return true; }
   int64_t resident_weight_bytes() const override {
     return fallback_ != nullptr ? fallback_->resident_weight_bytes() : 0;
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -84,10 +85,11 @@ const float* OrNull(const std::vector<float>& v) { return v.empty() ? nullptr : 
 class CpuModelRunner final : public ModelRunner {
  public:
   CpuModelRunner(const ModelConfig& config, ModelWeights weights, int block_size, int num_blocks,
-                 std::shared_ptr<mlp::MlpBackend> mlp)
+                 std::shared_ptr<mlp::MlpBackend> mlp, int micro_batches)
       : config_(config),
         weights_(std::move(weights)),
         mlp_(std::move(mlp)),
+        micro_batches_(micro_batches),
         mlp_shape_{.first_layer = 0,
                    .end_layer = config.num_layers,
                    .hidden_size = config.hidden_size,
@@ -179,9 +181,6 @@ class CpuModelRunner final : public ModelRunner {
     }
     const ModelConfig& c = config_;
     const int hidden = c.hidden_size;
-    const int q_width = c.num_heads * c.head_dim;
-    const int kv_width = c.num_kv_heads * c.head_dim;
-    const int qkv_width = q_width + 2 * kv_width;
 
     int total = 0, max_context = 0, logit_rows = 0;
     for (const SequenceChunk& ch : batch.chunks) {
@@ -206,55 +205,16 @@ class CpuModelRunner final : public ModelRunner {
       row += n;
     }
 
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    for (int li = 0; li < c.num_layers; ++li) {
-      const LayerWeights& lw = weights_.layers[li];
-      const FusedLayer& fl = fused_[li];
-      cpu::RmsNorm(x_.data(), lw.input_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
-      // qkv_ rows: [q (q_width) | k (kv_width) | v (kv_width)].
-      cpu::Linear(h_.data(), fl.qkv.data(), OrNull(fl.qkv_bias), total, hidden, qkv_width,
-                  qkv_.data());
-      float* q = qkv_.data();
-      float* k = q + q_width;
-      float* v = k + kv_width;
-      cpu::ApplyRope(q, total, qkv_width, c.num_heads, c.head_dim, positions_.data(),
-                     rope_cos_.data(), rope_sin_.data());
-      cpu::ApplyRope(k, total, qkv_width, c.num_kv_heads, c.head_dim, positions_.data(),
-                     rope_cos_.data(), rope_sin_.data());
-      // Every chunk's new K/V first, then attention: chunks are distinct sequences, so one
-      // chunk's attention reads only its own new rows plus cached (possibly shared) prefix.
-      row = 0;
-      for (const SequenceChunk& ch : batch.chunks) {
-        const int n = static_cast<int>(ch.tokens.size());
-        cpu::PagedKvAppend(k + static_cast<size_t>(row) * qkv_width, qkv_width,
-                           v + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
-                           ch.block_table.data(), kv_shape_, KCache(li), VCache(li));
-        row += n;
+    if (mlp_ == nullptr) {
+      const MicroBatch all{0, static_cast<int>(batch.chunks.size()), 0, total};
+      for (int li = 0; li < c.num_layers; ++li) {
+        Attention(batch, li, all);
+        mlp::DenseMlpForward(fused_[li].mlp, mlp_shape_, h_.data(), total, h_.data(),
+                             &mlp_scratch_);
+        cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
       }
-      row = 0;
-      for (const SequenceChunk& ch : batch.chunks) {
-        const int n = static_cast<int>(ch.tokens.size());
-        cpu::PagedAttention(q + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
-                            c.num_heads, ch.block_table.data(), kv_shape_, KCache(li), VCache(li),
-                            scale, scores_.data(),
-                            attn_.data() + static_cast<size_t>(row) * q_width);
-        row += n;
-      }
-      cpu::Linear(attn_.data(), lw.o_proj.data(), nullptr, total, q_width, hidden, h_.data());
-      cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
-      cpu::RmsNorm(x_.data(), lw.post_norm.data(), total, hidden, c.rms_norm_eps, h_.data());
-      if (mlp_ == nullptr) {
-        mlp::DenseMlpForward(fl.mlp, mlp_shape_, h_.data(), total, h_.data(), &mlp_scratch_);
-      } else if (absl::Status s =
-                     mlp_->Run(li, h_.data(), total, last_.data(), absl::InfiniteFuture());
-                 !s.ok()) {
-        // The batch's KV of this and earlier layers is written; the engine fails its requests.
-        return absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", li,
-                                                      std::string(mlp_->name()), s.message()));
-      } else {
-        std::swap(h_, last_);
-      }
-      cpu::AddInPlace(x_.data(), h_.data(), static_cast<size_t>(total) * hidden);
+    } else {
+      RETURN_IF_ERROR(LayersOnBackend(batch, total));
     }
 
     // Final norm and LM head for the last num_logits tokens of each chunk that wants logits.
@@ -360,6 +320,141 @@ class CpuModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
+  // A contiguous range of a batch's chunks and their rows.
+  struct MicroBatch {
+    int chunk_begin, chunk_end;
+    int row_begin, row_end;
+    int rows() const { return row_end - row_begin; }
+  };
+
+  // Layer `li` up to the MLP for the rows of `m`: input norm, q/k/v, RoPE, KV append, attention,
+  // o_proj and its residual, then the post-attention norm into h_ (the MLP's input).
+  void Attention(const ForwardBatch& batch, int li, const MicroBatch& m) {
+    const ModelConfig& c = config_;
+    const int hidden = c.hidden_size;
+    const int q_width = c.num_heads * c.head_dim;
+    const int kv_width = c.num_kv_heads * c.head_dim;
+    const int qkv_width = q_width + 2 * kv_width;
+    const LayerWeights& lw = weights_.layers[li];
+    const FusedLayer& fl = fused_[li];
+    const size_t r0 = static_cast<size_t>(m.row_begin);
+    const int rows = m.rows();
+    float* x = x_.data() + r0 * hidden;
+    float* h = h_.data() + r0 * hidden;
+    cpu::RmsNorm(x, lw.input_norm.data(), rows, hidden, c.rms_norm_eps, h);
+    // qkv_ rows: [q (q_width) | k (kv_width) | v (kv_width)].
+    float* q = qkv_.data() + r0 * qkv_width;
+    cpu::Linear(h, fl.qkv.data(), OrNull(fl.qkv_bias), rows, hidden, qkv_width, q);
+    float* k = q + q_width;
+    float* v = k + kv_width;
+    cpu::ApplyRope(q, rows, qkv_width, c.num_heads, c.head_dim, positions_.data() + r0,
+                   rope_cos_.data(), rope_sin_.data());
+    cpu::ApplyRope(k, rows, qkv_width, c.num_kv_heads, c.head_dim, positions_.data() + r0,
+                   rope_cos_.data(), rope_sin_.data());
+    // Every chunk's new K/V first, then attention: chunks are distinct sequences, so one
+    // chunk's attention reads only its own new rows plus cached (possibly shared) prefix.
+    int row = 0;
+    for (int i = m.chunk_begin; i < m.chunk_end; ++i) {
+      const SequenceChunk& ch = batch.chunks[i];
+      const int n = static_cast<int>(ch.tokens.size());
+      cpu::PagedKvAppend(k + static_cast<size_t>(row) * qkv_width, qkv_width,
+                         v + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
+                         ch.block_table.data(), kv_shape_, KCache(li), VCache(li));
+      row += n;
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    float* attn = attn_.data() + r0 * q_width;
+    row = 0;
+    for (int i = m.chunk_begin; i < m.chunk_end; ++i) {
+      const SequenceChunk& ch = batch.chunks[i];
+      const int n = static_cast<int>(ch.tokens.size());
+      cpu::PagedAttention(q + static_cast<size_t>(row) * qkv_width, qkv_width, n, ch.start_pos,
+                          c.num_heads, ch.block_table.data(), kv_shape_, KCache(li), VCache(li),
+                          scale, scores_.data(), attn + static_cast<size_t>(row) * q_width);
+      row += n;
+    }
+    cpu::Linear(attn, lw.o_proj.data(), nullptr, rows, q_width, hidden, h);
+    cpu::AddInPlace(x, h, static_cast<size_t>(rows) * hidden);
+    cpu::RmsNorm(x, lw.post_norm.data(), rows, hidden, c.rms_norm_eps, h);
+  }
+
+  // The batch split into at most `n` micro-batches of whole chunks, about equal in rows.
+  static std::vector<MicroBatch> SplitMicroBatches(const ForwardBatch& batch, int total, int n) {
+    std::vector<MicroBatch> out;
+    const int chunks = static_cast<int>(batch.chunks.size());
+    n = std::max(1, std::min(n, chunks));
+    int chunk = 0, row = 0;
+    for (int m = 0; m < n; ++m) {
+      MicroBatch mb{chunk, chunk, row, row};
+      const int target = static_cast<int>(static_cast<int64_t>(total) * (m + 1) / n);
+      // Every micro-batch gets at least one chunk, and leaves one for each after it.
+      while (mb.chunk_end < chunks - (n - 1 - m) &&
+             (mb.chunk_end == mb.chunk_begin || mb.row_end < target)) {
+        mb.row_end += static_cast<int>(batch.chunks[mb.chunk_end].tokens.size());
+        ++mb.chunk_end;
+      }
+      if (m == n - 1) {
+        while (mb.chunk_end < chunks) {
+          mb.row_end += static_cast<int>(batch.chunks[mb.chunk_end].tokens.size());
+          ++mb.chunk_end;
+        }
+      }
+      chunk = mb.chunk_end;
+      row = mb.row_end;
+      out.push_back(mb);
+    }
+    return out;
+  }
+
+  // Every layer with its MLP on mlp_. With an asynchronous backend the batch runs as
+  // micro-batches in ping-pong: one micro-batch's attention while another's MLP is away. Each
+  // submitted MLP is waited once, also after a failure.
+  absl::Status LayersOnBackend(const ForwardBatch& batch, int total) {
+    const int hidden = config_.hidden_size;
+    const std::vector<MicroBatch> mbs =
+        SplitMicroBatches(batch, total, mlp_->asynchronous() ? micro_batches_ : 1);
+    std::vector<std::optional<mlp::MlpBackend::Handle>> pending(mbs.size());
+    absl::Status status;
+    const auto finish = [&](size_t m, int layer) {
+      absl::Status s = mlp_->Wait(*pending[m]);
+      pending[m].reset();
+      if (!s.ok()) {
+        if (status.ok()) {
+          status =
+              absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", layer,
+                                                     std::string(mlp_->name()), s.message()));
+        }
+        return;
+      }
+      const size_t r0 = static_cast<size_t>(mbs[m].row_begin) * hidden;
+      cpu::AddInPlace(x_.data() + r0, last_.data() + r0,
+                      static_cast<size_t>(mbs[m].rows()) * hidden);
+    };
+    for (int li = 0; li < config_.num_layers && status.ok(); ++li) {
+      for (size_t m = 0; m < mbs.size() && status.ok(); ++m) {
+        if (pending[m].has_value()) finish(m, li - 1);
+        if (!status.ok()) break;
+        Attention(batch, li, mbs[m]);
+        const size_t r0 = static_cast<size_t>(mbs[m].row_begin) * hidden;
+        absl::StatusOr<mlp::MlpBackend::Handle> h = mlp_->Submit(
+            li, h_.data() + r0, mbs[m].rows(), last_.data() + r0, absl::InfiniteFuture());
+        if (!h.ok()) {
+          status = absl::Status(h.status().code(),
+                                absl::StrFormat("layer %d MLP on the %s backend: %s", li,
+                                                std::string(mlp_->name()), h.status().message()));
+          break;
+        }
+        pending[m] = *h;
+      }
+    }
+    for (size_t m = 0; m < mbs.size(); ++m) {
+      if (pending[m].has_value()) finish(m, config_.num_layers - 1);
+    }
+    // On failure the batch's KV of the layers computed is written; the engine fails its
+    // requests.
+    return status;
+  }
+
   // Grows scratch buffers (never shrinks) to `tokens` rows and RoPE tables to `max_context`
   // positions; a no-op once the largest batch has been seen. Throws std::bad_alloc (caught by
   // Forward) with the capacities unchanged.
@@ -400,6 +495,7 @@ class CpuModelRunner final : public ModelRunner {
   ModelWeights weights_;
   // Null: the MLP runs here, from fused_[l].mlp; else on this backend and fused_ holds none.
   const std::shared_ptr<mlp::MlpBackend> mlp_;
+  const int micro_batches_;  // with an asynchronous mlp_
   const mlp::MlpShape mlp_shape_;
   struct FusedLayer {
     std::vector<float> qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
@@ -456,7 +552,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelCon
         num_blocks, options.num_blocks, options.kv_cache_bytes, block_bytes));
   }
   auto runner = std::make_unique<CpuModelRunner>(config, std::move(weights), options.block_size,
-                                                 static_cast<int>(num_blocks), options.mlp);
+                                                 static_cast<int>(num_blocks), options.mlp,
+                                                 options.mlp_micro_batches);
   if (!runner->Init()) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("CPU runner: cannot allocate fused weights and %d KV blocks of %d bytes",

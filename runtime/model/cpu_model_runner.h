@@ -43,6 +43,10 @@ struct CpuRunnerOptions {
   // then need no gate/up/down_proj (any given are dropped), and a backend error fails Forward
   // with its code, naming the layer.
   std::shared_ptr<mlp::MlpBackend> mlp;
+  // With an asynchronous backend (remote): the decode batch runs as up to this many
+  // micro-batches of whole chunks in ping-pong, one's attention while another's MLP is away
+  // (docs/mlp.md). 1: no ping-pong.
+  int mlp_micro_batches = 2;
 };
 
 // Creates the runner. InvalidArgument when the config is inconsistent (non-positive sizes,

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view 
     if (freed > 0) o.kv_cache_bytes += static_cast<size_t>(freed);
   }
   o.mlp = options.mlp;
+  o.mlp_micro_batches = options.mlp_micro_batches;
   return CreateCpuModelRunner(config, std::move(weights), o);
 }
 

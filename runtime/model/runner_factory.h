@@ -36,6 +36,7 @@ struct RunnerOptions {
   // would have taken, less what the backend keeps in this process, to its KV cache. The CUDA
   // runner refuses it (FailedPrecondition) for now.
   std::shared_ptr<mlp::MlpBackend> mlp;
+  int mlp_micro_batches = 2;  // CpuRunnerOptions::mlp_micro_batches
 };
 
 // Host bytes of a model's MLP weights in the CPU runner's float32: what an offloaded MLP gives

@@ -50,6 +50,7 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
     ASSIGN_OR_RETURN(std::unique_ptr<mlp::MlpBackend> backend,
                      mlp::CreateMlpBackend(options.mlp, context));
     runner_options.mlp = std::move(backend);
+    runner_options.mlp_micro_batches = options.mlp_micro_batches;
     ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, config, *store, runner_options));
     const int64_t moved = static_cast<int64_t>(CpuMlpWeightBytes(config)) -
                           runner_options.mlp->resident_weight_bytes();
