@@ -195,6 +195,27 @@ int RunningSequences(pid_t pid, const std::string& output) {
   return -1;
 }
 
+// The value of the unlabelled metric `name` on the /metrics of serve's child `child` (from its
+// "[CHILD] tandem ROLE: metrics on http://127.0.0.1:PORT" line); -1 when missing.
+double ChildMetric(const std::string& output, const std::string& child, const std::string& name) {
+  const std::string role = child.substr(0, child.find('-'));
+  const std::string marker =
+      absl::StrCat("[", child, "] tandem ", role, ": metrics on http://127.0.0.1:");
+  const size_t at = output.find(marker);
+  int port;
+  if (at == std::string::npos ||
+      !absl::SimpleAtoi(output.substr(at + marker.size(),
+                                      output.find('/', at + marker.size()) - at - marker.size()),
+                        &port)) {
+    return -1;
+  }
+  for (absl::string_view line : absl::StrSplit(HttpGetBody(port, "/metrics"), '\n')) {
+    double value;
+    if (absl::ConsumePrefix(&line, name + " ") && absl::SimpleAtod(line, &value)) return value;
+  }
+  return -1;
+}
+
 // grpc.health.v1.Health/Check on `address` with no service credential.
 grpc::Status AnonymousHealthCheck(const std::string& address) {
   auto health = grpc::health::v1::Health::NewStub(
@@ -848,9 +869,14 @@ TEST_F(ServeTest, KillingTheMlpShardMidRunEndsEveryStream) {
         errors += faulted[i] == "<error>";
       }
     }
-    if (fallback == "none") {
+    // The worker counted it.
+    EXPECT_GT(ChildMetric(serve.output(), "decode-0", "tandem_mlp_calls_total"), 0);
+    if (fallback == "cpu") {
+      EXPECT_GT(ChildMetric(serve.output(), "decode-0", "tandem_mlp_failovers_total"), 0);
+      EXPECT_EQ(ChildMetric(serve.output(), "decode-0", "tandem_mlp_failures_total"), 0);
+    } else {
       EXPECT_GT(errors, 0) << "the kill landed after every stream had finished";
-      EXPECT_NE(serve.output().find("MLP on the remote backend"), std::string::npos);
+      EXPECT_GT(ChildMetric(serve.output(), "decode-0", "tandem_mlp_failures_total"), 0);
     }
     // The shard is restarted and serves again (a worker backs off a failed shard for at most
     // 10 s).

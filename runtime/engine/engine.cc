@@ -828,6 +828,10 @@ bool Engine::Step() {
   }
   ++local_stats_.steps;
   local_stats_.forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
+  const mlp::MlpBackendStats mlp = runner_->mlp_stats();
+  local_stats_.mlp_calls = mlp.calls;
+  local_stats_.mlp_failovers = mlp.failovers;
+  local_stats_.mlp_failures = mlp.failures;
   if (status.ok() &&
       std::all_of(plan.chunks.begin(), plan.chunks.end(),
                   [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; })) {

@@ -265,6 +265,11 @@ struct EngineStats {
   int64_t spec_verifications = 0;
   int64_t spec_fallbacks = 0;
   double drafter_seconds = 0;
+  // MLP offload (docs/mlp.md): layer calls to the MLP backend, those moved to another shard or
+  // the fallback after a failure, and those that failed (their steps' requests failed).
+  int64_t mlp_calls = 0;
+  int64_t mlp_failovers = 0;
+  int64_t mlp_failures = 0;
   int blocks_total = 0;
   int blocks_used = 0;         // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;         // free + cached-idle

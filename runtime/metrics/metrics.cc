@@ -288,6 +288,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_n
       spec_fallbacks(Counter(r, "tandem_spec_fallbacks_total",
                              "Drafter answers dropped (failed, late or invalid): plain decoding")),
       spec_drafter_seconds(Counter(r, "tandem_spec_drafter_seconds_total",
-                                   "Seconds the engine waited for the drafter")) {}
+                                   "Seconds the engine waited for the drafter")),
+      mlp_calls(Counter(r, "tandem_mlp_calls_total", "Layer calls to the MLP backend")),
+      mlp_failovers(Counter(r, "tandem_mlp_failovers_total",
+                            "MLP layer calls moved to another shard or the fallback")),
+      mlp_failures(Counter(r, "tandem_mlp_failures_total",
+                           "MLP layer calls that failed (their step's requests failed)")) {}
 
 }  // namespace tandem::metrics

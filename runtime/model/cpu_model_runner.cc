@@ -170,6 +170,10 @@ class CpuModelRunner final : public ModelRunner {
     return l;
   }
 
+  mlp::MlpBackendStats mlp_stats() const override {
+    return mlp_ != nullptr ? mlp_->stats() : mlp::MlpBackendStats{};
+  }
+
   absl::Status Forward(const ForwardBatch& batch, ForwardOutput* out) override {
     RETURN_IF_ERROR(Validate(batch));
     out->tokens.clear();

@@ -51,6 +51,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/sampling/sample_request.h"
 
@@ -178,6 +179,9 @@ class ModelRunner {
   // Whether Forward samples rows that carry a SampleRequest (see the header comment). Fixed for
   // the runner's lifetime.
   virtual bool SupportsDeviceSampling() const { return false; }
+  // The counters of the runner's MLP backend (runtime/mlp/mlp_backend.h); zero when the MLP is
+  // local. Engine thread only.
+  virtual mlp::MlpBackendStats mlp_stats() const { return {}; }
   // Runs the batch. Writes the chunks' K/V into their blocks and fills `out` (every field: logits
   // or tokens/logprobs, the other cleared). On error the KV of the chunks' new positions is
   // unspecified (the caller recomputes or drops those sequences).

@@ -91,6 +91,9 @@ void WorkerMetricsReporter::Refresh() {
   advance(metrics_.spec_verifications, stats.spec_verifications, &last_spec_verifications_);
   advance(metrics_.spec_fallbacks, stats.spec_fallbacks, &last_spec_fallbacks_);
   advance_seconds(metrics_.spec_drafter_seconds, stats.drafter_seconds, &last_drafter_seconds_);
+  advance(metrics_.mlp_calls, stats.mlp_calls, &last_mlp_calls_);
+  advance(metrics_.mlp_failovers, stats.mlp_failovers, &last_mlp_failovers_);
+  advance(metrics_.mlp_failures, stats.mlp_failures, &last_mlp_failures_);
   if (count_generation_) {
     advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
   }

@@ -71,6 +71,9 @@ class WorkerMetricsReporter {
   int64_t last_spec_accepted_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_verifications_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_mlp_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_mlp_failovers_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_mlp_failures_ ABSL_GUARDED_BY(mu_) = 0;
   double last_drafter_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
