@@ -146,18 +146,20 @@ void MlpShardService::Loop() {
       int64_t rows = 0;
       for (; end < calls.size() && calls[end].request->layer() == layer; ++end) {
         Call& c = calls[end];
-        if (c.context->IsCancelled()) {
-          c.reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-        } else if (absl::FromChrono(c.context->deadline()) <= now) {
-          c.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                         "past its deadline before the shard computed it"));
-        } else {
+        const bool cancelled = c.context->IsCancelled();
+        if (!cancelled && absl::FromChrono(c.context->deadline()) > now) {
           live.push_back(c);
           rows += c.request->rows();
           continue;
         }
-        absl::MutexLock lock(&mu_);
-        ++stats_.expired;
+        {
+          absl::MutexLock lock(&mu_);
+          ++stats_.expired;
+        }
+        c.reactor->Finish(cancelled
+                              ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")
+                              : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                             "past its deadline before the shard computed it"));
       }
       begin = end;
       if (live.empty()) continue;
@@ -173,6 +175,14 @@ void MlpShardService::Loop() {
       DenseMlpForward(weights_->layer(static_cast<int>(layer)), s, x.data(), static_cast<int>(rows),
                       y.data(), &scratch);
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      {
+        // Counted before any answer leaves, so a client that got its rows sees them counted.
+        absl::MutexLock lock(&mu_);
+        ++stats_.batches;
+        stats_.rows += rows;
+        stats_.max_batch_rows = std::max(stats_.max_batch_rows, rows);
+        stats_.compute_seconds += seconds;
+      }
       at = 0;
       for (const Call& c : live) {
         const size_t n = static_cast<size_t>(c.request->rows()) * hidden;
@@ -181,11 +191,6 @@ void MlpShardService::Loop() {
         at += n;
         c.reactor->Finish(grpc::Status::OK);
       }
-      absl::MutexLock lock(&mu_);
-      ++stats_.batches;
-      stats_.rows += rows;
-      stats_.max_batch_rows = std::max(stats_.max_batch_rows, rows);
-      stats_.compute_seconds += seconds;
     }
   }
 }

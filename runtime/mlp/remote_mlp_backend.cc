@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "runtime/base/logging.h"
 
 namespace tandem::mlp {
 namespace {
@@ -97,10 +98,27 @@ RemoteMlpBackend::RemoteMlpBackend(std::vector<Shard> shards, const MlpShape& ex
       options_(options) {}
 
 RemoteMlpBackend::~RemoteMlpBackend() {
-  // Calls still in flight are cancelled; their callbacks own what they touch.
+  // Cancel what is in flight and wait for every callback (cancelled calls complete promptly)
+  // before the calls, stubs and channels go.
+  std::vector<std::shared_ptr<Call>> calls = std::move(abandoned_);
   for (auto& [handle, p] : pending_) {
-    if (p.call != nullptr) p.call->context.TryCancel();
+    if (p.call != nullptr) calls.push_back(p.call);
   }
+  for (const auto& call : calls) call->context.TryCancel();
+  for (const auto& call : calls) {
+    absl::MutexLock lock(&call->mu);
+    if (!call->mu.AwaitWithTimeout(absl::Condition(&call->done), absl::Seconds(10))) {
+      LOG(ERROR) << "remote MLP: a cancelled call did not complete in 10 s; leaking it";
+      new std::shared_ptr<Call>(call);  // never destroyed under a live callback
+    }
+  }
+}
+
+void RemoteMlpBackend::Reap() {
+  std::erase_if(abandoned_, [](const std::shared_ptr<Call>& call) {
+    absl::MutexLock lock(&call->mu);
+    return call->done;
+  });
 }
 
 int RemoteMlpBackend::PickShard(int layer, const std::vector<size_t>& tried, absl::Time now) {
@@ -127,11 +145,12 @@ void RemoteMlpBackend::StartCall(Pending& p, size_t shard, absl::Time now) {
       static_cast<size_t>(p.rows) * static_cast<size_t>(expected_.hidden_size) * sizeof(float));
   p.tried.push_back(shard);
   p.call = call;
+  Call* raw = call.get();
   shards_[shard].stub->async()->Compute(&call->context, &call->request, &call->response,
-                                        [call](grpc::Status status) {
-                                          absl::MutexLock lock(&call->mu);
-                                          call->status = std::move(status);
-                                          call->done = true;
+                                        [raw](grpc::Status status) {
+                                          absl::MutexLock lock(&raw->mu);
+                                          raw->status = std::move(status);
+                                          raw->done = true;
                                         });
 }
 
@@ -155,6 +174,7 @@ absl::StatusOr<MlpBackend::Handle> RemoteMlpBackend::Submit(int layer, const flo
                                                    expected_.end_layer));
   }
   if (rows < 1) return absl::InvalidArgumentError(absl::StrCat("remote MLP: ", rows, " rows"));
+  Reap();
   const absl::Time now = absl::Now();
   Pending p;
   p.layer = layer;
@@ -216,6 +236,7 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
     const absl::Time now = absl::Now();
     if (!done) {
       call.context.TryCancel();
+      abandoned_.push_back(p.call);  // its callback has not run: keep it until it has
       status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer by the deadline");
     }
     if (status.ok() && call.response.output().size() != bytes) {

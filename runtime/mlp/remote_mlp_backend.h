@@ -66,8 +66,9 @@ class RemoteMlpBackend final : public MlpBackend {
     absl::Time retry_at = absl::InfinitePast();
     absl::Duration backoff = absl::ZeroDuration();
   };
-  // One RPC, shared with its completion callback so a Wait that gives up leaves nothing
-  // dangling.
+  // One RPC. Owned by the backend (Pending, then abandoned_ if a Wait gives up on it) until its
+  // callback has run: the callback only marks it done, so no ClientContext is ever destroyed
+  // on gRPC's callback thread, and the destructor waits for every callback before the stubs go.
   struct Call {
     grpc::ClientContext context;
     tandem::v1::MlpComputeRequest request;
@@ -94,6 +95,8 @@ class RemoteMlpBackend final : public MlpBackend {
   int PickShard(int layer, const std::vector<size_t>& tried, absl::Time now);
   void StartCall(Pending& p, size_t shard, absl::Time now);
   void Failed(size_t shard, absl::Time now);
+  // Drops abandoned calls whose callbacks have run.
+  void Reap();
   void Succeeded(size_t shard);
 
   std::vector<Shard> shards_;
@@ -101,6 +104,7 @@ class RemoteMlpBackend final : public MlpBackend {
   const std::unique_ptr<MlpBackend> fallback_;
   const RemoteMlpOptions options_;
   absl::flat_hash_map<Handle, Pending> pending_;
+  std::vector<std::shared_ptr<Call>> abandoned_;  // given up on, callback not run yet
   Handle next_ = 1;
   size_t round_robin_ = 0;
   MlpBackendStats stats_;

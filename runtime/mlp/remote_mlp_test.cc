@@ -129,6 +129,7 @@ class RemoteMlpTest : public ::testing::Test {
     std::unique_ptr<Server> server;
     std::string address() const { return server->address(); }
     void Kill() {
+      service->Shutdown();  // answers what is queued while the server is up
       server.reset();
       service.reset();
     }
@@ -143,9 +144,14 @@ class RemoteMlpTest : public ::testing::Test {
 
   absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> Connect(
       const std::vector<std::string>& addresses, std::unique_ptr<MlpBackend> fallback = nullptr,
-      RemoteMlpOptions options = {}) {
-    options.connect_timeout = absl::Seconds(5);
-    options.call_timeout = absl::Milliseconds(300);
+      absl::Duration call_timeout = absl::Milliseconds(300)) {
+    RemoteMlpOptions options;
+    options.connect_timeout = absl::Seconds(10);
+    options.call_timeout = call_timeout;
+    // Long enough that a test's next call surely finds a failed shard still backing off, on a
+    // loaded machine too.
+    options.backoff_initial = absl::Seconds(10);
+    options.backoff_max = absl::Seconds(20);
     return RemoteMlpBackend::Create(addresses, Identity(), all_, "fp", std::move(fallback),
                                     options);
   }
@@ -198,7 +204,8 @@ TEST_F(RemoteMlpTest, CallsOfManyWorkersAreBatchedPerLayerAndEachGetsItsRows) {
   std::atomic<int> bad{0};
   for (int w = 0; w < kWorkers; ++w) {
     workers.emplace_back([&, w] {
-      auto remote = Connect({shard.address()});
+      // No fault here: a deadline that a loaded machine cannot miss.
+      auto remote = Connect({shard.address()}, nullptr, absl::Seconds(30));
       if (!remote.ok()) {
         ++bad;
         return;
