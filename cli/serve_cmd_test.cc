@@ -584,6 +584,43 @@ std::string StreamText(const std::string& response) {
   return text;
 }
 
+// Streams `bodies` to /v1/completions at once and returns each stream's StreamText. Meanwhile
+// `during(await_streaming)` runs on this thread, where await_streaming(k) waits (up to 60 s)
+// until k streams have had their first event: faults can land mid-stream on any machine.
+std::vector<std::string> StreamAll(
+    int port, const std::vector<std::string>& bodies,
+    const std::function<void(const std::function<void(int)>& await_streaming)>& during) {
+  std::vector<std::string> texts(bodies.size());
+  std::vector<std::thread> clients;
+  absl::Mutex mu;
+  int streaming = 0;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    clients.emplace_back([&, i] {
+      bool counted = false;
+      texts[i] = StreamText(HttpPost(
+          port, "/v1/completions", bodies[i], "", "127.0.0.1", [&](const std::string& response) {
+            if (counted || response.find("data: {") == std::string::npos) {
+              return;
+            }
+            counted = true;
+            absl::MutexLock lock(&mu);
+            ++streaming;
+          }));
+    });
+  }
+  during([&](int k) {
+    struct Reached {
+      const int* streaming;
+      int at;
+      bool Check() const { return *streaming >= at; }
+    } reached{&streaming, k};
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&reached, &Reached::Check), absl::Seconds(60));
+  });
+  for (std::thread& t : clients) t.join();  // bounded: every stream ends
+  return texts;
+}
+
 // The one of `children` whose role (argv[1]) is `role`, or -1.
 pid_t ChildWithRole(const std::vector<pid_t>& children, const std::string& role) {
   for (pid_t child : children) {
@@ -624,54 +661,28 @@ TEST_F(ServeTest, ChaosKillingWorkersMidRunChangesNoText) {
   // wait for it); a decode worker's once every stream has its first token, and the one with the
   // most sequences running then (the last stream to start has most of its tokens to go, so it
   // runs somewhere).
+  std::vector<std::string> bodies;
+  for (int i = 0; i < kStreams; ++i) bodies.push_back(body(i));
   const auto run = [&](bool chaos) {
-    std::vector<std::string> texts(kStreams);
-    std::vector<std::thread> clients;
-    absl::Mutex mu;
-    int streaming = 0;
-    for (int i = 0; i < kStreams; ++i) {
-      clients.emplace_back([&, i] {
-        bool counted = false;
-        texts[i] = StreamText(HttpPost(
-            port, "/v1/completions", body(i), "", "127.0.0.1", [&](const std::string& response) {
-              if (counted || response.find("data: {") == std::string::npos) {
-                return;
-              }
-              counted = true;
-              absl::MutexLock lock(&mu);
-              ++streaming;
-            }));
-      });
-    }
-    if (chaos) {
-      const auto kill_one = [&](const char* role, int after_streams) {
-        struct Reached {
-          const int* streaming;
-          int at;
-          bool Check() const { return *streaming >= at; }
-        } reached{&streaming, after_streams};
-        absl::MutexLock lock(&mu);
-        mu.AwaitWithTimeout(absl::Condition(&reached, &Reached::Check), absl::Seconds(60));
-        pid_t victim = ChildWithRole(ChildrenOf(serve.pid()), role);
-        if (std::string(role) == "decode") {
-          int most = -1;
-          for (pid_t child : ChildrenOf(serve.pid())) {
-            const int running = RunningSequences(child, serve.output());
-            if (running > most) {
-              most = running;
-              victim = child;
-            }
-          }
-          EXPECT_GT(most, 0) << "no decode worker is running a sequence";
+    return StreamAll(port, bodies, [&](const std::function<void(int)>& await_streaming) {
+      if (!chaos) return;
+      await_streaming(1);
+      const pid_t prefill = ChildWithRole(ChildrenOf(serve.pid()), "prefill");
+      EXPECT_NE(prefill, -1);
+      if (prefill != -1) kill(prefill, SIGKILL);
+      await_streaming(kStreams);
+      pid_t decode = -1;
+      int most = -1;
+      for (pid_t child : ChildrenOf(serve.pid())) {
+        const int running = RunningSequences(child, serve.output());
+        if (running > most) {
+          most = running;
+          decode = child;
         }
-        EXPECT_NE(victim, -1) << role;
-        if (victim != -1) kill(victim, SIGKILL);
-      };
-      kill_one("prefill", 1);
-      kill_one("decode", kStreams);
-    }
-    for (std::thread& t : clients) t.join();
-    return texts;
+      }
+      EXPECT_GT(most, 0) << "no decode worker is running a sequence";
+      if (decode != -1) kill(decode, SIGKILL);
+    });
   };
   const std::vector<std::string> reference = run(false);
   for (const std::string& t : reference) ASSERT_FALSE(t.empty() || t[0] == '<') << t;
@@ -821,40 +832,16 @@ TEST_F(ServeTest, KillingTheMlpShardMidRunEndsEveryStream) {
          "--mlp-shards", "1", "--mlp-fallback", fallback, "--request-timeout-s", "120"},
         cache_dir_.string());
     ASSERT_EQ(StartServing(serve, port, 3).size(), 3u) << serve.output();
+    std::vector<std::string> bodies;
+    for (int i = 0; i < kStreams; ++i) bodies.push_back(body(i));
     const auto run = [&](bool kill_shard) {
-      std::vector<std::string> texts(kStreams);
-      std::vector<std::thread> clients;
-      absl::Mutex mu;
-      int streaming = 0;
-      for (int i = 0; i < kStreams; ++i) {
-        clients.emplace_back([&, i] {
-          bool counted = false;
-          texts[i] = StreamText(HttpPost(
-              port, "/v1/completions", body(i), "", "127.0.0.1", [&](const std::string& response) {
-                if (counted || response.find("data: {") == std::string::npos) {
-                  return;
-                }
-                counted = true;
-                absl::MutexLock lock(&mu);
-                ++streaming;
-              }));
-        });
-      }
-      if (kill_shard) {
-        {
-          absl::MutexLock lock(&mu);
-          struct Reached {
-            const int* streaming;
-            bool Check() const { return *streaming >= kStreams; }
-          } reached{&streaming};
-          mu.AwaitWithTimeout(absl::Condition(&reached, &Reached::Check), absl::Seconds(60));
-        }
+      return StreamAll(port, bodies, [&](const std::function<void(int)>& await_streaming) {
+        if (!kill_shard) return;
+        await_streaming(kStreams);
         const pid_t shard = ChildWithRole(ChildrenOf(serve.pid()), "mlp-shard");
         EXPECT_NE(shard, -1);
         if (shard != -1) kill(shard, SIGKILL);
-      }
-      for (std::thread& t : clients) t.join();  // bounded: every stream ends
-      return texts;
+      });
     };
     const std::vector<std::string> reference = run(false);
     for (const std::string& t : reference) ASSERT_FALSE(t.empty() || t[0] == '<') << t;
