@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cli/access_flags.h"
 #include "cli/commands.h"
@@ -90,8 +91,9 @@ int RunMlpShard(const MlpShardFlags& flags) {
   grpc->Shutdown(absl::Seconds(1));
   const mlp::MlpShardStats s = service.stats();
   std::cerr << prefix << s.calls << " calls, " << s.batches << " layer batches, " << s.rows
-            << " rows (largest batch " << s.max_batch_rows << "), " << s.rejected << " rejected, "
-            << s.expired << " expired\n";
+            << " rows (largest batch " << s.max_batch_rows << "), "
+            << absl::StrFormat("%.3f", s.compute_seconds) << " s computing, " << s.rejected
+            << " rejected, " << s.expired << " expired\n";
   return 0;
 }
 
