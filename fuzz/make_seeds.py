@@ -439,7 +439,7 @@ def safetensors_seeds():
 def protoc_encode(message, text):
     proto_dir = os.path.join(ROOT, "proto")
     files = ["tandem/v1/common.proto", "tandem/v1/kv.proto", "tandem/v1/prefill.proto",
-             "tandem/v1/decode.proto", "tandem/v1/worker.proto"]
+             "tandem/v1/decode.proto", "tandem/v1/worker.proto", "tandem/v1/mlp.proto"]
     return subprocess.run(["protoc", "-I", proto_dir, "--encode=tandem.v1." + message] + files,
                           input=text.encode(), stdout=subprocess.PIPE, check=True).stdout
 
@@ -526,6 +526,14 @@ def worker_proto_seeds():
          f'request_id: "r1" prompt_token_ids: [0, 17, 300, 12] sampling {{ {SAMPLING} }} '
          f'target {{ block_ids: [5, 9] num_cached_tokens: 0 }} pair_id: "p-1" transfer_epoch: 3 '
          f'admission_ticket: "{HEX32}" priority: 1')
+    # An MLP shard's Compute (the fuzzer's shard: layers 1:3, hidden 8) and a shard's Info.
+    seed(12, "mlp-compute", "MlpComputeRequest",
+         'layer: 1 rows: 2 activations: "' + "\\000\\000\\200?" * 16 + '"')
+    seed(12, "mlp-compute-short", "MlpComputeRequest",
+         'layer: 2 rows: 2 activations: "' + "\\000" * 60 + '"')
+    seed(13, "mlp-info", "MlpInfo",
+         'model_fingerprint: "0123456789abcdef" first_layer: 0 end_layer: 4 hidden_size: 512 '
+         'intermediate_size: 1280 max_rows: 8192')
     # Slightly broken: a truncated message.
     write(t, "broken-truncated-prefill", bytes([0]) + protoc_encode(
         "PrefillRequest", f'request_id: "r1" target {{ layout {{ {CPU_LAYOUT} }} }}')[:-5])

@@ -4,16 +4,19 @@
 // the backends' blob decoders). No network, no engine: the service handlers' inline checks
 // (prefill/prefill_service.cc, decode/decode_service.cc) are mirrored here in the order they run.
 //
-// Input: one selector byte (mod 12), then the serialized message:
+// Input: one selector byte (mod 14), then the serialized message:
 //   0 PrefillRequest   1 ConnectRequest   2 FenceRequest    3 GenerateRequest  4 CancelRequest
 //   5 StatsRequest     6 ConnectResponse  7 PrefillResponse 8 GenerateResponse 9 WorkerStats
-//   10 AdmitRequest    11 AdmitResponse
+//   10 AdmitRequest    11 AdmitResponse   12 MlpComputeRequest (an MLP shard's)
+//   13 MlpInfo (an attention worker's, from a shard)
 // The worker serves the bundled model (its config.json); its KV is the CPU runner's f32 layout.
 // Properties: no crash; conversions round-trip (SamplingParams, KvLayout, TokenLogprobs); an
 // accepted compatibility block matches the model; every KV plan an accepted destination gets
 // stays inside both layouts (kv_plan_check.h); a real admission queue (prefill/admission_queue.h)
 // fed an accepted Admit answers every waiter exactly once, and neither a forged ticket nor a real
-// one claimed twice leaves its window with tokens once every slot is gone.
+// one claimed twice leaves its window with tokens once every slot is gone; an MLP shard computes an
+// accepted call over exactly its bytes (runtime/mlp/mlp_shard_checks.h, dense_mlp.h), and an
+// accepted shard Info names a layer range inside the model.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +32,14 @@
 #include "kvtransfer/kv_layout.h"
 #include "kvtransfer/nccl/nccl_wire.h"
 #include "prefill/admission_queue.h"
+#include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/mlp_shard_checks.h"
 #include "runtime/model/model_config.h"
 #include "runtime/sampling/sampling_params.h"
 #include "runtime/server/kv_layout_convert.h"
 #include "runtime/server/proto_convert.h"
 #include "tandem/v1/decode.pb.h"
+#include "tandem/v1/mlp.pb.h"
 #include "tandem/v1/prefill.pb.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -269,13 +275,49 @@ void Admit(const v1::AdmitRequest& r) {
   FUZZ_CHECK(late == 1);
 }
 
+// A small MLP shard (layers 1:3 of 4, hidden 8, intermediate 16, at most 64 rows a call): an
+// accepted call is computed the way MlpShardService does, from a buffer its bytes fill exactly.
+void MlpCompute(const v1::MlpComputeRequest& r) {
+  static const tandem::mlp::DenseMlpWeights* weights = [] {
+    auto* w = new tandem::mlp::DenseMlpWeights;
+    w->shape = {.first_layer = 1, .end_layer = 3, .hidden_size = 8, .intermediate_size = 16};
+    for (int l = 1; l < 3; ++l) {
+      tandem::mlp::DenseMlpLayer layer;
+      layer.gate_up.assign(2 * 16 * 8, 0.25f);
+      layer.down.assign(8 * 16, -0.5f);
+      w->layers.push_back(std::move(layer));
+    }
+    return w;
+  }();
+  if (!tandem::mlp::CheckComputeRequest(r, weights->shape, 64).ok()) return;
+  const int rows = static_cast<int>(r.rows());
+  const size_t bytes = tandem::mlp::ComputeBytes(rows, weights->shape);
+  FUZZ_CHECK(r.activations().size() == bytes && rows >= 1 && rows <= 64);
+  std::vector<float> x(bytes / sizeof(float)), y(x.size()), scratch;
+  std::memcpy(x.data(), r.activations().data(), bytes);
+  tandem::mlp::DenseMlpForward(weights->layer(static_cast<int>(r.layer())), weights->shape,
+                               x.data(), rows, y.data(), &scratch);
+}
+
+void MlpInfo(const v1::MlpInfo& info) {
+  const tandem::ModelConfig& c = Config();
+  const tandem::mlp::MlpShape model{.first_layer = 0,
+                                    .end_layer = c.num_layers,
+                                    .hidden_size = c.hidden_size,
+                                    .intermediate_size = c.intermediate_size};
+  tandem::mlp::MlpShape served;
+  if (!tandem::mlp::CheckShardInfo(info, model, "", &served).ok()) return;
+  FUZZ_CHECK(served.first_layer >= 0 && served.first_layer < served.end_layer &&
+             served.end_layer <= c.num_layers && served.hidden_size == c.hidden_size);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t* bytes = data + 1;
   const int n = static_cast<int>(size - 1);
-  switch (data[0] % 12) {
+  switch (data[0] % 14) {
     case 0: {
       v1::PrefillRequest r;
       if (r.ParseFromArray(bytes, n)) Prefill(r);
@@ -339,6 +381,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 11: {  // the decode worker's side: the ticket goes back verbatim in PrefillRequest
       v1::AdmitResponse r;
       (void)r.ParseFromArray(bytes, n);
+      break;
+    }
+    case 12: {
+      v1::MlpComputeRequest r;
+      if (r.ParseFromArray(bytes, n)) MlpCompute(r);
+      break;
+    }
+    case 13: {
+      v1::MlpInfo r;
+      if (r.ParseFromArray(bytes, n)) MlpInfo(r);
       break;
     }
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/mlp/mlp_shard_checks.h"
 
 namespace tandem::mlp {
 
@@ -67,23 +68,9 @@ grpc::ServerUnaryReactor* MlpShardService::Compute(grpc::CallbackServerContext* 
     return reactor;
   };
   if (grpc::Status auth = identity_->Authenticate(*context); !auth.ok()) return reject(auth);
-  const MlpShape& s = weights_->shape;
-  const auto invalid = [&](const std::string& message) {
-    return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message));
-  };
-  if (request->layer() < static_cast<uint32_t>(s.first_layer) ||
-      request->layer() >= static_cast<uint32_t>(s.end_layer)) {
-    return invalid(absl::StrCat("layer: ", request->layer(), " is not served here (layers ",
-                                s.first_layer, ":", s.end_layer, ")"));
-  }
-  if (request->rows() < 1 || request->rows() > static_cast<uint32_t>(options_.max_rows)) {
-    return invalid(absl::StrCat("rows: ", request->rows(), " is not in 1..", options_.max_rows));
-  }
-  const size_t expected =
-      static_cast<size_t>(request->rows()) * static_cast<size_t>(s.hidden_size) * sizeof(float);
-  if (request->activations().size() != expected) {
-    return invalid(absl::StrCat("activations: ", request->activations().size(), " bytes, expected ",
-                                expected, " (rows x hidden_size float32)"));
+  if (absl::Status bad = CheckComputeRequest(*request, weights_->shape, options_.max_rows);
+      !bad.ok()) {
+    return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(bad.message())));
   }
   {
     absl::MutexLock lock(&mu_);

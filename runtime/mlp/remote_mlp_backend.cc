@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "runtime/base/logging.h"
+#include "runtime/mlp/mlp_shard_checks.h"
 
 namespace tandem::mlp {
 namespace {
@@ -53,24 +54,11 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
           absl::StrCat("remote MLP: shard ", address, " did not answer ", "Info within ",
                        absl::FormatDuration(options.connect_timeout), ": ", GrpcMessage(status)));
     }
-    if (!model_fingerprint.empty() && info.model_fingerprint() != model_fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat("remote MLP: shard ", address,
-                                                        " serves model ", info.model_fingerprint(),
-                                                        ", this worker runs ", model_fingerprint));
+    if (absl::Status bad = CheckShardInfo(info, expected, model_fingerprint, &shard.shape);
+        !bad.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("remote MLP: shard ", address, " ", bad.message()));
     }
-    if (info.hidden_size() != static_cast<uint32_t>(expected.hidden_size) ||
-        info.intermediate_size() != static_cast<uint32_t>(expected.intermediate_size) ||
-        info.first_layer() >= info.end_layer() ||
-        info.end_layer() > static_cast<uint32_t>(expected.end_layer)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "remote MLP: shard ", address, " serves layers ", info.first_layer(), ":",
-          info.end_layer(), " of hidden ", info.hidden_size(), ", intermediate ",
-          info.intermediate_size(), "; this model has ", expected.end_layer, " layers of hidden ",
-          expected.hidden_size, ", intermediate ", expected.intermediate_size));
-    }
-    shard.shape = expected;
-    shard.shape.first_layer = static_cast<int>(info.first_layer());
-    shard.shape.end_layer = static_cast<int>(info.end_layer());
     shards.push_back(std::move(shard));
   }
   std::vector<int> unserved;
@@ -217,8 +205,7 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
     if (!s.ok()) ++stats_.failures;
     return s;
   }
-  const size_t bytes =
-      static_cast<size_t>(p.rows) * static_cast<size_t>(expected_.hidden_size) * sizeof(float);
+  const size_t bytes = ComputeBytes(p.rows, expected_);
   std::vector<std::string> errors;
   while (true) {
     const size_t shard = p.tried.back();

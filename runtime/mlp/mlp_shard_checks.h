@@ -1,0 +1,31 @@
+#pragma once
+// The checks on tandem.v1.MlpShard messages (proto/tandem/v1/mlp.proto) that come from another
+// process: the shard's on every Compute call, the attention worker's on a shard's Info and on
+// every answer. Pure functions, so the fuzzer (fuzz/worker_proto_fuzz.cc) runs exactly them.
+//
+// Thread-safety: pure functions.
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "runtime/mlp/mlp_backend.h"
+#include "tandem/v1/mlp.pb.h"
+
+namespace tandem::mlp {
+
+// A Compute call a shard serving `shape` accepts: a layer it serves, rows in 1..max_rows, and
+// activations of exactly rows x hidden_size float32. InvalidArgument naming the field otherwise.
+absl::Status CheckComputeRequest(const tandem::v1::MlpComputeRequest& request,
+                                 const MlpShape& shape, int max_rows);
+
+// The bytes an accepted call's rows take (and its answer must have).
+size_t ComputeBytes(int rows, const MlpShape& shape);
+
+// A shard's Info as an attention worker of `expected` (its fingerprint unless empty) takes it:
+// the same hidden and intermediate sizes and a non-empty layer range inside the model.
+// FailedPrecondition naming the difference; on success `served` is the shard's range.
+absl::Status CheckShardInfo(const tandem::v1::MlpInfo& info, const MlpShape& expected,
+                            const std::string& model_fingerprint, MlpShape* served);
+
+}  // namespace tandem::mlp
