@@ -4,7 +4,6 @@
 #include "runtime/mlp/mlp_backend.h"
 
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -18,38 +17,20 @@
 #include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/registry.h"
+#include "runtime/mlp/tiny_model_for_test.h"
 #include "runtime/model/cpu_model_runner.h"
-#include "runtime/model/synth.h"
 #include "runtime/model/weights.h"
 
 namespace tandem::mlp {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 class MlpBackendTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / absl::StrCat("tandem-mlp-test-", getpid()));
-    SynthOptions o;
-    o.like = "tiny";
-    o.out_dir = dir_->string();
-    o.seed = 7;
-    ASSERT_TRUE(SynthesizeModel(o, nullptr).ok());
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-  void SetUp() override {
-    auto config = LoadModelConfig(dir_->string());
-    ASSERT_TRUE(config.ok()) << config.status();
-    config_ = *config;
-    auto store = TensorStore::Open(dir_->string());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-  }
+  static void SetUpTestSuite() { model_ = new TinyModelDir("tandem-mlp-test", 7); }
+  static void TearDownTestSuite() { delete model_; }
+  void SetUp() override { model_->Open(&config_, &store_); }
 
   std::unique_ptr<ModelRunner> Runner(std::shared_ptr<MlpBackend> mlp) {
     auto weights = LoadCpuWeights(config_, *store_, {.skip_mlp = mlp != nullptr});
@@ -96,11 +77,11 @@ class MlpBackendTest : public ::testing::Test {
     return all;
   }
 
-  static fs::path* dir_;
+  static TinyModelDir* model_;
   ModelConfig config_;
   std::unique_ptr<TensorStore> store_;
 };
-fs::path* MlpBackendTest::dir_ = nullptr;
+TinyModelDir* MlpBackendTest::model_ = nullptr;
 
 // Fails layer `fail_layer`'s call (once, or always), otherwise computes on the CPU.
 class FaultyMlp final : public MlpBackend {

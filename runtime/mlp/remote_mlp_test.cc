@@ -3,7 +3,6 @@
 // layer. Every fault ends in a failover, the fallback or a clean error, within the call's
 // deadline; nothing hangs.
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,13 +20,12 @@
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/mlp_shard_service.h"
 #include "runtime/mlp/remote_mlp_backend.h"
-#include "runtime/model/synth.h"
+#include "runtime/mlp/tiny_model_for_test.h"
 #include "runtime/server/grpc_server.h"
 
 namespace tandem::mlp {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 const std::string kToken = "mlp-shard-test-token-0123456789abcdef";
@@ -95,25 +93,10 @@ struct Server {
 
 class RemoteMlpTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / absl::StrCat("tandem-mlp-remote-", getpid()));
-    SynthOptions o;
-    o.like = "tiny";
-    o.out_dir = dir_->string();
-    o.seed = 11;
-    ASSERT_TRUE(SynthesizeModel(o, nullptr).ok());
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
+  static void SetUpTestSuite() { model_ = new TinyModelDir("tandem-mlp-remote", 11); }
+  static void TearDownTestSuite() { delete model_; }
   void SetUp() override {
-    auto config = LoadModelConfig(dir_->string());
-    ASSERT_TRUE(config.ok());
-    config_ = *config;
-    auto store = TensorStore::Open(dir_->string());
-    ASSERT_TRUE(store.ok());
-    store_ = *std::move(store);
+    model_->Open(&config_, &store_);
     all_ = *ParseLayerRange("all", config_);
   }
 
@@ -171,12 +154,12 @@ class RemoteMlpTest : public ::testing::Test {
     return y;
   }
 
-  static fs::path* dir_;
+  static TinyModelDir* model_;
   ModelConfig config_;
   std::unique_ptr<TensorStore> store_;
   MlpShape all_;
 };
-fs::path* RemoteMlpTest::dir_ = nullptr;
+TinyModelDir* RemoteMlpTest::model_ = nullptr;
 
 TEST_F(RemoteMlpTest, TwoShardsOfHalfTheLayersComputeWhatTheCpuDoes) {
   Shard low = StartShard("0:2"), high = StartShard("2:4");
