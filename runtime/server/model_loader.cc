@@ -37,6 +37,14 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
   if (options.mlp.empty() || options.mlp == "local") {
     ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, options.model_dir, runner_options));
   } else {
+    // Before any weights are read: the CUDA runner runs its MLP locally only (runner_factory.h),
+    // and a `cpu` backend for an 8B model would first copy tens of GB to host memory.
+    ASSIGN_OR_RETURN(RunnerDevice device, ParseRunnerDevice(options.device));
+    if (device.cuda) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--mlp ", options.mlp,
+                       ": the CUDA runner runs its MLP locally only for now (docs/mlp.md)"));
+    }
     ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
     ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(options.model_dir));
     config.fingerprint = ModelFingerprint(*store);
