@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/logging.h"
 #include "runtime/base/status.h"
 #include "runtime/model/cpu_model_runner.h"
 #include "runtime/model/model_fingerprint.h"
@@ -35,6 +36,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCuda(int ordinal, const Model
   o.max_batch_tokens = options.max_batch_tokens;
   o.cuda_graphs = options.cuda_graphs;
   o.progress = options.progress;
+  o.mlp = options.mlp;  // its bf16 weight bytes go to the KV cache (the runner adds them)
+  if (o.mlp != nullptr && options.mlp_micro_batches > 1) {
+    LOG(INFO) << "CUDA runner: the " << o.mlp->name()
+              << " MLP backend runs each step as one micro-batch (ping-pong is CPU-only so far)";
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                    CreateCudaModelRunner(config, store, o));
   return std::unique_ptr<ModelRunner>(std::move(runner));
@@ -73,11 +79,6 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(std::string_view 
                                                                const TensorStore& store,
                                                                const RunnerOptions& options) {
   ASSIGN_OR_RETURN(RunnerDevice d, ParseRunnerDevice(device));
-  if (d.cuda && options.mlp != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--mlp ", std::string(options.mlp->name()),
-                     ": the CUDA runner runs its MLP locally only for now (docs/mlp.md)"));
-  }
   if (d.cuda) return CreateCuda(d.ordinal, config, store, options);
   ASSIGN_OR_RETURN(ModelWeights weights,
                    LoadCpuWeights(config, store, {.skip_mlp = options.mlp != nullptr}));

@@ -32,11 +32,11 @@ struct RunnerOptions {
   bool cuda_graphs = true;
   bool progress = false;
   // Null: the runner computes the MLP (local). Otherwise the MLP runs on this backend
-  // (runtime/mlp/registry.h); the CPU runner then loads no MLP weights and adds the bytes they
-  // would have taken, less what the backend keeps in this process, to its KV cache. The CUDA
-  // runner refuses it (FailedPrecondition) for now.
+  // (runtime/mlp/registry.h) and the runner loads no MLP weights: the CPU runner adds the bytes
+  // they would have taken, less what the backend keeps in this process, to its KV cache; the CUDA
+  // runner adds their bf16 bytes on the GPU (cuda_model_runner.h, "MLP offload").
   std::shared_ptr<mlp::MlpBackend> mlp;
-  int mlp_micro_batches = 2;  // CpuRunnerOptions::mlp_micro_batches
+  int mlp_micro_batches = 2;  // CpuRunnerOptions::mlp_micro_batches (the CUDA runner runs 1)
 };
 
 // Host bytes of a model's MLP weights in the CPU runner's float32: what an offloaded MLP gives

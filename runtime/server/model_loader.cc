@@ -37,13 +37,9 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
   if (options.mlp.empty() || options.mlp == "local") {
     ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, options.model_dir, runner_options));
   } else {
-    // Before any weights are read: the CUDA runner runs its MLP locally only (runner_factory.h),
-    // and a `cpu` backend for an 8B model would first copy tens of GB to host memory.
     ASSIGN_OR_RETURN(RunnerDevice device, ParseRunnerDevice(options.device));
-    if (device.cuda) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--mlp ", options.mlp,
-                       ": the CUDA runner runs its MLP locally only for now (docs/mlp.md)"));
+    if (device.cuda && !CudaRunnerCompiledIn()) {
+      return CreateModelRunner(options.device, options.model_dir, runner_options).status();
     }
     ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
     ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(options.model_dir));
@@ -60,8 +56,11 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
     runner_options.mlp = std::move(backend);
     runner_options.mlp_micro_batches = options.mlp_micro_batches;
     ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, config, *store, runner_options));
-    const int64_t moved = static_cast<int64_t>(CpuMlpWeightBytes(config)) -
-                          runner_options.mlp->resident_weight_bytes();
+    // What the worker's device does not hold: bf16 GPU bytes on CUDA, float32 host bytes less
+    // what the backend keeps here on the CPU.
+    const int64_t moved = device.cuda ? static_cast<int64_t>(CpuMlpWeightBytes(config) / 2)
+                                      : static_cast<int64_t>(CpuMlpWeightBytes(config)) -
+                                            runner_options.mlp->resident_weight_bytes();
     LOG(INFO) << "MLP on the " << runner_options.mlp->name() << " backend ("
               << (moved > 0 ? absl::StrCat(moved >> 20,
                                            " MiB of MLP weights not held here, "

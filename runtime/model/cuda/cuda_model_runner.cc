@@ -118,7 +118,7 @@ class Runner final : public CudaModelRunner {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (void* p : {staging_[0], staging_[1], static_cast<void*>(host_meta_), host_sampling_,
-                    host_mask_, static_cast<void*>(progress_host_)}) {
+                    host_mask_, static_cast<void*>(progress_host_), host_mlp_}) {
       if (p != nullptr) cudaFreeHost(p);
     }
     gemm_.reset();
@@ -162,6 +162,9 @@ class Runner final : public CudaModelRunner {
     return config_.vocab_size <= cuda::kSamplingMaxVocab;
   }
   CudaStepStats last_step_stats() const override { return stats_; }
+  mlp::MlpBackendStats mlp_stats() const override {
+    return options_.mlp != nullptr ? options_.mlp->stats() : mlp::MlpBackendStats{};
+  }
 
   absl::Status EnableKvProgress() override {
     if (progress_host_ != nullptr) return absl::OkStatus();
@@ -374,7 +377,7 @@ class Runner final : public CudaModelRunner {
   bool NormFusesIntoGemvs(int rows) const {
     const ModelConfig& c = config_;
     const LayerPtrs& lw = layers_[0];
-    return FuseNormGemv() && FuseQkvRope() &&
+    return FuseNormGemv() && FuseQkvRope() && options_.mlp == nullptr &&
            gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.qkv) &&
            gemm_->UseGemv(rows, QWidth(), attn_.data, lw.o_proj) &&
            gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.gate_up) &&
@@ -424,6 +427,7 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(add(p + "self_attn.o_proj.weight", {hidden, q}));
       l.post_norm = region();
       RETURN_IF_ERROR(add(p + "post_attention_layernorm.weight", {hidden}));
+      if (options_.mlp != nullptr) continue;  // the MLP runs on the backend
       l.gate_up = region();
       RETURN_IF_ERROR(add(p + "mlp.gate_proj.weight", {inter, hidden}));
       RETURN_IF_ERROR(add(p + "mlp.up_proj.weight", {inter, hidden}));
@@ -459,8 +463,10 @@ class Runner final : public CudaModelRunner {
       l.qkv_bias = c.attention_bias ? base + lo[i].qkv_bias : nullptr;
       l.o_proj = base + lo[i].o_proj;
       l.post_norm = base + lo[i].post_norm;
-      l.gate_up = base + lo[i].gate_up;
-      l.down = base + lo[i].down;
+      if (options_.mlp == nullptr) {
+        l.gate_up = base + lo[i].gate_up;
+        l.down = base + lo[i].down;
+      }
     }
     return absl::OkStatus();
   }
@@ -533,7 +539,11 @@ class Runner final : public CudaModelRunner {
         static_cast<size_t>(options_.block_size) * c.num_kv_heads * c.head_dim * 2;
     const size_t per_block_all_layers = 2 * block_bytes * c.num_layers;
     int64_t blocks = options_.num_blocks;
-    if (blocks == 0) blocks = static_cast<int64_t>(options_.kv_cache_bytes / per_block_all_layers);
+    if (blocks == 0) {
+      // An offloaded MLP gives its bf16 weight bytes to the KV cache.
+      const size_t bytes = options_.kv_cache_bytes + (options_.mlp != nullptr ? MlpBf16Bytes() : 0);
+      blocks = static_cast<int64_t>(bytes / per_block_all_layers);
+    }
     if (blocks <= 0 || blocks > (int64_t{1} << 30)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "CUDA runner: %d KV blocks (num_blocks %d, kv_cache_bytes %d, %d bytes per block)",
@@ -625,6 +635,16 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(realloc(&attn_, r * QWidth() * 2));
       RETURN_IF_ERROR(realloc(&gate_up_, r * 2 * c.intermediate_size * 2));
       RETURN_IF_ERROR(realloc(&act_, r * c.intermediate_size * 2));
+      if (options_.mlp != nullptr) {
+        // Pinned bf16 rows both ways, and their float32 forms for the backend.
+        if (host_mlp_ != nullptr) cudaFreeHost(host_mlp_);
+        host_mlp_ = nullptr;
+        RETURN_IF_CUDA_ERROR(
+            cudaHostAlloc(&host_mlp_, r * c.hidden_size * 2 * 2, cudaHostAllocDefault),
+            "cudaHostAlloc (MLP staging)");
+        mlp_x_.resize(r * c.hidden_size);
+        mlp_y_.resize(r * c.hidden_size);
+      }
       cap_.rows = static_cast<int>(r);
     }
     if (logit_rows) {
@@ -689,7 +709,7 @@ class Runner final : public CudaModelRunner {
     limits.num_blocks = num_blocks_;
     limits.vocab_size = config_.vocab_size;
     limits.max_position_embeddings = config_.max_position_embeddings;
-    limits.use_graphs = options_.cuda_graphs;
+    limits.use_graphs = options_.cuda_graphs && options_.mlp == nullptr;
     RETURN_IF_ERROR(cuda_runner::PlanStep(batch, limits, &plan_));
     if (plan_.num_rows == 0) return absl::OkStatus();
     Capacity want;
@@ -872,6 +892,37 @@ class Runner final : public CudaModelRunner {
     return absl::OkStatus();
   }
 
+  // Bytes the MLP weights of every layer take on the GPU in bf16.
+  size_t MlpBf16Bytes() const {
+    return size_t{3} * 2 * static_cast<size_t>(config_.num_layers) * config_.hidden_size *
+           config_.intermediate_size;
+  }
+
+  // Layer `layer`'s MLP on options_.mlp over the T rows of normed_, written to h_ (the sublayer
+  // output the next norm adds to the residual): normed_ -> pinned host (bf16) -> float32 ->
+  // backend -> bf16 -> h_. Waits for the stream; the upload is queued, and the pinned buffer's
+  // upload half is rewritten only after the next layer's wait.
+  absl::Status OffloadedMlp(int layer, int T) {
+    const size_t n = static_cast<size_t>(T) * config_.hidden_size;
+    uint16_t* down = static_cast<uint16_t*>(host_mlp_);
+    uint16_t* up = down + static_cast<size_t>(cap_.rows) * config_.hidden_size;
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(down, normed_.data, n * 2, cudaMemcpyDeviceToHost, stream_),
+        "MLP activations device->host copy");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "MLP offload: attention");
+    for (size_t i = 0; i < n; ++i) mlp_x_[i] = Bf16ToFloat(down[i]);
+    mlp::MlpBackend& backend = *options_.mlp;
+    absl::Status s = backend.Run(layer, mlp_x_.data(), T, mlp_y_.data(), absl::InfiniteFuture());
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", layer,
+                                                    std::string(backend.name()), s.message()));
+    }
+    for (size_t i = 0; i < n; ++i) up[i] = FloatToBf16(mlp_y_[i]);
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(h_.data, up, n * 2, cudaMemcpyHostToDevice, stream_),
+                         "MLP output host->device copy");
+    return absl::OkStatus();
+  }
+
   // Queues the whole forward pass of plan_ (metadata already on the device).
   absl::Status RunDevice(Profiler* prof) {
     const ModelConfig& c = config_;
@@ -1022,6 +1073,11 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(mark("o_gemm"));
       RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
       RETURN_IF_ERROR(mark("rmsnorm"));
+      if (options_.mlp != nullptr) {
+        RETURN_IF_ERROR(OffloadedMlp(li, T));
+        RETURN_IF_ERROR(mark("mlp_offload"));
+        continue;
+      }
       if (gemm_->FusesGatedSilu(T, hidden, inter, normed_.data, lw.gate_up)) {
         // Decode-sized: one kernel (GEMV or skinny GEMM) computes gate and up and writes
         // silu(gate) * up.
@@ -1098,6 +1154,10 @@ class Runner final : public CudaModelRunner {
   DeviceBuffer meta_;                                             // [cap_.meta] int32
   DeviceBuffer decode_ws_;
   int32_t* host_meta_ = nullptr;  // pinned, [cap_.meta]
+  // MLP offload (options_.mlp): pinned [2][cap_.rows, hidden] bf16 (down, up) and the float32
+  // rows the backend reads and writes.
+  void* host_mlp_ = nullptr;
+  std::vector<float> mlp_x_, mlp_y_;
 
   // Device sampling: [cap_.logit_rows] SamplingRow, then the packed tokens/logprobs at
   // sampling_out_offset_ (Grow); host_sampling_ is its pinned host twin.
@@ -1129,6 +1189,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
         absl::StrFormat("CUDA runner: block_size %d, max_batch_tokens %d and device %d must be "
                         "positive (device >= 0)",
                         options.block_size, options.max_batch_tokens, options.device_ordinal));
+  }
+  if (options.mlp != nullptr) {
+    const mlp::MlpShape s = options.mlp->shape();
+    if (s.first_layer != 0 || s.end_layer != config.num_layers ||
+        s.hidden_size != config.hidden_size || s.intermediate_size != config.intermediate_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "CUDA runner: the %s MLP backend serves layers %d:%d of hidden %d, intermediate %d; the "
+          "model has %d layers of hidden %d, intermediate %d",
+          std::string(options.mlp->name()), s.first_layer, s.end_layer, s.hidden_size,
+          s.intermediate_size, config.num_layers, config.hidden_size, config.intermediate_size));
+    }
   }
   auto runner = std::make_unique<Runner>(config, options);
   RETURN_IF_ERROR(runner->Init(store));

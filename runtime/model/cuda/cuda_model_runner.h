@@ -28,6 +28,13 @@
 // and `out` untouched). A CUDA or cuBLAS error is returned as a status naming the op; the KV of
 // the batch's positions is then unspecified and, for sticky CUDA errors, the runner unusable.
 //
+// MLP offload (options.mlp, docs/mlp.md): with a backend the runner uploads no MLP weights (their
+// bf16 bytes go to the KV cache when num_blocks is derived from kv_cache_bytes) and each layer's
+// post-attention normed rows go through pinned host memory to the backend (bf16 -> f32 -> MLP ->
+// bf16 into the sublayer output), one call per layer on the runner's thread. Such steps run
+// eagerly (no CUDA graphs) as one micro-batch; a backend error fails the step with a status
+// naming the layer and backend (the KV of the layers already run is written).
+//
 // Thread-safety: as ModelRunner, one thread at a time; the runner may be created on one thread and
 // used on another (every call binds the thread to the runner's GPU).
 
@@ -37,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/safetensors.h"
@@ -51,6 +59,9 @@ struct CudaRunnerOptions {
   int max_batch_tokens = 2048;  // rows the workspaces are sized for at creation
   bool cuda_graphs = true;
   bool progress = false;  // a weight-loading progress bar on stderr (models over 256 MiB)
+  // Null: the MLP runs here (local). Otherwise on this backend, which must serve every layer of
+  // the model's shape (InvalidArgument otherwise); see "MLP offload" above.
+  std::shared_ptr<mlp::MlpBackend> mlp;
 };
 
 // What the last Forward did, for benchmarks and tests.

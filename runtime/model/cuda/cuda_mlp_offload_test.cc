@@ -1,0 +1,370 @@
+// The CUDA runner with its MLP on a backend (cuda_model_runner.h, "MLP offload"; docs/mlp.md)
+// against the same runner computing the MLP itself: logits within bf16 tolerance and greedy
+// tokens for 64 steps on the CUDA runner's test models, through the `cpu` backend and through a
+// `tandem mlp-shard` service in this process (`remote`); a shard killed mid-run fails the step
+// with a clean error; the KV cache gets the MLP weights' bytes. Skipped without a GPU.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "runtime/auth/service_identity.h"
+#include "runtime/device/cuda/cuda_device.h"
+#include "runtime/mlp/cpu_mlp_backend.h"
+#include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/mlp_shard_service.h"
+#include "runtime/mlp/remote_mlp_backend.h"
+#include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/cuda/random_checkpoint_for_test.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/synth.h"
+#include "runtime/server/grpc_server.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 128;
+const std::string kToken = "cuda-mlp-offload-test-token-0123456789";
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                              ("tandem_cuda_mlp_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string ModelsDir() {
+  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
+  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/models";
+  if (std::filesystem::exists(src + "/target/config.json")) return src;
+  return "models";
+}
+
+std::shared_ptr<const auth::ServiceIdentity> Identity() {
+  auto identity = auth::ServiceIdentity::FromTokens({kToken});
+  EXPECT_TRUE(identity.ok()) << identity.status();
+  return identity.ok() ? *identity : nullptr;
+}
+
+int Argmax(const ForwardOutput& o, int row, int vocab) {
+  const float* l = o.logits.data() + static_cast<size_t>(row) * vocab;
+  return static_cast<int>(std::max_element(l, l + vocab) - l);
+}
+
+// Largest |local - offloaded| of each row relative to the row's logit scale (max |local|).
+double MaxRelativeError(const ForwardOutput& local, const ForwardOutput& off, int vocab) {
+  double worst = 0;
+  for (int r = 0; r < local.rows; ++r) {
+    const float* a = local.logits.data() + static_cast<size_t>(r) * vocab;
+    const float* b = off.logits.data() + static_cast<size_t>(r) * vocab;
+    double scale = 1e-6, err = 0;
+    for (int v = 0; v < vocab; ++v) {
+      scale = std::max(scale, std::fabs(static_cast<double>(a[v])));
+      err = std::max(err, std::fabs(static_cast<double>(a[v]) - b[v]));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+struct Seq {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> table;
+};
+
+class CudaMlpOffloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok() || *count == 0) return;
+    SynthOptions o;
+    o.like = "tiny";
+    o.out_dir = TempDir("tiny");
+    o.seed = 1;
+    ASSERT_TRUE(SynthesizeModel(o, nullptr).ok());
+    testing_util::RandomCheckpoint qwen;
+    qwen.qwen2 = true;
+    models_ = new std::map<std::string, std::string>{
+        {"tiny", o.out_dir},
+        {"target", ModelsDir() + "/target"},
+        {"qwen", testing_util::WriteRandomCheckpoint(TempDir("qwen"), qwen)}};
+  }
+
+  void SetUp() override {
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
+    if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
+    ASSERT_NE(models_, nullptr);
+  }
+
+  void Load(const std::string& name) {
+    const std::string dir = models_->at(name);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    auto store = TensorStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    all_ = *mlp::ParseLayerRange("all", config_);
+  }
+
+  std::shared_ptr<const mlp::DenseMlpWeights> Weights(const std::string& range) {
+    auto w = mlp::LoadDenseMlpWeights(config_, *store_, *mlp::ParseLayerRange(range, config_));
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::make_shared<const mlp::DenseMlpWeights>(*std::move(w)) : nullptr;
+  }
+
+  absl::StatusOr<std::unique_ptr<CudaModelRunner>> Gpu(std::shared_ptr<mlp::MlpBackend> backend,
+                                                       int num_blocks = kNumBlocks) {
+    CudaRunnerOptions o;
+    o.block_size = kBlockSize;
+    o.num_blocks = num_blocks;
+    o.kv_cache_bytes = size_t{16} << 20;
+    o.max_batch_tokens = 64;
+    o.mlp = std::move(backend);
+    return CreateCudaModelRunner(config_, *store_, o);
+  }
+
+  SequenceChunk Chunk(Seq* s, const std::vector<int32_t>& tokens) {
+    const int start = static_cast<int>(s->tokens.size());
+    s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+    while (static_cast<int>(s->table.size()) * kBlockSize < static_cast<int>(s->tokens.size())) {
+      s->table.push_back(next_block_++);
+    }
+    SequenceChunk c;
+    c.tokens = std::span<const int32_t>(s->tokens).subspan(start);
+    c.start_pos = start;
+    c.block_table = s->table;
+    c.need_logits = true;
+    return c;
+  }
+
+  std::vector<int32_t> RandomTokens(int n) {
+    std::vector<int32_t> t(n);
+    std::uniform_int_distribution<int32_t> d(3, config_.vocab_size - 1);
+    for (auto& x : t) x = d(rng_);
+    return t;
+  }
+
+  // 64 greedy steps of one sequence (a 12-token prompt first), teacher-forced with the local
+  // runner's tokens: logits within bf16 tolerance of local at every step and the same argmax,
+  // except on near-ties (local logit gap below 1% of the logit scale), which bf16 may flip.
+  void ExpectGreedyMatches(ModelRunner& local, ModelRunner& offloaded, const std::string& what) {
+    constexpr double kRelTol = 0.03;  // as the CUDA runner against the CPU runner
+    const int vocab = config_.vocab_size;
+    Seq a, b;
+    std::vector<int32_t> next = RandomTokens(12);
+    int exact = 0, near_ties = 0;
+    double worst = 0;
+    for (int i = 0; i < 64; ++i) {
+      ForwardBatch la, lb;
+      la.chunks = {Chunk(&a, next)};
+      lb.chunks = {Chunk(&b, next)};
+      ForwardOutput lo, oo;
+      ASSERT_TRUE(local.Forward(la, &lo).ok());
+      const absl::Status s = offloaded.Forward(lb, &oo);
+      ASSERT_TRUE(s.ok()) << what << " step " << i << ": " << s;
+      ASSERT_EQ(oo.rows, 1);
+      const double rel = MaxRelativeError(lo, oo, vocab);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, kRelTol) << what << " step " << i;
+      const int lt = Argmax(lo, 0, vocab), ot = Argmax(oo, 0, vocab);
+      if (lt == ot) {
+        ++exact;
+      } else {
+        double scale = 1e-6;
+        for (int v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(double{lo.logits[v]}));
+        const double gap = lo.logits[lt] - lo.logits[ot];
+        EXPECT_LE(gap, 0.01 * scale) << what << " step " << i << ": local token " << lt
+                                     << ", offloaded " << ot << ", gap " << gap;
+        ++near_ties;
+      }
+      next = {lt};
+    }
+    std::printf(
+        "[%s] 64 greedy steps: %d identical argmax, %d near-tie flips, worst logit error "
+        "%.4f of the scale\n",
+        what.c_str(), exact, near_ties, worst);
+  }
+
+  // A mixed batch (two prompts of different lengths and a decode) on both runners.
+  void ExpectMixedBatchMatches(ModelRunner& local, ModelRunner& offloaded,
+                               const std::string& what) {
+    std::vector<Seq> l(3), o(3);
+    const std::vector<int32_t> p0 = RandomTokens(29), p1 = RandomTokens(5), p2 = RandomTokens(17);
+    for (auto* seqs : {&l, &o}) {
+      ForwardBatch first;
+      first.chunks = {Chunk(&(*seqs)[2], p2)};
+      ForwardOutput ignored;
+      ModelRunner& r = seqs == &l ? local : offloaded;
+      ASSERT_TRUE(r.Forward(first, &ignored).ok());
+    }
+    const std::vector<int32_t> d = RandomTokens(1);
+    ForwardBatch lb, ob;
+    lb.chunks = {Chunk(&l[0], p0), Chunk(&l[2], d), Chunk(&l[1], p1)};
+    ob.chunks = {Chunk(&o[0], p0), Chunk(&o[2], d), Chunk(&o[1], p1)};
+    ForwardOutput lo, oo;
+    ASSERT_TRUE(local.Forward(lb, &lo).ok());
+    const absl::Status s = offloaded.Forward(ob, &oo);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(oo.rows, 3);
+    EXPECT_LE(MaxRelativeError(lo, oo, config_.vocab_size), 0.03) << what << " mixed batch";
+  }
+
+  static std::map<std::string, std::string>* models_;
+  ModelConfig config_;
+  std::unique_ptr<TensorStore> store_;
+  mlp::MlpShape all_;
+  int next_block_ = 1;
+  std::mt19937 rng_{4321};
+};
+std::map<std::string, std::string>* CudaMlpOffloadTest::models_ = nullptr;
+
+// A shard service with its own gRPC server in this process.
+struct Shard {
+  std::unique_ptr<mlp::MlpShardService> service;
+  server::GrpcServer server;
+  bool up = false;
+  std::string address() const { return absl::StrCat("127.0.0.1:", server.port); }
+  void Kill() {
+    if (!up) return;
+    service->Shutdown();
+    server.Shutdown(absl::ZeroDuration());
+    up = false;
+  }
+  ~Shard() { Kill(); }
+};
+
+std::unique_ptr<Shard> StartShard(std::shared_ptr<const mlp::DenseMlpWeights> weights) {
+  auto shard = std::make_unique<Shard>();
+  shard->service = std::make_unique<mlp::MlpShardService>(
+      std::move(weights), Identity(), mlp::MlpShardOptions{.model_fingerprint = "fp"});
+  auto started = server::StartGrpcServer("127.0.0.1", 0, {shard->service.get()},
+                                         {"tandem.v1.MlpShard"}, Identity());
+  EXPECT_TRUE(started.ok()) << started.status();
+  if (!started.ok()) return nullptr;
+  shard->server = *std::move(started);
+  shard->up = true;
+  return shard;
+}
+
+class OffloadModels : public CudaMlpOffloadTest,
+                      public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(OffloadModels, CpuBackendMatchesLocal) {
+  Load(GetParam());
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto cpu = std::make_shared<mlp::CpuMlpBackend>(Weights("all"));
+  auto offloaded = Gpu(cpu);
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  ExpectGreedyMatches(**local, **offloaded, GetParam() + " cpu");
+  ExpectMixedBatchMatches(**local, **offloaded, GetParam() + " cpu");
+  // One call per layer per step.
+  EXPECT_EQ((*offloaded)->mlp_stats().calls, cpu->stats().calls);
+  EXPECT_EQ(cpu->stats().calls, int64_t{66} * config_.num_layers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, OffloadModels, ::testing::Values("tiny", "target", "qwen"));
+
+// Two shards of half the layers each, over gRPC.
+TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
+  Load("target");
+  ASSERT_GE(config_.num_layers, 2);
+  const std::string half = absl::StrCat(config_.num_layers / 2);
+  auto low = StartShard(Weights("0:" + half));
+  auto high = StartShard(Weights(half + ":" + absl::StrCat(config_.num_layers)));
+  ASSERT_TRUE(low != nullptr && high != nullptr);
+  auto remote = mlp::RemoteMlpBackend::Create({low->address(), high->address()}, Identity(), all_,
+                                              "fp", nullptr, mlp::RemoteMlpOptions{});
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto offloaded = Gpu(std::shared_ptr<mlp::MlpBackend>(std::move(*remote)));
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  ExpectGreedyMatches(**local, **offloaded, "target remote");
+  ExpectMixedBatchMatches(**local, **offloaded, "target remote");
+}
+
+// The shard dies between steps: the next step fails with the layer and backend named, within the
+// call deadline, and a step after that fails the same way (no hang, no crash).
+TEST_F(CudaMlpOffloadTest, KilledShardFailsTheStepCleanly) {
+  Load("tiny");
+  auto shard = StartShard(Weights("all"));
+  ASSERT_NE(shard, nullptr);
+  mlp::RemoteMlpOptions options;
+  options.call_timeout = absl::Milliseconds(500);
+  auto remote =
+      mlp::RemoteMlpBackend::Create({shard->address()}, Identity(), all_, "fp", nullptr, options);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto runner = Gpu(std::shared_ptr<mlp::MlpBackend>(std::move(*remote)));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  Seq s;
+  ForwardBatch batch;
+  batch.chunks = {Chunk(&s, RandomTokens(8))};
+  ForwardOutput out;
+  ASSERT_TRUE((*runner)->Forward(batch, &out).ok());
+  shard->Kill();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    batch.chunks = {Chunk(&s, RandomTokens(1))};
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status st = (*runner)->Forward(batch, &out);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("layer 0 MLP on the remote backend"), std::string::npos) << st;
+    EXPECT_LT(seconds, 5.0) << st;
+  }
+  EXPECT_GE((*runner)->mlp_stats().failures, 2);
+}
+
+// Without its MLP weights the runner holds fewer weight bytes, and a KV cache sized from
+// kv_cache_bytes gets the MLP's bf16 bytes.
+TEST_F(CudaMlpOffloadTest, OffloadedWeightsGoToTheKvCache) {
+  Load("target");
+  auto local = Gpu(nullptr, /*num_blocks=*/0);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto offloaded = Gpu(std::make_shared<mlp::CpuMlpBackend>(Weights("all")), /*num_blocks=*/0);
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  const size_t mlp_bytes = size_t{3} * 2 * config_.num_layers * config_.hidden_size *
+                           static_cast<size_t>(config_.intermediate_size);
+  EXPECT_EQ((*local)->weight_bytes() - (*offloaded)->weight_bytes(), mlp_bytes);
+  const size_t per_block =
+      size_t{2} * 2 * config_.num_layers * kBlockSize * config_.num_kv_heads * config_.head_dim;
+  EXPECT_EQ((*local)->num_blocks(), static_cast<int>((size_t{16} << 20) / per_block));
+  EXPECT_EQ((*offloaded)->num_blocks(),
+            static_cast<int>(((size_t{16} << 20) + mlp_bytes) / per_block));
+  std::printf("[target] KV blocks: %d local, %d with the MLP offloaded (%zu MLP bytes)\n",
+              (*local)->num_blocks(), (*offloaded)->num_blocks(), mlp_bytes);
+}
+
+// A backend that does not serve every layer, or serves another shape, is refused at creation.
+TEST_F(CudaMlpOffloadTest, BackendOfTheWrongShapeIsRefused) {
+  Load("tiny");
+  ASSERT_GE(config_.num_layers, 2);
+  auto partial = Gpu(std::make_shared<mlp::CpuMlpBackend>(Weights("0:1")));
+  ASSERT_FALSE(partial.ok());
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(partial.status().message().find("serves layers 0:1"), std::string::npos)
+      << partial.status();
+}
+
+}  // namespace
+}  // namespace tandem
