@@ -102,9 +102,11 @@ class CudaMlpOffloadTest : public ::testing::Test {
     testing_util::RandomCheckpoint qwen;
     qwen.qwen2 = true;
     models_ = new std::map<std::string, std::string>{
-        {"tiny", o.out_dir},
-        {"target", ModelsDir() + "/target"},
-        {"qwen", testing_util::WriteRandomCheckpoint(TempDir("qwen"), qwen)}};
+        {"tiny", o.out_dir}, {"qwen", testing_util::WriteRandomCheckpoint(TempDir("qwen"), qwen)}};
+    // The bundled trained model, where the checkout has it (a GPU host may get only binaries).
+    if (std::filesystem::exists(ModelsDir() + "/target/config.json")) {
+      models_->emplace("target", ModelsDir() + "/target");
+    }
   }
 
   void SetUp() override {
@@ -115,6 +117,7 @@ class CudaMlpOffloadTest : public ::testing::Test {
   }
 
   void Load(const std::string& name) {
+    if (!models_->contains(name)) GTEST_SKIP() << "no " << name << " model under " << ModelsDir();
     const std::string dir = models_->at(name);
     auto config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status();
@@ -270,6 +273,7 @@ class OffloadModels : public CudaMlpOffloadTest,
 
 TEST_P(OffloadModels, CpuBackendMatchesLocal) {
   Load(GetParam());
+  if (IsSkipped()) return;
   auto local = Gpu(nullptr);
   ASSERT_TRUE(local.ok()) << local.status();
   auto cpu = std::make_shared<mlp::CpuMlpBackend>(Weights("all"));
@@ -286,7 +290,7 @@ INSTANTIATE_TEST_SUITE_P(Models, OffloadModels, ::testing::Values("tiny", "targe
 
 // Two shards of half the layers each, over gRPC.
 TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
-  Load("target");
+  Load("qwen");
   ASSERT_GE(config_.num_layers, 2);
   const std::string half = absl::StrCat(config_.num_layers / 2);
   auto low = StartShard(Weights("0:" + half));
@@ -299,8 +303,8 @@ TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
   ASSERT_TRUE(local.ok()) << local.status();
   auto offloaded = Gpu(std::shared_ptr<mlp::MlpBackend>(std::move(*remote)));
   ASSERT_TRUE(offloaded.ok()) << offloaded.status();
-  ExpectGreedyMatches(**local, **offloaded, "target remote");
-  ExpectMixedBatchMatches(**local, **offloaded, "target remote");
+  ExpectGreedyMatches(**local, **offloaded, "qwen remote");
+  ExpectMixedBatchMatches(**local, **offloaded, "qwen remote");
 }
 
 // The shard dies between steps: the next step fails with the layer and backend named, within the
@@ -338,7 +342,7 @@ TEST_F(CudaMlpOffloadTest, KilledShardFailsTheStepCleanly) {
 // Without its MLP weights the runner holds fewer weight bytes, and a KV cache sized from
 // kv_cache_bytes gets the MLP's bf16 bytes.
 TEST_F(CudaMlpOffloadTest, OffloadedWeightsGoToTheKvCache) {
-  Load("target");
+  Load("qwen");
   auto local = Gpu(nullptr, /*num_blocks=*/0);
   ASSERT_TRUE(local.ok()) << local.status();
   auto offloaded = Gpu(std::make_shared<mlp::CpuMlpBackend>(Weights("all")), /*num_blocks=*/0);
@@ -351,7 +355,7 @@ TEST_F(CudaMlpOffloadTest, OffloadedWeightsGoToTheKvCache) {
   EXPECT_EQ((*local)->num_blocks(), static_cast<int>((size_t{16} << 20) / per_block));
   EXPECT_EQ((*offloaded)->num_blocks(),
             static_cast<int>(((size_t{16} << 20) + mlp_bytes) / per_block));
-  std::printf("[target] KV blocks: %d local, %d with the MLP offloaded (%zu MLP bytes)\n",
+  std::printf("[qwen] KV blocks: %d local, %d with the MLP offloaded (%zu MLP bytes)\n",
               (*local)->num_blocks(), (*offloaded)->num_blocks(), mlp_bytes);
 }
 
