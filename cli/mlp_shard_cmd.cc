@@ -2,8 +2,11 @@
 // started with `--mlp remote:ADDR,...` (tandem.v1.MlpShard, runtime/mlp/mlp_shard_service.h,
 // docs/mlp.md).
 //   tandem mlp-shard --model DIR --port P [--host H] [--layers FIRST:END|all] [--max-rows N]
+//       [--device cpu|cuda|cuda:N]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
-// It loads only the MLP weights of those layers (host float32; the CPU computes them). Prints
+// It loads only the MLP weights of those layers: host float32 computed by the CPU, or bf16 on
+// the GPU with --device cuda (runtime/mlp/cuda/cuda_mlp_backend.h; rows still travel in the
+// gRPC message as float32). Prints
 // "tandem mlp-shard: serving on HOST:PORT" once it serves; SIGINT/SIGTERM stop it (queued calls
 // are answered UNAVAILABLE: workers fail over to another shard or their fallback). Exit status:
 // 0 ok, 1 runtime error, 2 usage error.
@@ -18,6 +21,7 @@
 #include "cli/commands.h"
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/mlp_shard_service.h"
+#include "runtime/mlp/registry.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_fingerprint.h"
 #include "runtime/model/safetensors.h"
@@ -33,6 +37,7 @@ struct MlpShardFlags {
   std::string host = "127.0.0.1";
   int port = 0;
   int max_rows = 8192;
+  std::string device = "cpu";
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
 };
@@ -62,18 +67,18 @@ int RunMlpShard(const MlpShardFlags& flags) {
     return 1;
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<mlp::DenseMlpWeights> weights = mlp::LoadDenseMlpWeights(*config, **store, *shape);
-  if (!weights.ok()) {
-    std::cerr << prefix << weights.status().message() << "\n";
-    return 1;
+  absl::StatusOr<std::unique_ptr<mlp::MlpBackend>> compute =
+      mlp::CreateComputeBackend(flags.device, *shape, *config, **store);
+  if (!compute.ok()) {
+    std::cerr << prefix << "--device " << flags.device << ": " << compute.status().message()
+              << "\n";
+    return compute.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  const int64_t bytes = weights->bytes();
   mlp::MlpShardOptions options;
   options.model_fingerprint = ModelFingerprint(**store);
   options.max_rows = flags.max_rows;
   store->reset();
-  mlp::MlpShardService service(std::make_shared<const mlp::DenseMlpWeights>(*std::move(weights)),
-                               *identity, options);
+  mlp::MlpShardService service(*std::move(compute), *identity, options);
   absl::StatusOr<server::GrpcServer> grpc = server::StartGrpcServer(
       flags.host, flags.port, {&service}, {"tandem.v1.MlpShard"}, *identity);
   if (!grpc.ok()) {
@@ -81,7 +86,7 @@ int RunMlpShard(const MlpShardFlags& flags) {
     return 1;
   }
   std::cerr << prefix << "layers " << shape->first_layer << ":" << shape->end_layer << ", "
-            << (bytes >> 20) << " MiB of MLP weights loaded in "
+            << "MLP weights loaded on " << flags.device << " in "
             << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
             << ", service authentication: " << (*identity)->mode() << "\n";
   std::cout << prefix << "serving on " << flags.host << ":" << grpc->port << std::endl;
@@ -93,7 +98,7 @@ int RunMlpShard(const MlpShardFlags& flags) {
   std::cerr << prefix << s.calls << " calls, " << s.batches << " layer batches, " << s.rows
             << " rows (largest batch " << s.max_batch_rows << "), "
             << absl::StrFormat("%.3f", s.compute_seconds) << " s computing, " << s.rejected
-            << " rejected, " << s.expired << " expired\n";
+            << " rejected, " << s.expired << " expired, " << s.failed << " failed\n";
   return 0;
 }
 
@@ -110,6 +115,10 @@ void AddMlpShardCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", flags->port, "Port (0: a free one, printed)")
       ->check(CLI::Range(0, 65535));
+  cmd->add_option("--device", flags->device,
+                  "Where the layers are computed: cpu (host float32) or cuda[:N] (bf16 on that "
+                  "GPU)")
+      ->capture_default_str();
   cmd->add_option("--max-rows", flags->max_rows, "Rows one call may carry")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

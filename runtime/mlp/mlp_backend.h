@@ -7,6 +7,7 @@
 // Backends, created by name (registry.h):
 //   local          the runner's own fused kernels: no backend object at all (the default);
 //   cpu            the MLP weights in host memory, computed with BLAS (cpu_mlp_backend.h);
+//   cuda[:N]       the MLP weights in bf16 on a GPU of this host (cuda/cuda_mlp_backend.h);
 //   remote:A,B...  `tandem mlp-shard` processes (remote_mlp_backend.h).
 //
 // Contract:

@@ -4,6 +4,7 @@
 #include "runtime/mlp/mlp_backend.h"
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -303,7 +304,25 @@ TEST_F(MlpBackendTest, RegistryNamesAndErrors) {
   EXPECT_EQ(*local, nullptr);
   auto unknown = CreateMlpBackend("gpu", context);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(unknown.status().message(), HasSubstr("local, cpu, remote:"));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("local, cpu, cuda[:N], remote:"));
+  for (const char* bad : {"cuda:", "cuda:x", "cudax", "cuda:-1"}) {
+    EXPECT_EQ(CreateMlpBackend(bad, context).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  // No GPU here, or no CUDA in the build: a clean error either way (the GPU case runs in
+  // runtime/mlp/cuda/mlp_backend_cuda_test.cc).
+  if (!std::filesystem::exists("/dev/nvidiactl")) {
+    EXPECT_FALSE(CreateMlpBackend("cuda", context).ok());
+  }
+  // The shard's compute backends over a layer range.
+  auto range = ParseLayerRange("1:3", config_);
+  ASSERT_TRUE(range.ok());
+  auto cpu = CreateComputeBackend("cpu", *range, config_, *store_);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->shape().first_layer, 1);
+  EXPECT_EQ((*cpu)->shape().end_layer, 3);
+  EXPECT_EQ(CreateComputeBackend("tpu", *range, config_, *store_).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateMlpBackend("remote:", context).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateMlpBackend("remote:nohostport", context).status().code(),

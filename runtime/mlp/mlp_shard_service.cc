@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/mlp_shard_checks.h"
 
 namespace tandem::mlp {
@@ -15,7 +16,16 @@ namespace tandem::mlp {
 MlpShardService::MlpShardService(std::shared_ptr<const DenseMlpWeights> weights,
                                  std::shared_ptr<const auth::ServiceIdentity> identity,
                                  const MlpShardOptions& options)
-    : weights_(std::move(weights)), identity_(std::move(identity)), options_(options) {
+    : MlpShardService(std::make_unique<CpuMlpBackend>(std::move(weights)), std::move(identity),
+                      options) {}
+
+MlpShardService::MlpShardService(std::unique_ptr<MlpBackend> compute,
+                                 std::shared_ptr<const auth::ServiceIdentity> identity,
+                                 const MlpShardOptions& options)
+    : compute_(std::move(compute)),
+      shape_(compute_->shape()),
+      identity_(std::move(identity)),
+      options_(options) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -44,7 +54,7 @@ grpc::ServerUnaryReactor* MlpShardService::Info(grpc::CallbackServerContext* con
     reactor->Finish(auth);
     return reactor;
   }
-  const MlpShape& s = weights_->shape;
+  const MlpShape& s = shape_;
   response->set_model_fingerprint(options_.model_fingerprint);
   response->set_first_layer(static_cast<uint32_t>(s.first_layer));
   response->set_end_layer(static_cast<uint32_t>(s.end_layer));
@@ -68,8 +78,7 @@ grpc::ServerUnaryReactor* MlpShardService::Compute(grpc::CallbackServerContext* 
     return reactor;
   };
   if (grpc::Status auth = identity_->Authenticate(*context); !auth.ok()) return reject(auth);
-  if (absl::Status bad = CheckComputeRequest(*request, weights_->shape, options_.max_rows);
-      !bad.ok()) {
+  if (absl::Status bad = CheckComputeRequest(*request, shape_, options_.max_rows); !bad.ok()) {
     return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(bad.message())));
   }
   {
@@ -85,9 +94,8 @@ grpc::ServerUnaryReactor* MlpShardService::Compute(grpc::CallbackServerContext* 
 }
 
 void MlpShardService::Loop() {
-  const MlpShape& s = weights_->shape;
-  const size_t hidden = static_cast<size_t>(s.hidden_size);
-  std::vector<float> x, y, scratch;
+  const size_t hidden = static_cast<size_t>(shape_.hidden_size);
+  std::vector<float> x, y;
   while (true) {
     std::vector<Call> calls;
     std::deque<Call> left;  // answered UNAVAILABLE when stopping
@@ -159,9 +167,23 @@ void MlpShardService::Loop() {
         at += static_cast<size_t>(c.request->rows()) * hidden;
       }
       const absl::Time start = absl::Now();
-      DenseMlpForward(weights_->layer(static_cast<int>(layer)), s, x.data(), static_cast<int>(rows),
-                      y.data(), &scratch);
+      const absl::Status computed =
+          compute_->Run(static_cast<int>(layer), x.data(), static_cast<int>(rows), y.data(),
+                        absl::InfiniteFuture());
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (!computed.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          stats_.failed += static_cast<int64_t>(live.size());
+        }
+        for (const Call& c : live) {
+          c.reactor->Finish(
+              grpc::Status(grpc::StatusCode::INTERNAL,
+                           absl::StrCat("layer ", layer, " on the ", std::string(compute_->name()),
+                                        " backend: ", computed.message())));
+        }
+        continue;
+      }
       {
         // Counted before any answer leaves, so a client that got its rows sees them counted.
         absl::MutexLock lock(&mu_);

@@ -4,8 +4,10 @@
 //
 // - Batching: a Compute call is validated on its gRPC callback thread and queued with its
 //   reactor; one compute thread takes everything queued, groups the calls by layer, and runs
-//   each layer's rows (from every worker) as one MLP (dense_mlp.h), then answers each call with
-//   its own rows. No thread waits per call.
+//   each layer's rows (from every worker) as one MLP on its compute backend (the `cpu` backend,
+//   dense_mlp.h, or `cuda` for `tandem mlp-shard --device cuda`), then answers each call with
+//   its own rows. No thread waits per call. A compute error answers that batch's calls
+//   INTERNAL with the backend's message.
 // - Untrusted input: every call is authenticated first (UNAUTHENTICATED touches nothing); a
 //   layer outside the range, rows outside 1..max_rows, or activations that are not exactly rows
 //   x hidden_size float32 are INVALID_ARGUMENT naming the field. Addresses and lengths never
@@ -43,12 +45,18 @@ struct MlpShardStats {
   int64_t max_batch_rows = 0;
   int64_t rejected = 0;  // INVALID_ARGUMENT or UNAUTHENTICATED
   int64_t expired = 0;   // past their deadline or cancelled before computing
+  int64_t failed = 0;    // answered INTERNAL after a compute error
   double compute_seconds = 0;
 };
 
 class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
  public:
+  // Computes on the host (CpuMlpBackend over `weights`).
   MlpShardService(std::shared_ptr<const DenseMlpWeights> weights,
+                  std::shared_ptr<const auth::ServiceIdentity> identity,
+                  const MlpShardOptions& options);
+  // Computes on `compute` (called from the compute thread only), serving its shape.
+  MlpShardService(std::unique_ptr<MlpBackend> compute,
                   std::shared_ptr<const auth::ServiceIdentity> identity,
                   const MlpShardOptions& options);
   ~MlpShardService() override;
@@ -74,7 +82,8 @@ class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
   };
   void Loop();
 
-  const std::shared_ptr<const DenseMlpWeights> weights_;
+  const std::unique_ptr<MlpBackend> compute_;  // the compute thread's
+  const MlpShape shape_;
   const std::shared_ptr<const auth::ServiceIdentity> identity_;
   const MlpShardOptions options_;
 

@@ -3,12 +3,17 @@
 #include <functional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/remote_mlp_backend.h"
+
+#if TANDEM_HAVE_CUDA
+#include "runtime/mlp/cuda/cuda_mlp_backend.h"
+#endif
 
 namespace tandem::mlp {
 namespace {
@@ -24,6 +29,28 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCpu(const MlpContext& context)
   if (!weights.ok()) return weights.status();
   return std::unique_ptr<MlpBackend>(std::make_unique<CpuMlpBackend>(
       std::make_shared<const DenseMlpWeights>(*std::move(weights))));
+}
+
+// "cuda" or "cuda:N": `shape`'s layers on that GPU of this host.
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCuda(const std::string& spec,
+                                                       const MlpShape& shape,
+                                                       const ModelConfig& config,
+                                                       const TensorStore& store) {
+  int ordinal = 0;
+  if (spec != "cuda" && (spec.size() <= 5 || spec.rfind("cuda:", 0) != 0 ||
+                         spec.find_first_not_of("0123456789", 5) != std::string::npos ||
+                         !absl::SimpleAtoi(spec.substr(5), &ordinal))) {
+    return absl::InvalidArgumentError(absl::StrCat(spec, ": expected cuda or cuda:N"));
+  }
+#if TANDEM_HAVE_CUDA
+  return CreateCudaMlpBackend(config, store, shape, ordinal);
+#else
+  (void)shape;
+  (void)config;
+  (void)store;
+  return absl::FailedPreconditionError(
+      absl::StrCat(spec, ": this build of Tandem has no CUDA (configure with -DTANDEM_CUDA=ON)"));
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addresses,
@@ -58,16 +85,41 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addr
 
 }  // namespace
 
-std::vector<std::string> MlpBackendNames() { return {"local", "cpu", "remote:ADDR[,ADDR...]"}; }
+std::vector<std::string> MlpBackendNames() {
+  return {"local", "cpu", "cuda[:N]", "remote:ADDR[,ADDR...]"};
+}
 
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
                                                              const MlpContext& context) {
   if (context.config == nullptr) return absl::InvalidArgumentError("MLP backend: no model");
   if (spec == "local" || spec.empty()) return std::unique_ptr<MlpBackend>();
   if (spec == "cpu") return CreateCpu(context);
+  if (spec.rfind("cuda", 0) == 0) {
+    if (context.store == nullptr) {
+      return absl::InvalidArgumentError("cuda MLP: needs the model's weights");
+    }
+    absl::StatusOr<MlpShape> shape = ParseLayerRange("all", *context.config);
+    if (!shape.ok()) return shape.status();
+    return CreateCuda(spec, *shape, *context.config, *context.store);
+  }
   if (spec.rfind("remote:", 0) == 0) return CreateRemote(spec.substr(7), context);
   return absl::InvalidArgumentError(absl::StrCat("--mlp ", spec, ": unknown MLP backend; one of ",
                                                  absl::StrJoin(MlpBackendNames(), ", ")));
+}
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateComputeBackend(const std::string& device,
+                                                                 const MlpShape& shape,
+                                                                 const ModelConfig& config,
+                                                                 const TensorStore& store) {
+  if (device == "cpu") {
+    absl::StatusOr<DenseMlpWeights> weights = LoadDenseMlpWeights(config, store, shape);
+    if (!weights.ok()) return weights.status();
+    return std::unique_ptr<MlpBackend>(std::make_unique<CpuMlpBackend>(
+        std::make_shared<const DenseMlpWeights>(*std::move(weights))));
+  }
+  if (device.rfind("cuda", 0) == 0) return CreateCuda(device, shape, config, store);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device \"", device, "\": expected cpu, cuda or cuda:N"));
 }
 
 }  // namespace tandem::mlp

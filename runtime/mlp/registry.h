@@ -3,6 +3,8 @@
 // which backends exist:
 //   local              nullptr: the runner computes the MLP itself (the default)
 //   cpu                the model's MLP weights in host memory, computed with BLAS
+//   cuda, cuda:N       the model's MLP weights in bf16 on that GPU (cuda/cuda_mlp_backend.h;
+//                      FailedPrecondition in a build without CUDA)
 //   remote:A[,B...]    `tandem mlp-shard` services at A, B...; with fallback "cpu" the weights
 //                      are also kept here, and a layer no shard answers is computed on them
 // InvalidArgument for an unknown name or a malformed address list (the message lists the
@@ -41,5 +43,13 @@ std::vector<std::string> MlpBackendNames();
 
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
                                                              const MlpContext& context);
+
+// The backend that computes `shape`'s layers on `device` ("cpu", "cuda" or "cuda:N"): what a
+// `tandem mlp-shard` computes with. InvalidArgument for another device name; FailedPrecondition
+// for CUDA in a build without it; the backends' own load errors.
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateComputeBackend(const std::string& device,
+                                                                 const MlpShape& shape,
+                                                                 const ModelConfig& config,
+                                                                 const TensorStore& store);
 
 }  // namespace tandem::mlp

@@ -1,8 +1,9 @@
 // The CUDA runner with its MLP on a backend (cuda_model_runner.h, "MLP offload"; docs/mlp.md)
 // against the same runner computing the MLP itself: logits within bf16 tolerance and greedy
 // tokens for 64 steps on the CUDA runner's test models, through the `cpu` backend and through a
-// `tandem mlp-shard` service in this process (`remote`); a shard killed mid-run fails the step
-// with a clean error; the KV cache gets the MLP weights' bytes. Skipped without a GPU.
+// `tandem mlp-shard` service in this process (`remote`, computing on the CPU and on the GPU); a
+// shard killed mid-run fails the step with a clean error; the KV cache gets the MLP weights' bytes.
+// Skipped without a GPU.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
+#include "runtime/mlp/cuda/cuda_mlp_backend.h"
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/mlp_shard_service.h"
 #include "runtime/mlp/remote_mlp_backend.h"
@@ -255,10 +257,10 @@ struct Shard {
   ~Shard() { Kill(); }
 };
 
-std::unique_ptr<Shard> StartShard(std::shared_ptr<const mlp::DenseMlpWeights> weights) {
+std::unique_ptr<Shard> StartShard(std::unique_ptr<mlp::MlpBackend> compute) {
   auto shard = std::make_unique<Shard>();
   shard->service = std::make_unique<mlp::MlpShardService>(
-      std::move(weights), Identity(), mlp::MlpShardOptions{.model_fingerprint = "fp"});
+      std::move(compute), Identity(), mlp::MlpShardOptions{.model_fingerprint = "fp"});
   auto started = server::StartGrpcServer("127.0.0.1", 0, {shard->service.get()},
                                          {"tandem.v1.MlpShard"}, Identity());
   EXPECT_TRUE(started.ok()) << started.status();
@@ -293,8 +295,9 @@ TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
   Load("qwen");
   ASSERT_GE(config_.num_layers, 2);
   const std::string half = absl::StrCat(config_.num_layers / 2);
-  auto low = StartShard(Weights("0:" + half));
-  auto high = StartShard(Weights(half + ":" + absl::StrCat(config_.num_layers)));
+  auto low = StartShard(std::make_unique<mlp::CpuMlpBackend>(Weights("0:" + half)));
+  auto high = StartShard(
+      std::make_unique<mlp::CpuMlpBackend>(Weights(half + ":" + absl::StrCat(config_.num_layers))));
   ASSERT_TRUE(low != nullptr && high != nullptr);
   auto remote = mlp::RemoteMlpBackend::Create({low->address(), high->address()}, Identity(), all_,
                                               "fp", nullptr, mlp::RemoteMlpOptions{});
@@ -307,11 +310,31 @@ TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
   ExpectMixedBatchMatches(**local, **offloaded, "qwen remote");
 }
 
+// A shard computing on the GPU (`tandem mlp-shard --device cuda`), as the runner computes its MLP.
+TEST_P(OffloadModels, GpuShardMatchesLocal) {
+  Load(GetParam());
+  if (IsSkipped()) return;
+  auto compute = mlp::CreateCudaMlpBackend(config_, *store_, all_, 0);
+  ASSERT_TRUE(compute.ok()) << compute.status();
+  auto shard = StartShard(*std::move(compute));
+  ASSERT_NE(shard, nullptr);
+  auto remote = mlp::RemoteMlpBackend::Create({shard->address()}, Identity(), all_, "fp", nullptr,
+                                              mlp::RemoteMlpOptions{});
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto offloaded = Gpu(std::shared_ptr<mlp::MlpBackend>(std::move(*remote)));
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  ExpectGreedyMatches(**local, **offloaded, GetParam() + " gpu shard");
+  ExpectMixedBatchMatches(**local, **offloaded, GetParam() + " gpu shard");
+  EXPECT_EQ(shard->service->stats().failed, 0);
+}
+
 // The shard dies between steps: the next step fails with the layer and backend named, within the
 // call deadline, and a step after that fails the same way (no hang, no crash).
 TEST_F(CudaMlpOffloadTest, KilledShardFailsTheStepCleanly) {
   Load("tiny");
-  auto shard = StartShard(Weights("all"));
+  auto shard = StartShard(std::make_unique<mlp::CpuMlpBackend>(Weights("all")));
   ASSERT_NE(shard, nullptr);
   mlp::RemoteMlpOptions options;
   options.call_timeout = absl::Milliseconds(500);

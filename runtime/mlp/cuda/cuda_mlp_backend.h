@@ -1,0 +1,35 @@
+#pragma once
+// CudaMlpBackend ("cuda", "cuda:N"): the MLP weights of a range of layers in bf16 on one GPU,
+// computed as the CUDA runner computes its own MLP (runtime/model/cuda/cublas_gemm.h and the
+// SiLU-and-multiply kernel): gate/up projection with float32 accumulation rounded to bf16 (or, at
+// decode sizes, the fused gated kernel), silu(gate) * up rounded to bf16, down projection rounded
+// to bf16. It is the compute of `tandem mlp-shard --device cuda` and of a worker's `--mlp cuda`.
+//
+// Rows arrive and leave as host float32 (mlp_backend.h): a call rounds them to bf16, copies them
+// to the GPU through pinned memory, runs the layer on the backend's own stream and copies the
+// result back; Submit returns when `out` holds it (synchronous, as `cpu`), Wait reports it. A
+// Submit past its deadline computes nothing and its Wait is DeadlineExceeded.
+//
+// Errors: creation fails as LoadDenseMlpWeights does for missing or misshapen tensors (naming
+// them), Unavailable / NotFound for the GPU, ResourceExhausted for its memory; nothing stays
+// allocated. Submit: InvalidArgument for a layer outside the range or rows < 1; a CUDA or cuBLAS
+// error as a status naming the op (a sticky CUDA error leaves the backend unusable).
+//
+// Thread-safety: one thread at a time; each call binds that thread to the backend's GPU. No CUDA
+// types in this header.
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/safetensors.h"
+
+namespace tandem::mlp {
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaMlpBackend(const ModelConfig& config,
+                                                                 const TensorStore& store,
+                                                                 MlpShape shape,
+                                                                 int device_ordinal);
+
+}  // namespace tandem::mlp
