@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MLP offload on the CUDA runner (issue 26), in one device call, with the tools/gpu-pack bundle
-# carried (bench/engine/device_call.sh): the GPU test of the offload
-# (runtime/model/cuda/mlp_offload_cuda_test.cc), the CUDA runner's own tests as a regression
+# carried (bench/engine/device_call.sh): the GPU tests of the offload
+# (runtime/mlp/cuda/mlp_backend_cuda_test.cc, runtime/model/cuda/mlp_offload_cuda_test.cc), the
+# CUDA runner's own tests as a regression
 # check, and a Llama-3-8B-shape decode worker started with its MLP local and on the `cpu` backend
 # at the same --kv-cache-mib: its KV capacity (the worker's log) and GPU memory in use
 # (nvidia-smi) once it serves. Results: $OUT/r.tgz (tests.txt, t_*.log, decode-*.log, mem-*.txt).
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
 dc_setup || exit 1
 dc_synth llama-3-8b /tmp/m8b
+dc_test mlp_cuda "$B/mlp_backend_cuda_test"
 DC_TEST_S=300 dc_test mlp_offload "$B/mlp_offload_cuda_test"
 # The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
 filter='*'
