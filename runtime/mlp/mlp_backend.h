@@ -68,6 +68,19 @@ class MlpBackend {
   // before Wait (remote: true; cpu computes inside Submit).
   virtual bool asynchronous() const { return false; }
 
+  // The device path (optional; the CUDA runner uses it when offered): whether the backend takes
+  // a layer's rows straight from GPU `device_ordinal`'s memory of the calling process, and
+  // EnqueueOnDevice, which queues out[rows, hidden] = MLP(layer, x[rows, hidden]) (bf16 device
+  // memory, not overlapping) on `stream` (a cudaStream_t as void*): everything the caller queues
+  // on `stream` afterwards sees `out` written. It returns once the work is queued, not run, and
+  // never later than `deadline` (DeadlineExceeded); InvalidArgument for a layer outside
+  // layers() or rows < 1; after an error nothing the caller must wait for is left queued.
+  virtual bool SupportsDevice(int device_ordinal) const { return false; }
+  virtual absl::Status EnqueueOnDevice(int layer, const void* x, int rows, void* out, void* stream,
+                                       absl::Time deadline) {
+    return absl::UnimplementedError("this MLP backend has no device path");
+  }
+
   // Host bytes of MLP weights this backend holds in the calling process (0 for remote ones).
   virtual int64_t resident_weight_bytes() const = 0;
 

@@ -1,14 +1,15 @@
 #pragma once
 // CudaMlpBackend ("cuda", "cuda:N"): the MLP weights of a range of layers in bf16 on one GPU,
-// computed as the CUDA runner computes its own MLP (runtime/model/cuda/cublas_gemm.h and the
-// SiLU-and-multiply kernel): gate/up projection with float32 accumulation rounded to bf16 (or, at
-// decode sizes, the fused gated kernel), silu(gate) * up rounded to bf16, down projection rounded
-// to bf16. It is the compute of `tandem mlp-shard --device cuda` and of a worker's `--mlp cuda`.
+// computed as the CUDA runner computes its own MLP (cuda_dense_mlp.h). It is the compute of `tandem
+// mlp-shard --device cuda` and of a worker's `--mlp cuda`.
 //
-// Rows arrive and leave as host float32 (mlp_backend.h): a call rounds them to bf16, copies them
-// to the GPU through pinned memory, runs the layer on the backend's own stream and copies the
-// result back; Submit returns when `out` holds it (synchronous, as `cpu`), Wait reports it. A
-// Submit past its deadline computes nothing and its Wait is DeadlineExceeded.
+// Host rows (Submit, float32, mlp_backend.h): a call rounds them to bf16, copies them to the GPU
+// through pinned memory, runs the layer on the backend's own stream and copies the result back;
+// Submit returns when `out` holds it (synchronous, as `cpu`), Wait reports it. A Submit past its
+// deadline computes nothing and its Wait is DeadlineExceeded.
+// Device rows (EnqueueOnDevice, bf16, for a caller on the same GPU: the CUDA runner's `--mlp
+// cuda`): the layer is queued on the caller's stream (cuda_dense_mlp.h), with no copy and no
+// wait.
 //
 // Errors: creation fails as LoadDenseMlpWeights does for missing or misshapen tensors (naming
 // them), Unavailable / NotFound for the GPU, ResourceExhausted for its memory; nothing stays

@@ -1,6 +1,7 @@
 // The `cuda` MLP backend against the `cpu` backend (the float32 host reference) on the tiny
 // model's layers: every row within bf16 tolerance at decode and prefill row counts, and its
 // argument and deadline errors. Skipped without a GPU.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "runtime/base/float16.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/cuda/cuda_mlp_backend.h"
@@ -83,6 +85,50 @@ TEST_F(CudaMlpBackendTest, MatchesTheCpuBackendWithinBf16Tolerance) {
   std::printf("cuda MLP against cpu: worst row error %.4f of the row's scale\n", worst);
   EXPECT_EQ((*gpu)->stats().calls, 8 * config_.num_layers);
   EXPECT_EQ((*gpu)->resident_weight_bytes(), 0);
+}
+
+// The device path (bf16 rows in GPU memory, queued on the caller's stream) gives the bits of the
+// host path, which rounds its float32 rows to bf16 first.
+TEST_F(CudaMlpBackendTest, DevicePathGivesTheHostPathsBits) {
+  auto gpu = CreateCudaMlpBackend(config_, *store_, all_, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE((*gpu)->SupportsDevice(0));
+  EXPECT_FALSE((*gpu)->SupportsDevice(1));
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int rows : {1, 9, 100}) {
+    std::vector<float> x = Rows(rows, static_cast<uint32_t>(rows));
+    const size_t n = x.size();
+    std::vector<uint16_t> xb(n), yb(n);
+    for (size_t i = 0; i < n; ++i) {
+      xb[i] = FloatToBf16(x[i]);
+      x[i] = Bf16ToFloat(xb[i]);
+    }
+    std::vector<float> host(n);
+    ASSERT_TRUE((*gpu)->Run(1, x.data(), rows, host.data(), absl::InfiniteFuture()).ok());
+    void* dx = nullptr;
+    void* dy = nullptr;
+    ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dx, xb.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    const absl::Status s = (*gpu)->EnqueueOnDevice(1, dx, rows, dy, stream, absl::InfiniteFuture());
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(cudaMemcpyAsync(yb.data(), dy, n * 2, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(Bf16ToFloat(yb[i]), host[i]) << rows << " rows, element " << i;
+    }
+    cudaFree(dx);
+    cudaFree(dy);
+  }
+  EXPECT_EQ(
+      (*gpu)
+          ->EnqueueOnDevice(config_.num_layers, nullptr, 1, nullptr, stream, absl::InfiniteFuture())
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->EnqueueOnDevice(0, nullptr, 1, nullptr, stream, absl::InfinitePast()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(CudaMlpBackendTest, BadCallsAreRefusedAndLateOnesComputeNothing) {

@@ -899,10 +899,22 @@ class Runner final : public CudaModelRunner {
   }
 
   // Layer `layer`'s MLP on options_.mlp over the T rows of normed_, written to h_ (the sublayer
-  // output the next norm adds to the residual): normed_ -> pinned host (bf16) -> float32 ->
-  // backend -> bf16 -> h_. Waits for the stream; the upload is queued, and the pinned buffer's
-  // upload half is rewritten only after the next layer's wait.
+  // output the next norm adds to the residual). A backend with a device path on this GPU queues
+  // it on the stream; otherwise normed_ -> pinned host (bf16) -> float32 -> backend -> bf16 ->
+  // h_, which waits for the stream (the upload is queued, and the pinned buffer's upload half is
+  // rewritten only after the next layer's wait).
   absl::Status OffloadedMlp(int layer, int T) {
+    mlp::MlpBackend& backend = *options_.mlp;
+    if (backend.SupportsDevice(options_.device_ordinal)) {
+      // Straight from normed_ into h_ on the stream: no copy through the host, no wait.
+      absl::Status s =
+          backend.EnqueueOnDevice(layer, normed_.data, T, h_.data, stream_, absl::InfiniteFuture());
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", layer,
+                                                      std::string(backend.name()), s.message()));
+      }
+      return absl::OkStatus();
+    }
     const size_t n = static_cast<size_t>(T) * config_.hidden_size;
     uint16_t* down = static_cast<uint16_t*>(host_mlp_);
     uint16_t* up = down + static_cast<size_t>(cap_.rows) * config_.hidden_size;
@@ -911,7 +923,6 @@ class Runner final : public CudaModelRunner {
         "MLP activations device->host copy");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "MLP offload: attention");
     for (size_t i = 0; i < n; ++i) mlp_x_[i] = Bf16ToFloat(down[i]);
-    mlp::MlpBackend& backend = *options_.mlp;
     absl::Status s = backend.Run(layer, mlp_x_.data(), T, mlp_y_.data(), absl::InfiniteFuture());
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrFormat("layer %d MLP on the %s backend: %s", layer,

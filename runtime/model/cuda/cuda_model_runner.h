@@ -29,11 +29,13 @@
 // the batch's positions is then unspecified and, for sticky CUDA errors, the runner unusable.
 //
 // MLP offload (options.mlp, docs/mlp.md): with a backend the runner uploads no MLP weights (their
-// bf16 bytes go to the KV cache when num_blocks is derived from kv_cache_bytes) and each layer's
-// post-attention normed rows go through pinned host memory to the backend (bf16 -> f32 -> MLP ->
-// bf16 into the sublayer output), one call per layer on the runner's thread. Such steps run
-// eagerly (no CUDA graphs) as one micro-batch; a backend error fails the step with a status
-// naming the layer and backend (the KV of the layers already run is written).
+// bf16 bytes go to the KV cache when num_blocks is derived from kv_cache_bytes). Each layer's
+// post-attention normed rows go to the backend, one call per layer on the runner's thread:
+// queued on the runner's stream when the backend has a device path on this GPU
+// (MlpBackend::SupportsDevice), else through pinned host memory (bf16 -> f32 -> MLP -> bf16 into
+// the sublayer output, waiting for the stream). Such steps run eagerly (no CUDA graphs) as one
+// micro-batch; a backend error fails the step with a status naming the layer and backend (the KV
+// of the layers already run is written).
 //
 // Thread-safety: as ModelRunner, one thread at a time; the runner may be created on one thread and
 // used on another (every call binds the thread to the runner's GPU).

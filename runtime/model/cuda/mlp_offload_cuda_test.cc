@@ -310,6 +310,23 @@ TEST_F(CudaMlpOffloadTest, RemoteShardsMatchLocal) {
   ExpectMixedBatchMatches(**local, **offloaded, "qwen remote");
 }
 
+// The `cuda` backend on the runner's GPU: its device path queues the layer on the runner's
+// stream, with the kernels the runner's own MLP runs.
+TEST_P(OffloadModels, CudaBackendOnTheSameGpuMatchesLocal) {
+  Load(GetParam());
+  if (IsSkipped()) return;
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto backend = mlp::CreateCudaMlpBackend(config_, *store_, all_, 0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ASSERT_TRUE((*backend)->SupportsDevice(0));
+  auto offloaded = Gpu(std::shared_ptr<mlp::MlpBackend>(*std::move(backend)));
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  ExpectGreedyMatches(**local, **offloaded, GetParam() + " cuda");
+  ExpectMixedBatchMatches(**local, **offloaded, GetParam() + " cuda");
+  EXPECT_EQ((*offloaded)->mlp_stats().calls, int64_t{66} * config_.num_layers);
+}
+
 // A shard computing on the GPU (`tandem mlp-shard --device cuda`), as the runner computes its MLP.
 TEST_P(OffloadModels, GpuShardMatchesLocal) {
   Load(GetParam());
