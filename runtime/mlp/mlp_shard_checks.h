@@ -28,4 +28,18 @@ size_t ComputeBytes(int rows, const MlpShape& shape);
 absl::Status CheckShardInfo(const tandem::v1::MlpInfo& info, const MlpShape& expected,
                             const std::string& model_fingerprint, MlpShape* served);
 
+// The bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t (checked against CUDA's
+// headers where they are used).
+inline constexpr size_t kIpcHandleBytes = 64;
+
+// An Attach request a shard with `max_rows` per call accepts: max_rows in 1..max_rows, a GPU
+// UUID of 32 lowercase hex digits, and a boot id of 1..64 printable characters. InvalidArgument
+// naming the field otherwise.
+absl::Status CheckAttachRequest(const tandem::v1::MlpAttachRequest& request, int max_rows);
+
+// A shard's Attach answer as a client that asked for `rows` rows takes it: four handles of
+// kIpcHandleBytes, a doorbell name of the doorbell's form, and max_rows equal to `rows`.
+// InvalidArgument naming the field otherwise.
+absl::Status CheckAttachResponse(const tandem::v1::MlpAttachResponse& response, int rows);
+
 }  // namespace tandem::mlp

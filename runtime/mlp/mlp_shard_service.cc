@@ -29,12 +29,135 @@ MlpShardService::MlpShardService(std::unique_ptr<MlpBackend> compute,
   thread_ = std::thread([this] { Loop(); });
 }
 
+// One Attach call: the session lives until the call ends (client gone or cancelled, the write
+// failed, or the shard stops); End() is idempotent and frees the session before finishing.
+class MlpShardService::AttachReactor final
+    : public grpc::ServerWriteReactor<tandem::v1::MlpAttachResponse> {
+ public:
+  AttachReactor(MlpShardService* service, grpc::CallbackServerContext* context,
+                const tandem::v1::MlpAttachRequest* request)
+      : service_(service) {
+    if (grpc::Status auth = service_->identity_->Authenticate(*context); !auth.ok()) {
+      Reject(auth, /*count=*/true);
+      return;
+    }
+    if (!service_->options_.attach) {
+      Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "this MLP shard computes on the CPU: its GPU data plane needs "
+                          "`tandem mlp-shard --device cuda`"),
+             false);
+      return;
+    }
+    if (absl::Status bad = CheckAttachRequest(*request, service_->options_.max_rows); !bad.ok()) {
+      Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(bad.message())), true);
+      return;
+    }
+    {
+      absl::MutexLock lock(&service_->mu_);
+      if (service_->stopping_) {
+        Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"), false);
+        return;
+      }
+      if (static_cast<int>(service_->attached_.size()) >= service_->options_.max_sessions) {
+        Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("the MLP shard serves ", service_->options_.max_sessions,
+                                         " sessions already")),
+               false);
+        return;
+      }
+      service_->attached_.insert(this);
+      ++service_->stats_.sessions;
+      registered_ = true;
+    }
+    absl::StatusOr<std::unique_ptr<MlpShardSession>> session =
+        service_->options_.attach(*request, &response_);
+    if (!session.ok()) {
+      End(grpc::Status(static_cast<grpc::StatusCode>(session.status().code()),
+                       std::string(session.status().message())));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      session_ = *std::move(session);
+    }
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the session's answer was lost"));
+    // Otherwise the call stays open: the session lives until the client ends it.
+  }
+  void OnCancel() override { End(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    if (registered_) {
+      absl::MutexLock lock(&service_->mu_);
+      service_->attached_.erase(this);
+    }
+    delete this;
+  }
+
+  // Frees the session, then finishes the call (once).
+  void End(const grpc::Status& status) {
+    std::unique_ptr<MlpShardSession> session;
+    if (!Take(&session)) return;
+    session.reset();
+    Finish(status);
+  }
+
+  // Marks the call ended and hands over its session; false when it had ended already. Whoever
+  // takes it must Finish it: until then OnDone cannot run, so the reactor stays alive.
+  bool Take(std::unique_ptr<MlpShardSession>* session) {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return false;
+    ended_ = true;
+    *session = std::move(session_);
+    return true;
+  }
+
+ private:
+  void Reject(const grpc::Status& status, bool count) {
+    if (count) {
+      absl::MutexLock lock(&service_->mu_);
+      ++service_->stats_.rejected;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+    }
+    Finish(status);
+  }
+
+  MlpShardService* const service_;
+  tandem::v1::MlpAttachResponse response_;
+  bool registered_ = false;  // in service_->attached_ (set before any callback can run)
+  absl::Mutex mu_;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<MlpShardSession> session_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ServerWriteReactor<tandem::v1::MlpAttachResponse>* MlpShardService::Attach(
+    grpc::CallbackServerContext* context, const tandem::v1::MlpAttachRequest* request) {
+  return new AttachReactor(this, context, request);
+}
+
 MlpShardService::~MlpShardService() { Shutdown(); }
 
 void MlpShardService::Shutdown() {
+  // Sessions end first. A reactor is only touched under mu_ (its OnDone erases it under mu_
+  // before deleting it), except the ones taken here, which cannot reach OnDone before the
+  // Finish below.
+  std::vector<std::pair<AttachReactor*, std::unique_ptr<MlpShardSession>>> taken;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    for (AttachReactor* r : attached_) {
+      std::unique_ptr<MlpShardSession> session;
+      if (r->Take(&session)) taken.emplace_back(r, std::move(session));
+    }
+  }
+  for (auto& [reactor, session] : taken) {
+    session.reset();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
   }
   if (thread_.joinable()) thread_.join();
 }

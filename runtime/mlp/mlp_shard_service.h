@@ -14,7 +14,12 @@
 //   come from the wire: the shard reads only the message's own bytes, sized by its fields.
 // - Deadlines: a call whose deadline passed before the compute thread reached it (or that was
 //   cancelled) is answered DEADLINE_EXCEEDED (CANCELLED) without computing.
-// - Shutdown (or destruction) answers what is queued with UNAVAILABLE and stops the thread.
+// - GPU data plane (Attach, mlp_shard_session.h): with a session factory (a shard on a GPU) an
+//   authenticated, checked Attach gets one message with the session's handles and stays open;
+//   the session is destroyed when the client ends the call, the call fails, or the shard stops.
+//   Without a factory Attach is UNIMPLEMENTED; past max_sessions, RESOURCE_EXHAUSTED.
+// - Shutdown (or destruction) answers what is queued with UNAVAILABLE, ends every session and
+//   stops the thread.
 //
 // Threading: gRPC callback threads and the compute thread.
 
@@ -25,9 +30,11 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/auth/service_identity.h"
 #include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/mlp_shard_session.h"
 #include "tandem/v1/mlp.grpc.pb.h"
 
 namespace tandem::mlp {
@@ -36,6 +43,8 @@ struct MlpShardOptions {
   std::string model_fingerprint;
   int max_rows = 8192;         // per call
   int max_batch_rows = 16384;  // per layer batch (calls past it wait for the next batch)
+  MlpSessionFactory attach;    // the GPU data plane; null: Attach is UNIMPLEMENTED
+  int max_sessions = 64;
 };
 
 struct MlpShardStats {
@@ -46,6 +55,7 @@ struct MlpShardStats {
   int64_t rejected = 0;  // INVALID_ARGUMENT or UNAUTHENTICATED
   int64_t expired = 0;   // past their deadline or cancelled before computing
   int64_t failed = 0;    // answered INTERNAL after a compute error
+  int64_t sessions = 0;  // Attach sessions started
   double compute_seconds = 0;
 };
 
@@ -69,6 +79,8 @@ class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
   grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context,
                                     const tandem::v1::MlpComputeRequest* request,
                                     tandem::v1::MlpComputeResponse* response) override;
+  grpc::ServerWriteReactor<tandem::v1::MlpAttachResponse>* Attach(
+      grpc::CallbackServerContext* context, const tandem::v1::MlpAttachRequest* request) override;
 
   void Shutdown();
   MlpShardStats stats() const;
@@ -81,6 +93,8 @@ class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
     grpc::ServerUnaryReactor* reactor;
   };
   void Loop();
+  class AttachReactor;
+  friend class AttachReactor;
 
   const std::unique_ptr<MlpBackend> compute_;  // the compute thread's
   const MlpShape shape_;
@@ -91,6 +105,7 @@ class MlpShardService final : public tandem::v1::MlpShard::CallbackService {
   std::deque<Call> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   MlpShardStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<AttachReactor*> attached_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -2,7 +2,9 @@
 // shards that fail: killed, frozen, answering the wrong size, serving another model or not every
 // layer. Every fault ends in a failover, the fallback or a clean error, within the call's
 // deadline; nothing hangs.
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +20,8 @@
 #include "runtime/base/logging.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/ipc_doorbell.h"
+#include "runtime/mlp/mlp_shard_checks.h"
 #include "runtime/mlp/mlp_shard_service.h"
 #include "runtime/mlp/remote_mlp_backend.h"
 #include "runtime/mlp/tiny_model_for_test.h"
@@ -119,8 +123,9 @@ class RemoteMlpTest : public ::testing::Test {
   };
   Shard StartShard(const std::string& range, const std::string& fingerprint = "fp") {
     Shard s;
-    s.service = std::make_unique<MlpShardService>(
-        Weights(range), Identity(), MlpShardOptions{.model_fingerprint = fingerprint});
+    MlpShardOptions options;
+    options.model_fingerprint = fingerprint;
+    s.service = std::make_unique<MlpShardService>(Weights(range), Identity(), options);
     s.server = std::make_unique<Server>(s.service.get(), "tandem.v1.MlpShard");
     return s;
   }
@@ -370,6 +375,135 @@ TEST_F(RemoteMlpTest, TheShardRefusesBadCallsAndComputesNothing) {
   const MlpShardStats stats = shard.service->stats();
   EXPECT_EQ(stats.rows, 2);
   EXPECT_EQ(stats.rejected, 5);
+}
+
+// The Attach call of the GPU data plane, with a session factory standing in for the GPU one: a
+// session lives exactly as long as its call, bad and unauthenticated requests get no session,
+// and a shard on the CPU answers UNIMPLEMENTED.
+struct FakeSession : MlpShardSession {
+  explicit FakeSession(std::atomic<int>* live) : live(live) { ++*live; }
+  ~FakeSession() override { --*live; }
+  std::atomic<int>* live;
+};
+
+tandem::v1::MlpAttachRequest GoodAttach(uint32_t rows) {
+  tandem::v1::MlpAttachRequest request;
+  request.set_max_rows(rows);
+  request.set_gpu_uuid("0123456789abcdef0123456789abcdef");
+  request.set_boot_id("4b2c6f0e-1a2b-4c3d-8e9f-0a1b2c3d4e5f");
+  return request;
+}
+
+TEST_F(RemoteMlpTest, AnAttachSessionLivesAsLongAsItsCall) {
+  std::atomic<int> live{0};
+  auto bell = IpcDoorbell::Create();
+  ASSERT_TRUE(bell.ok());
+  MlpShardOptions options;
+  options.model_fingerprint = "fp";
+  options.max_sessions = 1;
+  options.attach = [&](const tandem::v1::MlpAttachRequest& request,
+                       tandem::v1::MlpAttachResponse* response)
+      -> absl::StatusOr<std::unique_ptr<MlpShardSession>> {
+    for (std::string* h : {response->mutable_input_memory(), response->mutable_output_memory(),
+                           response->mutable_input_event(), response->mutable_output_event()}) {
+      h->assign(kIpcHandleBytes, 'h');
+    }
+    response->set_doorbell(bell->name());
+    response->set_max_rows(request.max_rows());
+    return std::make_unique<FakeSession>(&live);
+  };
+  auto service = std::make_unique<MlpShardService>(Weights("all"), Identity(), options);
+  Server server(service.get(), "tandem.v1.MlpShard");
+  auto stub = tandem::v1::MlpShard::NewStub(Identity()->Dial(server.address()));
+  const auto wait_live = [&](int want) {
+    for (int i = 0; i < 500 && live.load() != want; ++i) absl::SleepFor(absl::Milliseconds(10));
+    return live.load();
+  };
+  {
+    grpc::ClientContext context;
+    auto reader = stub->Attach(&context, GoodAttach(16));
+    tandem::v1::MlpAttachResponse response;
+    ASSERT_TRUE(reader->Read(&response));
+    EXPECT_TRUE(CheckAttachResponse(response, 16).ok());
+    EXPECT_EQ(live.load(), 1);
+    // One session at most: a second Attach is refused while the first is open.
+    grpc::ClientContext second;
+    auto refused = stub->Attach(&second, GoodAttach(16));
+    tandem::v1::MlpAttachResponse ignored;
+    EXPECT_FALSE(refused->Read(&ignored));
+    EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    context.TryCancel();  // the client ends the session
+    EXPECT_FALSE(reader->Read(&response));
+    reader->Finish();
+  }
+  EXPECT_EQ(wait_live(0), 0);
+  // Bad and unauthenticated requests get no session.
+  for (auto mutate : std::vector<std::function<void(tandem::v1::MlpAttachRequest*)>>{
+           [](auto* r) { r->set_max_rows(0); }, [](auto* r) { r->set_max_rows(1 << 30); },
+           [](auto* r) { r->set_gpu_uuid("GPU-0123"); }, [](auto* r) { r->set_boot_id(""); },
+           [](auto* r) { r->set_boot_id(std::string(65, 'a')); }}) {
+    tandem::v1::MlpAttachRequest request = GoodAttach(16);
+    mutate(&request);
+    grpc::ClientContext context;
+    auto reader = stub->Attach(&context, request);
+    tandem::v1::MlpAttachResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  auto stranger = tandem::v1::MlpShard::NewStub(
+      Identity("some-other-token-abcdef0123456789")->Dial(server.address()));
+  {
+    grpc::ClientContext context;
+    auto reader = stranger->Attach(&context, GoodAttach(16));
+    tandem::v1::MlpAttachResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(live.load(), 0);
+  // The shard stopping ends an open session.
+  grpc::ClientContext context;
+  auto reader = stub->Attach(&context, GoodAttach(8));
+  tandem::v1::MlpAttachResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(live.load(), 1);
+  service->Shutdown();
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_FALSE(reader->Read(&response));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(service->stats().sessions, 2);
+}
+
+TEST_F(RemoteMlpTest, AShardOnTheCpuHasNoGpuDataPlane) {
+  Shard shard = StartShard("all");
+  auto stub = tandem::v1::MlpShard::NewStub(Identity()->Dial(shard.address()));
+  grpc::ClientContext context;
+  auto reader = stub->Attach(&context, GoodAttach(16));
+  tandem::v1::MlpAttachResponse response;
+  EXPECT_FALSE(reader->Read(&response));
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("--device cuda"));
+}
+
+TEST(MlpShardChecksTest, AttachAnswersFromAShardAreChecked) {
+  tandem::v1::MlpAttachResponse good;
+  for (std::string* h : {good.mutable_input_memory(), good.mutable_output_memory(),
+                         good.mutable_input_event(), good.mutable_output_event()}) {
+    h->assign(kIpcHandleBytes, 'h');
+  }
+  good.set_doorbell("/tandem-mlp-0123456789abcdef0123456789abcdef");
+  good.set_max_rows(32);
+  EXPECT_TRUE(CheckAttachResponse(good, 32).ok());
+  EXPECT_FALSE(CheckAttachResponse(good, 64).ok());
+  for (auto mutate : std::vector<std::function<void(tandem::v1::MlpAttachResponse*)>>{
+           [](auto* r) { r->mutable_input_memory()->pop_back(); },
+           [](auto* r) { r->mutable_output_event()->push_back('x'); },
+           [](auto* r) { r->set_doorbell("/dev/shm/../etc"); },
+           [](auto* r) { r->set_doorbell(""); }}) {
+    tandem::v1::MlpAttachResponse bad = good;
+    mutate(&bad);
+    EXPECT_EQ(CheckAttachResponse(bad, 32).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

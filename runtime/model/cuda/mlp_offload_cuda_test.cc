@@ -259,8 +259,9 @@ struct Shard {
 
 std::unique_ptr<Shard> StartShard(std::unique_ptr<mlp::MlpBackend> compute) {
   auto shard = std::make_unique<Shard>();
-  shard->service = std::make_unique<mlp::MlpShardService>(
-      std::move(compute), Identity(), mlp::MlpShardOptions{.model_fingerprint = "fp"});
+  mlp::MlpShardOptions options;
+  options.model_fingerprint = "fp";
+  shard->service = std::make_unique<mlp::MlpShardService>(std::move(compute), Identity(), options);
   auto started = server::StartGrpcServer("127.0.0.1", 0, {shard->service.get()},
                                          {"tandem.v1.MlpShard"}, Identity());
   EXPECT_TRUE(started.ok()) << started.status();

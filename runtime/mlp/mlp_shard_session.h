@@ -1,0 +1,34 @@
+#pragma once
+// The GPU data plane of a `tandem mlp-shard` (MlpShard.Attach, proto/tandem/v1/mlp.proto): a
+// session between the shard and one attention worker on the same GPU, created from an Attach
+// request and alive while that call is open (mlp_shard_service.h ends it: destroying the session
+// frees its buffers, events and doorbell). The CUDA implementation is
+// runtime/mlp/cuda/ipc_shard_session.h; a shard computing on the CPU has no factory and answers
+// Attach UNIMPLEMENTED.
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/mlp/mlp_backend.h"
+#include "tandem/v1/mlp.pb.h"
+
+namespace tandem::mlp {
+
+class MlpShardSession {
+ public:
+  virtual ~MlpShardSession() = default;
+};
+
+// Creates a session for a checked request (mlp_shard_checks.h) and fills the response with its
+// handles. Called on a gRPC thread.
+using MlpSessionFactory = std::function<absl::StatusOr<std::unique_ptr<MlpShardSession>>(
+    const tandem::v1::MlpAttachRequest& request, tandem::v1::MlpAttachResponse* response)>;
+
+// What a shard computes with: the backend of Compute calls and, on a GPU, the session factory.
+struct ShardCompute {
+  std::unique_ptr<MlpBackend> backend;
+  MlpSessionFactory attach;  // null: no GPU data plane
+};
+
+}  // namespace tandem::mlp
