@@ -5,8 +5,9 @@
 //       [--device cpu|cuda|cuda:N]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // It loads only the MLP weights of those layers: host float32 computed by the CPU, or bf16 on
-// the GPU with --device cuda (runtime/mlp/cuda/cuda_mlp_backend.h; rows still travel in the
-// gRPC message as float32). Prints
+// the GPU with --device cuda (runtime/mlp/cuda/ipc_shard_session.h), which also serves the GPU
+// data plane to attention workers on that GPU (`--mlp cuda_ipc:ADDR`; Compute calls still carry
+// float32 rows in the gRPC message). Prints
 // "tandem mlp-shard: serving on HOST:PORT" once it serves; SIGINT/SIGTERM stop it (queued calls
 // are answered UNAVAILABLE: workers fail over to another shard or their fallback). Exit status:
 // 0 ok, 1 runtime error, 2 usage error.
@@ -67,8 +68,8 @@ int RunMlpShard(const MlpShardFlags& flags) {
     return 1;
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<mlp::MlpBackend>> compute =
-      mlp::CreateComputeBackend(flags.device, *shape, *config, **store);
+  absl::StatusOr<mlp::ShardCompute> compute =
+      mlp::CreateShardCompute(flags.device, *shape, *config, **store);
   if (!compute.ok()) {
     std::cerr << prefix << "--device " << flags.device << ": " << compute.status().message()
               << "\n";
@@ -77,8 +78,9 @@ int RunMlpShard(const MlpShardFlags& flags) {
   mlp::MlpShardOptions options;
   options.model_fingerprint = ModelFingerprint(**store);
   options.max_rows = flags.max_rows;
+  options.attach = std::move(compute->attach);
   store->reset();
-  mlp::MlpShardService service(*std::move(compute), *identity, options);
+  mlp::MlpShardService service(std::move(compute->backend), *identity, options);
   absl::StatusOr<server::GrpcServer> grpc = server::StartGrpcServer(
       flags.host, flags.port, {&service}, {"tandem.v1.MlpShard"}, *identity);
   if (!grpc.ok()) {

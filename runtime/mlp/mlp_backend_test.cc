@@ -317,11 +317,14 @@ TEST_F(MlpBackendTest, RegistryNamesAndErrors) {
   // The shard's compute backends over a layer range.
   auto range = ParseLayerRange("1:3", config_);
   ASSERT_TRUE(range.ok());
-  auto cpu = CreateComputeBackend("cpu", *range, config_, *store_);
+  auto cpu = CreateShardCompute("cpu", *range, config_, *store_);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_EQ((*cpu)->shape().first_layer, 1);
-  EXPECT_EQ((*cpu)->shape().end_layer, 3);
-  EXPECT_EQ(CreateComputeBackend("tpu", *range, config_, *store_).status().code(),
+  EXPECT_EQ(cpu->backend->shape().first_layer, 1);
+  EXPECT_EQ(cpu->backend->shape().end_layer, 3);
+  EXPECT_FALSE(cpu->attach);  // no GPU data plane on the CPU
+  EXPECT_EQ(CreateShardCompute("tpu", *range, config_, *store_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateMlpBackend("cuda_ipc:", context).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateMlpBackend("remote:", context).status().code(),
             absl::StatusCode::kInvalidArgument);

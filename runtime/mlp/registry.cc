@@ -12,7 +12,9 @@
 #include "runtime/mlp/remote_mlp_backend.h"
 
 #if TANDEM_HAVE_CUDA
+#include "runtime/mlp/cuda/cuda_ipc_mlp_backend.h"
 #include "runtime/mlp/cuda/cuda_mlp_backend.h"
+#include "runtime/mlp/cuda/ipc_shard_session.h"
 #endif
 
 namespace tandem::mlp {
@@ -31,11 +33,8 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCpu(const MlpContext& context)
       std::make_shared<const DenseMlpWeights>(*std::move(weights))));
 }
 
-// "cuda" or "cuda:N": `shape`'s layers on that GPU of this host.
-absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCuda(const std::string& spec,
-                                                       const MlpShape& shape,
-                                                       const ModelConfig& config,
-                                                       const TensorStore& store) {
+// The GPU of "cuda" or "cuda:N".
+absl::StatusOr<int> CudaOrdinal(const std::string& spec) {
   int ordinal = 0;
   if (spec != "cuda" && (spec.size() <= 5 || spec.rfind("cuda:", 0) != 0 ||
                          spec.find_first_not_of("0123456789", 5) != std::string::npos ||
@@ -43,13 +42,50 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCuda(const std::string& spec,
     return absl::InvalidArgumentError(absl::StrCat(spec, ": expected cuda or cuda:N"));
   }
 #if TANDEM_HAVE_CUDA
-  return CreateCudaMlpBackend(config, store, shape, ordinal);
+  return ordinal;
 #else
-  (void)shape;
-  (void)config;
-  (void)store;
   return absl::FailedPreconditionError(
       absl::StrCat(spec, ": this build of Tandem has no CUDA (configure with -DTANDEM_CUDA=ON)"));
+#endif
+}
+
+// "cuda" or "cuda:N": `shape`'s layers on that GPU of this host.
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCuda(const std::string& spec,
+                                                       const MlpShape& shape,
+                                                       const ModelConfig& config,
+                                                       const TensorStore& store) {
+  absl::StatusOr<int> ordinal = CudaOrdinal(spec);
+  if (!ordinal.ok()) return ordinal.status();
+#if TANDEM_HAVE_CUDA
+  return CreateCudaMlpBackend(config, store, shape, *ordinal);
+#else
+  return absl::InternalError("unreachable");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaIpc(const std::string& addresses,
+                                                          const MlpContext& context) {
+  std::vector<std::string> list = absl::StrSplit(addresses, ',');
+  for (const std::string& a : list) {
+    if (a.empty() || a.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mlp cuda_ipc:", addresses, ": expected HOST:PORT[,HOST:PORT...]"));
+    }
+  }
+  if (context.identity == nullptr) {
+    return absl::InvalidArgumentError("cuda_ipc MLP: needs the deployment's service credential");
+  }
+  if (context.fallback != "none") {
+    return absl::InvalidArgumentError("--mlp cuda_ipc takes no --mlp-fallback");
+  }
+#if TANDEM_HAVE_CUDA
+  absl::StatusOr<MlpShape> shape = ParseLayerRange("all", *context.config);
+  if (!shape.ok()) return shape.status();
+  return CreateCudaIpcMlpBackend(list, context.identity, *shape, context.model_fingerprint,
+                                 context.device_ordinal, context.ipc_max_rows, context.remote);
+#else
+  return absl::FailedPreconditionError(
+      "--mlp cuda_ipc: this build of Tandem has no CUDA (configure with -DTANDEM_CUDA=ON)");
 #endif
 }
 
@@ -86,7 +122,7 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addr
 }  // namespace
 
 std::vector<std::string> MlpBackendNames() {
-  return {"local", "cpu", "cuda[:N]", "remote:ADDR[,ADDR...]"};
+  return {"local", "cpu", "cuda[:N]", "remote:ADDR[,ADDR...]", "cuda_ipc:ADDR[,ADDR...]"};
 }
 
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
@@ -103,21 +139,29 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& 
     return CreateCuda(spec, *shape, *context.config, *context.store);
   }
   if (spec.rfind("remote:", 0) == 0) return CreateRemote(spec.substr(7), context);
+  if (spec.rfind("cuda_ipc:", 0) == 0) return CreateCudaIpc(spec.substr(9), context);
   return absl::InvalidArgumentError(absl::StrCat("--mlp ", spec, ": unknown MLP backend; one of ",
                                                  absl::StrJoin(MlpBackendNames(), ", ")));
 }
 
-absl::StatusOr<std::unique_ptr<MlpBackend>> CreateComputeBackend(const std::string& device,
-                                                                 const MlpShape& shape,
-                                                                 const ModelConfig& config,
-                                                                 const TensorStore& store) {
+absl::StatusOr<ShardCompute> CreateShardCompute(const std::string& device, const MlpShape& shape,
+                                                const ModelConfig& config,
+                                                const TensorStore& store) {
   if (device == "cpu") {
     absl::StatusOr<DenseMlpWeights> weights = LoadDenseMlpWeights(config, store, shape);
     if (!weights.ok()) return weights.status();
-    return std::unique_ptr<MlpBackend>(std::make_unique<CpuMlpBackend>(
-        std::make_shared<const DenseMlpWeights>(*std::move(weights))));
+    ShardCompute compute;
+    compute.backend = std::make_unique<CpuMlpBackend>(
+        std::make_shared<const DenseMlpWeights>(*std::move(weights)));
+    return compute;
   }
-  if (device.rfind("cuda", 0) == 0) return CreateCuda(device, shape, config, store);
+  if (device.rfind("cuda", 0) == 0) {
+    absl::StatusOr<int> ordinal = CudaOrdinal(device);
+    if (!ordinal.ok()) return ordinal.status();
+#if TANDEM_HAVE_CUDA
+    return CreateGpuShardCompute(config, store, shape, *ordinal);
+#endif
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown device \"", device, "\": expected cpu, cuda or cuda:N"));
 }

@@ -7,6 +7,8 @@
 //                      FailedPrecondition in a build without CUDA)
 //   remote:A[,B...]    `tandem mlp-shard` services at A, B...; with fallback "cpu" the weights
 //                      are also kept here, and a layer no shard answers is computed on them
+//   cuda_ipc:A[,B...]  `tandem mlp-shard --device cuda` services on this worker's GPU, through
+//                      the GPU data plane (cuda/cuda_ipc_mlp_backend.h; no fallback)
 // InvalidArgument for an unknown name or a malformed address list (the message lists the
 // names), plus the backends' own errors (missing tensors, unreachable or mismatched shards).
 //
@@ -19,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/mlp/mlp_backend.h"
+#include "runtime/mlp/mlp_shard_session.h"
 #include "runtime/mlp/remote_mlp_options.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -36,6 +39,8 @@ struct MlpContext {
   std::shared_ptr<const auth::ServiceIdentity> identity;  // remote: the service credential
   std::string fallback = "none";                          // remote: "none" or "cpu"
   RemoteMlpOptions remote;
+  int device_ordinal = 0;   // cuda_ipc: the worker's GPU (the shards' too)
+  int ipc_max_rows = 8192;  // cuda_ipc: rows a call carries (larger steps take several)
 };
 
 // The names CreateMlpBackend takes (remote with its address list elided).
@@ -44,12 +49,12 @@ std::vector<std::string> MlpBackendNames();
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,
                                                              const MlpContext& context);
 
-// The backend that computes `shape`'s layers on `device` ("cpu", "cuda" or "cuda:N"): what a
-// `tandem mlp-shard` computes with. InvalidArgument for another device name; FailedPrecondition
-// for CUDA in a build without it; the backends' own load errors.
-absl::StatusOr<std::unique_ptr<MlpBackend>> CreateComputeBackend(const std::string& device,
-                                                                 const MlpShape& shape,
-                                                                 const ModelConfig& config,
-                                                                 const TensorStore& store);
+// What a `tandem mlp-shard` computes `shape`'s layers with on `device` ("cpu", "cuda" or
+// "cuda:N"): the backend of its Compute calls and, on a GPU, its Attach sessions (the GPU data
+// plane). InvalidArgument for another device name; FailedPrecondition for CUDA in a build
+// without it; the backends' own load errors.
+absl::StatusOr<ShardCompute> CreateShardCompute(const std::string& device, const MlpShape& shape,
+                                                const ModelConfig& config,
+                                                const TensorStore& store);
 
 }  // namespace tandem::mlp

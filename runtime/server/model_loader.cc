@@ -51,6 +51,7 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
     context.identity = options.mlp_identity;
     context.fallback = options.mlp_fallback;
     context.remote = options.mlp_remote;
+    context.device_ordinal = device.ordinal;
     ASSIGN_OR_RETURN(std::unique_ptr<mlp::MlpBackend> backend,
                      mlp::CreateMlpBackend(options.mlp, context));
     runner_options.mlp = std::move(backend);

@@ -49,7 +49,8 @@ struct CudaDenseMlp::Impl {
   void* workspace = nullptr;
   int cap = 0;
   size_t act_offset = 0;
-  void* last_stream = nullptr;  // the stream the workspace was last used on
+  void* last_stream = nullptr;    // the stream the workspace was last used on
+  cudaEvent_t handoff = nullptr;  // orders the workspace's use across streams
 };
 
 CudaDenseMlp::CudaDenseMlp(MlpShape shape, int device) : shape_(shape), device_(device) {}
@@ -60,6 +61,7 @@ CudaDenseMlp::~CudaDenseMlp() {
     cudaStreamSynchronize(static_cast<cudaStream_t>(impl_->last_stream));
   }
   impl_->gemm.reset();
+  if (impl_->handoff != nullptr) cudaEventDestroy(impl_->handoff);
   for (void* p : {impl_->weights, impl_->workspace, impl_->cublas_ws}) {
     if (p != nullptr) cudaFree(p);
   }
@@ -126,6 +128,8 @@ absl::Status CudaDenseMlp::Init(const TensorStore& store) {
         absl::StrCat("cuda MLP: cuBLASLt workspace: ", cudaGetErrorString(e)));
   }
   ASSIGN_OR_RETURN(impl_->gemm, CublasLtGemm::Create(impl_->cublas_ws, kCublasWorkspaceBytes));
+  RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&impl_->handoff, cudaEventDisableTiming),
+                       "cuda MLP: cudaEventCreate");
   return absl::OkStatus();
 }
 
@@ -157,8 +161,17 @@ absl::Status CudaDenseMlp::Forward(int layer, const void* x, int rows, void* y, 
                                                    shape_.first_layer, ":", shape_.end_layer));
   }
   if (rows < 1) return absl::InvalidArgumentError(absl::StrCat("cuda MLP: ", rows, " rows"));
+  absl::MutexLock lock(&mu_);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cuda MLP: cudaSetDevice");
   RETURN_IF_ERROR(Reserve(rows));
+  if (impl_->last_stream != nullptr && impl_->last_stream != stream) {
+    // The workspace's last user was another stream: this stream's work goes after it.
+    RETURN_IF_CUDA_ERROR(
+        cudaEventRecord(impl_->handoff, static_cast<cudaStream_t>(impl_->last_stream)),
+        "cuda MLP: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), impl_->handoff, 0),
+                         "cuda MLP: cudaStreamWaitEvent");
+  }
   impl_->last_stream = stream;
   const int hidden = shape_.hidden_size, inter = shape_.intermediate_size;
   const char* w =

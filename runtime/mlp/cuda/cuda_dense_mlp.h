@@ -7,7 +7,9 @@
 // `tandem mlp-shard`.
 //
 // Forward only queues work on the stream it is given (its workspace grows, synchronizing the
-// stream it last used, when a call brings more rows than any before). Weights: per layer the gate
+// stream it last used, when a call brings more rows than any before). Calls on different
+// streams share one workspace: a call on another stream than the last one's is ordered after the
+// last one's work (an event), so callers need no ordering of their own. Weights: per layer the gate
 // and up rows as one [2 inter, hidden] matrix, then down [hidden, inter].
 //
 // Errors: Create fails for missing or misshapen tensors (naming them), a shape that does not fit
@@ -15,7 +17,8 @@
 // nothing stays allocated. Forward: InvalidArgument for a layer outside the range or rows < 1,
 // cuBLAS / CUDA errors as statuses naming the op.
 //
-// Thread-safety: one thread at a time; Forward binds the calling thread to the GPU. No CUDA types
+// Thread-safety: Forward is thread-safe (calls are serialized; each binds its thread to the
+// GPU). No CUDA types
 // here (streams are cudaStream_t passed as void*).
 
 #include <cstddef>
@@ -23,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -51,6 +55,7 @@ class CudaDenseMlp {
   absl::Status Reserve(int rows);
 
   struct Impl;
+  absl::Mutex mu_;  // serializes Forward
   const MlpShape shape_;
   const int device_;
   size_t weight_bytes_ = 0;

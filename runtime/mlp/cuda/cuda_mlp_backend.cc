@@ -20,12 +20,12 @@ namespace {
 
 class CudaMlpBackend final : public MlpBackend {
  public:
-  explicit CudaMlpBackend(std::unique_ptr<CudaDenseMlp> mlp) : mlp_(std::move(mlp)) {}
+  explicit CudaMlpBackend(std::shared_ptr<CudaDenseMlp> mlp) : mlp_(std::move(mlp)) {}
 
   ~CudaMlpBackend() override {
     if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    mlp_.reset();  // before the stream it last used goes
+    mlp_.reset();  // (if last) before the stream it last used goes
     if (rows_ != nullptr) cudaFree(rows_);
     if (host_ != nullptr) cudaFreeHost(host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -137,7 +137,7 @@ class CudaMlpBackend final : public MlpBackend {
     return absl::OkStatus();
   }
 
-  std::unique_ptr<CudaDenseMlp> mlp_;
+  std::shared_ptr<CudaDenseMlp> mlp_;
   cudaStream_t stream_ = nullptr;
   void* rows_ = nullptr;  // x then y, [cap_, hidden] bf16 each
   void* host_ = nullptr;
@@ -155,6 +155,11 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaMlpBackend(const ModelConf
                                                                  int device_ordinal) {
   ASSIGN_OR_RETURN(std::unique_ptr<CudaDenseMlp> mlp,
                    CudaDenseMlp::Create(config, store, shape, device_ordinal));
+  return CreateCudaMlpBackend(std::move(mlp));
+}
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaMlpBackend(
+    std::shared_ptr<CudaDenseMlp> mlp) {
   auto backend = std::make_unique<CudaMlpBackend>(std::move(mlp));
   RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<MlpBackend>(std::move(backend));

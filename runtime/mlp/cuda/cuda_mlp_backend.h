@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "runtime/mlp/cuda/cuda_dense_mlp.h"
 #include "runtime/mlp/mlp_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -32,5 +33,7 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaMlpBackend(const ModelConf
                                                                  const TensorStore& store,
                                                                  MlpShape shape,
                                                                  int device_ordinal);
+// Over weights already on the GPU (shared with a shard's sessions, ipc_shard_session.h).
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaMlpBackend(std::shared_ptr<CudaDenseMlp> mlp);
 
 }  // namespace tandem::mlp

@@ -1,0 +1,308 @@
+#include "runtime/mlp/cuda/cuda_ipc_mlp_backend.h"
+
+#include <cuda.h>  // driver types only: cuMemGetAddressRange comes through the runtime's lookup
+#include <cuda_runtime_api.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "runtime/auth/service_identity.h"
+#include "runtime/base/status.h"
+#include "runtime/device/cuda/cuda_status.h"
+#include "runtime/mlp/cuda/ipc_shard_session.h"
+#include "runtime/mlp/ipc_doorbell.h"
+#include "runtime/mlp/mlp_shard_checks.h"
+#include "tandem/v1/mlp.grpc.pb.h"
+
+namespace tandem::mlp {
+namespace {
+
+using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+std::string GrpcMessage(const grpc::Status& s) {
+  return absl::StrCat("gRPC ", static_cast<int>(s.error_code()), ": ", s.error_message());
+}
+
+// One shard: its Attach call (kept open; a watcher notices its end), its opened buffers and
+// events, and its doorbell.
+struct IpcShard {
+  std::string address;
+  MlpShape shape;
+  std::unique_ptr<tandem::v1::MlpShard::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<tandem::v1::MlpAttachResponse>> reader;
+  std::thread watcher;
+  std::atomic<bool> ended{false};  // the Attach call ended
+  bool failed = false;             // a call failed: not used again
+  void* in = nullptr;
+  void* out = nullptr;
+  cudaEvent_t in_event = nullptr;
+  cudaEvent_t out_event = nullptr;
+  std::unique_ptr<IpcDoorbell> bell;
+
+  ~IpcShard() {
+    // The mappings first, then the session: the shard frees what they map when the call ends.
+    if (in != nullptr) cudaIpcCloseMemHandle(in);
+    if (out != nullptr) cudaIpcCloseMemHandle(out);
+    for (cudaEvent_t e : {in_event, out_event}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    bell.reset();
+    context.TryCancel();
+    if (watcher.joinable()) watcher.join();
+    if (reader != nullptr) reader->Finish();
+  }
+};
+
+class CudaIpcMlpBackend final : public MlpBackend {
+ public:
+  CudaIpcMlpBackend(std::vector<std::unique_ptr<IpcShard>> shards, MlpShape expected, int device,
+                    int max_rows, const RemoteMlpOptions& options)
+      : shards_(std::move(shards)),
+        expected_(expected),
+        device_(device),
+        max_rows_(max_rows),
+        options_(options) {}
+
+  ~CudaIpcMlpBackend() override {
+    cudaSetDevice(device_);
+    shards_.clear();
+  }
+
+  std::string_view name() const override { return "cuda_ipc"; }
+  MlpShape shape() const override { return expected_; }
+  int64_t resident_weight_bytes() const override { return 0; }
+  MlpBackendStats stats() const override { return stats_; }
+  bool asynchronous() const override { return true; }
+
+  absl::StatusOr<Handle> Submit(int, const float*, int, float*, absl::Time) override {
+    return absl::UnimplementedError(
+        "cuda_ipc MLP: host rows are not taken; the CUDA runner calls EnqueueOnDevice");
+  }
+  absl::Status Wait(Handle) override {
+    return absl::InvalidArgumentError("cuda_ipc MLP: no host calls");
+  }
+
+  bool SupportsDevice(int device_ordinal) const override { return device_ordinal == device_; }
+
+  absl::Status EnqueueOnDevice(int layer, const void* x, int rows, void* out, void* stream,
+                               absl::Time deadline) override {
+    if (!expected_.Serves(layer) || rows < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_ipc MLP: layer ", layer, ", ", rows, " rows"));
+    }
+    IpcShard* shard = nullptr;
+    for (const auto& s : shards_) {
+      if (s->shape.Serves(layer) && !s->failed && !s->ended.load()) {
+        shard = s.get();
+        break;
+      }
+    }
+    ++stats_.calls;
+    if (shard == nullptr) {
+      ++stats_.failures;
+      return absl::UnavailableError(absl::StrCat("cuda_ipc MLP: no live shard serves layer ", layer,
+                                                 " (a shard stopped or failed)"));
+    }
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const size_t row_bytes = static_cast<size_t>(expected_.hidden_size) * 2;
+    for (int done = 0; done < rows;) {
+      const int n = std::min(max_rows_, rows - done);
+      const size_t offset = static_cast<size_t>(done) * row_bytes;
+      absl::Status st = Call(*shard, layer, static_cast<const char*>(x) + offset, n,
+                             static_cast<char*>(out) + offset, s, deadline);
+      if (!st.ok()) {
+        shard->failed = true;
+        ++stats_.failures;
+        return absl::Status(
+            st.code(), absl::StrCat("cuda_ipc MLP shard ", shard->address, ": ", st.message()));
+      }
+      done += n;
+    }
+    stats_.rows += rows;
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Call(IpcShard& shard, int layer, const void* x, int n, void* out, cudaStream_t s,
+                    absl::Time deadline) {
+    const size_t bytes = static_cast<size_t>(n) * expected_.hidden_size * 2;
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(shard.in, x, bytes, cudaMemcpyDeviceToDevice, s),
+                         "rows into the shard's input buffer");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(shard.in_event, s), "cudaEventRecord (input)");
+    const uint32_t seq = shard.bell->Ring(layer, n);
+    ASSIGN_OR_RETURN(
+        const int32_t code,
+        shard.bell->WaitDone(seq, std::min(deadline, absl::Now() + options_.call_timeout)));
+    if (code == kIpcCallRefused) {
+      return absl::InternalError(absl::StrCat("refused layer ", layer, " with ", n, " rows"));
+    }
+    if (code != kIpcCallOk) {
+      return absl::InternalError(absl::StrCat("failed layer ", layer, " (code ", code, ")"));
+    }
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, shard.out_event, 0),
+                         "cudaStreamWaitEvent (output)");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out, shard.out, bytes, cudaMemcpyDeviceToDevice, s),
+                         "rows from the shard's output buffer");
+    return absl::OkStatus();
+  }
+
+  std::vector<std::unique_ptr<IpcShard>> shards_;
+  const MlpShape expected_;
+  const int device_;
+  const int max_rows_;
+  const RemoteMlpOptions options_;
+  MlpBackendStats stats_;
+};
+
+// Opens one IPC buffer of the shard and checks that its allocation holds `bytes`.
+absl::Status OpenBuffer(const std::string& handle_bytes, size_t bytes, MemGetAddressRangeFn range,
+                        void** opened) {
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
+  void* p = nullptr;
+  RETURN_IF_CUDA_ERROR(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess),
+                       "cudaIpcOpenMemHandle (the shard must run on this host, in this IPC "
+                       "namespace)");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS ||
+      reinterpret_cast<CUdeviceptr>(p) != base || size < bytes) {
+    cudaIpcCloseMemHandle(p);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a buffer the shard sent maps ", size, " bytes, less than the ", bytes, " it must hold"));
+  }
+  *opened = p;
+  return absl::OkStatus();
+}
+
+absl::Status AttachShard(IpcShard& shard, const MlpShape& expected, int device, int max_rows,
+                         MemGetAddressRangeFn range, const RemoteMlpOptions& options) {
+  tandem::v1::MlpAttachRequest request;
+  request.set_max_rows(static_cast<uint32_t>(max_rows));
+  ASSIGN_OR_RETURN(std::string uuid, GpuUuid(device));
+  ASSIGN_OR_RETURN(std::string boot, HostBootId());
+  request.set_gpu_uuid(uuid);
+  request.set_boot_id(boot);
+  shard.reader = shard.stub->Attach(&shard.context, request);
+  tandem::v1::MlpAttachResponse response;
+  // The first message within the connect timeout; the call itself stays open.
+  auto first = std::async(std::launch::async, [&] { return shard.reader->Read(&response); });
+  if (first.wait_for(absl::ToChronoMilliseconds(options.connect_timeout)) !=
+      std::future_status::ready) {
+    shard.context.TryCancel();
+  }
+  if (!first.get()) {
+    const grpc::Status s = shard.reader->Finish();
+    shard.reader.reset();
+    return absl::Status(
+        s.ok() ? absl::StatusCode::kUnavailable : static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("Attach: ", s.ok() ? "no answer" : GrpcMessage(s)));
+  }
+  RETURN_IF_ERROR(CheckAttachResponse(response, max_rows));
+  const size_t bytes = static_cast<size_t>(max_rows) * expected.hidden_size * 2;
+  RETURN_IF_ERROR(OpenBuffer(response.input_memory(), bytes, range, &shard.in));
+  RETURN_IF_ERROR(OpenBuffer(response.output_memory(), bytes, range, &shard.out));
+  cudaIpcEventHandle_t in_event, out_event;
+  std::memcpy(&in_event, response.input_event().data(), sizeof(in_event));
+  std::memcpy(&out_event, response.output_event().data(), sizeof(out_event));
+  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&shard.in_event, in_event),
+                       "cudaIpcOpenEventHandle (input)");
+  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&shard.out_event, out_event),
+                       "cudaIpcOpenEventHandle (output)");
+  ASSIGN_OR_RETURN(IpcDoorbell bell, IpcDoorbell::Open(response.doorbell()));
+  shard.bell = std::make_unique<IpcDoorbell>(std::move(bell));
+  IpcShard* s = &shard;
+  shard.watcher = std::thread([s] {
+    tandem::v1::MlpAttachResponse more;
+    while (s->reader->Read(&more)) {
+    }
+    s->ended.store(true);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaIpcMlpBackend(
+    const std::vector<std::string>& addresses,
+    std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
+    const std::string& model_fingerprint, int device_ordinal, int max_rows,
+    const RemoteMlpOptions& options) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("cuda_ipc MLP: no shard address (cuda_ipc:HOST:PORT,...)");
+  }
+  if (max_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc MLP: max_rows ", max_rows));
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_ordinal), "cuda_ipc MLP: cudaSetDevice");
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  RETURN_IF_CUDA_ERROR(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                        cudaEnableDefault, &found),
+                       "cuda_ipc MLP: looking up cuMemGetAddressRange");
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return absl::UnavailableError("cuda_ipc MLP: the driver has no cuMemGetAddressRange");
+  }
+  const auto range = reinterpret_cast<MemGetAddressRangeFn>(fn);
+  std::vector<std::unique_ptr<IpcShard>> shards;
+  const absl::Time give_up = absl::Now() + options.connect_timeout;
+  for (const std::string& address : addresses) {
+    auto shard = std::make_unique<IpcShard>();
+    shard->address = address;
+    shard->stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
+    tandem::v1::MlpInfo info;
+    grpc::Status status;
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(2))));
+      context.set_wait_for_ready(true);
+      status = shard->stub->Info(&context, tandem::v1::MlpInfoRequest(), &info);
+    } while (!status.ok() && status.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+             absl::Now() < give_up);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("cuda_ipc MLP: shard ", address,
+                                                 " did not answer Info: ", GrpcMessage(status)));
+    }
+    if (absl::Status bad = CheckShardInfo(info, expected, model_fingerprint, &shard->shape);
+        !bad.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda_ipc MLP: shard ", address, " ", bad.message()));
+    }
+    if (info.max_rows() < static_cast<uint32_t>(max_rows)) {
+      return absl::FailedPreconditionError(absl::StrCat("cuda_ipc MLP: shard ", address, " takes ",
+                                                        info.max_rows(),
+                                                        " rows a call, fewer than ", max_rows));
+    }
+    if (absl::Status s = AttachShard(*shard, expected, device_ordinal, max_rows, range, options);
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("cuda_ipc MLP: shard ", address, ": ", s.message()));
+    }
+    shards.push_back(std::move(shard));
+  }
+  std::vector<int> unserved;
+  for (int l = expected.first_layer; l < expected.end_layer; ++l) {
+    if (std::none_of(shards.begin(), shards.end(),
+                     [&](const auto& s) { return s->shape.Serves(l); })) {
+      unserved.push_back(l);
+    }
+  }
+  if (!unserved.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda_ipc MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ",")));
+  }
+  return std::unique_ptr<MlpBackend>(std::make_unique<CudaIpcMlpBackend>(
+      std::move(shards), expected, device_ordinal, max_rows, options));
+}
+
+}  // namespace tandem::mlp

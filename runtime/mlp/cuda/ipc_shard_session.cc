@@ -1,0 +1,173 @@
+#include "runtime/mlp/cuda/ipc_shard_session.h"
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "runtime/base/logging.h"
+#include "runtime/base/status.h"
+#include "runtime/device/cuda/cuda_status.h"
+#include "runtime/mlp/cuda/cuda_dense_mlp.h"
+#include "runtime/mlp/cuda/cuda_mlp_backend.h"
+#include "runtime/mlp/ipc_doorbell.h"
+#include "runtime/mlp/mlp_shard_checks.h"
+
+namespace tandem::mlp {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes);
+static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes);
+
+absl::StatusOr<std::string> HostBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(in >> id) || id.empty()) {
+    return absl::FailedPreconditionError("cannot read /proc/sys/kernel/random/boot_id");
+  }
+  return id;
+}
+
+absl::StatusOr<std::string> GpuUuid(int device_ordinal) {
+  cudaDeviceProp prop;
+  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, device_ordinal), "cudaGetDeviceProperties");
+  std::string hex;
+  for (int i = 0; i < 16; ++i) {
+    absl::StrAppendFormat(&hex, "%02x", static_cast<unsigned char>(prop.uuid.bytes[i]));
+  }
+  return hex;
+}
+
+namespace {
+
+class IpcShardSession final : public MlpShardSession {
+ public:
+  IpcShardSession(std::shared_ptr<CudaDenseMlp> mlp, int rows)
+      : mlp_(std::move(mlp)), rows_(rows) {}
+
+  ~IpcShardSession() override {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : {in_event_, out_event_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (void* p : {in_, out_}) {
+      if (p != nullptr) cudaFree(p);
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init(tandem::v1::MlpAttachResponse* response) {
+    RETURN_IF_CUDA_ERROR(cudaSetDevice(mlp_->device()), "MLP session: cudaSetDevice");
+    RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                         "MLP session: cudaStreamCreate");
+    const size_t bytes = static_cast<size_t>(rows_) * mlp_->shape().hidden_size * 2;
+    for (void** p : {&in_, &out_}) {
+      if (cudaError_t e = cudaMalloc(p, bytes); e != cudaSuccess) {
+        *p = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "MLP session: ", bytes, "-byte buffers on the GPU: ", cudaGetErrorString(e)));
+      }
+    }
+    for (cudaEvent_t* e : {&in_event_, &out_event_}) {
+      RETURN_IF_CUDA_ERROR(
+          cudaEventCreateWithFlags(e, cudaEventInterprocess | cudaEventDisableTiming),
+          "MLP session: cudaEventCreate (interprocess)");
+    }
+    cudaIpcMemHandle_t in_handle, out_handle;
+    cudaIpcEventHandle_t in_event, out_event;
+    RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&in_handle, in_), "MLP session: cudaIpcGetMemHandle");
+    RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out_handle, out_),
+                         "MLP session: cudaIpcGetMemHandle");
+    RETURN_IF_CUDA_ERROR(cudaIpcGetEventHandle(&in_event, in_event_),
+                         "MLP session: cudaIpcGetEventHandle");
+    RETURN_IF_CUDA_ERROR(cudaIpcGetEventHandle(&out_event, out_event_),
+                         "MLP session: cudaIpcGetEventHandle");
+    ASSIGN_OR_RETURN(IpcDoorbell bell, IpcDoorbell::Create());
+    bell_ = std::make_unique<IpcDoorbell>(std::move(bell));
+    response->set_input_memory(&in_handle, sizeof(in_handle));
+    response->set_output_memory(&out_handle, sizeof(out_handle));
+    response->set_input_event(&in_event, sizeof(in_event));
+    response->set_output_event(&out_event, sizeof(out_event));
+    response->set_doorbell(bell_->name());
+    response->set_max_rows(static_cast<uint32_t>(rows_));
+    thread_ = std::thread([this] { Serve(); });
+    return absl::OkStatus();
+  }
+
+ private:
+  // Answers the doorbell until stopped: every value read from the page is checked.
+  void Serve() {
+    if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
+    const MlpShape& shape = mlp_->shape();
+    while (!stop_.load()) {
+      absl::StatusOr<IpcDoorbell::Request> r =
+          bell_->WaitRequest(absl::Now() + absl::Milliseconds(100));
+      if (!r.ok()) continue;  // no call yet: look at the stop flag again
+      if (!shape.Serves(r->layer) || r->rows < 1 || r->rows > rows_) {
+        bell_->Finish(r->seq, kIpcCallRefused);
+        continue;
+      }
+      absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, in_event_, 0),
+                                  "MLP session: cudaStreamWaitEvent");
+      if (s.ok()) s = mlp_->Forward(r->layer, in_, r->rows, out_, stream_);
+      // Recorded whatever happened, so nothing queued behind it waits for ever.
+      const absl::Status recorded =
+          CudaStatus(cudaEventRecord(out_event_, stream_), "MLP session: cudaEventRecord");
+      if (s.ok()) s = recorded;
+      if (!s.ok()) LOG(ERROR) << "MLP session: layer " << r->layer << ": " << s;
+      bell_->Finish(r->seq, s.ok() ? kIpcCallOk : kIpcCallFailed);
+    }
+  }
+
+  const std::shared_ptr<CudaDenseMlp> mlp_;
+  const int rows_;
+  cudaStream_t stream_ = nullptr;
+  void* in_ = nullptr;
+  void* out_ = nullptr;
+  cudaEvent_t in_event_ = nullptr;
+  cudaEvent_t out_event_ = nullptr;
+  std::unique_ptr<IpcDoorbell> bell_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
+                                                   const TensorStore& store, const MlpShape& shape,
+                                                   int device_ordinal) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDenseMlp> created,
+                   CudaDenseMlp::Create(config, store, shape, device_ordinal));
+  std::shared_ptr<CudaDenseMlp> mlp = std::move(created);
+  ShardCompute compute;
+  ASSIGN_OR_RETURN(compute.backend, CreateCudaMlpBackend(mlp));
+  ASSIGN_OR_RETURN(const std::string boot_id, HostBootId());
+  ASSIGN_OR_RETURN(const std::string uuid, GpuUuid(device_ordinal));
+  compute.attach = [mlp, boot_id, uuid](const tandem::v1::MlpAttachRequest& request,
+                                        tandem::v1::MlpAttachResponse* response)
+      -> absl::StatusOr<std::unique_ptr<MlpShardSession>> {
+    if (request.boot_id() != boot_id) {
+      return absl::FailedPreconditionError(
+          "the GPU data plane needs the attention worker on the shard's host");
+    }
+    if (request.gpu_uuid() != uuid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the GPU data plane needs the attention worker on the shard's GPU (", uuid, ")"));
+    }
+    auto session = std::make_unique<IpcShardSession>(mlp, static_cast<int>(request.max_rows()));
+    RETURN_IF_ERROR(session->Init(response));
+    return std::unique_ptr<MlpShardSession>(std::move(session));
+  };
+  return compute;
+}
+
+}  // namespace tandem::mlp
