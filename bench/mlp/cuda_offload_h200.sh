@@ -1,41 +1,59 @@
 #!/usr/bin/env bash
 # MLP offload on the CUDA runner (issue 26), in one device call, with the tools/gpu-pack bundle
-# carried (bench/engine/device_call.sh): the GPU tests of the offload
-# (runtime/mlp/cuda/mlp_backend_cuda_test.cc, runtime/model/cuda/mlp_offload_cuda_test.cc), the
-# CUDA runner's own tests as a regression
-# check, and a Llama-3-8B-shape decode worker started with its MLP local and on the `cpu` backend
-# at the same --kv-cache-mib: its KV capacity (the worker's log) and GPU memory in use
-# (nvidia-smi) once it serves. Results: $OUT/r.tgz (tests.txt, t_*.log, decode-*.log, mem-*.txt).
-# Env: KV_MIB (16384).
+# carried (bench/engine/device_call.sh):
+# 1. the GPU tests of the offload (runtime/mlp/cuda/mlp_backend_cuda_test.cc,
+#    runtime/model/cuda/mlp_offload_cuda_test.cc: cpu, cuda, remote CPU and GPU shards, and a
+#    `tandem mlp-shard --device cuda` process over cuda_ipc, against the runner's own MLP) and the
+#    runner's own tests as a regression check;
+# 2. a Llama-3-8B-shape model synthesized here; a `tandem mlp-shard --device cuda` on the same GPU;
+#    mlp_step_bench's decode step at 1K context, batch 64 and 256, with the MLP local (graphs and
+#    eager), on the in-process `cuda` backend and on the shard process (`cuda_ipc`), in one run;
+# 3. with MPS=1, the same with the CUDA MPS daemon started first (the two processes' kernels
+#    then share the GPU instead of time-slicing).
+# Results: $OUT/r.tgz (tests.txt, t_*.log, steps*.json / .txt, shard*.log).
+# Env: TESTS (1: run step 1), BENCH (1), MPS (0), BATCHES (64,256), CONTEXT (1024), ITERS (20).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
 dc_setup || exit 1
-dc_synth llama-3-8b /tmp/m8b
-dc_test mlp_cuda "$B/mlp_backend_cuda_test"
-DC_TEST_S=300 dc_test mlp_offload "$B/mlp_offload_cuda_test"
-# The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
-filter='*'
-[[ -f models/target/config.json ]] || filter='-*/1'
-DC_TEST_S=300 dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
-dc_test runner_factory "$B/runner_factory_test"
-dc_wait_synth || echo "8B synthesis failed" >> "$R/tests.txt"
+export TANDEM_BIN="$B/tandem"
+[[ ${BENCH:-1} == 1 ]] && dc_synth llama-3-8b /tmp/m8b
+if [[ ${TESTS:-1} == 1 ]]; then
+  dc_test mlp_cuda "$B/mlp_backend_cuda_test"
+  DC_TEST_S=300 dc_test mlp_offload "$B/mlp_offload_cuda_test"
+  # The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
+  filter='*'
+  [[ -f models/target/config.json ]] || filter='-*/1'
+  DC_TEST_S=300 dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
+fi
+[[ ${BENCH:-1} == 1 ]] || { dc_finish; exit 0; }
+dc_wait_synth || { echo "8B synthesis failed" >> "$R/tests.txt"; dc_finish; exit 1; }
 token=/tmp/mlp-bench-token
 echo "mlp-offload-bench-token-0123456789" > "$token" && chmod 600 "$token"
-for mode in local cpu; do
-  flags=()
-  [[ $mode == cpu ]] && flags=(--mlp cpu)
-  start=$(date +%s)
-  "$B/tandem" decode --model /tmp/m8b --device cuda --port 19100 --kv-cache-mib "${KV_MIB:-16384}" \
-    --service-token-file "$token" "${flags[@]}" > "$R/decode-$mode.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 300); do
-    grep -q "serving on" "$R/decode-$mode.log" && break
-    kill -0 "$pid" 2>/dev/null || break
+bench() {  # bench TAG: a shard process, then mlp_step_bench against it
+  "$B/tandem" mlp-shard --model /tmp/m8b --device cuda --port 19200 --max-rows 4096 \
+    --service-token-file "$token" > "$R/shard-$1.log" 2>&1 &
+  local shard=$! i
+  for i in $(seq 1 120); do
+    grep -q "serving on" "$R/shard-$1.log" && break
+    kill -0 "$shard" 2>/dev/null || break
     sleep 1
   done
-  echo "$mode: ready after $(($(date +%s) - start)) s" >> "$R/mem-$mode.txt"
-  nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$R/mem-$mode.txt" 2>&1
-  dc_stop "$pid"
-done
+  timeout 400 "$B/mlp_step_bench" --model /tmp/m8b --mlp "$2" \
+    --batches "${BATCHES:-64,256}" --context "${CONTEXT:-1024}" --iters "${ITERS:-20}" \
+    --service-token-file "$token" --json "$R/steps-$1.json" > "$R/steps-$1.txt" 2>&1
+  echo "mlp_step_bench $1 rc=$?" >> "$R/tests.txt"
+  dc_stop "$shard"
+}
+bench plain local,cuda,cuda_ipc:127.0.0.1:19200
+if [[ ${MPS:-0} == 1 ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    bench mps local,cuda_ipc:127.0.0.1:19200
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS daemon did not start" >> "$R/tests.txt"
+  fi
+fi
 dc_finish

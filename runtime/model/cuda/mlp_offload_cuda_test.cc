@@ -6,6 +6,10 @@
 // Skipped without a GPU.
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -26,6 +31,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
+#include "runtime/mlp/cuda/cuda_ipc_mlp_backend.h"
 #include "runtime/mlp/cuda/cuda_mlp_backend.h"
 #include "runtime/mlp/dense_mlp.h"
 #include "runtime/mlp/mlp_shard_service.h"
@@ -33,6 +39,7 @@
 #include "runtime/model/cuda/cuda_model_runner.h"
 #include "runtime/model/cuda/random_checkpoint_for_test.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/model_fingerprint.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/synth.h"
 #include "runtime/server/grpc_server.h"
@@ -346,6 +353,114 @@ TEST_P(OffloadModels, GpuShardMatchesLocal) {
   ExpectGreedyMatches(**local, **offloaded, GetParam() + " gpu shard");
   ExpectMixedBatchMatches(**local, **offloaded, GetParam() + " gpu shard");
   EXPECT_EQ(shard->service->stats().failed, 0);
+}
+
+// A `tandem mlp-shard --device cuda` process on this GPU, its stdout read for the port.
+struct ShardProcess {
+  pid_t pid = -1;
+  int port = 0;
+  ~ShardProcess() { Kill(); }
+  void Kill() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+};
+
+std::string TandemBinary() {
+  if (const char* env = std::getenv("TANDEM_BIN")) return env;
+  if (const char* env = std::getenv("TANDEM_BUILD_DIR")) return std::string(env) + "/tandem";
+  return std::string(TANDEM_BUILD_DIR) + "/tandem";
+}
+
+// Starts the shard on `model_dir`; false (with a gtest failure) when it does not serve in 60 s.
+bool StartShardProcess(const std::string& model_dir, ShardProcess* shard) {
+  const std::string token_file = TempDir("token") + "/token";
+  {
+    std::ofstream(token_file) << kToken << "\n";
+    chmod(token_file.c_str(), 0600);
+  }
+  int out[2];
+  if (pipe(out) != 0) return false;
+  const std::string bin = TandemBinary();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    close(out[0]);
+    close(out[1]);
+    execl(bin.c_str(), bin.c_str(), "mlp-shard", "--model", model_dir.c_str(), "--device", "cuda",
+          "--port", "0", "--service-token-file", token_file.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  shard->pid = pid;
+  std::string text;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < give_up) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 500) <= 0) continue;
+    char buf[256];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    const size_t at = text.find("serving on ");
+    const size_t end = at == std::string::npos ? at : text.find('\n', at);
+    if (end != std::string::npos) {
+      const std::string address = text.substr(at + 11, end - at - 11);
+      shard->port = std::atoi(address.substr(address.rfind(':') + 1).c_str());
+      break;
+    }
+  }
+  close(out[0]);
+  EXPECT_GT(shard->port, 0) << bin << " mlp-shard did not serve: " << text;
+  return shard->port > 0;
+}
+
+// The GPU data plane: the MLP on a `tandem mlp-shard --device cuda` process on the same GPU,
+// each layer's rows copied GPU to GPU through its IPC buffers (`--mlp cuda_ipc:ADDR`).
+TEST_P(OffloadModels, ShardProcessOverCudaIpcMatchesLocal) {
+  Load(GetParam());
+  if (IsSkipped()) return;
+  ShardProcess process;
+  ASSERT_TRUE(StartShardProcess(models_->at(GetParam()), &process));
+  mlp::RemoteMlpOptions options;
+  options.call_timeout = absl::Seconds(2);
+  auto ipc = mlp::CreateCudaIpcMlpBackend({absl::StrCat("127.0.0.1:", process.port)}, Identity(),
+                                          all_, ModelFingerprint(*store_), 0, 64, options);
+  ASSERT_TRUE(ipc.ok()) << ipc.status();
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::shared_ptr<mlp::MlpBackend> backend = *std::move(ipc);
+  auto offloaded = Gpu(backend);
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+  // Calls carry at most 64 rows here: the 150-token prompt below takes three per layer.
+  ExpectGreedyMatches(**local, **offloaded, GetParam() + " cuda_ipc");
+  ExpectMixedBatchMatches(**local, **offloaded, GetParam() + " cuda_ipc");
+  Seq a, b;
+  const std::vector<int32_t> long_prompt = RandomTokens(150);  // three calls per layer
+  ForwardBatch la, lb;
+  la.chunks = {Chunk(&a, long_prompt)};
+  lb.chunks = {Chunk(&b, long_prompt)};
+  ForwardOutput lo, oo;
+  ASSERT_TRUE((*local)->Forward(la, &lo).ok());
+  const absl::Status split = (*offloaded)->Forward(lb, &oo);
+  ASSERT_TRUE(split.ok()) << split;
+  EXPECT_LE(MaxRelativeError(lo, oo, config_.vocab_size), 0.03);
+  EXPECT_EQ(backend->stats().failures, 0);
+  // The shard process dies: the next step fails within the call timeout, naming the shard; so
+  // does the one after (no hang, no crash).
+  process.Kill();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    lb.chunks = {Chunk(&b, RandomTokens(1))};
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status st = (*offloaded)->Forward(lb, &oo);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("cuda_ipc"), std::string::npos) << st;
+    EXPECT_LT(seconds, 5.0) << st;
+  }
 }
 
 // The shard dies between steps: the next step fails with the layer and backend named, within the

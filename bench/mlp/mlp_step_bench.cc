@@ -1,0 +1,183 @@
+// mlp_step_bench: the CUDA runner's decode step with its MLP local against the same step with the
+// MLP on a backend (issue 26's H200 target: an 8B-shape attention worker whose MLP runs on a
+// `tandem mlp-shard --device cuda` process on the same GPU, `--mlp cuda_ipc:ADDR`), in one process
+// and one run, plus the KV capacity each leaves at one GPU memory budget.
+//
+//   mlp_step_bench --model DIR [--mlp local,cuda,cuda_ipc:HOST:PORT] [--batches 64,256]
+//       [--context 1024] [--iters 20] [--service-token-file F] [--json OUT]
+//
+// For each backend it creates a runner (KV sized for the largest batch at the context), then
+// times decode steps (every sequence one new token at `context`) with TimeDeviceStep: `local`
+// replays CUDA graphs as serving does, and is also run eagerly (`local-eager`), the mode every
+// offloaded step runs in. Weights and GPU memory in use after creation are printed per backend.
+// Exit status: 0 ok, 1 a failure (named), 2 a usage error.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "runtime/auth/service_identity.h"
+#include "runtime/mlp/registry.h"
+#include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/model_fingerprint.h"
+#include "runtime/model/safetensors.h"
+
+namespace {
+
+using json = nlohmann::json;
+using namespace tandem;  // NOLINT: a benchmark's main file
+
+struct Flags {
+  std::string model;
+  std::string mlp = "local,cuda";
+  std::vector<int> batches = {64, 256};
+  int context = 1024;
+  int iters = 20;
+  std::string token_file;
+  std::string json_out;
+};
+
+double GpuUsedGiB() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  return static_cast<double>(total - free) / (1 << 30);
+}
+
+int Run(const Flags& flags) {
+  auto config = LoadModelConfig(flags.model);
+  if (!config.ok()) {
+    std::fprintf(stderr, "mlp_step_bench: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  auto store = TensorStore::Open(flags.model);
+  if (!store.ok()) {
+    std::fprintf(stderr, "mlp_step_bench: %s\n", std::string(store.status().message()).c_str());
+    return 1;
+  }
+  config->fingerprint = ModelFingerprint(**store);
+  const ModelConfig& c = *config;
+  int max_batch = 0;
+  for (int b : flags.batches) max_batch = std::max(max_batch, b);
+  constexpr int kBlock = 16;
+  const int blocks_per_seq = (flags.context + kBlock - 1) / kBlock;
+  std::shared_ptr<const auth::ServiceIdentity> identity;
+  if (!flags.token_file.empty()) {
+    std::ifstream in(flags.token_file);
+    std::string token;
+    in >> token;
+    auto id = auth::ServiceIdentity::FromTokens({token});
+    if (!id.ok()) {
+      std::fprintf(stderr, "mlp_step_bench: %s\n", std::string(id.status().message()).c_str());
+      return 2;
+    }
+    identity = *id;
+  }
+  json results = json::array();
+  std::printf("%-28s %6s %8s %10s %10s %12s\n", "mlp", "batch", "context", "ms/step", "tok/s",
+              "weights GiB");
+  const std::vector<std::string> specs = absl::StrSplit(flags.mlp, ',');
+  for (const std::string& spec : specs) {
+    mlp::MlpContext context;
+    context.config = &c;
+    context.store = store->get();
+    context.model_fingerprint = c.fingerprint;
+    context.identity = identity;
+    context.device_ordinal = 0;
+    context.ipc_max_rows = max_batch;
+    auto backend = mlp::CreateMlpBackend(spec, context);
+    if (!backend.ok()) {
+      std::fprintf(stderr, "mlp_step_bench: --mlp %s: %s\n", spec.c_str(),
+                   std::string(backend.status().message()).c_str());
+      return 1;
+    }
+    CudaRunnerOptions o;
+    o.block_size = kBlock;
+    o.num_blocks = max_batch * blocks_per_seq + 1;
+    o.max_batch_tokens = std::max(2048, max_batch);
+    o.mlp = std::shared_ptr<mlp::MlpBackend>(*std::move(backend));
+    auto runner = CreateCudaModelRunner(c, **store, o);
+    if (!runner.ok()) {
+      std::fprintf(stderr, "mlp_step_bench: runner with --mlp %s: %s\n", spec.c_str(),
+                   std::string(runner.status().message()).c_str());
+      return 1;
+    }
+    const double used = GpuUsedGiB();
+    std::vector<std::string> modes = {spec};
+    if (spec == "local") modes.push_back("local-eager");
+    for (const std::string& mode : modes) {
+      // local-eager: the graphed runner is freed first, so the two never hold weights at once.
+      std::unique_ptr<CudaModelRunner> eager;
+      CudaModelRunner* r = runner->get();
+      if (mode == "local-eager") {
+        runner->reset();
+        CudaRunnerOptions e = o;
+        e.cuda_graphs = false;
+        auto created = CreateCudaModelRunner(c, **store, e);
+        if (!created.ok()) {
+          std::fprintf(stderr, "mlp_step_bench: eager runner: %s\n",
+                       std::string(created.status().message()).c_str());
+          return 1;
+        }
+        eager = *std::move(created);
+        r = eager.get();
+      }
+      for (int b : flags.batches) {
+        std::vector<std::vector<int32_t>> tables(b), tokens(b, std::vector<int32_t>(1));
+        ForwardBatch fb;
+        for (int i = 0; i < b; ++i) {
+          tokens[i][0] = (i * 7919) % c.vocab_size;
+          tables[i].resize(blocks_per_seq);
+          for (int j = 0; j < blocks_per_seq; ++j) tables[i][j] = 1 + i * blocks_per_seq + j;
+          SequenceChunk ch;
+          ch.tokens = tokens[i];
+          ch.start_pos = flags.context - 1;
+          ch.block_table = tables[i];
+          fb.chunks.push_back(ch);
+        }
+        auto ms = r->TimeDeviceStep(fb, 5, flags.iters);
+        if (!ms.ok()) {
+          std::fprintf(stderr, "mlp_step_bench: %s batch %d: %s\n", mode.c_str(), b,
+                       std::string(ms.status().message()).c_str());
+          return 1;
+        }
+        std::printf("%-28s %6d %8d %10.3f %10.0f %12.2f\n", mode.c_str(), b, flags.context, *ms,
+                    b * 1000.0 / *ms, r->weight_bytes() / 1073741824.0);
+        results.push_back({{"mlp", mode},
+                           {"batch", b},
+                           {"context", flags.context},
+                           {"ms_per_step", *ms},
+                           {"weight_bytes", r->weight_bytes()},
+                           {"gpu_used_gib_after_create", used},
+                           {"kv_blocks", r->num_blocks()}});
+      }
+    }
+  }
+  if (!flags.json_out.empty()) std::ofstream(flags.json_out) << results.dump(1) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app("The CUDA runner's decode step with its MLP local and on MLP backends");
+  app.add_option("--model", flags.model, "Model directory")->required();
+  app.add_option("--mlp", flags.mlp, "Backends, comma-separated: local, cuda, cuda_ipc:HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--batches", flags.batches, "Decode batch sizes")->delimiter(',');
+  app.add_option("--context", flags.context, "Context of every sequence")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--iters", flags.iters, "Timed steps per point")->check(CLI::Range(1, 10000));
+  app.add_option("--service-token-file", flags.token_file, "Token of the shards (cuda_ipc)");
+  app.add_option("--json", flags.json_out, "Write the results as JSON here");
+  CLI11_PARSE(app, argc, argv);
+  return Run(flags);
+}
