@@ -81,6 +81,9 @@ class MlpBackend {
     return absl::UnimplementedError("this MLP backend has no device path");
   }
 
+  // Bytes of MLP weights this backend holds in GPU `device_ordinal`'s memory (in this process).
+  virtual int64_t device_weight_bytes(int device_ordinal) const { return 0; }
+
   // Host bytes of MLP weights this backend holds in the calling process (0 for remote ones).
   virtual int64_t resident_weight_bytes() const = 0;
 

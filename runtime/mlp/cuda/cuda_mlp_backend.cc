@@ -41,6 +41,9 @@ class CudaMlpBackend final : public MlpBackend {
   std::string_view name() const override { return "cuda"; }
   MlpShape shape() const override { return mlp_->shape(); }
   int64_t resident_weight_bytes() const override { return 0; }  // none in host memory
+  int64_t device_weight_bytes(int device_ordinal) const override {
+    return device_ordinal == mlp_->device() ? static_cast<int64_t>(mlp_->weight_bytes()) : 0;
+  }
   MlpBackendStats stats() const override { return stats_; }
 
   bool SupportsDevice(int device_ordinal) const override {

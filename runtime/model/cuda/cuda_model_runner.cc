@@ -540,8 +540,13 @@ class Runner final : public CudaModelRunner {
     const size_t per_block_all_layers = 2 * block_bytes * c.num_layers;
     int64_t blocks = options_.num_blocks;
     if (blocks == 0) {
-      // An offloaded MLP gives its bf16 weight bytes to the KV cache.
-      const size_t bytes = options_.kv_cache_bytes + (options_.mlp != nullptr ? MlpBf16Bytes() : 0);
+      // An offloaded MLP gives its bf16 weight bytes to the KV cache, less what the backend
+      // keeps on this GPU (`cuda` here).
+      size_t bytes = options_.kv_cache_bytes;
+      if (options_.mlp != nullptr) {
+        const int64_t kept = options_.mlp->device_weight_bytes(options_.device_ordinal);
+        bytes += MlpBf16Bytes() - std::min<size_t>(MlpBf16Bytes(), static_cast<size_t>(kept));
+      }
       blocks = static_cast<int64_t>(bytes / per_block_all_layers);
     }
     if (blocks <= 0 || blocks > (int64_t{1} << 30)) {

@@ -29,7 +29,8 @@
 // the batch's positions is then unspecified and, for sticky CUDA errors, the runner unusable.
 //
 // MLP offload (options.mlp, docs/mlp.md): with a backend the runner uploads no MLP weights (their
-// bf16 bytes go to the KV cache when num_blocks is derived from kv_cache_bytes). Each layer's
+// bf16 bytes, less what the backend keeps on this GPU, go to the KV cache when num_blocks is
+// derived from kv_cache_bytes). Each layer's
 // post-attention normed rows go to the backend, one call per layer on the runner's thread:
 // queued on the runner's stream when the backend has a device path on this GPU
 // (MlpBackend::SupportsDevice), else through pinned host memory (bf16 -> f32 -> MLP -> bf16 into

@@ -511,6 +511,12 @@ TEST_F(CudaMlpOffloadTest, OffloadedWeightsGoToTheKvCache) {
   EXPECT_EQ((*local)->num_blocks(), static_cast<int>((size_t{16} << 20) / per_block));
   EXPECT_EQ((*offloaded)->num_blocks(),
             static_cast<int>(((size_t{16} << 20) + mlp_bytes) / per_block));
+  // The `cuda` backend on the runner's own GPU keeps the weights there: no KV gained.
+  auto same_gpu = mlp::CreateCudaMlpBackend(config_, *store_, all_, 0);
+  ASSERT_TRUE(same_gpu.ok()) << same_gpu.status();
+  auto kept = Gpu(std::shared_ptr<mlp::MlpBackend>(*std::move(same_gpu)), /*num_blocks=*/0);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)->num_blocks(), (*local)->num_blocks());
   std::printf("[qwen] KV blocks: %d local, %d with the MLP offloaded (%zu MLP bytes)\n",
               (*local)->num_blocks(), (*offloaded)->num_blocks(), mlp_bytes);
 }
