@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_internal.h"
-#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda {
@@ -338,11 +337,8 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
                                        int hidden, void* qkv, const int32_t* positions,
                                        const float* inv_freq, const int32_t* slot_mapping,
                                        int num_heads, const PagedKvCache& cache, int layer,
-                                       void* stream, const void* norm_weight, float norm_eps) {
+                                       void* stream) {
   if (absl::Status s = ValidateCache(cache, layer, "QkvGemvRopeKvAppend"); !s.ok()) return s;
-  if (absl::Status s = ValidateGemvNorm(norm_weight, norm_eps, "QkvGemvRopeKvAppend"); !s.ok()) {
-    return s;
-  }
   if (m < 0 || m > internal::kGemvMaxRowsDevice || hidden <= 0 || hidden % 8 != 0 ||
       num_heads <= 0 || cache.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -359,14 +355,10 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
     return absl::InvalidArgumentError("QkvGemvRopeKvAppend x and w must be 16-byte aligned");
   }
   if (m == 0) return absl::OkStatus();
-  internal::GemvFusion fusion;
-  fusion.norm_weight = norm_weight;
-  fusion.norm_eps = norm_eps;
   return CudaStatus(internal::LaunchGemvRopeKvRaw(x, w, bias, qkv, m, hidden, positions, inv_freq,
                                                   slot_mapping, num_heads, cache.num_kv_heads,
                                                   cache.head_dim, LayerPtr(cache.k, cache, layer),
-                                                  LayerPtr(cache.v, cache, layer), fusion,
-                                                  internal::GemvTuningFromEnv(), Native(stream)),
+                                                  LayerPtr(cache.v, cache, layer), Native(stream)),
                     "QkvGemvRopeKvAppend kernel launch");
 }
 

@@ -86,15 +86,12 @@ absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float
 // LaunchGemv followed by LaunchRopeKvAppend (the same bf16 rounding, then the same rotation
 // arithmetic). x: bf16 [m, hidden], 16-byte aligned; w: bf16 [(num_heads + 2 * kv heads) *
 // head_dim, hidden], 16-byte aligned; bias: bf16 [that], or null; qkv: bf16 [m, that] (written
-// rotated); hidden a positive multiple of 8. With norm_weight set, x is the raw residual stream
-// and the projection takes rmsnorm(x) as GemvArgs::norm_weight describes (gemv_kernels.h; then
-// not bit-identical to LaunchRmsNorm + this, which round the normalized row to bf16 first).
+// rotated); hidden a positive multiple of 8.
 absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void* bias, int m,
                                        int hidden, void* qkv, const int32_t* positions,
                                        const float* inv_freq, const int32_t* slot_mapping,
                                        int num_heads, const PagedKvCache& cache, int layer,
-                                       void* stream, const void* norm_weight = nullptr,
-                                       float norm_eps = 0.0f);
+                                       void* stream);
 
 // out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), in float32.
 // gate_up: bf16 [n, 2 * inter], the gate half then the up half of each row; out: bf16 [n, inter].
