@@ -1,8 +1,10 @@
 // Differential tests of the CUDA paged decode and prefill attention against cpu::PagedAttention on
 // bf16-rounded inputs, at the head shapes of Llama-3-8B (32/8/128), Llama-3.2-1B (32/8/64), the
-// tiny synthetic model (8/2/32) and GQA groups of 1, 8 and 16, with random non-contiguous block
+// tiny synthetic model (8/2/32) and GQA groups of 1 to 16, with random non-contiguous block
 // tables, a KvCacheLayout-style interleaved cache whose other layer is NaN (reading it fails), and
-// NaN-poisoned outputs (an element not written fails). Skipped without a GPU.
+// NaN-poisoned outputs (an element not written fails); head_dim-128 prefill again on the portable
+// mma.sync kernel (which compute capability 9.0 otherwise replaces with the wgmma kernel). Skipped
+// without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -234,14 +236,15 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     return true;
   }
 
-  // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens.
+  // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens. `portable`:
+  // through the raw launcher on the mma.sync kernel whatever the GPU.
   void RunPrefill(const std::vector<int>& new_tokens, const std::vector<int>& start_pos,
-                  float q_std = 1.0f) {
+                  float q_std = 1.0f, bool portable = false) {
     const AttnShape& sh = GetParam();
     const int num_seqs = static_cast<int>(new_tokens.size());
     const std::string what = absl::StrCat(
         "prefill ", sh.name, " bs=", sh.block_size, " new=", absl::StrJoin(new_tokens, ","),
-        " start=", absl::StrJoin(start_pos, ","), " q_std=", q_std);
+        " start=", absl::StrJoin(start_pos, ","), " q_std=", q_std, portable ? " mma.sync" : "");
     SCOPED_TRACE(what);
     std::vector<int> totals(num_seqs);
     std::vector<int32_t> starts_rows(num_seqs + 1, 0);
@@ -273,8 +276,24 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     a.num_heads = sh.heads;
     a.scale = Scale();
     a.out = s.d_out.data;
-    const absl::Status status = cuda::LaunchPrefillAttention(a, stream());
-    ASSERT_TRUE(status.ok()) << status;
+    if (portable) {
+      cuda::internal::PagedLayerView view;
+      view.k = static_cast<uint16_t*>(s.cache.k) + kLayer * s.cache.layer_stride;
+      view.v = static_cast<uint16_t*>(s.cache.v) + kLayer * s.cache.layer_stride;
+      view.block_size = sh.block_size;
+      view.num_kv_heads = sh.kv_heads;
+      view.head_dim = sh.head_dim;
+      view.block_tables = a.block_tables;
+      view.max_blocks_per_seq = a.max_blocks_per_seq;
+      view.num_slots = static_cast<int64_t>(s.num_blocks) * sh.block_size;
+      const cudaError_t e = cuda::internal::LaunchPrefillAttentionRaw(
+          a.q, a.q_row_stride, view, a.seq_start_rows, a.start_pos, a.num_seqs, a.max_new_tokens,
+          a.num_heads, a.scale, a.out, /*allow_wgmma=*/false, static_cast<cudaStream_t>(stream()));
+      ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    } else {
+      const absl::Status status = cuda::LaunchPrefillAttention(a, stream());
+      ASSERT_TRUE(status.ok()) << status;
+    }
     const std::vector<float> got = Bf16ToFloats(Download<uint16_t>(s.d_out, ref.size()));
     // P is rounded to bf16 for the tensor-core P V product (as FlashAttention): each output moves
     // by at most 2^-8 * max|v| (|v| < 1.74) on top of its own bf16 rounding.
@@ -328,6 +347,17 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
 
+// Head_dim 128 prefill on the portable mma.sync kernel (compute capability 9.0 takes the wgmma
+// kernel by default; other head dims take the mma.sync kernel in every case above).
+TEST_P(ModelShapeTest, PrefillPortableKernel) {
+  if (GetParam().head_dim != 128) GTEST_SKIP() << "head_dim " << GetParam().head_dim;
+  RunPrefill({1}, {0}, 1.0f, /*portable=*/true);
+  RunPrefill({512}, {0}, 1.0f, true);
+  RunPrefill({1, 64, 200}, {0, 1000, 5}, 1.0f, true);
+  RunPrefill({65, 127, 128, 129, 63}, {63, 64, 0, 1, 200}, 1.0f, true);
+  RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f, true);
+}
+
 // Chained decode: short contexts (warps without tiles in an item), padding rows, tile and block
 // boundaries, long contexts; chains of 2, 3 and the most items per CTA.
 TEST_P(ModelShapeTest, DecodeChained) {
@@ -361,6 +391,11 @@ TEST_P(GroupShapeTest, Decode) {
 
 TEST_P(GroupShapeTest, Prefill) { RunPrefill({1, 64, 200}, {0, 1000, 5}); }
 
+TEST_P(GroupShapeTest, PrefillPortableKernel) {
+  if (GetParam().head_dim != 128) GTEST_SKIP() << "head_dim " << GetParam().head_dim;
+  RunPrefill({1, 64, 200}, {0, 1000, 5}, 1.0f, /*portable=*/true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, ModelShapeTest,
                          ::testing::Values(AttnShape{"llama3_8b", 32, 8, 128, 16},
                                            AttnShape{"llama3_2_1b", 32, 8, 64, 16},
@@ -375,7 +410,12 @@ INSTANTIATE_TEST_SUITE_P(Groups, GroupShapeTest,
                                            // Larger KV blocks: the TMA prefill producer's 64- and
                                            // 128-row boxes.
                                            AttnShape{"group4_bs64", 32, 8, 128, 64},
-                                           AttnShape{"group4_bs128", 32, 8, 128, 128}),
+                                           AttnShape{"group4_bs128", 32, 8, 128, 128},
+                                           // The wgmma prefill kernel without its TMA producer:
+                                           // paired heads where block_size % 16 != 0, one head
+                                           // per CTA where the group is odd.
+                                           AttnShape{"group2_bs5_hd128", 8, 4, 128, 5},
+                                           AttnShape{"group3_hd128", 12, 4, 128, 16}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

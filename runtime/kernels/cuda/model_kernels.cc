@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
@@ -151,14 +150,6 @@ internal::PagedLayerView LayerView(const PagedKvCache& c, int layer, const int32
 }  // namespace
 
 namespace internal {
-
-bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TANDEM_DISABLE_PDL");
-    return v == nullptr || std::string_view(v) == "0";
-  }();
-  return enabled;
-}
 
 namespace {
 
@@ -457,7 +448,7 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionArgs& a, void* stream)
       internal::LaunchPrefillAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
           a.seq_start_rows, a.start_pos, a.num_seqs, a.max_new_tokens, a.num_heads, a.scale, a.out,
-          Native(stream)),
+          /*allow_wgmma=*/true, Native(stream)),
       "PrefillAttention kernel launch");
 }
 

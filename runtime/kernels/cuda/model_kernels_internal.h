@@ -12,10 +12,6 @@
 
 namespace tandem::cuda::internal {
 
-// Whether kernels are launched with programmatic dependent launch (kernel_utils.cuh): on unless
-// the environment sets TANDEM_DISABLE_PDL to something other than "0". Read once.
-bool PdlEnabled();
-
 // A plain (non-programmatic) launch: `*counter = value` once all earlier work of `stream` is done.
 cudaError_t LaunchStoreProgressRaw(uint64_t* counter, uint64_t value, cudaStream_t stream);
 
@@ -108,9 +104,12 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                                      const DecodeSplitPlan& plan, bool evict_first,
                                      cudaStream_t stream);
 
+// With allow_wgmma, head_dim 128 takes the wgmma kernel (prefill_attention_sm90.cu) on compute
+// capability 9.0 when the q and out rows are 16-byte aligned; everything else, and every launch
+// without it (the portable kernel's own test on such a GPU), takes the mma.sync kernel.
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
-                                      void* out, cudaStream_t stream);
+                                      void* out, bool allow_wgmma, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal
