@@ -2,9 +2,9 @@
 // bf16-rounded inputs, at the head shapes of Llama-3-8B (32/8/128), Llama-3.2-1B (32/8/64), the
 // tiny synthetic model (8/2/32) and GQA groups of 1 to 16, with random non-contiguous block
 // tables, a KvCacheLayout-style interleaved cache whose other layer is NaN (reading it fails), and
-// NaN-poisoned outputs (an element not written fails); head_dim-128 prefill again on the portable
-// mma.sync kernel (which compute capability 9.0 otherwise replaces with the wgmma kernel). Skipped
-// without a GPU.
+// NaN-poisoned outputs (an element not written fails); decode again under other tunings
+// (decode_attention_tuning.h), and head_dim-128 prefill again on the portable mma.sync kernel
+// (which compute capability 9.0 otherwise replaces with the wgmma kernel). Skipped without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -49,6 +49,28 @@ void PrintTo(const AttnShape& s, std::ostream* os) {
 
 constexpr int kLayers = 2;
 constexpr int kLayer = 1;  // layer 0 is NaN
+
+using EvictFirst = cuda::DecodeAttentionTuning::EvictFirst;
+
+std::string TuningName(const cuda::DecodeAttentionTuning& t) {
+  const char* evict = t.evict_first == EvictFirst::kAuto     ? "auto"
+                      : t.evict_first == EvictFirst::kAlways ? "on"
+                                                             : "off";
+  return absl::StrCat("target ", t.split_target, " floor ", t.min_split_tokens, " chain ",
+                      t.max_chain, " evict ", evict);
+}
+
+// The decode tunings besides the default: no chaining, splits as short as one tile, the
+// evict-first L2 policy at every batch size and at none, the most work items.
+std::vector<cuda::DecodeAttentionTuning> OtherDecodeTunings() {
+  std::vector<cuda::DecodeAttentionTuning> out(5);
+  out[0].max_chain = 0;
+  out[1].min_split_tokens = cuda::kDecodeSplitTokensStep;
+  out[2].evict_first = EvictFirst::kAlways;
+  out[3].evict_first = EvictFirst::kNever;
+  out[4].split_target = cuda::kDecodeSplitTargetMax;
+  return out;
+}
 
 // A paged cache on the host and the device, holding `tokens[s]` positions for each sequence in
 // randomly scattered blocks, plus the inputs of one attention call.
@@ -142,13 +164,15 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
   float Scale() const { return 1.0f / std::sqrt(static_cast<float>(GetParam().head_dim)); }
 
   // Decode: one query per sequence over `contexts[s]` cached tokens (the last is its own).
-  void RunDecode(const std::vector<int>& contexts, int hint = 0, float q_std = 1.0f) {
+  void RunDecode(const std::vector<int>& contexts, int hint = 0, float q_std = 1.0f,
+                 const cuda::DecodeAttentionTuning& tuning = {}) {
     const AttnShape& sh = GetParam();
     const int num_seqs = static_cast<int>(contexts.size());
     const int max_context = *std::max_element(contexts.begin(), contexts.end());
     if (hint == 0) hint = max_context;
     std::string what = absl::StrCat("decode ", sh.name, " bs=", sh.block_size, " seqs=", num_seqs,
-                                    " max_context=", max_context, " hint=", hint, " q_std=", q_std);
+                                    " max_context=", max_context, " hint=", hint, " q_std=", q_std,
+                                    " tuning=", TuningName(tuning));
     if (num_seqs <= 8) absl::StrAppend(&what, " contexts=", absl::StrJoin(contexts, ","));
     SCOPED_TRACE(what);
     PagedSetup s = Build(contexts, num_seqs, q_std, num_seqs * 1000003ull + max_context + hint);
@@ -158,7 +182,7 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
 
     DeviceBuffer d_lens = Upload(contexts);
     const size_t ws_bytes =
-        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint);
+        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint, tuning);
     DeviceBuffer d_ws = Upload(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 16), 0));
     cuda::DecodeAttentionArgs a;
     a.q = s.d_qkv.data;
@@ -175,6 +199,7 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     a.workspace = ws_bytes > 0 ? d_ws.data : nullptr;
     a.workspace_bytes = ws_bytes;
     a.max_context_len = hint;
+    a.tuning = tuning;
     const absl::Status status = cuda::LaunchPagedDecodeAttention(a, stream());
     ASSERT_TRUE(status.ok()) << status;
     const std::vector<uint16_t> first = Download<uint16_t>(s.d_out, ref.size());
@@ -347,6 +372,22 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
 
+// The batch-1, -8 and -64 cases under each other tuning: splits and reads change, results do not
+// (beyond float32 summation order).
+TEST_P(ModelShapeTest, DecodeOtherTunings) {
+  std::vector<int> batch64(64);
+  FastRng rng(64);
+  for (auto& c : batch64) c = rng.UniformInt(1, 600);
+  batch64[5] = 3000;
+  batch64[63] = 1;
+  for (const cuda::DecodeAttentionTuning& t : OtherDecodeTunings()) {
+    for (const int context : {1, 17, 1000, 8192}) RunDecode({context}, 0, 1.0f, t);
+    RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600}, 0, 1.0f, t);
+    RunDecode(batch64, 0, 1.0f, t);
+    RunDecode({8192, 50}, /*hint=*/1000, 1.0f, t);
+  }
+}
+
 // Head_dim 128 prefill on the portable mma.sync kernel (compute capability 9.0 takes the wgmma
 // kernel by default; other head dims take the mma.sync kernel in every case above).
 TEST_P(ModelShapeTest, PrefillPortableKernel) {
@@ -387,6 +428,12 @@ TEST_P(GroupShapeTest, DecodeChained) {
 TEST_P(GroupShapeTest, Decode) {
   RunDecode({8192});
   RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600});
+}
+
+TEST_P(GroupShapeTest, DecodeOtherTunings) {
+  for (const cuda::DecodeAttentionTuning& t : OtherDecodeTunings()) {
+    RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600}, 0, 1.0f, t);
+  }
 }
 
 TEST_P(GroupShapeTest, Prefill) { RunPrefill({1, 64, 200}, {0, 1000, 5}); }

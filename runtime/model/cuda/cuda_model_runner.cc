@@ -101,7 +101,8 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_ERROR(AllocateKv());
     RETURN_IF_ERROR(InitRope());
     ASSIGN_OR_RETURN(cublas_ws_, device_->Allocate(kCublasWorkspaceBytes));
-    ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(cublas_ws_.data, cublas_ws_.bytes));
+    ASSIGN_OR_RETURN(gemm_,
+                     CublasLtGemm::Create(cublas_ws_.data, cublas_ws_.bytes, options_.tuning.gemm));
     Capacity want;
     want.rows = std::max(options_.max_batch_tokens, cuda_runner::kMaxGraphBatch);
     want.logit_rows = cuda_runner::kMaxGraphBatch;
@@ -632,7 +633,8 @@ class Runner final : public CudaModelRunner {
   size_t DecodeWorkspaceBytes() const {
     if (plan_.num_decode == 0) return 0;
     return cuda::DecodeAttentionWorkspaceBytes(plan_.num_decode, config_.num_heads,
-                                               config_.head_dim, plan_.decode_max_context);
+                                               config_.head_dim, plan_.decode_max_context,
+                                               options_.tuning.decode);
   }
 
   // Plans the batch into plan_, grows the workspaces if needed and queues the metadata upload.
@@ -918,6 +920,7 @@ class Runner final : public CudaModelRunner {
         a.workspace = decode_ws_.data;
         a.workspace_bytes = cap_.decode_ws;
         a.max_context_len = p.decode_max_context;
+        a.tuning = options_.tuning.decode;
         RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
         RETURN_IF_ERROR(mark("attention_decode"));
       }
@@ -1048,6 +1051,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
                         "positive (device >= 0)",
                         options.block_size, options.max_batch_tokens, options.device_ordinal));
   }
+  // Before anything is allocated: a plan filled in code gets the parser's range checks.
+  RETURN_IF_ERROR(ValidateCudaTuning(options.tuning));
   auto runner = std::make_unique<Runner>(config, options);
   RETURN_IF_ERROR(runner->Init(store));
   return std::unique_ptr<CudaModelRunner>(std::move(runner));
