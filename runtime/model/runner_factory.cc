@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCuda(int ordinal, const Model
   o.max_batch_tokens = options.max_batch_tokens;
   o.cuda_graphs = options.cuda_graphs;
   o.progress = options.progress;
+  o.tuning = options.cuda_tuning;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                    CreateCudaModelRunner(config, store, o));
   return std::unique_ptr<ModelRunner>(std::move(runner));
