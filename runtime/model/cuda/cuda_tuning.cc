@@ -9,6 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+// Their row bounds only (constants of plain headers: nothing to link).
+#include "runtime/kernels/cuda/cluster_gemm.h"
+#include "runtime/kernels/cuda/skinny_gemm.h"
 
 namespace tandem {
 namespace {
@@ -17,9 +20,7 @@ using cuda::DecodeAttentionTuning;
 using EvictFirst = cuda::DecodeAttentionTuning::EvictFirst;
 using Skinny = GemmTuning::Skinny;
 
-// Bounds shared with the kernels' headers (skinny_gemm.h kSkinnyGemmMaxRows, cluster_gemm.h
-// kClusterGemmMaxRows; those pull in absl and the kernels' library, which this one does not need).
-constexpr int kGemmMaxRows = 64;
+// The most candidates autotune.candidates may ask cuBLASLt's heuristic for.
 constexpr int kAutotuneMaxCandidates = 128;
 
 bool ParseInt(absl::string_view v, int* out) { return absl::SimpleAtoi(v, out); }
@@ -68,7 +69,7 @@ std::string FormatDouble(double v) {
 }
 
 bool InRange(int v, int lo, int hi) { return v >= lo && v <= hi; }
-bool SkinnyRows(int v) { return v == 0 || InRange(v, 2, kGemmMaxRows); }
+bool SkinnyRows(int v) { return v == 0 || InRange(v, 2, cuda::kSkinnyGemmMaxRows); }
 
 const std::vector<Key>& Keys() {
   static const std::vector<Key>* keys = new std::vector<Key>{
@@ -169,7 +170,7 @@ const std::vector<Key>& Keys() {
           [](const CudaTuning& t) {
             return t.gemm.cluster_min_rows >= 1 &&
                    t.gemm.cluster_max_rows >= t.gemm.cluster_min_rows &&
-                   t.gemm.cluster_max_rows <= kGemmMaxRows;
+                   t.gemm.cluster_max_rows <= cuda::kClusterGemmMaxRows;
           },
           [](const CudaTuning& t) {
             return absl::StrCat(t.gemm.cluster_min_rows, "-", t.gemm.cluster_max_rows);
