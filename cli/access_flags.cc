@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "runtime/base/logging.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 
 namespace tandem::cli {
 
@@ -116,6 +117,18 @@ std::vector<std::string> FrontendModelArgs(const FrontendModelFlags& flags) {
   args.insert(args.end(), {"--generation-config", flags.generation_config, "--tool-call-parser",
                            flags.tool_call_parser});
   return args;
+}
+
+void AddCudaTuningFlag(CLI::App* cmd, std::string* spec) {
+  cmd->add_option("--cuda-tuning", *spec,
+                  "The CUDA runner's kernel plan: key=value[,key=value...] (keys, defaults and "
+                  "effects in docs/tuning.md; default: the measured choices; ignored on the CPU)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            const absl::StatusOr<CudaTuning> tuning = ParseCudaTuning(value);
+            return tuning.ok() ? std::string() : std::string(tuning.status().message());
+          },
+          "SPEC"));
 }
 
 }  // namespace tandem::cli

@@ -10,6 +10,9 @@
 //   FrontendModelFlags: how the router's OpenAI frontend serves the model, for `tandem router`
 //   and `tandem serve` (which hands them to its router): --served-model-name, --chat-template,
 //   --generation-config, --tool-call-parser (runtime/router/frontend.h).
+//   --cuda-tuning: the CUDA runner's kernel plan (runtime/model/cuda/cuda_tuning.h), for the
+//   commands that build a CUDA runner: `tandem prefill|decode|generate|profile`, and `tandem serve`
+//   (which hands it to its workers).
 
 #include <memory>
 #include <string>
@@ -57,6 +60,10 @@ struct ServiceAuthFlags {
 };
 
 void AddServiceAuthFlags(CLI::App* cmd, ServiceAuthFlags* flags);
+
+// --cuda-tuning SPEC into *spec; a spec ParseCudaTuning refuses is a usage error at parse time
+// (the message names the key and what it takes). CPU runners ignore it.
+void AddCudaTuningFlag(CLI::App* cmd, std::string* spec);
 
 // --log-format text|json (runtime/base/logging.h), for every serving command.
 void AddLogFormatFlag(CLI::App* cmd, std::string* format);

@@ -2,7 +2,7 @@
 // an interactive demo).
 //   tandem generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
 //                   [--temperature T] [--seed S] [--top-k K] [--top-p P] [--ignore-eos]
-//                   [--device cpu|cuda|cuda:N] [--json]
+//                   [--device cpu|cuda|cuda:N] [--cuda-tuning KEY=VALUE,...] [--json]
 // Without --json the text streams to stdout as it is generated, then a stats line goes to stderr.
 // With --json one object is printed: {"token_ids": [...], "text": "...", "finish_reason": "..."}.
 // Exit status: 0 ok, 1 runtime error (model load, engine), 2 usage error (flags, bad prompt).
@@ -24,9 +24,11 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cli/access_flags.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine/engine.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/runner_factory.h"
 #include "runtime/model/tokenizer.h"
 
@@ -49,6 +51,7 @@ struct GenerateOptions {
   float top_p = 1.0f;
   bool ignore_eos = false;
   std::string device = "cpu";
+  std::string cuda_tuning;  // "": the default plan
   bool json_output = false;
   bool has_prompt = false;
   bool has_prompt_ids = false;
@@ -119,6 +122,9 @@ std::optional<Failure> Run(const GenerateOptions& opts) {
 
   RunnerOptions runner_options;
   runner_options.progress = !opts.json_output;
+  absl::StatusOr<CudaTuning> cuda_tuning = ParseCudaTuning(opts.cuda_tuning);
+  if (!cuda_tuning.ok()) return Failure{2, std::string(cuda_tuning.status().message())};
+  runner_options.cuda_tuning = *cuda_tuning;
   auto runner = CreateModelRunner(opts.device, opts.model_dir, runner_options);
   if (!runner.ok()) return Failure{1, std::string(runner.status().message())};
 
@@ -223,6 +229,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-p", opts->top_p, "nucleus sampling mass (1: off)");
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the EOS token");
   cmd->add_option("--device", opts->device, "cpu, cuda or cuda:N (default cpu)");
+  AddCudaTuningFlag(cmd, &opts->cuda_tuning);
   cmd->add_flag("--json", opts->json_output,
                 "print one JSON object {\"token_ids\": [...], \"text\": \"...\"} at the end");
   cmd->callback([opts, prompt, prompt_ids, seed, exit_code] {

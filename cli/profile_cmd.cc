@@ -1,6 +1,7 @@
 // `tandem profile`: measures what one worker's device can do (docs/planning.md) and writes one
 // JSON profile for `tandem plan`.
 //   tandem profile --model DIR [--device cpu|cuda|cuda:N] [--kv-cache-mib M] [--block-size B]
+//                  [--cuda-tuning KEY=VALUE,...]
 //                  [--prompt-lens 16,64,...] [--batch-sizes 1,2,...] [--contexts 64,256,...]
 //                  [--max-num-batched-tokens N] [--transfer-backend loopback|ucx|cma|none]
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
@@ -29,9 +30,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/serving/client.h"
+#include "cli/access_flags.h"
 #include "cli/commands.h"
 #include "planning/calibration.h"
 #include "planning/profiler.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/runner_factory.h"
 
 namespace tandem::cli {
@@ -40,6 +43,7 @@ namespace {
 struct ProfileFlags {
   std::string model_dir;
   std::string device = "cpu";
+  std::string cuda_tuning;  // "": the default plan, as the worker's
   int kv_cache_mib = 256;
   int block_size = 16;
   std::string prompt_lens = "16,64,128,256,512,1024";
@@ -115,6 +119,9 @@ int Run(const ProfileFlags& f) {
   runner_options.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mib) << 20;
   runner_options.max_batch_tokens = f.max_num_batched_tokens;
   runner_options.progress = !f.no_progress;
+  absl::StatusOr<CudaTuning> cuda_tuning = ParseCudaTuning(f.cuda_tuning);
+  if (!cuda_tuning.ok()) return usage(std::string(cuda_tuning.status().message()));
+  runner_options.cuda_tuning = *cuda_tuning;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
       CreateModelRunner(f.device, f.model_dir, runner_options);
   if (!runner.ok()) {
@@ -273,6 +280,7 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       "`tandem plan`");
   cmd->add_option("--model", flags->model_dir, "Model directory (required unless calibrating)");
   cmd->add_option("--device", flags->device, "cpu, cuda or cuda:N")->capture_default_str();
+  AddCudaTuningFlag(cmd, &flags->cuda_tuning);
   cmd->add_option("--kv-cache-mib", flags->kv_cache_mib, "KV cache size in MiB, as the worker's")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

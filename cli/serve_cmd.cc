@@ -3,7 +3,7 @@
 //                [--host 127.0.0.1] [--aggregated]
 //                [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //                [--device cpu|cuda|cuda:N] [--prefill-device D] [--decode-device D]
-//                [--block-size N] [--kv-cache-mib M]
+//                [--block-size N] [--kv-cache-mib M] [--cuda-tuning KEY=VALUE,...]
 //                [--routing least-loaded|round-robin|kv-aware] [--local-prefill-threshold N]
 //                [--kv-aware-request-cost N] [--kv-aware-replicate-weight W]
 //                [--chat-template FILE] [--generation-config auto|vllm|none|DIR]
@@ -28,7 +28,9 @@
 // --mlp remote --mlp-shards N: N `tandem mlp-shard` services, each loading a contiguous range
 // of the layers' MLP weights, are started first, and every decode worker runs its MLP on them
 // (docs/mlp.md).
-// --device and --kv-cache-mib go to every worker (all of them on that one GPU for cuda[:N]);
+// --device, --kv-cache-mib and --cuda-tuning go to every worker (all of them on that one GPU for
+// cuda[:N]; a CPU worker ignores --cuda-tuning, and a bad one is a usage error before anything
+// starts);
 // --prefill-device / --decode-device place one pool elsewhere (e.g. prefill on the GPU, decode
 // on CPUs: the pair handshake converts the KV between their layouts).
 // Default model: models/target when present, else a random-weight tiny model created once under
@@ -135,6 +137,7 @@ struct ServeFlags {
   std::string decode_device;               // "" = device (decode and aggregated workers)
   int block_size = 0;                      // 0: the workers' default
   int kv_cache_mib = 0;                    // 0: the workers' default
+  std::string cuda_tuning;                 // every worker; "": their default plan
   int max_num_batched_tokens = 0;          // decode (and aggregated) workers; 0: their default
   int prefill_max_num_batched_tokens = 0;  // prefill workers; 0: their default
   int long_prefill_token_threshold = 0;    // every worker
@@ -660,6 +663,9 @@ int RunServe(ServeFlags flags) {
   if (flags.kv_cache_mib > 0) {
     common.insert(common.end(), {"--kv-cache-mib", std::to_string(flags.kv_cache_mib)});
   }
+  if (!flags.cuda_tuning.empty()) {
+    common.insert(common.end(), {"--cuda-tuning", flags.cuda_tuning});
+  }
   for (int i = 0; i < num_prefill + flags.decode_workers; ++i) {
     const bool is_prefill = i < num_prefill;
     std::vector<std::string> args = {is_prefill ? "prefill" : "decode"};
@@ -915,6 +921,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "KV cache per worker in MiB (default: the workers' 256); with --device cuda "
                   "as much again of pinned host memory")
       ->check(CLI::PositiveNumber);
+  AddCudaTuningFlag(cmd, &flags->cuda_tuning);
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
                   "Tokens per step of decode (and aggregated) workers (default: theirs, 512)")
       ->check(CLI::PositiveNumber);

@@ -3,6 +3,7 @@
 //   tandem prefill|decode --model DIR --port P [--host H]
 //       [--kv-transfer auto|cuda_ipc|nccl|cma|ucx|loopback]
 //       [--device cpu|cuda|cuda:N] [--num-blocks N | --kv-cache-mib M] [--block-size 16]
+//       [--cuda-tuning KEY=VALUE,...]
 //       [--metrics-port Q] [--max-num-seqs N] [--max-num-batched-tokens N]
 //       [--ucx-transports TLS] [--drain-seconds S]
 //       [--speculative ngram|draft:DIR|remote:ADDR,... [--num-speculative-tokens K]]  (decode)
@@ -14,7 +15,9 @@
 // --device cuda[:N]: weights and the KV cache (--kv-cache-mib of GPU memory) on that GPU. With
 // --kv-transfer cuda_ipc the backend registers that cache itself and moves KV GPU to GPU; with a
 // host-memory backend (cma, ucx) it uses a pinned host mirror of the same size that the engine
-// copies a prompt's blocks through (runtime/server/transfer_memory.h).
+// copies a prompt's blocks through (runtime/server/transfer_memory.h). --cuda-tuning sets the CUDA
+// runner's kernel plan (runtime/model/cuda/cuda_tuning.h, docs/tuning.md); a bad one is a usage
+// error.
 // Each prints one line "tandem ROLE: serving on HOST:PORT" to stdout once it serves (launchers
 // wait for it); SIGINT/SIGTERM stop accepting, drain for --drain-seconds and exit 0.
 // Exit status: 0 ok, 1 runtime error (model load, port, backend), 2 usage error (including a CUDA
@@ -30,6 +33,7 @@
 #include "decode/decode_worker.h"
 #include "prefill/prefill_worker.h"
 #include "runtime/base/logging.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/runner_factory.h"
 #include "runtime/server/model_loader.h"
@@ -49,6 +53,7 @@ struct WorkerFlags {
   int num_blocks = 0;
   int kv_cache_mib = 256;
   int block_size = 16;
+  std::string cuda_tuning;  // "": the defaults
   int metrics_port = 0;
   int max_num_seqs = 64;
   int max_num_batched_tokens = 512;
@@ -86,8 +91,14 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     std::cerr << prefix << "--device: " << device.message() << "\n";
     return 2;
   }
+  absl::StatusOr<CudaTuning> cuda_tuning = ParseCudaTuning(flags.cuda_tuning);
+  if (!cuda_tuning.ok()) {
+    std::cerr << prefix << "--cuda-tuning: " << cuda_tuning.status().message() << "\n";
+    return 2;
+  }
   server::ModelLoadOptions load;
   load.model_dir = flags.model_dir;
+  load.cuda_tuning = *cuda_tuning;
   load.device = flags.device;
   load.block_size = flags.block_size;
   load.num_blocks = flags.num_blocks;
@@ -218,6 +229,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, const char* name, const char* descript
       ->excludes(blocks);
   cmd->add_option("--block-size", flags->block_size, "tokens per KV block (default 16)")
       ->check(CLI::PositiveNumber);
+  AddCudaTuningFlag(cmd, &flags->cuda_tuning);
   cmd->add_option("--metrics-port", flags->metrics_port,
                   "Prometheus /metrics port (0: none, -1: any free port, printed at start)")
       ->check(CLI::Range(-1, 65535));

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of bench/engine/ab.sh and ab_summary.py with a fake engine_bench (no GPU): variants run
-alternately, switches reach the binary, the summary's medians and changes are right, a failing
-variant is reported without stopping the others, bad arguments are refused."""
+alternately, each variant's arguments reach its binary after the common ones, the summary's medians
+and changes are right, a failing variant is reported without stopping the others, bad arguments are
+refused."""
 
 import json
 import os
@@ -15,16 +16,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 AB = os.path.join(HERE, "ab.sh")
 SUMMARY = os.path.join(HERE, "ab_summary.py")
 
-# Writes one decode point and one prefill point; FAKE_MS sets the times (FAKE_FAIL=1: exit 1).
+# Writes one decode point and one prefill point; --fake-ms MS sets the times (--fake-fail: exit
+# 1). Logs its name, its time and its arguments before --json.
 FAKE = textwrap.dedent("""\
     #!/usr/bin/env python3
     import json, os, sys
+    args = sys.argv[1:]
+    ms_arg = args[args.index("--fake-ms") + 1] if "--fake-ms" in args else "?"
     log = os.environ["FAKE_LOG"]
     with open(log, "a") as f:
-        f.write(os.path.basename(sys.argv[0]) + ":" + os.environ.get("FAKE_MS", "?") + "\\n")
-    if os.environ.get("FAKE_FAIL") == "1":
+        f.write(os.path.basename(sys.argv[0]) + ":" + ms_arg + ":" +
+                "|".join(args[:args.index("--json")]) + "\\n")
+    if "--fake-fail" in args:
         sys.exit(1)
-    ms = float(os.environ.get("FAKE_MS", "10"))
+    ms = float(ms_arg if ms_arg != "?" else "10")
     out = sys.argv[sys.argv.index("--json") + 1]
     json.dump({"decode": [{"batch": 64, "context": 1024, "ms_per_step": ms,
                            "pct_of_roofline": 55.0 / ms * 10}],
@@ -56,10 +61,14 @@ class AbTest(unittest.TestCase):
                               timeout=60)
 
     def test_alternates_and_summarizes(self):
-        r = self.run_ab("base=bench_a,FAKE_MS=10", "new=bench_b,FAKE_MS=9")
+        r = self.run_ab("base=bench_a --fake-ms 10",
+                        "new=bench_b --tuning decode.chain=0,skinny=off --fake-ms 9")
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(self.log) as f:
-            self.assertEqual(f.read().split(), ["bench_a:10", "bench_b:9"] * 2)
+            self.assertEqual(f.read().split(), [
+                "bench_a:10:--model|/m|--iters|3|--fake-ms|10",
+                "bench_b:9:--model|/m|--iters|3|--tuning|decode.chain=0,skinny=off|--fake-ms|9"
+            ] * 2)
         for name in ("base_1", "base_2", "new_1", "new_2"):
             self.assertTrue(os.path.exists(os.path.join(self.out, name + ".json")), name)
         self.assertIn("decode batch 64, context 1024", r.stdout)
@@ -71,8 +80,8 @@ class AbTest(unittest.TestCase):
             self.assertEqual(f.read().strip(), r.stdout.strip())
 
     def test_failing_variant_is_reported_and_the_others_run(self):
-        r = self.run_ab("base=bench_a,FAKE_MS=10", "bad=bench_b,FAKE_FAIL=1",
-                        "new=bench_a,FAKE_MS=12")
+        r = self.run_ab("base=bench_a --fake-ms 10", "bad=bench_b --fake-fail",
+                        "new=bench_a --fake-ms 12")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("bad run 1 failed", r.stderr)
         self.assertIn("bad run 2 failed", r.stderr)
@@ -87,6 +96,12 @@ class AbTest(unittest.TestCase):
         r = self.run_ab("x=missing_binary")
         self.assertEqual(r.returncode, 2)
         self.assertIn("no executable", r.stderr)
+        r = self.run_ab("x=")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("bad variant", r.stderr)
+        r = self.run_ab("x=bench_a --json y")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("variant x must not name --json", r.stderr)
         r = subprocess.run(["bash", AB, self.out, "1", self.bin, "--json x", "a=bench_a"],
                            env=self.env, capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 2)

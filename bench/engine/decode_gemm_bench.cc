@@ -5,13 +5,16 @@
 //   decode_gemm_bench [--shapes qkv=6144x4096,o=4096x4096,gate_up=28672x4096,down=4096x14336]
 //                     [--rows 33,48,64] [--layers 32] [--iters 20] [--json FILE]
 //                     [--plans 128x2,...] [--skip-cublaslt] [--trace] [--stages N]
+//                     [--tuning KEY=VALUE,...]
 // --plans keeps only those cluster GEMM plans (TILExSPLITS); --skip-cublaslt leaves cuBLASLt out
-// (both for profiling one kernel). --trace also replays each cluster plan's graph with the
-// kernel's per-CTA timestamps on (ClusterGemmArgs::trace) and prints, averaged over the layers
-// after the first: how long a launch spans (first CTA in to last CTA out), the gap from the
-// previous launch's last CTA out to this one's first CTA in (negative: they overlap), and per
-// CTA the time to the programmatic wait's return, to the first stage, the main loop, the
-// epilogue, and the spread of the main loops' ends.
+// (both for profiling one kernel). --tuning is the GEMM plan of the cuBLASLt rows
+// (runtime/model/cuda/cuda_tuning.h, docs/tuning.md; default cluster=off,skinny=off, so that
+// cuBLASLt takes them; e.g. autotune.candidates=32,autotune.splitk=1 widens its search). --trace
+// also replays each cluster plan's graph with the kernel's per-CTA timestamps on
+// (ClusterGemmArgs::trace) and prints, averaged over the layers after the first: how long a launch
+// spans (first CTA in to last CTA out), the gap from the previous launch's last CTA out to this
+// one's first CTA in (negative: they overlap), and per CTA the time to the programmatic wait's
+// return, to the first stage, the main loop, the epilogue, and the spread of the main loops' ends.
 // Each measurement is a CUDA graph of `layers` launches of one projection, each over its own
 // weight copy (32 x the weights is far more than the L2, so every launch streams from HBM as in a
 // step), replayed `iters` times after a warm-up; time per launch = graph time / layers (the
@@ -41,6 +44,7 @@
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/cluster_gemm.h"
 #include "runtime/model/cuda/cublas_gemm.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 
 namespace tandem {
 namespace {
@@ -185,6 +189,7 @@ struct Options {
   bool skip_cublaslt = false;
   bool trace = false;
   int stages = 0;
+  GemmTuning tuning;  // of the CublasLtGemm that times the cuBLASLt rows
 };
 
 absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
@@ -209,7 +214,7 @@ absl::Status Run(const std::vector<Shape>& shapes, const Options& o) {
   void* workspace = nullptr;
   RETURN_IF_CUDA_ERROR(cudaMalloc(&workspace, kWorkspace), "workspace");
   ASSIGN_OR_RETURN(std::unique_ptr<cuda_runner::CublasLtGemm> gemm,
-                   cuda_runner::CublasLtGemm::Create(workspace, kWorkspace));
+                   cuda_runner::CublasLtGemm::Create(workspace, kWorkspace, o.tuning));
   const int max_m = *std::max_element(rows.begin(), rows.end());
   for (const Shape& s : shapes) {
     const size_t w_bytes = size_t{2} * s.n * s.k;
@@ -329,7 +334,18 @@ int main(int argc, char** argv) {
   app.add_flag("--trace", o.trace, "per-CTA timeline of each cluster plan");
   app.add_option("--stages", o.stages, "cluster GEMM pipeline stages (0: as many as fit)")
       ->check(CLI::Range(0, 16));
+  std::string tuning = "cluster=off,skinny=off";
+  app.add_option("--tuning", tuning,
+                 "GEMM plan of the cuBLASLt rows, key=value[,key=value...] (docs/tuning.md)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  absl::StatusOr<tandem::CudaTuning> parsed_tuning = tandem::ParseCudaTuning(tuning);
+  if (!parsed_tuning.ok()) {
+    std::fprintf(stderr, "decode_gemm_bench: --tuning: %s\n",
+                 std::string(parsed_tuning.status().message()).c_str());
+    return 2;
+  }
+  o.tuning = parsed_tuning->gemm;
   absl::StatusOr<std::vector<tandem::Shape>> parsed = tandem::ParseShapes(shapes);
   absl::Status st = parsed.ok() ? tandem::Run(*parsed, o) : parsed.status();
   if (!st.ok()) {

@@ -5,7 +5,7 @@
 #   source bench/engine/device_call.sh
 #   dc_setup                                   # build-gpu/ from gpu-pack/bundle.tar.xz; $B, $R
 #   dc_synth llama-3-8b /tmp/tandem_m8b        # in the background; dc_wait_synth before use
-#   dc_test attention TANDEM_DECODE_PACK_LO=0 "$B/attention_cuda_test" --gtest_filter='*Decode*'
+#   dc_test attention "$B/attention_cuda_test" --gtest_filter='*Decode*'
 #   dc_wait_synth
 #   bash bench/engine/ab.sh "$R/ab" 3 "$B" "--model /tmp/tandem_m8b ..." base=engine_bench_base ...
 #   dc_finish                                  # strips progress lines, packs $OUT/r.tgz

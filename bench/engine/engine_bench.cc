@@ -2,8 +2,10 @@
 // it is given.
 //   engine_bench --model DIR [--device N] [--json FILE] [--iters 50]
 //                [--batches 1,8,64,256] [--contexts 1024,8192] [--prefill 512,2048,8192]
-//                [--skip sampling,verify,prefill,profile,gemv-ab,skinny-ab] [--block-size 16]
-//                [--verify-batches 1,32] [--verify-k 0,1,2,4,8]
+//                [--skip sampling,verify,prefill,profile,skinny-ab] [--block-size 16]
+//                [--verify-batches 1,32] [--verify-k 0,1,2,4,8] [--tuning KEY=VALUE,...]
+// --tuning: the runner's kernel plan (runtime/model/cuda/cuda_tuning.h, docs/tuning.md; a bad one
+// fails at startup), recorded in the output with every number.
 // Ceilings, measured first in the same process: device copy bandwidth (cudaMemcpy D2D of 1 GiB,
 // read + write bytes / time) and cuBLASLt bf16 GEMM throughput at 8192^3 (f32 accumulation).
 // Then, with the model loaded by the CUDA runner:
@@ -15,10 +17,8 @@
 //    causal attention 4 * layers * heads * head_dim * N^2 / 2, against the measured GEMM peak;
 //  - a per-op GPU time breakdown (CUDA events around each op of an un-graphed step) of decode
 //    batch 1 and 64 at 1K context and one prefill, to explain a miss;
-//  - the small-M GEMV A/B: decode batch 1 at 1K with the GEMV and with cuBLASLt only (a
-//    second runner, created with TANDEM_DISABLE_GEMV flipped);
 //  - the skinny GEMM A/B: decode batch 8, 32 and 64 at 1K (those the main run measured) against a
-//    third runner with the skinny GEMM off (TANDEM_SKINNY_GEMM=0; on, =1, when the main run has it
+//    second runner with the skinny GEMM off (skinny=off; on, skinny=on, when the main run has it
 //    off), and that runner's per-op breakdown at batch 64.
 // Prints tables; --json writes every number. Exit status 0, or 1 with a message on error.
 
@@ -49,6 +49,7 @@
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/model/cuda/cublas_gemm.h"
 #include "runtime/model/cuda/cuda_model_runner.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 
@@ -69,6 +70,7 @@ struct Flags {
   std::vector<int> verify_batches = {1, 32};
   std::vector<int> verify_k = {0, 1, 2, 4, 8};  // 0: the plain step, the baseline
   int block_size = 16;                          // KV cache tokens per block
+  std::string tuning;                           // the runner's plan (--tuning); "": defaults
 };
 
 // Times `fn` (which queues work on `stream`) over iters runs after warmup runs; ms per run.
@@ -108,7 +110,7 @@ absl::StatusOr<double> CopyBandwidth(cudaStream_t stream) {
 }
 
 // cuBLASLt bf16 GEMM 8192^3: FLOP/s.
-absl::StatusOr<double> GemmPeak(cudaStream_t stream) {
+absl::StatusOr<double> GemmPeak(const GemmTuning& tuning, cudaStream_t stream) {
   const int n = 8192;
   const size_t bytes = size_t{n} * n * 2;
   void *a = nullptr, *b = nullptr, *c = nullptr, *ws = nullptr;
@@ -126,7 +128,7 @@ absl::StatusOr<double> GemmPeak(cudaStream_t stream) {
   cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
   absl::StatusOr<double> result = absl::InternalError("not run");
   {
-    auto gemm = cuda_runner::CublasLtGemm::Create(ws, ws_bytes);
+    auto gemm = cuda_runner::CublasLtGemm::Create(ws, ws_bytes, tuning);
     if (!gemm.ok()) {
       result = gemm.status();
     } else {
@@ -168,39 +170,17 @@ int Run(const Flags& flags) {
   out["sm_count"] = prop.multiProcessorCount;
   std::printf("GPU %d: %s, %d SMs, %.1f GiB\n", flags.device, prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1073741824.0);
-  // The A/B switches this run was started with (read by the runtime once per process), so every
-  // table says which code paths produced it.
-  json switches = json::object();
-  std::string active;
-  for (const char* name : {"TANDEM_DISABLE_GEMV",          "TANDEM_DISABLE_GEMM_AUTOTUNE",
-                           "TANDEM_DISABLE_PDL",           "TANDEM_DECODE_SPLIT_TARGET",
-                           "TANDEM_SKINNY_GEMM",           "TANDEM_SKINNY_CTAS_PER_SM",
-                           "TANDEM_GEMV_UNROLL",           "TANDEM_GEMV_MIN_CTAS",
-                           "TANDEM_GEMV_MIN_CTAS_LONG",    "TANDEM_DECODE_MIN_SPLIT_TOKENS",
-                           "TANDEM_DECODE_FILL_SMS",       "TANDEM_FUSE_QKV_ROPE",
-                           "TANDEM_FUSE_NORM_GEMV",        "TANDEM_PREFILL_ATTN_SM90",
-                           "TANDEM_PREFILL_SM90_STAGES",   "TANDEM_PREFILL_SM90_HEADS",
-                           "TANDEM_PREFILL_SM90_WIDE",     "TANDEM_PREFILL_SM90_COPY_LATE",
-                           "TANDEM_DECODE_PACK_LO",        "TANDEM_SKINNY_MAX_ROWS",
-                           "TANDEM_SKINNY_WGMMA",          "TANDEM_GEMM_AUTOTUNE_CANDIDATES",
-                           "TANDEM_GEMM_AUTOTUNE_SPLITK",  "TANDEM_DECODE_EVICT_FIRST",
-                           "TANDEM_PREFILL_SM90_WS",       "TANDEM_SKINNY_QKV_MAX_ROWS",
-                           "TANDEM_SKINNY_GATED_MAX_ROWS", "TANDEM_CLUSTER_GEMM",
-                           "TANDEM_CLUSTER_GEMM_ROWS",     "TANDEM_CLUSTER_GEMM_SHAPES",
-                           "TANDEM_CLUSTER_GEMM_STAGES",   "TANDEM_CLUSTER_GEMM_MIN_FILL",
-                           "TANDEM_CLUSTER_GEMM_MAX_TILE"}) {
-    if (const char* v = std::getenv(name)) {
-      switches[name] = v;
-      absl::StrAppend(&active, " ", name, "=", v);
-    }
-  }
-  out["switches"] = switches;
-  std::printf("switches:%s\n", active.empty() ? " none (defaults)" : active.c_str());
+  // The plan this run was started with, so every table says which code paths produced it.
+  absl::StatusOr<CudaTuning> tuning = ParseCudaTuning(flags.tuning);
+  if (!tuning.ok()) return fail(tuning.status());
+  const std::string tuning_spec = FormatCudaTuning(*tuning);
+  out["tuning"] = tuning_spec;
+  std::printf("tuning: %s\n", tuning_spec.empty() ? "defaults" : tuning_spec.c_str());
 
   // 1. Ceilings.
   auto bw = CopyBandwidth(stream);
   if (!bw.ok()) return fail(bw.status());
-  auto peak = GemmPeak(stream);
+  auto peak = GemmPeak(tuning->gemm, stream);
   if (!peak.ok()) return fail(peak.status());
   std::printf("device copy bandwidth (D2D 1 GiB, read+write): %.2f TB/s\n", *bw / 1e12);
   std::printf("cuBLASLt bf16 GEMM 8192^3 (f32 accumulate):    %.1f TFLOP/s\n", *peak / 1e12);
@@ -250,6 +230,7 @@ int Run(const Flags& flags) {
   ro.max_batch_tokens = 8192;
   ro.cuda_graphs = true;
   ro.progress = true;
+  ro.tuning = *tuning;
   const auto load_start = std::chrono::steady_clock::now();
   auto runner_or = CreateCudaModelRunner(c, **store, ro);
   if (!runner_or.ok()) return fail(runner_or.status());
@@ -528,97 +509,35 @@ int Run(const Flags& flags) {
   }
   out["profiles"] = profiles;
 
-  // 6. GEMV A/B: decode batch 1 at 1K context (graph replay; the GEMV takes single-row
-  // projections only) on this runner, then on a
-  // second runner created with TANDEM_DISABLE_GEMV flipped (cuBLASLt for every projection, or the
-  // small-M GEMV if the first run had it disabled). The first runner is released first.
-  if (run("gemv-ab")) {
-    const char* prior_env = std::getenv("TANDEM_DISABLE_GEMV");
-    const std::string prior = prior_env != nullptr ? prior_env : "";
-    const bool gemv_first = prior != "1";
-    const int ab_ctx = 1024;
-    const std::vector<int> ab_batches = {1};
-    auto time_all = [&](CudaModelRunner& r) -> absl::StatusOr<std::vector<double>> {
-      std::vector<double> ms;
-      for (int b : ab_batches) {
-        if (blocks_for(b, ab_ctx) > r.kv_layout().num_blocks) {
-          ms.push_back(NAN);
-          continue;
-        }
-        ASSIGN_OR_RETURN(double t, r.TimeDeviceStep(make_batch(b, ab_ctx, 1), 5, flags.iters));
-        ms.push_back(t);
-      }
-      return ms;
-    };
-    auto first = time_all(*runner);
-    if (!first.ok()) return fail(first.status());
-    runner.reset();
-    setenv("TANDEM_DISABLE_GEMV", gemv_first ? "1" : "0", 1);
-    auto store2 = TensorStore::Open(flags.model_dir);
-    if (!store2.ok()) return fail(store2.status());
-    ro.num_blocks = static_cast<int>(blocks_for(ab_batches.back(), ab_ctx));
-    ro.progress = false;
-    auto runner2 = CreateCudaModelRunner(c, **store2, ro);
-    if (prior_env != nullptr) {
-      setenv("TANDEM_DISABLE_GEMV", prior.c_str(), 1);
-    } else {
-      unsetenv("TANDEM_DISABLE_GEMV");
-    }
-    if (!runner2.ok()) return fail(runner2.status());
-    store2->reset();
-    fill_kv((*runner2)->kv_layout());
-    auto second = time_all(**runner2);
-    if (!second.ok()) return fail(second.status());
-    const std::vector<double>& gemv_ms = gemv_first ? *first : *second;
-    const std::vector<double>& cublas_ms = gemv_first ? *second : *first;
-    std::printf("\nsmall-M GEMV A/B, decode context %d (CUDA graph replay, %d steps)\n", ab_ctx,
-                flags.iters);
-    std::printf("%6s %12s %14s %9s\n", "batch", "GEMV ms", "cuBLASLt ms", "speedup");
-    json ab = json::array();
-    for (size_t i = 0; i < ab_batches.size(); ++i) {
-      std::printf("%6d %12.3f %14.3f %8.2fx\n", ab_batches[i], gemv_ms[i], cublas_ms[i],
-                  cublas_ms[i] / gemv_ms[i]);
-      ab.push_back({{"batch", ab_batches[i]},
-                    {"context", ab_ctx},
-                    {"gemv_ms", gemv_ms[i]},
-                    {"cublaslt_ms", cublas_ms[i]}});
-    }
-    out["gemv_ab"] = ab;
-  }
-
-  // 7. Skinny GEMM A/B: decode batch 8, 32 and 64 at 1K context (graph replay) on a runner
-  // created with the skinny GEMM off (TANDEM_SKINNY_GEMM=0: cuBLASLt for every multi-row
-  // projection) against the main run (whose numbers are the decode table's; by default it takes
-  // the skinny GEMM for 2-32 rows on Hopper), or on when the main run has it off; and that
+  // 6. Skinny GEMM A/B: decode batch 8, 32 and 64 at 1K context (graph replay) on a runner
+  // created with the skinny GEMM off (skinny=off: cuBLASLt for every multi-row projection)
+  // against the main run (whose numbers are the decode table's; by default it takes the skinny
+  // GEMM for 2-32 rows on Hopper), or on (skinny=on) when the main run has it off; and that
   // runner's per-op breakdown at batch 64, so the projections can be compared op by op with
-  // section 5.
+  // section 5. The main runner is released first.
   if (run("skinny-ab")) {
-    runner.reset();  // released already when section 6 ran
-    const char* prior_env = std::getenv("TANDEM_SKINNY_GEMM");
-    const std::string prior = prior_env != nullptr ? prior_env : "";
-    const char* other_value = prior == "0" ? "1" : "0";
+    runner.reset();
+    CudaTuning other_tuning = *tuning;
+    other_tuning.gemm.skinny = tuning->gemm.skinny == GemmTuning::Skinny::kOff
+                                   ? GemmTuning::Skinny::kOn
+                                   : GemmTuning::Skinny::kOff;
+    const std::string other_spec = FormatCudaTuning(other_tuning);
     const int ab_ctx = 1024;
     const std::vector<int> ab_batches = {8, 32, 64};
-    setenv("TANDEM_SKINNY_GEMM", other_value, 1);
     auto store3 = TensorStore::Open(flags.model_dir);
     if (!store3.ok()) return fail(store3.status());
     ro.num_blocks = static_cast<int>(blocks_for(ab_batches.back(), ab_ctx));
     ro.progress = false;
+    ro.tuning = other_tuning;
     auto runner3 = CreateCudaModelRunner(c, **store3, ro);
-    if (prior_env != nullptr) {
-      setenv("TANDEM_SKINNY_GEMM", prior.c_str(), 1);
-    } else {
-      unsetenv("TANDEM_SKINNY_GEMM");
-    }
     if (!runner3.ok()) return fail(runner3.status());
     store3->reset();
     fill_kv((*runner3)->kv_layout());
     std::printf(
         "\nskinny GEMM A/B, decode context %d (CUDA graph replay, %d steps): main run (%s) vs "
-        "TANDEM_SKINNY_GEMM=%s\n",
-        ab_ctx, flags.iters,
-        prior_env != nullptr ? absl::StrCat("TANDEM_SKINNY_GEMM=", prior).c_str() : "defaults",
-        other_value);
+        "%s\n",
+        ab_ctx, flags.iters, tuning_spec.empty() ? "defaults" : tuning_spec.c_str(),
+        other_spec.c_str());
     std::printf("%6s %12s %12s %9s %12s\n", "batch", "main ms", "other ms", "speedup",
                 "main %roof");
     json ab = json::array();
@@ -640,14 +559,13 @@ int Run(const Flags& flags) {
                     {"context", ab_ctx},
                     {"main_ms", main_ms},
                     {"other_ms", *other},
-                    {"other_env", absl::StrCat("TANDEM_SKINNY_GEMM=", other_value)},
+                    {"other_tuning", other_spec},
                     {"roofline_ms", roof_ms}});
     }
     out["skinny_ab"] = ab;
-    auto prof = breakdown(
-        **runner3,
-        absl::StrCat("decode batch 64 context ", ab_ctx, ", TANDEM_SKINNY_GEMM=", other_value),
-        make_batch(64, ab_ctx, 1));
+    auto prof =
+        breakdown(**runner3, absl::StrCat("decode batch 64 context ", ab_ctx, ", ", other_spec),
+                  make_batch(64, ab_ctx, 1));
     if (!prof.ok()) return fail(prof.status());
     out["skinny_ab_profile"] = *prof;
   }
@@ -684,9 +602,18 @@ int main(int argc, char** argv) {
                  "draft counts of the verification section, 0 first (default 0,1,2,4,8)")
       ->delimiter(',');
   app.add_option("--skip", flags.skip,
-                 "sections not to run: sampling, verify, prefill, profile, gemv-ab, skinny-ab")
+                 "sections not to run: sampling, verify, prefill, profile, skinny-ab")
       ->delimiter(',')
-      ->check(CLI::IsMember({"sampling", "verify", "prefill", "profile", "gemv-ab", "skinny-ab"}));
+      ->check(CLI::IsMember({"sampling", "verify", "prefill", "profile", "skinny-ab"}));
+  app.add_option("--tuning", flags.tuning,
+                 "the runner's kernel plan, key=value[,key=value...] (docs/tuning.md; default: "
+                 "the measured choices)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            const absl::StatusOr<tandem::CudaTuning> t = tandem::ParseCudaTuning(value);
+            return t.ok() ? std::string() : std::string(t.status().message());
+          },
+          "SPEC"));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -79,76 +79,26 @@ step() {
     echo "rc=$?" >> "$OUT/synth-1b.log"; fi ) &
 SYNTH_PID=$!
 
-# GPU tests (each prints max errors and shapes on failure).
+# GPU tests (each prints max errors and shapes on failure). The runner and kernel tests run their
+# other plans and kernels themselves (the runner's GEMM routings, the decode tunings, the portable
+# prefill and skinny GEMM kernels beside the H100/H200's wgmma ones).
 for t in cuda_step_plan_test runner_factory_test cuda_model_runner_test cuda_generate_test \
          cuda_runner_sampling_test kv_host_mirror_test; do
   if [[ -x "$BIN/$t" ]]; then
-    step "$t" 150 "$BIN/$t" --gtest_output="xml:$OUT/$t.xml"
+    limit=150
+    [[ "$t" == cuda_model_runner_test ]] && limit=450  # five plans
+    step "$t" "$limit" "$BIN/$t" --gtest_output="xml:$OUT/$t.xml"
   else
     echo "$t: MISSING from $BIN" | tee -a "$OUT/summary.txt"
   fi
 done
-# The batched-decode runner checks again with the skinny GEMM taking the 2-64-row projections
-# (by default 2-32 rows on an H100/H200), and with it off (cuBLASLt for every multi-row one).
-if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  for sw in 1:skinny_gemm 0:no_skinny_gemm; do
-    step "cuda_model_runner_test_${sw#*:}" 150 env "TANDEM_SKINNY_GEMM=${sw%%:*}" \
-      "$BIN/cuda_model_runner_test" \
-      --gtest_filter='Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-      --gtest_output="xml:$OUT/cuda_model_runner_test_${sw#*:}.xml"
-  done
-fi
-# The attention cases again with each switch the ctest variants set (runtime/kernels/cuda/
-# CMakeLists.txt): the portable mma.sync prefill kernel (head_dim 128 takes the wgmma kernel on an
-# H100/H200 by default), the wgmma kernel's one-head, 64-key-tile and 2-stage shapes, and the
-# two-MMA decode kernel.
-if [[ -x "$BIN/attention_cuda_test" ]]; then
-  while read -r name filter envs; do
-    step "attention_cuda_test_$name" 90 env ${envs//,/ } "$BIN/attention_cuda_test" \
-      --gtest_filter="$filter" --gtest_output="xml:$OUT/attention_cuda_test_$name.xml"
-  done <<'VARIANTS'
-prefill_mma_sync *Prefill* TANDEM_PREFILL_ATTN_SM90=0
-prefill_sm90_1_head *Prefill* TANDEM_PREFILL_SM90_HEADS=1
-prefill_sm90_narrow *Prefill* TANDEM_PREFILL_SM90_WIDE=0
-prefill_sm90_narrow_2_stages *Prefill* TANDEM_PREFILL_SM90_WIDE=0,TANDEM_PREFILL_SM90_STAGES=2
-prefill_sm90_wide_2_stages *Prefill* TANDEM_PREFILL_SM90_STAGES=2
-prefill_sm90_copy_early *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=0
-prefill_sm90_copy_after_qk *Prefill* TANDEM_PREFILL_SM90_COPY_LATE=1
-decode_unpacked *Decode* TANDEM_DECODE_PACK_LO=0
-decode_split_64 *Decode* TANDEM_DECODE_MIN_SPLIT_TOKENS=64
-decode_no_sm_fill *Decode* TANDEM_DECODE_FILL_SMS=0
-VARIANTS
-fi
-# The GEMV again with its other launch shapes (TANDEM_GEMV_UNROLL, TANDEM_GEMV_MIN_CTAS).
-# The skinny GEMM with its mma.sync kernel (the H200 takes the wgmma one by default).
-if [[ -x "$BIN/skinny_gemm_cuda_test" ]]; then
-  step skinny_gemm_cuda_test_mma_sync 120 env TANDEM_SKINNY_WGMMA=0 "$BIN/skinny_gemm_cuda_test" \
-    --gtest_output="xml:$OUT/skinny_gemm_cuda_test_mma_sync.xml"
-fi
-if [[ -x "$BIN/gemv_cuda_test" ]]; then
-  for sw in UNROLL=2 UNROLL=8 MIN_CTAS=0 MIN_CTAS=8 MIN_CTAS_LONG=0; do
-    name="gemv_cuda_test_$(echo "$sw" | tr 'A-Z=' 'a-z_')"
-    step "$name" 90 env "TANDEM_GEMV_$sw" "$BIN/gemv_cuda_test" --gtest_output="xml:$OUT/$name.xml"
-  done
-fi
-# The runner again with RoPE and the KV append as their own kernel (fused by default), with
-# the single-token RMSNorms folded into the GEMVs (their own kernels by default), with the
-# GEMM autotuning's wider search (split-K variants of 32 candidates), and with the cluster GEMM
-# taking every projection of 1-64 rows it has a plan for (the test models are small).
-if [[ -x "$BIN/cuda_model_runner_test" ]]; then
-  for sw in TANDEM_FUSE_QKV_ROPE=0:unfused_qkv_rope TANDEM_FUSE_NORM_GEMV=1:fused_norm \
-      TANDEM_GEMM_AUTOTUNE_SPLITK=1,TANDEM_GEMM_AUTOTUNE_CANDIDATES=32:gemm_splitk \
-      TANDEM_CLUSTER_GEMM=1,TANDEM_CLUSTER_GEMM_ROWS=1-64,TANDEM_CLUSTER_GEMM_MIN_FILL=0,TANDEM_SKINNY_GEMM=0,TANDEM_DISABLE_GEMV=1:cluster_gemm; do
-    IFS=',' read -r -a envs <<< "${sw%%:*}"
-    step "cuda_model_runner_test_${sw#*:}" 200 env "${envs[@]}" "$BIN/cuda_model_runner_test" \
-      --gtest_filter='Models/GreedyTest.*:Models/MixedBatchTest.*:CudaRunnerTest.GraphsOnAndOffGiveTheSameLogits' \
-      --gtest_output="xml:$OUT/cuda_model_runner_test_${sw#*:}.xml"
-  done
-fi
 for t in "$BIN"/*_cuda_test; do
   [[ -x "$t" ]] || continue
   n="$(basename "$t")"
-  step "$n" 90 "$t" --gtest_output="xml:$OUT/$n.xml"
+  limit=90
+  [[ "$n" == attention_cuda_test ]] && limit=300  # the decode tunings, the portable prefill
+  [[ "$n" == skinny_gemm_cuda_test ]] && limit=180  # both kernels
+  step "$n" "$limit" "$t" --gtest_output="xml:$OUT/$n.xml"
 done
 
 # The disaggregated stack on the GPU: tandem serve --device cuda (router, prefill and decode
@@ -174,43 +124,18 @@ step wait-synth 150 bash -c "while kill -0 $SYNTH_PID 2>/dev/null; do sleep 1; d
 
 if [[ -f "$M8B/config.json" ]]; then
   step engine_bench_8b 180 "$BIN/engine_bench" --model "$M8B" --json "$OUT/engine_bench_8b.json"
-  # A/B of the defaults: each fused or Hopper-only path turned off in turn.
-  step engine_bench_8b_unfused_qkv_rope 90 env TANDEM_FUSE_QKV_ROPE=0 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab \
-    --json "$OUT/engine_bench_8b_unfused_qkv_rope.json"
-  step engine_bench_8b_prefill_mma_sync 120 env TANDEM_PREFILL_ATTN_SM90=0 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1 --contexts 1024 --prefill 2048,8192 \
-    --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_prefill_mma_sync.json"
-  for sw in TANDEM_PREFILL_SM90_HEADS=1 TANDEM_PREFILL_SM90_WIDE=0 TANDEM_PREFILL_SM90_STAGES=2 \
-            TANDEM_PREFILL_SM90_COPY_LATE=0 TANDEM_PREFILL_SM90_COPY_LATE=1; do
-    name="engine_bench_8b_prefill_$(echo "${sw#TANDEM_PREFILL_}" | tr 'A-Z=' 'a-z_')"
-    step "$name" 120 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 --contexts 1024 \
-      --prefill 2048,8192 --skip sampling,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"
-  done
-  # Decode with the two-MMA decode attention kernel (P's low parts in a second MMA).
-  step engine_bench_8b_decode_unpacked 90 env TANDEM_DECODE_PACK_LO=0 "$BIN/engine_bench" \
-    --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
-    --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_decode_unpacked.json"
-  # Batch 1 with the RMSNorms folded into the GEMVs, and the GEMV's other launch shapes.
-  for sw in TANDEM_FUSE_NORM_GEMV=1 TANDEM_GEMV_UNROLL=2 TANDEM_GEMV_UNROLL=8 TANDEM_GEMV_MIN_CTAS=0; do
-    name="engine_bench_8b_$(echo "${sw#TANDEM_}" | tr 'A-Z=' 'a-z_')"
-    step "$name" 90 env "$sw" "$BIN/engine_bench" --model "$M8B" --batches 1 \
-      --contexts 1024,8192 --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/$name.json"
-  done
   # The skinny GEMM's split-K aim (CTAs per SM; 2 in the main run's A/B section).
   for aim in 1 4; do
-    step "engine_bench_8b_skinny_aim_$aim" 90 env TANDEM_SKINNY_GEMM=1 \
-      TANDEM_SKINNY_CTAS_PER_SM=$aim "$BIN/engine_bench" --model "$M8B" --batches 8,64 \
-      --contexts 1024 --skip sampling,prefill,profile,gemv-ab,skinny-ab \
-      --json "$OUT/engine_bench_8b_skinny_aim_$aim.json"
+    step "engine_bench_8b_skinny_aim_$aim" 90 "$BIN/engine_bench" --model "$M8B" \
+      --tuning "skinny=on,skinny.ctas_per_sm=$aim" --batches 8,64 --contexts 1024 \
+      --skip sampling,prefill,profile,skinny-ab --json "$OUT/engine_bench_8b_skinny_aim_$aim.json"
   done
   # Flash-decoding work-item targets around the default 2048 (splits are also at least 256
-  # tokens long: model_kernels_internal.h).
+  # tokens long: docs/tuning.md).
   for st in 1024 4096; do
-    step "engine_bench_8b_split_$st" 90 env TANDEM_DECODE_SPLIT_TARGET=$st "$BIN/engine_bench" \
-      --model "$M8B" --batches 1,8,64 --contexts 1024,8192 \
-      --skip sampling,prefill,profile,gemv-ab,skinny-ab --json "$OUT/engine_bench_8b_split_$st.json"
+    step "engine_bench_8b_split_$st" 90 "$BIN/engine_bench" --model "$M8B" \
+      --tuning "decode.split_target=$st" --batches 1,8,64 --contexts 1024,8192 \
+      --skip sampling,prefill,profile,skinny-ab --json "$OUT/engine_bench_8b_split_$st.json"
   done
   step torch_peer_8b 150 "$PY" "$ROOT/bench/engine/torch_peer.py" --model "$M8B" \
     --batches 1,64 --context 1024 --json "$OUT/torch_peer_8b.json"

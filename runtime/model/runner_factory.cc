@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCuda(int ordinal, const Model
     LOG(INFO) << "CUDA runner: the " << o.mlp->name()
               << " MLP backend runs each step as one micro-batch (ping-pong is CPU-only so far)";
   }
+  o.tuning = options.cuda_tuning;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                    CreateCudaModelRunner(config, store, o));
   return std::unique_ptr<ModelRunner>(std::move(runner));

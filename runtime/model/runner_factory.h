@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/mlp/mlp_backend.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/safetensors.h"
@@ -31,6 +32,7 @@ struct RunnerOptions {
   int max_batch_tokens = 2048;
   bool cuda_graphs = true;
   bool progress = false;
+  CudaTuning cuda_tuning;  // CUDA only: the kernel plan (cuda/cuda_tuning.h, --cuda-tuning)
   // Null: the runner computes the MLP (local). Otherwise the MLP runs on this backend
   // (runtime/mlp/registry.h) and the runner loads no MLP weights: the CPU runner adds the bytes
   // they would have taken, less what the backend keeps in this process, to its KV cache; the CUDA

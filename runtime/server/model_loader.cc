@@ -33,6 +33,7 @@ absl::StatusOr<LoadedModel> LoadModel(const ModelLoadOptions& options) {
   runner_options.block_size = options.block_size;
   runner_options.num_blocks = options.num_blocks;
   runner_options.kv_cache_bytes = options.kv_cache_bytes;
+  runner_options.cuda_tuning = options.cuda_tuning;
   std::unique_ptr<ModelRunner> runner;
   if (options.mlp.empty() || options.mlp == "local") {
     ASSIGN_OR_RETURN(runner, CreateModelRunner(options.device, options.model_dir, runner_options));

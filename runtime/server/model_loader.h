@@ -16,6 +16,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/engine/engine.h"
 #include "runtime/mlp/remote_mlp_options.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/tokenizer.h"
 
 namespace tandem::server {
@@ -26,6 +27,7 @@ struct ModelLoadOptions {
   int block_size = 16;
   int num_blocks = 0;  // 0: as many as fit in kv_cache_bytes
   size_t kv_cache_bytes = size_t{256} << 20;
+  CudaTuning cuda_tuning;  // the CUDA runner's kernel plan (--cuda-tuning); unused on the CPU
   EngineOptions engine;
   // Where the MLP runs (runtime/mlp/registry.h): "local", "cpu" or "remote:ADDR,...", with
   // mlp_fallback "cpu" keeping the weights here for when no shard answers. A remote backend

@@ -1,8 +1,10 @@
 // Differential tests of the CUDA paged decode and prefill attention against cpu::PagedAttention on
 // bf16-rounded inputs, at the head shapes of Llama-3-8B (32/8/128), Llama-3.2-1B (32/8/64), the
-// tiny synthetic model (8/2/32) and GQA groups of 1, 8 and 16, with random non-contiguous block
+// tiny synthetic model (8/2/32) and GQA groups of 1 to 16, with random non-contiguous block
 // tables, a KvCacheLayout-style interleaved cache whose other layer is NaN (reading it fails), and
-// NaN-poisoned outputs (an element not written fails). Skipped without a GPU.
+// NaN-poisoned outputs (an element not written fails); decode again under other tunings
+// (decode_attention_tuning.h), and head_dim-128 prefill again on the portable mma.sync kernel
+// (which compute capability 9.0 otherwise replaces with the wgmma kernel). Skipped without a GPU.
 
 #include <gtest/gtest.h>
 
@@ -47,6 +49,28 @@ void PrintTo(const AttnShape& s, std::ostream* os) {
 
 constexpr int kLayers = 2;
 constexpr int kLayer = 1;  // layer 0 is NaN
+
+using EvictFirst = cuda::DecodeAttentionTuning::EvictFirst;
+
+std::string TuningName(const cuda::DecodeAttentionTuning& t) {
+  const char* evict = t.evict_first == EvictFirst::kAuto     ? "auto"
+                      : t.evict_first == EvictFirst::kAlways ? "on"
+                                                             : "off";
+  return absl::StrCat("target ", t.split_target, " floor ", t.min_split_tokens, " chain ",
+                      t.max_chain, " evict ", evict);
+}
+
+// The decode tunings besides the default: no chaining, splits as short as one tile, the
+// evict-first L2 policy at every batch size and at none, the most work items.
+std::vector<cuda::DecodeAttentionTuning> OtherDecodeTunings() {
+  std::vector<cuda::DecodeAttentionTuning> out(5);
+  out[0].max_chain = 0;
+  out[1].min_split_tokens = cuda::kDecodeSplitTokensStep;
+  out[2].evict_first = EvictFirst::kAlways;
+  out[3].evict_first = EvictFirst::kNever;
+  out[4].split_target = cuda::kDecodeSplitTargetMax;
+  return out;
+}
 
 // A paged cache on the host and the device, holding `tokens[s]` positions for each sequence in
 // randomly scattered blocks, plus the inputs of one attention call.
@@ -140,13 +164,15 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
   float Scale() const { return 1.0f / std::sqrt(static_cast<float>(GetParam().head_dim)); }
 
   // Decode: one query per sequence over `contexts[s]` cached tokens (the last is its own).
-  void RunDecode(const std::vector<int>& contexts, int hint = 0, float q_std = 1.0f) {
+  void RunDecode(const std::vector<int>& contexts, int hint = 0, float q_std = 1.0f,
+                 const cuda::DecodeAttentionTuning& tuning = {}) {
     const AttnShape& sh = GetParam();
     const int num_seqs = static_cast<int>(contexts.size());
     const int max_context = *std::max_element(contexts.begin(), contexts.end());
     if (hint == 0) hint = max_context;
     std::string what = absl::StrCat("decode ", sh.name, " bs=", sh.block_size, " seqs=", num_seqs,
-                                    " max_context=", max_context, " hint=", hint, " q_std=", q_std);
+                                    " max_context=", max_context, " hint=", hint, " q_std=", q_std,
+                                    " tuning=", TuningName(tuning));
     if (num_seqs <= 8) absl::StrAppend(&what, " contexts=", absl::StrJoin(contexts, ","));
     SCOPED_TRACE(what);
     PagedSetup s = Build(contexts, num_seqs, q_std, num_seqs * 1000003ull + max_context + hint);
@@ -156,7 +182,7 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
 
     DeviceBuffer d_lens = Upload(contexts);
     const size_t ws_bytes =
-        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint);
+        cuda::DecodeAttentionWorkspaceBytes(num_seqs, sh.heads, sh.head_dim, hint, tuning);
     DeviceBuffer d_ws = Upload(std::vector<uint8_t>(std::max<size_t>(ws_bytes, 16), 0));
     cuda::DecodeAttentionArgs a;
     a.q = s.d_qkv.data;
@@ -173,6 +199,7 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     a.workspace = ws_bytes > 0 ? d_ws.data : nullptr;
     a.workspace_bytes = ws_bytes;
     a.max_context_len = hint;
+    a.tuning = tuning;
     const absl::Status status = cuda::LaunchPagedDecodeAttention(a, stream());
     ASSERT_TRUE(status.ok()) << status;
     const std::vector<uint16_t> first = Download<uint16_t>(s.d_out, ref.size());
@@ -234,14 +261,15 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     return true;
   }
 
-  // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens.
+  // Prefill: sequence i has new_tokens[i] queries after start_pos[i] cached tokens. `portable`:
+  // through the raw launcher on the mma.sync kernel whatever the GPU.
   void RunPrefill(const std::vector<int>& new_tokens, const std::vector<int>& start_pos,
-                  float q_std = 1.0f) {
+                  float q_std = 1.0f, bool portable = false) {
     const AttnShape& sh = GetParam();
     const int num_seqs = static_cast<int>(new_tokens.size());
     const std::string what = absl::StrCat(
         "prefill ", sh.name, " bs=", sh.block_size, " new=", absl::StrJoin(new_tokens, ","),
-        " start=", absl::StrJoin(start_pos, ","), " q_std=", q_std);
+        " start=", absl::StrJoin(start_pos, ","), " q_std=", q_std, portable ? " mma.sync" : "");
     SCOPED_TRACE(what);
     std::vector<int> totals(num_seqs);
     std::vector<int32_t> starts_rows(num_seqs + 1, 0);
@@ -273,8 +301,24 @@ class AttentionCudaTest : public CudaKernelTest, public ::testing::WithParamInte
     a.num_heads = sh.heads;
     a.scale = Scale();
     a.out = s.d_out.data;
-    const absl::Status status = cuda::LaunchPrefillAttention(a, stream());
-    ASSERT_TRUE(status.ok()) << status;
+    if (portable) {
+      cuda::internal::PagedLayerView view;
+      view.k = static_cast<uint16_t*>(s.cache.k) + kLayer * s.cache.layer_stride;
+      view.v = static_cast<uint16_t*>(s.cache.v) + kLayer * s.cache.layer_stride;
+      view.block_size = sh.block_size;
+      view.num_kv_heads = sh.kv_heads;
+      view.head_dim = sh.head_dim;
+      view.block_tables = a.block_tables;
+      view.max_blocks_per_seq = a.max_blocks_per_seq;
+      view.num_slots = static_cast<int64_t>(s.num_blocks) * sh.block_size;
+      const cudaError_t e = cuda::internal::LaunchPrefillAttentionRaw(
+          a.q, a.q_row_stride, view, a.seq_start_rows, a.start_pos, a.num_seqs, a.max_new_tokens,
+          a.num_heads, a.scale, a.out, /*allow_wgmma=*/false, static_cast<cudaStream_t>(stream()));
+      ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+    } else {
+      const absl::Status status = cuda::LaunchPrefillAttention(a, stream());
+      ASSERT_TRUE(status.ok()) << status;
+    }
     const std::vector<float> got = Bf16ToFloats(Download<uint16_t>(s.d_out, ref.size()));
     // P is rounded to bf16 for the tensor-core P V product (as FlashAttention): each output moves
     // by at most 2^-8 * max|v| (|v| < 1.74) on top of its own bf16 rounding.
@@ -328,6 +372,33 @@ TEST_P(ModelShapeTest, PrefillTileBoundaries) {
 
 TEST_P(ModelShapeTest, PrefillPeakedScores) { RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f); }
 
+// The batch-1, -8 and -64 cases under each other tuning: splits and reads change, results do not
+// (beyond float32 summation order).
+TEST_P(ModelShapeTest, DecodeOtherTunings) {
+  std::vector<int> batch64(64);
+  FastRng rng(64);
+  for (auto& c : batch64) c = rng.UniformInt(1, 600);
+  batch64[5] = 3000;
+  batch64[63] = 1;
+  for (const cuda::DecodeAttentionTuning& t : OtherDecodeTunings()) {
+    for (const int context : {1, 17, 1000, 8192}) RunDecode({context}, 0, 1.0f, t);
+    RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600}, 0, 1.0f, t);
+    RunDecode(batch64, 0, 1.0f, t);
+    RunDecode({8192, 50}, /*hint=*/1000, 1.0f, t);
+  }
+}
+
+// Head_dim 128 prefill on the portable mma.sync kernel (compute capability 9.0 takes the wgmma
+// kernel by default; other head dims take the mma.sync kernel in every case above).
+TEST_P(ModelShapeTest, PrefillPortableKernel) {
+  if (GetParam().head_dim != 128) GTEST_SKIP() << "head_dim " << GetParam().head_dim;
+  RunPrefill({1}, {0}, 1.0f, /*portable=*/true);
+  RunPrefill({512}, {0}, 1.0f, true);
+  RunPrefill({1, 64, 200}, {0, 1000, 5}, 1.0f, true);
+  RunPrefill({65, 127, 128, 129, 63}, {63, 64, 0, 1, 200}, 1.0f, true);
+  RunPrefill({130, 40}, {70, 0}, /*q_std=*/6.0f, true);
+}
+
 // Chained decode: short contexts (warps without tiles in an item), padding rows, tile and block
 // boundaries, long contexts; chains of 2, 3 and the most items per CTA.
 TEST_P(ModelShapeTest, DecodeChained) {
@@ -359,7 +430,18 @@ TEST_P(GroupShapeTest, Decode) {
   RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600});
 }
 
+TEST_P(GroupShapeTest, DecodeOtherTunings) {
+  for (const cuda::DecodeAttentionTuning& t : OtherDecodeTunings()) {
+    RunDecode({8192, 1000, 17, 1, 4000, 8191, 129, 600}, 0, 1.0f, t);
+  }
+}
+
 TEST_P(GroupShapeTest, Prefill) { RunPrefill({1, 64, 200}, {0, 1000, 5}); }
+
+TEST_P(GroupShapeTest, PrefillPortableKernel) {
+  if (GetParam().head_dim != 128) GTEST_SKIP() << "head_dim " << GetParam().head_dim;
+  RunPrefill({1, 64, 200}, {0, 1000, 5}, 1.0f, /*portable=*/true);
+}
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelShapeTest,
                          ::testing::Values(AttnShape{"llama3_8b", 32, 8, 128, 16},
@@ -375,7 +457,12 @@ INSTANTIATE_TEST_SUITE_P(Groups, GroupShapeTest,
                                            // Larger KV blocks: the TMA prefill producer's 64- and
                                            // 128-row boxes.
                                            AttnShape{"group4_bs64", 32, 8, 128, 64},
-                                           AttnShape{"group4_bs128", 32, 8, 128, 128}),
+                                           AttnShape{"group4_bs128", 32, 8, 128, 128},
+                                           // The wgmma prefill kernel without its TMA producer:
+                                           // paired heads where block_size % 16 != 0, one head
+                                           // per CTA where the group is odd.
+                                           AttnShape{"group2_bs5_hd128", 8, 4, 128, 5},
+                                           AttnShape{"group3_hd128", 12, 4, 128, 16}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

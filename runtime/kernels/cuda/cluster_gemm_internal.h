@@ -25,7 +25,6 @@ struct ClusterGemmRaw {
   int tiles;    // ceil(n / (64 subs))
   int splits;   // CTAs per cluster, each one K range (1, 2, 4 or 8)
   int k_steps;  // 64-wide k steps per split: k / 64 / splits
-  bool pdl;     // launch with programmatic stream serialization (PdlEnabled())
   int x_rows;   // activation rows per stage box: m rounded up to 8 (filled by the launcher)
   int stages;   // ring depth: 0 for as many as fit, else 2 to that (fewer leave shared memory
                 // for the neighbouring kernels' CTAs)

@@ -5,7 +5,6 @@
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/cluster_gemm.h"
 #include "runtime/kernels/cuda/cluster_gemm_internal.h"
-#include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda {
 namespace {
@@ -130,7 +129,6 @@ absl::Status LaunchClusterGemm(const ClusterGemmArgs& a, const ClusterGemmPlan& 
   raw.tiles = plan.tiles;
   raw.splits = plan.splits;
   raw.k_steps = plan.k_per_split / kClusterGemmKStep;
-  raw.pdl = internal::PdlEnabled();
   raw.x_rows = (a.m + 7) / 8 * 8;
   raw.stages = a.stages;
   raw.trace = reinterpret_cast<unsigned long long*>(a.trace);

@@ -386,7 +386,7 @@ cudaError_t LaunchTyped(ClusterGemmRaw p, cudaStream_t stream) {
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t config =
       Config<kSubs, kSplit>(dim3(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.splits)),
-                            p.splits, p.stages, p.pdl, stream, attrs);
+                            p.splits, p.stages, /*pdl=*/true, stream, attrs);
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, w_map, x_map);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -36,8 +36,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -658,16 +656,6 @@ __global__ void __launch_bounds__(kHeadDim) DecodeMergeKernel(const DecodeParams
       __float2bfloat16_rn(l > 0.0f ? o / l : 0.0f);
 }
 
-// Whether groups of at most 8 query heads take the packed-low-part kernel: on unless
-// TANDEM_DECODE_PACK_LO=0 (read once; the A/B switch and its ctest variant).
-bool PackLoEnabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("TANDEM_DECODE_PACK_LO");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return enabled;
-}
-
 template <int kHeadDim, bool kPackLo, bool kEvictFirst>
 cudaError_t LaunchMain(const DecodeParams& p, const dim3 grid, cudaStream_t stream) {
   constexpr size_t kSmem = DecodeSmemBytes<kHeadDim>();
@@ -694,7 +682,7 @@ cudaError_t LaunchForm(const DecodeParams& p, bool evict_first, const dim3 grid,
 // PlanDecodeSplits' chain is one wave). Cached per (head_dim, group) and device.
 template <int kHeadDim>
 bool ChainFits(int group) {
-  if (group > kMaxGroup / 2 || !PackLoEnabled()) return false;
+  if (group > kMaxGroup / 2) return false;
   static std::atomic<uint64_t> known[kMaxGroup / 2 + 1], fits[kMaxGroup / 2 + 1];
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
@@ -733,7 +721,9 @@ cudaError_t Dispatch(const DecodeParams& p, int num_seqs, int chain, bool evict_
   }
   const dim3 grid(static_cast<unsigned>(p.num_kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs), static_cast<unsigned>(p.num_splits));
-  const cudaError_t e = p.group <= kMaxGroup / 2 && PackLoEnabled()
+  // Groups of at most 8 query heads pack P's low parts into MMA rows 8-15; larger groups take a
+  // second MMA for them.
+  const cudaError_t e = p.group <= kMaxGroup / 2
                             ? LaunchForm<kHeadDim, true>(p, evict_first, grid, stream)
                             : LaunchForm<kHeadDim, false>(p, evict_first, grid, stream);
   if (e != cudaSuccess) return e;

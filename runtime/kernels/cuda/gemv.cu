@@ -4,27 +4,21 @@
 //     across all its threads: thread i streams 16-byte packs i, i + 256, ... of each of its rows
 //     (kUnroll packs per row in flight, evict-first: weights are read once per step), so even a
 //     4096-row matrix makes 2048 small CTAs that fill every SM several times over. kUnroll is
-//     picked per shape (the packs a thread needs, rounded up to 2, 4 or 8, at most 4 by
-//     default), so the k = 4096 projections hold only the registers they use, and at one row of
-//     x the registers are capped so that 5 CTAs fit on an SM (4 for the down projection): on the
-//     H200 more resident CTAs beat more loads per thread (all 7 of the down projection's at once
-//     was slower than two rounds of 4, and so were CTAs looping over several feature pairs);
+//     picked per shape (the packs a thread needs, rounded up to 2 or 4), so the k = 4096
+//     projections hold only the registers they use, and at one row of x the registers are capped
+//     so that 5 CTAs fit on an SM (4 for the down projection): on the H200 more resident CTAs beat
+//     more loads per thread (all 7 of the down projection's at once was slower than two rounds of
+//     4, and so were CTAs looping over several feature pairs; bench/RESULTS.md);
 //   - the first batch of weight loads is issued BEFORE PdlWait(): with programmatic dependent
 //     launch the weights stream while the previous kernel (which produced x) is finishing; so are
-//     the other inputs no kernel of the step writes (bias, RMSNorm weights, the RoPE angle and KV
-//     slot from the step metadata), and the value the residual epilogue adds to is read right
-//     after the wait, so no epilogue waits on a dependent load;
+//     the other inputs no kernel of the step writes (bias, the RoPE angle and KV slot from the step
+//     metadata), so no epilogue waits on a dependent load;
 //   - the M activation rows (a few KB, shared by every CTA) are read through the read-only cache;
 //   - per-thread float32 partials are reduced with warp shuffles, then across warps in shared
 //     memory.
 // Gated mode (SiLU-and-multiply fused in): the CTA's rows are gate rows j and up rows n + j of a
 // [2n, k] matrix, and out[m, j] = silu(gate) * up, so the gate/up projection writes the MLP's
 // input directly.
-// RMSNorm folded in (kNorm): x is the raw residual stream; the product runs on x * norm_weight
-// and every thread also sums its packs' squares, which ride the same cross-warp reduction as the
-// dot products, so each CTA knows inv_rms at its epilogue without any extra pass or barrier and
-// scales its (float32) dot products by it. Every CTA sums the same packs in the same order, so all
-// agree on inv_rms bit for bit.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -48,9 +42,6 @@ struct GemvParams {
   const __nv_bfloat16* bias;
   void* out;
   bool out_f32;
-  bool add_to_out;           // residual epilogue (plain mode, bf16 out)
-  const uint4* norm_weight;  // [chunks]; kNorm only
-  float norm_eps;
   int n;       // output features
   int chunks;  // k / 8
   // RoPE + KV append mode only (see LaunchGemvRopeKvRaw).
@@ -75,15 +66,12 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g));
 
 // kMinCtas > 0 asks ptxas for registers that fit kMinCtas CTAs per SM (one row of x only; see
 // LaunchConfigured).
-template <int M, int kMode, int kUnroll, bool kNorm, int kMinCtas>
+template <int M, int kMode, int kUnroll, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     GemvKernel(const GemvParams p) {
   constexpr bool kGated = kMode == kGatedMode;
   constexpr bool kRope = kMode == kRopeMode;
   constexpr int kWRows = kGated ? 2 * kRows : kRows;
-  // Values per row of x reduced across warps: the weight rows' dot products, then (kNorm) the sum
-  // of squares of x.
-  constexpr int kParts = kWRows + (kNorm ? 1 : 0);
   PdlLaunchDependents();
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * kRows;
@@ -105,17 +93,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     w_rows[r] = p.w + static_cast<size_t>(row) * p.chunks;
   }
   float acc[M][kWRows];
-  float sum_sq[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    sum_sq[m] = 0.0f;
 #pragma unroll
     for (int r = 0; r < kWRows; ++r) acc[m][r] = 0.0f;
   }
 
   constexpr int kStep = kThreads * kUnroll;
   uint4 wv[kUnroll][kWRows];
-  uint4 gv[kNorm ? kUnroll : 1];
   auto load = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -124,7 +109,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
       for (int r = 0; r < kWRows; ++r) {
         wv[u][r] = c < p.chunks ? __ldcs(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
       }
-      if constexpr (kNorm) gv[u] = c < p.chunks ? __ldg(p.norm_weight + c) : make_uint4(0, 0, 0, 0);
     }
   };
   load(tid);  // weights do not depend on the previous kernel
@@ -155,13 +139,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     }
   }
   PdlWait();
-  // Residual epilogue: the value to add to (an earlier kernel's output), read now so its latency
-  // hides under the product's.
-  float residual = 0.0f;
-  if (!kGated && !kRope && p.add_to_out && epi_thread) {
-    residual = __bfloat162float(
-        static_cast<const __nv_bfloat16*>(p.out)[static_cast<size_t>(epi_m) * p.n + row0 + epi_r]);
-  }
 
   for (int base = tid; base < p.chunks; base += kStep) {
 #pragma unroll
@@ -175,12 +152,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
           memcpy(&pack, &wv[u][r], sizeof(pack));
           Bf16x8ToFloat(pack, wf[r]);
         }
-        float gf[8];
-        if constexpr (kNorm) {
-          Bf16x8 pack;
-          memcpy(&pack, &gv[u], sizeof(pack));
-          Bf16x8ToFloat(pack, gf);
-        }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 xr = __ldg(p.x + static_cast<size_t>(m) * p.chunks + c);
@@ -188,13 +159,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
           memcpy(&pack, &xr, sizeof(pack));
           float xf[8];
           Bf16x8ToFloat(pack, xf);
-          if constexpr (kNorm) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              sum_sq[m] = fmaf(xf[j], xf[j], sum_sq[m]);
-              xf[j] *= gf[j];
-            }
-          }
 #pragma unroll
           for (int r = 0; r < kWRows; ++r) {
 #pragma unroll
@@ -206,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     if (base + kStep < p.chunks) load(base + kStep);
   }
 
-  __shared__ float s_part[kWarps][M * kParts];
+  __shared__ float s_part[kWarps][M * kWRows];
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
 #pragma unroll
@@ -214,11 +178,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
 #pragma unroll
     for (int r = 0; r < kWRows; ++r) {
       const float sum = WarpSum(acc[m][r]);
-      if (lane == 0) s_part[warp][m * kParts + r] = sum;
-    }
-    if constexpr (kNorm) {
-      const float sum = WarpSum(sum_sq[m]);
-      if (lane == 0) s_part[warp][m * kParts + kWRows] = sum;
+      if (lane == 0) s_part[warp][m * kWRows + r] = sum;
     }
   }
   __syncthreads();
@@ -226,14 +186,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
   auto total = [&](int part) {
     float y = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) y += s_part[w][epi_m * kParts + part];
+    for (int w = 0; w < kWarps; ++w) y += s_part[w][epi_m * kWRows + part];
     return y;
   };
-  // The RMSNorm scale of row epi_m of x, as LaunchRmsNorm computes it.
-  float inv_rms = 1.0f;
-  if constexpr (kNorm) {
-    inv_rms = rsqrtf(total(kWRows) / static_cast<float>(p.chunks * 8) + p.norm_eps);
-  }
   if constexpr (kRope) {
     // Token m = tid: the two projections rounded to bf16 as the plain mode writes them, then the
     // exact rotation arithmetic of RopeKvVecKernel on those bf16 values (bit-identical to the
@@ -241,8 +196,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     const int m = epi_m;
     const int f0 = rope_head * p.head_dim + rope_i;
     const int f1 = f0 + half;
-    __nv_bfloat16 z0 = __float2bfloat16_rn(total(0) * inv_rms + bias0);
-    __nv_bfloat16 z1 = __float2bfloat16_rn(total(1) * inv_rms + bias1);
+    __nv_bfloat16 z0 = __float2bfloat16_rn(total(0) + bias0);
+    __nv_bfloat16 z1 = __float2bfloat16_rn(total(1) + bias1);
     if (rope_rotates) {
       float y0, y1;
       RopeRotate(__bfloat162float(z0), __bfloat162float(z1), rope_cos, rope_sin, y0, y1);
@@ -265,110 +220,82 @@ __global__ void __launch_bounds__(kThreads, kMinCtas > 0 ? kMinCtas : 1)
     }
     return;
   }
-  float y = total(epi_r) * inv_rms;
+  float y = total(epi_r);
   if constexpr (kGated) {
-    y = Silu(y) * (total(kRows + epi_r) * inv_rms);
+    y = Silu(y) * total(kRows + epi_r);
   } else {
     y += bias0;
   }
   const size_t at = static_cast<size_t>(epi_m) * p.n + row0 + epi_r;
   if (p.out_f32) {
     static_cast<float*>(p.out)[at] = y;
-  } else if (!kGated && p.add_to_out) {
-    const float rounded = __bfloat162float(__float2bfloat16_rn(y));
-    static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(rounded + residual);
   } else {
     static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(y);
   }
 }
 
-// Register caps at one row of x (kMinCtas CTAs per SM): for two packs per weight row (k <= 4096)
-// `min_ctas`, or 5 when negative, as measured on the H200 (bench/RESULTS.md): the gated mode's 63
-// registers allow only 4 otherwise (the plain and rope modes fit 5 uncapped); 6 spills in the
-// gated mode and makes the rope and LM-head GEMVs slower. For four packs in the plain mode (the
-// down projection) `min_ctas_long`, or 4 when negative: ptxas may give it 66 registers, which
-// leaves 3 (the gated and rope modes would spill at 4). The RMSNorm-fused kernels stay uncapped
-// (capped, they spill: 5.06 against 4.06 ms per batch-1 step in call 4 of bench/RESULTS.md).
-template <int M, int kMode, int kUnroll, bool kNorm>
-cudaError_t LaunchConfigured(const GemvParams& p, const GemvTuning& t, cudaStream_t stream) {
-  const dim3 grid(CeilDiv(p.n, kRows));
-  if constexpr (M == 1 && kUnroll == 2 && !kNorm) {
-    switch (t.min_ctas >= 0 ? t.min_ctas : 5) {
-      case 5:
-        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 5>, grid, kThreads, 0, stream, p);
-      case 6:
-        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 6>, grid, kThreads, 0, stream, p);
-      case 8:
-        return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 8>, grid, kThreads, 0, stream, p);
-      default:
-        break;
-    }
-  }
-  if constexpr (M == 1 && kUnroll == 4 && kMode == kPlain && !kNorm) {
-    if ((t.min_ctas_long >= 0 ? t.min_ctas_long : 4) == 4) {
-      return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 4>, grid, kThreads, 0, stream, p);
-    }
-  }
-  return LaunchKernel(GemvKernel<M, kMode, kUnroll, kNorm, 0>, grid, kThreads, 0, stream, p);
+// Register caps at one row of x (kMinCtas CTAs per SM), measured on the H200 (bench/RESULTS.md):
+// 5 for two packs per weight row (k <= 4096): the gated mode's 61-63 registers allow only 4
+// otherwise (the plain and rope modes fit 5 uncapped); 6 made the gated kernel spill and 8 was
+// slower still. 4 for four packs in the plain mode (the down projection): ptxas may give it 66
+// registers, which leaves 3 (the gated and rope modes would spill at 4). Everything else is
+// uncapped.
+template <int M, int kMode, int kUnroll>
+cudaError_t LaunchConfigured(const GemvParams& p, cudaStream_t stream) {
+  constexpr int kMinCtas = M != 1                              ? 0
+                           : kUnroll == 2                      ? 5
+                           : (kUnroll == 4 && kMode == kPlain) ? 4
+                                                               : 0;
+  return LaunchKernel(GemvKernel<M, kMode, kUnroll, kMinCtas>, dim3(CeilDiv(p.n, kRows)), kThreads,
+                      0, stream, p);
 }
 
-// kUnroll: the packs per weight row a thread needs (chunks / 256, rounded up to 2, 4 or 8), at
-// most t.max_unroll; 8 only at one or two rows of x (registers).
-template <int M, int kMode, bool kNorm>
-cudaError_t LaunchUnrolled(const GemvParams& p, const GemvTuning& t, cudaStream_t stream) {
-  const int needed = CeilDiv(p.chunks, kThreads);
-  const int unroll = needed <= 2 ? 2 : needed <= 4 ? 4 : 8;
-  const int chosen = unroll < t.max_unroll ? unroll : t.max_unroll;
-  if (chosen <= 2) return LaunchConfigured<M, kMode, 2, kNorm>(p, t, stream);
-  if constexpr (M <= 2) {
-    if (chosen >= 8) return LaunchConfigured<M, kMode, 8, kNorm>(p, t, stream);
-  }
-  return LaunchConfigured<M, kMode, 4, kNorm>(p, t, stream);
+// kUnroll: the packs per weight row a thread needs (chunks / 256), 2 or else 4 (the down
+// projection's 7 packs all in flight measured slower than two rounds of 4, and so did four rounds
+// of 2: bench/RESULTS.md).
+template <int M, int kMode>
+cudaError_t LaunchUnrolled(const GemvParams& p, cudaStream_t stream) {
+  return CeilDiv(p.chunks, kThreads) <= 2 ? LaunchConfigured<M, kMode, 2>(p, stream)
+                                          : LaunchConfigured<M, kMode, 4>(p, stream);
 }
 
 template <int M>
-cudaError_t Launch(const GemvParams& p, int mode, const GemvTuning& t, cudaStream_t stream) {
-  const bool norm = p.norm_weight != nullptr;
+cudaError_t Launch(const GemvParams& p, int mode, cudaStream_t stream) {
   switch (mode) {
     case kGatedMode:
-      return norm ? LaunchUnrolled<M, kGatedMode, true>(p, t, stream)
-                  : LaunchUnrolled<M, kGatedMode, false>(p, t, stream);
+      return LaunchUnrolled<M, kGatedMode>(p, stream);
     case kRopeMode:
-      return norm ? LaunchUnrolled<M, kRopeMode, true>(p, t, stream)
-                  : LaunchUnrolled<M, kRopeMode, false>(p, t, stream);
+      return LaunchUnrolled<M, kRopeMode>(p, stream);
     default:
-      return norm ? LaunchUnrolled<M, kPlain, true>(p, t, stream)
-                  : LaunchUnrolled<M, kPlain, false>(p, t, stream);
+      return LaunchUnrolled<M, kPlain>(p, stream);
   }
 }
 
-cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, const GemvTuning& t,
-                       cudaStream_t stream) {
+cudaError_t LaunchAnyM(const GemvParams& p, int m, int mode, cudaStream_t stream) {
   switch (m) {
     case 1:
-      return Launch<1>(p, mode, t, stream);
+      return Launch<1>(p, mode, stream);
     case 2:
-      return Launch<2>(p, mode, t, stream);
+      return Launch<2>(p, mode, stream);
     case 3:
-      return Launch<3>(p, mode, t, stream);
+      return Launch<3>(p, mode, stream);
     case 4:
-      return Launch<4>(p, mode, t, stream);
+      return Launch<4>(p, mode, stream);
     case 5:
-      return Launch<5>(p, mode, t, stream);
+      return Launch<5>(p, mode, stream);
     case 6:
-      return Launch<6>(p, mode, t, stream);
+      return Launch<6>(p, mode, stream);
     case 7:
-      return Launch<7>(p, mode, t, stream);
+      return Launch<7>(p, mode, stream);
     case 8:
-      return Launch<8>(p, mode, t, stream);
+      return Launch<8>(p, mode, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 // The fields shared by both launchers.
-GemvParams CommonParams(const void* x, const void* w, const void* bias, void* out, int n, int k,
-                        const GemvFusion& fusion) {
+GemvParams CommonParams(const void* x, const void* w, const void* bias, void* out, int n, int k) {
   GemvParams p = {};
   p.x = static_cast<const uint4*>(x);
   p.w = static_cast<const uint4*>(w);
@@ -376,32 +303,23 @@ GemvParams CommonParams(const void* x, const void* w, const void* bias, void* ou
   p.out = out;
   p.n = n;
   p.chunks = k / 8;
-  p.norm_weight = static_cast<const uint4*>(fusion.norm_weight);
-  p.norm_eps = fusion.norm_eps;
-  p.add_to_out = fusion.add_to_out;
   return p;
 }
 
 }  // namespace
 
 cudaError_t LaunchGemvRaw(const void* x, const void* w, const void* bias, void* out, bool out_f32,
-                          bool gated_silu, int m, int n, int k, const GemvFusion& fusion,
-                          const GemvTuning& tuning, cudaStream_t stream) {
-  if (fusion.add_to_out && (gated_silu || out_f32)) return cudaErrorInvalidValue;
-  GemvParams p = CommonParams(x, w, bias, out, n, k, fusion);
+                          bool gated_silu, int m, int n, int k, cudaStream_t stream) {
+  GemvParams p = CommonParams(x, w, bias, out, n, k);
   p.out_f32 = out_f32;
-  return LaunchAnyM(p, m, gated_silu ? kGatedMode : kPlain, tuning, stream);
+  return LaunchAnyM(p, m, gated_silu ? kGatedMode : kPlain, stream);
 }
 
 cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, void* qkv, int m,
                                 int k, const int32_t* positions, const float* inv_freq,
                                 const int32_t* slot_mapping, int num_heads, int num_kv_heads,
-                                int head_dim, void* k_layer, void* v_layer,
-                                const GemvFusion& fusion, const GemvTuning& tuning,
-                                cudaStream_t stream) {
-  if (fusion.add_to_out) return cudaErrorInvalidValue;
-  GemvParams p =
-      CommonParams(x, w, bias, qkv, (num_heads + 2 * num_kv_heads) * head_dim, k, fusion);
+                                int head_dim, void* k_layer, void* v_layer, cudaStream_t stream) {
+  GemvParams p = CommonParams(x, w, bias, qkv, (num_heads + 2 * num_kv_heads) * head_dim, k);
   p.positions = positions;
   p.inv_freq = inv_freq;
   p.slot_mapping = slot_mapping;
@@ -410,7 +328,7 @@ cudaError_t LaunchGemvRopeKvRaw(const void* x, const void* w, const void* bias, 
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
-  return LaunchAnyM(p, m, kRopeMode, tuning, stream);
+  return LaunchAnyM(p, m, kRopeMode, stream);
 }
 
 }  // namespace tandem::cuda::internal

@@ -1,8 +1,7 @@
 // GPU differential test of the small-M GEMV (gemv_kernels.h) against a float64 CPU dot product
 // over the same bf16-rounded inputs, at the decode projection shapes of Llama-3-8B (QKV, O,
-// gate/up, down, LM head), a small odd one and a long-k one (two rounds of 8 packs per thread),
-// plus the gated (SiLU-and-multiply) mode and the fusions (RMSNorm folded in, residual epilogue).
-// Skipped without a GPU.
+// gate/up, down, LM head), a small odd one and a long-k one (several rounds of 4 packs per
+// thread), plus the gated (SiLU-and-multiply) mode. Skipped without a GPU.
 // Tolerance per element: float32 accumulation error, bounded by kAccTol * sum_k |x w| (a
 // dropped or repeated 8-element pack moves the result by ~sqrt(8) * |x w|, far above it), plus one
 // bf16 rounding (2^-8 * |ref|) for bf16 outputs.
@@ -195,110 +194,6 @@ TEST_F(GemvCudaTest, MatchesCpuReference) {
                     rows.size(), max_abs, max_ratio);
       }
       if (s.n % 2 == 0) CheckGated(s, m, xf, wf, d_x, d_w);
-    }
-    FreeAll();
-  }
-}
-
-// The fusions against float64: with norm_weight g, out = inv_rms * sum_k w (x g) (+ bias, or
-// gated), inv_rms = 1 / sqrt(mean(x^2) + eps) of the raw row x; with add_to_out, out = bf16(bf16(y)
-// + residual) over a random residual. x carries a large common scale so that a missing or
-// misapplied norm is far outside the tolerance.
-TEST_F(GemvCudaTest, FusionsMatchCpuReference) {
-  constexpr float kEps = 1e-5f;
-  for (const Shape& s : {Shape{98, 192}, Shape{6144, 4096}, Shape{4096, 14336}, Shape{512, 3000}}) {
-    FastRng rng(s.n * 11 + s.k);
-    const std::vector<uint16_t> w = RandomWeights(s, rng);
-    const std::vector<uint16_t> x = RandomRows(s.k, 24.0f, rng);
-    const std::vector<uint16_t> g = RandomBf16(s.k, 1.0f, rng);
-    const std::vector<uint16_t> bias = RandomBf16(s.n, 1.0f, rng);
-    const std::vector<uint16_t> residual = RandomRows(s.n, 2.0f, rng);
-    const DeviceBuffer d_w = Upload(w), d_x = Upload(x), d_g = Upload(g), d_bias = Upload(bias);
-    const std::vector<int> rows = RowsToCheck(s.n, 512);
-    for (const int m : {1, 2, 3, 8}) {
-      // Variants: 0 norm, 1 norm + bias, 2 norm gated, 3 residual epilogue, 4 residual + bias.
-      for (const int variant : {0, 1, 2, 3, 4}) {
-        const bool norm = variant <= 2, gated = variant == 2;
-        const bool with_bias = variant == 1 || variant == 4, add = variant >= 3;
-        if (gated && s.n % 2 != 0) continue;
-        const int n_out = gated ? s.n / 2 : s.n;
-        const std::string what =
-            absl::StrCat("gemv m=", m, " n=", n_out, " k=", s.k, norm ? " norm" : "",
-                         gated ? " gated" : "", add ? " add_to_out" : "", with_bias ? " bias" : "");
-        SCOPED_TRACE(what);
-        const size_t out_elems = static_cast<size_t>(m) * n_out;
-        const DeviceBuffer d_out =
-            add ? Upload(std::vector<uint16_t>(residual.begin(), residual.begin() + out_elems))
-                : PoisonedOutput(out_elems, /*f32=*/false);
-        const absl::Status st = cuda::LaunchGemv({.x = d_x.data,
-                                                  .w = d_w.data,
-                                                  .bias = with_bias ? d_bias.data : nullptr,
-                                                  .out = d_out.data,
-                                                  .gated_silu = gated,
-                                                  .m = m,
-                                                  .n = n_out,
-                                                  .k = s.k,
-                                                  .norm_weight = norm ? d_g.data : nullptr,
-                                                  .norm_eps = kEps,
-                                                  .add_to_out = add},
-                                                 stream());
-        ASSERT_TRUE(st.ok()) << what << ": " << st;
-        const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
-        int64_t bad = 0;
-        double max_ratio = 0.0;
-        std::string first;
-        for (int i = 0; i < m; ++i) {
-          const uint16_t* xr = &x[static_cast<size_t>(i) * s.k];
-          double sum_sq = 0.0;
-          for (int kk = 0; kk < s.k; ++kk) sum_sq += std::pow(double{Bf16ToFloat(xr[kk])}, 2);
-          const double inv_rms = norm ? 1.0 / std::sqrt(sum_sq / s.k + kEps) : 1.0;
-          // Dot product of row r with x (times g when normalizing), and its error scale.
-          auto dot = [&](int r, double& mag) {
-            const uint16_t* wr = &w[static_cast<size_t>(r) * s.k];
-            double acc = 0.0;
-            mag = 0.0;
-            for (int kk = 0; kk < s.k; ++kk) {
-              double p = double{Bf16ToFloat(xr[kk])} * Bf16ToFloat(wr[kk]);
-              if (norm) p *= Bf16ToFloat(g[kk]);
-              acc += p;
-              mag += std::fabs(p);
-            }
-            return acc * inv_rms;
-          };
-          for (const int r : rows) {
-            if (r >= n_out) continue;
-            double mag = 0.0, ref = dot(r, mag), tol = 0.0;
-            mag *= inv_rms;
-            if (gated) {
-              double up_mag = 0.0;
-              const double up = dot(n_out + r, up_mag);
-              up_mag *= inv_rms;
-              const double silu = ref / (1.0 + std::exp(-ref));
-              tol = 1.1 * std::fabs(up) * kAccTol * mag +
-                    (std::fabs(silu) + 1.1 * kAccTol * mag) * kAccTol * up_mag;
-              ref = silu * up;
-            } else {
-              tol = kAccTol * (mag + (with_bias ? 1.0 : 0.0));
-              if (with_bias) ref += Bf16ToFloat(bias[r]);
-            }
-            tol += kBf16RoundRel * std::fabs(ref) + 1e-6;
-            if (add) {
-              ref += Bf16ToFloat(residual[static_cast<size_t>(i) * n_out + r]);
-              tol += kBf16RoundRel * std::fabs(ref);
-            }
-            const double got = Bf16ToFloat(bits[static_cast<size_t>(i) * n_out + r]);
-            const double err = std::fabs(got - ref);
-            max_ratio = std::max(max_ratio, err / tol);
-            if (!(err <= tol) && bad++ < 5) {
-              first +=
-                  absl::StrCat(" [m=", i, " n=", r, "] got ", got, " ref ", ref, " tol ", tol, ";");
-            }
-          }
-        }
-        EXPECT_EQ(bad, 0) << what << ": " << bad << " outputs outside tolerance (or unwritten); "
-                          << "max err/tol=" << max_ratio << "; first:" << first;
-        std::printf("%s: max err/tol=%.3g\n", what.c_str(), max_ratio);
-      }
     }
     FreeAll();
   }

@@ -7,13 +7,8 @@
 //   e^-g)
 // in the HF Linear layout (w row-major [n_out, k]). Inputs bf16, accumulation float32, output bf16
 // (rounded once, after the bias add) or float32. No CUDA types here: `stream` is a cudaStream_t
-// passed as void* (Stream::native from runtime/device/device.h).
-//
-// Two fusions for decode steps whose projections all run here: the RMSNorm before the QKV and
-// gate/up projections folded into the product (norm_weight), and the residual add after the O and
-// down projections folded into the output (add_to_out), which together take the RMSNorm kernels
-// off the step. TANDEM_GEMV_UNROLL and TANDEM_GEMV_MIN_CTAS (read once) change the launch shape,
-// not the results: A/B switches (gemv_internal.h GemvTuning).
+// passed as void* (Stream::native from runtime/device/device.h). The launch shape is picked per
+// shape (gemv.cu); it never changes the results.
 //
 // The launcher only queues work: it allocates nothing and does not synchronize, so it is safe to
 // capture in a CUDA graph. Buffers are caller-owned device memory and must stay valid until the
@@ -38,28 +33,13 @@ struct GemvArgs {
   int m = 0;  // in [0, kGemvMaxRows]; 0 queues nothing
   int n = 0;  // > 0: output features
   int k = 0;  // > 0, a multiple of 8
-  // RMSNorm folded in: when set, x is the raw residual stream and the product takes rmsnorm(x):
-  //   out[m, n] = bf16(inv_rms[m] * sum_k w[n, k] * (x[m, k] * norm_weight[k]) + bias[n]),
-  //   inv_rms[m] = 1 / sqrt(sum_k x[m, k]^2 / k + norm_eps)
-  // (gated: both dot products scaled before the SiLU). The scale applies to the float32 dot
-  // product, so the result differs from LaunchRmsNorm followed by LaunchGemv, which rounds the
-  // normalized row to bf16 first, by about that rounding. bf16 [k], 16-byte aligned.
-  const void* norm_weight = nullptr;
-  float norm_eps = 0.0f;  // > 0 with norm_weight
-  // Residual epilogue: out[m, n] = bf16(bf16(y) + out[m, n]) in place (y the product plus bias),
-  // bit-identical to writing y as bf16 and then LaunchRmsNorm's residual add. bf16 out, not gated.
-  bool add_to_out = false;
 };
-// out must not overlap x, w, bias or norm_weight.
+// out must not overlap x, w or bias.
 
 // True when LaunchGemv takes this shape and these pointers (m in [1, kGemvMaxRows], k a positive
 // multiple of 8, x and w 16-byte aligned). Callers pick GEMV or a GEMM library with it.
 bool GemvSupports(int m, int k, const void* x, const void* w);
 
 absl::Status LaunchGemv(const GemvArgs& args, void* stream);
-
-// The RMSNorm fusion's preconditions (above), shared with the fused QKV projection of
-// model_kernels.h: OK when norm_weight is null. `what` names the caller in the message.
-absl::Status ValidateGemvNorm(const void* norm_weight, float norm_eps, const char* what);
 
 }  // namespace tandem::cuda

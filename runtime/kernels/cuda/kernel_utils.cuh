@@ -146,12 +146,8 @@ __device__ __forceinline__ void PdlLaunchDependents() {
 #endif
 }
 
-// Whether launches use programmatic dependent launch: on unless TANDEM_DISABLE_PDL is set to
-// something other than "0" (read once; for A/B benchmarks).
-bool PdlEnabled();
-
-// Launches `kernel` on `stream` with programmatic stream serialization when PdlEnabled(). Every
-// kernel launched this way must follow the PdlWait() rule above. Capturable in a CUDA graph.
+// Launches `kernel` on `stream` with programmatic stream serialization. Every kernel launched
+// this way must follow the PdlWait() rule above. Capturable in a CUDA graph.
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes,
                          cudaStream_t stream, Args... args) {
@@ -162,7 +158,7 @@ cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, s
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = PdlEnabled() ? 1 : 0;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, static_cast<KernelArgs>(args)...);

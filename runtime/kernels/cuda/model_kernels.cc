@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/gemv_internal.h"
-#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels_internal.h"
 
 namespace tandem::cuda {
@@ -18,19 +14,15 @@ namespace {
 
 // Grid y and z dimensions (sequences, heads) are limited to 65535.
 constexpr int kMaxGridYZ = 65535;
-// Flash-decoding aims for about this many (sequence, query head, split) work items, enough CTAs
-// to fill an H100/H200 several times over whatever the GQA group.
-// TANDEM_DECODE_SPLIT_TARGET (read once, 32..65536) overrides it for tuning experiments.
-constexpr int64_t kDefaultTargetHeadSplits = 2048;
-
-int64_t TargetHeadSplits() {
-  static const int64_t target = [] {
-    const char* v = std::getenv("TANDEM_DECODE_SPLIT_TARGET");
-    const long parsed = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
-    return parsed >= 32 && parsed <= 65536 ? int64_t{parsed} : kDefaultTargetHeadSplits;
-  }();
-  return target;
-}
+// The tuning header (C++20, which the .cu files cannot include, so not the internal header either)
+// repeats the kernels' constants: they must agree. Flash-decoding's default target of 2048
+// (sequence, query head, split) work items is enough CTAs to fill an H100/H200 several times over
+// whatever the GQA group.
+static_assert(kDecodeSplitTokensStep == internal::kDecodeTileTokens);
+static_assert(kDecodeChainMax == internal::kDecodeMaxChain);
+static_assert(DecodeAttentionTuning{}.min_split_tokens == internal::kDecodeMinSplitTokens);
+static_assert(DecodeAttentionTuning{}.max_chain == internal::kDecodeMaxChain);
+static_assert(DecodeAttentionTuningValid(DecodeAttentionTuning{}));
 
 cudaStream_t Native(void* stream) { return static_cast<cudaStream_t>(stream); }
 
@@ -153,61 +145,16 @@ internal::PagedLayerView LayerView(const PagedKvCache& c, int layer, const int32
 
 namespace internal {
 
-bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TANDEM_DISABLE_PDL");
-    return v == nullptr || std::string_view(v) == "0";
-  }();
-  return enabled;
-}
-
-namespace {
-
-// TANDEM_DECODE_MIN_SPLIT_TOKENS (read once; a multiple of kDecodeTileTokens in [64, 4096])
-// overrides kDecodeMinSplitTokens for tuning experiments.
-int64_t MinSplitTokens() {
-  static const int64_t tokens = [] {
-    const char* v = std::getenv("TANDEM_DECODE_MIN_SPLIT_TOKENS");
-    const long parsed = v == nullptr ? 0 : std::strtol(v, nullptr, 10);
-    return parsed >= kDecodeTileTokens && parsed <= 4096 && parsed % kDecodeTileTokens == 0
-               ? int64_t{parsed}
-               : int64_t{kDecodeMinSplitTokens};
-  }();
-  return tokens;
-}
-
-// TANDEM_DECODE_FILL_SMS=0 (read once) turns off PlanDecodeSplits' raise to one CTA per SM.
-bool FillSms() {
-  static const bool fill = [] {
-    const char* v = std::getenv("TANDEM_DECODE_FILL_SMS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return fill;
-}
-
-// The most (sequence, KV head) items a decode CTA chains: kDecodeMaxChain, or TANDEM_DECODE_CHAIN
-// (read once; 0 or 1: one item per CTA, always).
-int MaxChain() {
-  static const int max_chain = [] {
-    const char* v = std::getenv("TANDEM_DECODE_CHAIN");
-    if (v == nullptr) return kDecodeMaxChain;
-    return std::clamp(std::atoi(v), 1, kDecodeMaxChain);
-  }();
-  return max_chain;
-}
-
-}  // namespace
-
 DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len, int num_kv_heads,
-                                 int num_sms) {
+                                 int num_sms, const DecodeAttentionTuning& tuning) {
   DecodeSplitPlan plan;
   const int64_t context = std::max(max_context_len, 1);
   plan.partition_size = static_cast<int>(CeilDiv64(context, kDecodeTileTokens)) * kDecodeTileTokens;
-  const int64_t by_length = CeilDiv64(context, MinSplitTokens());
+  const int64_t by_length = CeilDiv64(context, tuning.min_split_tokens);
   const int64_t items = std::max<int64_t>(1, int64_t{num_seqs} * num_heads);
-  const int64_t wanted = CeilDiv64(TargetHeadSplits(), items);
+  const int64_t wanted = CeilDiv64(tuning.split_target, items);
   int64_t splits = std::max<int64_t>(1, std::min(by_length, wanted));
-  if (num_sms > 0 && num_kv_heads > 0 && FillSms()) {
+  if (num_sms > 0 && num_kv_heads > 0) {
     const int64_t ctas_per_split = std::max<int64_t>(1, int64_t{num_seqs} * num_kv_heads);
     const int64_t fill = std::min(
         {CeilDiv64(num_sms, ctas_per_split), CeilDiv64(context, kDecodeTileTokens), wanted});
@@ -218,7 +165,7 @@ DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_le
     const int64_t slots = int64_t{kDecodeChainCtasPerSm} * num_sms;
     if (num_sms > 0 && num_kv_heads > 0 && pairs > slots && context <= kDecodeChainMaxContext) {
       const int64_t chain = CeilDiv64(pairs, slots);
-      if (chain <= MaxChain()) plan.chain = static_cast<int>(chain);
+      if (chain <= tuning.max_chain) plan.chain = static_cast<int>(chain);
     }
     return plan;
   }
@@ -238,8 +185,8 @@ size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, in
 
 }  // namespace internal
 
-size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
-                                     int max_context_len) {
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int max_context_len,
+                                     const DecodeAttentionTuning& tuning) {
   if (num_seqs <= 0 || num_heads <= 0 || head_dim <= 0 ||
       max_context_len <= internal::kDecodeTileTokens) {
     return 0;
@@ -249,7 +196,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
   // max_context_len, and so does their minimum.
   const int64_t items = int64_t{num_seqs} * num_heads;
   const int64_t by_length = items * CeilDiv64(max_context_len, internal::kDecodeTileTokens);
-  const int64_t by_target = TargetHeadSplits() + items;
+  const int64_t by_target = int64_t{tuning.split_target} + items;
   return static_cast<size_t>(std::min(by_length, by_target)) * (head_dim + 2) * sizeof(float);
 }
 
@@ -338,11 +285,8 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
                                        int hidden, void* qkv, const int32_t* positions,
                                        const float* inv_freq, const int32_t* slot_mapping,
                                        int num_heads, const PagedKvCache& cache, int layer,
-                                       void* stream, const void* norm_weight, float norm_eps) {
+                                       void* stream) {
   if (absl::Status s = ValidateCache(cache, layer, "QkvGemvRopeKvAppend"); !s.ok()) return s;
-  if (absl::Status s = ValidateGemvNorm(norm_weight, norm_eps, "QkvGemvRopeKvAppend"); !s.ok()) {
-    return s;
-  }
   if (m < 0 || m > internal::kGemvMaxRowsDevice || hidden <= 0 || hidden % 8 != 0 ||
       num_heads <= 0 || cache.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -359,14 +303,10 @@ absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void*
     return absl::InvalidArgumentError("QkvGemvRopeKvAppend x and w must be 16-byte aligned");
   }
   if (m == 0) return absl::OkStatus();
-  internal::GemvFusion fusion;
-  fusion.norm_weight = norm_weight;
-  fusion.norm_eps = norm_eps;
   return CudaStatus(internal::LaunchGemvRopeKvRaw(x, w, bias, qkv, m, hidden, positions, inv_freq,
                                                   slot_mapping, num_heads, cache.num_kv_heads,
                                                   cache.head_dim, LayerPtr(cache.k, cache, layer),
-                                                  LayerPtr(cache.v, cache, layer), fusion,
-                                                  internal::GemvTuningFromEnv(), Native(stream)),
+                                                  LayerPtr(cache.v, cache, layer), Native(stream)),
                     "QkvGemvRopeKvAppend kernel launch");
 }
 
@@ -396,20 +336,23 @@ absl::Status LaunchArgmax(const float* logits, int rows, int vocab, int32_t* out
                     "Argmax kernel launch");
 }
 
-// Whether a decode launch reads the cache with an evict-first L2 policy: from 2 sequences up
-// (H200, Llama-3-8B shape, A/B against no policy: batch 2 / 4 / 8 / 16 at 8K 0.5-0.8% faster, at
-// 1K and at batch 64 / 256 the same within noise; batch 1 2.0-2.2% slower, and an explicit
-// evict_normal policy 3-8.5% slower at batch 64; bench/RESULTS.md, tenth session).
-// TANDEM_DECODE_EVICT_FIRST=0 / 1 (read once) turns it off / on for every batch of the one item per
-// CTA kernel; the chained kernel (34+ sequences of the Llama-3 shapes) reads evict-first always.
-bool DecodeEvictFirst(int num_seqs) {
-  static const int forced = [] {
-    const char* env = std::getenv("TANDEM_DECODE_EVICT_FIRST");
-    if (env == nullptr) return -1;
-    return std::strcmp(env, "0") == 0 ? 0 : 1;
-  }();
+// Whether a decode launch reads the cache with an evict-first L2 policy: by default from 2
+// sequences up (H200, Llama-3-8B shape, A/B against no policy: batch 2 / 4 / 8 / 16 at 8K 0.5-0.8%
+// faster, at 1K and at batch 64 / 256 the same within noise; batch 1 2.0-2.2% slower, and an
+// explicit evict_normal policy 3-8.5% slower at batch 64; bench/RESULTS.md, tenth session).
+// kAlways / kNever apply to every batch of the one item per CTA kernel; the chained kernel (34+
+// sequences of the Llama-3 shapes) reads evict-first always.
+bool DecodeEvictFirst(DecodeAttentionTuning::EvictFirst mode, int num_seqs) {
   constexpr int kMinSeqs = 2;
-  return forced >= 0 ? forced == 1 : num_seqs >= kMinSeqs;
+  switch (mode) {
+    case DecodeAttentionTuning::EvictFirst::kAuto:
+      return num_seqs >= kMinSeqs;
+    case DecodeAttentionTuning::EvictFirst::kAlways:
+      return true;
+    case DecodeAttentionTuning::EvictFirst::kNever:
+      return false;
+  }
+  return false;
 }
 
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stream) {
@@ -422,13 +365,19 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
   if (a.context_lens == nullptr) {
     return absl::InvalidArgumentError("DecodeAttention: context_lens must not be null");
   }
+  if (!DecodeAttentionTuningValid(a.tuning)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecodeAttention: tuning out of range (split_target ", a.tuning.split_target,
+                     ", min_split_tokens ", a.tuning.min_split_tokens, ", max_chain ",
+                     a.tuning.max_chain, "; see decode_attention_tuning.h)"));
+  }
   if (a.num_seqs == 0) return absl::OkStatus();
   if (a.max_context_len <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecodeAttention: max_context_len ", a.max_context_len, " is not > 0"));
   }
   const internal::DecodeSplitPlan plan = internal::PlanDecodeSplits(
-      a.num_seqs, a.num_heads, a.max_context_len, a.cache->num_kv_heads, DeviceSmCount());
+      a.num_seqs, a.num_heads, a.max_context_len, a.cache->num_kv_heads, DeviceSmCount(), a.tuning);
   const size_t need =
       internal::DecodeWorkspaceBytesForPlan(plan, a.num_seqs, a.num_heads, a.cache->head_dim);
   if (need > 0 && (a.workspace == nullptr || a.workspace_bytes < need)) {
@@ -441,7 +390,7 @@ absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& a, void* stre
       internal::LaunchDecodeAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
           a.context_lens, a.num_seqs, a.num_heads, a.scale, a.out, a.workspace, plan,
-          DecodeEvictFirst(a.num_seqs), Native(stream)),
+          DecodeEvictFirst(a.tuning.evict_first, a.num_seqs), Native(stream)),
       "DecodeAttention kernel launch");
 }
 
@@ -465,7 +414,7 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionArgs& a, void* stream)
       internal::LaunchPrefillAttentionRaw(
           a.q, a.q_row_stride, LayerView(*a.cache, a.layer, a.block_tables, a.max_blocks_per_seq),
           a.seq_start_rows, a.start_pos, a.num_seqs, a.max_new_tokens, a.num_heads, a.scale, a.out,
-          Native(stream)),
+          /*allow_wgmma=*/true, Native(stream)),
       "PrefillAttention kernel launch");
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "runtime/kernels/cuda/decode_attention_tuning.h"
 
 namespace tandem::cuda {
 
@@ -86,15 +87,12 @@ absl::Status LaunchRopeKvAppend(void* qkv, const int32_t* positions, const float
 // LaunchGemv followed by LaunchRopeKvAppend (the same bf16 rounding, then the same rotation
 // arithmetic). x: bf16 [m, hidden], 16-byte aligned; w: bf16 [(num_heads + 2 * kv heads) *
 // head_dim, hidden], 16-byte aligned; bias: bf16 [that], or null; qkv: bf16 [m, that] (written
-// rotated); hidden a positive multiple of 8. With norm_weight set, x is the raw residual stream
-// and the projection takes rmsnorm(x) as GemvArgs::norm_weight describes (gemv_kernels.h; then
-// not bit-identical to LaunchRmsNorm + this, which round the normalized row to bf16 first).
+// rotated); hidden a positive multiple of 8.
 absl::Status LaunchQkvGemvRopeKvAppend(const void* x, const void* w, const void* bias, int m,
                                        int hidden, void* qkv, const int32_t* positions,
                                        const float* inv_freq, const int32_t* slot_mapping,
                                        int num_heads, const PagedKvCache& cache, int layer,
-                                       void* stream, const void* norm_weight = nullptr,
-                                       float norm_eps = 0.0f);
+                                       void* stream);
 
 // out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), in float32.
 // gate_up: bf16 [n, 2 * inter], the gate half then the up half of each row; out: bf16 [n, inter].
@@ -108,10 +106,11 @@ absl::Status LaunchSiluMul(const void* gate_up, int n, int inter, void* out, voi
 // (sequence, KV head, split) reads each KV block once for all query heads of the group (up to 16;
 // larger groups take several CTAs); for head_dim 128 at contexts up to 1K, a batch that needs 2-4
 // waves of such CTAs runs as one wave whose CTAs take 2-4 (sequence, KV head) items in turn
-// (PlanDecodeSplits in model_kernels_internal.h; TANDEM_DECODE_CHAIN=0 turns it off). From 2
-// sequences up the cache is read with an evict-first L2 policy (TANDEM_DECODE_EVICT_FIRST=0 / 1
-// forces it off / on). Attention supports head_dim 32, 64
-// and 128 (others return kInvalidArgument) and any block_size >= 1.
+// (PlanDecodeSplits in model_kernels_internal.h). From 2 sequences up the cache is read with an
+// evict-first L2 policy. `tuning` (decode_attention_tuning.h) moves the split target and floor,
+// the chain length and the L2 policy; a field out of its range returns kInvalidArgument.
+// Attention supports head_dim 32, 64 and 128 (others return kInvalidArgument) and any
+// block_size >= 1.
 struct DecodeAttentionArgs {
   const void* q = nullptr;  // bf16 [num_seqs, q_row_stride]; row s holds [num_heads, head_dim]
   int q_row_stride = 0;     // elements between rows, >= num_heads * head_dim
@@ -131,13 +130,15 @@ struct DecodeAttentionArgs {
   // largest context it will see stays valid; splits past a shorter context exit at once). A
   // smaller hint still gives right results, only fewer splits.
   int max_context_len = 0;
+  DecodeAttentionTuning tuning;  // host values; the defaults are the measured choices
 };
 absl::Status LaunchPagedDecodeAttention(const DecodeAttentionArgs& args, void* stream);
-// Workspace bytes LaunchPagedDecodeAttention needs for these sizes: a bound that never decreases
-// as num_seqs or max_context_len grow, so one workspace sized for the largest batch and context
-// serves every smaller launch (0 when the context is too short to split). Host values only.
-size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
-                                     int max_context_len);
+// Workspace bytes LaunchPagedDecodeAttention needs for these sizes and this tuning (the launch's
+// DecodeAttentionArgs::tuning): a bound that never decreases as num_seqs or max_context_len grow,
+// so one workspace sized for the largest batch and context serves every smaller launch (0 when
+// the context is too short to split). Host values only.
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int max_context_len,
+                                     const DecodeAttentionTuning& tuning);
 
 // Causal attention of each sequence's new tokens over its paged KV (cached prefix plus the new
 // tokens, whose KV is already appended), as cpu::PagedAttention per sequence: sequence s has

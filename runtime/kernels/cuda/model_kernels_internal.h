@@ -10,11 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace tandem::cuda::internal {
+namespace tandem::cuda {
+struct DecodeAttentionTuning;  // decode_attention_tuning.h (C++20: host code only)
+}  // namespace tandem::cuda
 
-// Whether kernels are launched with programmatic dependent launch (kernel_utils.cuh): on unless
-// the environment sets TANDEM_DISABLE_PDL to something other than "0". Read once.
-bool PdlEnabled();
+namespace tandem::cuda::internal {
 
 // A plain (non-programmatic) launch: `*counter = value` once all earlier work of `stream` is done.
 cudaError_t LaunchStoreProgressRaw(uint64_t* counter, uint64_t value, cudaStream_t stream);
@@ -55,10 +55,11 @@ struct PagedLayerView {
 
 // Tokens per decode-attention tile; a split's partition is a multiple of it.
 constexpr int kDecodeTileTokens = 64;
-// A split covers at least this many tokens: shorter ones cost more in the merge and in per-CTA
-// start-up than they gain in parallelism (H200, Llama-3-8B shape: batch 1 at 8K is 4.62 ms with
-// 32 splits of 256 tokens against 4.83 with 64 of 128; batch 1 and 8 at 1K are faster with
-// 4-8 splits than with 8-16 of one tile; bench/RESULTS.md).
+// A split covers at least this many tokens by default (DecodeAttentionTuning::min_split_tokens):
+// shorter ones cost more in the merge and in per-CTA start-up than they gain in parallelism
+// (H200, Llama-3-8B shape: batch 1 at 8K is 4.62 ms with 32 splits of 256 tokens against 4.83
+// with 64 of 128; batch 1 and 8 at 1K are faster with 4-8 splits than with 8-16 of one tile;
+// bench/RESULTS.md).
 constexpr int kDecodeMinSplitTokens = 4 * kDecodeTileTokens;
 
 // The split-K plan of one decode launch: a function of host values only.
@@ -69,8 +70,8 @@ struct DecodeSplitPlan {
   int chain = 1;  // (sequence, KV head) items per CTA, taken in turn (1: one each); at most
                   // kDecodeMaxChain
 };
-// Splits = min(ceil(target work items / (num_seqs * num_heads)),
-//              ceil(max_context_len / kDecodeMinSplitTokens)), at least 1; with num_sms > 0
+// Splits = min(ceil(tuning.split_target / (num_seqs * num_heads)),
+//              ceil(max_context_len / tuning.min_split_tokens)), at least 1; with num_sms > 0
 // (and num_kv_heads, whose count the CTAs follow) raised, up to the same target and to splits of
 // one tile, to the fewest that give each SM a CTA: ceil(num_sms / (num_seqs * num_kv_heads)).
 // (H200, Llama-3-8B shape, batch 1 at 1K: 16 splits of 64 tokens, 128 CTAs, 4.009 ms against
@@ -87,12 +88,14 @@ struct DecodeSplitPlan {
 // at 1K, batch 48 / 64 / 128 (chains of 2 / 2 / 4) 0.6 / 0.9 / 0.3% faster, batch 256 (8) 0.3%
 // slower; at 2K the same or slower (batch 48 +0.7%), at 8K slower (eighth session: +0.8%).
 // The launcher chains only head_dim 128 (Llama-3.2-1B's 64 at batch 64, 1K: 3% slower chained).
-// TANDEM_DECODE_CHAIN=N (read once) lowers kDecodeMaxChain to N; 0 or 1 turns chaining off.
+// tuning.max_chain lowers kDecodeMaxChain; 0 or 1 turns chaining off.
+// num_kv_heads and num_sms may be 0 (unknown: no raise, no chaining); `tuning` must be valid
+// (DecodeAttentionTuningValid).
 constexpr int kDecodeChainCtasPerSm = 2;
 constexpr int kDecodeMaxChain = 4;
 constexpr int kDecodeChainMaxContext = 1024;
-DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len,
-                                 int num_kv_heads = 0, int num_sms = 0);
+DecodeSplitPlan PlanDecodeSplits(int num_seqs, int num_heads, int max_context_len, int num_kv_heads,
+                                 int num_sms, const DecodeAttentionTuning& tuning);
 // Workspace bytes for a plan: partial outputs [num_seqs, num_heads, num_splits, head_dim] and
 // (max, sum) pairs [num_seqs, num_heads, num_splits, 2], f32. 0 when num_splits == 1.
 size_t DecodeWorkspaceBytesForPlan(const DecodeSplitPlan& plan, int num_seqs, int num_heads,
@@ -108,9 +111,12 @@ cudaError_t LaunchDecodeAttentionRaw(const void* q, int q_row_stride, const Page
                                      const DecodeSplitPlan& plan, bool evict_first,
                                      cudaStream_t stream);
 
+// With allow_wgmma, head_dim 128 takes the wgmma kernel (prefill_attention_sm90.cu) on compute
+// capability 9.0 when the q and out rows are 16-byte aligned; everything else, and every launch
+// without it (the portable kernel's own test on such a GPU), takes the mma.sync kernel.
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
-                                      void* out, cudaStream_t stream);
+                                      void* out, bool allow_wgmma, cudaStream_t stream);
 
 }  // namespace tandem::cuda::internal

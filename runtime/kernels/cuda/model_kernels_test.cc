@@ -15,6 +15,14 @@ namespace {
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
+// The split plan with the default tuning unless one is given.
+internal::DecodeSplitPlan Plan(int num_seqs, int num_heads, int max_context_len,
+                               int num_kv_heads = 0, int num_sms = 0,
+                               const DecodeAttentionTuning& tuning = {}) {
+  return internal::PlanDecodeSplits(num_seqs, num_heads, max_context_len, num_kv_heads, num_sms,
+                                    tuning);
+}
+
 // Fake device pointers: never dereferenced, since every call here fails validation or queues
 // nothing.
 alignas(16) uint16_t g_dummy[64];
@@ -156,6 +164,15 @@ TEST(ModelKernelsArgsTest, DecodeAttentionRejectsBadArguments) {
         a.workspace_bytes = 16;
       },
       "small workspace");
+  // A tuning field out of its range (decode_attention_tuning.h).
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.tuning.split_target = 31; },
+                 "split_target");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.tuning.min_split_tokens = 0; },
+                 "min_split_tokens 0");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.tuning.min_split_tokens = 100; },
+                 "min_split_tokens not a multiple of a tile");
+  expect_invalid([](DecodeAttentionArgs& a, PagedKvCache&) { a.tuning.max_chain = 5; },
+                 "max_chain");
 }
 
 TEST(ModelKernelsArgsTest, PrefillAttentionRejectsBadArguments) {
@@ -202,43 +219,41 @@ TEST(ModelKernelsArgsTest, PrefillAttentionRejectsBadArguments) {
 
 TEST(DecodeSplitPlanTest, SplitsOnlyWhenTheBatchCannotFillTheGpu) {
   // Batch 1 at long context: many splits of whole tiles covering the context.
-  internal::DecodeSplitPlan p = internal::PlanDecodeSplits(1, 32, 8192);
+  internal::DecodeSplitPlan p = Plan(1, 32, 8192);
   EXPECT_GT(p.num_splits, 16);
   EXPECT_EQ(p.partition_size % internal::kDecodeTileTokens, 0);
   EXPECT_GE(int64_t{p.num_splits} * p.partition_size, 8192);
   EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, 8192);
   // Short contexts and big batches: no split.
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeTileTokens).num_splits, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeMinSplitTokens).num_splits, 1);
+  EXPECT_EQ(Plan(1, 32, internal::kDecodeTileTokens).num_splits, 1);
+  EXPECT_EQ(Plan(1, 32, internal::kDecodeMinSplitTokens).num_splits, 1);
   // No split shorter than kDecodeMinSplitTokens: batch 1 at 1K gets 4 splits of 256 tokens.
-  p = internal::PlanDecodeSplits(1, 32, 1024);
+  p = Plan(1, 32, 1024);
   EXPECT_EQ(p.num_splits, 1024 / internal::kDecodeMinSplitTokens);
   EXPECT_EQ(p.partition_size, internal::kDecodeMinSplitTokens);
-  p = internal::PlanDecodeSplits(1, 32, 8192);
+  p = Plan(1, 32, 8192);
   EXPECT_EQ(p.num_splits, 8192 / internal::kDecodeMinSplitTokens);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192).num_splits, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 100000).num_splits, 1);
+  EXPECT_EQ(Plan(64, 32, 8192).num_splits, 1);
+  EXPECT_EQ(Plan(256, 32, 100000).num_splits, 1);
 }
 
 TEST(DecodeSplitPlanTest, ShortContextsSplitFurtherToGiveEachSmACta) {
   // Llama-3-8B shape (32 query heads, 8 KV heads) on 132 SMs. Batch 1 at 1K: 16 splits of one
   // tile (128 CTAs) instead of 4 of 256 tokens.
-  internal::DecodeSplitPlan p = internal::PlanDecodeSplits(1, 32, 1024, 8, 132);
+  internal::DecodeSplitPlan p = Plan(1, 32, 1024, 8, 132);
   EXPECT_EQ(p.num_splits, 16);
   EXPECT_EQ(p.partition_size, internal::kDecodeTileTokens);
   // Batch 1 at 8K already has 32 splits (256 CTAs): unchanged.
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 8192, 8, 132).num_splits,
-            internal::PlanDecodeSplits(1, 32, 8192).num_splits);
+  EXPECT_EQ(Plan(1, 32, 8192, 8, 132).num_splits, Plan(1, 32, 8192).num_splits);
   // Batch 8 at 1K: 64 CTAs per split, 4 splits already fill the SMs: unchanged.
-  EXPECT_EQ(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).num_splits,
-            internal::PlanDecodeSplits(8, 32, 1024).num_splits);
+  EXPECT_EQ(Plan(8, 32, 1024, 8, 132).num_splits, Plan(8, 32, 1024).num_splits);
   // Never shorter than a tile, never past the work-item target, no SM count: no raise.
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 300, 8, 132).num_splits, 5);
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, internal::kDecodeTileTokens, 8, 132).num_splits, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(1, 32, 1024, 8, 0).num_splits, 4);
+  EXPECT_EQ(Plan(1, 32, 300, 8, 132).num_splits, 5);
+  EXPECT_EQ(Plan(1, 32, internal::kDecodeTileTokens, 8, 132).num_splits, 1);
+  EXPECT_EQ(Plan(1, 32, 1024, 8, 0).num_splits, 4);
   // Every plan covers the context with whole tiles.
   for (const int context : {65, 700, 1024, 3000}) {
-    p = internal::PlanDecodeSplits(1, 32, context, 8, 132);
+    p = Plan(1, 32, context, 8, 132);
     EXPECT_EQ(p.partition_size % internal::kDecodeTileTokens, 0) << context;
     EXPECT_GE(int64_t{p.num_splits} * p.partition_size, context) << context;
     EXPECT_LT(int64_t{p.num_splits - 1} * p.partition_size, context) << context;
@@ -250,25 +265,25 @@ TEST(DecodeSplitPlanTest, ChainsItemsPerCtaPastOneWave) {
   // (sequence, KV head) items, two per CTA (256 CTAs); batch 132: 1056 items, four per CTA.
   static_assert(internal::kDecodeChainCtasPerSm == 2);
   static_assert(internal::kDecodeMaxChain == 4);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 132).chain, 2);
-  EXPECT_EQ(internal::PlanDecodeSplits(128, 32, 1024, 8, 132).chain, 4);
-  EXPECT_EQ(internal::PlanDecodeSplits(132, 32, 1024, 8, 132).chain, 4);
+  EXPECT_EQ(Plan(64, 32, 1024, 8, 132).chain, 2);
+  EXPECT_EQ(Plan(128, 32, 1024, 8, 132).chain, 4);
+  EXPECT_EQ(Plan(132, 32, 1024, 8, 132).chain, 4);
   // More than kDecodeMaxChain items per CTA (batch 133, 256): one per CTA.
-  EXPECT_EQ(internal::PlanDecodeSplits(133, 32, 1024, 8, 132).chain, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(256, 32, 1024, 8, 132).chain, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(4096, 32, 64, 32, 8).chain, 1);
+  EXPECT_EQ(Plan(133, 32, 1024, 8, 132).chain, 1);
+  EXPECT_EQ(Plan(256, 32, 1024, 8, 132).chain, 1);
+  EXPECT_EQ(Plan(4096, 32, 64, 32, 8).chain, 1);
   // Only up to kDecodeChainMaxContext tokens: longer items amortize their pipeline fill.
   static_assert(internal::kDecodeChainMaxContext == 1024);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1025, 8, 132).chain, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 8192, 8, 132).chain, 1);
+  EXPECT_EQ(Plan(64, 32, 1025, 8, 132).chain, 1);
+  EXPECT_EQ(Plan(64, 32, 8192, 8, 132).chain, 1);
   // Items that fit one wave, plans with splits, and plans without an SM count: one per CTA.
   // (64 query heads on 4 KV heads: 66 sequences are 264 items, 67 are 268.)
-  EXPECT_EQ(internal::PlanDecodeSplits(66, 64, 1024, 4, 132).chain, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(67, 64, 1024, 4, 132).chain, 2);
-  EXPECT_EQ(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).chain, 1);
-  EXPECT_GT(internal::PlanDecodeSplits(8, 32, 1024, 8, 132).num_splits, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024, 8, 0).chain, 1);
-  EXPECT_EQ(internal::PlanDecodeSplits(64, 32, 1024).chain, 1);
+  EXPECT_EQ(Plan(66, 64, 1024, 4, 132).chain, 1);
+  EXPECT_EQ(Plan(67, 64, 1024, 4, 132).chain, 2);
+  EXPECT_EQ(Plan(8, 32, 1024, 8, 132).chain, 1);
+  EXPECT_GT(Plan(8, 32, 1024, 8, 132).num_splits, 1);
+  EXPECT_EQ(Plan(64, 32, 1024, 8, 0).chain, 1);
+  EXPECT_EQ(Plan(64, 32, 1024).chain, 1);
 }
 
 TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
@@ -278,10 +293,11 @@ TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
       for (int seqs = 1; seqs <= 300; seqs += 7) {
         size_t previous = 0;
         for (int context = 1; context <= 40000; context = context * 3 / 2 + 1) {
-          const size_t bound = DecodeAttentionWorkspaceBytes(seqs, heads, head_dim, context);
+          const size_t bound = DecodeAttentionWorkspaceBytes(seqs, heads, head_dim, context,
+                                                             DecodeAttentionTuning{});
           for (const int sms : {0, 132, 1000}) {
             const internal::DecodeSplitPlan plan =
-                internal::PlanDecodeSplits(seqs, heads, context, std::max(1, heads / 8), sms);
+                Plan(seqs, heads, context, std::max(1, heads / 8), sms);
             EXPECT_GE(bound, internal::DecodeWorkspaceBytesForPlan(plan, seqs, heads, head_dim))
                 << "seqs=" << seqs << " heads=" << heads << " context=" << context
                 << " sms=" << sms;
@@ -294,6 +310,50 @@ TEST(DecodeSplitPlanTest, WorkspaceBoundCoversEveryPlanAndNeverShrinks) {
       }
     }
   }
+}
+
+// The tuning fields move the plan: the work-item target, the split floor, the chain cap; and the
+// workspace bound follows the target.
+TEST(DecodeSplitPlanTest, TuningMovesTheTargetFloorAndChain) {
+  DecodeAttentionTuning t;
+  // Batch 8 at 8K: 2048 / 256 items = 8 splits by default; a target of 4096 doubles them.
+  EXPECT_EQ(Plan(8, 32, 8192).num_splits, 8);
+  t.split_target = 4096;
+  EXPECT_EQ(Plan(8, 32, 8192, 0, 0, t).num_splits, 16);
+  t.split_target = kDecodeSplitTargetMin;
+  EXPECT_EQ(Plan(8, 32, 8192, 0, 0, t).num_splits, 1);
+  // A floor of one tile: batch 1 at 1K takes 16 splits of 64 tokens without an SM count.
+  t = DecodeAttentionTuning{};
+  t.min_split_tokens = internal::kDecodeTileTokens;
+  internal::DecodeSplitPlan p = Plan(1, 32, 1024, 0, 0, t);
+  EXPECT_EQ(p.num_splits, 16);
+  EXPECT_EQ(p.partition_size, internal::kDecodeTileTokens);
+  t.min_split_tokens = 1024;
+  EXPECT_EQ(Plan(1, 32, 8192, 0, 0, t).num_splits, 8);
+  // The chain cap: batch 128 chains 4 items by default, none at 2, 1 or 0.
+  t = DecodeAttentionTuning{};
+  EXPECT_EQ(Plan(128, 32, 1024, 8, 132, t).chain, 4);
+  EXPECT_EQ(Plan(64, 32, 1024, 8, 132, t).chain, 2);
+  for (const int cap : {0, 1, 2}) {
+    t.max_chain = cap;
+    EXPECT_EQ(Plan(128, 32, 1024, 8, 132, t).chain, 1) << cap;
+    EXPECT_EQ(Plan(64, 32, 1024, 8, 132, t).chain, cap == 2 ? 2 : 1) << cap;
+  }
+  // The workspace bound of a larger target covers its plans.
+  t = DecodeAttentionTuning{};
+  t.split_target = kDecodeSplitTargetMax;
+  for (const int seqs : {1, 8, 64}) {
+    for (const int context : {100, 1024, 8192, 32768}) {
+      const size_t bound = DecodeAttentionWorkspaceBytes(seqs, 32, 128, context, t);
+      for (const int sms : {0, 132}) {
+        const internal::DecodeSplitPlan plan = Plan(seqs, 32, context, 8, sms, t);
+        EXPECT_GE(bound, internal::DecodeWorkspaceBytesForPlan(plan, seqs, 32, 128))
+            << seqs << " " << context;
+      }
+    }
+  }
+  EXPECT_GT(DecodeAttentionWorkspaceBytes(8, 32, 128, 8192, t),
+            DecodeAttentionWorkspaceBytes(8, 32, 128, 8192, DecodeAttentionTuning{}));
 }
 
 }  // namespace

@@ -43,8 +43,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -487,27 +485,18 @@ cudaError_t LaunchForHeadDim(const PrefillParams& p, dim3 grid, cudaStream_t str
   return cudaGetLastError();
 }
 
-// Whether head_dim-128 launches take the wgmma kernel (prefill_attention_sm90.cu):
-// the current device has compute capability 9.0 (its sm_90a code runs nowhere else) and
-// TANDEM_PREFILL_ATTN_SM90=0 (read once) does not turn it off. H200, Llama-3-8B shape: prefill 8K
-// 234.7-242.3 ms against 244.8-252.0 with the mma.sync kernel (bench/RESULTS.md).
-bool UseSm90Kernel() {
-  static const bool requested = [] {
-    const char* env = std::getenv("TANDEM_PREFILL_ATTN_SM90");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return requested && CurrentDeviceIsSm90();
-}
-
 }  // namespace
 
 cudaError_t LaunchPrefillAttentionRaw(const void* q, int q_row_stride, const PagedLayerView& kv,
                                       const int32_t* seq_start_rows, const int32_t* start_pos,
                                       int num_seqs, int max_new_tokens, int num_heads, float scale,
-                                      void* out, cudaStream_t stream) {
+                                      void* out, bool allow_wgmma, cudaStream_t stream) {
   const PrefillParams p =
       MakePrefillParams(q, q_row_stride, kv, seq_start_rows, start_pos, num_heads, scale, out);
-  if (kv.head_dim == 128 && p.q_vector && p.out_vector && UseSm90Kernel()) {
+  // Head_dim 128 on compute capability 9.0 (the wgmma kernel's sm_90a code runs nowhere else).
+  // H200, Llama-3-8B shape: prefill 8K 234.7-242.3 ms against 244.8-252.0 with the mma.sync
+  // kernel (bench/RESULTS.md).
+  if (allow_wgmma && kv.head_dim == 128 && p.q_vector && p.out_vector && CurrentDeviceIsSm90()) {
     return LaunchPrefillAttentionSm90(p, num_seqs, max_new_tokens, kv.num_slots, stream);
   }
   const int q_tiles = CeilDiv(max_new_tokens, kBlockM);

@@ -36,7 +36,6 @@ struct PrefillParams {
   int group;
   float scale_log2;
   __nv_bfloat16* out;
-  int copy_mode = 2;  // wgmma kernel: where the next tile's copies are issued (see there)
 };
 
 // The query tile a prefill CTA owns: grid (head or head group, sequence, query tile), heaviest

@@ -1,13 +1,13 @@
 // Paged causal prefill attention on Hopper tensor cores (wgmma), head_dim 128: what
-// LaunchPrefillAttentionRaw (prefill_attention.cu) runs on compute capability 9.0 unless
-// TANDEM_PREFILL_ATTN_SM90=0; other head dims and GPUs keep the mma.sync kernel. Same contract
+// LaunchPrefillAttentionRaw (prefill_attention.cu) runs on compute capability 9.0; other head
+// dims and GPUs keep the mma.sync kernel. Same contract
 // and numbers as that kernel: FlashAttention-2's online softmax with float32 statistics, P rounded
 // to bf16 for the second product, rows past a sequence's new tokens not written.
 //
 // Grid: (query head pair, sequence, query tile of kBlockM = 64 new tokens), heaviest tiles first.
 // A CTA is one warpgroup (4 warps, 16 query rows each) per query head, two heads of one KV head
-// (one where the GQA group is odd). Per K/V tile of kBlockN keys (128 by default, 64 with
-// TANDEM_PREFILL_SM90_WIDE=0):
+// (one where the GQA group is odd). Per K/V tile of kBlockN keys (128 with paired heads, 64 with
+// one head per CTA):
 //   S = Q K^T: 8 wgmma.m64nNk16 with Q and K read by the tensor cores straight from shared memory
 //     (no ldmatrix: the mma.sync kernel's limit was its shared-memory reads into registers); the
 //     first k-step writes S without reading it (no zeroing moves);
@@ -18,17 +18,18 @@
 //     to bf16, the same fragment layout) and V from shared memory (MN-major, transposed by the
 //     instruction).
 // K/V tiles of the paged cache go through a ring of kStages stages in the 128-byte-swizzled
-// operand layout (prefill_attention_sm90_layout.h), which the descriptors describe. By default
-// (kWs, kTma; paired heads, block_size % 16 == 0) a third, producer warpgroup loads them by TMA
+// operand layout (prefill_attention_sm90_layout.h), which the descriptors describe. Where it
+// applies (kWs: paired heads, block_size % 16 == 0) a third, producer warpgroup loads them by TMA
 // (boxes of 16-128 rows of one KV block from a per-layer tensor map) onto full / empty
 // mbarriers, and the two consumer warpgroups only compute: the ninth session's ablation showed
 // the cp.async gather by the consumers cost ~46 ms of the 235 ms 8K prefill; TMA took 5% off it.
 // Otherwise the warpgroups gather with cp.async themselves and a fence.proxy.async after each
 // tile lands makes the generic-proxy copies visible to the tensor cores' async proxy. Measured on
-// the H200 and not kept (bench/RESULTS.md): overlapping the softmax of one tile with the products
+// the H200 and deleted (bench/RESULTS.md): overlapping the softmax of one tile with the products
 // of the next inside a warpgroup (FlashAttention-3's intra-warpgroup pipelining), the two
-// warpgroups half a tile apart or taking turns on named barriers (its ping-pong; kWs == 2, 3-4%
-// slower), 4-6 stages.
+// warpgroups half a tile apart or taking turns on named barriers (its ping-pong, 3-4% slower), a
+// cp.async producer warpgroup, one head per CTA or 64-key tiles for even groups, 2 or 4-6 stages,
+// a tile's copies all before or all after its QK^T.
 //
 // Compiled for sm_90a only (its own target): wgmma exists on no other architecture.
 
@@ -40,8 +41,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -60,19 +59,14 @@ constexpr int kHeadDim = sa::kHeadDim;
 constexpr int kBlockM = sa::kBlockM;
 constexpr int kThreads = sa::kThreads;
 constexpr int kMaxGridZ = 65535;
-// setmaxnreg budgets of the ping-pong kernel (kWs == 2): 2 x 128 x 232 + 128 x 40 = 384 x 168, the
-// registers ptxas gives a 384-thread kernel at one CTA per SM.
-constexpr int kWsConsumerRegisters = 232;
-constexpr int kWsProducerRegisters = 40;
 // kHeads query heads of one KV head per CTA, one warpgroup each, sharing every K/V tile: at 2 the
 // K/V bytes the tiles pull from L2 halve (Nsight, Llama-3-8B shape at 8K: L2 74.7% busy with one
 // head per CTA, 38% with two; the K/V of a sequence is re-read by each of its 64-row query
 // tiles). K+V tile stages (32 KB each at 64 keys, 64 KB at 128): with one head (64-key tiles), 2
 // keep a CTA at 82 KB of shared memory, so two CTAs (two warpgroups: one's softmax beside the
 // other's products) share an SM; two heads are one CTA per SM either way (registers) and take 3
-// (each tile load gets two tiles of time; 225 KB at 128 keys). TANDEM_PREFILL_SM90_STAGES=2 / =3
-// overrides. Layout: kHeads Q tiles, kStages K tiles, kStages V tiles; +1024 to align the base to
-// an atom.
+// (each tile load gets two tiles of time; 225 KB at 128 keys). Layout: kHeads Q tiles, kStages K
+// tiles, kStages V tiles; +1024 to align the base to an atom.
 template <int kStages, int kHeads, int kBlockN>
 __host__ __device__ constexpr size_t SmemBytes() {
   return 1024 + size_t{sa::kTileBytes} * kHeads + size_t{sa::TileBytes(kBlockN)} * 2 * kStages;
@@ -178,23 +172,15 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 2],
 // half the per-tile barriers, waits, row-max shuffles and descriptor set-up per key).
 //
 // kWs (warp specialization, FlashAttention-3's loading): a third warpgroup, the producer, does
-// every K/V copy; it signals a stage's "full" mbarrier once its copies landed (each producer
-// thread waits for its own cp.async group, fences the async proxy and arrives), and refills a
-// stage after its "empty" mbarrier saw one arrival per consumer warp. The two consumer warpgroups
-// issue no copy and meet no CTA barrier in the loop, so one's softmax runs beside the other's
-// products without the per-tile lockstep. kWs == 2 adds FlashAttention-3's ping-pong: each
-// consumer issues tile t's P V together with tile t + 1's Q K^T (so o, s and P are live at once:
-// setmaxnreg gives the consumers 232 registers, the producer 40), and the two consumers take
-// turns issuing on named barriers 3 and 4 (1 and 2 are their Q barriers), so one's softmax runs
-// while the other's products do. It needs 3 stages: its consumers release tile t - 1 only after
-// tile t landed, and the producer signals a tile only once the next one is issued.
-//
-// kTma (with kWs): the producer's warp 0 loads every whole K/V tile by TMA (k_map / v_map: the
-// layer's cache as [rows, KV heads, 128 dims], one box = TmaBoxRows rows of a block x 64 dims,
-// 128-byte swizzled as the operands are; lane j issues box j), one arrive.expect_tx per tile on its
-// full mbarrier; a last, partial tile is gathered by cp.async (zero-filled past the keys) by the
-// whole producer warpgroup. Needs block_size % 16 == 0.
-template <int kStages, int kHeads, int kBlockN, int kWs = 0, bool kTma = false>
+// every K/V load; it signals a stage's "full" mbarrier once its loads landed, and refills a stage
+// after its "empty" mbarrier saw one arrival per consumer warp. The two consumer warpgroups issue
+// no copy and meet no CTA barrier in the loop, so one's softmax runs beside the other's products
+// without the per-tile lockstep. The producer's warp 0 loads every whole K/V tile by TMA (k_map /
+// v_map: the layer's cache as [rows, KV heads, 128 dims], one box = TmaBoxRows rows of a block x
+// 64 dims, 128-byte swizzled as the operands are; lane j issues box j), one arrive.expect_tx per
+// tile on its full mbarrier; a last, partial tile is gathered by cp.async (zero-filled past the
+// keys) by the whole producer warpgroup. Needs block_size % 16 == 0.
+template <int kStages, int kHeads, int kBlockN, bool kWs = false>
 __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                                   (kStages == 2 && kHeads == 1 && kBlockN == 64 ? 2 : 1))
     PrefillAttentionSm90Kernel(const PrefillParams p, const __grid_constant__ CUtensorMap k_map,
@@ -204,9 +190,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   constexpr int kSRegs = kBlockN / 2;           // S accumulators per thread (m64nN)
   constexpr int kPSteps = kBlockN / 16;         // k-steps of P V
   constexpr int kRowsPerThread = kBlockN / 64;  // K/V rows this thread copies per tile
-  static_assert(kWs == 0 || (kHeads == 2 && kBlockN == 128), "warp specialization: paired, wide");
-  static_assert(kWs != 2 || kStages >= 3, "ping-pong: see above");
-  static_assert(!kTma || kWs != 0, "TMA loads are the producer's");
+  static_assert(!kWs || (kHeads == 2 && kBlockN == 128), "warp specialization: paired, wide");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // full[kStages], then empty[kStages] (kWs only).
   __shared__ __align__(8) uint64_t bars[kWs ? 2 * kStages : 1];
@@ -230,7 +214,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   if constexpr (kWs) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < kStages; ++st) {
-        MbarInit(full0 + 8 * st, kTma ? kWarpSize : kThreads);     // producer warp 0 / threads
+        MbarInit(full0 + 8 * st, kWarpSize);                       // producer warp 0
         MbarInit(empty0 + 8 * st, kHeads * kThreads / kWarpSize);  // every consumer warp
       }
       FenceMbarrierInit();
@@ -319,88 +303,66 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
 
   if constexpr (kWs) {
     if (wg == kHeads) {
-      if constexpr (kWs == 2) SetMaxRegisters<false, kWsProducerRegisters>();
-      if constexpr (kTma) {
-        // Warp 0 loads the whole tiles: lane j < boxes owns box j of a tile (TmaBoxRows keys; its
-        // block table lookup a tile ahead, its K and V boxes, both 64-dim halves); lane 0 first
-        // adds the tile's bytes to its full mbarrier, then every lane arrives (32 arrivals a
-        // phase). Warps 1-3 wait on named barrier 5 for a last, partial tile, which all four gather
-        // by cp.async (zero-filled past the keys); named barrier 6 orders their landed copies
-        // before warp 0's arrivals. Without a partial tile they leave at once.
-        const int box_rows = TmaBoxRows(p.block_size);
-        const int boxes = kBlockN / box_rows;
-        const int pwarp = tid / kWarpSize;
-        const int whole = kv_end / kBlockN;  // tiles [0, whole) are whole
-        const bool has_tail = whole < num_tiles;
-        if (pwarp == 0) {
-          if (lane == 0) {
-            PrefetchTensorMap(&k_map);
-            PrefetchTensorMap(&v_map);
-          }
-          const auto lookup = [&](int t) {
-            const int key = t * kBlockN + box_rows * lane;
-            if (lane >= boxes || t >= whole) return 0;
-            return p.block_shift >= 0
-                       ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
-                             (key & (p.block_size - 1))
-                       : p.block_tables[table_offset + key / p.block_size] * p.block_size +
-                             key % p.block_size;
-          };
-          int box_row = lookup(0);
-          for (int t = 0; t < whole; ++t) {
-            const int stage = t % kStages;
-            const uint32_t full = full0 + 8 * stage;
-            if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
-            if (lane == 0) MbarArriveExpectTx(full, 2 * kKvTileBytes);
-            __syncwarp();
-            if (lane < boxes) {
-              const uint32_t at = stage * kKvTileBytes + lane * box_rows * 128;
-#pragma unroll
-              for (int a = 0; a < 2; ++a) {
-                const uint32_t atom = at + a * sa::AtomBytes(kBlockN);
-                TmaLoad3d(k_base + atom, &k_map, 64 * a, kv_head, box_row, full);
-                TmaLoad3d(v_base + atom, &v_map, 64 * a, kv_head, box_row, full);
-              }
-            }
-            if (lane != 0) MbarArrive(full);
-            box_row = lookup(t + 1);
-          }
+      // Warp 0 loads the whole tiles: lane j < boxes owns box j of a tile (TmaBoxRows keys; its
+      // block table lookup a tile ahead, its K and V boxes, both 64-dim halves); lane 0 first
+      // adds the tile's bytes to its full mbarrier, then every lane arrives (32 arrivals a
+      // phase). Warps 1-3 wait on named barrier 5 for a last, partial tile, which all four gather
+      // by cp.async (zero-filled past the keys); named barrier 6 orders their landed copies
+      // before warp 0's arrivals. Without a partial tile they leave at once.
+      const int box_rows = TmaBoxRows(p.block_size);
+      const int boxes = kBlockN / box_rows;
+      const int pwarp = tid / kWarpSize;
+      const int whole = kv_end / kBlockN;  // tiles [0, whole) are whole
+      const bool has_tail = whole < num_tiles;
+      if (pwarp == 0) {
+        if (lane == 0) {
+          PrefetchTensorMap(&k_map);
+          PrefetchTensorMap(&v_map);
         }
-        if (!has_tail) return;
-        const int t = num_tiles - 1;
-        const int stage = t % kStages;
-        if (pwarp == 0) {
+        const auto lookup = [&](int t) {
+          const int key = t * kBlockN + box_rows * lane;
+          if (lane >= boxes || t >= whole) return 0;
+          return p.block_shift >= 0
+                     ? (p.block_tables[table_offset + (key >> p.block_shift)] << p.block_shift) +
+                           (key & (p.block_size - 1))
+                     : p.block_tables[table_offset + key / p.block_size] * p.block_size +
+                           key % p.block_size;
+        };
+        int box_row = lookup(0);
+        for (int t = 0; t < whole; ++t) {
+          const int stage = t % kStages;
+          const uint32_t full = full0 + 8 * stage;
           if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
-          NamedBarrierArrive(5, kThreads);
-        } else {
-          NamedBarrierSync(5, kThreads);
+          if (lane == 0) MbarArriveExpectTx(full, 2 * kKvTileBytes);
+          __syncwarp();
+          if (lane < boxes) {
+            const uint32_t at = stage * kKvTileBytes + lane * box_rows * 128;
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+              const uint32_t atom = at + a * sa::AtomBytes(kBlockN);
+              TmaLoad3d(k_base + atom, &k_map, 64 * a, kv_head, box_row, full);
+              TmaLoad3d(v_base + atom, &v_map, 64 * a, kv_head, box_row, full);
+            }
+          }
+          if (lane != 0) MbarArrive(full);
+          box_row = lookup(t + 1);
         }
-        load_kv(stage, slots_of_tile(t), 0, kRowsPerThread);
-        CpAsyncCommitGroup();
-        CpAsyncWaitGroup<0>();
-        FenceProxyAsyncShared();
-        NamedBarrierSync(6, kThreads);
-        if (pwarp == 0) MbarArrive(full0 + 8 * stage);
-        return;
       }
-      // Producer: tile t into stage t % kStages once the consumers released that stage's tile
-      // t - kStages; tile t - 1 signalled once it landed (two tiles in flight).
-      Slots sl = slots_of_tile(0);
-      for (int t = 0; t < num_tiles; ++t) {
-        const int stage = t % kStages;
+      if (!has_tail) return;
+      const int t = num_tiles - 1;
+      const int stage = t % kStages;
+      if (pwarp == 0) {
         if (t >= kStages) MbarWait(empty0 + 8 * stage, ((t / kStages) - 1) & 1);
-        load_kv(stage, sl, 0, kRowsPerThread);
-        CpAsyncCommitGroup();
-        if (t + 1 < num_tiles) sl = slots_of_tile(t + 1);
-        if (t >= 1) {
-          CpAsyncWaitGroup<1>();
-          FenceProxyAsyncShared();
-          MbarArrive(full0 + 8 * ((t - 1) % kStages));
-        }
+        NamedBarrierArrive(5, kThreads);
+      } else {
+        NamedBarrierSync(5, kThreads);
       }
+      load_kv(stage, slots_of_tile(t), 0, kRowsPerThread);
+      CpAsyncCommitGroup();
       CpAsyncWaitGroup<0>();
       FenceProxyAsyncShared();
-      MbarArrive(full0 + 8 * ((num_tiles - 1) % kStages));
+      NamedBarrierSync(6, kThreads);
+      if (pwarp == 0) MbarArrive(full0 + 8 * stage);
       return;
     }
   }
@@ -417,7 +379,6 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   }
   CpAsyncCommitGroup();
   Slots ahead{};
-  if constexpr (kWs == 2) SetMaxRegisters<true, kWsConsumerRegisters>();
   if constexpr (kWs) {
     // This warpgroup's Q tile, visible to its tensor cores.
     CpAsyncWaitGroup<0>();
@@ -435,74 +396,11 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  const int copy_mode = p.copy_mode;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
 
-  if constexpr (kWs == 2) {
-    // Q K^T of a tile into s, P V of a tile from pa into o (issue only).
-    const auto issue_qk = [&](int stage, float(&acc)[kSRegs]) {
-      IssueQk128(acc, q_base, k_base + stage * kKvTileBytes);
-    };
-    const auto issue_pv = [&](int stage, const uint32_t(&frag)[kPSteps][4]) {
-      const uint32_t v_tile = v_base + stage * kKvTileBytes;
-#pragma unroll
-      for (int kc = 0; kc < kPSteps; ++kc) {
-        WgmmaRs64x128(
-            o, frag[kc],
-            sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
-      }
-    };
-    const auto release = [&](int stage) {
-      __syncwarp();
-      if (lane == 0) MbarArrive(empty0 + 8 * stage);
-    };
-    // Turns: warpgroup w issues after bar.sync on barrier 3 + w (both warpgroups' threads) and
-    // then arrives on the other's. Warpgroup 0 goes first; the last arrival of warpgroup 1 is
-    // left out so every barrier phase completes (each issues num_tiles + 1 times).
-    constexpr uint32_t kTurnThreads = 2 * kThreads;
-    const uint32_t my_turn = 3 + wg, other_turn = 4 - wg;
-    if (wg == 1) NamedBarrierArrive(3, kTurnThreads);
-    float s[kSRegs];
-    uint32_t pa[kPSteps][4];
-    MbarWait(full0, 0);
-    NamedBarrierSync(my_turn, kTurnThreads);
-    WgmmaFence();
-    issue_qk(0, s);
-    WgmmaCommit();
-    NamedBarrierArrive(other_turn, kTurnThreads);
-    WgmmaWaitAll();
-    FenceRegisters(s);
-    SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, 0, warp_pos0, lane, scale_log2);
-    for (int tile = 1; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      const int prev = (tile - 1) % kStages;
-      MbarWait(full0 + 8 * stage, (tile / kStages) & 1);
-      NamedBarrierSync(my_turn, kTurnThreads);
-      WgmmaFence();
-      issue_pv(prev, pa);
-      issue_qk(stage, s);
-      WgmmaCommit();
-      NamedBarrierArrive(other_turn, kTurnThreads);
-      WgmmaWaitAll();
-      FenceRegisters(o);
-      FenceRegisters(s);
-      release(prev);
-      SoftmaxTile<kBlockN>(s, pa, o, row_max, row_sum, row_limit, tile * kBlockN, warp_pos0, lane,
-                           scale_log2);
-    }
-    const int last = (num_tiles - 1) % kStages;
-    NamedBarrierSync(my_turn, kTurnThreads);
-    WgmmaFence();
-    issue_pv(last, pa);
-    WgmmaCommit();
-    if (wg == 0) NamedBarrierArrive(other_turn, kTurnThreads);
-    WgmmaWaitAll();
-    FenceRegisters(o);
-    release(last);
-  }
-  for (int tile = 0; tile < (kWs == 2 ? 0 : num_tiles); ++tile) {
+  for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile % kStages;
     if constexpr (kWs) MbarWait(full0 + 8 * stage, (tile / kStages) & 1);
     // Groups so far: Q, kStages - 1 prologue tiles, one per earlier iteration; at most
@@ -515,9 +413,10 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       __syncthreads();
     }
     // The next tile's copies, into the stage the barrier just freed (one commit group per
-    // iteration). copy_mode 0: all before QK^T, in one burst of every warp (Nsight at 8K: warps
-    // stalled on the LSU queue, lg_throttle, 1.6 cycles per instruction); 1: all while QK^T runs
-    // on the tensor cores; 2: the first row while QK^T runs, the second while P V does.
+    // iteration): with two rows per thread (128-key tiles) the first row while QK^T runs on the
+    // tensor cores and the second while P V does; with one, all while QK^T runs. (All before
+    // QK^T, in one burst of every warp, stalled the warps on the LSU queue: Nsight at 8K,
+    // lg_throttle, 1.6 cycles per instruction.)
     const Slots next = ahead;
     const bool has_next = tile + kStages - 1 < num_tiles;
     const int next_stage = (tile + kStages - 1) % kStages;
@@ -528,8 +427,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
         if (commit) CpAsyncCommitGroup();
       }
     };
-    const bool split = copy_mode == 2 && kRowsPerThread > 1;
-    if (copy_mode == 0) copy_rows(0, kRowsPerThread, true);
+    constexpr bool kSplit = kRowsPerThread > 1;
 
     // S = Q K^T (raw scores), m64nN, K = 128 dims in 8 steps.
     const uint32_t k_tile = k_base + stage * kKvTileBytes;
@@ -548,7 +446,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
       IssueQk128(s, q_base, k_tile);
     }
     WgmmaCommit();
-    if (copy_mode != 0) copy_rows(0, split ? 1 : kRowsPerThread, !split);
+    copy_rows(0, kSplit ? 1 : kRowsPerThread, !kSplit);
     WgmmaWaitAll();
     FenceRegisters(s);
 
@@ -564,7 +462,7 @@ __global__ void __launch_bounds__((kThreads * (kHeads + (kWs ? 1 : 0))),
                     sa::MakeDescriptor(v_tile + sa::PvStepOffset(kc), sa::VLbo(kBlockN), sa::kSbo));
     }
     WgmmaCommit();
-    if (split) copy_rows(1, kRowsPerThread, true);
+    if constexpr (kSplit) copy_rows(1, kRowsPerThread, true);
     WgmmaWaitAll();
     FenceRegisters(o);
     if constexpr (kWs) {
@@ -613,13 +511,13 @@ bool EncodeCacheMap(CUtensorMap* map, const void* data, int num_kv_heads, int64_
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int kStages, int kHeads, int kBlockN = 64, int kWs = 0, bool kTma = false>
+template <int kStages, int kHeads, int kBlockN = 64, bool kWs = false>
 cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream,
                         const CUtensorMap& k_map = {}, const CUtensorMap& v_map = {}) {
   constexpr size_t kSmem = SmemBytes<kStages, kHeads, kBlockN>();
   static_assert(kSmem <= 227 * 1024 - 64, "shared memory per CTA (with the mbarriers)");
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN, kWs, kTma>;
+  const auto kernel = PrefillAttentionSm90Kernel<kStages, kHeads, kBlockN, kWs>;
   if (const cudaError_t e = OptInDynamicSharedMemory(kernel, kSmem, configured); e != cudaSuccess) {
     return e;
   }
@@ -628,67 +526,29 @@ cudaError_t LaunchShape(const PrefillParams& p, dim3 grid, cudaStream_t stream,
   return cudaGetLastError();
 }
 
-// TANDEM_PREFILL_SM90_STAGES=2 / 3, TANDEM_PREFILL_SM90_HEADS=1 / 2, TANDEM_PREFILL_SM90_WIDE=0 / 1
-// and TANDEM_PREFILL_SM90_COPY_LATE=0 / 1 / 2 (read once) pick the K/V stages, the heads per CTA
-// (two need an even GQA group), 128-key tiles (paired heads only) and where a tile's copies are
-// issued (the kernel's copy_mode); TANDEM_PREFILL_SM90_WS=0-4 the warp specialization
-// (paired heads, 128-key tiles; 1: cp.async producer, 2: and the ping-pong (3 stages always), 3:
-// TMA producer, 4: and the ping-pong; 0: none); -1 where unset or another value. Defaults, the
-// fastest measured on the H200 (bench/RESULTS.md, ninth session): the TMA producer (3) with 3
-// stages where the GQA group is even and block_size % 16 == 0; elsewhere paired heads (even
-// groups), 128-key tiles, 3 stages, copy_mode 2.
-int EnvChoice(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || env[0] < '0' || env[0] > '9' || env[1] != '\0') return -1;
-  return env[0] - '0';
-}
-
 }  // namespace
 
+// The shapes measured fastest on the H200 (bench/RESULTS.md, ninth session): where the GQA group
+// is even, two query heads per CTA, 128-key tiles and 3 stages, warp-specialized with the TMA
+// producer when block_size % 16 == 0 and the cache's tensor maps encode, the consumers gathering
+// their own tiles otherwise; one head per CTA, 64-key tiles and 2 stages (two CTAs per SM) where
+// the group is odd.
 cudaError_t LaunchPrefillAttentionSm90(const PrefillParams& p, int num_seqs, int max_new_tokens,
                                        int64_t num_slots, cudaStream_t stream) {
   const int q_tiles = static_cast<int>(CeilDiv(max_new_tokens, kBlockM));
   if (q_tiles > kMaxGridZ || !p.q_vector || !p.out_vector) return cudaErrorInvalidValue;
-  static const int stages = EnvChoice("TANDEM_PREFILL_SM90_STAGES");
-  static const bool pair_heads = EnvChoice("TANDEM_PREFILL_SM90_HEADS") != 1;
-  static const bool wide_tiles = EnvChoice("TANDEM_PREFILL_SM90_WIDE") != 0;
-  static const int copy_mode = EnvChoice("TANDEM_PREFILL_SM90_COPY_LATE");
-  // Unset: the TMA producer (3) where it applies.
-  static const int warp_specialized = [] {
-    const int ws = EnvChoice("TANDEM_PREFILL_SM90_WS");
-    return ws < 0 ? 3 : ws;
-  }();
-  PrefillParams q = p;
-  q.copy_mode = copy_mode < 0 ? 2 : copy_mode;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs),
                   static_cast<unsigned>(q_tiles));
-  if (pair_heads && p.group % 2 == 0 && wide_tiles &&
-      (warp_specialized == 3 || warp_specialized == 4) && p.block_size % 16 == 0) {
+  if (p.group % 2 != 0) return LaunchShape<2, 1>(p, grid, stream);
+  if (p.block_size % 16 == 0) {
     CUtensorMap k_map, v_map;
     const int box_rows = TmaBoxRows(p.block_size);
     if (EncodeCacheMap(&k_map, p.k, p.num_kv_heads, num_slots, box_rows) &&
         EncodeCacheMap(&v_map, p.v, p.num_kv_heads, num_slots, box_rows)) {
-      if (warp_specialized == 4)
-        return LaunchShape<3, 2, 128, 2, true>(q, grid, stream, k_map, v_map);
-      return stages == 2 ? LaunchShape<2, 2, 128, 1, true>(q, grid, stream, k_map, v_map)
-                         : LaunchShape<3, 2, 128, 1, true>(q, grid, stream, k_map, v_map);
+      return LaunchShape<3, 2, 128, true>(p, grid, stream, k_map, v_map);
     }
   }
-  if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 1) {
-    return stages == 2 ? LaunchShape<2, 2, 128, 1>(q, grid, stream)
-                       : LaunchShape<3, 2, 128, 1>(q, grid, stream);
-  }
-  if (pair_heads && p.group % 2 == 0 && wide_tiles && warp_specialized == 2) {
-    return LaunchShape<3, 2, 128, 2>(q, grid, stream);  // 3 stages at least
-  }
-  if (pair_heads && p.group % 2 == 0 && wide_tiles) {
-    return stages == 2 ? LaunchShape<2, 2, 128>(q, grid, stream)
-                       : LaunchShape<3, 2, 128>(q, grid, stream);
-  }
-  if (pair_heads && p.group % 2 == 0) {
-    return stages == 2 ? LaunchShape<2, 2>(q, grid, stream) : LaunchShape<3, 2>(q, grid, stream);
-  }
-  return stages == 3 ? LaunchShape<3, 1>(q, grid, stream) : LaunchShape<2, 1>(q, grid, stream);
+  return LaunchShape<3, 2, 128>(p, grid, stream);
 }
 
 }  // namespace tandem::cuda::internal

@@ -21,8 +21,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/kernels/cuda/kernel_utils.cuh"
 #include "runtime/kernels/cuda/mma_utils.cuh"
@@ -162,18 +160,10 @@ cudaError_t LaunchTyped(const SkinnyGemmRaw& p, cudaStream_t stream) {
 
 }  // namespace
 
-// The wgmma kernel (skinny_gemm_sm90.cu) when the device has compute capability 9.0 and
-// TANDEM_SKINNY_WGMMA=0 (read once) does not turn it off.
-bool SkinnyGemmWgmmaActive() {
-  static const bool requested = [] {
-    const char* env = std::getenv("TANDEM_SKINNY_WGMMA");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return requested && CurrentDeviceIsSm90();
-}
+bool SkinnyGemmWgmmaRunsHere() { return CurrentDeviceIsSm90(); }
 
-cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, cudaStream_t stream) {
-  if (SkinnyGemmWgmmaActive()) return LaunchSkinnyGemmSm90Raw(p, stream);
+cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& p, bool use_wgmma, cudaStream_t stream) {
+  if (use_wgmma) return LaunchSkinnyGemmSm90Raw(p, stream);
   return DispatchSkinnyMode(p, [&](auto mode) {
     return DispatchSkinnyRows(p.m, [&](auto m16) {
       return LaunchTyped<decltype(m16)::value, decltype(mode)::value>(p, stream);

@@ -106,8 +106,15 @@ bool SkinnyGemmSupports(int m, int n, int k, const void* x, const void* w);
 
 absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& args, void* stream);
 
-// Whether launches on the current device take the wgmma kernel: compute capability 9.0 and
-// TANDEM_SKINNY_WGMMA=0 (read once) not set. Other devices run the mma.sync kernel.
+// Whether launches on the current device take the wgmma kernel: compute capability 9.0. Other
+// devices run the mma.sync kernel.
 bool SkinnyGemmUsesWgmma();
+
+namespace internal {
+// LaunchSkinnyGemm on the kernel the caller names, for the mma.sync kernel's own test on compute
+// capability 9.0: use_wgmma needs SkinnyGemmUsesWgmma() (FailedPrecondition otherwise, before
+// anything is queued); false takes the mma.sync kernel on any GPU.
+absl::Status LaunchSkinnyGemmWithKernel(const SkinnyGemmArgs& args, bool use_wgmma, void* stream);
+}  // namespace internal
 
 }  // namespace tandem::cuda

@@ -4,8 +4,9 @@
 // pipeline stage), at 1 to 64 activation rows including every padding case (m % 16 != 0), with
 // bias, float32 output and the gated SiLU-and-multiply mode; one-split and split-K plans (the
 // test asserts both occur). Also: repeated launches are bit-identical (the split counters are
-// back to zero after each launch) and a too-small split-K scratch is an error. Skipped without a
-// GPU.
+// back to zero after each launch) and a too-small split-K scratch is an error. Every test runs
+// once per kernel: the wgmma one (compute capability 9.0 only; skipped elsewhere) and the mma.sync
+// one every GPU can run. Skipped without a GPU.
 // Tolerance per element as in gemv_cuda_test: float32 accumulation error, bounded by
 // kAccTol * sum_k |x w| (a dropped or repeated k16 slice moves the result by ~4 |x w|, far above
 // it), plus one bf16 rounding (2^-8 |ref|) for bf16 outputs.
@@ -44,11 +45,15 @@ struct Shape {
   std::vector<int> ms;  // activation row counts to run
 };
 
-class SkinnyGemmCudaTest : public CudaKernelTest {
+// Parameter: launch on the wgmma kernel (true) or the mma.sync kernel.
+class SkinnyGemmCudaTest : public CudaKernelTest, public ::testing::WithParamInterface<bool> {
  protected:
   void SetUp() override {
     CudaKernelTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
+    if (GetParam() && !cuda::SkinnyGemmUsesWgmma()) {
+      GTEST_SKIP() << "the wgmma kernel runs on compute capability 9.0 only";
+    }
     absl::StatusOr<DeviceCapabilities> caps = device_->Capabilities();
     ASSERT_TRUE(caps.ok()) << caps.status();
     num_sms_ = caps->multiprocessor_count;
@@ -79,13 +84,18 @@ class SkinnyGemmCudaTest : public CudaKernelTest {
     return a;
   }
 
+  // LaunchSkinnyGemm on this test's kernel.
+  absl::Status Launch(const cuda::SkinnyGemmArgs& a) {
+    return cuda::internal::LaunchSkinnyGemmWithKernel(a, GetParam(), stream());
+  }
+
   static constexpr size_t kScratchBytes = size_t{64} << 20;
   static constexpr size_t kCounterWords = 1 << 16;
   int num_sms_ = 0;
   DeviceBuffer partials_, counters_;
 };
 
-TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
+TEST_P(SkinnyGemmCudaTest, MatchesCpuReference) {
   const std::vector<int> all_ms = {1, 2, 5, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64};
   const std::vector<Shape> shapes = {
       {96, 256, false, all_ms},
@@ -160,7 +170,7 @@ TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
         a.bias = with_bias ? d_bias.data : nullptr;
         a.out_f32 = out_f32;
         a.gated_silu = s.gated;
-        const absl::Status st = cuda::LaunchSkinnyGemm(a, stream());
+        const absl::Status st = Launch(a);
         ASSERT_TRUE(st.ok()) << what << ": " << st;
         const std::vector<float> got = DownloadOutput(d_out, out_elems, out_f32, what);
 
@@ -208,7 +218,7 @@ TEST_F(SkinnyGemmCudaTest, MatchesCpuReference) {
 
 // Split-K launches leave their counters at zero: five launches of each split plan give the same
 // bits, and the counters read back as zero.
-TEST_F(SkinnyGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
+TEST_P(SkinnyGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
   AllocScratch();
   for (const Shape& s : {Shape{4096, 4096, false, {64}}, Shape{4096, 14336, false, {9}},
                          Shape{1024, 4096, true, {40}}}) {
@@ -227,7 +237,7 @@ TEST_F(SkinnyGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
     for (int rep = 0; rep < 5; ++rep) {
       cuda::SkinnyGemmArgs a = Args(d_x, d_w, d_out, m, s.n, s.k);
       a.gated_silu = s.gated;
-      ASSERT_TRUE(cuda::LaunchSkinnyGemm(a, stream()).ok());
+      ASSERT_TRUE(Launch(a).ok());
       const std::vector<uint16_t> bits = Download<uint16_t>(d_out, out_elems);
       if (rep == 0) {
         first = bits;
@@ -244,7 +254,7 @@ TEST_F(SkinnyGemmCudaTest, RepeatedLaunchesAreBitIdentical) {
 // Rope mode must equal the plain launch followed by LaunchRopeKvAppend bit for bit, in the qkv rows
 // and in the whole cache, with and without a bias, with one- and multi-split plans and a padding
 // slot.
-TEST_F(SkinnyGemmCudaTest, RopeModeEqualsPlainThenRopeKvAppend) {
+TEST_P(SkinnyGemmCudaTest, RopeModeEqualsPlainThenRopeKvAppend) {
   AllocScratch();
   struct Case {
     int heads, kv_heads, head_dim, hidden, m;
@@ -299,7 +309,7 @@ TEST_F(SkinnyGemmCudaTest, RopeModeEqualsPlainThenRopeKvAppend) {
         rope.k_layer = d_k.data;
         rope.v_layer = d_v.data;
         if (fused) a.rope = &rope;
-        ASSERT_TRUE(cuda::LaunchSkinnyGemm(a, stream()).ok()) << what;
+        ASSERT_TRUE(Launch(a).ok()) << what;
         if (!fused) {
           cuda::PagedKvCache cache;
           cache.k = d_k.data;
@@ -327,7 +337,7 @@ TEST_F(SkinnyGemmCudaTest, RopeModeEqualsPlainThenRopeKvAppend) {
   EXPECT_TRUE(saw_split) << "no rope case split K on " << num_sms_ << " SMs";
 }
 
-TEST_F(SkinnyGemmCudaTest, TooSmallScratchIsAnError) {
+TEST_P(SkinnyGemmCudaTest, TooSmallScratchIsAnError) {
   AllocScratch();
   const cuda::SkinnyGemmPlan plan = cuda::PlanSkinnyGemm(64, 4096, 4096, false, num_sms_);
   ASSERT_GT(plan.splits, 1) << "O-projection shape should split K on " << num_sms_ << " SMs";
@@ -336,11 +346,14 @@ TEST_F(SkinnyGemmCudaTest, TooSmallScratchIsAnError) {
   const DeviceBuffer d_out = Alloc(size_t{64} * 4096 * 2);
   cuda::SkinnyGemmArgs a = Args(d_x, d_w, d_out, 64, 4096, 4096);
   a.partials_bytes = plan.partial_bytes - 1;
-  EXPECT_EQ(cuda::LaunchSkinnyGemm(a, stream()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Launch(a).code(), absl::StatusCode::kInvalidArgument);
   a = Args(d_x, d_w, d_out, 64, 4096, 4096);
   a.counters = nullptr;
-  EXPECT_EQ(cuda::LaunchSkinnyGemm(a, stream()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Launch(a).code(), absl::StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, SkinnyGemmCudaTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Wgmma" : "MmaSync"; });
 
 }  // namespace
 }  // namespace tandem

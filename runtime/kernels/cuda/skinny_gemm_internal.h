@@ -38,11 +38,11 @@ struct SkinnyGemmRaw {
   void* rope_v_layer;
 };
 
-// Takes the wgmma kernel (skinny_gemm_sm90.cu) on compute capability 9.0 unless
-// TANDEM_SKINNY_WGMMA=0, the mma.sync kernel (skinny_gemm.cu) otherwise.
-cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, cudaStream_t stream);
-// Whether LaunchSkinnyGemmRaw takes the wgmma kernel on the current device.
-bool SkinnyGemmWgmmaActive();
+// Takes the wgmma kernel (skinny_gemm_sm90.cu) when use_wgmma (compute capability 9.0 only:
+// SkinnyGemmWgmmaRunsHere), the mma.sync kernel (skinny_gemm.cu, every GPU) otherwise.
+cudaError_t LaunchSkinnyGemmRaw(const SkinnyGemmRaw& args, bool use_wgmma, cudaStream_t stream);
+// Whether the current device runs the wgmma kernel (compute capability 9.0).
+bool SkinnyGemmWgmmaRunsHere();
 // The wgmma kernel (sm_90a code: only on compute capability 9.0).
 cudaError_t LaunchSkinnyGemmSm90Raw(const SkinnyGemmRaw& args, cudaStream_t stream);
 

@@ -54,6 +54,11 @@ bool SkinnyGemmSupports(int m, int n, int k, const void* x, const void* w) {
 }
 
 absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
+  return internal::LaunchSkinnyGemmWithKernel(a, SkinnyGemmUsesWgmma(), stream);
+}
+
+absl::Status internal::LaunchSkinnyGemmWithKernel(const SkinnyGemmArgs& a, bool use_wgmma,
+                                                  void* stream) {
   if (a.m < 0 || a.m > kSkinnyGemmMaxRows || a.n <= 0 || a.k <= 0 || a.k % kSkinnyGemmKStep != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SkinnyGemm shape m=", a.m, " n=", a.n, " k=", a.k, " is not valid (m in [0, ",
@@ -89,6 +94,10 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
       return absl::InvalidArgumentError(
           "SkinnyGemm rope positions, inv_freq, slot_mapping and the cache must not be null");
     }
+  }
+  if (use_wgmma && !SkinnyGemmUsesWgmma()) {
+    return absl::FailedPreconditionError(
+        "SkinnyGemm: the wgmma kernel runs on compute capability 9.0 only");
   }
   if (a.m == 0) return absl::OkStatus();
   const SkinnyGemmPlan plan =
@@ -133,10 +142,11 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmArgs& a, void* stream) {
     raw.rope_k_layer = a.rope->k_layer;
     raw.rope_v_layer = a.rope->v_layer;
   }
-  return CudaStatus(internal::LaunchSkinnyGemmRaw(raw, static_cast<cudaStream_t>(stream)),
-                    "SkinnyGemm kernel launch");
+  return CudaStatus(
+      internal::LaunchSkinnyGemmRaw(raw, use_wgmma, static_cast<cudaStream_t>(stream)),
+      "SkinnyGemm kernel launch");
 }
 
-bool SkinnyGemmUsesWgmma() { return internal::SkinnyGemmWgmmaActive(); }
+bool SkinnyGemmUsesWgmma() { return internal::SkinnyGemmWgmmaRunsHere(); }
 
 }  // namespace tandem::cuda

@@ -14,6 +14,7 @@
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/model/cuda/cublas_gemm.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 
 namespace tandem::mlp {
 namespace {
@@ -127,7 +128,10 @@ absl::Status CudaDenseMlp::Init(const TensorStore& store) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda MLP: cuBLASLt workspace: ", cudaGetErrorString(e)));
   }
-  ASSIGN_OR_RETURN(impl_->gemm, CublasLtGemm::Create(impl_->cublas_ws, kCublasWorkspaceBytes));
+  // The default GEMM routing, as a runner without --cuda-tuning: the same kernels for the same
+  // shapes as the attention worker's own MLP would run.
+  ASSIGN_OR_RETURN(impl_->gemm,
+                   CublasLtGemm::Create(impl_->cublas_ws, kCublasWorkspaceBytes, GemmTuning{}));
   RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&impl_->handoff, cudaEventDisableTiming),
                        "cuda MLP: cudaEventCreate");
   return absl::OkStatus();

@@ -4,42 +4,36 @@
 // x, w, bias bf16; accumulation float32 (CUBLAS_COMPUTE_32F); out bf16 or float32. The bias is
 // added in the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS). No CUDA types here: `stream` is a
 // cudaStream_t passed as void*.
+// Which kernel takes a call is chosen by GemmTuning (cuda_tuning.h), given to Create and fixed
+// for the object's life:
 // Decode-sized calls (m <= kGemvMaxRows, see UseGemv) go to the hand-written GEMV of
 // runtime/kernels/cuda/gemv_kernels.h instead, same numerics contract (float32 accumulation, bias
-// added before the one bf16 rounding); the environment variable TANDEM_DISABLE_GEMV=1, read at
-// Create, forces cuBLASLt for every call (A/B measurements).
+// added before the one bf16 rounding).
 // On compute capability 9.0, calls of 2-32 rows whose k is a multiple of 64 go to the tensor-core
 // skinny GEMM of runtime/kernels/cuda/skinny_gemm.h (its wgmma kernel; same numerics contract; on
 // the H200 it beat cuBLASLt at 8-32 rows and lost at 64, bench/RESULTS.md); Create then allocates
-// its 16 MiB split-K scratch. Switches, read at Create (a bad value fails it):
-// TANDEM_SKINNY_GEMM=0 turns it off, =1 turns it on for 2-64 rows on any GPU (other GPUs run its
-// mma.sync kernel, slower than cuBLASLt on the H200); TANDEM_SKINNY_MAX_ROWS=N (2-64) moves the
-// row bound, TANDEM_SKINNY_QKV_MAX_ROWS=N and TANDEM_SKINNY_GATED_MAX_ROWS=N (2-64) that of the QKV
-// projection with RoPE fused and of the gate/up projection with SiLU fused (default: the general
-// bound); TANDEM_SKINNY_CTAS_PER_SM=N (1-16, default 2) sets the CTAs per SM its split-K plan
-// aims at.
+// its 16 MiB split-K scratch. GemmTuning::skinny turns it off, or on for 2-64 rows on any GPU
+// (other GPUs run its mma.sync kernel, slower than cuBLASLt on the H200), and its skinny_* fields
+// move the row bounds (the QKV projection with RoPE fused and the gate/up projection with SiLU
+// fused have their own) and the CTAs per SM its split-K plan aims at.
 // On compute capability 9.0, calls of 33-64 rows whose shape has a plan that fills the SMs in one
 // wave (the Llama-3-8B O and down projections) go to the cluster GEMM of
 // runtime/kernels/cuda/cluster_gemm.h (same numerics contract; it queues its first weight loads
 // before its programmatic wait, which cuBLASLt's kernels do not: 1.9% off the batch-48 and -64
-// decode step on the H200, bench/RESULTS.md). Switches, read at Create (a bad value fails it):
-// TANDEM_CLUSTER_GEMM=0 turns it off; TANDEM_CLUSTER_GEMM_ROWS=MIN-MAX (default 33-64),
-// TANDEM_CLUSTER_GEMM_SHAPES=NxK,... (only those shapes), TANDEM_CLUSTER_GEMM_MIN_FILL=F (default
-// 0.9: the share of the SMs a plan must keep busy), TANDEM_CLUSTER_GEMM_MAX_TILE=R (default 64:
-// the widest tile a plan may take) and TANDEM_CLUSTER_GEMM_STAGES=N (pipeline depth; 0, the
-// default, for as many as fit).
+// decode step on the H200, bench/RESULTS.md). GemmTuning's cluster_* fields turn it off, move its
+// row range, list the only shapes it takes, and set the share of the SMs a plan must keep busy,
+// the widest tile a plan may take and its pipeline depth.
 // Algorithms: the first call of each shape with at most 256 rows (decode) or a multiple of 512
-// rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top 8
-// candidates on its own operands, each run after flushing the L2 cache with a 128 MiB device
-// scratch (allocated on first use, freed with the object) so weights stream from HBM as in a step
-// (a few synchronous GEMMs, once per shape and device in the process: every instance then uses
-// that choice, so two runners of one process compute identical GEMMs), and keeps the fastest;
-// other shapes take the heuristic's first choice.
-// TANDEM_DISABLE_GEMM_AUTOTUNE=1, read at Create, turns the timing off;
-// TANDEM_GEMM_AUTOTUNE_CANDIDATES=N (1-128; anything else fails Create) asks the heuristic for N
-// candidates instead of 8; TANDEM_GEMM_AUTOTUNE_SPLITK=1 also times split-K variants (2-8 splits,
-// reduced in the workspace, never in place) of the candidates that have none;
-// TANDEM_GEMM_AUTOTUNE_LOG=1 logs each tuned shape's choice, its time and bandwidth.
+// rows (chunk-sized prefill) that is not being captured into a CUDA graph times cuBLASLt's top
+// GemmTuning::autotune_candidates (8) candidates on its own operands, each run after flushing the
+// L2 cache with a 128 MiB device scratch (allocated on first use, freed with the object) so
+// weights stream from HBM as in a step (a few synchronous GEMMs, once per shape, device and
+// autotune settings in the process: every instance with those settings then uses that choice, so
+// two runners of one process compute identical GEMMs), and keeps the fastest; other shapes take
+// the heuristic's first choice.
+// autotune_splitk also times split-K variants (2-8 splits, reduced in the workspace, never in
+// place) of the candidates that have none; autotune_log logs each tuned shape's choice, its time
+// and bandwidth.
 //
 // Ownership: the object owns its cuBLASLt handle and a cache of matmul descriptors and algorithms
 // per shape; the workspace is caller-owned device memory that must outlive the object. Every
@@ -53,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/kernels/cuda/cluster_gemm.h"
 #include "runtime/kernels/cuda/skinny_gemm.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 
 namespace tandem::cuda_runner {
 
@@ -61,8 +56,10 @@ enum class GemmOut { kBf16, kF32 };
 class CublasLtGemm {
  public:
   // Creates the handle on the current CUDA device. `workspace` may be null when bytes is 0.
+  // InvalidArgument (naming the cuda_tuning.h key) when a field of `tuning` is out of range.
   static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create(void* workspace,
-                                                              size_t workspace_bytes);
+                                                              size_t workspace_bytes,
+                                                              const GemmTuning& tuning);
   ~CublasLtGemm();
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
@@ -87,8 +84,8 @@ class CublasLtGemm {
                              const cuda::SkinnyRope& rope, void* out, void* stream);
   bool FusesQkvRope(int m, int k, int n, const void* x, const void* w) const;
 
-  // True when Linear runs this call as a GEMV: GEMV not disabled, m in [1, kGemvMaxRows], k a
-  // multiple of 8, x and w 16-byte aligned.
+  // True when Linear runs this call as a GEMV: one row (the GEMV's measured range, though it takes
+  // up to kGemvMaxRows), k a multiple of 8, x and w 16-byte aligned.
   bool UseGemv(int m, int k, const void* x, const void* w) const;
 
  private:
@@ -106,7 +103,6 @@ class CublasLtGemm {
   bool SkinnyScratchFits(const cuda::SkinnyGemmPlan& plan) const;
 
   struct Impl;
-  friend absl::Status ConfigureClusterGemm(Impl& impl);
   explicit CublasLtGemm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

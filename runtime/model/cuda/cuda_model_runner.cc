@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -25,7 +24,6 @@
 #include "runtime/device/device.h"
 #include "runtime/device/device_factory.h"
 #include "runtime/kernels/cpu_ops.h"
-#include "runtime/kernels/cuda/gemv_kernels.h"
 #include "runtime/kernels/cuda/model_kernels.h"
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
@@ -47,37 +45,6 @@ constexpr size_t kStagingBytes = size_t{64} << 20;  // per half of the weight-up
 constexpr size_t kProgressMinBytes = size_t{256} << 20;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// The QKV projection runs with RoPE and the KV append in its epilogue where its kernel is ours
-// (the single-token GEMV, cuda::LaunchQkvGemvRopeKvAppend; the skinny GEMM where it takes the
-// call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each bit-identical to
-// the two launches it replaces: one kernel fewer per layer (H200, Llama-3-8B shape, batch 1 at
-// 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md). TANDEM_FUSE_QKV_ROPE=0 (read once) turns it
-// off.
-bool FuseQkvRope() {
-  static const bool fuse = [] {
-    const char* env = std::getenv("TANDEM_FUSE_QKV_ROPE");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return fuse;
-}
-
-// TANDEM_FUSE_NORM_GEMV=1 (read once; off: measured slower, bench/RESULTS.md): steps whose four
-// projections all run on the GEMV fold the RMSNorms into them: the QKV and gate/up GEMVs take the
-// raw residual stream and normalize inside their product, the O and down GEMVs add into the
-// residual stream in their epilogue (gemv_kernels.h), 64 fewer launches per Llama-3-8B step. The
-// normalized row is not rounded to bf16 before the product (the scale applies to the float32 dot
-// product), so the result is within that rounding of the unfused path, not bit-identical. In a
-// CUDA graph with programmatic dependent launch the RMSNorm kernels cost almost nothing (the next
-// GEMV's weights stream under them), so the launches saved do not pay for the work moved into
-// every GEMV CTA.
-bool FuseNormGemv() {
-  static const bool fuse = [] {
-    const char* env = std::getenv("TANDEM_FUSE_NORM_GEMV");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  return fuse;
-}
 
 absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
@@ -134,7 +101,8 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_ERROR(AllocateKv());
     RETURN_IF_ERROR(InitRope());
     ASSIGN_OR_RETURN(cublas_ws_, device_->Allocate(kCublasWorkspaceBytes));
-    ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(cublas_ws_.data, cublas_ws_.bytes));
+    ASSIGN_OR_RETURN(gemm_,
+                     CublasLtGemm::Create(cublas_ws_.data, cublas_ws_.bytes, options_.tuning.gemm));
     Capacity want;
     want.rows = std::max(options_.max_batch_tokens, cuda_runner::kMaxGraphBatch);
     want.logit_rows = cuda_runner::kMaxGraphBatch;
@@ -370,19 +338,6 @@ class Runner final : public CudaModelRunner {
   int QWidth() const { return config_.num_heads * config_.head_dim; }
   int KvWidth() const { return config_.num_kv_heads * config_.head_dim; }
   int QkvWidth() const { return QWidth() + 2 * KvWidth(); }
-
-  // Whether a step of `rows` rows folds its RMSNorms into the GEMVs (FuseNormGemv): the GEMV takes
-  // all four projections (every layer's weights share the first layer's alignment) and the QKV
-  // projection runs with its RoPE epilogue.
-  bool NormFusesIntoGemvs(int rows) const {
-    const ModelConfig& c = config_;
-    const LayerPtrs& lw = layers_[0];
-    return FuseNormGemv() && FuseQkvRope() && options_.mlp == nullptr &&
-           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.qkv) &&
-           gemm_->UseGemv(rows, QWidth(), attn_.data, lw.o_proj) &&
-           gemm_->UseGemv(rows, c.hidden_size, resid_.data, lw.gate_up) &&
-           gemm_->UseGemv(rows, c.intermediate_size, act_.data, lw.down);
-  }
 
   absl::Status LoadWeights(const TensorStore& store) {
     const ModelConfig& c = config_;
@@ -703,7 +658,8 @@ class Runner final : public CudaModelRunner {
   size_t DecodeWorkspaceBytes() const {
     if (plan_.num_decode == 0) return 0;
     return cuda::DecodeAttentionWorkspaceBytes(plan_.num_decode, config_.num_heads,
-                                               config_.head_dim, plan_.decode_max_context);
+                                               config_.head_dim, plan_.decode_max_context,
+                                               options_.tuning.decode);
   }
 
   // Plans the batch into plan_, grows the workspaces if needed and queues the metadata upload.
@@ -964,53 +920,31 @@ class Runner final : public CudaModelRunner {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     char* qkv = static_cast<char*>(qkv_.data);
     char* attn = static_cast<char*>(attn_.data);
-    // The GEMV with the RMSNorm folded in (norm_weight) or the residual epilogue (add_to_out).
-    auto gemv = [&](const void* x, const void* w, int k, int n, void* out, bool gated,
-                    const void* norm_weight, bool add_to_out) {
-      return cuda::LaunchGemv({.x = x,
-                               .w = w,
-                               .out = out,
-                               .gated_silu = gated,
-                               .m = T,
-                               .n = n,
-                               .k = k,
-                               .norm_weight = norm_weight,
-                               .norm_eps = c.rms_norm_eps,
-                               .add_to_out = add_to_out},
-                              s);
-    };
-    const bool fuse_norm = NormFusesIntoGemvs(T);
 
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
     for (int li = 0; li < c.num_layers; ++li) {
       const LayerPtrs& lw = layers_[li];
-      // The residual stream lives in resid_; h_ holds the last sublayer's output (with fuse_norm
-      // the O and down GEMVs add into resid_ themselves, and the QKV and gate/up GEMVs normalize).
-      if (fuse_norm) {
-        RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
-            resid_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
-            static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
-            s, lw.input_norm, c.rms_norm_eps));
-        RETURN_IF_ERROR(mark("norm_qkv_gemv_rope_kv"));
+      // The residual stream lives in resid_; h_ holds the last sublayer's output.
+      if (li == 0) {
+        RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
       } else {
-        if (li == 0) {
-          RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
-        } else {
-          RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
-        }
-        RETURN_IF_ERROR(mark("rmsnorm"));
+        RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
       }
-      if (fuse_norm) {
-        // The QKV projection ran above.
-      } else if (FuseQkvRope() && gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
+      RETURN_IF_ERROR(mark("rmsnorm"));
+      // The QKV projection runs with RoPE and the KV append in its epilogue where its kernel is
+      // ours (the single-token GEMV, cuda::LaunchQkvGemvRopeKvAppend; the skinny GEMM where it
+      // takes the call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each
+      // bit-identical to the two launches it replaces: one kernel fewer per layer (H200,
+      // Llama-3-8B shape, batch 1 at 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md).
+      if (gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
         RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
             normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
             static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
             s));
         RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
-      } else if (FuseQkvRope() && gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv)) {
+      } else if (gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv)) {
         cuda::SkinnyRope rope;
         rope.num_heads = c.num_heads;
         rope.num_kv_heads = c.num_kv_heads;
@@ -1053,6 +987,7 @@ class Runner final : public CudaModelRunner {
         a.workspace = decode_ws_.data;
         a.workspace_bytes = cap_.decode_ws;
         a.max_context_len = p.decode_max_context;
+        a.tuning = options_.tuning.decode;
         RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
         RETURN_IF_ERROR(mark("attention_decode"));
       }
@@ -1073,16 +1008,6 @@ class Runner final : public CudaModelRunner {
         a.out = attn + static_cast<size_t>(D) * q_w * 2;
         RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
         RETURN_IF_ERROR(mark("attention_prefill"));
-      }
-      if (fuse_norm) {
-        RETURN_IF_ERROR(gemv(attn, lw.o_proj, q_w, hidden, resid_.data, false, nullptr, true));
-        RETURN_IF_ERROR(mark("o_gemv_residual"));
-        RETURN_IF_ERROR(
-            gemv(resid_.data, lw.gate_up, hidden, inter, act_.data, true, lw.post_norm, false));
-        RETURN_IF_ERROR(mark("norm_gate_up_silu_gemv"));
-        RETURN_IF_ERROR(gemv(act_.data, lw.down, inter, hidden, resid_.data, false, nullptr, true));
-        RETURN_IF_ERROR(mark("down_gemv_residual"));
-        continue;
       }
       RETURN_IF_ERROR(
           gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
@@ -1111,11 +1036,7 @@ class Runner final : public CudaModelRunner {
           gemm_->Linear(act_.data, lw.down, nullptr, T, inter, hidden, h_.data, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("down_gemm"));
     }
-    if (fuse_norm) {
-      RETURN_IF_ERROR(norm(resid_.data, nullptr, final_norm_, T));
-    } else {
-      RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
-    }
+    RETURN_IF_ERROR(norm(h_.data, resid_.data, final_norm_, T));
     RETURN_IF_ERROR(mark("final_norm"));
     const int R = p.num_logit_rows;
     if (R > 0) {
@@ -1217,6 +1138,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
           s.intermediate_size, config.num_layers, config.hidden_size, config.intermediate_size));
     }
   }
+  // Before anything is allocated: a plan filled in code gets the parser's range checks.
+  RETURN_IF_ERROR(ValidateCudaTuning(options.tuning));
   auto runner = std::make_unique<Runner>(config, options);
   RETURN_IF_ERROR(runner->Init(store));
   return std::unique_ptr<CudaModelRunner>(std::move(runner));

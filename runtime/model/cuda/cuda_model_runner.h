@@ -6,9 +6,10 @@
 // Forward, per step: the batch is planned on the host (cuda/step_plan.h: row order, graph
 // padding, metadata), the metadata goes to the GPU in one copy through a pinned staging buffer,
 // then embedding -> per layer [fused residual RMSNorm -> QKV GEMM (+bias in the epilogue for
-// Qwen2) -> RoPE + KV append (one kernel) -> decode attention (one-token chunks) and/or prefill
-// attention (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul (one
-// gated GEMV when the step runs its projections as GEMVs) -> down GEMM] ->
+// Qwen2) -> RoPE + KV append (one kernel; in the QKV GEMM's epilogue where the single-row GEMV or
+// the skinny GEMM takes it) -> decode attention (one-token chunks) and/or prefill attention
+// (longer chunks) -> O GEMM -> fused residual RMSNorm -> gate/up GEMM -> SiLU-mul (one kernel
+// with the gate/up product where the GEMV or the skinny GEMM takes it) -> down GEMM] ->
 // final norm -> gather of the rows that need logits -> LM head (f32) -> logits copied to the host,
 // or, when every logits row carries a SampleRequest (model_runner.h; SupportsDeviceSampling() for
 // vocabularies up to cuda::kSamplingMaxVocab), the GPU sampler (sampling_kernels.h) on the logits
@@ -48,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/mlp/mlp_backend.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_runner.h"
 #include "runtime/model/safetensors.h"
@@ -65,6 +67,9 @@ struct CudaRunnerOptions {
   // Null: the MLP runs here (local). Otherwise on this backend, which must serve every layer of
   // the model's shape (InvalidArgument otherwise); see "MLP offload" above.
   std::shared_ptr<mlp::MlpBackend> mlp;
+  // The kernel plan (cuda_tuning.h: decode attention splits, GEMM routing), fixed for the runner's
+  // life. Speed only: results stay within float32 summation order of the defaults.
+  CudaTuning tuning;
 };
 
 // What the last Forward did, for benchmarks and tests.
@@ -101,8 +106,9 @@ class CudaModelRunner : public ModelRunner {
 // Loads the weights of `store` (bf16; f16/f32 converted on the host) to GPU `device_ordinal` and
 // allocates the KV cache and workspaces. InvalidArgument for an inconsistent config, a head_dim
 // the attention kernels do not support (32, 64, 128), missing or misshapen tensors (named), or
-// options that leave no KV block; ResourceExhausted when GPU memory is short; Unavailable /
-// NotFound when there is no such GPU. Nothing stays allocated on failure.
+// options that leave no KV block or a tuning field out of range (named by its cuda_tuning.h key);
+// ResourceExhausted when GPU memory is short; Unavailable / NotFound when there is no such GPU.
+// Nothing stays allocated on failure.
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
     const ModelConfig& config, const TensorStore& store, const CudaRunnerOptions& options);
 

@@ -1,6 +1,7 @@
 // Differential tests of the CUDA runner against the CPU reference runner on the same bf16
 // checkpoints: logits of mixed batches (prefill chunks, decodes, prefix-cache starts), KV cache
-// contents, greedy decoding, CUDA graphs on vs off. Skipped without a GPU.
+// contents, greedy decoding, CUDA graphs on vs off; the mixed batches and graphs again under the
+// other GEMM routings of the runner's plan (cuda_tuning.h). Skipped without a GPU.
 //
 // Models: `tiny` synthesized here (random weights, head_dim 32, tied embeddings), the bundled
 // trained target model (head_dim 64; $TANDEM_MODELS_DIR or <source>/models), and a small Qwen2-like
@@ -21,15 +22,18 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/base/float16.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/model/cpu_model_runner.h"
+#include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/cuda/random_checkpoint_for_test.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
@@ -102,6 +106,37 @@ Diff CompareLogits(const ForwardOutput& cpu, const ForwardOutput& gpu, int vocab
   return d;
 }
 
+// A runner plan (cuda_tuning.h) the tests run under, by name.
+struct Tuning {
+  const char* name;
+  const char* spec;
+};
+
+void PrintTo(const Tuning& t, std::ostream* os) { *os << t.name << " (" << t.spec << ")"; }
+
+// The default plan, then: the skinny GEMM taking every 2-64-row projection on any GPU (every test
+// model's dimensions are multiples of 64; by default it takes 2-32 rows on compute capability 9.0
+// and none elsewhere), with RoPE and the KV append in its QKV epilogue; the skinny GEMM off
+// (cuBLASLt for every multi-row projection, the default on other GPUs); the cluster GEMM taking
+// every projection of 2-64 rows it has a plan for (any fill of the SMs: the test models are small;
+// compute capability 9.0 only); cuBLASLt's autotuning over 32 heuristic candidates plus their
+// split-K variants, logged.
+const Tuning kDefaultTuning = {"default", ""};
+const Tuning kSplitKTuning = {"gemm_splitk",
+                              "autotune.candidates=32,autotune.splitk=1,autotune.log=1"};
+const Tuning kTunings[] = {
+    kDefaultTuning,
+    {"skinny_on", "skinny=on"},
+    {"skinny_off", "skinny=off"},
+    {"cluster_gemm", "cluster=on,cluster.rows=1-64,cluster.min_fill=0,skinny=off"},
+    kSplitKTuning};
+
+CudaTuning ParseTuning(const Tuning& t) {
+  absl::StatusOr<CudaTuning> parsed = ParseCudaTuning(t.spec);
+  EXPECT_TRUE(parsed.ok()) << t.name << ": " << parsed.status();
+  return parsed.ok() ? *parsed : CudaTuning{};
+}
+
 // Blocks handed out in order; each sequence owns its table.
 struct Seq {
   std::vector<int32_t> tokens;  // every token so far (the KV of [0, cached) is in the cache)
@@ -157,11 +192,12 @@ class CudaRunnerTest : public ::testing::Test {
     return r.ok() ? std::move(*r) : nullptr;
   }
 
-  std::unique_ptr<CudaModelRunner> Gpu(const Model& m, bool graphs) {
+  std::unique_ptr<CudaModelRunner> Gpu(const Model& m, bool graphs, const CudaTuning& tuning = {}) {
     CudaRunnerOptions o;
     o.block_size = kBlockSize;
     o.num_blocks = kNumBlocks;
     o.cuda_graphs = graphs;
+    o.tuning = tuning;
     o.max_batch_tokens = 64;  // small, so the mixed batches also exercise workspace growth
     auto r = CreateCudaModelRunner(m.config, *m.store, o);
     EXPECT_TRUE(r.ok()) << r.status();
@@ -202,16 +238,18 @@ int Argmax(const ForwardOutput& out, int row, int vocab) {
   return cpu::Argmax(out.logits.data() + static_cast<size_t>(row) * vocab, vocab);
 }
 
-class MixedBatchTest : public CudaRunnerTest, public ::testing::WithParamInterface<std::string> {};
+// Parameters: the model and the runner's plan.
+class MixedBatchTest : public CudaRunnerTest,
+                       public ::testing::WithParamInterface<std::tuple<std::string, Tuning>> {};
 
 // Prefills, a mixed step (decode + continued prefill + new prefill + prefix-cache hit), then
 // decode-only steps (graphed: buckets 4 exact, then 3 padded to 4): logits vs the CPU runner, and
 // the KV cache contents of every used block.
 TEST_P(MixedBatchTest, LogitsAndKvMatchCpu) {
-  Model m = Load(GetParam());
+  Model m = Load(std::get<0>(GetParam()));
   ASSERT_FALSE(HasFailure());
   auto cpu = Cpu(m);
-  auto gpu = Gpu(m, /*graphs=*/true);
+  auto gpu = Gpu(m, /*graphs=*/true, ParseTuning(std::get<1>(GetParam())));
   ASSERT_TRUE(cpu != nullptr && gpu != nullptr);
   const int vocab = m.config.vocab_size;
   constexpr double kRelTol = 0.03;
@@ -335,17 +373,27 @@ TEST_P(MixedBatchTest, LogitsAndKvMatchCpu) {
   EXPECT_LE(kv_err / kv_scale, 0.03) << "KV cache contents differ from the CPU runner's";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, MixedBatchTest, ::testing::Values("tiny", "target", "qwen"));
+// Test names: Models/MixedBatchTest.LogitsAndKvMatchCpu/<model>_<tuning>.
+std::string ModelAndTuningName(
+    const ::testing::TestParamInfo<std::tuple<std::string, Tuning>>& info) {
+  return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
+}
 
-class GreedyTest : public CudaRunnerTest, public ::testing::WithParamInterface<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Models, MixedBatchTest,
+                         ::testing::Combine(::testing::Values("tiny", "target", "qwen"),
+                                            ::testing::ValuesIn(kTunings)),
+                         ModelAndTuningName);
+
+class GreedyTest : public CudaRunnerTest,
+                   public ::testing::WithParamInterface<std::tuple<std::string, Tuning>> {};
 
 // 64 greedy steps, teacher-forced with the CPU's tokens: the GPU's argmax must equal the CPU's
 // except on near-ties (CPU logit gap below 1% of the logit scale), which bf16 may flip.
 TEST_P(GreedyTest, ArgmaxMatchesCpuFor64Steps) {
-  Model m = Load(GetParam());
+  Model m = Load(std::get<0>(GetParam()));
   ASSERT_FALSE(HasFailure());
   auto cpu = Cpu(m);
-  auto gpu = Gpu(m, /*graphs=*/true);
+  auto gpu = Gpu(m, /*graphs=*/true, ParseTuning(std::get<1>(GetParam())));
   ASSERT_TRUE(cpu != nullptr && gpu != nullptr);
   const int vocab = m.config.vocab_size;
   Seq s;
@@ -376,15 +424,23 @@ TEST_P(GreedyTest, ArgmaxMatchesCpuFor64Steps) {
               exact, near_ties);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GreedyTest, ::testing::Values("tiny", "target", "qwen"));
+// Single-row steps take the GEMV whatever the plan; the autotuning's wider search is the plan
+// that changes them (the LM head and prefill GEMMs).
+INSTANTIATE_TEST_SUITE_P(Models, GreedyTest,
+                         ::testing::Combine(::testing::Values("tiny", "target", "qwen"),
+                                            ::testing::Values(kDefaultTuning, kSplitKTuning)),
+                         ModelAndTuningName);
+
+class GraphsTest : public CudaRunnerTest, public ::testing::WithParamInterface<Tuning> {};
 
 // Graphs on vs off: identical logits when the batch is exactly a bucket (same kernels, same
 // arguments), and close when padding changes the GEMM shapes.
-TEST_F(CudaRunnerTest, GraphsOnAndOffGiveTheSameLogits) {
+TEST_P(GraphsTest, GraphsOnAndOffGiveTheSameLogits) {
   Model m = Load("tiny");
   ASSERT_FALSE(HasFailure());
-  auto on = Gpu(m, true);
-  auto off = Gpu(m, false);
+  const CudaTuning tuning = ParseTuning(GetParam());
+  auto on = Gpu(m, true, tuning);
+  auto off = Gpu(m, false, tuning);
   ASSERT_TRUE(on != nullptr && off != nullptr);
   const int vocab = m.config.vocab_size;
   std::vector<Seq> seqs(8);
@@ -423,6 +479,23 @@ TEST_F(CudaRunnerTest, GraphsOnAndOffGiveTheSameLogits) {
     for (int i = 0; i < n; ++i) batch.chunks.push_back(Chunk(&seqs[i], RandomTokens(1, vocab)));
     both(batch, false, "decode x" + std::to_string(n) + " padded");
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tunings, GraphsTest, ::testing::ValuesIn(kTunings),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A plan filled in code with a field out of range fails creation, naming the field's key.
+TEST_F(CudaRunnerTest, RejectsATuningOutOfRange) {
+  Model m = Load("tiny");
+  ASSERT_FALSE(HasFailure());
+  CudaRunnerOptions o;
+  o.block_size = kBlockSize;
+  o.num_blocks = kNumBlocks;
+  o.tuning.decode.min_split_tokens = 100;
+  auto r = CreateCudaModelRunner(m.config, *m.store, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("decode.min_split_tokens"), std::string::npos) << r.status();
 }
 
 TEST_F(CudaRunnerTest, RejectsBadBatchesAndKeepsWorking) {
