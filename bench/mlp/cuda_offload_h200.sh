@@ -11,20 +11,32 @@
 # 3. with MPS=1, the same with the CUDA MPS daemon started first (the two processes' kernels
 #    then share the GPU instead of time-slicing).
 # Results: $OUT/r.tgz (tests.txt, t_*.log, steps*.json / .txt, shard*.log).
-# Env: TESTS (1: run step 1), BENCH (1), MPS (0), BATCHES (64,256), CONTEXT (1024), ITERS (20).
+# Env: TESTS (mlp: step 1; all: also every other GPU test of the bundle; 0: none), BENCH (1),
+#      MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
+#      twice each, before the offload bench), BATCHES (64,256), CONTEXT (1024), ITERS (20).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
 dc_setup || exit 1
 export TANDEM_BIN="$B/tandem"
 [[ ${BENCH:-1} == 1 ]] && dc_synth llama-3-8b /tmp/m8b
-if [[ ${TESTS:-1} == 1 ]]; then
+if [[ ${TESTS:-mlp} != 0 ]]; then
   dc_test mlp_cuda "$B/mlp_backend_cuda_test"
   DC_TEST_S=300 dc_test mlp_offload "$B/mlp_offload_cuda_test"
   # The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
   filter='*'
   [[ -f models/target/config.json ]] || filter='-*/1'
-  DC_TEST_S=300 dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
+  DC_TEST_S=400 dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
+fi
+if [[ ${TESTS:-mlp} == all ]]; then
+  # Every other GPU test of the bundle (the kernels under their tunings and both kernels where
+  # two exist).
+  for t in "$B"/*_cuda_test runner_factory_test cuda_runner_sampling_test kv_host_mirror_test; do
+    [[ $t == */* ]] || t="$B/$t"
+    n="$(basename "$t")"
+    case $n in mlp_backend_cuda_test | mlp_offload_cuda_test | disagg_cuda_test) continue ;; esac
+    DC_TEST_S=240 dc_test "$n" "$t"
+  done
 fi
 [[ ${BENCH:-1} == 1 ]] || { dc_finish; exit 0; }
 dc_wait_synth || { echo "8B synthesis failed" >> "$R/tests.txt"; dc_finish; exit 1; }
@@ -45,6 +57,12 @@ bench() {  # bench TAG: a shard process, then mlp_step_bench against it
   echo "mlp_step_bench $1 rc=$?" >> "$R/tests.txt"
   dc_stop "$shard"
 }
+if [[ ${AB:-0} == 1 && -x "$B/engine_bench_base" ]]; then
+  bash bench/engine/ab.sh "$R/ab" 2 "$B" \
+    "--model /tmp/m8b --batches 1,64 --contexts 1024 --prefill 2048 --skip sampling,profile,skinny-ab" \
+    base=engine_bench_base new=engine_bench > "$R/ab.txt" 2>&1
+  echo "ab rc=$?" >> "$R/tests.txt"
+fi
 bench plain local,cuda,cuda_ipc:127.0.0.1:19200
 if [[ ${MPS:-0} == 1 ]]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
