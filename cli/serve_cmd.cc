@@ -27,7 +27,8 @@
 // like the workers) and every decode worker drafts through them (docs/speculative.md).
 // --mlp remote --mlp-shards N: N `tandem mlp-shard` services, each loading a contiguous range
 // of the layers' MLP weights, are started first, and every decode worker runs its MLP on them
-// (docs/mlp.md).
+// (docs/mlp.md): on the CPU with rows in the gRPC message, or, for decode workers on a GPU, on
+// that GPU (`--device cuda[:N]`) over the GPU data plane (`--mlp cuda_ipc:...`; no fallback).
 // --device, --kv-cache-mib and --cuda-tuning go to every worker (all of them on that one GPU for
 // cuda[:N]; a CPU worker ignores --cuda-tuning, and a bad one is a usage error before anything
 // starts);
@@ -69,6 +70,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -493,6 +495,13 @@ int RunServe(ServeFlags flags) {
       return 2;
     }
   }
+  if (flags.mlp_shards > 0 && absl::StartsWith(flags.decode_device, "cuda") &&
+      flags.mlp_fallback != "none") {
+    std::cerr << "tandem serve: --mlp-fallback " << flags.mlp_fallback
+              << ": decode workers on a GPU reach their shards over the GPU data plane "
+                 "(cuda_ipc), which has no fallback (docs/mlp.md)\n";
+    return 2;
+  }
   if ((flags.mlp == "remote") != (flags.mlp_shards > 0)) {
     std::cerr << "tandem serve: --mlp remote and --mlp-shards N go together (remote:ADDR names "
                  "shards serve does not start)\n";
@@ -621,6 +630,8 @@ int RunServe(ServeFlags flags) {
                 << config->num_layers << " layers\n";
       return stop(2);
     }
+    // Decode workers on a GPU get GPU shards on that GPU, reached over the GPU data plane.
+    const bool gpu = absl::StartsWith(flags.decode_device, "cuda");
     const int layers = config->num_layers, n = flags.mlp_shards;
     auto addresses = start_helpers("mlp-shard", n, [&](int i, int port) {
       const int first = layers * i / n, end = layers * (i + 1) / n;
@@ -630,10 +641,12 @@ int RunServe(ServeFlags flags) {
                                       "--layers",
                                       absl::StrCat(first, ":", end),
                                       "--port",
-                                      std::to_string(port)};
+                                      std::to_string(port),
+                                      "--device",
+                                      gpu ? flags.decode_device : std::string("cpu")};
     });
     if (!addresses.has_value()) return exit_code;
-    mlp = absl::StrCat("remote:", absl::StrJoin(*addresses, ","));
+    mlp = absl::StrCat(gpu ? "cuda_ipc:" : "remote:", absl::StrJoin(*addresses, ","));
   }
   std::vector<Child*> prefill;
   std::vector<Child*> decode;
@@ -962,7 +975,8 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--mlp-shards", flags->mlp_shards,
                   "With --mlp remote: `tandem mlp-shard` services to start, each serving a "
-                  "contiguous range of the layers, shared by every decode worker")
+                  "contiguous range of the layers, shared by every decode worker (on the decode "
+                  "workers' GPU, over cuda_ipc, when they run on one)")
       ->check(CLI::Range(0, 64));
   cmd->add_option("--mlp-fallback", flags->mlp_fallback,
                   "With --mlp remote: none, or cpu (workers keep the MLP weights and compute a "
