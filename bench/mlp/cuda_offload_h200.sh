@@ -13,7 +13,8 @@
 # Results: $OUT/r.tgz (tests.txt, t_*.log, steps*.json / .txt, shard*.log).
 # Env: TESTS (mlp: step 1; all: also every other GPU test of the bundle; 0: none), BENCH (1),
 #      MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
-#      twice each, before the offload bench), BATCHES (64,256), CONTEXT (1024), ITERS (20).
+#      twice each, before the offload bench), E2E (1: tandem serve over HTTP, local against GPU
+#      shards), BATCHES (64,256), CONTEXT (1024), ITERS (20).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
@@ -37,6 +38,41 @@ if [[ ${TESTS:-mlp} == all ]]; then
     case $n in mlp_backend_cuda_test | mlp_offload_cuda_test | disagg_cuda_test) continue ;; esac
     DC_TEST_S=240 dc_test "$n" "$t"
   done
+fi
+if [[ ${E2E:-1} == 1 ]]; then
+  # Over HTTP: tandem serve on the GPU with the MLP local, then on 2 GPU shards over cuda_ipc
+  # (--mlp remote --mlp-shards 2), the same greedy completions; the texts are compared.
+  timeout 60 "$B/tandem" model synth --like tiny --out /tmp/tiny > "$R/synth-tiny.log" 2>&1
+  for mode in local shards; do
+    flags=()
+    [[ $mode == shards ]] && flags=(--mlp remote --mlp-shards 2)
+    "$B/tandem" serve --model /tmp/tiny --device cuda --port 18100 --aggregated \
+      --decode-workers 1 --kv-cache-mib 256 "${flags[@]}" > "$R/serve-$mode.log" 2>&1 &
+    pid=$!
+    if dc_wait_serving "$R/serve-$mode.log" "$pid" 120; then
+      python3 - "$R/e2e-$mode.json" <<'PY'
+import json, sys, urllib.request
+out = []
+for prompt in ["The quick brown fox", "Once upon a time", "1, 2, 3,", "Tandem serves"]:
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 48,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request("http://127.0.0.1:18100/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out.append(json.load(r)["choices"][0]["text"])
+json.dump(out, open(sys.argv[1], "w"))
+PY
+      echo "e2e $mode rc=$?" >> "$R/tests.txt"
+    else
+      echo "e2e $mode: did not serve" >> "$R/tests.txt"
+    fi
+    dc_stop "$pid"
+  done
+  if cmp -s "$R/e2e-local.json" "$R/e2e-shards.json"; then
+    echo "e2e: identical greedy text" >> "$R/tests.txt"
+  else
+    echo "e2e: TEXT DIFFERS" >> "$R/tests.txt"
+  fi
 fi
 [[ ${BENCH:-1} == 1 ]] || { dc_finish; exit 0; }
 dc_wait_synth || { echo "8B synthesis failed" >> "$R/tests.txt"; dc_finish; exit 1; }
