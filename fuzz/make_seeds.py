@@ -534,6 +534,14 @@ def worker_proto_seeds():
     seed(13, "mlp-info", "MlpInfo",
          'model_fingerprint: "0123456789abcdef" first_layer: 0 end_layer: 4 hidden_size: 512 '
          'intermediate_size: 1280 max_rows: 8192')
+    # The GPU data plane's Attach, both ways (the fuzzer's shard takes 4096 rows a call; the
+    # worker asked for 256).
+    seed(14, "mlp-attach", "MlpAttachRequest",
+         f'max_rows: 256 gpu_uuid: "{HEX32}" boot_id: "{BOOT}"')
+    handle = "\\001" * 64
+    seed(15, "mlp-attach-response", "MlpAttachResponse",
+         f'input_memory: "{handle}" output_memory: "{handle}" input_event: "{handle}" '
+         f'output_event: "{handle}" doorbell: "/tandem-mlp-{HEX32}" max_rows: 256')
     # Slightly broken: a truncated message.
     write(t, "broken-truncated-prefill", bytes([0]) + protoc_encode(
         "PrefillRequest", f'request_id: "r1" target {{ layout {{ {CPU_LAYOUT} }} }}')[:-5])

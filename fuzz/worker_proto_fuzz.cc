@@ -4,11 +4,12 @@
 // the backends' blob decoders). No network, no engine: the service handlers' inline checks
 // (prefill/prefill_service.cc, decode/decode_service.cc) are mirrored here in the order they run.
 //
-// Input: one selector byte (mod 14), then the serialized message:
+// Input: one selector byte (mod 16), then the serialized message:
 //   0 PrefillRequest   1 ConnectRequest   2 FenceRequest    3 GenerateRequest  4 CancelRequest
 //   5 StatsRequest     6 ConnectResponse  7 PrefillResponse 8 GenerateResponse 9 WorkerStats
 //   10 AdmitRequest    11 AdmitResponse   12 MlpComputeRequest (an MLP shard's)
 //   13 MlpInfo (an attention worker's, from a shard)
+//   14 MlpAttachRequest (a GPU shard's)  15 MlpAttachResponse (an attention worker's, from a shard)
 // The worker serves the bundled model (its config.json); its KV is the CPU runner's f32 layout.
 // Properties: no crash; conversions round-trip (SamplingParams, KvLayout, TokenLogprobs); an
 // accepted compatibility block matches the model; every KV plan an accepted destination gets
@@ -16,7 +17,9 @@
 // fed an accepted Admit answers every waiter exactly once, and neither a forged ticket nor a real
 // one claimed twice leaves its window with tokens once every slot is gone; an MLP shard computes an
 // accepted call over exactly its bytes (runtime/mlp/mlp_shard_checks.h, dense_mlp.h), and an
-// accepted shard Info names a layer range inside the model.
+// accepted shard Info names a layer range inside the model; an accepted Attach request asks for
+// rows within the shard's bound, and an accepted Attach answer carries handles of exactly the
+// IPC handle size and a doorbell name that cannot leave /dev/shm (ipc_doorbell.h).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include "kvtransfer/nccl/nccl_wire.h"
 #include "prefill/admission_queue.h"
 #include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/ipc_doorbell.h"
 #include "runtime/mlp/mlp_shard_checks.h"
 #include "runtime/model/model_config.h"
 #include "runtime/sampling/sampling_params.h"
@@ -311,13 +315,31 @@ void MlpInfo(const v1::MlpInfo& info) {
              served.end_layer <= c.num_layers && served.hidden_size == c.hidden_size);
 }
 
+void MlpAttach(const v1::MlpAttachRequest& r) {
+  if (!tandem::mlp::CheckAttachRequest(r, 4096).ok()) return;
+  FUZZ_CHECK(r.max_rows() >= 1 && r.max_rows() <= 4096 && r.gpu_uuid().size() == 32 &&
+             !r.boot_id().empty() && r.boot_id().size() <= 64);
+}
+
+void MlpAttachAnswer(const v1::MlpAttachResponse& r) {
+  if (!tandem::mlp::CheckAttachResponse(r, 256).ok()) return;
+  for (const std::string* h :
+       {&r.input_memory(), &r.output_memory(), &r.input_event(), &r.output_event()}) {
+    FUZZ_CHECK(h->size() == tandem::mlp::kIpcHandleBytes);
+  }
+  FUZZ_CHECK(r.max_rows() == 256);
+  FUZZ_CHECK(tandem::mlp::IpcDoorbell::ValidName(r.doorbell()));
+  FUZZ_CHECK(r.doorbell().find('/', 1) == std::string::npos);
+  FUZZ_CHECK(r.doorbell().find("..") == std::string::npos);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t* bytes = data + 1;
   const int n = static_cast<int>(size - 1);
-  switch (data[0] % 14) {
+  switch (data[0] % 16) {
     case 0: {
       v1::PrefillRequest r;
       if (r.ParseFromArray(bytes, n)) Prefill(r);
@@ -391,6 +413,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 13: {
       v1::MlpInfo r;
       if (r.ParseFromArray(bytes, n)) MlpInfo(r);
+      break;
+    }
+    case 14: {
+      v1::MlpAttachRequest r;
+      if (r.ParseFromArray(bytes, n)) MlpAttach(r);
+      break;
+    }
+    case 15: {
+      v1::MlpAttachResponse r;
+      if (r.ParseFromArray(bytes, n)) MlpAttachAnswer(r);
       break;
     }
   }
