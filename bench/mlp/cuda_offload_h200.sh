@@ -99,6 +99,8 @@ if [[ ${AB:-0} == 1 && -x "$B/engine_bench_base" ]]; then
     base=engine_bench_base new=engine_bench > "$R/ab.txt" 2>&1
   echo "ab rc=$?" >> "$R/tests.txt"
 fi
+"$B/doorbell_bench" > "$R/doorbell.txt" 2>&1
+"$B/doorbell_bench" --calls 20000 --gap-us 100 >> "$R/doorbell.txt" 2>&1
 bench plain local,cuda,cuda_ipc:127.0.0.1:19200
 if [[ ${MPS:-0} == 1 ]]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
