@@ -593,9 +593,10 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(realloc(&h_, r * c.hidden_size * 2));
       RETURN_IF_ERROR(realloc(&qkv_, r * QkvWidth() * 2));
       RETURN_IF_ERROR(realloc(&attn_, r * QWidth() * 2));
-      RETURN_IF_ERROR(realloc(&gate_up_, r * 2 * c.intermediate_size * 2));
-      RETURN_IF_ERROR(realloc(&act_, r * c.intermediate_size * 2));
-      if (options_.mlp != nullptr) {
+      if (options_.mlp == nullptr) {  // the local MLP's workspaces
+        RETURN_IF_ERROR(realloc(&gate_up_, r * 2 * c.intermediate_size * 2));
+        RETURN_IF_ERROR(realloc(&act_, r * c.intermediate_size * 2));
+      } else {
         // Pinned bf16 rows both ways, and their float32 forms for the backend.
         if (host_mlp_ != nullptr) cudaFreeHost(host_mlp_);
         host_mlp_ = nullptr;
