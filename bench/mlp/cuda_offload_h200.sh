@@ -12,7 +12,7 @@
 #    then share the GPU instead of time-slicing).
 # Results: $OUT/r.tgz (tests.txt, t_*.log, steps*.json / .txt, shard*.log).
 # Env: TESTS (mlp: step 1; all: also every other GPU test of the bundle; 0: none), BENCH (1),
-#      MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
+#      RUNNER_S (400: the runner test's limit), MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
 #      twice each, before the offload bench), E2E (1: tandem serve over HTTP, local against GPU
 #      shards), BATCHES (64,256), CONTEXT (1024), ITERS (20).
 set -uo pipefail
@@ -27,7 +27,7 @@ if [[ ${TESTS:-mlp} != 0 ]]; then
   # The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
   filter='*'
   [[ -f models/target/config.json ]] || filter='-*/1'
-  DC_TEST_S=400 dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
+  DC_TEST_S=${RUNNER_S:-400} dc_test runner "$B/cuda_model_runner_test" --gtest_filter="$filter"
 fi
 if [[ ${TESTS:-mlp} == all ]]; then
   # Every other GPU test of the bundle (the kernels under their tunings and both kernels where
