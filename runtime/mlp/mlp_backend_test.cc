@@ -326,6 +326,10 @@ TEST_F(MlpBackendTest, RegistryNamesAndErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateMlpBackend("cuda_ipc:", context).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // cuda_ipc is its own backend, not a malformed cuda:N.
+  auto ipc = CreateMlpBackend("cuda_ipc:127.0.0.1:1", context);
+  EXPECT_EQ(ipc.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ipc.status().message(), HasSubstr("service credential"));
   EXPECT_EQ(CreateMlpBackend("remote:", context).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateMlpBackend("remote:nohostport", context).status().code(),

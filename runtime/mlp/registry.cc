@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& 
   if (context.config == nullptr) return absl::InvalidArgumentError("MLP backend: no model");
   if (spec == "local" || spec.empty()) return std::unique_ptr<MlpBackend>();
   if (spec == "cpu") return CreateCpu(context);
+  if (spec.rfind("cuda_ipc:", 0) == 0) return CreateCudaIpc(spec.substr(9), context);
   if (spec.rfind("cuda", 0) == 0) {
     if (context.store == nullptr) {
       return absl::InvalidArgumentError("cuda MLP: needs the model's weights");
@@ -139,7 +140,6 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& 
     return CreateCuda(spec, *shape, *context.config, *context.store);
   }
   if (spec.rfind("remote:", 0) == 0) return CreateRemote(spec.substr(7), context);
-  if (spec.rfind("cuda_ipc:", 0) == 0) return CreateCudaIpc(spec.substr(9), context);
   return absl::InvalidArgumentError(absl::StrCat("--mlp ", spec, ": unknown MLP backend; one of ",
                                                  absl::StrJoin(MlpBackendNames(), ", ")));
 }

@@ -50,17 +50,18 @@ struct CudaDenseMlp::Impl {
   void* workspace = nullptr;
   int cap = 0;
   size_t act_offset = 0;
-  void* last_stream = nullptr;    // the stream the workspace was last used on
-  cudaEvent_t handoff = nullptr;  // orders the workspace's use across streams
+  // Recorded after every call's work, on its stream: the next call (on any stream) waits for it
+  // before using the workspace, and growth and destruction synchronize on it. No caller's
+  // stream is kept: it may be gone by then.
+  cudaEvent_t handoff = nullptr;
+  bool used = false;  // handoff has been recorded
 };
 
 CudaDenseMlp::CudaDenseMlp(MlpShape shape, int device) : shape_(shape), device_(device) {}
 
 CudaDenseMlp::~CudaDenseMlp() {
   if (impl_ == nullptr || cudaSetDevice(device_) != cudaSuccess) return;
-  if (impl_->last_stream != nullptr) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(impl_->last_stream));
-  }
+  if (impl_->used) cudaEventSynchronize(impl_->handoff);
   impl_->gemm.reset();
   if (impl_->handoff != nullptr) cudaEventDestroy(impl_->handoff);
   for (void* p : {impl_->weights, impl_->workspace, impl_->cublas_ws}) {
@@ -141,9 +142,8 @@ absl::Status CudaDenseMlp::Reserve(int rows) {
   if (rows <= impl_->cap) return absl::OkStatus();
   const size_t r = static_cast<size_t>(std::max({rows, 64, impl_->cap + impl_->cap / 2}));
   const size_t inter = shape_.intermediate_size;
-  if (impl_->last_stream != nullptr) {
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(impl_->last_stream)),
-                         "cuda MLP: workspace growth");
+  if (impl_->used) {
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(impl_->handoff), "cuda MLP: workspace growth");
   }
   if (impl_->workspace != nullptr) cudaFree(impl_->workspace);
   impl_->workspace = nullptr;
@@ -168,15 +168,12 @@ absl::Status CudaDenseMlp::Forward(int layer, const void* x, int rows, void* y, 
   absl::MutexLock lock(&mu_);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cuda MLP: cudaSetDevice");
   RETURN_IF_ERROR(Reserve(rows));
-  if (impl_->last_stream != nullptr && impl_->last_stream != stream) {
-    // The workspace's last user was another stream: this stream's work goes after it.
-    RETURN_IF_CUDA_ERROR(
-        cudaEventRecord(impl_->handoff, static_cast<cudaStream_t>(impl_->last_stream)),
-        "cuda MLP: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), impl_->handoff, 0),
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (impl_->used) {
+    // After the last call's work, whichever stream it was on.
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, impl_->handoff, 0),
                          "cuda MLP: cudaStreamWaitEvent");
   }
-  impl_->last_stream = stream;
   const int hidden = shape_.hidden_size, inter = shape_.intermediate_size;
   const char* w =
       static_cast<const char*>(impl_->weights) + impl_->layer_bytes * (layer - shape_.first_layer);
@@ -193,7 +190,11 @@ absl::Status CudaDenseMlp::Forward(int layer, const void* x, int rows, void* y, 
                                 GemmOut::kBf16, stream));
     RETURN_IF_ERROR(cuda::LaunchSiluMul(gate_up, rows, inter, act, stream));
   }
-  return gemm.Linear(act, w_down, nullptr, rows, inter, hidden, y, GemmOut::kBf16, stream);
+  RETURN_IF_ERROR(
+      gemm.Linear(act, w_down, nullptr, rows, inter, hidden, y, GemmOut::kBf16, stream));
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(impl_->handoff, s), "cuda MLP: cudaEventRecord");
+  impl_->used = true;
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::mlp

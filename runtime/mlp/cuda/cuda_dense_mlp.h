@@ -6,11 +6,11 @@
 // to bf16. It is the compute of the `cuda` MLP backend (cuda_mlp_backend.h) and of a GPU
 // `tandem mlp-shard`.
 //
-// Forward only queues work on the stream it is given (its workspace grows, synchronizing the
-// stream it last used, when a call brings more rows than any before). Calls on different
-// streams share one workspace: a call on another stream than the last one's is ordered after the
-// last one's work (an event), so callers need no ordering of their own. Weights: per layer the gate
-// and up rows as one [2 inter, hidden] matrix, then down [hidden, inter].
+// Forward only queues work on the stream it is given (its workspace grows, waiting for the last
+// call's work, when a call brings more rows than any before). Calls on different streams share
+// one workspace: each call's work is ordered after the last call's (an event recorded at the end
+// of every call), so callers need no ordering of their own, and no caller's stream is kept (a
+// stream may be destroyed once its call's work is done).
 //
 // Errors: Create fails for missing or misshapen tensors (naming them), a shape that does not fit
 // the config (InvalidArgument), no such GPU (NotFound), short GPU memory (ResourceExhausted);

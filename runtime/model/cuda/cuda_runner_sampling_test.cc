@@ -362,7 +362,9 @@ TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
     if (k > 1) ch.sample = &greedy;  // ignored: a multi-row chunk returns logits
     batch.chunks.push_back(ch);
     ForwardOutput multi;
-    ASSERT_TRUE(runner.Forward(batch, &multi).ok());
+    const absl::Status forward = runner.Forward(batch, &multi);
+    ASSERT_TRUE(forward.ok()) << "trial " << trial << ", " << n << " tokens, " << k
+                              << " logits rows: " << forward;
     ASSERT_EQ(multi.rows, k);
     ASSERT_EQ(multi.logits.size(), static_cast<size_t>(k) * kVocab);
     if (k > 1) {
