@@ -336,15 +336,15 @@ TEST_F(CudaRunnerSamplingTest, GrammarMaskedRowsMatchCpuSamplerOnOwnLogits) {
 }
 
 // num_logits (model_runner.h): the last k tokens of a prefill chunk each get the logits row a
-// prefill of that prefix alone gives (bf16: within 2% of the row's largest logit), and the
-// step returns logits, never sampled tokens. Chunks of 2 to 40 tokens, k up to the whole chunk.
+// prefill of that prefix alone gives (bf16: within 2% of the row's largest logit); without
+// sample requests the step returns those logits, no tokens. Chunks of 2 to 40 tokens, k up to the
+// whole chunk. (A chunk that samples carries one request per row: model_runner.h; the test used
+// to hand every multi-row chunk a single request, which the runner now reads past.)
 TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
   Made made = MakeRunner();
   ASSERT_NE(made.runner, nullptr);
   CudaModelRunner& runner = *made.runner;
   std::mt19937_64 rng(31);
-  SampleRequest greedy;
-  greedy.greedy = 1;
   int rows = 0;
   double worst = 0;
   for (int trial = 0; trial < 6; ++trial) {
@@ -359,7 +359,6 @@ TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
     ch.tokens = tokens;
     ch.block_table = table;
     ch.num_logits = k;
-    if (k > 1) ch.sample = &greedy;  // ignored: a multi-row chunk returns logits
     batch.chunks.push_back(ch);
     ForwardOutput multi;
     const absl::Status forward = runner.Forward(batch, &multi);
@@ -367,9 +366,7 @@ TEST_F(CudaRunnerSamplingTest, MultiRowLogitsMatchEachPrefixsOwnPrefill) {
                               << " logits rows: " << forward;
     ASSERT_EQ(multi.rows, k);
     ASSERT_EQ(multi.logits.size(), static_cast<size_t>(k) * kVocab);
-    if (k > 1) {
-      EXPECT_TRUE(multi.tokens.empty());
-    }
+    EXPECT_TRUE(multi.tokens.empty());
     for (int j = 0; j < k; ++j) {
       // The prefix ending at token n - k + j, prefilled alone in other blocks.
       const int len = n - k + j + 1;
