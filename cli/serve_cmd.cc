@@ -11,7 +11,8 @@
 //                [--speculative ngram|draft:DIR|remote:ADDR,...|remote [--num-speculative-tokens
 //                K]]
 //                [--drafters N [--drafter ngram|draft:DIR]]   (with --speculative remote)
-//                [--mlp local|cpu|remote:ADDR,...|remote [--mlp-shards N] [--mlp-fallback cpu]]
+//                [--mlp local|cpu|remote:ADDR,...|remote [--mlp-shards N] [--mlp-fallback cpu]
+//                 [--mlp-call-timeout-ms T] [--mlp-micro-batches N]]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -154,6 +155,7 @@ struct ServeFlags {
   int mlp_shards = 0;                      // `tandem mlp-shard` services (--mlp remote)
   std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
   int mlp_micro_batches = 2;               // with --mlp remote: ping-pong micro-batches
+  int mlp_call_timeout_ms = 2000;          // with --mlp remote: one layer's call
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -701,7 +703,8 @@ int RunServe(ServeFlags flags) {
     // Decode (and aggregated) workers only: prefill keeps its MLP local (docs/mlp.md).
     if (!is_prefill && mlp != "local") {
       args.insert(args.end(), {"--mlp", mlp, "--mlp-fallback", flags.mlp_fallback,
-                               "--mlp-micro-batches", std::to_string(flags.mlp_micro_batches)});
+                               "--mlp-micro-batches", std::to_string(flags.mlp_micro_batches),
+                               "--mlp-call-timeout-ms", std::to_string(flags.mlp_call_timeout_ms)});
     }
     if (!is_prefill) {
       args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
@@ -982,6 +985,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "With --mlp remote: none, or cpu (workers keep the MLP weights and compute a "
                   "layer no shard answers)")
       ->check(CLI::IsMember({"none", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--mlp-call-timeout-ms", flags->mlp_call_timeout_ms,
+                  "With --mlp remote: how long one layer's call to a shard may take before the "
+                  "worker fails over (docs/tuning.md)")
+      ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
                   "With --mlp remote: micro-batches a decode step runs in ping-pong; 1 turns it "
