@@ -17,22 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/device/cuda/cuda_device.h"
+#include "runtime/model/cuda/test_paths_for_test.h"
 
 namespace tandem {
 namespace {
-
-std::string TandemBin() {
-  if (const char* env = std::getenv("TANDEM_BIN")) return env;
-  if (const char* env = std::getenv("TANDEM_BUILD_DIR")) return std::string(env) + "/tandem";
-  return std::string(TANDEM_BUILD_DIR) + "/tandem";
-}
-
-std::string ModelsDir() {
-  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
-  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/models";
-  if (std::filesystem::exists(src + "/target/config.json")) return src;
-  return "models";
-}
 
 // Runs a command; returns its stdout and sets *rc.
 std::string RunCommand(const std::string& cmd, int* rc) {
@@ -52,8 +40,9 @@ std::string RunCommand(const std::string& cmd, int* rc) {
 std::vector<int> Generate(const std::string& model, const std::string& prompt_flag,
                           const std::string& device) {
   int rc = 0;
-  const std::string cmd = absl::StrCat(TandemBin(), " generate --model ", model, " ", prompt_flag,
-                                       " --max-tokens 64 --ignore-eos --json --device ", device);
+  const std::string cmd =
+      absl::StrCat(testing_util::TandemBinary(), " generate --model ", model, " ", prompt_flag,
+                   " --max-tokens 64 --ignore-eos --json --device ", device);
   const std::string out = RunCommand(cmd, &rc);
   EXPECT_EQ(rc, 0) << cmd << "\n" << out;
   std::vector<int> ids;
@@ -77,12 +66,13 @@ class CudaGenerateTest : public ::testing::Test {
     absl::StatusOr<int> count = CudaDeviceCount();
     if (!count.ok()) GTEST_SKIP() << "no usable CUDA GPU: " << count.status();
     if (*count == 0) GTEST_SKIP() << "no CUDA GPU present (cudaGetDeviceCount = 0)";
-    ASSERT_TRUE(std::filesystem::exists(TandemBin())) << TandemBin();
+    ASSERT_TRUE(std::filesystem::exists(testing_util::TandemBinary()))
+        << testing_util::TandemBinary();
   }
 };
 
 TEST_F(CudaGenerateTest, BundledModelGreedyTokensMatchCpu) {
-  const std::string model = ModelsDir() + "/target";
+  const std::string model = testing_util::BundledModelsDir() + "/target";
   ASSERT_TRUE(std::filesystem::exists(model + "/config.json")) << model;
   const std::string prompt = "--prompt 'The history of the'";
   const std::vector<int> cpu = Generate(model, prompt, "cpu");
@@ -96,8 +86,8 @@ TEST_F(CudaGenerateTest, BundledModelGreedyTokensMatchCpu) {
 TEST_F(CudaGenerateTest, SynthTinyRunsOnCudaAndReportsAgreement) {
   const std::string dir = absl::StrCat("/tmp/tandem_cuda_generate_tiny_", getpid());
   int rc = 0;
-  const std::string synth =
-      absl::StrCat(TandemBin(), " model synth --like tiny --seed 3 --out ", dir, " 2>&1");
+  const std::string synth = absl::StrCat(testing_util::TandemBinary(),
+                                         " model synth --like tiny --seed 3 --out ", dir, " 2>&1");
   const std::string log = RunCommand(synth, &rc);
   ASSERT_EQ(rc, 0) << synth << "\n" << log;
   const std::string prompt = "--prompt-ids 5,17,99,23,42,7,300";

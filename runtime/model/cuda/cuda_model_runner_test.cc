@@ -35,6 +35,7 @@
 #include "runtime/model/cpu_model_runner.h"
 #include "runtime/model/cuda/cuda_tuning.h"
 #include "runtime/model/cuda/random_checkpoint_for_test.h"
+#include "runtime/model/cuda/test_paths_for_test.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/synth.h"
@@ -43,29 +44,18 @@
 namespace tandem {
 namespace {
 
+std::string TempDirFor(const std::string& name) {
+  return testing_util::TestTempDir("tandem_cuda_runner", name);
+}
+
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 256;
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
-                              ("tandem_cuda_runner_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-std::string ModelsDir() {
-  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
-  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/models";
-  if (std::filesystem::exists(src + "/target/config.json")) return src;
-  return "models";
-}
 
 // A small Qwen2-shaped checkpoint with q/k/v biases large enough to matter.
 std::string WriteQwenLike() {
   testing_util::RandomCheckpoint spec;
   spec.qwen2 = true;
-  return testing_util::WriteRandomCheckpoint(TempDir("qwen"), spec);
+  return testing_util::WriteRandomCheckpoint(TempDirFor("qwen"), spec);
 }
 
 struct Model {
@@ -152,12 +142,14 @@ class CudaRunnerTest : public ::testing::Test {
     have_gpu_ = true;
     SynthOptions o;
     o.like = "tiny";
-    o.out_dir = TempDir("tiny");
+    o.out_dir = TempDirFor("tiny");
     o.seed = 1;
     const absl::Status s = SynthesizeModel(o, nullptr);
     ASSERT_TRUE(s.ok()) << s;
     models_ = new std::map<std::string, std::string>{
-        {"tiny", o.out_dir}, {"target", ModelsDir() + "/target"}, {"qwen", WriteQwenLike()}};
+        {"tiny", o.out_dir},
+        {"target", testing_util::BundledModelsDir() + "/target"},
+        {"qwen", WriteQwenLike()}};
   }
 
   void SetUp() override {

@@ -38,6 +38,7 @@
 #include "runtime/mlp/remote_mlp_backend.h"
 #include "runtime/model/cuda/cuda_model_runner.h"
 #include "runtime/model/cuda/random_checkpoint_for_test.h"
+#include "runtime/model/cuda/test_paths_for_test.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_fingerprint.h"
 #include "runtime/model/safetensors.h"
@@ -47,24 +48,13 @@
 namespace tandem {
 namespace {
 
+std::string TempDirFor(const std::string& name) {
+  return testing_util::TestTempDir("tandem_cuda_mlp", name);
+}
+
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 128;
 const std::string kToken = "cuda-mlp-offload-test-token-0123456789";
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
-                              ("tandem_cuda_mlp_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-std::string ModelsDir() {
-  if (const char* env = std::getenv("TANDEM_MODELS_DIR")) return env;
-  const std::string src = std::string(TANDEM_SOURCE_DIR) + "/models";
-  if (std::filesystem::exists(src + "/target/config.json")) return src;
-  return "models";
-}
 
 std::shared_ptr<const auth::ServiceIdentity> Identity() {
   auto identity = auth::ServiceIdentity::FromTokens({kToken});
@@ -105,16 +95,17 @@ class CudaMlpOffloadTest : public ::testing::Test {
     if (!count.ok() || *count == 0) return;
     SynthOptions o;
     o.like = "tiny";
-    o.out_dir = TempDir("tiny");
+    o.out_dir = TempDirFor("tiny");
     o.seed = 1;
     ASSERT_TRUE(SynthesizeModel(o, nullptr).ok());
     testing_util::RandomCheckpoint qwen;
     qwen.qwen2 = true;
     models_ = new std::map<std::string, std::string>{
-        {"tiny", o.out_dir}, {"qwen", testing_util::WriteRandomCheckpoint(TempDir("qwen"), qwen)}};
+        {"tiny", o.out_dir},
+        {"qwen", testing_util::WriteRandomCheckpoint(TempDirFor("qwen"), qwen)}};
     // The bundled trained model, where the checkout has it (a GPU host may get only binaries).
-    if (std::filesystem::exists(ModelsDir() + "/target/config.json")) {
-      models_->emplace("target", ModelsDir() + "/target");
+    if (std::filesystem::exists(testing_util::BundledModelsDir() + "/target/config.json")) {
+      models_->emplace("target", testing_util::BundledModelsDir() + "/target");
     }
   }
 
@@ -126,7 +117,8 @@ class CudaMlpOffloadTest : public ::testing::Test {
   }
 
   void Load(const std::string& name) {
-    if (!models_->contains(name)) GTEST_SKIP() << "no " << name << " model under " << ModelsDir();
+    if (!models_->contains(name))
+      GTEST_SKIP() << "no " << name << " model under " << testing_util::BundledModelsDir();
     const std::string dir = models_->at(name);
     auto config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status();
@@ -368,22 +360,16 @@ struct ShardProcess {
   }
 };
 
-std::string TandemBinary() {
-  if (const char* env = std::getenv("TANDEM_BIN")) return env;
-  if (const char* env = std::getenv("TANDEM_BUILD_DIR")) return std::string(env) + "/tandem";
-  return std::string(TANDEM_BUILD_DIR) + "/tandem";
-}
-
 // Starts the shard on `model_dir`; false (with a gtest failure) when it does not serve in 60 s.
 bool StartShardProcess(const std::string& model_dir, ShardProcess* shard) {
-  const std::string token_file = TempDir("token") + "/token";
+  const std::string token_file = TempDirFor("token") + "/token";
   {
     std::ofstream(token_file) << kToken << "\n";
     chmod(token_file.c_str(), 0600);
   }
   int out[2];
   if (pipe(out) != 0) return false;
-  const std::string bin = TandemBinary();
+  const std::string bin = testing_util::TandemBinary();
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], 1);
