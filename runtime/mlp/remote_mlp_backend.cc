@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "runtime/base/logging.h"
 #include "runtime/mlp/mlp_shard_checks.h"
+#include "runtime/mlp/shard_info_client.h"
 
 namespace tandem::mlp {
 namespace {
@@ -40,35 +41,14 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
     Shard shard;
     shard.address = address;
     shard.stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
-    tandem::v1::MlpInfo info;
-    grpc::Status status;
-    do {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(2))));
-      context.set_wait_for_ready(true);
-      status = shard.stub->Info(&context, tandem::v1::MlpInfoRequest(), &info);
-    } while (!status.ok() && status.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
-             absl::Now() < give_up);
-    if (!status.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("remote MLP: shard ", address, " did not answer ", "Info within ",
-                       absl::FormatDuration(options.connect_timeout), ": ", GrpcMessage(status)));
-    }
-    if (absl::Status bad = CheckShardInfo(info, expected, model_fingerprint, &shard.shape);
-        !bad.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("remote MLP: shard ", address, " ", bad.message()));
-    }
+    absl::StatusOr<tandem::v1::MlpInfo> info = FetchShardInfo(
+        *shard.stub, address, expected, model_fingerprint, give_up, "remote MLP", &shard.shape);
+    if (!info.ok()) return info.status();
     shards.push_back(std::move(shard));
   }
-  std::vector<int> unserved;
-  for (int l = expected.first_layer; l < expected.end_layer; ++l) {
-    if (std::none_of(shards.begin(), shards.end(),
-                     [&](const Shard& s) { return s.shape.Serves(l); })) {
-      unserved.push_back(l);
-    }
-  }
-  if (!unserved.empty()) {
+  std::vector<MlpShape> served;
+  for (const Shard& s : shards) served.push_back(s.shape);
+  if (const std::vector<int> unserved = UnservedLayers(expected, served); !unserved.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("remote MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ","),
                      " (shards: ", absl::StrJoin(addresses, ","), ")"));

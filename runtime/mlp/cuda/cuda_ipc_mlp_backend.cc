@@ -21,6 +21,7 @@
 #include "runtime/mlp/cuda/ipc_shard_session.h"
 #include "runtime/mlp/ipc_doorbell.h"
 #include "runtime/mlp/mlp_shard_checks.h"
+#include "runtime/mlp/shard_info_client.h"
 #include "tandem/v1/mlp.grpc.pb.h"
 
 namespace tandem::mlp {
@@ -260,24 +261,9 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaIpcMlpBackend(
     auto shard = std::make_unique<IpcShard>();
     shard->address = address;
     shard->stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
-    tandem::v1::MlpInfo info;
-    grpc::Status status;
-    do {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(2))));
-      context.set_wait_for_ready(true);
-      status = shard->stub->Info(&context, tandem::v1::MlpInfoRequest(), &info);
-    } while (!status.ok() && status.error_code() != grpc::StatusCode::UNAUTHENTICATED &&
-             absl::Now() < give_up);
-    if (!status.ok()) {
-      return absl::UnavailableError(absl::StrCat("cuda_ipc MLP: shard ", address,
-                                                 " did not answer Info: ", GrpcMessage(status)));
-    }
-    if (absl::Status bad = CheckShardInfo(info, expected, model_fingerprint, &shard->shape);
-        !bad.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cuda_ipc MLP: shard ", address, " ", bad.message()));
-    }
+    ASSIGN_OR_RETURN(tandem::v1::MlpInfo info,
+                     FetchShardInfo(*shard->stub, address, expected, model_fingerprint, give_up,
+                                    "cuda_ipc MLP", &shard->shape));
     if (info.max_rows() < static_cast<uint32_t>(max_rows)) {
       return absl::FailedPreconditionError(absl::StrCat("cuda_ipc MLP: shard ", address, " takes ",
                                                         info.max_rows(),
@@ -290,14 +276,9 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaIpcMlpBackend(
     }
     shards.push_back(std::move(shard));
   }
-  std::vector<int> unserved;
-  for (int l = expected.first_layer; l < expected.end_layer; ++l) {
-    if (std::none_of(shards.begin(), shards.end(),
-                     [&](const auto& s) { return s->shape.Serves(l); })) {
-      unserved.push_back(l);
-    }
-  }
-  if (!unserved.empty()) {
+  std::vector<MlpShape> served;
+  for (const auto& s : shards) served.push_back(s->shape);
+  if (const std::vector<int> unserved = UnservedLayers(expected, served); !unserved.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("cuda_ipc MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ",")));
   }
