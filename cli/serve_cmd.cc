@@ -154,7 +154,7 @@ struct ServeFlags {
                                            // "remote": our --mlp-shards
   int mlp_shards = 0;                      // `tandem mlp-shard` services (--mlp remote)
   std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
-  int mlp_micro_batches = 2;               // with --mlp remote: ping-pong micro-batches
+  int mlp_micro_batches = 0;               // with --mlp remote: ping-pong micro-batches (0: measured)
   int mlp_call_timeout_ms = 2000;          // with --mlp remote: one layer's call
   int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
@@ -992,9 +992,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
-                  "With --mlp remote: micro-batches a decode step runs in ping-pong; 1 turns it "
-                  "off")
-      ->check(CLI::Range(1, 16))
+                  "With --mlp remote: micro-batches a decode step runs in ping-pong; 0 chooses "
+                  "per batch size from measured step times, 1 turns it off")
+      ->check(CLI::Range(0, 16))
       ->capture_default_str();
   cmd->add_option("--drafters", flags->drafters,
                   "With --speculative remote: `tandem drafter` services to start (each running "

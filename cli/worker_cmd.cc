@@ -67,7 +67,7 @@ struct WorkerFlags {
   std::string mlp = "local";                         // runtime/mlp/registry.h
   std::string mlp_fallback = "none";
   int mlp_call_timeout_ms = 2000;
-  int mlp_micro_batches = 2;
+  int mlp_micro_batches = 0;
   std::string speculative;         // decode workers only; "": off
   int num_speculative_tokens = 4;  // decode workers only
   ServiceAuthFlags service_auth;
@@ -309,9 +309,10 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
-                  "With --mlp remote: micro-batches a step runs in ping-pong (one's attention "
-                  "while another's MLP is away); 1 turns it off")
-      ->check(CLI::Range(1, 16))
+                  "With --mlp remote, cuda or cuda_ipc: micro-batches a step runs in ping-pong "
+                  "(one's attention while another's MLP is away); 0 chooses per batch size from "
+                  "measured step times, 1 turns it off")
+      ->check(CLI::Range(0, 16))
       ->capture_default_str();
   cmd->add_option("--speculative", flags->speculative,
                   "speculative decoding with this drafter: ngram (prompt lookup and suffix "

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < calls; ++i) {
     if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
     const auto t0 = std::chrono::steady_clock::now();
-    const uint32_t seq = client->Ring(i % 32, 64);
+    const uint32_t seq = client->Ring(i % 32, 0, 64);
     auto code = client->WaitDone(seq, absl::Now() + absl::Seconds(10));
     const auto t1 = std::chrono::steady_clock::now();
     if (!code.ok()) {

@@ -28,6 +28,7 @@ constexpr size_t kHexDigits = 32;
 struct IpcDoorbell::Page {
   alignas(64) std::atomic<uint32_t> request;  // the last call rung (futex word)
   std::atomic<int32_t> layer;
+  std::atomic<int32_t> row_offset;
   std::atomic<int32_t> rows;
   alignas(64) std::atomic<uint32_t> done;  // the last call answered (futex word)
   std::atomic<int32_t> code;
@@ -158,8 +159,9 @@ void IpcDoorbell::Close() {
   owner_ = false;
 }
 
-uint32_t IpcDoorbell::Ring(int layer, int rows) {
+uint32_t IpcDoorbell::Ring(int layer, int row_offset, int rows) {
   page_->layer.store(layer, std::memory_order_relaxed);
+  page_->row_offset.store(row_offset, std::memory_order_relaxed);
   page_->rows.store(rows, std::memory_order_relaxed);
   const uint32_t seq = ++next_seq_;
   page_->request.store(seq, std::memory_order_release);
@@ -187,6 +189,7 @@ absl::StatusOr<IpcDoorbell::Request> IpcDoorbell::WaitRequest(absl::Time deadlin
   Request r;
   r.seq = page_->request.load(std::memory_order_acquire);
   r.layer = page_->layer.load(std::memory_order_relaxed);
+  r.row_offset = page_->row_offset.load(std::memory_order_relaxed);
   r.rows = page_->rows.load(std::memory_order_relaxed);
   next_seq_ = r.seq;
   return r;

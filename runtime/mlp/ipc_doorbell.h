@@ -1,18 +1,18 @@
 #pragma once
 // IpcDoorbell: the per-call signal of the MLP shard's GPU data plane on one host (docs/mlp.md,
 // "cuda_ipc"). One page of POSIX shared memory between an attention worker (the client) and a
-// `tandem mlp-shard` session: the client rings it with (layer, rows) after queueing its input
-// copy and recording the input event; the shard answers once it has queued that layer behind the
+// `tandem mlp-shard` session: the client rings it with (layer, row offset, rows) after queueing
+// its input copy and recording the input event; the shard answers once it has queued that layer behind the
 // event (or refused it). The GPU work itself is ordered by CUDA IPC events, not by this page.
 //
-// Protocol: one call at a time per page. Ring() stores layer and rows, then the call's sequence
+// Protocol: one call at a time per page. Ring() stores layer, row offset and rows, then the call's sequence
 // number (release) and wakes a waiting shard (futex). The shard's WaitRequest() sees the new
-// sequence (acquire), reads layer and rows, and Finish(seq, code) stores the answer code then the
+// sequence (acquire), reads them, and Finish(seq, code) stores the answer code then the
 // sequence in `done` (release) and wakes the client, whose WaitDone() returns it. Waiting spins
 // briefly, then sleeps on the futex, and always ends by its deadline.
 //
 // Untrusted peer: the page is shared with another process, so every value read from it is
-// checked by its reader (the shard checks layer and rows against its shape and buffers; the
+// checked by its reader (the shard checks layer, offset and rows against its shape and buffers; the
 // client takes only the sequence number it expects); nothing read from the page is an address or
 // a length that sizes memory.
 //
@@ -47,16 +47,18 @@ class IpcDoorbell {
 
   const std::string& name() const { return name_; }
 
-  // Client: starts call `layer`, `rows`; returns its sequence number.
-  uint32_t Ring(int layer, int rows);
+  // Client: starts call `layer` over `rows` rows at row `row_offset` of the session's buffers;
+  // returns its sequence number.
+  uint32_t Ring(int layer, int row_offset, int rows);
   // Client: the answer code of call `seq` (0: queued), DeadlineExceeded past `deadline`.
   absl::StatusOr<int32_t> WaitDone(uint32_t seq, absl::Time deadline);
 
-  // Shard: the next call's sequence number, layer and rows; DeadlineExceeded when none came by
+  // Shard: the next call's sequence number, layer, row offset and rows; DeadlineExceeded when none came by
   // `deadline` (callers loop, checking their stop flag between waits).
   struct Request {
     uint32_t seq = 0;
     int32_t layer = 0;
+    int32_t row_offset = 0;
     int32_t rows = 0;
   };
   absl::StatusOr<Request> WaitRequest(absl::Time deadline);

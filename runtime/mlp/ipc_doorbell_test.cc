@@ -28,7 +28,7 @@ TEST(IpcDoorbellTest, CallsAndAnswersCrossTheSharedPage) {
   std::thread server([&] {
     for (int i = 0; i < kCalls; ++i) {
       auto r = shard->WaitRequest(absl::Now() + absl::Seconds(10));
-      if (!r.ok() || r->layer != i % 32 || r->rows != i + 1) {
+      if (!r.ok() || r->layer != i % 32 || r->row_offset != i % 5 || r->rows != i + 1) {
         ++bad;
         return;
       }
@@ -36,7 +36,7 @@ TEST(IpcDoorbellTest, CallsAndAnswersCrossTheSharedPage) {
     }
   });
   for (int i = 0; i < kCalls; ++i) {
-    const uint32_t seq = client->Ring(i % 32, i + 1);
+    const uint32_t seq = client->Ring(i % 32, i % 5, i + 1);
     auto code = client->WaitDone(seq, absl::Now() + absl::Seconds(10));
     ASSERT_TRUE(code.ok()) << code.status() << " at call " << i;
     EXPECT_EQ(*code, i % 32 == 7 ? 3 : 0);
@@ -56,7 +56,7 @@ TEST(IpcDoorbellTest, EveryWaitEndsByItsDeadline) {
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // A call nobody answers (a frozen or dead shard): the client's wait ends.
-  const uint32_t seq = client->Ring(0, 1);
+  const uint32_t seq = client->Ring(0, 0, 1);
   start = absl::Now();
   EXPECT_EQ(client->WaitDone(seq, start + absl::Milliseconds(150)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -65,7 +65,7 @@ TEST(IpcDoorbellTest, EveryWaitEndsByItsDeadline) {
   // An answer to an older call is not this call's.
   auto r = shard->WaitRequest(absl::Now() + absl::Seconds(1));
   ASSERT_TRUE(r.ok());
-  const uint32_t next = client->Ring(1, 2);
+  const uint32_t next = client->Ring(1, 0, 2);
   shard->Finish(r->seq, 0);
   EXPECT_EQ(client->WaitDone(next, absl::Now() + absl::Milliseconds(100)).status().code(),
             absl::StatusCode::kDeadlineExceeded);

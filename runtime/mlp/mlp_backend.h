@@ -81,6 +81,26 @@ class MlpBackend {
     return absl::UnimplementedError("this MLP backend has no device path");
   }
 
+  // Ping-pong on the device path (optional; the CUDA runner's micro-batches use it when
+  // device_slots() covers them): SubmitOnDevice queues the same call as EnqueueOnDevice, but only
+  // what the caller queues on `stream` after JoinOnDevice(handle, stream) is ordered after `out`
+  // is written, so the caller may queue other work (another micro-batch's attention) in between,
+  // which the GPU may run while the MLP computes. `row_offset` places the rows in the step's
+  // batch: calls in flight at once (submitted, not yet joined) cover disjoint ranges
+  // [row_offset, row_offset + rows) within device_max_rows() (InvalidArgument otherwise, and
+  // ResourceExhausted past device_slots() calls in flight). Every handle SubmitOnDevice returned
+  // is joined exactly once, also after a failure (a Join then only releases it); JoinOnDevice
+  // fails for an unknown handle. The defaults: no slots, and a Submit that is EnqueueOnDevice.
+  virtual int device_slots() const { return 0; }
+  virtual int device_max_rows() const { return 0; }  // 0: any number of rows
+  virtual absl::StatusOr<Handle> SubmitOnDevice(int layer, const void* x, int rows, int row_offset,
+                                                void* out, void* stream, absl::Time deadline) {
+    absl::Status s = EnqueueOnDevice(layer, x, rows, out, stream, deadline);
+    if (!s.ok()) return s;
+    return Handle{0};
+  }
+  virtual absl::Status JoinOnDevice(Handle handle, void* stream) { return absl::OkStatus(); }
+
   // Bytes of MLP weights this backend holds in GPU `device_ordinal`'s memory (in this process).
   virtual int64_t device_weight_bytes(int device_ordinal) const { return 0; }
 

@@ -33,12 +33,13 @@ class MlpBackendTest : public ::testing::Test {
   static void TearDownTestSuite() { delete model_; }
   void SetUp() override { model_->Open(&config_, &store_); }
 
-  std::unique_ptr<ModelRunner> Runner(std::shared_ptr<MlpBackend> mlp) {
+  std::unique_ptr<ModelRunner> Runner(std::shared_ptr<MlpBackend> mlp, int micro_batches = 2) {
     auto weights = LoadCpuWeights(config_, *store_, {.skip_mlp = mlp != nullptr});
     EXPECT_TRUE(weights.ok()) << weights.status();
     CpuRunnerOptions o;
     o.num_blocks = 64;
     o.mlp = std::move(mlp);
+    o.mlp_micro_batches = micro_batches;
     auto runner = CreateCpuModelRunner(config_, *std::move(weights), o);
     EXPECT_TRUE(runner.ok()) << runner.status();
     return runner.ok() ? *std::move(runner) : nullptr;
@@ -181,6 +182,38 @@ TEST_F(MlpBackendTest, PingPongMicroBatchesComputeWhatTheLocalPathDoes) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(), HasSubstr("layer 2 MLP on the deferred backend"));
   EXPECT_EQ(failing->in_flight(), 0);
+}
+
+TEST_F(MlpBackendTest, MeasuredMicroBatchCountsTryBothThenKeepOne) {
+  // mlp_micro_batches 0: the runner probes one and two micro-batches on its two-chunk steps
+  // (three steps each), then keeps one; every step's logits stay the local path's.
+  auto weights = LoadDenseMlpWeights(config_, *store_, *ParseLayerRange("all", config_));
+  ASSERT_TRUE(weights.ok());
+  auto shared = std::make_shared<const DenseMlpWeights>(*std::move(weights));
+  auto deferred = std::make_shared<DeferredMlp>(shared);
+  auto local = Runner(nullptr);
+  auto offloaded = Runner(deferred, /*micro_batches=*/0);
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(offloaded, nullptr);
+  const std::vector<float> a = Logits(*local);
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<float> b = Logits(*offloaded);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      ASSERT_NEAR(a[j], b[j], 1e-4f * (1 + std::abs(a[j]))) << "step " << i << " logit " << j;
+    }
+  }
+  EXPECT_EQ(deferred->max_in_flight(), 2);  // two micro-batches were tried
+  EXPECT_EQ(deferred->in_flight(), 0);
+  // Out of range counts are refused at creation.
+  auto w = LoadCpuWeights(config_, *store_, {.skip_mlp = true});
+  ASSERT_TRUE(w.ok());
+  CpuRunnerOptions o;
+  o.num_blocks = 8;
+  o.mlp = deferred;
+  o.mlp_micro_batches = 17;
+  EXPECT_EQ(CreateCpuModelRunner(config_, *std::move(w), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MlpBackendTest, CpuBackendGivesTheLocalPathsBits) {

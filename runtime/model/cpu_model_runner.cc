@@ -1,6 +1,7 @@
 #include "runtime/model/cpu_model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -16,6 +17,7 @@
 #include "runtime/base/status.h"
 #include "runtime/kernels/cpu_ops.h"
 #include "runtime/mlp/dense_mlp.h"
+#include "runtime/mlp/micro_batch_chooser.h"
 #include "runtime/sampling/sampler.h"
 
 namespace tandem {
@@ -415,8 +417,13 @@ class CpuModelRunner final : public ModelRunner {
   // submitted MLP is waited once, also after a failure.
   absl::Status LayersOnBackend(const ForwardBatch& batch, int total) {
     const int hidden = config_.hidden_size;
-    const std::vector<MicroBatch> mbs =
-        SplitMicroBatches(batch, total, mlp_->asynchronous() ? micro_batches_ : 1);
+    const auto start = std::chrono::steady_clock::now();
+    const int chunks = static_cast<int>(batch.chunks.size());
+    // 0: the count is chosen from measured times (micro_batch_chooser.h), per number of chunks.
+    const bool choose = micro_batches_ == 0 && mlp_->asynchronous();
+    const int count =
+        !mlp_->asynchronous() ? 1 : (choose ? chooser_.Choose(chunks) : micro_batches_);
+    const std::vector<MicroBatch> mbs = SplitMicroBatches(batch, total, count);
     std::vector<std::optional<mlp::MlpBackend::Handle>> pending(mbs.size());
     absl::Status status;
     const auto finish = [&](size_t m, int layer) {
@@ -453,6 +460,17 @@ class CpuModelRunner final : public ModelRunner {
     }
     for (size_t m = 0; m < mbs.size(); ++m) {
       if (pending[m].has_value()) finish(m, config_.num_layers - 1);
+    }
+    if (choose && status.ok()) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      if (std::optional<int> decided =
+              chooser_.Record(chunks, static_cast<int>(mbs.size()), ms)) {
+        LOG(INFO) << "CPU runner: steps of up to " << chunks << "+ chunks run the "
+                  << mlp_->name() << " MLP in " << *decided
+                  << " micro-batch(es) (measured fastest)";
+      }
     }
     // On failure the batch's KV of the layers computed is written; the engine fails its
     // requests.
@@ -499,7 +517,8 @@ class CpuModelRunner final : public ModelRunner {
   ModelWeights weights_;
   // Null: the MLP runs here, from fused_[l].mlp; else on this backend and fused_ holds none.
   const std::shared_ptr<mlp::MlpBackend> mlp_;
-  const int micro_batches_;  // with an asynchronous mlp_
+  const int micro_batches_;  // with an asynchronous mlp_ (0: chosen by chooser_)
+  mlp::MicroBatchChooser chooser_;
   const mlp::MlpShape mlp_shape_;
   struct FusedLayer {
     std::vector<float> qkv;       // [(heads + 2 * kv_heads) * head_dim, hidden]
@@ -545,6 +564,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const ModelCon
   if (options.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CPU runner: block_size %d must be positive", options.block_size));
+  }
+  if (options.mlp_micro_batches < 0 || options.mlp_micro_batches > 16) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CPU runner: mlp_micro_batches %d (0: chosen from measured times, 1-16: fixed)",
+        options.mlp_micro_batches));
   }
   const size_t block_bytes = 2 * sizeof(float) * static_cast<size_t>(config.num_layers) *
                              options.block_size * config.num_kv_heads * config.head_dim;

@@ -45,8 +45,9 @@ struct CpuRunnerOptions {
   std::shared_ptr<mlp::MlpBackend> mlp;
   // With an asynchronous backend (remote): the decode batch runs as up to this many
   // micro-batches of whole chunks in ping-pong, one's attention while another's MLP is away
-  // (docs/mlp.md). 1: no ping-pong.
-  int mlp_micro_batches = 2;
+  // (docs/mlp.md). 1: no ping-pong; 0: the count chosen per number of chunks from measured
+  // layer-loop times (runtime/mlp/micro_batch_chooser.h).
+  int mlp_micro_batches = 0;
 };
 
 // Creates the runner. InvalidArgument when the config is inconsistent (non-positive sizes,

@@ -37,10 +37,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCuda(int ordinal, const Model
   o.cuda_graphs = options.cuda_graphs;
   o.progress = options.progress;
   o.mlp = options.mlp;  // its bf16 weight bytes go to the KV cache (the runner adds them)
-  if (o.mlp != nullptr && options.mlp_micro_batches > 1) {
-    LOG(INFO) << "CUDA runner: the " << o.mlp->name()
-              << " MLP backend runs each step as one micro-batch (ping-pong is CPU-only so far)";
-  }
+  o.mlp_micro_batches = options.mlp_micro_batches;
   o.tuning = options.cuda_tuning;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                    CreateCudaModelRunner(config, store, o));

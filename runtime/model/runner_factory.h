@@ -38,7 +38,7 @@ struct RunnerOptions {
   // they would have taken, less what the backend keeps in this process, to its KV cache; the CUDA
   // runner adds their bf16 bytes on the GPU (cuda_model_runner.h, "MLP offload").
   std::shared_ptr<mlp::MlpBackend> mlp;
-  int mlp_micro_batches = 2;  // CpuRunnerOptions::mlp_micro_batches (the CUDA runner runs 1)
+  int mlp_micro_batches = 0;  // ping-pong: {Cpu,Cuda}RunnerOptions::mlp_micro_batches (0: measured)
 };
 
 // Host bytes of a model's MLP weights in the CPU runner's float32: what an offloaded MLP gives

@@ -37,7 +37,7 @@ struct ModelLoadOptions {
   std::string mlp_fallback = "none";
   std::shared_ptr<const auth::ServiceIdentity> mlp_identity;
   mlp::RemoteMlpOptions mlp_remote;
-  int mlp_micro_batches = 2;  // ping-pong with a remote MLP (RunnerOptions)
+  int mlp_micro_batches = 0;  // ping-pong with an offloaded MLP (RunnerOptions; 0: measured)
 };
 
 struct LoadedModel {

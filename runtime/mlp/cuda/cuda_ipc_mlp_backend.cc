@@ -18,6 +18,7 @@
 #include "runtime/auth/service_identity.h"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
+#include "runtime/mlp/cuda/device_call_slots.h"
 #include "runtime/mlp/cuda/ipc_shard_session.h"
 #include "runtime/mlp/ipc_doorbell.h"
 #include "runtime/mlp/mlp_shard_checks.h"
@@ -75,9 +76,12 @@ class CudaIpcMlpBackend final : public MlpBackend {
         options_(options) {}
 
   ~CudaIpcMlpBackend() override {
+    slots_.reset();  // waits for the output copies still queued from the shards' buffers
     cudaSetDevice(device_);
     shards_.clear();
   }
+
+  absl::Status Init() { return slots_->Init(device_); }
 
   std::string_view name() const override { return "cuda_ipc"; }
   MlpShape shape() const override { return expected_; }
@@ -94,53 +98,95 @@ class CudaIpcMlpBackend final : public MlpBackend {
   }
 
   bool SupportsDevice(int device_ordinal) const override { return device_ordinal == device_; }
+  int device_slots() const override { return DeviceCallSlots::kSlots; }
+  int device_max_rows() const override { return max_rows_; }
 
   absl::Status EnqueueOnDevice(int layer, const void* x, int rows, void* out, void* stream,
                                absl::Time deadline) override {
-    if (!expected_.Serves(layer) || rows < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_ipc MLP: layer ", layer, ", ", rows, " rows"));
+    if (slots_->any_busy()) {
+      return absl::FailedPreconditionError(
+          "cuda_ipc MLP: EnqueueOnDevice while SubmitOnDevice calls are in flight");
     }
-    IpcShard* shard = nullptr;
-    for (const auto& s : shards_) {
-      if (s->shape.Serves(layer) && !s->failed && !s->ended.load()) {
-        shard = s.get();
-        break;
-      }
-    }
-    ++stats_.calls;
-    if (shard == nullptr) {
-      ++stats_.failures;
-      return absl::UnavailableError(absl::StrCat("cuda_ipc MLP: no live shard serves layer ", layer,
-                                                 " (a shard stopped or failed)"));
-    }
+    ASSIGN_OR_RETURN(IpcShard * shard, PickShard(layer, rows));
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const size_t row_bytes = static_cast<size_t>(expected_.hidden_size) * 2;
     for (int done = 0; done < rows;) {
       const int n = std::min(max_rows_, rows - done);
       const size_t offset = static_cast<size_t>(done) * row_bytes;
-      absl::Status st = Call(*shard, layer, static_cast<const char*>(x) + offset, n,
-                             static_cast<char*>(out) + offset, s, deadline);
-      if (!st.ok()) {
-        shard->failed = true;
-        ++stats_.failures;
-        return absl::Status(
-            st.code(), absl::StrCat("cuda_ipc MLP shard ", shard->address, ": ", st.message()));
-      }
+      absl::Status st = Hand(*shard, layer, static_cast<const char*>(x) + offset, 0, n, s, deadline);
+      if (st.ok()) st = Collect(*shard, 0, n, static_cast<char*>(out) + offset, s);
+      if (!st.ok()) return Failed(*shard, st);
       done += n;
     }
     stats_.rows += rows;
     return absl::OkStatus();
   }
 
+  absl::StatusOr<Handle> SubmitOnDevice(int layer, const void* x, int rows, int row_offset,
+                                        void* out, void* stream, absl::Time deadline) override {
+    if (rows < 1 || row_offset < 0 || int64_t{row_offset} + rows > max_rows_) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc MLP: rows [", row_offset, ", +",
+                                                     rows, ") outside the ", max_rows_,
+                                                     " rows of a session"));
+    }
+    absl::StatusOr<DeviceCallSlots::Slot*> slot =
+        slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/true);
+    if (!slot.ok()) {
+      return absl::Status(slot.status().code(),
+                          absl::StrCat("cuda_ipc MLP: ", slot.status().message()));
+    }
+    cudaStream_t slot_stream = static_cast<cudaStream_t>((*slot)->stream);
+    ASSIGN_OR_RETURN(IpcShard * shard, PickShard(layer, rows));
+    absl::Status st =
+        Hand(*shard, layer, x, row_offset, rows, static_cast<cudaStream_t>(stream), deadline);
+    // The answer lands on the slot's stream: the caller's stream waits for it only at the Join.
+    if (st.ok()) st = Collect(*shard, row_offset, rows, out, slot_stream);
+    if (st.ok()) {
+      st = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>((*slot)->done), slot_stream),
+                      "cudaEventRecord");
+    }
+    if (!st.ok()) return Failed(*shard, st);
+    stats_.rows += rows;
+    return slots_->Issue(*slot, row_offset, row_offset + rows);
+  }
+
+  absl::Status JoinOnDevice(Handle handle, void* stream) override {
+    return slots_->Join(handle, stream);
+  }
+
  private:
-  absl::Status Call(IpcShard& shard, int layer, const void* x, int n, void* out, cudaStream_t s,
-                    absl::Time deadline) {
+  absl::StatusOr<IpcShard*> PickShard(int layer, int rows) {
+    if (!expected_.Serves(layer) || rows < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_ipc MLP: layer ", layer, ", ", rows, " rows"));
+    }
+    ++stats_.calls;
+    for (const auto& s : shards_) {
+      if (s->shape.Serves(layer) && !s->failed && !s->ended.load()) return s.get();
+    }
+    ++stats_.failures;
+    return absl::UnavailableError(absl::StrCat("cuda_ipc MLP: no live shard serves layer ", layer,
+                                               " (a shard stopped or failed)"));
+  }
+
+  absl::Status Failed(IpcShard& shard, const absl::Status& st) {
+    shard.failed = true;
+    ++stats_.failures;
+    return absl::Status(st.code(),
+                        absl::StrCat("cuda_ipc MLP shard ", shard.address, ": ", st.message()));
+  }
+
+  // Queues the rows' copy into the shard's input buffer at `row_offset` on `s`, records the input
+  // event and rings the doorbell; returns once the shard has queued the layer behind the event.
+  absl::Status Hand(IpcShard& shard, int layer, const void* x, int row_offset, int n,
+                    cudaStream_t s, absl::Time deadline) {
+    const size_t offset = static_cast<size_t>(row_offset) * expected_.hidden_size * 2;
     const size_t bytes = static_cast<size_t>(n) * expected_.hidden_size * 2;
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(shard.in, x, bytes, cudaMemcpyDeviceToDevice, s),
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<char*>(shard.in) + offset, x, bytes,
+                                         cudaMemcpyDeviceToDevice, s),
                          "rows into the shard's input buffer");
     RETURN_IF_CUDA_ERROR(cudaEventRecord(shard.in_event, s), "cudaEventRecord (input)");
-    const uint32_t seq = shard.bell->Ring(layer, n);
+    const uint32_t seq = shard.bell->Ring(layer, row_offset, n);
     ASSIGN_OR_RETURN(
         const int32_t code,
         shard.bell->WaitDone(seq, std::min(deadline, absl::Now() + options_.call_timeout)));
@@ -150,9 +196,18 @@ class CudaIpcMlpBackend final : public MlpBackend {
     if (code != kIpcCallOk) {
       return absl::InternalError(absl::StrCat("failed layer ", layer, " (code ", code, ")"));
     }
+    return absl::OkStatus();
+  }
+
+  // Queues, on `s`, a wait for the shard's output event (its record of the call just answered)
+  // and the copy of the rows at `row_offset` of its output buffer into `out`.
+  absl::Status Collect(IpcShard& shard, int row_offset, int n, void* out, cudaStream_t s) {
+    const size_t offset = static_cast<size_t>(row_offset) * expected_.hidden_size * 2;
+    const size_t bytes = static_cast<size_t>(n) * expected_.hidden_size * 2;
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, shard.out_event, 0),
                          "cudaStreamWaitEvent (output)");
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out, shard.out, bytes, cudaMemcpyDeviceToDevice, s),
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out, static_cast<const char*>(shard.out) + offset, bytes,
+                                         cudaMemcpyDeviceToDevice, s),
                          "rows from the shard's output buffer");
     return absl::OkStatus();
   }
@@ -163,6 +218,7 @@ class CudaIpcMlpBackend final : public MlpBackend {
   const int max_rows_;
   const RemoteMlpOptions options_;
   MlpBackendStats stats_;
+  std::unique_ptr<DeviceCallSlots> slots_ = std::make_unique<DeviceCallSlots>();
 };
 
 // Opens one IPC buffer of the shard and checks that its allocation holds `bytes`.
@@ -282,8 +338,10 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateCudaIpcMlpBackend(
     return absl::FailedPreconditionError(
         absl::StrCat("cuda_ipc MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ",")));
   }
-  return std::unique_ptr<MlpBackend>(std::make_unique<CudaIpcMlpBackend>(
-      std::move(shards), expected, device_ordinal, max_rows, options));
+  auto backend = std::make_unique<CudaIpcMlpBackend>(std::move(shards), expected, device_ordinal,
+                                                     max_rows, options);
+  RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<MlpBackend>(std::move(backend));
 }
 
 }  // namespace tandem::mlp

@@ -14,6 +14,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/mlp/cuda/cuda_dense_mlp.h"
+#include "runtime/mlp/cuda/device_call_slots.h"
 
 namespace tandem::mlp {
 namespace {
@@ -25,7 +26,9 @@ class CudaMlpBackend final : public MlpBackend {
   ~CudaMlpBackend() override {
     if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    mlp_.reset();  // (if last) before the stream it last used goes
+    slots_.reset();  // waits for the calls still queued on the slots' streams
+    mlp_.reset();    // (if last) before the streams it last used go
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (rows_ != nullptr) cudaFree(rows_);
     if (host_ != nullptr) cudaFreeHost(host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -35,6 +38,9 @@ class CudaMlpBackend final : public MlpBackend {
     RETURN_IF_CUDA_ERROR(cudaSetDevice(mlp_->device()), "cuda MLP: cudaSetDevice");
     RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                          "cuda MLP: cudaStreamCreate");
+    RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
+                         "cuda MLP: cudaEventCreate");
+    RETURN_IF_ERROR(slots_->Init(mlp_->device()));
     return Reserve(64);
   }
 
@@ -64,6 +70,44 @@ class CudaMlpBackend final : public MlpBackend {
       ++stats_.failures;
     }
     return s;
+  }
+
+  // Ping-pong in one process: the layer runs on a slot's stream behind an event of the caller's,
+  // so the caller's stream is free for other work until the Join (the rows are the caller's own
+  // memory: no shared buffers, so rows need not be disjoint).
+  int device_slots() const override { return DeviceCallSlots::kSlots; }
+  absl::StatusOr<Handle> SubmitOnDevice(int layer, const void* x, int rows, int row_offset,
+                                        void* out, void* stream, absl::Time deadline) override {
+    if (absl::Now() > deadline) {
+      ++stats_.failures;
+      return absl::DeadlineExceededError(
+          absl::StrCat("cuda MLP: layer ", layer, " submitted past its deadline"));
+    }
+    absl::StatusOr<DeviceCallSlots::Slot*> slot =
+        slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/false);
+    if (!slot.ok()) {
+      return absl::Status(slot.status().code(), absl::StrCat("cuda MLP: ", slot.status().message()));
+    }
+    cudaStream_t slot_stream = static_cast<cudaStream_t>((*slot)->stream);
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)),
+                         "cuda MLP: cudaEventRecord (rows ready)");
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(slot_stream, ready_, 0),
+                         "cuda MLP: cudaStreamWaitEvent (rows ready)");
+    absl::Status s = mlp_->Forward(layer, x, rows, out, slot_stream);
+    ++stats_.calls;
+    if (s.ok()) {
+      s = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>((*slot)->done), slot_stream),
+                     "cuda MLP: cudaEventRecord (done)");
+    }
+    if (!s.ok()) {
+      ++stats_.failures;
+      return s;
+    }
+    stats_.rows += rows;
+    return slots_->Issue(*slot, row_offset, row_offset + rows);
+  }
+  absl::Status JoinOnDevice(Handle handle, void* stream) override {
+    return slots_->Join(handle, stream);
   }
 
   absl::StatusOr<Handle> Submit(int layer, const float* x, int rows, float* out,
@@ -142,6 +186,8 @@ class CudaMlpBackend final : public MlpBackend {
 
   std::shared_ptr<CudaDenseMlp> mlp_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // the caller's rows are ready (SubmitOnDevice)
+  std::unique_ptr<DeviceCallSlots> slots_ = std::make_unique<DeviceCallSlots>();
   void* rows_ = nullptr;  // x then y, [cap_, hidden] bf16 each
   void* host_ = nullptr;
   int cap_ = 0;

@@ -9,7 +9,9 @@
 // deadline computes nothing and its Wait is DeadlineExceeded.
 // Device rows (EnqueueOnDevice, bf16, for a caller on the same GPU: the CUDA runner's `--mlp
 // cuda`): the layer is queued on the caller's stream (cuda_dense_mlp.h), with no copy and no
-// wait.
+// wait; SubmitOnDevice queues it on a stream of its own behind an event of the caller's stream
+// (ping-pong: the caller's next micro-batch's attention may run meanwhile), JoinOnDevice makes
+// the caller's stream wait for it.
 //
 // Errors: creation fails as LoadDenseMlpWeights does for missing or misshapen tensors (naming
 // them), Unavailable / NotFound for the GPU, ResourceExhausted for its memory; nothing stays

@@ -112,13 +112,19 @@ class IpcShardSession final : public MlpShardSession {
       absl::StatusOr<IpcDoorbell::Request> r =
           bell_->WaitRequest(absl::Now() + absl::Milliseconds(100));
       if (!r.ok()) continue;  // no call yet: look at the stop flag again
-      if (!shape.Serves(r->layer) || r->rows < 1 || r->rows > rows_) {
+      // Checked in int64 so no pair of values overflows: the rows lie inside the buffers.
+      if (!shape.Serves(r->layer) || r->rows < 1 || r->row_offset < 0 ||
+          int64_t{r->row_offset} + r->rows > rows_) {
         bell_->Finish(r->seq, kIpcCallRefused);
         continue;
       }
+      const size_t offset = static_cast<size_t>(r->row_offset) * shape.hidden_size * 2;
       absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, in_event_, 0),
                                   "MLP session: cudaStreamWaitEvent");
-      if (s.ok()) s = mlp_->Forward(r->layer, in_, r->rows, out_, stream_);
+      if (s.ok()) {
+        s = mlp_->Forward(r->layer, static_cast<char*>(in_) + offset, r->rows,
+                          static_cast<char*>(out_) + offset, stream_);
+      }
       // Recorded whatever happened, so nothing queued behind it waits for ever.
       const absl::Status recorded =
           CudaStatus(cudaEventRecord(out_event_, stream_), "MLP session: cudaEventRecord");

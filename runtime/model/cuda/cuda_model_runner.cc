@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -28,6 +29,7 @@
 #include "runtime/kernels/cuda/norm_kernels.h"
 #include "runtime/kernels/cuda/sampling_kernels.h"
 #include "runtime/kernels/cuda/token_mask_kernels.h"
+#include "runtime/mlp/micro_batch_chooser.h"
 #include "runtime/model/cuda/cublas_gemm.h"
 #include "runtime/model/cuda/kv_host_mirror.h"
 #include "runtime/model/cuda/step_plan.h"
@@ -172,6 +174,7 @@ class Runner final : public CudaModelRunner {
       RETURN_IF_ERROR(RunGraphed(&stats_.graph_replayed));
     } else {
       RETURN_IF_ERROR(RunDevice(nullptr));
+      stats_.micro_batches = step_micro_batches_;
     }
     // Guided rows: their masks are computed on the host now, while the forward pass runs, then
     // applied and sampled after it (outside the graph).
@@ -189,6 +192,7 @@ class Runner final : public CudaModelRunner {
                           static_cast<size_t>(R) * 8, cudaMemcpyDeviceToHost, stream_),
           "sampled tokens device->host copy");
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+      RecordStepTime(start);
       const int32_t* tokens = reinterpret_cast<const int32_t*>(
           static_cast<const char*>(host_sampling_) + sampling_out_offset_);
       const float* logprobs = reinterpret_cast<const float*>(tokens + R);
@@ -215,7 +219,23 @@ class Runner final : public CudaModelRunner {
       i = j;
     }
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+    RecordStepTime(start);
     return absl::OkStatus();
+  }
+
+  // With the micro-batch count chosen from measurements (mlp_micro_batches 0), a ping-pong
+  // eligible step's wall time goes to the chooser; its decisions are logged.
+  void RecordStepTime(std::chrono::steady_clock::time_point start) {
+    if (!step_ping_pong_ || options_.mlp_micro_batches != 0) return;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+    const int rows = plan_.num_decode;
+    if (std::optional<int> decided = chooser_.Record(rows, step_micro_batches_, ms)) {
+      LOG(INFO) << "CUDA runner: decode steps of up to " << rows << "+ rows run the "
+                << options_.mlp->name() << " MLP in " << *decided
+                << " micro-batch(es) (measured fastest)";
+    }
   }
 
   absl::StatusOr<double> TimeDeviceStep(const ForwardBatch& batch, int warmup, int iters) override {
@@ -896,14 +916,219 @@ class Runner final : public CudaModelRunner {
     return absl::OkStatus();
   }
 
+  // Rows [row0, row0 + rows) of a step as one unit of the layer loop: its decode rows come
+  // first (the plan puts every decode row before the prefill rows), then, in the micro-batch that
+  // has them (the whole step's), the prefill rows.
+  struct MicroBatch {
+    int row0 = 0;
+    int rows = 0;
+    int num_decode = 0;
+    bool prefill = false;
+  };
+
+  // The step's micro-batches: one, unless the MLP is offloaded to a backend with device slots
+  // and the step is decode-only (ping-pong; docs/mlp.md), when `count` (options, or the
+  // chooser's) splits its rows into nearly equal parts.
+  std::vector<MicroBatch> PlanMicroBatches(int count) const {
+    const StepPlan& p = plan_;
+    const int T = p.num_rows, D = p.num_decode;
+    count = std::min(count, D);
+    if (count < 2 || p.num_prefill > 0 || T != D || capturing_) {
+      return {MicroBatch{0, T, D, p.num_prefill > 0}};
+    }
+    std::vector<MicroBatch> mbs;
+    for (int m = 0, row = 0; m < count; ++m) {
+      const int rows = D / count + (m < D % count ? 1 : 0);
+      mbs.push_back(MicroBatch{row, rows, rows, false});
+      row += rows;
+    }
+    return mbs;
+  }
+
+  // Whether a step of the current plan may run in micro-batches at all.
+  bool PingPongEligible() const {
+    if (options_.mlp == nullptr || !options_.mlp->SupportsDevice(options_.device_ordinal)) {
+      return false;
+    }
+    const int max_rows = options_.mlp->device_max_rows();
+    return plan_.num_prefill == 0 && plan_.num_decode >= 2 && plan_.num_rows == plan_.num_decode &&
+           (max_rows == 0 || plan_.num_rows <= max_rows);
+  }
+
+  // One layer of micro-batch `mb`, from its input norm to the post-attention norm, whose output
+  // (the MLP's input) is left in normed_'s rows of `mb`: fused residual RMSNorm (layer 0: the
+  // embeddings) -> QKV (+RoPE, KV append) -> decode and/or prefill attention -> O projection into
+  // h_ -> fused residual RMSNorm. `last` (the step's last micro-batch) advances the layer
+  // progress once every row's KV of the layer is in the cache.
+  absl::Status AttentionHalf(int li, const MicroBatch& mb, bool last, Profiler* prof) {
+    const ModelConfig& c = config_;
+    const StepPlan& p = plan_;
+    void* s = stream_;
+    const int32_t* meta = static_cast<const int32_t*>(meta_.data);
+    const int T = mb.rows, D = mb.num_decode, r0 = mb.row0, hidden = c.hidden_size;
+    const int qkv_w = QkvWidth(), q_w = QWidth();
+    auto mark = [prof](const char* name) -> absl::Status {
+      return prof == nullptr ? absl::OkStatus() : prof->Mark(name);
+    };
+    const size_t row_bytes = static_cast<size_t>(hidden) * 2;
+    char* normed = static_cast<char*>(normed_.data) + r0 * row_bytes;
+    char* resid = static_cast<char*>(resid_.data) + r0 * row_bytes;
+    char* h = static_cast<char*>(h_.data) + r0 * row_bytes;
+    char* qkv = static_cast<char*>(qkv_.data) + static_cast<size_t>(r0) * qkv_w * 2;
+    char* attn = static_cast<char*>(attn_.data) + static_cast<size_t>(r0) * q_w * 2;
+    const int32_t* positions = meta + p.off.positions + r0;
+    const int32_t* slots = meta + p.off.slots + r0;
+    auto norm = [&](const void* x, void* residual, const void* weight) {
+      cuda::RmsNormArgs a;
+      a.x = x;
+      a.residual = residual;
+      a.weight = weight;
+      a.out = normed;
+      a.rows = T;
+      a.dim = hidden;
+      a.eps = c.rms_norm_eps;
+      return cuda::LaunchRmsNorm(a, s);
+    };
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const LayerPtrs& lw = layers_[li];
+    // The residual stream lives in resid_; h_ holds the last sublayer's output.
+    if (li == 0) {
+      RETURN_IF_ERROR(norm(resid, nullptr, lw.input_norm));
+    } else {
+      RETURN_IF_ERROR(norm(h, resid, lw.input_norm));
+    }
+    RETURN_IF_ERROR(mark("rmsnorm"));
+    // The QKV projection runs with RoPE and the KV append in its epilogue where its kernel is
+    // ours (the single-token GEMV, cuda::LaunchQkvGemvRopeKvAppend; the skinny GEMM where it
+    // takes the call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each
+    // bit-identical to the two launches it replaces: one kernel fewer per layer (H200,
+    // Llama-3-8B shape, batch 1 at 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md).
+    if (gemm_->UseGemv(T, hidden, normed, lw.qkv)) {
+      RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
+          normed, lw.qkv, lw.qkv_bias, T, hidden, qkv, positions,
+          static_cast<const float*>(inv_freq_.data), slots, c.num_heads, cache_, li, s));
+      RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
+    } else if (gemm_->FusesQkvRope(T, hidden, qkv_w, normed, lw.qkv)) {
+      cuda::SkinnyRope rope;
+      rope.num_heads = c.num_heads;
+      rope.num_kv_heads = c.num_kv_heads;
+      rope.head_dim = c.head_dim;
+      rope.positions = positions;
+      rope.inv_freq = static_cast<const float*>(inv_freq_.data);
+      rope.slot_mapping = slots;
+      rope.k_layer = cuda::KvCacheLayerK(cache_, li);
+      rope.v_layer = cuda::KvCacheLayerV(cache_, li);
+      RETURN_IF_ERROR(
+          gemm_->LinearQkvRope(normed, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, rope, qkv, s));
+      RETURN_IF_ERROR(mark("qkv_gemm_rope_kv"));
+    } else {
+      RETURN_IF_ERROR(
+          gemm_->Linear(normed, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv, GemmOut::kBf16, s));
+      RETURN_IF_ERROR(mark("qkv_gemm"));
+      RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(qkv, positions,
+                                               static_cast<const float*>(inv_freq_.data), slots,
+                                               T, c.num_heads, cache_, li, s));
+      RETURN_IF_ERROR(mark("rope_kv_append"));
+    }
+    // This layer's KV of the step is in the cache: advance the layer progress (eager runs
+    // only: a captured value would be replayed stale).
+    if (last && progress_device_ != nullptr && !capturing_) {
+      RETURN_IF_ERROR(cuda::LaunchStoreProgress(progress_device_, ++progress_value_, s));
+    }
+    if (D > 0) {
+      cuda::DecodeAttentionArgs a;
+      a.q = qkv;
+      a.q_row_stride = qkv_w;
+      a.cache = &cache_;
+      a.layer = li;
+      a.block_tables =
+          meta + p.off.decode_tables + static_cast<size_t>(r0) * p.decode_table_width;
+      a.max_blocks_per_seq = p.decode_table_width;
+      a.context_lens = meta + p.off.context_lens + r0;
+      a.num_seqs = D;
+      a.num_heads = c.num_heads;
+      a.scale = scale;
+      a.out = attn;
+      a.workspace = decode_ws_.data;
+      a.workspace_bytes = cap_.decode_ws;
+      a.max_context_len = p.decode_max_context;
+      a.tuning = options_.tuning.decode;
+      RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
+      RETURN_IF_ERROR(mark("attention_decode"));
+    }
+    if (mb.prefill) {
+      cuda::PrefillAttentionArgs a;
+      a.q = qkv + static_cast<size_t>(D) * qkv_w * 2;
+      a.q_row_stride = qkv_w;
+      a.cache = &cache_;
+      a.layer = li;
+      a.block_tables = meta + p.off.prefill_tables;
+      a.max_blocks_per_seq = p.prefill_table_width;
+      a.seq_start_rows = meta + p.off.seq_starts;
+      a.start_pos = meta + p.off.start_pos;
+      a.num_seqs = p.num_prefill;
+      a.max_new_tokens = p.prefill_max_new_tokens;
+      a.num_heads = c.num_heads;
+      a.scale = scale;
+      a.out = attn + static_cast<size_t>(D) * q_w * 2;
+      RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
+      RETURN_IF_ERROR(mark("attention_prefill"));
+    }
+    RETURN_IF_ERROR(gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h, GemmOut::kBf16, s));
+    RETURN_IF_ERROR(mark("o_gemm"));
+    RETURN_IF_ERROR(norm(h, resid, lw.post_norm));
+    return mark("rmsnorm");
+  }
+
+  // The layer loop in ping-pong (docs/mlp.md): per layer and micro-batch, wait for that
+  // micro-batch's MLP of the previous layer (a stream wait, JoinOnDevice), run its attention
+  // half and submit its MLP (SubmitOnDevice), so one micro-batch's attention is queued while
+  // another's MLP computes. Every submitted call is joined, also after an error.
+  absl::Status PingPongLayers(const std::vector<MicroBatch>& mbs, Profiler* prof) {
+    mlp::MlpBackend& backend = *options_.mlp;
+    const size_t row_bytes = static_cast<size_t>(config_.hidden_size) * 2;
+    std::vector<std::optional<mlp::MlpBackend::Handle>> pending(mbs.size());
+    absl::Status status;
+    for (int li = 0; li < config_.num_layers && status.ok(); ++li) {
+      for (size_t m = 0; m < mbs.size() && status.ok(); ++m) {
+        const MicroBatch& mb = mbs[m];
+        if (pending[m].has_value()) {
+          status = backend.JoinOnDevice(*pending[m], stream_);
+          pending[m].reset();
+          if (!status.ok()) break;
+        }
+        status = AttentionHalf(li, mb, m + 1 == mbs.size(), prof);
+        if (!status.ok()) break;
+        absl::StatusOr<mlp::MlpBackend::Handle> h = backend.SubmitOnDevice(
+            li, static_cast<char*>(normed_.data) + mb.row0 * row_bytes, mb.rows, mb.row0,
+            static_cast<char*>(h_.data) + mb.row0 * row_bytes, stream_, absl::InfiniteFuture());
+        if (!h.ok()) {
+          status = absl::Status(h.status().code(),
+                                absl::StrFormat("layer %d MLP (micro-batch %d) on the %s backend: %s",
+                                                li, m, std::string(backend.name()),
+                                                h.status().message()));
+          break;
+        }
+        pending[m] = *h;
+        if (prof != nullptr) status = prof->Mark("mlp_offload");
+      }
+    }
+    for (auto& h : pending) {
+      if (!h.has_value()) continue;
+      absl::Status joined = backend.JoinOnDevice(*h, stream_);
+      if (status.ok()) status = joined;
+    }
+    return status;
+  }
+
   // Queues the whole forward pass of plan_ (metadata already on the device).
   absl::Status RunDevice(Profiler* prof) {
     const ModelConfig& c = config_;
     const StepPlan& p = plan_;
     void* s = stream_;
     const int32_t* meta = static_cast<const int32_t*>(meta_.data);
-    const int T = p.num_rows, D = p.num_decode, hidden = c.hidden_size;
-    const int inter = c.intermediate_size, qkv_w = QkvWidth(), q_w = QWidth();
+    const int T = p.num_rows, hidden = c.hidden_size;
+    const int inter = c.intermediate_size;
     auto mark = [prof](const char* name) -> absl::Status {
       return prof == nullptr ? absl::OkStatus() : prof->Mark(name);
     };
@@ -918,103 +1143,25 @@ class Runner final : public CudaModelRunner {
       a.eps = c.rms_norm_eps;
       return cuda::LaunchRmsNorm(a, s);
     };
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    char* qkv = static_cast<char*>(qkv_.data);
-    char* attn = static_cast<char*>(attn_.data);
 
     RETURN_IF_ERROR(
         cuda::LaunchEmbedding(meta + p.off.ids, embed_, T, hidden, c.vocab_size, resid_.data, s));
     RETURN_IF_ERROR(mark("embedding"));
-    for (int li = 0; li < c.num_layers; ++li) {
+    step_micro_batches_ = 1;
+    step_ping_pong_ = PingPongEligible();
+    if (step_ping_pong_) {
+      const int count = options_.mlp_micro_batches > 0 ? options_.mlp_micro_batches
+                                                        : chooser_.Choose(p.num_decode);
+      const std::vector<MicroBatch> mbs = PlanMicroBatches(count);
+      if (mbs.size() > 1) {
+        step_micro_batches_ = static_cast<int>(mbs.size());
+        RETURN_IF_ERROR(PingPongLayers(mbs, prof));
+      }
+    }
+    const MicroBatch whole{0, T, p.num_decode, p.num_prefill > 0};
+    for (int li = 0; li < c.num_layers && step_micro_batches_ == 1; ++li) {
       const LayerPtrs& lw = layers_[li];
-      // The residual stream lives in resid_; h_ holds the last sublayer's output.
-      if (li == 0) {
-        RETURN_IF_ERROR(norm(resid_.data, nullptr, lw.input_norm, T));
-      } else {
-        RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.input_norm, T));
-      }
-      RETURN_IF_ERROR(mark("rmsnorm"));
-      // The QKV projection runs with RoPE and the KV append in its epilogue where its kernel is
-      // ours (the single-token GEMV, cuda::LaunchQkvGemvRopeKvAppend; the skinny GEMM where it
-      // takes the call: 2-32 rows on compute capability 9.0 by default, see cublas_gemm.h), each
-      // bit-identical to the two launches it replaces: one kernel fewer per layer (H200,
-      // Llama-3-8B shape, batch 1 at 1K: 4.16 against 4.24 ms per step; bench/RESULTS.md).
-      if (gemm_->UseGemv(T, hidden, normed_.data, lw.qkv)) {
-        RETURN_IF_ERROR(cuda::LaunchQkvGemvRopeKvAppend(
-            normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv, meta + p.off.positions,
-            static_cast<const float*>(inv_freq_.data), meta + p.off.slots, c.num_heads, cache_, li,
-            s));
-        RETURN_IF_ERROR(mark("qkv_gemv_rope_kv"));
-      } else if (gemm_->FusesQkvRope(T, hidden, qkv_w, normed_.data, lw.qkv)) {
-        cuda::SkinnyRope rope;
-        rope.num_heads = c.num_heads;
-        rope.num_kv_heads = c.num_kv_heads;
-        rope.head_dim = c.head_dim;
-        rope.positions = meta + p.off.positions;
-        rope.inv_freq = static_cast<const float*>(inv_freq_.data);
-        rope.slot_mapping = meta + p.off.slots;
-        rope.k_layer = cuda::KvCacheLayerK(cache_, li);
-        rope.v_layer = cuda::KvCacheLayerV(cache_, li);
-        RETURN_IF_ERROR(gemm_->LinearQkvRope(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w,
-                                             rope, qkv, s));
-        RETURN_IF_ERROR(mark("qkv_gemm_rope_kv"));
-      } else {
-        RETURN_IF_ERROR(gemm_->Linear(normed_.data, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv,
-                                      GemmOut::kBf16, s));
-        RETURN_IF_ERROR(mark("qkv_gemm"));
-        RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(
-            qkv, meta + p.off.positions, static_cast<const float*>(inv_freq_.data),
-            meta + p.off.slots, T, c.num_heads, cache_, li, s));
-        RETURN_IF_ERROR(mark("rope_kv_append"));
-      }
-      // This layer's KV of the step is in the cache: advance the layer progress (eager runs
-      // only: a captured value would be replayed stale).
-      if (progress_device_ != nullptr && !capturing_) {
-        RETURN_IF_ERROR(cuda::LaunchStoreProgress(progress_device_, ++progress_value_, s));
-      }
-      if (D > 0) {
-        cuda::DecodeAttentionArgs a;
-        a.q = qkv;
-        a.q_row_stride = qkv_w;
-        a.cache = &cache_;
-        a.layer = li;
-        a.block_tables = meta + p.off.decode_tables;
-        a.max_blocks_per_seq = p.decode_table_width;
-        a.context_lens = meta + p.off.context_lens;
-        a.num_seqs = D;
-        a.num_heads = c.num_heads;
-        a.scale = scale;
-        a.out = attn;
-        a.workspace = decode_ws_.data;
-        a.workspace_bytes = cap_.decode_ws;
-        a.max_context_len = p.decode_max_context;
-        a.tuning = options_.tuning.decode;
-        RETURN_IF_ERROR(cuda::LaunchPagedDecodeAttention(a, s));
-        RETURN_IF_ERROR(mark("attention_decode"));
-      }
-      if (p.num_prefill > 0) {
-        cuda::PrefillAttentionArgs a;
-        a.q = qkv + static_cast<size_t>(D) * qkv_w * 2;
-        a.q_row_stride = qkv_w;
-        a.cache = &cache_;
-        a.layer = li;
-        a.block_tables = meta + p.off.prefill_tables;
-        a.max_blocks_per_seq = p.prefill_table_width;
-        a.seq_start_rows = meta + p.off.seq_starts;
-        a.start_pos = meta + p.off.start_pos;
-        a.num_seqs = p.num_prefill;
-        a.max_new_tokens = p.prefill_max_new_tokens;
-        a.num_heads = c.num_heads;
-        a.scale = scale;
-        a.out = attn + static_cast<size_t>(D) * q_w * 2;
-        RETURN_IF_ERROR(cuda::LaunchPrefillAttention(a, s));
-        RETURN_IF_ERROR(mark("attention_prefill"));
-      }
-      RETURN_IF_ERROR(
-          gemm_->Linear(attn, lw.o_proj, nullptr, T, q_w, hidden, h_.data, GemmOut::kBf16, s));
-      RETURN_IF_ERROR(mark("o_gemm"));
-      RETURN_IF_ERROR(norm(h_.data, resid_.data, lw.post_norm, T));
-      RETURN_IF_ERROR(mark("rmsnorm"));
+      RETURN_IF_ERROR(AttentionHalf(li, whole, /*last=*/true, prof));
       if (options_.mlp != nullptr) {
         RETURN_IF_ERROR(OffloadedMlp(li, T));
         RETURN_IF_ERROR(mark("mlp_offload"));
@@ -1081,6 +1228,11 @@ class Runner final : public CudaModelRunner {
   uint64_t* progress_device_ = nullptr;
   uint64_t progress_value_ = 0;
   bool capturing_ = false;
+  // Ping-pong (MLP offload): whether the last step could run in micro-batches, how many it ran,
+  // and the chooser of that count when options_.mlp_micro_batches is 0.
+  bool step_ping_pong_ = false;
+  int step_micro_batches_ = 1;
+  mlp::MicroBatchChooser chooser_;
   cuda::PagedKvCache cache_;
   DeviceBuffer inv_freq_;
   DeviceBuffer cublas_ws_;
@@ -1138,6 +1290,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateCudaModelRunner(
           std::string(options.mlp->name()), s.first_layer, s.end_layer, s.hidden_size,
           s.intermediate_size, config.num_layers, config.hidden_size, config.intermediate_size));
     }
+  }
+  if (options.mlp_micro_batches < 0 || options.mlp_micro_batches > 16) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CUDA runner: mlp_micro_batches %d (0: chosen from measured step times, 1-16: fixed)",
+        options.mlp_micro_batches));
   }
   // Before anything is allocated: a plan filled in code gets the parser's range checks.
   RETURN_IF_ERROR(ValidateCudaTuning(options.tuning));

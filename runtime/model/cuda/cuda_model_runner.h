@@ -31,13 +31,16 @@
 //
 // MLP offload (options.mlp, docs/mlp.md): with a backend the runner uploads no MLP weights (their
 // bf16 bytes, less what the backend keeps on this GPU, go to the KV cache when num_blocks is
-// derived from kv_cache_bytes). Each layer's
-// post-attention normed rows go to the backend, one call per layer on the runner's thread:
-// queued on the runner's stream when the backend has a device path on this GPU
-// (MlpBackend::SupportsDevice), else through pinned host memory (bf16 -> f32 -> MLP -> bf16 into
-// the sublayer output, waiting for the stream). Such steps run eagerly (no CUDA graphs) as one
-// micro-batch; a backend error fails the step with a status naming the layer and backend (the KV
-// of the layers already run is written).
+// derived from kv_cache_bytes). Each layer's post-attention normed rows go to the backend, one
+// call per layer on the runner's thread: queued on the runner's stream when the backend has a
+// device path on this GPU (MlpBackend::SupportsDevice), else through pinned host memory (bf16 ->
+// f32 -> MLP -> bf16 into the sublayer output, waiting for the stream). Such steps run eagerly
+// (no CUDA graphs). Ping-pong: a decode-only step of at least 2 rows, with a backend that has
+// device slots (SubmitOnDevice/JoinOnDevice) and takes its rows, runs as mlp_micro_batches
+// micro-batches of nearly equal rows, alternated per layer so that one's attention is queued
+// while another's MLP computes (on the backend's streams or in its process); other steps run as
+// one. A backend error fails the step with a status naming the layer and backend (the KV of the
+// layers already run is written); every call submitted is joined first.
 //
 // Thread-safety: as ModelRunner, one thread at a time; the runner may be created on one thread and
 // used on another (every call binds the thread to the runner's GPU).
@@ -67,6 +70,10 @@ struct CudaRunnerOptions {
   // Null: the MLP runs here (local). Otherwise on this backend, which must serve every layer of
   // the model's shape (InvalidArgument otherwise); see "MLP offload" above.
   std::shared_ptr<mlp::MlpBackend> mlp;
+  // Ping-pong with an offloaded MLP (see "MLP offload"): the micro-batches a decode-only step
+  // runs in when the backend has device slots; 1 turns it off, 0 chooses per batch size from
+  // measured step times (mlp/micro_batch_chooser.h).
+  int mlp_micro_batches = 0;
   // The kernel plan (cuda_tuning.h: decode attention splits, GEMM routing), fixed for the runner's
   // life. Speed only: results stay within float32 summation order of the defaults.
   CudaTuning tuning;
@@ -78,6 +85,7 @@ struct CudaStepStats {
   int rows = 0;          // device rows, padding included
   int graph_bucket = 0;  // 0: eager
   bool graph_replayed = false;  // a captured graph ran (false on the eager run before capture)
+  int micro_batches = 1;        // ping-pong micro-batches of the eager step (MLP offload)
 };
 
 // One op of an instrumented step: total GPU time over its calls (one per layer for most ops).
