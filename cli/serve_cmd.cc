@@ -154,9 +154,9 @@ struct ServeFlags {
                                            // "remote": our --mlp-shards
   int mlp_shards = 0;                      // `tandem mlp-shard` services (--mlp remote)
   std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
-  int mlp_micro_batches = 0;               // with --mlp remote: ping-pong micro-batches (0: measured)
-  int mlp_call_timeout_ms = 2000;          // with --mlp remote: one layer's call
-  int64_t admission_window_tokens = -1;    // prefill workers; -1: theirs
+  int mlp_micro_batches = 0;             // with --mlp remote: ping-pong micro-batches (0: measured)
+  int mlp_call_timeout_ms = 2000;        // with --mlp remote: one layer's call
+  int64_t admission_window_tokens = -1;  // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
   ServiceAuthFlags service_auth;           // every child's; none given: a fresh token

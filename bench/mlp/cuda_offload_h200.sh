@@ -14,7 +14,8 @@
 # Env: TESTS (mlp: step 1; all: also every other GPU test of the bundle; 0: none), BENCH (1),
 #      RUNNER_S (400: the runner test's limit), MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
 #      twice each, before the offload bench), E2E (1: tandem serve over HTTP, local against GPU
-#      shards), BATCHES (64,256), CONTEXT (1024), ITERS (20).
+#      shards), BATCHES (64,256), CONTEXT (1024), ITERS (20), MICRO (1,2: the ping-pong micro-batch
+#      counts of each offloaded backend).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
@@ -89,6 +90,7 @@ bench() {  # bench TAG: a shard process, then mlp_step_bench against it
   done
   timeout 400 "$B/mlp_step_bench" --model /tmp/m8b --mlp "$2" \
     --batches "${BATCHES:-64,256}" --context "${CONTEXT:-1024}" --iters "${ITERS:-20}" \
+    --micro-batches "${MICRO:-1,2}" \
     --service-token-file "$token" --json "$R/steps-$1.json" > "$R/steps-$1.txt" 2>&1
   echo "mlp_step_bench $1 rc=$?" >> "$R/tests.txt"
   dc_stop "$shard"

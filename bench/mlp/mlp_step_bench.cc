@@ -4,12 +4,14 @@
 // and one run, plus the KV capacity each leaves at one GPU memory budget.
 //
 //   mlp_step_bench --model DIR [--mlp local,cuda,cuda_ipc:HOST:PORT] [--batches 64,256]
-//       [--context 1024] [--iters 20] [--service-token-file F] [--json OUT]
+//       [--context 1024] [--iters 20] [--micro-batches 1,2] [--service-token-file F] [--json OUT]
 //
 // For each backend it creates a runner (KV sized for the largest batch at the context), then
 // times decode steps (every sequence one new token at `context`) with TimeDeviceStep: `local`
 // replays CUDA graphs as serving does, and is also run eagerly (`local-eager`), the mode every
-// offloaded step runs in. Weights and GPU memory in use after creation are printed per backend.
+// offloaded step runs in. An offloaded backend runs once per --micro-batches count (ping-pong:
+// 1 is one micro-batch; the backend is reused by each count's runner). Weights and GPU memory in
+// use after creation are printed per backend.
 // Exit status: 0 ok, 1 a failure (named), 2 a usage error.
 #include <cuda_runtime_api.h>
 
@@ -41,6 +43,7 @@ struct Flags {
   std::vector<int> batches = {64, 256};
   int context = 1024;
   int iters = 20;
+  std::vector<int> micro_batches = {1, 2};
   std::string token_file;
   std::string json_out;
 };
@@ -81,7 +84,7 @@ int Run(const Flags& flags) {
     identity = *id;
   }
   json results = json::array();
-  std::printf("%-28s %6s %8s %10s %10s %12s\n", "mlp", "batch", "context", "ms/step", "tok/s",
+  std::printf("%-34s %6s %8s %10s %10s %12s\n", "mlp", "batch", "context", "ms/step", "tok/s",
               "weights GiB");
   const std::vector<std::string> specs = absl::StrSplit(flags.mlp, ',');
   for (const std::string& spec : specs) {
@@ -103,6 +106,14 @@ int Run(const Flags& flags) {
     o.num_blocks = max_batch * blocks_per_seq + 1;
     o.max_batch_tokens = std::max(2048, max_batch);
     o.mlp = std::shared_ptr<mlp::MlpBackend>(*std::move(backend));
+    std::vector<std::string> modes = {spec};
+    if (spec == "local") {
+      modes.push_back("local-eager");
+    } else {
+      modes.clear();
+      for (int m : flags.micro_batches) modes.push_back(absl::StrCat(spec, " mb=", m));
+    }
+    o.mlp_micro_batches = spec == "local" ? 1 : flags.micro_batches.front();
     auto runner = CreateCudaModelRunner(c, **store, o);
     if (!runner.ok()) {
       std::fprintf(stderr, "mlp_step_bench: runner with --mlp %s: %s\n", spec.c_str(),
@@ -110,16 +121,18 @@ int Run(const Flags& flags) {
       return 1;
     }
     const double used = GpuUsedGiB();
-    std::vector<std::string> modes = {spec};
-    if (spec == "local") modes.push_back("local-eager");
-    for (const std::string& mode : modes) {
+    for (size_t mode_index = 0; mode_index < modes.size(); ++mode_index) {
+      const std::string& mode = modes[mode_index];
       // local-eager: the graphed runner is freed first, so the two never hold weights at once.
       std::unique_ptr<CudaModelRunner> eager;
       CudaModelRunner* r = runner->get();
-      if (mode == "local-eager") {
+      if (mode == "local-eager" || (spec != "local" && mode_index > 0)) {
+        // local-eager, or the next micro-batch count: the last runner is freed first, so two
+        // never hold weights at once.
         runner->reset();
         CudaRunnerOptions e = o;
         e.cuda_graphs = false;
+        if (spec != "local") e.mlp_micro_batches = flags.micro_batches[mode_index];
         auto created = CreateCudaModelRunner(c, **store, e);
         if (!created.ok()) {
           std::fprintf(stderr, "mlp_step_bench: eager runner: %s\n",
@@ -148,9 +161,10 @@ int Run(const Flags& flags) {
                        std::string(ms.status().message()).c_str());
           return 1;
         }
-        std::printf("%-28s %6d %8d %10.3f %10.0f %12.2f\n", mode.c_str(), b, flags.context, *ms,
+        std::printf("%-34s %6d %8d %10.3f %10.0f %12.2f\n", mode.c_str(), b, flags.context, *ms,
                     b * 1000.0 / *ms, r->weight_bytes() / 1073741824.0);
         results.push_back({{"mlp", mode},
+                           {"micro_batches", r->last_step_stats().micro_batches},
                            {"batch", b},
                            {"context", flags.context},
                            {"ms_per_step", *ms},
@@ -176,6 +190,10 @@ int main(int argc, char** argv) {
   app.add_option("--context", flags.context, "Context of every sequence")
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--iters", flags.iters, "Timed steps per point")->check(CLI::Range(1, 10000));
+  app.add_option("--micro-batches", flags.micro_batches,
+                 "Ping-pong micro-batch counts to run each offloaded backend with")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16));
   app.add_option("--service-token-file", flags.token_file, "Token of the shards (cuda_ipc)");
   app.add_option("--json", flags.json_out, "Write the results as JSON here");
   CLI11_PARSE(app, argc, argv);

@@ -2,12 +2,13 @@
 // IpcDoorbell: the per-call signal of the MLP shard's GPU data plane on one host (docs/mlp.md,
 // "cuda_ipc"). One page of POSIX shared memory between an attention worker (the client) and a
 // `tandem mlp-shard` session: the client rings it with (layer, row offset, rows) after queueing
-// its input copy and recording the input event; the shard answers once it has queued that layer behind the
-// event (or refused it). The GPU work itself is ordered by CUDA IPC events, not by this page.
+// its input copy and recording the input event; the shard answers once it has queued that layer
+// behind the event (or refused it). The GPU work itself is ordered by CUDA IPC events, not by this
+// page.
 //
-// Protocol: one call at a time per page. Ring() stores layer, row offset and rows, then the call's sequence
-// number (release) and wakes a waiting shard (futex). The shard's WaitRequest() sees the new
-// sequence (acquire), reads them, and Finish(seq, code) stores the answer code then the
+// Protocol: one call at a time per page. Ring() stores layer, row offset and rows, then the call's
+// sequence number (release) and wakes a waiting shard (futex). The shard's WaitRequest() sees the
+// new sequence (acquire), reads them, and Finish(seq, code) stores the answer code then the
 // sequence in `done` (release) and wakes the client, whose WaitDone() returns it. Waiting spins
 // briefly, then sleeps on the futex, and always ends by its deadline.
 //
@@ -53,8 +54,8 @@ class IpcDoorbell {
   // Client: the answer code of call `seq` (0: queued), DeadlineExceeded past `deadline`.
   absl::StatusOr<int32_t> WaitDone(uint32_t seq, absl::Time deadline);
 
-  // Shard: the next call's sequence number, layer, row offset and rows; DeadlineExceeded when none came by
-  // `deadline` (callers loop, checking their stop flag between waits).
+  // Shard: the next call's sequence number, layer, row offset and rows; DeadlineExceeded when none
+  // came by `deadline` (callers loop, checking their stop flag between waits).
   struct Request {
     uint32_t seq = 0;
     int32_t layer = 0;

@@ -12,7 +12,8 @@ absl::Status MicroBatchChooser::Validate(const MicroBatchChooserOptions& options
     return absl::InvalidArgumentError("micro-batch chooser: no candidate count");
   }
   for (size_t i = 0; i < options.candidates.size(); ++i) {
-    if (options.candidates[i] < 1 || (i > 0 && options.candidates[i] <= options.candidates[i - 1])) {
+    if (options.candidates[i] < 1 ||
+        (i > 0 && options.candidates[i] <= options.candidates[i - 1])) {
       return absl::InvalidArgumentError(
           "micro-batch chooser: candidates must be ascending counts of at least 1");
     }

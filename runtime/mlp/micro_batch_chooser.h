@@ -1,10 +1,10 @@
 #pragma once
-// MicroBatchChooser: how many micro-batches a runner's offloaded step runs in ping-pong (docs/mlp.md,
-// "Ping-pong"), chosen from the step times it measures rather than fixed. Splitting a step helps
-// when one micro-batch's MLP round trip is long against another's attention (a shard across a
-// link, or a busy one) and costs when it is short (smaller GEMMs, more launches and calls); which
-// one holds depends on the batch size, the backend and the load, so it is measured per batch
-// size.
+// MicroBatchChooser: how many micro-batches a runner's offloaded step runs in ping-pong
+// (docs/mlp.md, "Ping-pong"), chosen from the step times it measures rather than fixed. Splitting a
+// step helps when one micro-batch's MLP round trip is long against another's attention (a shard
+// across a link, or a busy one) and costs when it is short (smaller GEMMs, more launches and
+// calls); which one holds depends on the batch size, the backend and the load, so it is measured
+// per batch size.
 //
 // Per bucket of steps (rows rounded up to a power of two), the chooser probes: Choose() hands out
 // each candidate count in turn (those above the step's rows are skipped) until each has

@@ -465,11 +465,9 @@ class CpuModelRunner final : public ModelRunner {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
-      if (std::optional<int> decided =
-              chooser_.Record(chunks, static_cast<int>(mbs.size()), ms)) {
-        LOG(INFO) << "CPU runner: steps of up to " << chunks << "+ chunks run the "
-                  << mlp_->name() << " MLP in " << *decided
-                  << " micro-batch(es) (measured fastest)";
+      if (std::optional<int> decided = chooser_.Record(chunks, static_cast<int>(mbs.size()), ms)) {
+        LOG(INFO) << "CPU runner: steps of up to " << chunks << "+ chunks run the " << mlp_->name()
+                  << " MLP in " << *decided << " micro-batch(es) (measured fastest)";
       }
     }
     // On failure the batch's KV of the layers computed is written; the engine fails its

@@ -113,7 +113,8 @@ class CudaIpcMlpBackend final : public MlpBackend {
     for (int done = 0; done < rows;) {
       const int n = std::min(max_rows_, rows - done);
       const size_t offset = static_cast<size_t>(done) * row_bytes;
-      absl::Status st = Hand(*shard, layer, static_cast<const char*>(x) + offset, 0, n, s, deadline);
+      absl::Status st =
+          Hand(*shard, layer, static_cast<const char*>(x) + offset, 0, n, s, deadline);
       if (st.ok()) st = Collect(*shard, 0, n, static_cast<char*>(out) + offset, s);
       if (!st.ok()) return Failed(*shard, st);
       done += n;

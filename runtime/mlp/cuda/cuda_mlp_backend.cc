@@ -86,7 +86,8 @@ class CudaMlpBackend final : public MlpBackend {
     absl::StatusOr<DeviceCallSlots::Slot*> slot =
         slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/false);
     if (!slot.ok()) {
-      return absl::Status(slot.status().code(), absl::StrCat("cuda MLP: ", slot.status().message()));
+      return absl::Status(slot.status().code(),
+                          absl::StrCat("cuda MLP: ", slot.status().message()));
     }
     cudaStream_t slot_stream = static_cast<cudaStream_t>((*slot)->stream);
     RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)),

@@ -42,7 +42,7 @@ bool DeviceCallSlots::any_busy() const {
 }
 
 absl::StatusOr<DeviceCallSlots::Slot*> DeviceCallSlots::Find(int first, int end,
-                                                            bool exclusive_rows) {
+                                                             bool exclusive_rows) {
   Slot* free = nullptr;
   for (Slot& slot : slots_) {
     if (!slot.busy) {
@@ -68,8 +68,7 @@ uint64_t DeviceCallSlots::Issue(Slot* slot, int first, int end) {
 
 absl::Status DeviceCallSlots::Join(uint64_t handle, void* stream) {
   const uint64_t index = handle & 0xff;
-  if (index >= slots_.size() || !slots_[index].busy ||
-      slots_[index].generation != (handle >> 8)) {
+  if (index >= slots_.size() || !slots_[index].busy || slots_[index].generation != (handle >> 8)) {
     return absl::InvalidArgumentError(absl::StrCat("no MLP call in flight as handle ", handle));
   }
   Slot& slot = slots_[index];

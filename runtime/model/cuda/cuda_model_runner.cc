@@ -228,8 +228,7 @@ class Runner final : public CudaModelRunner {
   void RecordStepTime(std::chrono::steady_clock::time_point start) {
     if (!step_ping_pong_ || options_.mlp_micro_batches != 0) return;
     const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const int rows = plan_.num_decode;
     if (std::optional<int> decided = chooser_.Record(rows, step_micro_batches_, ms)) {
       LOG(INFO) << "CUDA runner: decode steps of up to " << rows << "+ rows run the "
@@ -266,6 +265,7 @@ class Runner final : public CudaModelRunner {
                               ? absl::OkStatus()
                               : absl::InternalError("cudaEventRecord");
     for (int i = 0; i < iters && status.ok(); ++i) status = run();
+    stats_.micro_batches = exec == nullptr ? step_micro_batches_ : 1;
     float ms = 0;
     if (status.ok()) {
       status = CudaStatus(cudaEventRecord(end, stream_), "cudaEventRecord");
@@ -1026,8 +1026,8 @@ class Runner final : public CudaModelRunner {
           gemm_->Linear(normed, lw.qkv, lw.qkv_bias, T, hidden, qkv_w, qkv, GemmOut::kBf16, s));
       RETURN_IF_ERROR(mark("qkv_gemm"));
       RETURN_IF_ERROR(cuda::LaunchRopeKvAppend(qkv, positions,
-                                               static_cast<const float*>(inv_freq_.data), slots,
-                                               T, c.num_heads, cache_, li, s));
+                                               static_cast<const float*>(inv_freq_.data), slots, T,
+                                               c.num_heads, cache_, li, s));
       RETURN_IF_ERROR(mark("rope_kv_append"));
     }
     // This layer's KV of the step is in the cache: advance the layer progress (eager runs
@@ -1041,8 +1041,7 @@ class Runner final : public CudaModelRunner {
       a.q_row_stride = qkv_w;
       a.cache = &cache_;
       a.layer = li;
-      a.block_tables =
-          meta + p.off.decode_tables + static_cast<size_t>(r0) * p.decode_table_width;
+      a.block_tables = meta + p.off.decode_tables + static_cast<size_t>(r0) * p.decode_table_width;
       a.max_blocks_per_seq = p.decode_table_width;
       a.context_lens = meta + p.off.context_lens + r0;
       a.num_seqs = D;
@@ -1103,10 +1102,10 @@ class Runner final : public CudaModelRunner {
             li, static_cast<char*>(normed_.data) + mb.row0 * row_bytes, mb.rows, mb.row0,
             static_cast<char*>(h_.data) + mb.row0 * row_bytes, stream_, absl::InfiniteFuture());
         if (!h.ok()) {
-          status = absl::Status(h.status().code(),
-                                absl::StrFormat("layer %d MLP (micro-batch %d) on the %s backend: %s",
-                                                li, m, std::string(backend.name()),
-                                                h.status().message()));
+          status = absl::Status(
+              h.status().code(),
+              absl::StrFormat("layer %d MLP (micro-batch %d) on the %s backend: %s", li, m,
+                              std::string(backend.name()), h.status().message()));
           break;
         }
         pending[m] = *h;
@@ -1151,7 +1150,7 @@ class Runner final : public CudaModelRunner {
     step_ping_pong_ = PingPongEligible();
     if (step_ping_pong_) {
       const int count = options_.mlp_micro_batches > 0 ? options_.mlp_micro_batches
-                                                        : chooser_.Choose(p.num_decode);
+                                                       : chooser_.Choose(p.num_decode);
       const std::vector<MicroBatch> mbs = PlanMicroBatches(count);
       if (mbs.size() > 1) {
         step_micro_batches_ = static_cast<int>(mbs.size());

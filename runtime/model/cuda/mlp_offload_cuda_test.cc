@@ -136,8 +136,10 @@ class CudaMlpOffloadTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<CudaModelRunner>> Gpu(std::shared_ptr<mlp::MlpBackend> backend,
-                                                       int num_blocks = kNumBlocks) {
+                                                       int num_blocks = kNumBlocks,
+                                                       int micro_batches = 0) {
     CudaRunnerOptions o;
+    o.mlp_micro_batches = micro_batches;
     o.block_size = kBlockSize;
     o.num_blocks = num_blocks;
     o.kv_cache_bytes = size_t{16} << 20;
@@ -206,6 +208,62 @@ class CudaMlpOffloadTest : public ::testing::Test {
         "[%s] 64 greedy steps: %d identical argmax, %d near-tie flips, worst logit error "
         "%.4f of the scale\n",
         what.c_str(), exact, near_ties, worst);
+  }
+
+  // Ping-pong: 7 sequences prefilled one by one, then 16 greedy decode steps of all 7 in one
+  // batch (teacher-forced with the local runner's tokens), the offloaded runner splitting each
+  // into `micro_batches` micro-batches: logits within bf16 tolerance of local, the same argmax
+  // but for near-ties, and the step stats show the split.
+  void ExpectDecodeBatchMatches(ModelRunner& local, CudaModelRunner& offloaded, int micro_batches,
+                                const std::string& what) {
+    constexpr int kSeqs = 7;
+    const int vocab = config_.vocab_size;
+    std::vector<Seq> l(kSeqs), o(kSeqs);
+    std::vector<int32_t> next(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) {
+      const std::vector<int32_t> prompt = RandomTokens(3 + 4 * i);
+      ForwardBatch lb, ob;
+      lb.chunks = {Chunk(&l[i], prompt)};
+      ob.chunks = {Chunk(&o[i], prompt)};
+      ForwardOutput lo, oo;
+      ASSERT_TRUE(local.Forward(lb, &lo).ok());
+      ASSERT_TRUE(offloaded.Forward(ob, &oo).ok()) << what;
+      next[i] = Argmax(lo, 0, vocab);
+    }
+    int exact = 0;
+    double worst = 0;
+    for (int step = 0; step < 16; ++step) {
+      ForwardBatch lb, ob;
+      for (int i = 0; i < kSeqs; ++i) {
+        lb.chunks.push_back(Chunk(&l[i], {next[i]}));
+        ob.chunks.push_back(Chunk(&o[i], {next[i]}));
+      }
+      ForwardOutput lo, oo;
+      ASSERT_TRUE(local.Forward(lb, &lo).ok());
+      const absl::Status st = offloaded.Forward(ob, &oo);
+      ASSERT_TRUE(st.ok()) << what << " step " << step << ": " << st;
+      ASSERT_EQ(oo.rows, kSeqs);
+      EXPECT_EQ(offloaded.last_step_stats().micro_batches, micro_batches) << what;
+      const double rel = MaxRelativeError(lo, oo, vocab);
+      worst = std::max(worst, rel);
+      EXPECT_LE(rel, 0.03) << what << " step " << step;
+      for (int i = 0; i < kSeqs; ++i) {
+        const int lt = Argmax(lo, i, vocab), ot = Argmax(oo, i, vocab);
+        if (lt == ot) {
+          ++exact;
+        } else {
+          const float* row = lo.logits.data() + static_cast<size_t>(i) * vocab;
+          double scale = 1e-6;
+          for (int v = 0; v < vocab; ++v) scale = std::max(scale, std::fabs(double{row[v]}));
+          EXPECT_LE(row[lt] - row[ot], 0.01 * scale) << what << " step " << step << " row " << i;
+        }
+        next[i] = lt;
+      }
+    }
+    std::printf(
+        "[%s] 16 decode steps of %d rows in %d micro-batches: %d/%d identical argmax, "
+        "worst logit error %.4f of the scale\n",
+        what.c_str(), kSeqs, micro_batches, exact, 16 * kSeqs, worst);
   }
 
   // A mixed batch (two prompts of different lengths and a decode) on both runners.
@@ -327,6 +385,28 @@ TEST_P(OffloadModels, CudaBackendOnTheSameGpuMatchesLocal) {
   EXPECT_EQ((*offloaded)->mlp_stats().calls, int64_t{66} * config_.num_layers);
 }
 
+// Ping-pong in one process: each micro-batch's MLP on the backend's own streams while the next
+// one's attention is queued on the runner's.
+TEST_P(OffloadModels, PingPongOnTheCudaBackendMatchesLocal) {
+  Load(GetParam());
+  if (IsSkipped()) return;
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto backend = mlp::CreateCudaMlpBackend(config_, *store_, all_, 0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::shared_ptr<mlp::MlpBackend> shared = *std::move(backend);
+  for (int micro_batches : {2, 3}) {
+    next_block_ = 1;
+    auto fresh_local = Gpu(nullptr);
+    ASSERT_TRUE(fresh_local.ok());
+    auto offloaded = Gpu(shared, kNumBlocks, micro_batches);
+    ASSERT_TRUE(offloaded.ok()) << offloaded.status();
+    ExpectDecodeBatchMatches(**fresh_local, **offloaded, micro_batches,
+                             absl::StrCat(GetParam(), " cuda ping-pong"));
+  }
+  EXPECT_EQ(shared->stats().failures, 0);
+}
+
 // A shard computing on the GPU (`tandem mlp-shard --device cuda`), as the runner computes its MLP.
 TEST_P(OffloadModels, GpuShardMatchesLocal) {
   Load(GetParam());
@@ -434,6 +514,17 @@ TEST_P(OffloadModels, ShardProcessOverCudaIpcMatchesLocal) {
   ASSERT_TRUE(split.ok()) << split;
   EXPECT_LE(MaxRelativeError(lo, oo, config_.vocab_size), 0.03);
   EXPECT_EQ(backend->stats().failures, 0);
+  {
+    // Ping-pong over the data plane: two micro-batches in flight in the session's buffers at
+    // once (their own row ranges), each collected on a slot's stream.
+    next_block_ = 1;
+    auto fresh_local = Gpu(nullptr);
+    ASSERT_TRUE(fresh_local.ok());
+    auto pp = Gpu(backend, kNumBlocks, 2);
+    ASSERT_TRUE(pp.ok()) << pp.status();
+    ExpectDecodeBatchMatches(**fresh_local, **pp, 2, GetParam() + " cuda_ipc ping-pong");
+    EXPECT_EQ(backend->stats().failures, 0);
+  }
   // The shard process dies: the next step fails within the call timeout, naming the shard; so
   // does the one after (no hang, no crash).
   process.Kill();
