@@ -90,7 +90,7 @@ bench() {  # bench TAG: a shard process, then mlp_step_bench against it
   done
   timeout 400 "$B/mlp_step_bench" --model /tmp/m8b --mlp "$2" \
     --batches "${BATCHES:-64,256}" --context "${CONTEXT:-1024}" --iters "${ITERS:-20}" \
-    --micro-batches "${MICRO:-1,2}" \
+    --micro-batches "${MICRO:-1,2}" --auto-steps "${AUTO_STEPS:-40}" \
     --service-token-file "$token" --json "$R/steps-$1.json" > "$R/steps-$1.txt" 2>&1
   echo "mlp_step_bench $1 rc=$?" >> "$R/tests.txt"
   dc_stop "$shard"

@@ -4,17 +4,21 @@
 // and one run, plus the KV capacity each leaves at one GPU memory budget.
 //
 //   mlp_step_bench --model DIR [--mlp local,cuda,cuda_ipc:HOST:PORT] [--batches 64,256]
-//       [--context 1024] [--iters 20] [--micro-batches 1,2] [--service-token-file F] [--json OUT]
+//       [--context 1024] [--iters 20] [--micro-batches 1,2] [--auto-steps N]
+//       [--service-token-file F] [--json OUT]
 //
 // For each backend it creates a runner (KV sized for the largest batch at the context), then
 // times decode steps (every sequence one new token at `context`) with TimeDeviceStep: `local`
 // replays CUDA graphs as serving does, and is also run eagerly (`local-eager`), the mode every
 // offloaded step runs in. An offloaded backend runs once per --micro-batches count (ping-pong:
-// 1 is one micro-batch; the backend is reused by each count's runner). Weights and GPU memory in
-// use after creation are printed per backend.
-// Exit status: 0 ok, 1 a failure (named), 2 a usage error.
+// 1 is one micro-batch; the backend is reused by each count's runner), and with --auto-steps
+// also with the count chosen from measured step times (whole Forward steps, wall time). Weights and
+// GPU memory in use after creation are printed per backend. Exit status: 0 ok, 1 a failure (named),
+// 2 a usage error.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -31,6 +35,7 @@
 #include "runtime/model/model_config.h"
 #include "runtime/model/model_fingerprint.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/sampling/sample_request.h"
 
 namespace {
 
@@ -44,6 +49,7 @@ struct Flags {
   int context = 1024;
   int iters = 20;
   std::vector<int> micro_batches = {1, 2};
+  int auto_steps = 0;
   std::string token_file;
   std::string json_out;
 };
@@ -52,6 +58,29 @@ double GpuUsedGiB() {
   size_t free = 0, total = 0;
   if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
   return static_cast<double>(total - free) / (1 << 30);
+}
+
+// Runs `steps` Forward calls of `fb` (sampled greedily on the GPU) on a runner choosing its micro-batch count; returns the
+// median wall milliseconds of the last quarter (the chooser has decided by then: it probes
+// 3 steps per candidate), the count in last_step_stats().
+absl::StatusOr<double> ChosenStep(CudaModelRunner& r, ForwardBatch fb, int steps) {
+  // Greedy on the GPU, as serving asks: tokens come back, not [batch, vocab] logits.
+  std::vector<SampleRequest> greedy(fb.chunks.size());
+  for (size_t i = 0; i < fb.chunks.size(); ++i) {
+    greedy[i].greedy = 1;
+    fb.chunks[i].sample = &greedy[i];
+  }
+  std::vector<double> ms;
+  ForwardOutput out;
+  for (int i = 0; i < steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (absl::Status s = r.Forward(fb, &out); !s.ok()) return s;
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+  }
+  std::vector<double> tail(ms.end() - std::max<size_t>(1, ms.size() / 4), ms.end());
+  std::sort(tail.begin(), tail.end());
+  return tail[tail.size() / 2];
 }
 
 int Run(const Flags& flags) {
@@ -107,11 +136,19 @@ int Run(const Flags& flags) {
     o.max_batch_tokens = std::max(2048, max_batch);
     o.mlp = std::shared_ptr<mlp::MlpBackend>(*std::move(backend));
     std::vector<std::string> modes = {spec};
+    std::vector<int> counts;  // per offloaded mode: its micro-batch count (0: chosen)
     if (spec == "local") {
       modes.push_back("local-eager");
     } else {
       modes.clear();
-      for (int m : flags.micro_batches) modes.push_back(absl::StrCat(spec, " mb=", m));
+      for (int m : flags.micro_batches) {
+        modes.push_back(absl::StrCat(spec, " mb=", m));
+        counts.push_back(m);
+      }
+      if (flags.auto_steps > 0) {
+        modes.push_back(absl::StrCat(spec, " mb=auto"));
+        counts.push_back(0);
+      }
     }
     o.mlp_micro_batches = spec == "local" ? 1 : flags.micro_batches.front();
     auto runner = CreateCudaModelRunner(c, **store, o);
@@ -132,7 +169,7 @@ int Run(const Flags& flags) {
         runner->reset();
         CudaRunnerOptions e = o;
         e.cuda_graphs = false;
-        if (spec != "local") e.mlp_micro_batches = flags.micro_batches[mode_index];
+        if (spec != "local") e.mlp_micro_batches = counts[mode_index];
         auto created = CreateCudaModelRunner(c, **store, e);
         if (!created.ok()) {
           std::fprintf(stderr, "mlp_step_bench: eager runner: %s\n",
@@ -155,7 +192,14 @@ int Run(const Flags& flags) {
           ch.block_table = tables[i];
           fb.chunks.push_back(ch);
         }
-        auto ms = r->TimeDeviceStep(fb, 5, flags.iters);
+        absl::StatusOr<double> ms;
+        if (spec != "local" && counts[mode_index] == 0) {
+          // The chooser's pick: whole steps (Forward: plan, upload, device, logits back, as
+          // serving runs them) until it decides; the median wall time of the steps after.
+          ms = ChosenStep(*r, fb, flags.auto_steps);
+        } else {
+          ms = r->TimeDeviceStep(fb, 5, flags.iters);
+        }
         if (!ms.ok()) {
           std::fprintf(stderr, "mlp_step_bench: %s batch %d: %s\n", mode.c_str(), b,
                        std::string(ms.status().message()).c_str());
@@ -194,6 +238,10 @@ int main(int argc, char** argv) {
                  "Ping-pong micro-batch counts to run each offloaded backend with")
       ->delimiter(',')
       ->check(CLI::Range(1, 16));
+  app.add_option("--auto-steps", flags.auto_steps,
+                 "Also run each offloaded backend with the count chosen from measured step times "
+                 "(mlp_micro_batches 0) for this many whole steps, reporting its pick")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--service-token-file", flags.token_file, "Token of the shards (cuda_ipc)");
   app.add_option("--json", flags.json_out, "Write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
