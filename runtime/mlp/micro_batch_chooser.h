@@ -43,13 +43,16 @@ class MicroBatchChooser {
   // The decision in force for steps of `rows` rows, if any.
   std::optional<int> Decided(int rows) const;
 
+  // The bucket of a step of `rows` rows: the smallest power of two >= rows (steps of
+  // BucketOf(rows) / 2 + 1 up to BucketOf(rows) rows share a decision).
+  static int BucketOf(int rows);
+
  private:
   struct Bucket {
     std::map<int, std::vector<double>> samples;  // candidate -> ms per row
     std::optional<int> decided;
     int decided_steps = 0;
   };
-  static int BucketOf(int rows);
   std::vector<int> Usable(int rows) const;
 
   MicroBatchChooserOptions options_;

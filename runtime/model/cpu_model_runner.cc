@@ -466,8 +466,10 @@ class CpuModelRunner final : public ModelRunner {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
       if (std::optional<int> decided = chooser_.Record(chunks, static_cast<int>(mbs.size()), ms)) {
-        LOG(INFO) << "CPU runner: steps of up to " << chunks << "+ chunks run the " << mlp_->name()
-                  << " MLP in " << *decided << " micro-batch(es) (measured fastest)";
+        const int bucket = mlp::MicroBatchChooser::BucketOf(chunks);
+        LOG(INFO) << "CPU runner: steps of " << bucket / 2 + 1 << "-" << bucket
+                  << " chunks run the " << mlp_->name() << " MLP in " << *decided
+                  << " micro-batch(es) (measured fastest)";
       }
     }
     // On failure the batch's KV of the layers computed is written; the engine fails its

@@ -231,8 +231,9 @@ class Runner final : public CudaModelRunner {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const int rows = plan_.num_decode;
     if (std::optional<int> decided = chooser_.Record(rows, step_micro_batches_, ms)) {
-      LOG(INFO) << "CUDA runner: decode steps of up to " << rows << "+ rows run the "
-                << options_.mlp->name() << " MLP in " << *decided
+      const int bucket = mlp::MicroBatchChooser::BucketOf(rows);
+      LOG(INFO) << "CUDA runner: decode steps of " << bucket / 2 + 1 << "-" << bucket
+                << " rows run the " << options_.mlp->name() << " MLP in " << *decided
                 << " micro-batch(es) (measured fastest)";
     }
   }
