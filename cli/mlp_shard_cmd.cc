@@ -2,15 +2,17 @@
 // started with `--mlp remote:ADDR,...` (tandem.v1.MlpShard, runtime/mlp/mlp_shard_service.h,
 // docs/mlp.md).
 //   tandem mlp-shard --model DIR --port P [--host H] [--layers FIRST:END|all] [--max-rows N]
-//       [--device cpu|cuda|cuda:N]
+//       [--device cpu|cuda|cuda:N] [--ipc-batch-window-us US]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // It loads only the MLP weights of those layers: host float32 computed by the CPU, or bf16 on
 // the GPU with --device cuda (runtime/mlp/cuda/ipc_shard_session.h), which also serves the GPU
 // data plane to attention workers on that GPU (`--mlp cuda_ipc:ADDR`; Compute calls still carry
-// float32 rows in the gRPC message). Prints
+// float32 rows in the gRPC message); the sessions' calls of one layer run as one GEMM
+// (runtime/mlp/cuda/ipc_layer_batcher.h). Prints
 // "tandem mlp-shard: serving on HOST:PORT" once it serves; SIGINT/SIGTERM stop it (queued calls
 // are answered UNAVAILABLE: workers fail over to another shard or their fallback). Exit status:
 // 0 ok, 1 runtime error, 2 usage error.
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -38,6 +40,7 @@ struct MlpShardFlags {
   std::string host = "127.0.0.1";
   int port = 0;
   int max_rows = 8192;
+  int ipc_batch_window_us = 200;
   std::string device = "cpu";
   ServiceAuthFlags service_auth;
   std::string log_format = "text";
@@ -69,7 +72,8 @@ int RunMlpShard(const MlpShardFlags& flags) {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<mlp::ShardCompute> compute =
-      mlp::CreateShardCompute(flags.device, *shape, *config, **store);
+      mlp::CreateShardCompute(flags.device, *shape, *config, **store,
+                              {.ipc_batch_window = absl::Microseconds(flags.ipc_batch_window_us)});
   if (!compute.ok()) {
     std::cerr << prefix << "--device " << flags.device << ": " << compute.status().message()
               << "\n";
@@ -79,6 +83,7 @@ int RunMlpShard(const MlpShardFlags& flags) {
   options.model_fingerprint = ModelFingerprint(**store);
   options.max_rows = flags.max_rows;
   options.attach = std::move(compute->attach);
+  const std::function<std::string()> data_plane_stats = std::move(compute->data_plane_stats);
   store->reset();
   mlp::MlpShardService service(std::move(compute->backend), *identity, options);
   absl::StatusOr<server::GrpcServer> grpc = server::StartGrpcServer(
@@ -101,6 +106,7 @@ int RunMlpShard(const MlpShardFlags& flags) {
             << " rows (largest batch " << s.max_batch_rows << "), "
             << absl::StrFormat("%.3f", s.compute_seconds) << " s computing, " << s.rejected
             << " rejected, " << s.expired << " expired, " << s.failed << " failed\n";
+  if (data_plane_stats) std::cerr << prefix << data_plane_stats() << "\n";
   return 0;
 }
 
@@ -123,6 +129,11 @@ void AddMlpShardCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-rows", flags->max_rows, "Rows one call may carry")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--ipc-batch-window-us", flags->ipc_batch_window_us,
+                  "With --device cuda: how long an attention worker's call of a layer may wait "
+                  "for another worker's call of that layer, to run both as one GEMM")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   AddServiceAuthFlags(cmd, &flags->service_auth);
   AddLogFormatFlag(cmd, &flags->log_format);

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # MLP offload on the CPU (issue 26): output tokens/s of one aggregated decode worker on the
 # bundled model with its MLP local, on the `cpu` backend, and on one `tandem mlp-shard`
-# (`--mlp remote --mlp-shards 1`; remote-nopp without ping-pong, `--mlp-micro-batches 1`), at
+# (`--mlp remote --mlp-shards 1`, its micro-batch count measured; remote-nopp without ping-pong,
+# `--mlp-micro-batches 1`; remote-pp2 with two, `--mlp-micro-batches 2`), at
 # batch 1 and batch 16 (closed loops of 1 and 16 streams,
 # greedy, 32 in / 128 out), plus the worker's KV capacity and its mean decode step.
 # Output: OUT (default /tmp/mlp-cpu)/{bench-*.json, serve-*.log, metrics-*.txt, summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), BACKENDS (local cpu remote; also
-#      local-2t, local with two BLAS threads, and remote-nopp),
+#      local-2t, local with two BLAS threads, remote-nopp and remote-pp2),
 #      CONCURRENCY (1 16), PROMPTS (per run: 24 at batch 1, 96 at 16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,7 +28,8 @@ for backend in "${backends[@]}"; do
     cpu) flags=(--mlp cpu) ;;
     remote) flags=(--mlp remote --mlp-shards 1) ;;
     remote-nopp) flags=(--mlp remote --mlp-shards 1 --mlp-micro-batches 1) ;;
-    *) echo "unknown backend $backend (local local-2t cpu remote remote-nopp)" >&2; exit 2 ;;
+    remote-pp2) flags=(--mlp remote --mlp-shards 1 --mlp-micro-batches 2) ;;
+    *) echo "unknown backend $backend (local local-2t cpu remote remote-nopp remote-pp2)" >&2; exit 2 ;;
   esac
   for c in "${concurrency[@]}"; do
     tag="$backend-b$c"

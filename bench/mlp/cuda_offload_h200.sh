@@ -15,7 +15,11 @@
 #      RUNNER_S (400: the runner test's limit), MPS (0), AB (0; 1: engine_bench_base against engine_bench, decode at 1K, batch 1 and 64,
 #      twice each, before the offload bench), E2E (1: tandem serve over HTTP, local against GPU
 #      shards), BATCHES (64,256), CONTEXT (1024), ITERS (20), MICRO (1,2: the ping-pong micro-batch
-#      counts of each offloaded backend).
+#      counts of each offloaded backend), AUTO_STEPS (40), PLAIN (1: the run without MPS),
+#      SINGLE (1: the MPS run of one worker),
+#      PAIR (0; 1 with MPS: two workers at batch PAIR_BATCH (64) for PAIR_ITERS (200) steps
+#      timed together, each with its MLP local, then both on one shard process whose layer
+#      batcher runs their calls of a layer as one GEMM; its stats in shard-pair.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/engine/device_call.sh
@@ -103,12 +107,42 @@ if [[ ${AB:-0} == 1 && -x "$B/engine_bench_base" ]]; then
 fi
 "$B/doorbell_bench" > "$R/doorbell.txt" 2>&1
 "$B/doorbell_bench" --calls 20000 --gap-us 100 >> "$R/doorbell.txt" 2>&1
-bench plain local,cuda,cuda_ipc:127.0.0.1:19200
+[[ ${PLAIN:-1} == 1 ]] && bench plain local,cuda,cuda_ipc:127.0.0.1:19200
+# pair TAG SPEC: two attention workers (two mlp_step_bench processes) at batch $PAIR_BATCH, timing
+# together (--start-file), each with --mlp SPEC; with cuda_ipc both are sessions of one shard.
+pair() {
+  local go=/tmp/pair-go-$1 i pids=()
+  rm -f "$go"
+  for i in 0 1; do
+    timeout 400 "$B/mlp_step_bench" --model /tmp/m8b --mlp "$2" --batches "${PAIR_BATCH:-64}" \
+      --context "${CONTEXT:-1024}" --iters "${PAIR_ITERS:-200}" --micro-batches 1 \
+      --service-token-file "$token" --start-file "$go" --json "$R/pair-$1-$i.json" \
+      > "$R/pair-$1-$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq 1 600); do
+    [[ $(grep -l "mlp_step_bench: ready" "$R/pair-$1-0.txt" "$R/pair-$1-1.txt" 2>/dev/null |
+      wc -l) == 2 ]] && break
+    sleep 0.2
+  done
+  touch "$go"
+  for i in "${pids[@]}"; do wait "$i"; done
+  echo "pair $1 done" >> "$R/tests.txt"
+}
 if [[ ${MPS:-0} == 1 ]]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
-    bench mps local,cuda_ipc:127.0.0.1:19200
+    [[ ${SINGLE:-1} == 1 ]] && bench mps local,cuda_ipc:127.0.0.1:19200
+    if [[ ${PAIR:-0} == 1 ]]; then
+      pair local local
+      "$B/tandem" mlp-shard --model /tmp/m8b --device cuda --port 19201 --max-rows 4096 \
+        --service-token-file "$token" > "$R/shard-pair.log" 2>&1 &
+      shard=$!
+      for i in $(seq 1 120); do grep -q "serving on" "$R/shard-pair.log" && break; sleep 1; done
+      pair shared cuda_ipc:127.0.0.1:19201
+      dc_stop "$shard"
+    fi
     echo quit | nvidia-cuda-mps-control
   else
     echo "MPS daemon did not start" >> "$R/tests.txt"

@@ -5,7 +5,7 @@
 //
 //   mlp_step_bench --model DIR [--mlp local,cuda,cuda_ipc:HOST:PORT] [--batches 64,256]
 //       [--context 1024] [--iters 20] [--micro-batches 1,2] [--auto-steps N]
-//       [--service-token-file F] [--json OUT]
+//       [--start-file F] [--service-token-file F] [--json OUT]
 //
 // For each backend it creates a runner (KV sized for the largest batch at the context), then
 // times decode steps (every sequence one new token at `context`) with TimeDeviceStep: `local`
@@ -23,6 +23,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -50,6 +51,7 @@ struct Flags {
   int iters = 20;
   std::vector<int> micro_batches = {1, 2};
   int auto_steps = 0;
+  std::string start_file;
   std::string token_file;
   std::string json_out;
 };
@@ -60,9 +62,9 @@ double GpuUsedGiB() {
   return static_cast<double>(total - free) / (1 << 30);
 }
 
-// Runs `steps` Forward calls of `fb` (sampled greedily on the GPU) on a runner choosing its micro-batch count; returns the
-// median wall milliseconds of the last quarter (the chooser has decided by then: it probes
-// 3 steps per candidate), the count in last_step_stats().
+// Runs `steps` Forward calls of `fb` (sampled greedily on the GPU) on a runner choosing its
+// micro-batch count; returns the median wall milliseconds of the last quarter (the chooser has
+// decided by then: it probes 3 steps per candidate), the count in last_step_stats().
 absl::StatusOr<double> ChosenStep(CudaModelRunner& r, ForwardBatch fb, int steps) {
   // Greedy on the GPU, as serving asks: tokens come back, not [batch, vocab] logits.
   std::vector<SampleRequest> greedy(fb.chunks.size());
@@ -113,6 +115,7 @@ int Run(const Flags& flags) {
     identity = *id;
   }
   json results = json::array();
+  bool started = false;
   std::printf("%-34s %6s %8s %10s %10s %12s\n", "mlp", "batch", "context", "ms/step", "tok/s",
               "weights GiB");
   const std::vector<std::string> specs = absl::StrSplit(flags.mlp, ',');
@@ -192,6 +195,20 @@ int Run(const Flags& flags) {
           ch.block_table = tables[i];
           fb.chunks.push_back(ch);
         }
+        if (!flags.start_file.empty() && !started) {
+          // Several benches against one shard start timing together: each says it is ready and
+          // waits for the file (bench/mlp/cuda_offload_h200.sh, PAIR=1).
+          std::fprintf(stderr, "mlp_step_bench: ready\n");
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+          while (!std::ifstream(flags.start_file).good()) {
+            if (std::chrono::steady_clock::now() > give_up) {
+              std::fprintf(stderr, "mlp_step_bench: no %s in 300 s\n", flags.start_file.c_str());
+              return 1;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          started = true;
+        }
         absl::StatusOr<double> ms;
         if (spec != "local" && counts[mode_index] == 0) {
           // The chooser's pick: whole steps (Forward: plan, upload, device, logits back, as
@@ -238,6 +255,8 @@ int main(int argc, char** argv) {
                  "Ping-pong micro-batch counts to run each offloaded backend with")
       ->delimiter(',')
       ->check(CLI::Range(1, 16));
+  app.add_option("--start-file", flags.start_file,
+                 "Before the first timed point, print \"ready\" and wait for this file");
   app.add_option("--auto-steps", flags.auto_steps,
                  "Also run each offloaded backend with the count chosen from measured step times "
                  "(mlp_micro_batches 0) for this many whole steps, reporting its pick")

@@ -8,8 +8,10 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/mlp/mlp_backend.h"
 #include "tandem/v1/mlp.pb.h"
 
@@ -29,6 +31,14 @@ using MlpSessionFactory = std::function<absl::StatusOr<std::unique_ptr<MlpShardS
 struct ShardCompute {
   std::unique_ptr<MlpBackend> backend;
   MlpSessionFactory attach;  // null: no GPU data plane
+  // A line on the GPU data plane's work so far (its layer groups); null without one.
+  std::function<std::string()> data_plane_stats;
+};
+
+// How a GPU shard groups its sessions' calls (cuda/ipc_layer_batcher.h): the longest a call
+// waits for another attention worker's call of the same layer.
+struct ShardComputeOptions {
+  absl::Duration ipc_batch_window = absl::Microseconds(200);
 };
 
 }  // namespace tandem::mlp

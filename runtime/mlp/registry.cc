@@ -145,8 +145,8 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& 
 }
 
 absl::StatusOr<ShardCompute> CreateShardCompute(const std::string& device, const MlpShape& shape,
-                                                const ModelConfig& config,
-                                                const TensorStore& store) {
+                                                const ModelConfig& config, const TensorStore& store,
+                                                const ShardComputeOptions& options) {
   if (device == "cpu") {
     absl::StatusOr<DenseMlpWeights> weights = LoadDenseMlpWeights(config, store, shape);
     if (!weights.ok()) return weights.status();
@@ -159,7 +159,7 @@ absl::StatusOr<ShardCompute> CreateShardCompute(const std::string& device, const
     absl::StatusOr<int> ordinal = CudaOrdinal(device);
     if (!ordinal.ok()) return ordinal.status();
 #if TANDEM_HAVE_CUDA
-    return CreateGpuShardCompute(config, store, shape, *ordinal);
+    return CreateGpuShardCompute(config, store, shape, *ordinal, options);
 #endif
   }
   return absl::InvalidArgumentError(

@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& 
 // plane). InvalidArgument for another device name; FailedPrecondition for CUDA in a build
 // without it; the backends' own load errors.
 absl::StatusOr<ShardCompute> CreateShardCompute(const std::string& device, const MlpShape& shape,
-                                                const ModelConfig& config,
-                                                const TensorStore& store);
+                                                const ModelConfig& config, const TensorStore& store,
+                                                const ShardComputeOptions& options = {});
 
 }  // namespace tandem::mlp

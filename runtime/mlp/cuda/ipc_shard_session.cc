@@ -17,6 +17,7 @@
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/mlp/cuda/cuda_dense_mlp.h"
 #include "runtime/mlp/cuda/cuda_mlp_backend.h"
+#include "runtime/mlp/cuda/ipc_layer_batcher.h"
 #include "runtime/mlp/ipc_doorbell.h"
 #include "runtime/mlp/mlp_shard_checks.h"
 
@@ -48,27 +49,28 @@ namespace {
 
 class IpcShardSession final : public MlpShardSession {
  public:
-  IpcShardSession(std::shared_ptr<CudaDenseMlp> mlp, int rows)
-      : mlp_(std::move(mlp)), rows_(rows) {}
+  IpcShardSession(std::shared_ptr<CudaDenseMlp> mlp, std::shared_ptr<IpcLayerBatcher> batcher,
+                  int rows)
+      : mlp_(std::move(mlp)), batcher_(std::move(batcher)), rows_(rows) {
+    id_ = batcher_->AddSession();
+  }
 
   ~IpcShardSession() override {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
+    batcher_->RemoveSession(id_);
     if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    batcher_->Synchronize();  // its queued work reads and writes this session's buffers
     for (cudaEvent_t e : {in_event_, out_event_}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     for (void* p : {in_, out_}) {
       if (p != nullptr) cudaFree(p);
     }
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init(tandem::v1::MlpAttachResponse* response) {
     RETURN_IF_CUDA_ERROR(cudaSetDevice(mlp_->device()), "MLP session: cudaSetDevice");
-    RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                         "MLP session: cudaStreamCreate");
     const size_t bytes = static_cast<size_t>(rows_) * mlp_->shape().hidden_size * 2;
     for (void** p : {&in_, &out_}) {
       if (cudaError_t e = cudaMalloc(p, bytes); e != cudaSuccess) {
@@ -118,25 +120,27 @@ class IpcShardSession final : public MlpShardSession {
         bell_->Finish(r->seq, kIpcCallRefused);
         continue;
       }
-      const size_t offset = static_cast<size_t>(r->row_offset) * shape.hidden_size * 2;
-      absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, in_event_, 0),
-                                  "MLP session: cudaStreamWaitEvent");
-      if (s.ok()) {
-        s = mlp_->Forward(r->layer, static_cast<char*>(in_) + offset, r->rows,
-                          static_cast<char*>(out_) + offset, stream_);
-      }
-      // Recorded whatever happened, so nothing queued behind it waits for ever.
-      const absl::Status recorded =
-          CudaStatus(cudaEventRecord(out_event_, stream_), "MLP session: cudaEventRecord");
-      if (s.ok()) s = recorded;
+      IpcLayerBatcher::Call call;
+      call.session = id_;
+      call.layer = r->layer;
+      call.row_offset = r->row_offset;
+      call.rows = r->rows;
+      call.in = in_;
+      call.out = out_;
+      call.in_event = in_event_;
+      call.out_event = out_event_;
+      // Returns once queued (alone or with other sessions' rows of this layer); the batcher
+      // records the output event whatever happened.
+      const absl::Status s = batcher_->Run(call);
       if (!s.ok()) LOG(ERROR) << "MLP session: layer " << r->layer << ": " << s;
       bell_->Finish(r->seq, s.ok() ? kIpcCallOk : kIpcCallFailed);
     }
   }
 
   const std::shared_ptr<CudaDenseMlp> mlp_;
+  const std::shared_ptr<IpcLayerBatcher> batcher_;
+  int id_ = 0;  // in the batcher
   const int rows_;
-  cudaStream_t stream_ = nullptr;
   void* in_ = nullptr;
   void* out_ = nullptr;
   cudaEvent_t in_event_ = nullptr;
@@ -150,16 +154,29 @@ class IpcShardSession final : public MlpShardSession {
 
 absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
                                                    const TensorStore& store, const MlpShape& shape,
-                                                   int device_ordinal) {
+                                                   int device_ordinal,
+                                                   const ShardComputeOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<CudaDenseMlp> created,
                    CudaDenseMlp::Create(config, store, shape, device_ordinal));
   std::shared_ptr<CudaDenseMlp> mlp = std::move(created);
+  IpcBatcherOptions batching;
+  batching.window = options.ipc_batch_window;
+  ASSIGN_OR_RETURN(std::shared_ptr<IpcLayerBatcher> batcher,
+                   IpcLayerBatcher::Create(mlp, batching));
   ShardCompute compute;
+  compute.data_plane_stats = [batcher] {
+    const IpcBatcherStats s = batcher->stats();
+    return absl::StrFormat(
+        "GPU data plane: %d calls in %d layer groups (%d of several workers' calls, %d closed by "
+        "the window), %d rows, largest group %d rows of %d calls",
+        s.calls, s.groups, s.multi_call_groups, s.window_expiries, s.rows, s.max_group_rows,
+        s.max_group_calls);
+  };
   ASSIGN_OR_RETURN(compute.backend, CreateCudaMlpBackend(mlp));
   ASSIGN_OR_RETURN(const std::string boot_id, HostBootId());
   ASSIGN_OR_RETURN(const std::string uuid, GpuUuid(device_ordinal));
-  compute.attach = [mlp, boot_id, uuid](const tandem::v1::MlpAttachRequest& request,
-                                        tandem::v1::MlpAttachResponse* response)
+  compute.attach = [mlp, batcher, boot_id, uuid](const tandem::v1::MlpAttachRequest& request,
+                                                 tandem::v1::MlpAttachResponse* response)
       -> absl::StatusOr<std::unique_ptr<MlpShardSession>> {
     if (request.boot_id() != boot_id) {
       return absl::FailedPreconditionError(
@@ -169,7 +186,8 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
       return absl::FailedPreconditionError(absl::StrCat(
           "the GPU data plane needs the attention worker on the shard's GPU (", uuid, ")"));
     }
-    auto session = std::make_unique<IpcShardSession>(mlp, static_cast<int>(request.max_rows()));
+    auto session =
+        std::make_unique<IpcShardSession>(mlp, batcher, static_cast<int>(request.max_rows()));
     RETURN_IF_ERROR(session->Init(response));
     return std::unique_ptr<MlpShardSession>(std::move(session));
   };

@@ -9,11 +9,12 @@
 //   with cudaIpcGetMemHandle;
 // - an input and an output event (cudaEventInterprocess), exported with cudaIpcGetEventHandle;
 // - a doorbell page (runtime/mlp/ipc_doorbell.h) and a thread that serves it: for each call it
-//   checks the layer (in the shard's range) and the rows (1..max_rows), makes its stream wait for
-//   the input event, queues the layer from the input buffer into the output buffer, records the
-//   output event and answers 0; a bad call is answered 1 and a compute error 2, with nothing
-//   queued that the client waits for.
-// Destroying the session stops its thread, waits for its stream and frees everything.
+//   checks the layer (in the shard's range) and the rows (offset >= 0, 1..max_rows, within the
+//   buffers), hands the call to the shard's layer batcher (ipc_layer_batcher.h: the sessions'
+//   calls of one layer run as one GEMM; the batcher's stream waits for the input event and
+//   records the output event) and answers 0 once it is queued; a bad call is answered 1 and a
+//   compute error 2, with nothing queued that the client waits for.
+// Destroying the session stops its thread, waits for the batcher's stream and frees everything.
 //
 // Thread-safety: the factory may be called from any thread; each session's thread is its own.
 
@@ -33,7 +34,8 @@ inline constexpr int kIpcCallFailed = 2;   // a CUDA or cuBLAS error
 
 absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
                                                    const TensorStore& store, const MlpShape& shape,
-                                                   int device_ordinal);
+                                                   int device_ordinal,
+                                                   const ShardComputeOptions& options = {});
 
 // This host's boot id and a GPU's UUID as 32 lowercase hex digits (what Attach carries).
 absl::StatusOr<std::string> HostBootId();

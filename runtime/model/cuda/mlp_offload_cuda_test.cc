@@ -5,6 +5,7 @@
 // shard killed mid-run fails the step with a clean error; the KV cache gets the MLP weights' bytes.
 // Skipped without a GPU.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,16 +20,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/auth/service_identity.h"
+#include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_device.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
 #include "runtime/mlp/cuda/cuda_ipc_mlp_backend.h"
@@ -432,16 +436,22 @@ struct ShardProcess {
   pid_t pid = -1;
   int port = 0;
   ~ShardProcess() { Kill(); }
-  void Kill() {
+  void Kill() { Signal(SIGKILL); }
+  // SIGTERM: the shard stops cleanly and prints its stats on stderr.
+  void Stop() { Signal(SIGTERM); }
+  void Signal(int sig) {
     if (pid <= 0) return;
-    kill(pid, SIGKILL);
+    kill(pid, sig);
     waitpid(pid, nullptr, 0);
     pid = -1;
   }
 };
 
-// Starts the shard on `model_dir`; false (with a gtest failure) when it does not serve in 60 s.
-bool StartShardProcess(const std::string& model_dir, ShardProcess* shard) {
+// Starts the shard on `model_dir` (stderr into `stderr_file` when given); false (with a gtest
+// failure) when it does not serve in 60 s.
+bool StartShardProcess(const std::string& model_dir, ShardProcess* shard,
+                       const std::vector<std::string>& extra_args = {},
+                       const std::string& stderr_file = "") {
   const std::string token_file = TempDirFor("token") + "/token";
   {
     std::ofstream(token_file) << kToken << "\n";
@@ -450,13 +460,24 @@ bool StartShardProcess(const std::string& model_dir, ShardProcess* shard) {
   int out[2];
   if (pipe(out) != 0) return false;
   const std::string bin = testing_util::TandemBinary();
+  std::vector<std::string> args = {bin,       "mlp-shard", "--model",
+                                   model_dir, "--device",  "cuda",
+                                   "--port",  "0",         "--service-token-file",
+                                   token_file};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], 1);
+    if (!stderr_file.empty()) {
+      const int fd = open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd >= 0) dup2(fd, 2);
+    }
     close(out[0]);
     close(out[1]);
-    execl(bin.c_str(), bin.c_str(), "mlp-shard", "--model", model_dir.c_str(), "--device", "cuda",
-          "--port", "0", "--service-token-file", token_file.c_str(), static_cast<char*>(nullptr));
+    execv(bin.c_str(), argv.data());
     _exit(127);
   }
   close(out[1]);
@@ -538,6 +559,99 @@ TEST_P(OffloadModels, ShardProcessOverCudaIpcMatchesLocal) {
     EXPECT_NE(st.message().find("cuda_ipc"), std::string::npos) << st;
     EXPECT_LT(seconds, 5.0) << st;
   }
+}
+
+// One shard process serving two attention workers (two sessions) that step at once: their calls
+// of a layer run as one GEMM (the shard's layer batcher), and each worker still gets its own
+// rows' results.
+TEST_P(OffloadModels, OneShardProcessBatchesTwoWorkersCalls) {
+  Load(GetParam());
+  if (IsSkipped()) return;
+  const std::string log = TempDirFor("batcher") + "/shard.err";
+  ShardProcess process;
+  // A long window, so that the two threads' calls meet whatever the scheduling.
+  ASSERT_TRUE(StartShardProcess(models_->at(GetParam()), &process,
+                                {"--ipc-batch-window-us", "50000"}, log));
+  mlp::RemoteMlpOptions options;
+  options.call_timeout = absl::Seconds(5);
+  std::vector<std::unique_ptr<CudaModelRunner>> workers;
+  for (int w = 0; w < 2; ++w) {
+    auto ipc = mlp::CreateCudaIpcMlpBackend({absl::StrCat("127.0.0.1:", process.port)}, Identity(),
+                                            all_, ModelFingerprint(*store_), 0, 64, options);
+    ASSERT_TRUE(ipc.ok()) << ipc.status();
+    auto runner = Gpu(std::shared_ptr<mlp::MlpBackend>(*std::move(ipc)), kNumBlocks, 1);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    workers.push_back(*std::move(runner));
+  }
+  auto local = Gpu(nullptr);
+  ASSERT_TRUE(local.ok()) << local.status();
+  // The same steps for every runner: 4 prompts, then 24 decode steps of all 4 (fixed tokens).
+  constexpr int kSeqs = 4, kSteps = 24;
+  std::vector<std::vector<int32_t>> prompts, decode;
+  for (int i = 0; i < kSeqs; ++i) prompts.push_back(RandomTokens(5 + 3 * i));
+  for (int i = 0; i < kSteps; ++i) decode.push_back(RandomTokens(kSeqs));
+  auto run = [&](ModelRunner& r, std::vector<std::vector<float>>* logits) -> absl::Status {
+    std::vector<std::vector<int32_t>> tokens(kSeqs), tables(kSeqs);
+    auto chunk = [&](int i, const std::vector<int32_t>& t) {
+      const int start = static_cast<int>(tokens[i].size());
+      tokens[i].insert(tokens[i].end(), t.begin(), t.end());
+      while (static_cast<int>(tables[i].size()) * kBlockSize < static_cast<int>(tokens[i].size())) {
+        tables[i].push_back(1 + i * 8 + static_cast<int>(tables[i].size()));
+      }
+      SequenceChunk c;
+      c.tokens = std::span<const int32_t>(tokens[i]).subspan(start);
+      c.start_pos = start;
+      c.block_table = tables[i];
+      return c;
+    };
+    ForwardOutput out;
+    for (int i = 0; i < kSeqs; ++i) {
+      ForwardBatch b;
+      b.chunks = {chunk(i, prompts[i])};
+      RETURN_IF_ERROR(r.Forward(b, &out));
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      ForwardBatch b;
+      for (int i = 0; i < kSeqs; ++i) b.chunks.push_back(chunk(i, {decode[step][i]}));
+      RETURN_IF_ERROR(r.Forward(b, &out));
+      logits->push_back(out.logits);
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<float>> expected;
+  ASSERT_TRUE(run(**local, &expected).ok());
+  std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<absl::Status> status(2);
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([&, w] { status[w] = run(*workers[w], &got[w]); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
+    ASSERT_EQ(got[w].size(), expected.size());
+    for (size_t step = 0; step < expected.size(); ++step) {
+      ForwardOutput a, b;
+      a.logits = expected[step];
+      b.logits = got[w][step];
+      a.rows = b.rows = kSeqs;
+      EXPECT_LE(MaxRelativeError(a, b, config_.vocab_size), 0.03)
+          << "worker " << w << " step " << step;
+    }
+  }
+  workers.clear();  // ends the sessions
+  process.Stop();
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("GPU data plane: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::printf("[%s] %s", GetParam().c_str(), text.substr(at, text.find('\n', at) - at + 1).c_str());
+  // "(N of several workers' calls": some layer ran both workers' rows in one GEMM.
+  const size_t open = text.find('(', at);
+  ASSERT_NE(open, std::string::npos);
+  EXPECT_GT(std::atoi(text.c_str() + open + 1), 0) << text.substr(at);
 }
 
 // The shard dies between steps: the next step fails with the layer and backend named, within the
