@@ -13,7 +13,7 @@
 namespace tandem::mlp {
 
 absl::StatusOr<std::shared_ptr<IpcLayerBatcher>> IpcLayerBatcher::Create(
-    std::shared_ptr<CudaDenseMlp> mlp, const IpcBatcherOptions& options) {
+    std::shared_ptr<CudaDenseMlp> mlp, const LayerGroupPolicy& options) {
   if (mlp == nullptr || options.max_rows < 1 || options.window < absl::ZeroDuration() ||
       options.idle <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -45,7 +45,7 @@ IpcLayerBatcher::~IpcLayerBatcher() {
 int IpcLayerBatcher::AddSession() {
   absl::MutexLock lock(&mu_);
   const int id = next_session_++;
-  sessions_[id] = Session{};
+  sessions_[id] = GroupSession{};
   return id;
 }
 
@@ -65,30 +65,12 @@ IpcBatcherStats IpcLayerBatcher::stats() const {
   return stats_;
 }
 
-bool IpcLayerBatcher::ReadyLocked(int layer, const Group& group, absl::Time now,
-                                  bool* by_window) const {
-  *by_window = false;
-  if (group.rows >= options_.max_rows) return true;
-  for (const auto& [id, s] : sessions_) {
-    const bool in_group = std::any_of(group.calls.begin(), group.calls.end(),
-                                      [id](const Waiting& w) { return w.call->session == id; });
-    if (in_group || now - s.last_call > options_.idle || s.last_layer >= layer) continue;
-    // An active session behind this layer: worth waiting for, within the window.
-    if (now >= group.opened + options_.window) {
-      *by_window = true;
-      return true;
-    }
-    return false;
-  }
-  return true;
-}
-
 absl::Status IpcLayerBatcher::Run(const Call& call) {
   absl::Status status;
   bool done = false;
   absl::MutexLock lock(&mu_);
   absl::Time now = absl::Now();
-  Session& session = sessions_[call.session];
+  GroupSession& session = sessions_[call.session];
   session.last_layer = call.layer;
   session.last_call = now;
   Group& mine = groups_[call.layer];
@@ -103,8 +85,11 @@ absl::Status IpcLayerBatcher::Run(const Call& call) {
     absl::Time wake = now + absl::Milliseconds(10);
     bool queued_one = false;
     for (auto it = groups_.begin(); !queuing_ && it != groups_.end(); ++it) {
-      bool by_window = false;
-      if (!ReadyLocked(it->first, it->second, now, &by_window)) {
+      std::vector<int> members;
+      for (const Waiting& w : it->second.calls) members.push_back(w.call->session);
+      const GroupReady ready = GroupReadiness(options_, it->first, members, it->second.rows,
+                                              it->second.opened, sessions_, now);
+      if (ready == GroupReady::kWait) {
         wake = std::min(wake, it->second.opened + options_.window);
         continue;
       }
@@ -119,7 +104,7 @@ absl::Status IpcLayerBatcher::Run(const Call& call) {
       stats_.max_group_calls =
           std::max<int64_t>(stats_.max_group_calls, static_cast<int64_t>(calls.size()));
       if (calls.size() > 1) ++stats_.multi_call_groups;
-      if (by_window) ++stats_.window_expiries;
+      if (ready == GroupReady::kWindow) ++stats_.window_expiries;
       queuing_ = true;
       mu_.Unlock();
       const absl::Status queued = Queue(layer, calls, rows);

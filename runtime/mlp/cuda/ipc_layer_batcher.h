@@ -7,15 +7,10 @@
 // A session's thread calls Run() with a checked request; the call joins its layer's group and
 // Run returns once the group is queued on the batcher's stream (or failed), so the session can
 // answer its doorbell. A group is queued when no other active session can still join it in
-// time:
-//   - every other active session is in the group, or has already asked for a later layer (it is
-//     ahead: it comes back to this layer only in its next step); or
-//   - the group's window (`window` after its first call) has passed; or
-//   - the group holds max_rows rows.
-// A session behind (its last call was an earlier layer) is waited for, up to the window: that is
-// how workers that start out of step fall into step, after which each layer's calls of both
-// arrive together. A session counts as active while it has called within `idle` of now, so an
-// idle worker costs the busy ones nothing.
+// time (runtime/mlp/layer_group_policy.h: every other active session is in the group or already
+// past its layer, or the group's window has passed, or it is full). A session behind is waited
+// for, up to the window: that is how workers that start out of step fall into step, after which
+// each layer's calls of both arrive together; an idle worker costs the busy ones nothing.
 //
 // Queuing a group of several calls: the stream waits for each call's input event, gathers the
 // rows into one buffer, runs the layer once, scatters each call's rows back to its output
@@ -35,14 +30,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/mlp/cuda/cuda_dense_mlp.h"
+#include "runtime/mlp/layer_group_policy.h"
 
 namespace tandem::mlp {
-
-struct IpcBatcherOptions {
-  absl::Duration window = absl::Microseconds(200);  // longest wait for another session's call
-  absl::Duration idle = absl::Milliseconds(20);     // a session silent this long is not waited for
-  int max_rows = 16384;                             // rows of one group
-};
 
 struct IpcBatcherStats {
   int64_t calls = 0;
@@ -69,7 +59,7 @@ class IpcLayerBatcher {
   };
 
   static absl::StatusOr<std::shared_ptr<IpcLayerBatcher>> Create(std::shared_ptr<CudaDenseMlp> mlp,
-                                                                 const IpcBatcherOptions& options);
+                                                                 const LayerGroupPolicy& options);
   ~IpcLayerBatcher();
   IpcLayerBatcher(const IpcLayerBatcher&) = delete;
   IpcLayerBatcher& operator=(const IpcLayerBatcher&) = delete;
@@ -87,7 +77,7 @@ class IpcLayerBatcher {
   void Synchronize();
 
  private:
-  IpcLayerBatcher(std::shared_ptr<CudaDenseMlp> mlp, const IpcBatcherOptions& options)
+  IpcLayerBatcher(std::shared_ptr<CudaDenseMlp> mlp, const LayerGroupPolicy& options)
       : mlp_(std::move(mlp)), options_(options) {}
   absl::Status Init();
 
@@ -101,19 +91,11 @@ class IpcLayerBatcher {
     int rows = 0;
     absl::Time opened;
   };
-  struct Session {
-    int last_layer = -1;
-    absl::Time last_call = absl::InfinitePast();
-  };
-
-  // Whether `group` may be queued now; *by_window when only its window says so.
-  bool ReadyLocked(int layer, const Group& group, absl::Time now, bool* by_window) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Queue(int layer, const std::vector<Waiting>& calls, int rows);
   absl::Status Grow(int rows);
 
   const std::shared_ptr<CudaDenseMlp> mlp_;
-  const IpcBatcherOptions options_;
+  const LayerGroupPolicy options_;
   void* stream_ = nullptr;  // cudaStream_t; used by the queuing thread only
   void* gather_ = nullptr;  // [cap_, hidden] bf16 in, then [cap_, hidden] out
   int cap_ = 0;
@@ -121,7 +103,7 @@ class IpcLayerBatcher {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;                             // a call arrived or a group was queued
   std::map<int, Group> groups_ ABSL_GUARDED_BY(mu_);  // by layer
-  std::map<int, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<int, GroupSession> sessions_ ABSL_GUARDED_BY(mu_);
   int next_session_ ABSL_GUARDED_BY(mu_) = 0;
   bool queuing_ ABSL_GUARDED_BY(mu_) = false;
   IpcBatcherStats stats_ ABSL_GUARDED_BY(mu_);

@@ -159,7 +159,7 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
   ASSIGN_OR_RETURN(std::unique_ptr<CudaDenseMlp> created,
                    CudaDenseMlp::Create(config, store, shape, device_ordinal));
   std::shared_ptr<CudaDenseMlp> mlp = std::move(created);
-  IpcBatcherOptions batching;
+  LayerGroupPolicy batching;
   batching.window = options.ipc_batch_window;
   ASSIGN_OR_RETURN(std::shared_ptr<IpcLayerBatcher> batcher,
                    IpcLayerBatcher::Create(mlp, batching));
