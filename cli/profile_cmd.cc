@@ -265,8 +265,8 @@ int RunCalibrate(const CalibrateFlags& f) {
   std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
             << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
             << c->served_step_ms << " ms a step, profiled " << c->profiled_step_ms
-            << " ms; decode factor " << c->factor
-            << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
+            << " ms; decode factor " << c->factor << "; host work " << c->step_overhead_ms
+            << " ms a step" << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
   return 0;
 }
 

@@ -23,11 +23,14 @@ struct Field {
   absl::string_view name;
   double DecodeCounters::*member;
 };
-constexpr std::array<Field, 4> kFields = {{
+constexpr std::array<Field, 7> kFields = {{
     {"tandem_engine_decode_steps_total", &DecodeCounters::steps},
     {"tandem_engine_decode_forward_seconds_total", &DecodeCounters::forward_seconds},
     {"tandem_engine_decode_sequences_total", &DecodeCounters::sequences},
     {"tandem_engine_decode_context_tokens_total", &DecodeCounters::context_tokens},
+    {"tandem_engine_steps_total", &DecodeCounters::all_steps},
+    {"tandem_engine_forward_seconds_total", &DecodeCounters::all_forward_seconds},
+    {"tandem_engine_busy_seconds_total", &DecodeCounters::busy_seconds},
 }};
 
 }  // namespace
@@ -103,6 +106,7 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
                                                   const CalibrationOptions& options) {
   DecodeCalibration c;
   double served_ms = 0, predicted_ms = 0, sequences = 0, context = 0;
+  double host_seconds = 0, all_steps = 0;
   for (const DecodeCounters& w : windows) {
     if (!w.model_name.empty() && w.model_name != profile.model) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -119,6 +123,11 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
     c.steps += static_cast<int64_t>(w.steps);
     sequences += w.sequences;
     context += w.context_tokens;
+    // Host work per step, over every step of the window (busy covers the forward pass).
+    if (w.all_steps >= w.steps && w.busy_seconds >= w.all_forward_seconds) {
+      host_seconds += w.busy_seconds - w.all_forward_seconds;
+      all_steps += w.all_steps;
+    }
     ++c.workers;
   }
   if (c.steps < options.min_steps || predicted_ms <= 0) {
@@ -138,6 +147,7 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
   c.profiled_step_ms = predicted_ms / static_cast<double>(c.steps);
   c.batch = sequences / static_cast<double>(c.steps);
   c.context = context / sequences;
+  c.step_overhead_ms = all_steps > 0 ? host_seconds * 1000.0 / all_steps : 0;
   c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   return c;
 }

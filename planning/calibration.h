@@ -11,8 +11,14 @@
 // factor. It is the correction an SLA planner applies from live latencies, kept in the profile
 // file so that a plan says what it was calibrated against.
 //
+// The same window gives the engine's host work per step (tandem_engine_busy_seconds_total less
+// tandem_engine_forward_seconds_total, over tandem_engine_steps_total): admission, scheduling,
+// sampling, stop checks and output callbacks, which a served step adds to its forward pass and
+// bare forward passes never see (on the 2-core VM about a third of a decode step). The
+// simulator adds it to every step.
+//
 // Metrics text comes from other processes and is untrusted: the parser bounds its input, takes
-// only the four counters (unlabelled, finite, non-negative) and names what is missing or bad.
+// only the seven counters (unlabelled, finite, non-negative) and names what is missing or bad.
 //
 // Thread-safety: pure functions.
 
@@ -32,7 +38,12 @@ struct DecodeCounters {
   double forward_seconds = 0;
   double sequences = 0;       // summed batch sizes
   double context_tokens = 0;  // summed tokens already cached of those sequences
-  std::string model_name;     // from vllm:* labels when present, else empty
+  // Every step (decode-only or not): how many, their forward seconds, and the seconds of the
+  // engine iterations that ran them (forward plus the host work around it).
+  double all_steps = 0;
+  double all_forward_seconds = 0;
+  double busy_seconds = 0;
+  std::string model_name;  // from vllm:* labels when present, else empty
 };
 
 // The counters of one Prometheus text exposition (a worker's /metrics). InvalidArgument when a

@@ -41,7 +41,10 @@ std::string Exposition(double steps, double seconds, double sequences, double co
          "tandem_engine_decode_forward_seconds_total " +
          std::to_string(seconds) + "\n" + "tandem_engine_decode_sequences_total " +
          std::to_string(sequences) + "\n" + "tandem_engine_decode_context_tokens_total " +
-         std::to_string(context) + "\n" + "vllm:num_requests_running{model_name=\"target\"} 3\n";
+         std::to_string(context) + "\n" + "tandem_engine_steps_total " + std::to_string(steps + 2) +
+         "\n" + "tandem_engine_forward_seconds_total " + std::to_string(seconds + 0.25) + "\n" +
+         "tandem_engine_busy_seconds_total " + std::to_string(seconds + 0.25 + 0.12) + "\n" +
+         "vllm:num_requests_running{model_name=\"target\"} 3\n";
 }
 
 // A worker's window: `steps` steps of `batch` sequences at `context`, each served `factor` times
@@ -52,6 +55,10 @@ DecodeCounters Window(double steps, int batch, int context, double factor) {
   w.sequences = steps * batch;
   w.context_tokens = w.sequences * context;
   w.forward_seconds = steps * factor * LinearStepMs(batch, context) / 1000.0;
+  // Every step a decode step, each with 1.5 ms of host work around its forward pass.
+  w.all_steps = steps;
+  w.all_forward_seconds = w.forward_seconds;
+  w.busy_seconds = w.forward_seconds + steps * 1.5 / 1000.0;
   return w;
 }
 
@@ -62,6 +69,9 @@ TEST(CalibrationTest, ParsesTheDecodeCountersOfAWorker) {
   EXPECT_EQ(c->forward_seconds, 0.5);
   EXPECT_EQ(c->sequences, 200);
   EXPECT_EQ(c->context_tokens, 32000);
+  EXPECT_EQ(c->all_steps, 12);
+  EXPECT_EQ(c->all_forward_seconds, 0.75);
+  EXPECT_NEAR(c->busy_seconds, 0.87, 1e-9);
   EXPECT_EQ(c->model_name, "target");
 }
 
@@ -73,6 +83,12 @@ TEST(CalibrationTest, BadMetricsTextIsANamedError) {
   };
   EXPECT_THAT(error("tandem_engine_steps_total 4\n"),
               HasSubstr("no tandem_engine_decode_steps_total"));
+  {
+    // A worker older than the busy counter: named.
+    std::string old_worker = good;
+    old_worker.erase(old_worker.find("tandem_engine_busy_seconds_total"));
+    EXPECT_THAT(error(old_worker), HasSubstr("no tandem_engine_busy_seconds_total"));
+  }
   EXPECT_THAT(error(good + "tandem_engine_decode_steps_total 11\n"), HasSubstr("twice"));
   EXPECT_THAT(error(good + "tandem_engine_decode_sequences_total{x=\"1\"} 1\n"),
               HasSubstr("has labels"));
@@ -112,6 +128,7 @@ TEST(CalibrationTest, TheFactorIsServedOverProfiledWeightedBySteps) {
   EXPECT_EQ(c->workers, 2);  // the idle one contributes nothing
   EXPECT_NEAR(c->batch, (300 * 8 + 100 * 32) / 400.0, 1e-9);
   EXPECT_NEAR(c->served_step_ms / c->profiled_step_ms, 1.1, 1e-9);
+  EXPECT_NEAR(c->step_overhead_ms, 1.5, 1e-9);  // busy less forward, per step
   // One worker 1.2x over 100 steps, one 1.0x over 100 steps at the same point: 1.1.
   c = CalibrateDecode(p, {Window(100, 16, 300, 1.2), Window(100, 16, 300, 1.0)},
                       CalibrationOptions{.min_steps = 200});
@@ -170,6 +187,9 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
   EXPECT_THAT(error([](auto& j) { j["steps"] = 0; }), HasSubstr("'steps'"));
   EXPECT_THAT(error([](auto& j) { j["context"] = -3; }), HasSubstr("'context'"));
   EXPECT_THAT(error([](auto& j) { j["extra"] = 1; }), HasSubstr("unknown field 'extra'"));
+  EXPECT_THAT(error([](auto& j) { j["step_overhead_ms"] = -1; }), HasSubstr("'step_overhead_ms'"));
+  // Calibrated before the overhead was measured: it reads as 0.
+  EXPECT_EQ(error([](auto& j) { j.erase("step_overhead_ms"); }), "accepted");
   EXPECT_THAT(error([](auto& j) { j.erase("date"); }), HasSubstr("'date'"));
 }
 

@@ -162,6 +162,29 @@ TEST(SimulatorTest, KvCapacityBoundsTheDecodeBatch) {
   EXPECT_TRUE(std::isinf(never.requests.front().ttft_ms));
 }
 
+// The calibrated host work per step lengthens every step: a lone request's TPOT is the decode
+// step plus it, on decode workers and on aggregated replicas alike.
+TEST(SimulatorTest, TheHostWorkPerStepIsAddedToEveryStep) {
+  Workload w;
+  w.requests = {{100, 50}};
+  w.rate = 0.01;  // one at a time
+  SimOptions options;
+  options.num_requests = 4;
+  options.warmup_fraction = 0;
+  DeviceProfile with = Linear();
+  with.calibration.step_overhead_ms = 3;
+  for (const Layout layout : {Layout{1, 1, 0}, Layout{0, 0, 1}}) {
+    const SimResult bare = Simulate(Linear(), Linear(), layout, w, {}, options);
+    const SimResult loaded = Simulate(with, with, layout, w, {}, options);
+    ASSERT_EQ(bare.requests.size(), loaded.requests.size());
+    for (size_t i = 0; i < bare.requests.size(); ++i) {
+      EXPECT_NEAR(loaded.requests[i].tpot_ms - bare.requests[i].tpot_ms, 3, 1e-6);
+      // The prompt's step pays it once too (its prefill step, or the replica's step).
+      EXPECT_NEAR(loaded.requests[i].ttft_ms - bare.requests[i].ttft_ms, 3, 1e-6);
+    }
+  }
+}
+
 // Aggregated replicas pay for prompts with decode time: every step that carries a prompt chunk
 // also carries the decoding sequences, which disaggregated decode workers never wait for.
 TEST(SimulatorTest, AggregatedPrefillInterferesWithDecode) {

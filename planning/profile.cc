@@ -94,7 +94,7 @@ absl::Status GetPositive(const json& j, const char* key, double hi, double* out)
 absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
   if (absl::Status s = OnlyKeys(j, "calibration",
                                 {"factor", "served_step_ms", "profiled_step_ms", "batch", "context",
-                                 "steps", "workers", "date"});
+                                 "step_overhead_ms", "steps", "workers", "date"});
       !s.ok()) {
     return s;
   }
@@ -113,6 +113,14 @@ absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
     return Bad("calibration", "'context' must be a number in [0, 4194304]");
   }
   c->context = context->get<double>();
+  // Optional (profiles calibrated before it was measured have none: 0).
+  if (const auto overhead = j.find("step_overhead_ms"); overhead != j.end()) {
+    if (!overhead->is_number() || !std::isfinite(overhead->get<double>()) ||
+        overhead->get<double>() < 0 || overhead->get<double>() > 3.6e6) {
+      return Bad("calibration", "'step_overhead_ms' must be a number in [0, 3600000]");
+    }
+    c->step_overhead_ms = overhead->get<double>();
+  }
   if (absl::Status s = GetInt<int64_t>(j, "calibration", "steps", 1, int64_t{1} << 50, &c->steps);
       !s.ok()) {
     return s;
@@ -232,6 +240,7 @@ std::string ProfileToJson(const DeviceProfile& p) {
                         {"profiled_step_ms", c.profiled_step_ms},
                         {"batch", c.batch},
                         {"context", c.context},
+                        {"step_overhead_ms", c.step_overhead_ms},
                         {"steps", c.steps},
                         {"workers", c.workers},
                         {"date", c.date}};

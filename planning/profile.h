@@ -54,6 +54,9 @@ struct DecodeCalibration {
   double profiled_step_ms = 0;  // what the profile predicted for those steps, before `factor`
   double batch = 0;             // the window's mean batch and context
   double context = 0;
+  // The engine's host work per served step (calibration.h): added to every step the simulator
+  // runs; 0 when not calibrated.
+  double step_overhead_ms = 0;
   int64_t steps = 0;  // decode-only steps in the window, over every worker
   int workers = 0;    // workers that contributed steps
   std::string date;   // UTC, ISO 8601

@@ -219,7 +219,8 @@ class Sim {
       return;
     }
     pw.busy = true;
-    Push(now_ + StepPrefillMs(pw.step), Event::kPrefillStepEnd, w);
+    Push(now_ + StepPrefillMs(pw.step) + pp_.calibration.step_overhead_ms, Event::kPrefillStepEnd,
+         w);
   }
 
   void PrefillStepEnd(int w) {
@@ -262,7 +263,8 @@ class Sim {
       return;
     }
     d.busy = true;
-    Push(now_ + dp_.DecodeStepMs(static_cast<int>(d.running.size()), MeanContext(d.running)),
+    Push(now_ + dp_.DecodeStepMs(static_cast<int>(d.running.size()), MeanContext(d.running)) +
+             dp_.calibration.step_overhead_ms,
          Event::kDecodeStepEnd, w);
   }
 
@@ -326,7 +328,7 @@ class Sim {
     x.busy = true;
     int prompt_tokens = 0;
     for (const auto& [i, n] : x.step_prefill) prompt_tokens += n;
-    double ms = 0;
+    double ms = pp_.calibration.step_overhead_ms;  // the engine's host work, once a step
     if (!x.step_decode.empty()) {
       ms += pp_.DecodeStepMs(static_cast<int>(x.step_decode.size()), MeanContext(x.step_decode));
     }
