@@ -40,7 +40,7 @@ struct MlpShardFlags {
   std::string host = "127.0.0.1";
   int port = 0;
   int max_rows = 8192;
-  int ipc_batch_window_us = 200;
+  int ipc_batch_window_us = 2000;
   std::string device = "cpu";
   ServiceAuthFlags service_auth;
   std::string log_format = "text";

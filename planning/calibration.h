@@ -14,8 +14,8 @@
 // The same window gives the engine's host work per step (tandem_engine_busy_seconds_total less
 // tandem_engine_forward_seconds_total, over tandem_engine_steps_total): admission, scheduling,
 // sampling, stop checks and output callbacks, which a served step adds to its forward pass and
-// bare forward passes never see (on the 2-core VM about a third of a decode step). The
-// simulator adds it to every step.
+// bare forward passes never see (on the 2-core VM about 0.1 ms). The simulator adds it to every
+// step.
 //
 // Metrics text comes from other processes and is untrusted: the parser bounds its input, takes
 // only the seven counters (unlabelled, finite, non-negative) and names what is missing or bad.

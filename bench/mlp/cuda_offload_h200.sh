@@ -137,6 +137,7 @@ if [[ ${MPS:-0} == 1 ]]; then
     if [[ ${PAIR:-0} == 1 ]]; then
       pair local local
       "$B/tandem" mlp-shard --model /tmp/m8b --device cuda --port 19201 --max-rows 4096 \
+        --ipc-batch-window-us "${IPC_WINDOW_US:-200}" \
         --service-token-file "$token" > "$R/shard-pair.log" 2>&1 &
       shard=$!
       for i in $(seq 1 120); do grep -q "serving on" "$R/shard-pair.log" && break; sleep 1; done

@@ -21,7 +21,7 @@
 namespace tandem::mlp {
 
 struct LayerGroupPolicy {
-  absl::Duration window = absl::Microseconds(200);
+  absl::Duration window = absl::Milliseconds(2);
   absl::Duration idle = absl::Milliseconds(20);
   int max_rows = 16384;
 };

@@ -38,7 +38,7 @@ struct ShardCompute {
 // How a GPU shard groups its sessions' calls (cuda/ipc_layer_batcher.h): the longest a call
 // waits for another attention worker's call of the same layer.
 struct ShardComputeOptions {
-  absl::Duration ipc_batch_window = absl::Microseconds(200);
+  absl::Duration ipc_batch_window = absl::Milliseconds(2);
 };
 
 }  // namespace tandem::mlp
