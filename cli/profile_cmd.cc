@@ -241,6 +241,7 @@ int RunCalibrate(const CalibrateFlags& f) {
         return fail(absl::Status(w.status().code(),
                                  absl::StrCat(sources[i].url, ": ", w.status().message())));
       windows[i] = *w;
+      windows[i].wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
       steps += w->steps;
       sequences += w->sequences;
     }
@@ -264,9 +265,10 @@ int RunCalibrate(const CalibrateFlags& f) {
   if (absl::Status s = WriteProfile(*profile, f.out); !s.ok()) return fail(s);
   std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
             << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
-            << c->served_step_ms << " ms a step, profiled " << c->profiled_step_ms
-            << " ms; decode factor " << c->factor << "; host work " << c->step_overhead_ms
-            << " ms a step" << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
+            << c->served_step_ms << " ms a step forward, " << c->served_interval_ms
+            << " ms between steps, profiled " << c->profiled_step_ms << " ms; decode factor "
+            << c->factor << "; host work " << c->step_overhead_ms << " ms a step"
+            << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
   return 0;
 }
 

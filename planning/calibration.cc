@@ -1,5 +1,6 @@
 #include "planning/calibration.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
@@ -107,6 +108,8 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
   DecodeCalibration c;
   double served_ms = 0, predicted_ms = 0, sequences = 0, context = 0;
   double host_seconds = 0, all_steps = 0;
+  double interval_ms = 0;  // wall time of the decode-only steps, where every window has one
+  bool have_wall = !windows.empty();
   for (const DecodeCounters& w : windows) {
     if (!w.model_name.empty() && w.model_name != profile.model) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -128,6 +131,12 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
       host_seconds += w.busy_seconds - w.all_forward_seconds;
       all_steps += w.all_steps;
     }
+    // The decode-only steps' share of the window's wall time: their served interval.
+    if (w.wall_seconds > 0 && w.all_steps >= w.steps) {
+      interval_ms += w.wall_seconds * 1000.0 * (w.steps / w.all_steps);
+    } else {
+      have_wall = false;
+    }
     ++c.workers;
   }
   if (c.steps < options.min_steps || predicted_ms <= 0) {
@@ -135,7 +144,12 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
         absl::StrCat("the window holds ", c.steps, " decode-only steps, fewer than ",
                      options.min_steps, ": put decode load on the workers for longer"));
   }
-  const double ratio = served_ms / predicted_ms;
+  const double overhead_ms = all_steps > 0 ? host_seconds * 1000.0 / all_steps : 0;
+  // The simulator adds the host work to each step itself: the factor covers the rest.
+  const double served_basis =
+      have_wall ? std::max(interval_ms - overhead_ms * static_cast<double>(c.steps), served_ms)
+                : served_ms;
+  const double ratio = served_basis / predicted_ms;
   if (!std::isfinite(ratio) || ratio > options.max_factor || ratio < 1 / options.max_factor) {
     return absl::OutOfRangeError(absl::StrCat(
         "served decode steps take ", ratio,
@@ -147,7 +161,8 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
   c.profiled_step_ms = predicted_ms / static_cast<double>(c.steps);
   c.batch = sequences / static_cast<double>(c.steps);
   c.context = context / sequences;
-  c.step_overhead_ms = all_steps > 0 ? host_seconds * 1000.0 / all_steps : 0;
+  c.step_overhead_ms = overhead_ms;
+  c.served_interval_ms = have_wall ? interval_ms / static_cast<double>(c.steps) : 0;
   c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   return c;
 }

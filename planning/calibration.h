@@ -1,6 +1,15 @@
 #pragma once
 // Calibrating a profile against a live deployment (docs/planning.md, "Calibration").
 //
+// What is calibrated is the served step *interval*: a decode worker kept busy by a steady load
+// runs its decode-only steps in the window's wall time times their share of its steps; over the
+// profile's prediction for those steps (less the host work the simulator adds on its own), that
+// is the decode factor. On the 2-core VM the interval was 34% longer than the forward passes the
+// engine timed (the engine thread shares the cores with the prefill worker, the router, the KV
+// transfer and the clients, and loses time outside its iterations), and a factor from forward
+// passes alone predicted every layout's goodput 36-38% high (bench/RESULTS.md). Without a wall
+// time (wall_seconds 0) the forward passes are used, as before.
+//
 // `tandem profile` times bare forward passes; a served worker shares its host with the router,
 // the gRPC threads, the other workers and their traffic, and its steps run some percent slower.
 // Near saturation that error grows: the batch a rate needs grows with the step time, so 9% on
@@ -43,6 +52,9 @@ struct DecodeCounters {
   double all_steps = 0;
   double all_forward_seconds = 0;
   double busy_seconds = 0;
+  // The window's wall time (set by the caller; 0: unknown, and the factor is taken from the
+  // forward passes alone).
+  double wall_seconds = 0;
   std::string model_name;  // from vllm:* labels when present, else empty
 };
 

@@ -146,6 +146,35 @@ TEST(CalibrationTest, TheFactorIsServedOverProfiledWeightedBySteps) {
   EXPECT_NEAR(again->profiled_step_ms, LinearStepMs(16, 300), 1e-9);  // before any factor
 }
 
+TEST(CalibrationTest, WithAWallTimeTheFactorIsTheServedStepInterval) {
+  const DeviceProfile p = Linear();
+  // Forward passes 1.0x the profile, but the worker's decode steps took 1.6x their forward
+  // time of wall clock (the engine lost time outside its steps), and 10% of its steps were not
+  // decode-only.
+  DecodeCounters w = Window(900, 16, 300, 1.0);
+  w.all_steps = 1000;
+  const double step_ms = LinearStepMs(16, 300);
+  w.wall_seconds = 1000 * 1.6 * step_ms / 1000.0;
+  absl::StatusOr<DecodeCalibration> c = CalibrateDecode(p, {w});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->served_interval_ms, 1.6 * step_ms, 1e-9);
+  // factor * profile + host work = the interval.
+  EXPECT_NEAR(c->factor * step_ms + c->step_overhead_ms, 1.6 * step_ms, 1e-6);
+  EXPECT_NEAR(c->step_overhead_ms, 1.35, 1e-9);  // 900 steps of 1.5 ms over 1,000 steps
+  EXPECT_NEAR(c->served_step_ms, step_ms, 1e-9);
+  // An interval shorter than the forward passes (a window clock gone wrong) is not believed.
+  w.wall_seconds = 0.1;
+  c = CalibrateDecode(p, {w});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->factor, 1.0, 1e-9);
+  // Without a wall time: the forward passes, as before.
+  w.wall_seconds = 0;
+  c = CalibrateDecode(p, {w});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->factor, 1.0, 1e-9);
+  EXPECT_EQ(c->served_interval_ms, 0);
+}
+
 TEST(CalibrationTest, WindowsThatCannotCalibrateAreErrors) {
   const DeviceProfile p = Linear();
   absl::StatusOr<DecodeCalibration> c = CalibrateDecode(p, {Window(150, 8, 100, 1)});
@@ -188,6 +217,8 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
   EXPECT_THAT(error([](auto& j) { j["context"] = -3; }), HasSubstr("'context'"));
   EXPECT_THAT(error([](auto& j) { j["extra"] = 1; }), HasSubstr("unknown field 'extra'"));
   EXPECT_THAT(error([](auto& j) { j["step_overhead_ms"] = -1; }), HasSubstr("'step_overhead_ms'"));
+  EXPECT_THAT(error([](auto& j) { j["served_interval_ms"] = "x"; }),
+              HasSubstr("'served_interval_ms'"));
   // Calibrated before the overhead was measured: it reads as 0.
   EXPECT_EQ(error([](auto& j) { j.erase("step_overhead_ms"); }), "accepted");
   EXPECT_THAT(error([](auto& j) { j.erase("date"); }), HasSubstr("'date'"));

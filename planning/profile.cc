@@ -92,9 +92,10 @@ absl::Status GetPositive(const json& j, const char* key, double hi, double* out)
 }
 
 absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
-  if (absl::Status s = OnlyKeys(j, "calibration",
-                                {"factor", "served_step_ms", "profiled_step_ms", "batch", "context",
-                                 "step_overhead_ms", "steps", "workers", "date"});
+  if (absl::Status s =
+          OnlyKeys(j, "calibration",
+                   {"factor", "served_step_ms", "served_interval_ms", "profiled_step_ms", "batch",
+                    "context", "step_overhead_ms", "steps", "workers", "date"});
       !s.ok()) {
     return s;
   }
@@ -113,7 +114,14 @@ absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
     return Bad("calibration", "'context' must be a number in [0, 4194304]");
   }
   c->context = context->get<double>();
-  // Optional (profiles calibrated before it was measured have none: 0).
+  // Optional (profiles calibrated before they were measured have none: 0).
+  if (const auto interval = j.find("served_interval_ms"); interval != j.end()) {
+    if (!interval->is_number() || !std::isfinite(interval->get<double>()) ||
+        interval->get<double>() < 0 || interval->get<double>() > 3.6e6) {
+      return Bad("calibration", "'served_interval_ms' must be a number in [0, 3600000]");
+    }
+    c->served_interval_ms = interval->get<double>();
+  }
   if (const auto overhead = j.find("step_overhead_ms"); overhead != j.end()) {
     if (!overhead->is_number() || !std::isfinite(overhead->get<double>()) ||
         overhead->get<double>() < 0 || overhead->get<double>() > 3.6e6) {
@@ -237,6 +245,7 @@ std::string ProfileToJson(const DeviceProfile& p) {
     const DecodeCalibration& c = p.calibration;
     j["calibration"] = {{"factor", c.factor},
                         {"served_step_ms", c.served_step_ms},
+                        {"served_interval_ms", c.served_interval_ms},
                         {"profiled_step_ms", c.profiled_step_ms},
                         {"batch", c.batch},
                         {"context", c.context},

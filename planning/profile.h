@@ -50,9 +50,10 @@ struct TransferPoint {
 // multiplies every decode step time the profile predicts; 1 when never calibrated.
 struct DecodeCalibration {
   double factor = 1.0;
-  double served_step_ms = 0;    // the window's mean served decode step
-  double profiled_step_ms = 0;  // what the profile predicted for those steps, before `factor`
-  double batch = 0;             // the window's mean batch and context
+  double served_step_ms = 0;      // the window's mean served decode forward pass
+  double served_interval_ms = 0;  // its decode steps' mean wall interval (0: not measured)
+  double profiled_step_ms = 0;    // what the profile predicted for those steps, before `factor`
+  double batch = 0;               // the window's mean batch and context
   double context = 0;
   // The engine's host work per served step (calibration.h): added to every step the simulator
   // runs; 0 when not calibrated.
