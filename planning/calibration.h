@@ -6,9 +6,9 @@
 // profile's prediction for those steps (less the host work the simulator adds on its own), that
 // is the decode factor. On the 2-core VM the interval was 34% longer than the forward passes the
 // engine timed (the engine thread shares the cores with the prefill worker, the router, the KV
-// transfer and the clients, and loses time outside its iterations), and a factor from forward
-// passes alone predicted every layout's goodput 36-38% high (bench/RESULTS.md). Without a wall
-// time (wall_seconds 0) the forward passes are used, as before.
+// transfer and the clients; its iterations covered three quarters of the window), and a factor
+// from forward passes alone predicted every layout's goodput 36-38% high (bench/RESULTS.md).
+// Without a wall time (wall_seconds 0) the forward passes are used, as before.
 //
 // `tandem profile` times bare forward passes; a served worker shares its host with the router,
 // the gRPC threads, the other workers and their traffic, and its steps run some percent slower.
