@@ -31,6 +31,14 @@ absl::Status IpcLayerBatcher::Init() {
   RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
                        "MLP layer batcher: cudaStreamCreate");
   stream_ = s;
+  timings_.resize(1024);  // the queuing thread may run a few steps ahead of the GPU
+  for (Timing& t : timings_) {
+    cudaEvent_t start = nullptr, end = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaEventCreate(&start), "MLP layer batcher: cudaEventCreate");
+    t.start = start;
+    RETURN_IF_CUDA_ERROR(cudaEventCreate(&end), "MLP layer batcher: cudaEventCreate");
+    t.end = end;
+  }
   return absl::OkStatus();
 }
 
@@ -39,6 +47,11 @@ IpcLayerBatcher::~IpcLayerBatcher() {
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   if (s != nullptr) cudaStreamSynchronize(s);
   if (gather_ != nullptr) cudaFree(gather_);
+  for (Timing& t : timings_) {
+    for (void* e : {t.start, t.end}) {
+      if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    }
+  }
   if (s != nullptr) cudaStreamDestroy(s);
 }
 
@@ -107,8 +120,12 @@ absl::Status IpcLayerBatcher::Run(const Call& call) {
       if (ready == GroupReady::kWindow) ++stats_.window_expiries;
       queuing_ = true;
       mu_.Unlock();
-      const absl::Status queued = Queue(layer, calls, rows);
+      IpcBatcherStats timed;
+      const absl::Status queued = Queue(layer, calls, rows, &timed);
       mu_.Lock();
+      stats_.timed_groups += timed.timed_groups;
+      stats_.timed_rows += timed.timed_rows;
+      stats_.timed_ms += timed.timed_ms;
       for (const Waiting& w : calls) {
         *w.status = queued;
         *w.done = true;
@@ -142,9 +159,28 @@ absl::Status IpcLayerBatcher::Grow(int rows) {
   return absl::OkStatus();
 }
 
-absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls, int rows) {
+absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls, int rows,
+                                    IpcBatcherStats* timed) {
   RETURN_IF_CUDA_ERROR(cudaSetDevice(mlp_->device()), "MLP layer batcher: cudaSetDevice");
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
+  // This group's timing slot: read back the group that used it last, if its run is done.
+  Timing& timing = timings_[next_timing_];
+  next_timing_ = (next_timing_ + 1) % timings_.size();
+  if (timing.pending) {
+    timing.pending = false;
+    float ms = 0;
+    if (cudaEventQuery(static_cast<cudaEvent_t>(timing.end)) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(timing.start),
+                             static_cast<cudaEvent_t>(timing.end)) == cudaSuccess) {
+      ++timed->timed_groups;
+      timed->timed_rows += timing.rows;
+      timed->timed_ms += ms;
+    } else {
+      cudaGetLastError();  // not done yet (cudaErrorNotReady): the sample is dropped
+    }
+  }
+  const bool timed_run =
+      cudaEventRecord(static_cast<cudaEvent_t>(timing.start), s) == cudaSuccess;
   const size_t row_bytes = static_cast<size_t>(mlp_->shape().hidden_size) * 2;
   absl::Status st;
   for (const Waiting& w : calls) {
@@ -154,9 +190,18 @@ absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls
     }
   }
   auto at = [row_bytes](void* base, int row) { return static_cast<char*>(base) + row * row_bytes; };
+  const auto forward = [&](const void* x, int n, void* y) {
+    absl::Status f = mlp_->Forward(layer, x, n, y, s);
+    if (f.ok() && timed_run &&
+        cudaEventRecord(static_cast<cudaEvent_t>(timing.end), s) == cudaSuccess) {
+      timing.pending = true;
+      timing.rows = n;
+    }
+    return f;
+  };
   if (st.ok() && calls.size() == 1) {
     const Call& c = *calls[0].call;
-    st = mlp_->Forward(layer, at(c.in, c.row_offset), c.rows, at(c.out, c.row_offset), s);
+    st = forward(at(c.in, c.row_offset), c.rows, at(c.out, c.row_offset));
   } else if (st.ok()) {
     st = Grow(rows);
     char* in = static_cast<char*>(gather_);
@@ -168,7 +213,7 @@ absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls
                       "MLP layer batcher: gathering rows");
       row += c.rows;
     }
-    if (st.ok()) st = mlp_->Forward(layer, in, rows, out, s);
+    if (st.ok()) st = forward(in, rows, out);
     for (int i = 0, row = 0; st.ok() && i < static_cast<int>(calls.size()); ++i) {
       const Call& c = *calls[i].call;
       st = CudaStatus(cudaMemcpyAsync(at(c.out, c.row_offset), out + row * row_bytes,

@@ -42,6 +42,11 @@ struct IpcBatcherStats {
   int64_t max_group_calls = 0;
   int64_t multi_call_groups = 0;  // groups of two calls or more
   int64_t window_expiries = 0;    // groups queued because their window passed
+  // The layer runs' GPU time (CUDA events around each group's MLP, read back once done; a
+  // group whose events were not done when their slot came round again is not counted).
+  int64_t timed_groups = 0;
+  int64_t timed_rows = 0;
+  double timed_ms = 0;
 };
 
 class IpcLayerBatcher {
@@ -91,7 +96,16 @@ class IpcLayerBatcher {
     int rows = 0;
     absl::Time opened;
   };
-  absl::Status Queue(int layer, const std::vector<Waiting>& calls, int rows);
+  // A group's timing events, reused round-robin by the queuing thread.
+  struct Timing {
+    void* start = nullptr;  // cudaEvent_t
+    void* end = nullptr;
+    int rows = 0;
+    bool pending = false;
+  };
+  // Queues the group; adds to *timed the earlier groups whose GPU time it read back.
+  absl::Status Queue(int layer, const std::vector<Waiting>& calls, int rows,
+                     IpcBatcherStats* timed);
   absl::Status Grow(int rows);
 
   const std::shared_ptr<CudaDenseMlp> mlp_;
@@ -99,6 +113,8 @@ class IpcLayerBatcher {
   void* stream_ = nullptr;  // cudaStream_t; used by the queuing thread only
   void* gather_ = nullptr;  // [cap_, hidden] bf16 in, then [cap_, hidden] out
   int cap_ = 0;
+  std::vector<Timing> timings_;  // the queuing thread's
+  size_t next_timing_ = 0;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;                             // a call arrived or a group was queued

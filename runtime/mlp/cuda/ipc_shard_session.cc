@@ -164,13 +164,23 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
   ASSIGN_OR_RETURN(std::shared_ptr<IpcLayerBatcher> batcher,
                    IpcLayerBatcher::Create(mlp, batching));
   ShardCompute compute;
-  compute.data_plane_stats = [batcher] {
+  const double layer_bytes = 3.0 * 2 * shape.hidden_size * shape.intermediate_size;
+  compute.data_plane_stats = [batcher, layer_bytes] {
     const IpcBatcherStats s = batcher->stats();
-    return absl::StrFormat(
+    std::string line = absl::StrFormat(
         "GPU data plane: %d calls in %d layer groups (%d of several workers' calls, %d closed by "
         "the window), %d rows, largest group %d rows of %d calls",
         s.calls, s.groups, s.multi_call_groups, s.window_expiries, s.rows, s.max_group_rows,
         s.max_group_calls);
+    if (s.timed_groups > 0) {
+      const double ms = s.timed_ms / static_cast<double>(s.timed_groups);
+      absl::StrAppendFormat(&line,
+                            "; a layer's MLP %.3f ms on the GPU at %.1f rows (%d groups timed), "
+                            "%.0f GB/s of its weights",
+                            ms, static_cast<double>(s.timed_rows) / s.timed_groups,
+                            s.timed_groups, layer_bytes / (ms * 1e6));
+    }
+    return line;
   };
   ASSIGN_OR_RETURN(compute.backend, CreateCudaMlpBackend(mlp));
   ASSIGN_OR_RETURN(const std::string boot_id, HostBootId());
