@@ -179,8 +179,7 @@ absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls
       cudaGetLastError();  // not done yet (cudaErrorNotReady): the sample is dropped
     }
   }
-  const bool timed_run =
-      cudaEventRecord(static_cast<cudaEvent_t>(timing.start), s) == cudaSuccess;
+  const bool timed_run = cudaEventRecord(static_cast<cudaEvent_t>(timing.start), s) == cudaSuccess;
   const size_t row_bytes = static_cast<size_t>(mlp_->shape().hidden_size) * 2;
   absl::Status st;
   for (const Waiting& w : calls) {

@@ -177,8 +177,8 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
       absl::StrAppendFormat(&line,
                             "; a layer's MLP %.3f ms on the GPU at %.1f rows (%d groups timed), "
                             "%.0f GB/s of its weights",
-                            ms, static_cast<double>(s.timed_rows) / s.timed_groups,
-                            s.timed_groups, layer_bytes / (ms * 1e6));
+                            ms, static_cast<double>(s.timed_rows) / s.timed_groups, s.timed_groups,
+                            layer_bytes / (ms * 1e6));
     }
     return line;
   };
