@@ -25,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_configs = 1 << 12;
   limits.max_frames = 1 << 14;
   limits.max_stacks = 64;
+  limits.max_subset_work = 1 << 20;
   absl::StatusOr<std::unique_ptr<tandem::grammar::GrammarPda>> pda =
       tandem::grammar::GrammarPda::FromGbnf(text, limits);
   if (!pda.ok()) {

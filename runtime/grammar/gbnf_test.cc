@@ -174,6 +174,12 @@ TEST(GbnfTest, BadGrammarsAreNamedErrors) {
   PdaLimits tight;
   tight.max_nfa_states = 64;
   EXPECT_THAT(Error(R"(root ::= [a-z]{100})", {}, tight), HasSubstr("more than 64"));
+  // Nested repeats whose subset construction blows up (a fuzzed grammar took over 12 s under
+  // the fuzzer's limits): refused by the subset construction's work budget.
+  PdaLimits budget;
+  budget.max_subset_work = 1 << 16;
+  EXPECT_THAT(Error("root ::= [a-z' ] [*^x]{8,}++++++++ \"x\"", {}, budget),
+              HasSubstr("too large to compile"));
 }
 
 // An independent recognizer: every way each node can match from a position (memoized), straight

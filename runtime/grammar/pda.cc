@@ -190,20 +190,34 @@ class NfaBuilder {
   absl::Status status_;
 };
 
-void EpsClosure(const Nfa& nfa, std::vector<int32_t>* set) {
-  std::vector<int32_t> work = *set;
+// `*set` closed under epsilon edges, sorted and without duplicates, in time linear in the closure
+// and its edges. `mark` is scratch of nfa.states.size() zeros, left all zero (a membership test
+// by search made this quadratic: a fuzzed grammar of nested quantifiers took over 12 s).
+void EpsClosure(const Nfa& nfa, std::vector<int32_t>* set, std::vector<char>* mark) {
+  std::vector<char>& in = *mark;
+  std::vector<int32_t> work;
+  size_t n = 0;
+  for (size_t i = 0; i < set->size(); ++i) {
+    const int32_t s = (*set)[i];
+    if (in[s]) continue;
+    in[s] = 1;
+    (*set)[n++] = s;
+    work.push_back(s);
+  }
+  set->resize(n);
   while (!work.empty()) {
     const int32_t s = work.back();
     work.pop_back();
     for (int32_t t : nfa.states[s].eps) {
-      if (std::find(set->begin(), set->end(), t) == set->end()) {
+      if (!in[t]) {
+        in[t] = 1;
         set->push_back(t);
         work.push_back(t);
       }
     }
   }
+  for (int32_t s : *set) in[s] = 0;
   std::sort(set->begin(), set->end());
-  set->erase(std::unique(set->begin(), set->end()), set->end());
 }
 
 }  // namespace
@@ -230,12 +244,18 @@ absl::StatusOr<std::unique_ptr<GrammarPda>> GrammarPda::Compile(const GbnfGramma
   // Per rule: subset construction over bytes and calls. State 0 is the rule's start.
   std::vector<RuleDfa> rules(num_rules);
   int total_states = 0;
+  std::vector<char> closure_mark(nfa.states.size(), 0);
+  int64_t subset_work = 0;
   for (int r = 0; r < num_rules; ++r) {
     RuleDfa& d = rules[r];
     std::map<std::vector<int32_t>, int32_t> ids;
     std::deque<std::vector<int32_t>> queue;
     const auto add = [&](std::vector<int32_t> set) -> int32_t {
-      EpsClosure(nfa, &set);
+      // Past the budget nothing more is computed: the caller sees -1 and fails the grammar.
+      if (subset_work > limits.max_subset_work) return -1;
+      subset_work += static_cast<int64_t>(set.size());
+      EpsClosure(nfa, &set, &closure_mark);
+      subset_work += static_cast<int64_t>(set.size());
       auto [it, fresh] = ids.emplace(set, static_cast<int32_t>(ids.size()));
       if (fresh) {
         ++total_states;
@@ -248,7 +268,12 @@ absl::StatusOr<std::unique_ptr<GrammarPda>> GrammarPda::Compile(const GbnfGramma
       return it->second;
     };
     add({start[r]});
-    for (int32_t id = 0; !queue.empty(); ++id) {
+    for (int32_t id = 0; !queue.empty() || subset_work > limits.max_subset_work; ++id) {
+      if (subset_work > limits.max_subset_work) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("grammar: too large to compile (more than ", limits.max_subset_work,
+                         " automaton states visited; rule '", g.rules[r].first, "')"));
+      }
       if (total_states > limits.max_dfa_states) {
         return absl::InvalidArgumentError(absl::StrCat("grammar: more than ", limits.max_dfa_states,
                                                        " automaton states (rule '",
@@ -266,17 +291,21 @@ absl::StatusOr<std::unique_ptr<GrammarPda>> GrammarPda::Compile(const GbnfGramma
       }
       std::sort(cuts.begin(), cuts.end());
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      for (size_t k = 0; k + 1 < cuts.size(); ++k) {
-        const int lo = cuts[k];
-        std::vector<int32_t> to;
-        for (int32_t s : set) {
-          for (const Nfa::Edge& e : nfa.states[s].bytes) {
-            if (e.lo <= lo && lo <= e.hi) to.push_back(e.to);
-          }
+      // Each edge's target goes to the intervals between cuts that its range covers (one pass
+      // over the edges, not one per interval).
+      std::vector<std::vector<int32_t>> targets(cuts.size() - 1);
+      for (int32_t s : set) {
+        for (const Nfa::Edge& e : nfa.states[s].bytes) {
+          const size_t first = std::lower_bound(cuts.begin(), cuts.end(), e.lo) - cuts.begin();
+          const size_t end = std::lower_bound(cuts.begin(), cuts.end(), e.hi + 1) - cuts.begin();
+          for (size_t k = first; k < end; ++k) targets[k].push_back(e.to);
         }
-        if (to.empty()) continue;
-        const int32_t t = add(std::move(to));
-        for (int b = lo; b < cuts[k + 1]; ++b) d.next[id][b] = t;
+      }
+      for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+        if (targets[k].empty()) continue;
+        const int32_t t = add(std::move(targets[k]));
+        if (t < 0) break;
+        for (int b = cuts[k]; b < cuts[k + 1]; ++b) d.next[id][b] = t;
       }
       std::map<int32_t, std::vector<int32_t>> by_rule;
       for (int32_t s : set) {
@@ -284,6 +313,7 @@ absl::StatusOr<std::unique_ptr<GrammarPda>> GrammarPda::Compile(const GbnfGramma
       }
       for (auto& [callee, to] : by_rule) {
         const int32_t t = add(std::move(to));
+        if (t < 0) break;
         d.calls[id].push_back({callee, t});
       }
     }

@@ -53,6 +53,10 @@ struct PdaLimits {
   int max_configs = 1 << 18;      // interned configurations per grammar
   int max_frames = 1 << 20;       // interned frames per grammar
   int max_steps = 1 << 22;        // remembered (configuration, byte) steps per grammar
+  // Automaton states visited by the subset construction, summed over every state set it forms:
+  // bounds the compile time of a grammar whose automaton blows up (nested repeats) long before
+  // max_dfa_states would.
+  int64_t max_subset_work = int64_t{1} << 26;
 };
 
 class GrammarPda final : public ByteAutomaton {
