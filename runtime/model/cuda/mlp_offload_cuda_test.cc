@@ -394,8 +394,6 @@ TEST_P(OffloadModels, CudaBackendOnTheSameGpuMatchesLocal) {
 TEST_P(OffloadModels, PingPongOnTheCudaBackendMatchesLocal) {
   Load(GetParam());
   if (IsSkipped()) return;
-  auto local = Gpu(nullptr);
-  ASSERT_TRUE(local.ok()) << local.status();
   auto backend = mlp::CreateCudaMlpBackend(config_, *store_, all_, 0);
   ASSERT_TRUE(backend.ok()) << backend.status();
   std::shared_ptr<mlp::MlpBackend> shared = *std::move(backend);
