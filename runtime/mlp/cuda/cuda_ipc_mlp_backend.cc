@@ -81,7 +81,7 @@ class CudaIpcMlpBackend final : public MlpBackend {
     shards_.clear();
   }
 
-  absl::Status Init() { return slots_->Init(device_); }
+  absl::Status Init() { return slots_->Init(device_, "cuda_ipc MLP"); }
 
   std::string_view name() const override { return "cuda_ipc"; }
   MlpShape shape() const override { return expected_; }
@@ -130,25 +130,21 @@ class CudaIpcMlpBackend final : public MlpBackend {
                                                      rows, ") outside the ", max_rows_,
                                                      " rows of a session"));
     }
-    absl::StatusOr<DeviceCallSlots::Slot*> slot =
-        slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/true);
-    if (!slot.ok()) {
-      return absl::Status(slot.status().code(),
-                          absl::StrCat("cuda_ipc MLP: ", slot.status().message()));
-    }
-    cudaStream_t slot_stream = static_cast<cudaStream_t>((*slot)->stream);
+    ASSIGN_OR_RETURN(DeviceCallSlots::Slot * slot,
+                     slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/true));
+    cudaStream_t slot_stream = static_cast<cudaStream_t>(slot->stream);
     ASSIGN_OR_RETURN(IpcShard * shard, PickShard(layer, rows));
     absl::Status st =
         Hand(*shard, layer, x, row_offset, rows, static_cast<cudaStream_t>(stream), deadline);
     // The answer lands on the slot's stream: the caller's stream waits for it only at the Join.
     if (st.ok()) st = Collect(*shard, row_offset, rows, out, slot_stream);
     if (st.ok()) {
-      st = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>((*slot)->done), slot_stream),
+      st = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(slot->done), slot_stream),
                       "cudaEventRecord");
     }
     if (!st.ok()) return Failed(*shard, st);
     stats_.rows += rows;
-    return slots_->Issue(*slot, row_offset, row_offset + rows);
+    return slots_->Issue(slot, row_offset, row_offset + rows);
   }
 
   absl::Status JoinOnDevice(Handle handle, void* stream) override {

@@ -40,7 +40,7 @@ class CudaMlpBackend final : public MlpBackend {
                          "cuda MLP: cudaStreamCreate");
     RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
                          "cuda MLP: cudaEventCreate");
-    RETURN_IF_ERROR(slots_->Init(mlp_->device()));
+    RETURN_IF_ERROR(slots_->Init(mlp_->device(), "cuda MLP"));
     return Reserve(64);
   }
 
@@ -83,13 +83,9 @@ class CudaMlpBackend final : public MlpBackend {
       return absl::DeadlineExceededError(
           absl::StrCat("cuda MLP: layer ", layer, " submitted past its deadline"));
     }
-    absl::StatusOr<DeviceCallSlots::Slot*> slot =
-        slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/false);
-    if (!slot.ok()) {
-      return absl::Status(slot.status().code(),
-                          absl::StrCat("cuda MLP: ", slot.status().message()));
-    }
-    cudaStream_t slot_stream = static_cast<cudaStream_t>((*slot)->stream);
+    ASSIGN_OR_RETURN(DeviceCallSlots::Slot * slot,
+                     slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/false));
+    cudaStream_t slot_stream = static_cast<cudaStream_t>(slot->stream);
     RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)),
                          "cuda MLP: cudaEventRecord (rows ready)");
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(slot_stream, ready_, 0),
@@ -97,7 +93,7 @@ class CudaMlpBackend final : public MlpBackend {
     absl::Status s = mlp_->Forward(layer, x, rows, out, slot_stream);
     ++stats_.calls;
     if (s.ok()) {
-      s = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>((*slot)->done), slot_stream),
+      s = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(slot->done), slot_stream),
                      "cuda MLP: cudaEventRecord (done)");
     }
     if (!s.ok()) {
@@ -105,7 +101,7 @@ class CudaMlpBackend final : public MlpBackend {
       return s;
     }
     stats_.rows += rows;
-    return slots_->Issue(*slot, row_offset, row_offset + rows);
+    return slots_->Issue(slot, row_offset, row_offset + rows);
   }
   absl::Status JoinOnDevice(Handle handle, void* stream) override {
     return slots_->Join(handle, stream);

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
@@ -18,8 +20,9 @@ DeviceCallSlots::~DeviceCallSlots() {
   }
 }
 
-absl::Status DeviceCallSlots::Init(int device) {
+absl::Status DeviceCallSlots::Init(int device, std::string owner) {
   device_ = device;
+  owner_ = std::move(owner);
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "MLP call slots: cudaSetDevice");
   for (Slot& slot : slots_) {
     cudaStream_t s = nullptr;
@@ -49,11 +52,12 @@ absl::StatusOr<DeviceCallSlots::Slot*> DeviceCallSlots::Find(int first, int end,
       if (free == nullptr && slot.stream != nullptr) free = &slot;
     } else if (exclusive_rows && first < slot.end && slot.first < end) {
       return absl::InvalidArgumentError(
-          absl::StrCat("rows [", first, ", ", end, ") overlap a call in flight"));
+          absl::StrCat(owner_, ": rows [", first, ", ", end, ") overlap a call in flight"));
     }
   }
   if (free == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("more than ", kSlots, " calls in flight"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(owner_, ": more than ", kSlots, " calls in flight"));
   }
   return free;
 }
@@ -69,7 +73,8 @@ uint64_t DeviceCallSlots::Issue(Slot* slot, int first, int end) {
 absl::Status DeviceCallSlots::Join(uint64_t handle, void* stream) {
   const uint64_t index = handle & 0xff;
   if (index >= slots_.size() || !slots_[index].busy || slots_[index].generation != (handle >> 8)) {
-    return absl::InvalidArgumentError(absl::StrCat("no MLP call in flight as handle ", handle));
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner_, ": no call in flight as handle ", handle));
   }
   Slot& slot = slots_[index];
   slot.busy = false;

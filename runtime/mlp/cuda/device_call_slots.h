@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,8 +39,8 @@ class DeviceCallSlots {
   // Waits for every slot's stream, then frees them (binds the thread to the GPU).
   ~DeviceCallSlots();
 
-  // Creates the streams and events on GPU `device`.
-  absl::Status Init(int device);
+  // Creates the streams and events on GPU `device`; `owner` ("cuda MLP") starts every error.
+  absl::Status Init(int device, std::string owner);
 
   bool any_busy() const;
 
@@ -56,6 +57,7 @@ class DeviceCallSlots {
 
  private:
   int device_ = 0;
+  std::string owner_ = "MLP call slots";
   std::array<Slot, kSlots> slots_;
 };
 
