@@ -7,8 +7,10 @@
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
 //   tandem profile calibrate --profile FILE --metrics URL[,URL...] [--window-s S] [--min-steps N]
-//                            [--max-factor F] [--out FILE] [--no-progress]
-// reads decode workers' /metrics over a window of load and writes the profile with its decode
+//                            [--min-prefill-steps N] [--max-factor F] [--out FILE]
+//                            [--no-progress]
+// reads workers' /metrics over a window of load and writes the profile with its decode factor
+// and, when prefill workers (or aggregated ones) ran enough prefill-only steps, its prefill
 // factor (planning/calibration.h, docs/planning.md).
 // Exit status: 0 ok, 1 runtime error (model, device, measurement, scrape), 2 usage error.
 #include <unistd.h>
@@ -175,6 +177,7 @@ struct CalibrateFlags {
   std::string metrics;
   double window_s = 60;
   int64_t min_steps = 200;
+  int64_t min_prefill_steps = 50;
   double max_factor = 4;
   std::string out;
   bool no_progress = false;
@@ -186,11 +189,11 @@ struct MetricsSource {
   std::string path;
 };
 
-absl::StatusOr<planning::DecodeCounters> Scrape(const MetricsSource& m) {
+absl::StatusOr<planning::EngineCounters> Scrape(const MetricsSource& m) {
   absl::StatusOr<std::string> body =
       bench::HttpGet(m.parsed.host, m.parsed.port, m.path, /*timeout_s=*/10);
   if (!body.ok()) return body.status();
-  absl::StatusOr<planning::DecodeCounters> c = planning::ParseDecodeCounters(*body);
+  absl::StatusOr<planning::EngineCounters> c = planning::ParseEngineCounters(*body);
   if (!c.ok())
     return absl::Status(c.status().code(), absl::StrCat(m.url, ": ", c.status().message()));
   return c;
@@ -218,9 +221,9 @@ int RunCalibrate(const CalibrateFlags& f) {
     sources.push_back(std::move(m));
   }
   if (sources.empty()) return usage("--metrics: no URL");
-  std::vector<planning::DecodeCounters> before;
+  std::vector<planning::EngineCounters> before;
   for (const MetricsSource& m : sources) {
-    absl::StatusOr<planning::DecodeCounters> c = Scrape(m);
+    absl::StatusOr<planning::EngineCounters> c = Scrape(m);
     if (!c.ok()) return fail(c.status());
     before.push_back(*c);
   }
@@ -228,47 +231,70 @@ int RunCalibrate(const CalibrateFlags& f) {
   // a worker goes away).
   const absl::Time start = absl::Now();
   const absl::Duration window = absl::Seconds(f.window_s);
-  std::vector<planning::DecodeCounters> windows(sources.size());
+  std::vector<planning::EngineCounters> windows(sources.size());
   for (;;) {
     const absl::Duration left = window - (absl::Now() - start);
     if (left > absl::ZeroDuration()) absl::SleepFor(std::min(left, absl::Seconds(5)));
-    double steps = 0, sequences = 0;
+    double steps = 0, sequences = 0, prefill_steps = 0;
     for (size_t i = 0; i < sources.size(); ++i) {
-      absl::StatusOr<planning::DecodeCounters> c = Scrape(sources[i]);
+      absl::StatusOr<planning::EngineCounters> c = Scrape(sources[i]);
       if (!c.ok()) return fail(c.status());
-      absl::StatusOr<planning::DecodeCounters> w = planning::CounterWindow(before[i], *c);
+      absl::StatusOr<planning::EngineCounters> w = planning::CounterWindow(before[i], *c);
       if (!w.ok())
         return fail(absl::Status(w.status().code(),
                                  absl::StrCat(sources[i].url, ": ", w.status().message())));
       windows[i] = *w;
-      windows[i].wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
       steps += w->steps;
       sequences += w->sequences;
+      prefill_steps += w->prefill_steps;
     }
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     if (!f.no_progress) {
       std::cerr << "\rcalibrating: " << static_cast<int>(std::min(elapsed, f.window_s)) << "/"
                 << f.window_s << " s, " << static_cast<int64_t>(steps)
-                << " decode steps, mean batch " << (steps > 0 ? sequences / steps : 0.0) << "\033[K"
-                << std::flush;
+                << " decode steps, mean batch " << (steps > 0 ? sequences / steps : 0.0) << ", "
+                << static_cast<int64_t>(prefill_steps) << " prefill steps\033[K" << std::flush;
     }
     if (elapsed >= f.window_s) break;
   }
   if (!f.no_progress) std::cerr << "\n";
   planning::CalibrationOptions options;
   options.min_steps = f.min_steps;
+  options.min_prefill_steps = f.min_prefill_steps;
   options.max_factor = f.max_factor;
   absl::StatusOr<planning::DecodeCalibration> c =
       planning::CalibrateDecode(*profile, windows, options);
   if (!c.ok()) return fail(c.status());
   profile->calibration = *c;
+  // Prefill is calibrated when the window holds enough prefill-only steps (FailedPrecondition:
+  // too few; the models were checked above); otherwise the profile's prefill calibration stays
+  // as it was, and the line says why.
+  absl::StatusOr<planning::PrefillCalibration> pc =
+      planning::CalibratePrefill(*profile, windows, options);
+  if (pc.ok()) {
+    profile->prefill_calibration = *pc;
+  } else if (pc.status().code() != absl::StatusCode::kFailedPrecondition) {
+    return fail(pc.status());
+  }
   if (absl::Status s = WriteProfile(*profile, f.out); !s.ok()) return fail(s);
   std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
             << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
-            << c->served_step_ms << " ms a step forward, " << c->served_interval_ms
-            << " ms between steps, profiled " << c->profiled_step_ms << " ms; decode factor "
-            << c->factor << "; host work " << c->step_overhead_ms << " ms a step"
-            << (f.out.empty() ? "" : absl::StrCat("; wrote ", f.out)) << "\n";
+            << c->served_step_ms << " ms a step forward, profiled " << c->profiled_step_ms
+            << " ms; decode factor " << c->factor << "; beyond the forward pass "
+            << c->step_overhead_ms << " ms a step (of which " << c->gap_ms
+            << " ms between iterations)\n";
+  if (pc.ok()) {
+    std::cerr << "tandem profile calibrate: " << pc->steps << " prefill steps on " << pc->workers
+              << " worker(s) at " << pc->chunks_per_step << " chunks a step of mean "
+              << pc->chunk_tokens << " tokens after " << pc->cached_tokens << " cached: served "
+              << pc->served_step_ms << " ms a step forward, profiled " << pc->profiled_step_ms
+              << " ms; prefill factor " << pc->factor << "; beyond the forward pass "
+              << pc->step_overhead_ms << " ms a step\n";
+  } else {
+    std::cerr << "tandem profile calibrate: prefill not calibrated (" << pc.status().message()
+              << "); the profile's prefill calibration is unchanged\n";
+  }
+  if (!f.out.empty()) std::cerr << "tandem profile calibrate: wrote " << f.out << "\n";
   return 0;
 }
 
@@ -321,8 +347,9 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->required();
   calibrate
       ->add_option("--metrics", calibrate_flags->metrics,
-                   "Decode (or aggregated) workers' metrics URLs, comma-separated "
-                   "(http://HOST:PORT, path /metrics by default)")
+                   "Workers' metrics URLs, comma-separated (http://HOST:PORT, path /metrics by "
+                   "default): decode or aggregated workers, and prefill workers to calibrate "
+                   "prefill too")
       ->required();
   calibrate->add_option("--window-s", calibrate_flags->window_s, "Seconds of load to read")
       ->check(CLI::Range(1.0, 86400.0))
@@ -330,6 +357,11 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
   calibrate
       ->add_option("--min-steps", calibrate_flags->min_steps,
                    "Decode-only steps the window must hold, over every worker")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  calibrate
+      ->add_option("--min-prefill-steps", calibrate_flags->min_prefill_steps,
+                   "Prefill-only steps the window must hold to calibrate prefill")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   calibrate

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -22,26 +23,79 @@ constexpr absl::string_view kModelLabel = "model_name=\"";
 
 struct Field {
   absl::string_view name;
-  double DecodeCounters::*member;
+  double EngineCounters::*member;
 };
-constexpr std::array<Field, 7> kFields = {{
-    {"tandem_engine_decode_steps_total", &DecodeCounters::steps},
-    {"tandem_engine_decode_forward_seconds_total", &DecodeCounters::forward_seconds},
-    {"tandem_engine_decode_sequences_total", &DecodeCounters::sequences},
-    {"tandem_engine_decode_context_tokens_total", &DecodeCounters::context_tokens},
-    {"tandem_engine_steps_total", &DecodeCounters::all_steps},
-    {"tandem_engine_forward_seconds_total", &DecodeCounters::all_forward_seconds},
-    {"tandem_engine_busy_seconds_total", &DecodeCounters::busy_seconds},
+constexpr std::array<Field, 14> kFields = {{
+    {"tandem_engine_decode_steps_total", &EngineCounters::steps},
+    {"tandem_engine_decode_forward_seconds_total", &EngineCounters::forward_seconds},
+    {"tandem_engine_decode_sequences_total", &EngineCounters::sequences},
+    {"tandem_engine_decode_context_tokens_total", &EngineCounters::context_tokens},
+    {"tandem_engine_steps_total", &EngineCounters::all_steps},
+    {"tandem_engine_forward_seconds_total", &EngineCounters::all_forward_seconds},
+    {"tandem_engine_busy_seconds_total", &EngineCounters::busy_seconds},
+    {"tandem_engine_backlogged_steps_total", &EngineCounters::backlogged_steps},
+    {"tandem_engine_gap_seconds_total", &EngineCounters::gap_seconds},
+    {"tandem_engine_prefill_steps_total", &EngineCounters::prefill_steps},
+    {"tandem_engine_prefill_forward_seconds_total", &EngineCounters::prefill_forward_seconds},
+    {"tandem_engine_prefill_chunks_total", &EngineCounters::prefill_chunks},
+    {"tandem_engine_prefill_tokens_total", &EngineCounters::prefill_tokens},
+    {"tandem_engine_prefill_cached_tokens_total", &EngineCounters::prefill_cached_tokens},
 }};
+
+// The cost per step beyond the forward pass over `windows` (those `counts` says to include):
+// host work inside an iteration, over every step, plus the gap after a backlogged step. Returns
+// {overhead, gap} in ms.
+template <typename Counts>
+std::pair<double, double> StepOverheadMs(const std::vector<EngineCounters>& windows,
+                                         Counts counts) {
+  double host_seconds = 0, steps = 0, gap_seconds = 0, backlogged = 0;
+  for (const EngineCounters& w : windows) {
+    if (!counts(w)) continue;
+    if (w.all_steps >= 1 && w.busy_seconds >= w.all_forward_seconds) {
+      host_seconds += w.busy_seconds - w.all_forward_seconds;
+      steps += w.all_steps;
+    }
+    if (w.backlogged_steps >= 1 && w.backlogged_steps <= w.all_steps) {
+      gap_seconds += w.gap_seconds;
+      backlogged += w.backlogged_steps;
+    }
+  }
+  const double gap = backlogged > 0 ? gap_seconds * 1000.0 / backlogged : 0;
+  return {(steps > 0 ? host_seconds * 1000.0 / steps : 0) + gap, gap};
+}
+
+absl::Status CheckModel(const DeviceProfile& profile, const EngineCounters& w) {
+  if (!w.model_name.empty() && w.model_name != profile.model) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a worker serves model '", w.model_name, "', the profile is of '", profile.model, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Factor(absl::string_view what, double served_ms, double predicted_ms,
+                              const CalibrationOptions& options) {
+  const double ratio = served_ms / predicted_ms;
+  if (!std::isfinite(ratio) || ratio > options.max_factor || ratio < 1 / options.max_factor) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "served ", what, " steps take ", ratio,
+        "x the profile's prediction: a different model, device or engine settings than "
+        "profiled?"));
+  }
+  return ratio;
+}
+
+std::string Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
 
 }  // namespace
 
-absl::StatusOr<DecodeCounters> ParseDecodeCounters(absl::string_view text) {
+absl::StatusOr<EngineCounters> ParseEngineCounters(absl::string_view text) {
   if (text.size() > kMaxText) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics: ", text.size(), " bytes, more than ", kMaxText));
   }
-  DecodeCounters c;
+  EngineCounters c;
   std::array<bool, kFields.size()> seen = {};
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
@@ -80,16 +134,15 @@ absl::StatusOr<DecodeCounters> ParseDecodeCounters(absl::string_view text) {
     if (!seen[i]) {
       return absl::InvalidArgumentError(
           absl::StrCat("metrics: no ", kFields[i].name,
-                       " (not a Tandem decode or aggregated worker's /metrics, or one older "
-                       "than calibration)"));
+                       " (not a Tandem worker's /metrics, or one older than calibration)"));
     }
   }
   return c;
 }
 
-absl::StatusOr<DecodeCounters> CounterWindow(const DecodeCounters& before,
-                                             const DecodeCounters& after) {
-  DecodeCounters w;
+absl::StatusOr<EngineCounters> CounterWindow(const EngineCounters& before,
+                                             const EngineCounters& after) {
+  EngineCounters w;
   w.model_name = after.model_name;
   for (const Field& f : kFields) {
     const double d = after.*(f.member) - before.*(f.member);
@@ -103,19 +156,16 @@ absl::StatusOr<DecodeCounters> CounterWindow(const DecodeCounters& before,
 }
 
 absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
-                                                  const std::vector<DecodeCounters>& windows,
+                                                  const std::vector<EngineCounters>& windows,
                                                   const CalibrationOptions& options) {
   DecodeCalibration c;
   double served_ms = 0, predicted_ms = 0, sequences = 0, context = 0;
-  double host_seconds = 0, all_steps = 0;
-  double interval_ms = 0;  // wall time of the decode-only steps, where every window has one
-  bool have_wall = !windows.empty();
-  for (const DecodeCounters& w : windows) {
-    if (!w.model_name.empty() && w.model_name != profile.model) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a worker serves model '", w.model_name, "', the profile is of '", profile.model, "'"));
-    }
-    if (w.steps < 1 || w.sequences < w.steps) continue;
+  const auto decoded = [](const EngineCounters& w) {
+    return w.steps >= 1 && w.sequences >= w.steps;
+  };
+  for (const EngineCounters& w : windows) {
+    if (absl::Status s = CheckModel(profile, w); !s.ok()) return s;
+    if (!decoded(w)) continue;
     const double batch = w.sequences / w.steps;
     const double ctx = w.context_tokens / w.sequences;
     // What the measured points, uncalibrated, predict for this worker's steps.
@@ -126,17 +176,6 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
     c.steps += static_cast<int64_t>(w.steps);
     sequences += w.sequences;
     context += w.context_tokens;
-    // Host work per step, over every step of the window (busy covers the forward pass).
-    if (w.all_steps >= w.steps && w.busy_seconds >= w.all_forward_seconds) {
-      host_seconds += w.busy_seconds - w.all_forward_seconds;
-      all_steps += w.all_steps;
-    }
-    // The decode-only steps' share of the window's wall time: their served interval.
-    if (w.wall_seconds > 0 && w.all_steps >= w.steps) {
-      interval_ms += w.wall_seconds * 1000.0 * (w.steps / w.all_steps);
-    } else {
-      have_wall = false;
-    }
     ++c.workers;
   }
   if (c.steps < options.min_steps || predicted_ms <= 0) {
@@ -144,26 +183,61 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
         absl::StrCat("the window holds ", c.steps, " decode-only steps, fewer than ",
                      options.min_steps, ": put decode load on the workers for longer"));
   }
-  const double overhead_ms = all_steps > 0 ? host_seconds * 1000.0 / all_steps : 0;
-  // The simulator adds the host work to each step itself: the factor covers the rest.
-  const double served_basis =
-      have_wall ? std::max(interval_ms - overhead_ms * static_cast<double>(c.steps), served_ms)
-                : served_ms;
-  const double ratio = served_basis / predicted_ms;
-  if (!std::isfinite(ratio) || ratio > options.max_factor || ratio < 1 / options.max_factor) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "served decode steps take ", ratio,
-        "x the profile's prediction: a different model, device or engine settings than "
-        "profiled?"));
-  }
-  c.factor = ratio;
+  absl::StatusOr<double> factor = Factor("decode", served_ms, predicted_ms, options);
+  if (!factor.ok()) return factor.status();
+  c.factor = *factor;
+  std::tie(c.step_overhead_ms, c.gap_ms) = StepOverheadMs(windows, decoded);
   c.served_step_ms = served_ms / static_cast<double>(c.steps);
+  c.served_interval_ms = c.served_step_ms + c.step_overhead_ms;
   c.profiled_step_ms = predicted_ms / static_cast<double>(c.steps);
   c.batch = sequences / static_cast<double>(c.steps);
   c.context = context / sequences;
-  c.step_overhead_ms = overhead_ms;
-  c.served_interval_ms = have_wall ? interval_ms / static_cast<double>(c.steps) : 0;
-  c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  c.date = Now();
+  return c;
+}
+
+absl::StatusOr<PrefillCalibration> CalibratePrefill(const DeviceProfile& profile,
+                                                    const std::vector<EngineCounters>& windows,
+                                                    const CalibrationOptions& options) {
+  PrefillCalibration c;
+  double served_ms = 0, predicted_ms = 0, chunks = 0, tokens = 0, cached = 0;
+  const auto prefilled = [](const EngineCounters& w) {
+    return w.prefill_steps >= 1 && w.prefill_chunks >= w.prefill_steps &&
+           w.prefill_tokens >= w.prefill_chunks;
+  };
+  const double fixed = profile.MeasuredPrefillFixedMs();
+  for (const EngineCounters& w : windows) {
+    if (absl::Status s = CheckModel(profile, w); !s.ok()) return s;
+    if (!prefilled(w)) continue;
+    const double per_step = w.prefill_chunks / w.prefill_steps;
+    const int chunk = static_cast<int>(std::lround(w.prefill_tokens / w.prefill_chunks));
+    const int before = static_cast<int>(std::lround(w.prefill_cached_tokens / w.prefill_chunks));
+    // As the simulator prices a step: the fixed cost once, each chunk's cost beyond it.
+    const double step =
+        fixed + per_step * std::max(0.0, profile.MeasuredPrefillMs(chunk, before) - fixed);
+    predicted_ms += w.prefill_steps * step;
+    served_ms += w.prefill_forward_seconds * 1000.0;
+    c.steps += static_cast<int64_t>(w.prefill_steps);
+    chunks += w.prefill_chunks;
+    tokens += w.prefill_tokens;
+    cached += w.prefill_cached_tokens;
+    ++c.workers;
+  }
+  if (c.steps < options.min_prefill_steps || predicted_ms <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the window holds ", c.steps, " prefill-only steps, fewer than ", options.min_prefill_steps,
+        ": put prompt load on the prefill workers for longer"));
+  }
+  absl::StatusOr<double> factor = Factor("prefill", served_ms, predicted_ms, options);
+  if (!factor.ok()) return factor.status();
+  c.factor = *factor;
+  c.step_overhead_ms = StepOverheadMs(windows, prefilled).first;
+  c.served_step_ms = served_ms / static_cast<double>(c.steps);
+  c.profiled_step_ms = predicted_ms / static_cast<double>(c.steps);
+  c.chunks_per_step = chunks / static_cast<double>(c.steps);
+  c.chunk_tokens = tokens / chunks;
+  c.cached_tokens = cached / chunks;
+  c.date = Now();
   return c;
 }
 

@@ -1,15 +1,6 @@
 #pragma once
 // Calibrating a profile against a live deployment (docs/planning.md, "Calibration").
 //
-// What is calibrated is the served step *interval*: a decode worker kept busy by a steady load
-// runs its decode-only steps in the window's wall time times their share of its steps; over the
-// profile's prediction for those steps (less the host work the simulator adds on its own), that
-// is the decode factor. On the 2-core VM the interval was 34% longer than the forward passes the
-// engine timed (the engine thread shares the cores with the prefill worker, the router, the KV
-// transfer and the clients; its iterations covered three quarters of the window), and a factor
-// from forward passes alone predicted every layout's goodput 36-38% high (bench/RESULTS.md).
-// Without a wall time (wall_seconds 0) the forward passes are used, as before.
-//
 // `tandem profile` times bare forward passes; a served worker shares its host with the router,
 // the gRPC threads, the other workers and their traffic, and its steps run some percent slower.
 // Near saturation that error grows: the batch a rate needs grows with the step time, so 9% on
@@ -20,14 +11,25 @@
 // factor. It is the correction an SLA planner applies from live latencies, kept in the profile
 // file so that a plan says what it was calibrated against.
 //
-// The same window gives the engine's host work per step (tandem_engine_busy_seconds_total less
-// tandem_engine_forward_seconds_total, over tandem_engine_steps_total): admission, scheduling,
-// sampling, stop checks and output callbacks, which a served step adds to its forward pass and
-// bare forward passes never see (on the 2-core VM about 0.1 ms). The simulator adds it to every
-// step.
+// The same window gives the engine's cost per step beyond its forward pass, which the simulator
+// adds to every step: the host work inside a step's loop iteration
+// (tandem_engine_busy_seconds_total less tandem_engine_forward_seconds_total, over
+// tandem_engine_steps_total: admission, scheduling, sampling, stop checks, output callbacks) and
+// the gap between iterations while work waited (tandem_engine_gap_seconds_total over
+// tandem_engine_backlogged_steps_total: the stats publish, the engine lock, and the time the
+// engine thread was off the CPU; on the 2-core VM the engine thread shares the cores with the
+// other worker, the router, the KV transfer and the clients).
+//
+// Prefill is calibrated the same way from workers' prefill-only steps
+// (tandem_engine_prefill_{steps,forward_seconds,chunks,tokens,cached_tokens}_total): per worker,
+// the profile's cost of a step of its mean chunks-a-step at its mean chunk and cached length
+// (the step's fixed cost once, each chunk's cost beyond it, as the simulator prices a step)
+// against the served forward passes. The mean chunk stands for every chunk, so a window whose
+// chunk lengths vary widely on a curved profile carries that curvature's error; calibrate under
+// prompts near the lengths the plan is for.
 //
 // Metrics text comes from other processes and is untrusted: the parser bounds its input, takes
-// only the seven counters (unlabelled, finite, non-negative) and names what is missing or bad.
+// only the counters it knows (unlabelled, finite, non-negative) and names what is missing or bad.
 //
 // Thread-safety: pure functions.
 
@@ -41,44 +43,62 @@
 
 namespace tandem::planning {
 
-// One worker's decode-only step counters at one instant (or a window's difference).
-struct DecodeCounters {
+// One worker's engine counters at one instant (or a window's difference).
+struct EngineCounters {
+  // Decode-only steps: how many, their forward seconds, summed batch sizes and the tokens
+  // already cached of those sequences.
   double steps = 0;
   double forward_seconds = 0;
-  double sequences = 0;       // summed batch sizes
-  double context_tokens = 0;  // summed tokens already cached of those sequences
+  double sequences = 0;
+  double context_tokens = 0;
   // Every step (decode-only or not): how many, their forward seconds, and the seconds of the
   // engine iterations that ran them (forward plus the host work around it).
   double all_steps = 0;
   double all_forward_seconds = 0;
   double busy_seconds = 0;
-  // The window's wall time (set by the caller; 0: unknown, and the factor is taken from the
-  // forward passes alone).
-  double wall_seconds = 0;
+  // Steps after which work waited, and the seconds until the next iteration began.
+  double backlogged_steps = 0;
+  double gap_seconds = 0;
+  // Prefill-only steps: how many, their forward seconds, prompt chunks, the chunks' tokens and
+  // the tokens cached before each chunk.
+  double prefill_steps = 0;
+  double prefill_forward_seconds = 0;
+  double prefill_chunks = 0;
+  double prefill_tokens = 0;
+  double prefill_cached_tokens = 0;
   std::string model_name;  // from vllm:* labels when present, else empty
 };
 
 // The counters of one Prometheus text exposition (a worker's /metrics). InvalidArgument when a
 // counter is missing, repeated, labelled or not a finite non-negative number, or the text is
 // larger than 16 MiB.
-absl::StatusOr<DecodeCounters> ParseDecodeCounters(absl::string_view text);
+absl::StatusOr<EngineCounters> ParseEngineCounters(absl::string_view text);
 
 // after - before; InvalidArgument when a counter went backwards (the worker restarted).
-absl::StatusOr<DecodeCounters> CounterWindow(const DecodeCounters& before,
-                                             const DecodeCounters& after);
+absl::StatusOr<EngineCounters> CounterWindow(const EngineCounters& before,
+                                             const EngineCounters& after);
 
 struct CalibrationOptions {
-  int64_t min_steps = 200;  // decode-only steps, over every worker, for a usable window
+  int64_t min_steps = 200;         // decode-only steps, over every worker, for a usable window
+  int64_t min_prefill_steps = 50;  // prefill-only steps, likewise
   double max_factor = 4.0;  // a larger disagreement (either way) is a wrong profile, not load
 };
 
 // The decode factor of `profile` from windows of one or more workers (each with at least one
-// step; workers without steps are skipped). FailedPrecondition when the windows hold fewer than
+// step; workers without decode-only steps are skipped), and the engine's cost per step beyond
+// the forward pass over those workers. FailedPrecondition when the windows hold fewer than
 // min_steps steps or a window's model differs from the profile's; OutOfRange when the factor
 // falls outside [1 / max_factor, max_factor]. The factor is against the points as profiled, so
 // calibrating a calibrated profile again replaces its factor.
 absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
-                                                  const std::vector<DecodeCounters>& windows,
+                                                  const std::vector<EngineCounters>& windows,
                                                   const CalibrationOptions& options = {});
+
+// The prefill factor of `profile` from the windows' prefill-only steps (workers without any are
+// skipped), and the cost per step beyond the forward pass over the workers that had them. The
+// same errors as CalibrateDecode, with min_prefill_steps.
+absl::StatusOr<PrefillCalibration> CalibratePrefill(const DeviceProfile& profile,
+                                                    const std::vector<EngineCounters>& windows,
+                                                    const CalibrationOptions& options = {});
 
 }  // namespace tandem::planning

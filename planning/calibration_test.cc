@@ -1,5 +1,5 @@
-// Calibration: the /metrics parser (untrusted text), counter windows, the decode factor against a
-// profile whose answer is known, and the calibrated profile's file round trip.
+// Calibration: the /metrics parser (untrusted text), counter windows, the decode and prefill
+// factors against a profile whose answer is known, and the calibrated profile's file round trip.
 #include "planning/calibration.h"
 
 #include <string>
@@ -44,13 +44,20 @@ std::string Exposition(double steps, double seconds, double sequences, double co
          std::to_string(context) + "\n" + "tandem_engine_steps_total " + std::to_string(steps + 2) +
          "\n" + "tandem_engine_forward_seconds_total " + std::to_string(seconds + 0.25) + "\n" +
          "tandem_engine_busy_seconds_total " + std::to_string(seconds + 0.25 + 0.12) + "\n" +
+         "tandem_engine_backlogged_steps_total " + std::to_string(steps) + "\n" +
+         "tandem_engine_gap_seconds_total 0.03\n"
+         "tandem_engine_prefill_steps_total 2\n"
+         "tandem_engine_prefill_forward_seconds_total 0.25\n"
+         "tandem_engine_prefill_chunks_total 3\n"
+         "tandem_engine_prefill_tokens_total 300\n"
+         "tandem_engine_prefill_cached_tokens_total 64\n"
          "vllm:num_requests_running{model_name=\"target\"} 3\n";
 }
 
 // A worker's window: `steps` steps of `batch` sequences at `context`, each served `factor` times
 // the profile's step.
-DecodeCounters Window(double steps, int batch, int context, double factor) {
-  DecodeCounters w;
+EngineCounters Window(double steps, int batch, int context, double factor) {
+  EngineCounters w;
   w.steps = steps;
   w.sequences = steps * batch;
   w.context_tokens = w.sequences * context;
@@ -62,8 +69,29 @@ DecodeCounters Window(double steps, int batch, int context, double factor) {
   return w;
 }
 
-TEST(CalibrationTest, ParsesTheDecodeCountersOfAWorker) {
-  absl::StatusOr<DecodeCounters> c = ParseDecodeCounters(Exposition(10, 0.5, 200, 32000));
+// A prefill worker's window: `steps` steps of `chunks` prompt chunks of `tokens` tokens after
+// `cached` cached ones, served `factor` times the profile's step, 2 ms of host work a step and
+// a 4 ms gap after half of them.
+EngineCounters PrefillWindow(double steps, int chunks, int tokens, int cached, double factor) {
+  const DeviceProfile p = Linear();
+  const double fixed = p.MeasuredPrefillFixedMs();
+  const double step = fixed + chunks * (p.MeasuredPrefillMs(tokens, cached) - fixed);
+  EngineCounters w;
+  w.prefill_steps = steps;
+  w.prefill_chunks = steps * chunks;
+  w.prefill_tokens = w.prefill_chunks * tokens;
+  w.prefill_cached_tokens = w.prefill_chunks * cached;
+  w.prefill_forward_seconds = steps * factor * step / 1000.0;
+  w.all_steps = steps;
+  w.all_forward_seconds = w.prefill_forward_seconds;
+  w.busy_seconds = w.all_forward_seconds + steps * 2 / 1000.0;
+  w.backlogged_steps = steps / 2;
+  w.gap_seconds = w.backlogged_steps * 4 / 1000.0;
+  return w;
+}
+
+TEST(CalibrationTest, ParsesTheEngineCountersOfAWorker) {
+  absl::StatusOr<EngineCounters> c = ParseEngineCounters(Exposition(10, 0.5, 200, 32000));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->steps, 10);
   EXPECT_EQ(c->forward_seconds, 0.5);
@@ -72,13 +100,20 @@ TEST(CalibrationTest, ParsesTheDecodeCountersOfAWorker) {
   EXPECT_EQ(c->all_steps, 12);
   EXPECT_EQ(c->all_forward_seconds, 0.75);
   EXPECT_NEAR(c->busy_seconds, 0.87, 1e-9);
+  EXPECT_EQ(c->backlogged_steps, 10);
+  EXPECT_EQ(c->gap_seconds, 0.03);
+  EXPECT_EQ(c->prefill_steps, 2);
+  EXPECT_EQ(c->prefill_forward_seconds, 0.25);
+  EXPECT_EQ(c->prefill_chunks, 3);
+  EXPECT_EQ(c->prefill_tokens, 300);
+  EXPECT_EQ(c->prefill_cached_tokens, 64);
   EXPECT_EQ(c->model_name, "target");
 }
 
 TEST(CalibrationTest, BadMetricsTextIsANamedError) {
   const std::string good = Exposition(10, 0.5, 200, 32000);
   const auto error = [](const std::string& text) {
-    absl::StatusOr<DecodeCounters> c = ParseDecodeCounters(text);
+    absl::StatusOr<EngineCounters> c = ParseEngineCounters(text);
     return c.ok() ? std::string("accepted") : std::string(c.status().message());
   };
   EXPECT_THAT(error("tandem_engine_steps_total 4\n"),
@@ -88,6 +123,11 @@ TEST(CalibrationTest, BadMetricsTextIsANamedError) {
     std::string old_worker = good;
     old_worker.erase(old_worker.find("tandem_engine_busy_seconds_total"));
     EXPECT_THAT(error(old_worker), HasSubstr("no tandem_engine_busy_seconds_total"));
+    // Or than the prefill and gap counters.
+    old_worker = good;
+    old_worker.erase(old_worker.find("tandem_engine_prefill_cached_tokens_total"),
+                     std::string("tandem_engine_prefill_cached_tokens_total 64\n").size());
+    EXPECT_THAT(error(old_worker), HasSubstr("no tandem_engine_prefill_cached_tokens_total"));
   }
   EXPECT_THAT(error(good + "tandem_engine_decode_steps_total 11\n"), HasSubstr("twice"));
   EXPECT_THAT(error(good + "tandem_engine_decode_sequences_total{x=\"1\"} 1\n"),
@@ -107,8 +147,8 @@ TEST(CalibrationTest, BadMetricsTextIsANamedError) {
 }
 
 TEST(CalibrationTest, ACounterGoingBackwardsIsARestart) {
-  DecodeCounters before = Window(100, 8, 100, 1), after = Window(50, 8, 100, 1);
-  absl::StatusOr<DecodeCounters> w = CounterWindow(before, after);
+  EngineCounters before = Window(100, 8, 100, 1), after = Window(50, 8, 100, 1);
+  absl::StatusOr<EngineCounters> w = CounterWindow(before, after);
   ASSERT_FALSE(w.ok());
   EXPECT_THAT(w.status().message(), HasSubstr("went backwards"));
   w = CounterWindow(after, before);
@@ -121,7 +161,7 @@ TEST(CalibrationTest, TheFactorIsServedOverProfiledWeightedBySteps) {
   // Two workers at different batches, both served 1.1x the profile: the factor is 1.1 whatever
   // their share of the steps.
   absl::StatusOr<DecodeCalibration> c =
-      CalibrateDecode(p, {Window(300, 8, 200, 1.1), Window(100, 32, 500, 1.1), DecodeCounters{}});
+      CalibrateDecode(p, {Window(300, 8, 200, 1.1), Window(100, 32, 500, 1.1), EngineCounters{}});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_NEAR(c->factor, 1.1, 1e-9);
   EXPECT_EQ(c->steps, 400);
@@ -146,33 +186,70 @@ TEST(CalibrationTest, TheFactorIsServedOverProfiledWeightedBySteps) {
   EXPECT_NEAR(again->profiled_step_ms, LinearStepMs(16, 300), 1e-9);  // before any factor
 }
 
-TEST(CalibrationTest, WithAWallTimeTheFactorIsTheServedStepInterval) {
+TEST(CalibrationTest, TheGapBetweenBackloggedStepsIsPartOfTheStepOverhead) {
   const DeviceProfile p = Linear();
-  // Forward passes 1.0x the profile, but the worker's decode steps took 1.6x their forward
-  // time of wall clock (the engine lost time outside its steps), and 10% of its steps were not
-  // decode-only.
-  DecodeCounters w = Window(900, 16, 300, 1.0);
-  w.all_steps = 1000;
-  const double step_ms = LinearStepMs(16, 300);
-  w.wall_seconds = 1000 * 1.6 * step_ms / 1000.0;
+  // Forward passes 1.0x the profile, 1.5 ms of host work in each iteration, and after 600 of
+  // the 900 steps the engine went on with work waiting, 9 ms later on average (off the CPU).
+  EngineCounters w = Window(900, 16, 300, 1.0);
+  w.backlogged_steps = 600;
+  w.gap_seconds = 600 * 9 / 1000.0;
   absl::StatusOr<DecodeCalibration> c = CalibrateDecode(p, {w});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->served_interval_ms, 1.6 * step_ms, 1e-9);
-  // factor * profile + host work = the interval.
-  EXPECT_NEAR(c->factor * step_ms + c->step_overhead_ms, 1.6 * step_ms, 1e-6);
-  EXPECT_NEAR(c->step_overhead_ms, 1.35, 1e-9);  // 900 steps of 1.5 ms over 1,000 steps
-  EXPECT_NEAR(c->served_step_ms, step_ms, 1e-9);
-  // An interval shorter than the forward passes (a window clock gone wrong) is not believed.
-  w.wall_seconds = 0.1;
-  c = CalibrateDecode(p, {w});
+  EXPECT_NEAR(c->factor, 1.0, 1e-9);
+  EXPECT_NEAR(c->gap_ms, 9, 1e-9);
+  EXPECT_NEAR(c->step_overhead_ms, 1.5 + 9, 1e-9);
+  const double step_ms = LinearStepMs(16, 300);
+  EXPECT_NEAR(c->served_interval_ms, step_ms + 10.5, 1e-9);
+  // A prefill worker in the same windows changes neither the decode factor nor its overhead.
+  c = CalibrateDecode(p, {w, PrefillWindow(100, 2, 128, 0, 1.3)});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_NEAR(c->factor, 1.0, 1e-9);
-  // Without a wall time: the forward passes, as before.
-  w.wall_seconds = 0;
+  EXPECT_NEAR(c->step_overhead_ms, 10.5, 1e-9);
+  EXPECT_EQ(c->workers, 1);
+  // More backlogged steps than steps (a forged or broken exposition) add no gap.
+  w.backlogged_steps = 5000;
   c = CalibrateDecode(p, {w});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->factor, 1.0, 1e-9);
-  EXPECT_EQ(c->served_interval_ms, 0);
+  EXPECT_NEAR(c->step_overhead_ms, 1.5, 1e-9);
+}
+
+TEST(CalibrationTest, ThePrefillFactorIsServedOverTheProfilesStepAtTheMeanChunk) {
+  const DeviceProfile p = Linear();
+  // Two prefill workers, one at two 128-token chunks a step, one at one 300-token chunk after
+  // 200 cached, both served 1.4x: the factor is 1.4. A decode worker beside them is skipped.
+  absl::StatusOr<PrefillCalibration> c =
+      CalibratePrefill(p, {PrefillWindow(60, 2, 128, 0, 1.4), PrefillWindow(40, 1, 300, 200, 1.4),
+                           Window(500, 8, 100, 1)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->factor, 1.4, 1e-9);
+  EXPECT_EQ(c->steps, 100);
+  EXPECT_EQ(c->workers, 2);
+  EXPECT_NEAR(c->chunks_per_step, (60 * 2 + 40) / 100.0, 1e-9);
+  EXPECT_NEAR(c->chunk_tokens, (120 * 128 + 40 * 300) / 160.0, 1e-9);
+  EXPECT_NEAR(c->cached_tokens, 40 * 200 / 160.0, 1e-9);
+  EXPECT_NEAR(c->served_step_ms / c->profiled_step_ms, 1.4, 1e-9);
+  EXPECT_NEAR(c->step_overhead_ms, 2 + 4, 1e-9);  // host work, plus the mean gap
+  // The calibrated profile's prefill lookups carry the factor; the measured ones do not.
+  DeviceProfile calibrated = p;
+  calibrated.prefill_calibration = *c;
+  EXPECT_NEAR(calibrated.PrefillMs(300, 200), 1.4 * p.PrefillMs(300, 200), 1e-9);
+  EXPECT_NEAR(calibrated.PrefillFixedMs(), 1.4 * p.PrefillFixedMs(), 1e-9);
+  EXPECT_NEAR(calibrated.MeasuredPrefillMs(300, 200), p.PrefillMs(300, 200), 1e-9);
+  // Calibrating again replaces the factor.
+  absl::StatusOr<PrefillCalibration> again =
+      CalibratePrefill(calibrated, {PrefillWindow(80, 1, 64, 0, 0.9)});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NEAR(again->factor, 0.9, 1e-9);
+  // Too few prefill steps, or a wildly different served step, are errors.
+  EXPECT_EQ(CalibratePrefill(p, {PrefillWindow(49, 1, 64, 0, 1)}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CalibratePrefill(p, {Window(500, 8, 100, 1)}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CalibratePrefill(p, {PrefillWindow(80, 1, 64, 0, 4.5)}).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EngineCounters broken = PrefillWindow(80, 1, 64, 0, 1);
+  broken.prefill_tokens = 1;  // fewer tokens than chunks: skipped, not divided into
+  EXPECT_EQ(CalibratePrefill(p, {broken}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(CalibrationTest, WindowsThatCannotCalibrateAreErrors) {
@@ -185,7 +262,7 @@ TEST(CalibrationTest, WindowsThatCannotCalibrateAreErrors) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kOutOfRange);
   c = CalibrateDecode(p, {Window(1000, 8, 100, 0.2)});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kOutOfRange);
-  DecodeCounters other = Window(1000, 8, 100, 1);
+  EngineCounters other = Window(1000, 8, 100, 1);
   other.model_name = "llama";
   c = CalibrateDecode(p, {other});
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -221,7 +298,36 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
               HasSubstr("'served_interval_ms'"));
   // Calibrated before the overhead was measured: it reads as 0.
   EXPECT_EQ(error([](auto& j) { j.erase("step_overhead_ms"); }), "accepted");
+  EXPECT_EQ(error([](auto& j) { j.erase("gap_ms"); }), "accepted");
   EXPECT_THAT(error([](auto& j) { j.erase("date"); }), HasSubstr("'date'"));
+}
+
+TEST(CalibrationTest, PrefillCalibrationsRoundTripAndBadOnesAreRefused) {
+  DeviceProfile p = Linear();
+  absl::StatusOr<PrefillCalibration> c = CalibratePrefill(p, {PrefillWindow(80, 2, 64, 0, 1.3)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  p.prefill_calibration = *c;
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ProfileToJson(*back), ProfileToJson(p));
+  EXPECT_NEAR(back->PrefillMs(64), 1.3 * Linear().PrefillMs(64), 1e-9);
+  EXPECT_EQ(back->calibration.steps, 0);  // decode stays uncalibrated
+  EXPECT_EQ(ProfileToJson(Linear()).find("prefill_calibration"), std::string::npos);
+
+  const auto error = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(ProfileToJson(p));
+    edit(j["prefill_calibration"]);
+    absl::StatusOr<DeviceProfile> q = ProfileFromJson(j.dump());
+    return q.ok() ? std::string("accepted") : std::string(q.status().message());
+  };
+  EXPECT_THAT(error([](auto& j) { j["factor"] = 0; }), HasSubstr("prefill_calibration"));
+  EXPECT_THAT(error([](auto& j) { j["factor"] = 1e9; }), HasSubstr("'factor'"));
+  EXPECT_THAT(error([](auto& j) { j["chunk_tokens"] = -5; }), HasSubstr("'chunk_tokens'"));
+  EXPECT_THAT(error([](auto& j) { j["cached_tokens"] = "none"; }), HasSubstr("'cached_tokens'"));
+  EXPECT_THAT(error([](auto& j) { j.erase("step_overhead_ms"); }), HasSubstr("'step_overhead_ms'"));
+  EXPECT_THAT(error([](auto& j) { j["workers"] = 0; }), HasSubstr("'workers'"));
+  EXPECT_THAT(error([](auto& j) { j["batch"] = 3; }), HasSubstr("unknown field 'batch'"));
+  EXPECT_THAT(error([](auto& j) { j = 7; }), HasSubstr("prefill_calibration"));
 }
 
 }  // namespace

@@ -78,70 +78,107 @@ absl::Status GetString(const json& j, const char* key, bool required, std::strin
 constexpr int kMaxTokens = 1 << 22;
 constexpr size_t kMaxPoints = 4096;
 
-absl::Status GetPositive(const json& j, const char* key, double hi, double* out) {
+absl::Status GetPositive(const json& j, const char* where, const char* key, double hi,
+                         double* out) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_number()) {
-    return Bad("calibration", absl::StrCat("'", key, "' must be a number"));
+    return Bad(where, absl::StrCat("'", key, "' must be a number"));
   }
   const double v = it->get<double>();
   if (!std::isfinite(v) || v <= 0 || v > hi) {
-    return Bad("calibration", absl::StrCat("'", key, "' is ", v, ", outside (0, ", hi, "]"));
+    return Bad(where, absl::StrCat("'", key, "' is ", v, ", outside (0, ", hi, "]"));
   }
   *out = v;
   return absl::OkStatus();
 }
 
-absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
-  if (absl::Status s =
-          OnlyKeys(j, "calibration",
-                   {"factor", "served_step_ms", "served_interval_ms", "profiled_step_ms", "batch",
-                    "context", "step_overhead_ms", "steps", "workers", "date"});
-      !s.ok()) {
-    return s;
+// A number in [0, hi]; absent is 0 unless `required` (fields added after profiles were written
+// are optional).
+absl::Status GetNonNegative(const json& j, const char* where, const char* key, double hi,
+                            bool required, double* out) {
+  const auto it = j.find(key);
+  if (it == j.end() && !required) return absl::OkStatus();
+  if (it == j.end() || !it->is_number() || !std::isfinite(it->get<double>()) ||
+      it->get<double>() < 0 || it->get<double>() > hi) {
+    return Bad(where, absl::StrCat("'", key, "' must be a number in [0, ", hi, "]"));
   }
-  // The widest factor `tandem profile calibrate --max-factor` allows.
-  if (absl::Status s = GetPositive(j, "factor", 1000, &c->factor); !s.ok()) return s;
-  if (absl::Status s = GetPositive(j, "served_step_ms", 3.6e6, &c->served_step_ms); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = GetPositive(j, "profiled_step_ms", 3.6e6, &c->profiled_step_ms); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = GetPositive(j, "batch", 1 << 16, &c->batch); !s.ok()) return s;
-  const auto context = j.find("context");
-  if (context == j.end() || !context->is_number() || !std::isfinite(context->get<double>()) ||
-      context->get<double>() < 0 || context->get<double>() > kMaxTokens) {
-    return Bad("calibration", "'context' must be a number in [0, 4194304]");
-  }
-  c->context = context->get<double>();
-  // Optional (profiles calibrated before they were measured have none: 0).
-  if (const auto interval = j.find("served_interval_ms"); interval != j.end()) {
-    if (!interval->is_number() || !std::isfinite(interval->get<double>()) ||
-        interval->get<double>() < 0 || interval->get<double>() > 3.6e6) {
-      return Bad("calibration", "'served_interval_ms' must be a number in [0, 3600000]");
-    }
-    c->served_interval_ms = interval->get<double>();
-  }
-  if (const auto overhead = j.find("step_overhead_ms"); overhead != j.end()) {
-    if (!overhead->is_number() || !std::isfinite(overhead->get<double>()) ||
-        overhead->get<double>() < 0 || overhead->get<double>() > 3.6e6) {
-      return Bad("calibration", "'step_overhead_ms' must be a number in [0, 3600000]");
-    }
-    c->step_overhead_ms = overhead->get<double>();
-  }
-  if (absl::Status s = GetInt<int64_t>(j, "calibration", "steps", 1, int64_t{1} << 50, &c->steps);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = GetInt(j, "calibration", "workers", 1, 1 << 16, &c->workers); !s.ok()) {
-    return s;
-  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status GetDate(const json& j, const char* where, std::string* out) {
   const auto date = j.find("date");
   if (date == j.end() || !date->is_string() || date->get<std::string>().size() > 256) {
-    return Bad("calibration", "'date' must be a string of at most 256 bytes");
+    return Bad(where, "'date' must be a string of at most 256 bytes");
   }
-  c->date = date->get<std::string>();
+  *out = date->get<std::string>();
   return absl::OkStatus();
+}
+
+// The widest factor `tandem profile calibrate --max-factor` allows.
+constexpr double kMaxFactor = 1000;
+constexpr double kMaxMs = 3.6e6;
+
+absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
+  constexpr const char* kWhere = "calibration";
+  if (absl::Status s =
+          OnlyKeys(j, kWhere,
+                   {"factor", "served_step_ms", "served_interval_ms", "profiled_step_ms", "batch",
+                    "context", "step_overhead_ms", "gap_ms", "steps", "workers", "date"});
+      !s.ok()) {
+    return s;
+  }
+  for (auto [key, hi, out] :
+       {std::tuple<const char*, double, double*>{"factor", kMaxFactor, &c->factor},
+        {"served_step_ms", kMaxMs, &c->served_step_ms},
+        {"profiled_step_ms", kMaxMs, &c->profiled_step_ms},
+        {"batch", 1 << 16, &c->batch}}) {
+    if (absl::Status s = GetPositive(j, kWhere, key, hi, out); !s.ok()) return s;
+  }
+  // Optional ones: profiles calibrated before they were measured have none (0).
+  for (auto [key, hi, required, out] :
+       {std::tuple<const char*, double, bool, double*>{"context", kMaxTokens, true, &c->context},
+        {"served_interval_ms", kMaxMs, false, &c->served_interval_ms},
+        {"step_overhead_ms", kMaxMs, false, &c->step_overhead_ms},
+        {"gap_ms", kMaxMs, false, &c->gap_ms}}) {
+    if (absl::Status s = GetNonNegative(j, kWhere, key, hi, required, out); !s.ok()) return s;
+  }
+  if (absl::Status s = GetInt<int64_t>(j, kWhere, "steps", 1, int64_t{1} << 50, &c->steps);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetInt(j, kWhere, "workers", 1, 1 << 16, &c->workers); !s.ok()) return s;
+  return GetDate(j, kWhere, &c->date);
+}
+
+absl::Status ParsePrefillCalibration(const json& j, PrefillCalibration* c) {
+  constexpr const char* kWhere = "prefill_calibration";
+  if (absl::Status s = OnlyKeys(
+          j, kWhere,
+          {"factor", "served_step_ms", "profiled_step_ms", "chunks_per_step", "chunk_tokens",
+           "cached_tokens", "step_overhead_ms", "steps", "workers", "date"});
+      !s.ok()) {
+    return s;
+  }
+  for (auto [key, hi, out] :
+       {std::tuple<const char*, double, double*>{"factor", kMaxFactor, &c->factor},
+        {"served_step_ms", kMaxMs, &c->served_step_ms},
+        {"profiled_step_ms", kMaxMs, &c->profiled_step_ms},
+        {"chunks_per_step", 1 << 16, &c->chunks_per_step},
+        {"chunk_tokens", kMaxTokens, &c->chunk_tokens}}) {
+    if (absl::Status s = GetPositive(j, kWhere, key, hi, out); !s.ok()) return s;
+  }
+  for (auto [key, hi, out] :
+       {std::tuple<const char*, double, double*>{"cached_tokens", kMaxTokens, &c->cached_tokens},
+        {"step_overhead_ms", kMaxMs, &c->step_overhead_ms}}) {
+    if (absl::Status s = GetNonNegative(j, kWhere, key, hi, true, out); !s.ok()) return s;
+  }
+  if (absl::Status s = GetInt<int64_t>(j, kWhere, "steps", 1, int64_t{1} << 50, &c->steps);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = GetInt(j, kWhere, "workers", 1, 1 << 16, &c->workers); !s.ok()) return s;
+  return GetDate(j, kWhere, &c->date);
 }
 
 }  // namespace
@@ -161,6 +198,14 @@ void UncachedPrefill(const std::vector<PrefillPoint>& prefill, std::vector<doubl
 }  // namespace
 
 double DeviceProfile::PrefillFixedMs() const {
+  return prefill_calibration.factor * MeasuredPrefillFixedMs();
+}
+
+double DeviceProfile::PrefillMs(int tokens, int cached) const {
+  return prefill_calibration.factor * MeasuredPrefillMs(tokens, cached);
+}
+
+double DeviceProfile::MeasuredPrefillFixedMs() const {
   std::vector<double> xs, ys;
   UncachedPrefill(prefill, &xs, &ys);
   if (xs.empty()) return 0;
@@ -169,7 +214,7 @@ double DeviceProfile::PrefillFixedMs() const {
   return std::clamp(ys[0] - xs[0] * slope, 0.0, ys[0]);
 }
 
-double DeviceProfile::PrefillMs(int tokens, int cached) const {
+double DeviceProfile::MeasuredPrefillMs(int tokens, int cached) const {
   std::vector<double> xs, ys;
   UncachedPrefill(prefill, &xs, &ys);
   if (xs.empty()) return 0;
@@ -177,7 +222,7 @@ double DeviceProfile::PrefillMs(int tokens, int cached) const {
   // Computing positions [cached, cached + tokens) costs what a whole prompt of that length costs
   // beyond its first `cached` positions (attention over the cached part included), plus the
   // step's fixed cost.
-  const double fixed = PrefillFixedMs();
+  const double fixed = MeasuredPrefillFixedMs();
   return std::max(fixed, Lerp(xs, ys, cached + tokens) - Lerp(xs, ys, cached) + fixed);
 }
 
@@ -250,9 +295,23 @@ std::string ProfileToJson(const DeviceProfile& p) {
                         {"batch", c.batch},
                         {"context", c.context},
                         {"step_overhead_ms", c.step_overhead_ms},
+                        {"gap_ms", c.gap_ms},
                         {"steps", c.steps},
                         {"workers", c.workers},
                         {"date", c.date}};
+  }
+  if (p.prefill_calibration.factor != 1.0 || p.prefill_calibration.steps > 0) {
+    const PrefillCalibration& c = p.prefill_calibration;
+    j["prefill_calibration"] = {{"factor", c.factor},
+                                {"served_step_ms", c.served_step_ms},
+                                {"profiled_step_ms", c.profiled_step_ms},
+                                {"chunks_per_step", c.chunks_per_step},
+                                {"chunk_tokens", c.chunk_tokens},
+                                {"cached_tokens", c.cached_tokens},
+                                {"step_overhead_ms", c.step_overhead_ms},
+                                {"steps", c.steps},
+                                {"workers", c.workers},
+                                {"date", c.date}};
   }
   return j.dump(2) + "\n";
 }
@@ -264,7 +323,7 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
           j, "top level",
           {"version", "model", "device", "host", "date", "block_size", "kv_capacity_tokens",
            "kv_bytes_per_token", "max_num_batched_tokens", "transfer_backend", "neighbours",
-           "prefill", "decode", "transfer", "calibration"});
+           "prefill", "decode", "transfer", "calibration", "prefill_calibration"});
       !s.ok()) {
     return s;
   }
@@ -391,6 +450,12 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   }
   if (j.contains("calibration")) {  // optional: uncalibrated profiles have none
     if (absl::Status s = ParseCalibration(j["calibration"], &p.calibration); !s.ok()) return s;
+  }
+  if (j.contains("prefill_calibration")) {
+    if (absl::Status s = ParsePrefillCalibration(j["prefill_calibration"], &p.prefill_calibration);
+        !s.ok()) {
+      return s;
+    }
   }
   return p;
 }

@@ -8,8 +8,8 @@
 // every field (types, ranges, sorted distinct grid points, finite positive times) and names the
 // first bad one; unknown keys are errors too.
 //
-// A calibration (planning/calibration.h) scales the decode lookups by its factor; the points stay
-// as measured.
+// A calibration (planning/calibration.h) scales the decode lookups by its decode factor and the
+// prefill lookups by its prefill factor; the points stay as measured.
 //
 // Between grid points the lookups interpolate linearly; past the last point they extrapolate
 // from the last two (prefill grows with length, decode with batch and context), never below the
@@ -51,16 +51,32 @@ struct TransferPoint {
 struct DecodeCalibration {
   double factor = 1.0;
   double served_step_ms = 0;      // the window's mean served decode forward pass
-  double served_interval_ms = 0;  // its decode steps' mean wall interval (0: not measured)
+  double served_interval_ms = 0;  // that plus the cost beyond it (step_overhead_ms; 0: unknown)
   double profiled_step_ms = 0;    // what the profile predicted for those steps, before `factor`
   double batch = 0;               // the window's mean batch and context
   double context = 0;
-  // The engine's host work per served step (calibration.h): added to every step the simulator
-  // runs; 0 when not calibrated.
+  // The engine's cost per served step beyond its forward pass (calibration.h): host work inside
+  // the step's iteration plus the gap before the next one while work waited. The simulator adds
+  // it to every decode and aggregated step; 0 when not calibrated.
   double step_overhead_ms = 0;
+  double gap_ms = 0;  // of which the gap between iterations
   int64_t steps = 0;  // decode-only steps in the window, over every worker
   int workers = 0;    // workers that contributed steps
   std::string date;   // UTC, ISO 8601
+};
+
+// The same for prefill-only steps: factor multiplies every prefill time the profile predicts.
+struct PrefillCalibration {
+  double factor = 1.0;
+  double served_step_ms = 0;    // the window's mean served prefill forward pass
+  double profiled_step_ms = 0;  // what the profile predicted for those steps, before `factor`
+  double chunks_per_step = 0;   // the window's mean prompt chunks a step
+  double chunk_tokens = 0;      // their mean tokens
+  double cached_tokens = 0;     // and mean tokens cached before them
+  double step_overhead_ms = 0;  // as DecodeCalibration's, for prefill workers' steps
+  int64_t steps = 0;
+  int workers = 0;
+  std::string date;
 };
 
 struct DeviceProfile {
@@ -70,22 +86,28 @@ struct DeviceProfile {
   std::string host;    // where it was measured (free text)
   std::string date;    // UTC, ISO 8601
   int block_size = 16;
-  int64_t kv_capacity_tokens = 0;       // KV cache blocks * block size
-  int64_t kv_bytes_per_token = 0;       // all layers, K and V
-  int max_num_batched_tokens = 0;       // the engine's step token budget the prefill points used
-  std::string transfer_backend;         // "" when no transfer was measured
-  int neighbours = 0;                   // runners measuring beside this one (profiler.h)
-  std::vector<PrefillPoint> prefill;    // cached_tokens 0 first, by tokens; then hits
-  std::vector<DecodePoint> decode;      // by (batch, context)
-  std::vector<TransferPoint> transfer;  // by tokens
-  DecodeCalibration calibration;        // optional in the file ("calibration")
+  int64_t kv_capacity_tokens = 0;          // KV cache blocks * block size
+  int64_t kv_bytes_per_token = 0;          // all layers, K and V
+  int max_num_batched_tokens = 0;          // the engine's step token budget the prefill points used
+  std::string transfer_backend;            // "" when no transfer was measured
+  int neighbours = 0;                      // runners measuring beside this one (profiler.h)
+  std::vector<PrefillPoint> prefill;       // cached_tokens 0 first, by tokens; then hits
+  std::vector<DecodePoint> decode;         // by (batch, context)
+  std::vector<TransferPoint> transfer;     // by tokens
+  DecodeCalibration calibration;           // optional in the file ("calibration")
+  PrefillCalibration prefill_calibration;  // optional ("prefill_calibration")
 
   // Forward time of a prefill chunk of `tokens` uncached tokens after `cached` already in the
   // cache: a whole prompt's cost beyond its first `cached` positions, plus the step's fixed
-  // cost (the hit points are measured to check this; docs/planning.md).
+  // cost (the hit points are measured to check this; docs/planning.md). Times
+  // prefill_calibration.factor.
   double PrefillMs(int tokens, int cached = 0) const;
-  // The fixed cost of a prefill step (the intercept of the first two uncached points).
+  // The fixed cost of a prefill step (the intercept of the first two uncached points), times
+  // prefill_calibration.factor.
   double PrefillFixedMs() const;
+  // The same two from the measured points alone.
+  double MeasuredPrefillMs(int tokens, int cached = 0) const;
+  double MeasuredPrefillFixedMs() const;
   // One decode step of `batch` sequences at mean context `context`, times calibration.factor.
   double DecodeStepMs(int batch, int context) const;
   // The same from the measured points alone (what a calibration compares served steps with).

@@ -219,8 +219,11 @@ class Sim {
       return;
     }
     pw.busy = true;
-    Push(now_ + StepPrefillMs(pw.step) + pp_.calibration.step_overhead_ms, Event::kPrefillStepEnd,
-         w);
+    // A prefill worker's cost beyond the forward pass: its own calibration's when it has one.
+    const double overhead = pp_.prefill_calibration.steps > 0
+                                ? pp_.prefill_calibration.step_overhead_ms
+                                : pp_.calibration.step_overhead_ms;
+    Push(now_ + StepPrefillMs(pw.step) + overhead, Event::kPrefillStepEnd, w);
   }
 
   void PrefillStepEnd(int w) {

@@ -28,9 +28,10 @@
 //   fills the rest of the token budget with prompt chunks (FIFO, KV reserved at admission),
 //   lasting DecodeStepMs(batch, context) plus the prompt chunks' cost as above. A prompt's first
 //   token comes at the end of the step that finishes it.
-// - Every step also lasts its profile's calibrated host work per step
-//   (DecodeCalibration::step_overhead_ms: scheduling, sampling, output), which bare forward
-//   passes do not see.
+// - Every step also lasts its profile's calibrated cost beyond the forward pass
+//   (DecodeCalibration::step_overhead_ms, and PrefillCalibration's for prefill workers when
+//   calibrated: scheduling, sampling, output, the gap between engine iterations), which bare
+//   forward passes do not see.
 // The first `warmup_fraction` of requests (by arrival) are left out of the statistics.
 //
 // Thread-safety: pure functions.

@@ -2,10 +2,10 @@
 # The planner's acceptance on this machine (issue 24): profile one single-threaded CPU worker
 # (one core = one device) with one neighbour runner measuring beside it on the other core (a
 # served host is full: the other worker, or the router and the clients), calibrate the profile's
-# decode steps against a served 1P+1D deployment under a load unlike every mix (`tandem profile
-# calibrate`), plan each workload mix for a budget of 2 devices with the calibrated profile, then
-# measure every layout with `tandem serve` + `tandem bench` around the predicted goodput, and
-# compare. Rates are swept upward from 0.7x the prediction and the sweep stops at the first rate
+# decode and prefill steps against a served 1P+1D deployment under a load unlike every mix
+# (`tandem profile calibrate`), plan each workload mix for a budget of 2 devices with the
+# calibrated profile, then measure every layout with `tandem serve` + `tandem bench` around the
+# predicted goodput, and compare. Rates are swept upward from 0.7x the prediction and the sweep stops at the first rate
 # that misses the objective (downward from 0.7x while it misses).
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-calibrated.json,
 # calibrate.log, plan-*.json, bench-*-rate*.json, summary.txt}.
@@ -70,11 +70,12 @@ port=18431
 profile=$out/profile.json
 if [[ ${CALIBRATE:-1} == 1 ]]; then
   # A closed loop of 24 streams of 128 in / 128 out on 1P+1D: a load unlike every mix.
-  echo "[acceptance] calibrating the decode steps against a served 1P+1D" >&2
+  echo "[acceptance] calibrating the decode and prefill steps against a served 1P+1D" >&2
   start_serve "$port" "$out/serve-calibrate.log" --prefill-workers 1 --decode-workers 1
   sleep 1
-  metrics=$(sed -n 's/.*\[decode-[0-9]*\].*metrics on \(http:[^ ]*\).*/\1/p' "$out/serve-calibrate.log" |
-    paste -sd, -)
+  # Both workers: the decode worker's decode steps and the prefill worker's prefill steps.
+  metrics=$(sed -n 's/.*\[\(decode\|prefill\)-[0-9]*\].*metrics on \(http:[^ ]*\).*/\2/p' \
+    "$out/serve-calibrate.log" | paste -sd, -)
   "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \
     --input-len 128 --output-len 128 --ignore-eos --num-prompts 0 --max-concurrency 24 \
     --duration 90 --seed 3 --no-progress >"$out/calibrate-bench.txt" 2>&1 &

@@ -377,11 +377,14 @@ void Engine::Loop() {
     std::vector<std::string> releases;
     bool stopping;
     absl::Time deadline;
+    // Backlogged: the last step ran and work remains, so this iteration starts without waiting
+    // and the time since the last step finished is a gap between steps (EngineStats).
+    const bool backlogged = scheduler_.HasWork() && last_step_ran_;
     {
       absl::MutexLock lock(&mu_);
       // Wait for input when idle, or when the last step could schedule nothing (no busy loop).
       // Reservation and lease deadlines are checked at least every idle_poll.
-      if (!scheduler_.HasWork() || !last_step_ran_) {
+      if (!backlogged) {
         auto has_input = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return !pending_.empty() || !cancels_.empty() || !completions_.empty() ||
                  !releases_.empty() || stopping_;
@@ -396,6 +399,10 @@ void Engine::Loop() {
       deadline = drain_deadline_;
     }
     const absl::Time iteration_start = absl::Now();
+    if (backlogged) {
+      ++local_stats_.backlogged_steps;
+      local_stats_.gap_seconds += absl::ToDoubleSeconds(iteration_start - last_step_end_);
+    }
     for (Incoming& r : incoming) Admit(std::move(r));
     for (Completion& c : completions) OnRemotePrefillDone(std::move(c));
     for (const std::string& id : releases) ReleaseHeld(id, "");
@@ -412,7 +419,8 @@ void Engine::Loop() {
     // Blocks freed by the step go to queued reservations before the next step's admissions.
     if (last_step_ran_ && !reservations_.empty()) ProcessReservations(absl::Now());
     if (last_step_ran_) {
-      local_stats_.busy_seconds += absl::ToDoubleSeconds(absl::Now() - iteration_start);
+      last_step_end_ = absl::Now();
+      local_stats_.busy_seconds += absl::ToDoubleSeconds(last_step_end_ - iteration_start);
     }
     PublishStats();
   }
@@ -832,13 +840,25 @@ bool Engine::Step() {
   local_stats_.mlp_calls = mlp.calls;
   local_stats_.mlp_failovers = mlp.failovers;
   local_stats_.mlp_failures = mlp.failures;
-  if (status.ok() &&
-      std::all_of(plan.chunks.begin(), plan.chunks.end(),
-                  [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; })) {
+  // A decode chunk is one token with logits; a prompt chunk anything else (a one-token prompt
+  // tail counts as a decode: rare, and the same cost).
+  const auto is_decode = [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; };
+  const bool no_drafts =
+      std::all_of(chunk_drafts.begin(), chunk_drafts.end(), [](int d) { return d == 0; });
+  if (status.ok() && std::all_of(plan.chunks.begin(), plan.chunks.end(), is_decode)) {
     ++local_stats_.decode_steps;
     local_stats_.decode_forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
     local_stats_.decode_sequences += static_cast<int64_t>(plan.chunks.size());
     for (const ScheduledChunk& c : plan.chunks) local_stats_.decode_context_tokens += c.start_pos;
+  } else if (status.ok() && no_drafts &&
+             std::none_of(plan.chunks.begin(), plan.chunks.end(), is_decode)) {
+    ++local_stats_.prefill_steps;
+    local_stats_.prefill_forward_seconds += absl::ToDoubleSeconds(forward_done - forward_start);
+    local_stats_.prefill_chunks += static_cast<int64_t>(plan.chunks.size());
+    for (const ScheduledChunk& c : plan.chunks) {
+      local_stats_.prefill_tokens += c.num_tokens;
+      local_stats_.prefill_cached_tokens += c.start_pos;
+    }
   }
   if (!status.ok()) {
     LOG(ERROR) << "engine: forward pass failed: " << status;

@@ -257,6 +257,22 @@ struct EngineStats {
   double decode_forward_seconds = 0;
   int64_t decode_sequences = 0;
   int64_t decode_context_tokens = 0;
+  // Steps that only computed prompt tokens (no decode row, no drafts): their count, forward
+  // seconds, prompt chunks, the chunks' tokens and the tokens their sequences already had cached
+  // before them. Over a window, the served prefill step at a mean chunk, which `tandem profile
+  // calibrate` compares with the profile's prefill points.
+  int64_t prefill_steps = 0;
+  double prefill_forward_seconds = 0;
+  int64_t prefill_chunks = 0;
+  int64_t prefill_tokens = 0;
+  int64_t prefill_cached_tokens = 0;
+  // Time between steps while work waited: for a step after which the engine still had work and
+  // began its next iteration without waiting for input, the wall seconds from the end of that
+  // step's iteration to the start of the next (publishing stats, taking the lock, and whatever
+  // kept the engine thread off the CPU). Over the backlogged steps, a served step's cost beyond
+  // its busy time; a planner adds it to every simulated step.
+  int64_t backlogged_steps = 0;
+  double gap_seconds = 0;
   // Speculative decoding: tokens drafted and scheduled, of them accepted, verifications (a
   // sequence's drafts scored in a step), drafter calls that failed or were late, and seconds
   // spent waiting for the drafter.
@@ -459,6 +475,7 @@ class Engine {
   std::mt19937_64 seed_rng_;
   EngineStats local_stats_;
   bool last_step_ran_ = true;
+  absl::Time last_step_end_;  // when the last iteration that ran a step finished it
 
   // Shared with callers.
   mutable absl::Mutex mu_;

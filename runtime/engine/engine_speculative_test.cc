@@ -272,10 +272,10 @@ TEST(EngineSpeculativeTest, RunnerSampledVerificationMatchesPlain) {
   }
 }
 
-// The decode-only step counters (tandem profile calibrate reads them): one request of a 10-token
-// prompt and 6 output tokens has 5 decode steps after its prefill, at contexts 10..14; steps that
-// verify drafts are not decode-only.
-TEST(EngineStatsTest, DecodeOnlyStepsAreCountedWithTheirBatchAndContext) {
+// The decode-only and prefill-only step counters (tandem profile calibrate reads them): one
+// request of a 10-token prompt and 6 output tokens has 5 decode steps after its prefill, at
+// contexts 10..14; steps that verify drafts are not decode-only.
+TEST(EngineStatsTest, DecodeAndPrefillOnlyStepsAreCountedWithTheirBatchAndContext) {
   Job job;
   job.prompt = {2, 3, 4, 5, 6, 7, 2, 3, 4, 5};
   job.params.max_tokens = 6;
@@ -290,6 +290,26 @@ TEST(EngineStatsTest, DecodeOnlyStepsAreCountedWithTheirBatchAndContext) {
   EXPECT_GT(stats.decode_forward_seconds, 0);
   EXPECT_LT(stats.decode_forward_seconds, stats.forward_seconds);  // the prefill step is not one
   EXPECT_EQ(stats.steps, 6);
+  // The prompt was one prefill-only step of 10 tokens, nothing cached.
+  EXPECT_EQ(stats.prefill_steps, 1);
+  EXPECT_EQ(stats.prefill_chunks, 1);
+  EXPECT_EQ(stats.prefill_tokens, 10);
+  EXPECT_EQ(stats.prefill_cached_tokens, 0);
+  EXPECT_GT(stats.prefill_forward_seconds, 0);
+  // Every step but the last left work behind (the next began without waiting for input).
+  EXPECT_EQ(stats.backlogged_steps, 5);
+  EXPECT_GE(stats.gap_seconds, 0);
+
+  // Chunked: a budget of 4 tokens a step prefills the prompt in chunks of 4, 4 and 2, after 0, 4
+  // and 8 cached tokens.
+  EngineOptions chunked;
+  chunked.max_num_batched_tokens = 4;
+  RunJobs(Fake(), {job}, chunked, &stats);
+  EXPECT_EQ(stats.prefill_steps, 3);
+  EXPECT_EQ(stats.prefill_chunks, 3);
+  EXPECT_EQ(stats.prefill_tokens, 10);
+  EXPECT_EQ(stats.prefill_cached_tokens, 0 + 4 + 8);
+  EXPECT_EQ(stats.decode_steps, 5);
 
   std::map<std::vector<int32_t>, std::vector<int32_t>> outputs = {{job.prompt, plain[0].tokens}};
   RunJobs(Fake(), {job}, Speculating(std::make_shared<OracleDrafter>(outputs, 0), 4), &stats);

@@ -279,6 +279,23 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_n
       engine_decode_context_tokens(
           Counter(r, "tandem_engine_decode_context_tokens_total",
                   "Tokens already cached of the sequences of decode-only steps")),
+      engine_prefill_steps(Counter(r, "tandem_engine_prefill_steps_total",
+                                   "Engine steps that only computed prompt tokens")),
+      engine_prefill_forward_seconds(
+          Counter(r, "tandem_engine_prefill_forward_seconds_total",
+                  "Seconds of forward passes in engine steps that only computed prompt tokens")),
+      engine_prefill_chunks(
+          Counter(r, "tandem_engine_prefill_chunks_total", "Prompt chunks of prefill-only steps")),
+      engine_prefill_tokens(Counter(r, "tandem_engine_prefill_tokens_total",
+                                    "Prompt tokens computed in prefill-only steps")),
+      engine_prefill_cached_tokens(
+          Counter(r, "tandem_engine_prefill_cached_tokens_total",
+                  "Tokens already cached before the chunks of prefill-only steps")),
+      engine_backlogged_steps(
+          Counter(r, "tandem_engine_backlogged_steps_total",
+                  "Steps after which the engine still had work and went on without waiting")),
+      engine_gap_seconds(Counter(r, "tandem_engine_gap_seconds_total",
+                                 "Wall seconds between those steps and the next iteration")),
       spec_draft_tokens(Counter(r, "tandem_spec_draft_tokens_total",
                                 "Speculative draft tokens scored by the target model")),
       spec_accepted_tokens(

@@ -175,6 +175,14 @@ struct WorkerMetrics {
   prometheus::Counter& engine_decode_forward_seconds;  // tandem_engine_decode_forward_seconds_total
   prometheus::Counter& engine_decode_sequences;        // tandem_engine_decode_sequences_total
   prometheus::Counter& engine_decode_context_tokens;   // tandem_engine_decode_context_tokens_total
+  prometheus::Counter& engine_prefill_steps;           // tandem_engine_prefill_steps_total
+  prometheus::Counter&
+      engine_prefill_forward_seconds;                 // tandem_engine_prefill_forward_seconds_total
+  prometheus::Counter& engine_prefill_chunks;         // tandem_engine_prefill_chunks_total
+  prometheus::Counter& engine_prefill_tokens;         // tandem_engine_prefill_tokens_total
+  prometheus::Counter& engine_prefill_cached_tokens;  // tandem_engine_prefill_cached_tokens_total
+  prometheus::Counter& engine_backlogged_steps;       // tandem_engine_backlogged_steps_total
+  prometheus::Counter& engine_gap_seconds;            // tandem_engine_gap_seconds_total
   // Speculative decoding (docs/speculative.md): draft tokens scored, of them accepted,
   // verifications (a sequence's drafts scored in one step), drafter calls that failed or came
   // late (the step ran without drafts), seconds waiting for the drafter.

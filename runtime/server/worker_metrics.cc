@@ -86,6 +86,15 @@ void WorkerMetricsReporter::Refresh() {
   advance(metrics_.engine_decode_sequences, stats.decode_sequences, &last_decode_sequences_);
   advance(metrics_.engine_decode_context_tokens, stats.decode_context_tokens,
           &last_decode_context_tokens_);
+  advance(metrics_.engine_prefill_steps, stats.prefill_steps, &last_prefill_steps_);
+  advance_seconds(metrics_.engine_prefill_forward_seconds, stats.prefill_forward_seconds,
+                  &last_prefill_forward_seconds_);
+  advance(metrics_.engine_prefill_chunks, stats.prefill_chunks, &last_prefill_chunks_);
+  advance(metrics_.engine_prefill_tokens, stats.prefill_tokens, &last_prefill_tokens_);
+  advance(metrics_.engine_prefill_cached_tokens, stats.prefill_cached_tokens,
+          &last_prefill_cached_tokens_);
+  advance(metrics_.engine_backlogged_steps, stats.backlogged_steps, &last_backlogged_steps_);
+  advance_seconds(metrics_.engine_gap_seconds, stats.gap_seconds, &last_gap_seconds_);
   advance(metrics_.spec_draft_tokens, stats.spec_draft_tokens, &last_spec_draft_tokens_);
   advance(metrics_.spec_accepted_tokens, stats.spec_accepted_tokens, &last_spec_accepted_tokens_);
   advance(metrics_.spec_verifications, stats.spec_verifications, &last_spec_verifications_);

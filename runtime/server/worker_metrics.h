@@ -67,6 +67,13 @@ class WorkerMetricsReporter {
   double last_decode_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_sequences_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_decode_context_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefill_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_prefill_forward_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefill_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefill_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_prefill_cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_backlogged_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_gap_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_draft_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_accepted_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_spec_verifications_ ABSL_GUARDED_BY(mu_) = 0;
