@@ -7,7 +7,7 @@
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
 //   tandem profile calibrate --profile FILE --metrics URL[,URL...] [--window-s S] [--min-steps N]
-//                            [--min-prefill-steps N] [--max-factor F] [--out FILE]
+//                            [--min-prefill-chunks N] [--max-factor F] [--out FILE]
 //                            [--no-progress]
 // reads workers' /metrics over a window of load and writes the profile with its decode factor
 // and, when prefill workers (or aggregated ones) ran enough prefill-only steps, its prefill
@@ -177,7 +177,7 @@ struct CalibrateFlags {
   std::string metrics;
   double window_s = 60;
   int64_t min_steps = 200;
-  int64_t min_prefill_steps = 50;
+  int64_t min_prefill_chunks = 50;
   double max_factor = 4;
   std::string out;
   bool no_progress = false;
@@ -260,7 +260,7 @@ int RunCalibrate(const CalibrateFlags& f) {
   if (!f.no_progress) std::cerr << "\n";
   planning::CalibrationOptions options;
   options.min_steps = f.min_steps;
-  options.min_prefill_steps = f.min_prefill_steps;
+  options.min_prefill_chunks = f.min_prefill_chunks;
   options.max_factor = f.max_factor;
   absl::StatusOr<planning::DecodeCalibration> c =
       planning::CalibrateDecode(*profile, windows, options);
@@ -360,8 +360,8 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   calibrate
-      ->add_option("--min-prefill-steps", calibrate_flags->min_prefill_steps,
-                   "Prefill-only steps the window must hold to calibrate prefill")
+      ->add_option("--min-prefill-chunks", calibrate_flags->min_prefill_chunks,
+                   "Prompt chunks of prefill-only steps the window must hold to calibrate prefill")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   calibrate

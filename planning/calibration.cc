@@ -223,10 +223,11 @@ absl::StatusOr<PrefillCalibration> CalibratePrefill(const DeviceProfile& profile
     cached += w.prefill_cached_tokens;
     ++c.workers;
   }
-  if (c.steps < options.min_prefill_steps || predicted_ms <= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the window holds ", c.steps, " prefill-only steps, fewer than ", options.min_prefill_steps,
-        ": put prompt load on the prefill workers for longer"));
+  if (chunks < static_cast<double>(options.min_prefill_chunks) || predicted_ms <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the window holds ", chunks, " prompt chunks in ", c.steps,
+                     " prefill-only steps, fewer than ", options.min_prefill_chunks,
+                     ": put prompt load on the prefill workers for longer"));
   }
   absl::StatusOr<double> factor = Factor("prefill", served_ms, predicted_ms, options);
   if (!factor.ok()) return factor.status();

@@ -79,8 +79,10 @@ absl::StatusOr<EngineCounters> CounterWindow(const EngineCounters& before,
                                              const EngineCounters& after);
 
 struct CalibrationOptions {
-  int64_t min_steps = 200;         // decode-only steps, over every worker, for a usable window
-  int64_t min_prefill_steps = 50;  // prefill-only steps, likewise
+  int64_t min_steps = 200;  // decode-only steps, over every worker, for a usable window
+  // Prompt chunks of prefill-only steps, over every worker (a prefill worker batches many
+  // prompts a step: a window of 24 streams held 9 steps of about 10 chunks each).
+  int64_t min_prefill_chunks = 50;
   double max_factor = 4.0;  // a larger disagreement (either way) is a wrong profile, not load
 };
 
@@ -96,7 +98,7 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
 
 // The prefill factor of `profile` from the windows' prefill-only steps (workers without any are
 // skipped), and the cost per step beyond the forward pass over the workers that had them. The
-// same errors as CalibrateDecode, with min_prefill_steps.
+// same errors as CalibrateDecode, with min_prefill_chunks.
 absl::StatusOr<PrefillCalibration> CalibratePrefill(const DeviceProfile& profile,
                                                     const std::vector<EngineCounters>& windows,
                                                     const CalibrationOptions& options = {});

@@ -242,7 +242,8 @@ TEST(CalibrationTest, ThePrefillFactorIsServedOverTheProfilesStepAtTheMeanChunk)
   EXPECT_NEAR(again->factor, 0.9, 1e-9);
   // Too few prefill steps, or a wildly different served step, are errors.
   EXPECT_EQ(CalibratePrefill(p, {PrefillWindow(49, 1, 64, 0, 1)}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kFailedPrecondition);                         // 49 chunks
+  EXPECT_TRUE(CalibratePrefill(p, {PrefillWindow(5, 10, 64, 0, 1)}).ok());  // 50 in 5 steps
   EXPECT_EQ(CalibratePrefill(p, {Window(500, 8, 100, 1)}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CalibratePrefill(p, {PrefillWindow(80, 1, 64, 0, 4.5)}).status().code(),
