@@ -3,6 +3,7 @@
 //   tandem profile --model DIR [--device cpu|cuda|cuda:N] [--kv-cache-mib M] [--block-size B]
 //                  [--cuda-tuning KEY=VALUE,...]
 //                  [--prompt-lens 16,64,...] [--batch-sizes 1,2,...] [--contexts 64,256,...]
+//                  [--prefill-batch-prompts 2,4,8] [--prefill-batch-tokens 128]
 //                  [--max-num-batched-tokens N] [--transfer-backend loopback|ucx|cma|none]
 //                  [--repeats R] [--neighbours N] [--out FILE] [--no-progress]
 // A progress bar goes to stderr (one line, redrawn); the profile goes to --out (default stdout).
@@ -52,6 +53,8 @@ struct ProfileFlags {
   std::string batch_sizes = "1,2,4,8,16,32";
   std::string contexts = "64,256,1024";
   int max_num_batched_tokens = 512;
+  std::string prefill_batch_prompts = "2,4,8";  // "none": no batched prefill points
+  int prefill_batch_tokens = 128;
   std::string transfer_backend = "loopback";
   int repeats = 5;
   int neighbours = 0;
@@ -107,6 +110,15 @@ int Run(const ProfileFlags& f) {
   if (!batches.ok()) return usage(std::string(batches.status().message()));
   absl::StatusOr<std::vector<int>> contexts = ParseList("--contexts", f.contexts);
   if (!contexts.ok()) return usage(std::string(contexts.status().message()));
+  if (f.prefill_batch_prompts != "none") {
+    absl::StatusOr<std::vector<int>> prompts =
+        ParseList("--prefill-batch-prompts", f.prefill_batch_prompts);
+    if (!prompts.ok()) return usage(std::string(prompts.status().message()));
+    options.prefill_batch_prompts = *prompts;
+  } else {
+    options.prefill_batch_prompts.clear();
+  }
+  options.prefill_batch_tokens = f.prefill_batch_tokens;
   options.prompt_lens = *lens;
   options.batch_sizes = *batches;
   options.contexts = *contexts;
@@ -119,7 +131,16 @@ int Run(const ProfileFlags& f) {
   RunnerOptions runner_options;
   runner_options.block_size = f.block_size;
   runner_options.kv_cache_bytes = static_cast<size_t>(f.kv_cache_mib) << 20;
-  runner_options.max_batch_tokens = f.max_num_batched_tokens;
+  // A batched prefill step holds more tokens than the engine's chunk budget (prefill workers
+  // batch up to theirs, 8,192 by default): the runner is sized for the larger.
+  int64_t batch_step = 0;
+  for (int k : options.prefill_batch_prompts) {
+    batch_step = std::max<int64_t>(batch_step, int64_t{k} * options.prefill_batch_tokens);
+  }
+  if (batch_step > 65536)
+    return usage("--prefill-batch-prompts x --prefill-batch-tokens: over 65536");
+  runner_options.max_batch_tokens =
+      std::max(f.max_num_batched_tokens, static_cast<int>(batch_step));
   runner_options.progress = !f.no_progress;
   absl::StatusOr<CudaTuning> cuda_tuning = ParseCudaTuning(f.cuda_tuning);
   if (!cuda_tuning.ok()) return usage(std::string(cuda_tuning.status().message()));
@@ -323,6 +344,14 @@ void AddProfileCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
                   "The engine's step token budget (prefill chunk size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--prefill-batch-prompts", flags->prefill_batch_prompts,
+                  "Prompts per step of the batched prefill points (ascending, each >= 2; none: "
+                  "no such points)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-batch-tokens", flags->prefill_batch_tokens,
+                  "Tokens of each prompt of the batched prefill points")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--transfer-backend", flags->transfer_backend,

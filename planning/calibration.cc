@@ -212,9 +212,10 @@ absl::StatusOr<PrefillCalibration> CalibratePrefill(const DeviceProfile& profile
     const double per_step = w.prefill_chunks / w.prefill_steps;
     const int chunk = static_cast<int>(std::lround(w.prefill_tokens / w.prefill_chunks));
     const int before = static_cast<int>(std::lround(w.prefill_cached_tokens / w.prefill_chunks));
-    // As the simulator prices a step: the fixed cost once, each chunk's cost beyond it.
-    const double step =
-        fixed + per_step * std::max(0.0, profile.MeasuredPrefillMs(chunk, before) - fixed);
+    // As the simulator prices a step: the fixed cost once, each chunk's cost beyond it, scaled by
+    // the batching efficiency of that many chunks.
+    const double step = fixed + profile.PrefillBatchEfficiency(per_step) * per_step *
+                                    std::max(0.0, profile.MeasuredPrefillMs(chunk, before) - fixed);
     predicted_ms += w.prefill_steps * step;
     served_ms += w.prefill_forward_seconds * 1000.0;
     c.steps += static_cast<int64_t>(w.prefill_steps);

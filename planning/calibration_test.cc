@@ -253,6 +253,28 @@ TEST(CalibrationTest, ThePrefillFactorIsServedOverTheProfilesStepAtTheMeanChunk)
   EXPECT_EQ(CalibratePrefill(p, {broken}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// With batched prefill points, a window of several chunks a step is priced with their
+// efficiency: served at 1.2x that price is a factor of 1.2.
+TEST(CalibrationTest, ThePrefillPriceOfAWindowUsesTheBatchingEfficiency) {
+  DeviceProfile p = Linear();
+  const double fixed = p.MeasuredPrefillFixedMs();
+  const double one = p.MeasuredPrefillMs(128) - fixed;
+  p.prefill_batches = {{4, 128, fixed + 4 * 0.7 * one}};
+  const double step = fixed + 0.7 * 4 * one;
+  EngineCounters w;
+  w.prefill_steps = 30;
+  w.prefill_chunks = 120;
+  w.prefill_tokens = 120 * 128;
+  w.prefill_forward_seconds = 30 * 1.2 * step / 1000.0;
+  w.all_steps = 30;
+  w.all_forward_seconds = w.prefill_forward_seconds;
+  w.busy_seconds = w.all_forward_seconds;
+  absl::StatusOr<PrefillCalibration> c = CalibratePrefill(p, {w});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->factor, 1.2, 1e-9);
+  EXPECT_NEAR(c->profiled_step_ms, step, 1e-9);
+}
+
 TEST(CalibrationTest, WindowsThatCannotCalibrateAreErrors) {
   const DeviceProfile p = Linear();
   absl::StatusOr<DecodeCalibration> c = CalibrateDecode(p, {Window(150, 8, 100, 1)});

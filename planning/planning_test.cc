@@ -137,6 +137,46 @@ TEST(SimulatorTest, PrefillStepsBatchPromptsAndChargeEachItsOwnAttention) {
   EXPECT_NEAR(s.requests[3].ttft_ms, 4 * alone + p.TransferMs(256), 0.01);
 }
 
+// With batched prefill points, a step of several prompts costs the fixed cost plus the
+// efficiency-scaled sum; one prompt alone is unchanged. Efficiencies interpolate in the prompt
+// count and hold past the last point; the file round-trips them.
+TEST(SimulatorTest, BatchedPrefillPointsPriceStepsOfSeveralPrompts) {
+  DeviceProfile p = Linear();
+  const double fixed = p.PrefillFixedMs();
+  const double one = p.PrefillMs(128) - fixed;
+  p.prefill_batches = {{2, 128, fixed + 2 * 0.9 * one}, {4, 128, fixed + 4 * 0.6 * one}};
+  EXPECT_EQ(p.PrefillBatchEfficiency(1), 1.0);
+  EXPECT_NEAR(p.PrefillBatchEfficiency(2), 0.9, 1e-9);
+  EXPECT_NEAR(p.PrefillBatchEfficiency(3), 0.75, 1e-9);
+  EXPECT_NEAR(p.PrefillBatchEfficiency(1.5), 0.95, 1e-9);
+  EXPECT_NEAR(p.PrefillBatchEfficiency(16), 0.6, 1e-9);
+  absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ProfileToJson(*back), ProfileToJson(p));
+
+  Workload w;
+  w.requests = {{256, 1}};
+  w.rate = 1e6;  // 4 at once: the first alone, the other 3 in one step
+  SimOptions options;
+  options.num_requests = 4;
+  options.warmup_fraction = 0;
+  const SimResult r = Simulate(p, p, {1, 1, 0}, w, {}, options);
+  ASSERT_EQ(r.requests.size(), 4u);
+  const double alone = p.PrefillMs(256);
+  const double step = fixed + 0.75 * 3 * (p.PrefillMs(256) - fixed);
+  EXPECT_NEAR(r.requests[0].ttft_ms, alone + p.TransferMs(256), 0.01);
+  EXPECT_NEAR(r.requests[3].ttft_ms, alone + step + p.TransferMs(256), 0.01);
+
+  // Bad points are named.
+  nlohmann::json j = nlohmann::json::parse(ProfileToJson(p));
+  j["prefill_batches"][0]["prompts"] = 1;
+  EXPECT_THAT(std::string(ProfileFromJson(j.dump()).status().message()),
+              HasSubstr("prefill_batches[0]"));
+  j = nlohmann::json::parse(ProfileToJson(p));
+  std::swap(j["prefill_batches"][0], j["prefill_batches"][1]);
+  EXPECT_THAT(std::string(ProfileFromJson(j.dump()).status().message()), HasSubstr("sorted"));
+}
+
 // The decode batch is bounded by the KV capacity: with room for 4 sequences, 16 arrive at once
 // and TPOT is that of batch 4, not 16; more capacity gives a bigger batch and a longer TPOT.
 TEST(SimulatorTest, KvCapacityBoundsTheDecodeBatch) {

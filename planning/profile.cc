@@ -226,6 +226,22 @@ double DeviceProfile::MeasuredPrefillMs(int tokens, int cached) const {
   return std::max(fixed, Lerp(xs, ys, cached + tokens) - Lerp(xs, ys, cached) + fixed);
 }
 
+double DeviceProfile::PrefillBatchEfficiency(double prompts) const {
+  if (prompts <= 1 || prefill_batches.empty()) return 1.0;
+  const double fixed = MeasuredPrefillFixedMs();
+  // (1, 1), then each point's measured step over the sum of its prompts' single costs.
+  std::vector<double> ks = {1}, es = {1};
+  for (const PrefillBatchPoint& b : prefill_batches) {
+    const double sum = b.prompts * std::max(1e-9, MeasuredPrefillMs(b.tokens) - fixed);
+    ks.push_back(b.prompts);
+    es.push_back(std::clamp((b.ms - fixed) / sum, 0.25, 1.5));
+  }
+  if (prompts >= ks.back()) return es.back();
+  const size_t i = std::upper_bound(ks.begin(), ks.end(), prompts) - ks.begin();
+  const double t = (prompts - ks[i - 1]) / (ks[i] - ks[i - 1]);
+  return es[i - 1] + t * (es[i] - es[i - 1]);
+}
+
 double DeviceProfile::DecodeStepMs(int batch, int context) const {
   return calibration.factor * MeasuredDecodeStepMs(batch, context);
 }
@@ -278,6 +294,12 @@ std::string ProfileToJson(const DeviceProfile& p) {
     j["prefill"].push_back(
         {{"tokens", x.tokens}, {"cached_tokens", x.cached_tokens}, {"ms", x.ms}});
   }
+  if (!p.prefill_batches.empty()) {
+    j["prefill_batches"] = json::array();
+    for (const PrefillBatchPoint& x : p.prefill_batches) {
+      j["prefill_batches"].push_back({{"prompts", x.prompts}, {"tokens", x.tokens}, {"ms", x.ms}});
+    }
+  }
   j["decode"] = json::array();
   for (const DecodePoint& x : p.decode) {
     j["decode"].push_back({{"batch", x.batch}, {"context", x.context}, {"ms", x.ms}});
@@ -319,11 +341,12 @@ std::string ProfileToJson(const DeviceProfile& p) {
 absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("file", "not valid JSON");
-  if (absl::Status s = OnlyKeys(
-          j, "top level",
-          {"version", "model", "device", "host", "date", "block_size", "kv_capacity_tokens",
-           "kv_bytes_per_token", "max_num_batched_tokens", "transfer_backend", "neighbours",
-           "prefill", "decode", "transfer", "calibration", "prefill_calibration"});
+  if (absl::Status s =
+          OnlyKeys(j, "top level",
+                   {"version", "model", "device", "host", "date", "block_size",
+                    "kv_capacity_tokens", "kv_bytes_per_token", "max_num_batched_tokens",
+                    "transfer_backend", "neighbours", "prefill", "prefill_batches", "decode",
+                    "transfer", "calibration", "prefill_calibration"});
       !s.ok()) {
     return s;
   }
@@ -395,6 +418,23 @@ absl::StatusOr<DeviceProfile> ProfileFromJson(absl::string_view text) {
   if (std::count_if(p.prefill.begin(), p.prefill.end(),
                     [](const PrefillPoint& x) { return x.cached_tokens == 0; }) < 2) {
     return Bad("prefill", "needs at least two points without a cache hit");
+  }
+  if (j.contains("prefill_batches")) {  // optional: profiles written before it have none
+    absl::StatusOr<const json*> batches = list("prefill_batches");
+    if (!batches.ok()) return batches.status();
+    for (size_t i = 0; i < (*batches)->size(); ++i) {
+      const json& e = (**batches)[i];
+      const std::string where = absl::StrCat("prefill_batches[", i, "]");
+      PrefillBatchPoint x;
+      if (absl::Status s = OnlyKeys(e, where, {"prompts", "tokens", "ms"}); !s.ok()) return s;
+      if (absl::Status s = GetInt(e, where, "prompts", 2, 1 << 16, &x.prompts); !s.ok()) return s;
+      if (absl::Status s = GetInt(e, where, "tokens", 1, kMaxTokens, &x.tokens); !s.ok()) return s;
+      if (absl::Status s = GetMs(e, where, &x.ms); !s.ok()) return s;
+      if (!p.prefill_batches.empty() && x.prompts <= p.prefill_batches.back().prompts) {
+        return Bad(where, "points must be sorted by prompts and distinct");
+      }
+      p.prefill_batches.push_back(x);
+    }
   }
   absl::StatusOr<const json*> decode = list("decode");
   if (!decode.ok()) return decode.status();

@@ -34,6 +34,14 @@ struct PrefillPoint {
   double ms = 0;          // median forward time of the uncached part
 };
 
+// Several prompts prefilled in one step (a prefill worker batches every queued prompt): `prompts`
+// prompts of `tokens` tokens each, nothing cached.
+struct PrefillBatchPoint {
+  int prompts = 0;  // >= 2
+  int tokens = 0;
+  double ms = 0;  // median forward time of the step
+};
+
 struct DecodePoint {
   int batch = 0;    // sequences decoding one token each
   int context = 0;  // tokens already in each sequence's KV cache
@@ -86,16 +94,17 @@ struct DeviceProfile {
   std::string host;    // where it was measured (free text)
   std::string date;    // UTC, ISO 8601
   int block_size = 16;
-  int64_t kv_capacity_tokens = 0;          // KV cache blocks * block size
-  int64_t kv_bytes_per_token = 0;          // all layers, K and V
-  int max_num_batched_tokens = 0;          // the engine's step token budget the prefill points used
-  std::string transfer_backend;            // "" when no transfer was measured
-  int neighbours = 0;                      // runners measuring beside this one (profiler.h)
-  std::vector<PrefillPoint> prefill;       // cached_tokens 0 first, by tokens; then hits
-  std::vector<DecodePoint> decode;         // by (batch, context)
-  std::vector<TransferPoint> transfer;     // by tokens
-  DecodeCalibration calibration;           // optional in the file ("calibration")
-  PrefillCalibration prefill_calibration;  // optional ("prefill_calibration")
+  int64_t kv_capacity_tokens = 0;     // KV cache blocks * block size
+  int64_t kv_bytes_per_token = 0;     // all layers, K and V
+  int max_num_batched_tokens = 0;     // the engine's step token budget the prefill points used
+  std::string transfer_backend;       // "" when no transfer was measured
+  int neighbours = 0;                 // runners measuring beside this one (profiler.h)
+  std::vector<PrefillPoint> prefill;  // cached_tokens 0 first, by tokens; then hits
+  std::vector<PrefillBatchPoint> prefill_batches;  // by prompts; optional in the file
+  std::vector<DecodePoint> decode;                 // by (batch, context)
+  std::vector<TransferPoint> transfer;             // by tokens
+  DecodeCalibration calibration;                   // optional in the file ("calibration")
+  PrefillCalibration prefill_calibration;          // optional ("prefill_calibration")
 
   // Forward time of a prefill chunk of `tokens` uncached tokens after `cached` already in the
   // cache: a whole prompt's cost beyond its first `cached` positions, plus the step's fixed
@@ -108,6 +117,12 @@ struct DeviceProfile {
   // The same two from the measured points alone.
   double MeasuredPrefillMs(int tokens, int cached = 0) const;
   double MeasuredPrefillFixedMs() const;
+  // A step of `prompts` prompt chunks costs the fixed cost plus this times the sum of the chunks'
+  // own costs (beyond the fixed cost): 1 for one prompt, and for more what the batched points
+  // measured against that sum (wider GEMMs use the device better), interpolated linearly in
+  // `prompts` (fractional for a mean) and held past the last point. 1 without batched points.
+  // The points are at one prompt length; the efficiency is taken to hold at every length.
+  double PrefillBatchEfficiency(double prompts) const;
   // One decode step of `batch` sequences at mean context `context`, times calibration.factor.
   double DecodeStepMs(int batch, int context) const;
   // The same from the measured points alone (what a calibration compares served steps with).

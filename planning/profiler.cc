@@ -83,6 +83,26 @@ class Measurer {
     return absl::OkStatus();
   }
 
+  // One step prefilling `prompts` prompts of `len` tokens each (distinct blocks each, nothing
+  // cached), every chunk asking for logits as a prefill worker's last chunks do.
+  absl::Status PrefillBatch(int prompts, int len) {
+    const int bs = runner_.block_size();
+    const int per_seq = (len + bs - 1) / bs;
+    tables_.assign(static_cast<size_t>(prompts), std::vector<int32_t>(per_seq));
+    ForwardBatch fb;
+    for (int b = 0; b < prompts; ++b) {
+      for (int i = 0; i < per_seq; ++i) tables_[b][i] = b * per_seq + i;
+      SequenceChunk chunk;
+      chunk.tokens = std::span<const int32_t>(tokens_).subspan(0, static_cast<size_t>(len));
+      chunk.start_pos = 0;
+      chunk.block_table = tables_[b];
+      chunk.need_logits = true;
+      fb.chunks.push_back(chunk);
+    }
+    ForwardOutput out;
+    return runner_.Forward(fb, &out);
+  }
+
   // One decode step of `batch` sequences at position `context` (distinct blocks each).
   absl::Status Decode(int batch, int context) {
     const int bs = runner_.block_size();
@@ -306,13 +326,32 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
   if (transfer) p.transfer_backend = options.transfer_backend;
 
   const int hits = static_cast<int>(options.prompt_lens.size());  // half of each prompt cached
+  if (!options.prefill_batch_prompts.empty()) {
+    if (absl::Status s = CheckGrid(options.prefill_batch_prompts, "prefill batch prompts", 2, 4096);
+        !s.ok()) {
+      return s;
+    }
+    if (options.prefill_batch_tokens < 1 ||
+        options.prefill_batch_tokens > options.prompt_lens.back()) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill batch tokens: must be in [1, ",
+                                                     options.prompt_lens.back(),
+                                                     "] (the longest prompt length)"));
+    }
+  }
+  // Batched points whose blocks fit the cache.
+  std::vector<int> batch_prompts;
+  for (int k : options.prefill_batch_prompts) {
+    const int64_t blocks = static_cast<int64_t>(k) * ((options.prefill_batch_tokens + bs - 1) / bs);
+    if (blocks <= runner.num_blocks()) batch_prompts.push_back(k);
+  }
   int decode_points = 0;
   for (int b : options.batch_sizes) {
     for (int c : options.contexts) {
       if (static_cast<int64_t>(b) * (c / bs + 1) <= runner.num_blocks()) ++decode_points;
     }
   }
-  const int total = static_cast<int>(options.prompt_lens.size()) + hits + decode_points +
+  const int total = static_cast<int>(options.prompt_lens.size()) + hits +
+                    static_cast<int>(batch_prompts.size()) + decode_points +
                     (transfer ? static_cast<int>(options.prompt_lens.size()) : 0);
   int done = 0;
   const auto tick = [&](const std::string& what) {
@@ -341,6 +380,15 @@ absl::StatusOr<DeviceProfile> MeasureProfile(ModelRunner& runner, const Profiler
     if (!ms.ok()) return ms.status();
     p.prefill.push_back({len, cached, *ms});
     tick(absl::StrCat("prefill ", len, " tokens, ", cached, " cached"));
+  }
+  const int batch_len = options.prefill_batch_tokens;
+  for (int k : batch_prompts) {
+    neighbours.Set([k, batch_len](Measurer& n) { return n.PrefillBatch(k, batch_len); });
+    absl::StatusOr<double> ms =
+        MedianMs(options.repeats, [&] { return m.PrefillBatch(k, batch_len); });
+    if (!ms.ok()) return ms.status();
+    p.prefill_batches.push_back({k, batch_len, *ms});
+    tick(absl::StrCat("prefill ", k, " prompts of ", batch_len, " tokens in one step"));
   }
   std::vector<std::string> skipped;
   for (int b : options.batch_sizes) {

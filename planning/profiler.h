@@ -5,6 +5,9 @@
 // - Prefill: one prompt of each length, in chunks of at most max_num_batched_tokens (as the
 //   engine schedules it), timed as a whole; with a prefix hit, only the uncached part (its start
 //   position past the hit).
+// - Batched prefill: `prompts` prompts of prefill_batch_tokens tokens each, nothing cached, in
+//   one step (a prefill worker batches every queued prompt; wider GEMMs use the device better,
+//   and the planner prices a step of many prompts with it).
 // - Decode: `batch` one-token chunks at position `context`. The KV those positions attend to is
 //   whatever the cache holds: the time of a step does not depend on the values, so no prompt is
 //   prefilled first. Points whose blocks do not fit the cache are left out (and reported).
@@ -36,6 +39,8 @@ struct ProfilerOptions {
   std::vector<int> batch_sizes = {1, 2, 4, 8, 16, 32};
   std::vector<int> contexts = {64, 256, 1024};
   int max_num_batched_tokens = 512;
+  std::vector<int> prefill_batch_prompts = {2, 4, 8};  // empty: no batched prefill points
+  int prefill_batch_tokens = 128;
   int repeats = 5;
   std::string transfer_backend = "loopback";  // "" or "none": no transfer points
   uint64_t seed = 1;

@@ -46,6 +46,8 @@ TEST(ProfilerTest, MeasuresEveryPointOnTheCpuRunner) {
   options.batch_sizes = {1, 4, 16};
   options.contexts = {4, 24};
   options.max_num_batched_tokens = 32;
+  options.prefill_batch_prompts = {2, 4, 64};
+  options.prefill_batch_tokens = 8;
   options.repeats = 2;
   int calls = 0, last_total = 0;
   absl::StatusOr<DeviceProfile> p =
@@ -62,6 +64,11 @@ TEST(ProfilerTest, MeasuresEveryPointOnTheCpuRunner) {
   // 3 lengths + 3 cache hits (each has a whole block in its first half).
   ASSERT_EQ(p->prefill.size(), 6u);
   for (const PrefillPoint& x : p->prefill) EXPECT_GT(x.ms, 0);
+  // 64 prompts of 2 blocks need 128 blocks of the 64: that batched point is left out.
+  ASSERT_EQ(p->prefill_batches.size(), 2u);
+  EXPECT_EQ(p->prefill_batches[1].prompts, 4);
+  EXPECT_EQ(p->prefill_batches[1].tokens, 8);
+  EXPECT_GT(p->prefill_batches[1].ms, 0);
   // Batch 16 at context 24 needs 16 * 7 = 112 blocks of the 64: that batch is left out.
   ASSERT_EQ(p->decode.size(), 4u);
   EXPECT_EQ(p->decode.back().batch, 4);
@@ -71,7 +78,8 @@ TEST(ProfilerTest, MeasuresEveryPointOnTheCpuRunner) {
   p->model = "tiny";
   p->device = "cpu";
   absl::StatusOr<DeviceProfile> back = ProfileFromJson(ProfileToJson(*p));
-  EXPECT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->prefill_batches.size(), 2u);
 }
 
 TEST(ProfilerTest, UcxTransfersAndRefusals) {
@@ -82,6 +90,7 @@ TEST(ProfilerTest, UcxTransfersAndRefusals) {
   options.batch_sizes = {1};
   options.contexts = {4};
   options.repeats = 1;
+  options.prefill_batch_tokens = 8;
   if (kvtransfer::TransferBackendBuilt("ucx")) {
     options.transfer_backend = "ucx";
     absl::StatusOr<DeviceProfile> p = MeasureProfile(*runner, options);
@@ -99,6 +108,14 @@ TEST(ProfilerTest, UcxTransfersAndRefusals) {
   EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
               HasSubstr("outside"));
   options.prompt_lens = {8, 16};
+  options.prefill_batch_prompts = {1, 2};
+  EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
+              HasSubstr("prefill batch prompts: 1 is outside"));
+  options.prefill_batch_prompts = {2};
+  options.prefill_batch_tokens = 17;
+  EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
+              HasSubstr("prefill batch tokens"));
+  options.prefill_batch_tokens = 8;
   options.batch_sizes = {64};
   options.contexts = {100};
   EXPECT_THAT(std::string(MeasureProfile(*runner, options).status().message()),
@@ -114,6 +131,7 @@ TEST(ProfilerTest, NeighboursRepeatThePointsAndTheirErrorsAreReported) {
   options.batch_sizes = {1, 4};
   options.contexts = {4, 24};
   options.repeats = 3;
+  options.prefill_batch_tokens = 8;
   options.neighbours = {&neighbour};
   absl::StatusOr<DeviceProfile> p = MeasureProfile(*runner, options);
   ASSERT_TRUE(p.ok()) << p.status();

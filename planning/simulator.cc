@@ -194,12 +194,13 @@ class Sim {
   // sequence, so two 512-token prompts cost twice one, not one 1,024-token prompt).
   double StepPrefillMs(const std::vector<std::pair<int, int>>& chunks) const {
     const double fixed = pp_.PrefillFixedMs();
-    double ms = fixed;
+    double sum = 0;
     for (const auto& [i, n] : chunks) {
       const int done = reqs_[i].input - reqs_[i].prefill_left;
-      ms += std::max(0.0, pp_.PrefillMs(n, done) - fixed);
+      sum += std::max(0.0, pp_.PrefillMs(n, done) - fixed);
     }
-    return ms;
+    // Several prompts in one step share its wider GEMMs (DeviceProfile::PrefillBatchEfficiency).
+    return fixed + pp_.PrefillBatchEfficiency(static_cast<double>(chunks.size())) * sum;
   }
 
   void StartPrefillStep(int w) {

@@ -15,9 +15,10 @@
 // - A prefill worker is a FIFO queue served in engine steps: each step takes the waiting prompts
 //   in order up to prefill_max_num_batched_tokens tokens and max_num_seqs prompts (chunking the
 //   long ones) and lasts the step's fixed cost plus each chunk's own (attention is per
-//   sequence: PrefillMs(chunk, computed before it) less the fixed cost). A prompt is done at the
-//   end of the step holding its last chunk (with one prompt per step and fixed lengths, this is
-//   DistServe's M/D/1 queue).
+//   sequence: PrefillMs(chunk, computed before it) less the fixed cost), the chunks' sum scaled
+//   by the profile's batching efficiency for that many (PrefillBatchEfficiency). A prompt is done
+//   at the end of the step holding its last chunk (with one prompt per step and fixed lengths, this
+//   is DistServe's M/D/1 queue).
 // - The KV then moves to the decode worker, taking TransferMs(input); the first token (sampled
 //   on the prefill worker) is out when the KV lands: TTFT.
 // - A decode worker runs continuous batching: a step decodes one token for each running
