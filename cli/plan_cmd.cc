@@ -44,7 +44,7 @@ struct PlanFlags {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 0;
   int prefill_max_num_batched_tokens = 8192;
-  int requests = 1000;
+  int requests = 5000;  // a tail-bound goodput needs them (docs/planning.md)
   uint64_t seed = 1;
   bool json_output = false;
   std::string patch;

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The planner's acceptance on this machine (issue 24): profile one single-threaded CPU worker
 # (one core = one device) with one neighbour runner measuring beside it on the other core (a
-# served host is full: the other worker, or the router and the clients), calibrate the profile's
-# decode and prefill steps against a served 1P+1D deployment under a load unlike every mix
-# (`tandem profile calibrate`), plan each workload mix for a budget of 2 devices with the
+# served host is full: the other worker, or the router and the clients); for each workload mix,
+# calibrate the profile against a served 1P+1D deployment under that mix's own traffic at a
+# modest rate (`tandem profile calibrate`: what a worker's steps cost depends on what shares the
+# host with it, docs/planning.md "Calibration"), plan the mix for a budget of 2 devices with the
 # calibrated profile, then measure every layout with `tandem serve` + `tandem bench` around the
-# predicted goodput, and compare. Rates are swept upward from 0.7x the prediction and the sweep stops at the first rate
-# that misses the objective (downward from 0.7x while it misses).
-# Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-calibrated.json,
-# calibrate.log, plan-*.json, bench-*-rate*.json, summary.txt}.
+# predicted goodput, and compare. Rates are swept upward from 0.7x the prediction and the sweep
+# stops at the first rate that misses the objective (downward from 0.7x while it misses).
+# Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-*.json, calibrate-*.log,
+# plan-*.json, bench-*-rate*.json, summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
 # per mix: 200 for short_in, whose 256-token outputs take that many to reach a steady state, 100
 # for long_in, 120 for mixed), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
-# long_in mixed), CALIBRATE (1; 0 plans with the profile as measured).
+# long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.5) of the
+# uncalibrated plan's 1P+1D goodput; unlike: once, a closed loop of 24 streams of 128 in / 128
+# out, a load unlike every mix; 0: the profile as measured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
@@ -67,27 +70,35 @@ stop_serve() {
 }
 
 port=18431
-profile=$out/profile.json
-if [[ ${CALIBRATE:-1} == 1 ]]; then
-  # A closed loop of 24 streams of 128 in / 128 out on 1P+1D: a load unlike every mix.
-  echo "[acceptance] calibrating the decode and prefill steps against a served 1P+1D" >&2
-  start_serve "$port" "$out/serve-calibrate.log" --prefill-workers 1 --decode-workers 1
+# calibrate TAG LOAD...: serves 1P+1D, puts `tandem bench LOAD...` on it, and calibrates
+# $out/profile.json on both workers' counters over 60 s after 20 s of ramp, into
+# $out/profile-TAG.json.
+calibrate() {
+  local tag=$1 metrics load
+  shift
+  start_serve "$port" "$out/serve-calibrate-$tag.log" --prefill-workers 1 --decode-workers 1
   sleep 1
   # Both workers: the decode worker's decode steps and the prefill worker's prefill steps.
   metrics=$(sed -n 's/.*\[\(decode\|prefill\)-[0-9]*\].*metrics on \(http:[^ ]*\).*/\2/p' \
-    "$out/serve-calibrate.log" | paste -sd, -)
+    "$out/serve-calibrate-$tag.log" | paste -sd, -)
   "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \
-    --input-len 128 --output-len 128 --ignore-eos --num-prompts 0 --max-concurrency 24 \
-    --duration 90 --seed 3 --no-progress >"$out/calibrate-bench.txt" 2>&1 &
+    "$@" --ignore-eos --num-prompts 0 --duration 95 --seed 3 --no-progress \
+    >"$out/calibrate-bench-$tag.txt" 2>&1 &
   load=$!
   sleep 20  # past the ramp
-  "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" --window-s 45 \
-    --no-progress --out "$out/profile-calibrated.json" 2>&1 | tee "$out/calibrate.log" >&2
+  "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" --window-s 60 \
+    --min-prefill-chunks 30 --no-progress --out "$out/profile-$tag.json" 2>&1 |
+    tee "$out/calibrate-$tag.log" >&2
   kill -INT "$load" 2>/dev/null || true
   wait "$load" || true
   stop_serve
   port=$((port + 1))
-  profile=$out/profile-calibrated.json
+}
+calibration=${CALIBRATE:-mix}
+if [[ $calibration == unlike ]]; then
+  # A closed loop of 24 streams of 128 in / 128 out on 1P+1D: a load unlike every mix.
+  echo "[acceptance] calibrating against a served 1P+1D under a load unlike every mix" >&2
+  calibrate unlike --input-len 128 --output-len 128 --max-concurrency 24
 fi
 
 measure() {  # mix layout predicted tag: one tandem bench run per rate, adaptively
@@ -118,6 +129,22 @@ print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$
 }
 
 for mix in "${mixes[@]}"; do
+  profile=$out/profile.json
+  case $calibration in
+    unlike) profile=$out/profile-unlike.json ;;
+    mix)
+      # shellcheck disable=SC2046
+      "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$ttft" \
+        --tpot-ms "$tpot" --devices 2 --requests 1000 --json >"$out/plan-$mix-uncalibrated.json"
+      rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
+print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
+if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.5}")
+      echo "[acceptance] $mix: calibrating against a served 1P+1D under the mix at $rate req/s" >&2
+      # shellcheck disable=SC2046
+      calibrate "$mix" $(mix_flags "$mix") --rates "$rate"
+      profile=$out/profile-$mix.json
+      ;;
+  esac
   # shellcheck disable=SC2046
   "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$ttft" \
     --tpot-ms "$tpot" --devices 2 --requests 1000 --json >"$out/plan-$mix.json"

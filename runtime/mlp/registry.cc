@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addr
   std::vector<std::string> list = absl::StrSplit(addresses, ',');
   for (const std::string& a : list) {
     if (a.empty() || a.find(':') == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--mlp remote:", addresses, ": expected HOST:PORT[,HOST:PORT...]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mlp remote:", addresses, ": expected HOST:PORT or dns:NAME:PORT, comma-separated"));
     }
   }
   if (context.identity == nullptr) {
@@ -122,7 +122,8 @@ absl::StatusOr<std::unique_ptr<MlpBackend>> CreateRemote(const std::string& addr
 }  // namespace
 
 std::vector<std::string> MlpBackendNames() {
-  return {"local", "cpu", "cuda[:N]", "remote:ADDR[,ADDR...]", "cuda_ipc:ADDR[,ADDR...]"};
+  return {"local", "cpu", "cuda[:N]", "remote:ADDR[,ADDR...] (ADDR: HOST:PORT or dns:NAME:PORT)",
+          "cuda_ipc:ADDR[,ADDR...]"};
 }
 
 absl::StatusOr<std::unique_ptr<MlpBackend>> CreateMlpBackend(const std::string& spec,

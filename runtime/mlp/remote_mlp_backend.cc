@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "runtime/base/logging.h"
 #include "runtime/mlp/mlp_shard_checks.h"
 #include "runtime/mlp/shard_info_client.h"
+#include "runtime/router/discovery.h"
 
 namespace tandem::mlp {
 namespace {
@@ -19,6 +23,90 @@ std::string GrpcMessage(const grpc::Status& s) {
 }
 
 }  // namespace
+
+struct RemoteMlpBackend::Membership {
+  Membership(std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
+             std::string fingerprint, const RemoteMlpOptions& options)
+      : identity(std::move(identity)),
+        expected(expected),
+        fingerprint(std::move(fingerprint)),
+        options(options) {}
+  ~Membership() { Stop(); }
+
+  void Stop() {
+    if (!stop.HasBeenNotified()) stop.Notify();
+    if (thread.joinable()) thread.join();
+  }
+
+  // One round (the discovery thread's, or the creator's before it starts): the addresses the
+  // names resolve to now; new ones join once their Info matches, gone ones are dropped; a
+  // changed set is published.
+  void Round() {
+    const std::vector<std::string> addresses = discovery->RefreshNow();
+    absl::flat_hash_map<std::string, ShardPtr> next;
+    for (const std::string& address : addresses) {
+      if (auto it = verified.find(address); it != verified.end()) {
+        next.emplace(address, it->second);
+        continue;
+      }
+      auto shard = std::make_shared<Shard>();
+      shard->address = address;
+      shard->stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
+      absl::StatusOr<tandem::v1::MlpInfo> info =
+          FetchShardInfo(*shard->stub, address, expected, fingerprint,
+                         absl::Now() + options.info_timeout, "remote MLP", &shard->shape);
+      if (!info.ok()) {
+        // Logged when the address or its reason is new, not at every refresh.
+        std::string& last = refused[address];
+        if (last != info.status().message()) {
+          LOG(WARNING) << "remote MLP: discovered shard " << address << " not used ("
+                       << info.status() << "); asked again at each refresh";
+          last = std::string(info.status().message());
+        }
+        continue;
+      }
+      refused.erase(address);
+      LOG(INFO) << "remote MLP: shard " << address << " joins (layers " << shard->shape.first_layer
+                << ":" << shard->shape.end_layer << ")";
+      next.emplace(address, std::move(shard));
+    }
+    bool changed = next.size() != verified.size();
+    for (const auto& [address, shard] : verified) {
+      if (!next.contains(address)) {
+        LOG(INFO) << "remote MLP: shard " << address << " left the discovery answer";
+        changed = true;
+      }
+    }
+    verified = std::move(next);
+    if (!changed) return;
+    std::vector<ShardPtr> shards;
+    for (const auto& [address, shard] : verified) shards.push_back(shard);
+    std::sort(shards.begin(), shards.end(),
+              [](const ShardPtr& a, const ShardPtr& b) { return a->address < b->address; });
+    absl::MutexLock lock(&mu);
+    published = std::move(shards);
+    ++version;
+  }
+
+  std::vector<ShardPtr> Published() {
+    absl::MutexLock lock(&mu);
+    return published;
+  }
+
+  const std::shared_ptr<const auth::ServiceIdentity> identity;
+  const MlpShape expected;
+  const std::string fingerprint;
+  const RemoteMlpOptions options;
+  std::unique_ptr<router::Discovery> discovery;           // set before the first round
+  absl::flat_hash_map<std::string, ShardPtr> verified;    // the rounds' own (one thread at a time)
+  absl::flat_hash_map<std::string, std::string> refused;  // address -> why, as last logged
+  absl::Notification stop;
+  std::thread thread;
+
+  absl::Mutex mu;
+  std::vector<ShardPtr> published ABSL_GUARDED_BY(mu);
+  uint64_t version ABSL_GUARDED_BY(mu) = 0;
+};
 
 absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
     const std::vector<std::string>& addresses,
@@ -34,38 +122,103 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
       return absl::InvalidArgumentError("remote MLP: the fallback does not serve every layer");
     }
   }
-  std::vector<Shard> shards;
-  const absl::Time give_up = absl::Now() + options.connect_timeout;
+  std::vector<std::string> fixed, names;
   for (const std::string& address : addresses) {
     if (address.empty()) return absl::InvalidArgumentError("remote MLP: an empty shard address");
-    Shard shard;
-    shard.address = address;
-    shard.stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
+    if (absl::StartsWith(address, "dns:")) {
+      names.push_back(address.substr(4));
+    } else {
+      fixed.push_back(address);
+    }
+  }
+  const absl::Time give_up = absl::Now() + options.connect_timeout;
+  if (!names.empty())
+    return CreateDiscovering(fixed, names, std::move(identity), expected, model_fingerprint,
+                             std::move(fallback), options);
+  std::vector<ShardPtr> shards;
+  for (const std::string& address : fixed) {
+    auto shard = std::make_shared<Shard>();
+    shard->address = address;
+    shard->stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
     absl::StatusOr<tandem::v1::MlpInfo> info = FetchShardInfo(
-        *shard.stub, address, expected, model_fingerprint, give_up, "remote MLP", &shard.shape);
+        *shard->stub, address, expected, model_fingerprint, give_up, "remote MLP", &shard->shape);
     if (!info.ok()) return info.status();
     shards.push_back(std::move(shard));
   }
   std::vector<MlpShape> served;
-  for (const Shard& s : shards) served.push_back(s.shape);
+  for (const ShardPtr& s : shards) served.push_back(s->shape);
   if (const std::vector<int> unserved = UnservedLayers(expected, served); !unserved.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("remote MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ","),
                      " (shards: ", absl::StrJoin(addresses, ","), ")"));
   }
   return std::unique_ptr<RemoteMlpBackend>(
-      new RemoteMlpBackend(std::move(shards), expected, std::move(fallback), options));
+      new RemoteMlpBackend(std::move(shards), expected, std::move(fallback), options, nullptr));
 }
 
-RemoteMlpBackend::RemoteMlpBackend(std::vector<Shard> shards, const MlpShape& expected,
+absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::CreateDiscovering(
+    const std::vector<std::string>& fixed, const std::vector<std::string>& names,
+    std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
+    const std::string& model_fingerprint, std::unique_ptr<MlpBackend> fallback,
+    const RemoteMlpOptions& options) {
+  auto membership =
+      std::make_shared<Membership>(std::move(identity), expected, model_fingerprint, options);
+  router::Discovery::Options d;
+  d.static_workers = fixed;
+  d.dns_names = names;
+  d.refresh = options.refresh;
+  d.resolve_timeout = options.resolve_timeout;
+  if (options.resolver) d.resolver = options.resolver;
+  absl::StatusOr<std::unique_ptr<router::Discovery>> discovery =
+      router::Discovery::Create(std::move(d), [](const std::vector<std::string>&) {});
+  if (!discovery.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("remote MLP: ", discovery.status().message()));
+  }
+  membership->discovery = *std::move(discovery);
+  // Rounds until the shards found serve every layer, or connect_timeout passes.
+  const absl::Time give_up = absl::Now() + options.connect_timeout;
+  std::vector<int> unserved;
+  while (true) {
+    membership->Round();
+    std::vector<MlpShape> served;
+    for (const ShardPtr& s : membership->Published()) served.push_back(s->shape);
+    unserved = UnservedLayers(expected, served);
+    if (unserved.empty() || absl::Now() >= give_up) break;
+    absl::SleepFor(std::min(absl::Milliseconds(500), give_up - absl::Now()));
+  }
+  if (!unserved.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remote MLP: the discovered shards (", membership->verified.size(),
+                     " answering) serve no layer(s) ", absl::StrJoin(unserved, ","), " after ",
+                     absl::FormatDuration(options.connect_timeout),
+                     " (names: ", absl::StrJoin(names, ","), ")"));
+  }
+  Membership* m = membership.get();
+  m->thread = std::thread([m] {
+    while (!m->stop.WaitForNotificationWithTimeout(m->options.refresh)) m->Round();
+  });
+  std::vector<ShardPtr> shards = membership->Published();
+  return std::unique_ptr<RemoteMlpBackend>(new RemoteMlpBackend(
+      std::move(shards), expected, std::move(fallback), options, std::move(membership)));
+}
+
+RemoteMlpBackend::RemoteMlpBackend(std::vector<ShardPtr> shards, const MlpShape& expected,
                                    std::unique_ptr<MlpBackend> fallback,
-                                   const RemoteMlpOptions& options)
+                                   const RemoteMlpOptions& options,
+                                   std::shared_ptr<Membership> membership)
     : shards_(std::move(shards)),
       expected_(expected),
       fallback_(std::move(fallback)),
-      options_(options) {}
+      options_(options),
+      membership_(std::move(membership)) {
+  if (membership_ != nullptr) {
+    absl::MutexLock lock(&membership_->mu);
+    membership_version_ = membership_->version;
+  }
+}
 
 RemoteMlpBackend::~RemoteMlpBackend() {
+  if (membership_ != nullptr) membership_->Stop();  // no round after this
   // Cancel what is in flight and wait for every callback (cancelled calls complete promptly)
   // before the calls, stubs and channels go.
   std::vector<std::shared_ptr<Call>> calls = std::move(abandoned_);
@@ -82,6 +235,15 @@ RemoteMlpBackend::~RemoteMlpBackend() {
   }
 }
 
+void RemoteMlpBackend::TakeMembership() {
+  if (membership_ == nullptr) return;
+  absl::MutexLock lock(&membership_->mu);
+  if (membership_->version == membership_version_) return;
+  shards_ = membership_->published;
+  membership_version_ = membership_->version;
+  round_robin_ = 0;
+}
+
 void RemoteMlpBackend::Reap() {
   std::erase_if(abandoned_, [](const std::shared_ptr<Call>& call) {
     absl::MutexLock lock(&call->mu);
@@ -89,22 +251,26 @@ void RemoteMlpBackend::Reap() {
   });
 }
 
-int RemoteMlpBackend::PickShard(int layer, const std::vector<size_t>& tried, absl::Time now) {
+RemoteMlpBackend::ShardPtr RemoteMlpBackend::PickShard(int layer,
+                                                       const std::vector<ShardPtr>& tried,
+                                                       absl::Time now) {
   const size_t n = shards_.size();
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (round_robin_ + k) % n;
-    if (!shards_[i].shape.Serves(layer) || shards_[i].retry_at > now ||
-        std::find(tried.begin(), tried.end(), i) != tried.end()) {
+    const ShardPtr& s = shards_[i];
+    if (!s->shape.Serves(layer) || s->retry_at > now ||
+        std::find(tried.begin(), tried.end(), s) != tried.end()) {
       continue;
     }
     round_robin_ = i + 1;
-    return static_cast<int>(i);
+    return s;
   }
-  return -1;
+  return nullptr;
 }
 
-void RemoteMlpBackend::StartCall(Pending& p, size_t shard, absl::Time now) {
+void RemoteMlpBackend::StartCall(Pending& p, const ShardPtr& shard, absl::Time now) {
   auto call = std::make_shared<Call>();
+  call->shard = shard;
   call->context.set_deadline(absl::ToChronoTime(std::min(p.deadline, now + options_.call_timeout)));
   call->request.set_layer(static_cast<uint32_t>(p.layer));
   call->request.set_rows(static_cast<uint32_t>(p.rows));
@@ -114,24 +280,23 @@ void RemoteMlpBackend::StartCall(Pending& p, size_t shard, absl::Time now) {
   p.tried.push_back(shard);
   p.call = call;
   Call* raw = call.get();
-  shards_[shard].stub->async()->Compute(&call->context, &call->request, &call->response,
-                                        [raw](grpc::Status status) {
-                                          absl::MutexLock lock(&raw->mu);
-                                          raw->status = std::move(status);
-                                          raw->done = true;
-                                        });
+  shard->stub->async()->Compute(&call->context, &call->request, &call->response,
+                                [raw](grpc::Status status) {
+                                  absl::MutexLock lock(&raw->mu);
+                                  raw->status = std::move(status);
+                                  raw->done = true;
+                                });
 }
 
-void RemoteMlpBackend::Failed(size_t shard, absl::Time now) {
-  Shard& s = shards_[shard];
+void RemoteMlpBackend::Failed(Shard& s, absl::Time now) {
   s.backoff = s.backoff == absl::ZeroDuration() ? options_.backoff_initial
                                                 : std::min(options_.backoff_max, s.backoff * 2);
   s.retry_at = now + s.backoff;
 }
 
-void RemoteMlpBackend::Succeeded(size_t shard) {
-  shards_[shard].backoff = absl::ZeroDuration();
-  shards_[shard].retry_at = absl::InfinitePast();
+void RemoteMlpBackend::Succeeded(Shard& s) {
+  s.backoff = absl::ZeroDuration();
+  s.retry_at = absl::InfinitePast();
 }
 
 absl::StatusOr<MlpBackend::Handle> RemoteMlpBackend::Submit(int layer, const float* x, int rows,
@@ -143,6 +308,7 @@ absl::StatusOr<MlpBackend::Handle> RemoteMlpBackend::Submit(int layer, const flo
   }
   if (rows < 1) return absl::InvalidArgumentError(absl::StrCat("remote MLP: ", rows, " rows"));
   Reap();
+  TakeMembership();
   const absl::Time now = absl::Now();
   Pending p;
   p.layer = layer;
@@ -150,13 +316,14 @@ absl::StatusOr<MlpBackend::Handle> RemoteMlpBackend::Submit(int layer, const flo
   p.rows = rows;
   p.out = out;
   p.deadline = deadline;
-  const int shard = PickShard(layer, {}, now);
-  if (shard < 0) {
+  const ShardPtr shard = PickShard(layer, {}, now);
+  if (shard == nullptr) {
     if (fallback_ == nullptr) {
       ++stats_.failures;
-      return absl::UnavailableError(absl::StrCat(
-          "remote MLP: every shard serving layer ", layer,
-          " failed recently and is backing off; no fallback (--mlp-fallback cpu keeps one)"));
+      return absl::UnavailableError(
+          absl::StrCat("remote MLP: every shard serving layer ", layer,
+                       " failed recently and is backing off, or none serves it now; no fallback "
+                       "(--mlp-fallback cpu keeps one)"));
     }
     ++stats_.failovers;
     absl::StatusOr<Handle> h = fallback_->Submit(layer, x, rows, out, deadline);
@@ -164,7 +331,7 @@ absl::StatusOr<MlpBackend::Handle> RemoteMlpBackend::Submit(int layer, const flo
     p.on_fallback = true;
     p.fallback_handle = *h;
   } else {
-    StartCall(p, static_cast<size_t>(shard), now);
+    StartCall(p, shard, now);
   }
   ++stats_.calls;
   stats_.rows += rows;
@@ -188,7 +355,7 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
   const size_t bytes = ComputeBytes(p.rows, expected_);
   std::vector<std::string> errors;
   while (true) {
-    const size_t shard = p.tried.back();
+    Shard& shard = *p.tried.back();
     Call& call = *p.call;
     grpc::Status status;
     bool done;
@@ -217,16 +384,16 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
       return absl::OkStatus();
     }
     Failed(shard, now);
-    errors.push_back(absl::StrCat(shards_[shard].address, ": ", GrpcMessage(status)));
+    errors.push_back(absl::StrCat(shard.address, ": ", GrpcMessage(status)));
     if (now >= p.deadline) {
       ++stats_.failures;
       return absl::DeadlineExceededError(absl::StrCat(
           "remote MLP: layer ", p.layer, " past its deadline (", absl::StrJoin(errors, "; "), ")"));
     }
-    const int next = PickShard(p.layer, p.tried, now);
-    if (next >= 0) {
+    const ShardPtr next = PickShard(p.layer, p.tried, now);
+    if (next != nullptr) {
       ++stats_.failovers;
-      StartCall(p, static_cast<size_t>(next), now);
+      StartCall(p, next, now);
       continue;
     }
     if (fallback_ != nullptr) {

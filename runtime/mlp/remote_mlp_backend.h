@@ -19,8 +19,19 @@
 //   the call at once instead of waiting.
 // - Every call presents the deployment's service credential (auth::ServiceIdentity). Answers
 //   are untrusted: only an output of exactly rows x hidden float32 is copied out.
+// - Discovery: an address "dns:NAME:PORT" stands for every address NAME resolves to (a
+//   Kubernetes headless Service: one per ready shard pod), resolved again every
+//   options.refresh on a thread of the backend's own (runtime/router/discovery.h: a failed
+//   lookup keeps the last answer; only "no such name" empties it). A new address joins once
+//   its Info matches the model (asked for at most info_timeout; one that does not is logged
+//   and asked again at the next refresh); an address that left the answer is dropped, its
+//   calls in flight finishing on the channel they hold. At creation the shards found must
+//   together serve every layer within connect_timeout. Later, a layer no shard serves any
+//   more is a failed call (the fallback's, when there is one), never a wait.
 //
-// Thread-compatible (the engine thread); gRPC completes calls on its own threads.
+// Thread-compatible (the engine thread); gRPC completes calls on its own threads, and the
+// discovery thread publishes the shard set under a mutex that the engine thread reads at
+// Submit.
 
 #include <cstdint>
 #include <memory>
@@ -40,6 +51,7 @@ namespace tandem::mlp {
 
 class RemoteMlpBackend final : public MlpBackend {
  public:
+  // `addresses`: "HOST:PORT" or "dns:NAME:PORT" each.
   static absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> Create(
       const std::vector<std::string>& addresses,
       std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
@@ -59,6 +71,7 @@ class RemoteMlpBackend final : public MlpBackend {
   MlpBackendStats stats() const override { return stats_; }
 
  private:
+  // One shard: its address, channel and layers (fixed), and its backoff (engine thread only).
   struct Shard {
     std::string address;
     std::unique_ptr<tandem::v1::MlpShard::Stub> stub;
@@ -66,10 +79,13 @@ class RemoteMlpBackend final : public MlpBackend {
     absl::Time retry_at = absl::InfinitePast();
     absl::Duration backoff = absl::ZeroDuration();
   };
+  using ShardPtr = std::shared_ptr<Shard>;
   // One RPC. Owned by the backend (Pending, then abandoned_ if a Wait gives up on it) until its
   // callback has run: the callback only marks it done, so no ClientContext is ever destroyed
   // on gRPC's callback thread, and the destructor waits for every callback before the stubs go.
+  // It holds its shard, so a shard dropped by discovery keeps its channel until then.
   struct Call {
+    ShardPtr shard;
     grpc::ClientContext context;
     tandem::v1::MlpComputeRequest request;
     tandem::v1::MlpComputeResponse response;
@@ -83,26 +99,38 @@ class RemoteMlpBackend final : public MlpBackend {
     int rows = 0;
     float* out = nullptr;
     absl::Time deadline;
-    std::vector<size_t> tried;  // shards, in order; the last one has `call` in flight
+    std::vector<ShardPtr> tried;  // in order; the last one has `call` in flight
     std::shared_ptr<Call> call;
     bool on_fallback = false;  // computed by the fallback at Submit (its handle below)
     Handle fallback_handle = 0;
   };
+  // The shard set discovery publishes and the engine thread takes at Submit.
+  struct Membership;
 
-  RemoteMlpBackend(std::vector<Shard> shards, const MlpShape& expected,
-                   std::unique_ptr<MlpBackend> fallback, const RemoteMlpOptions& options);
-  // A shard serving `layer`, not in `tried`, not backing off at `now`; -1 when none.
-  int PickShard(int layer, const std::vector<size_t>& tried, absl::Time now);
-  void StartCall(Pending& p, size_t shard, absl::Time now);
-  void Failed(size_t shard, absl::Time now);
+  static absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> CreateDiscovering(
+      const std::vector<std::string>& fixed, const std::vector<std::string>& names,
+      std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
+      const std::string& model_fingerprint, std::unique_ptr<MlpBackend> fallback,
+      const RemoteMlpOptions& options);
+  RemoteMlpBackend(std::vector<ShardPtr> shards, const MlpShape& expected,
+                   std::unique_ptr<MlpBackend> fallback, const RemoteMlpOptions& options,
+                   std::shared_ptr<Membership> membership);
+  // Takes the latest shard set discovery published, if it changed.
+  void TakeMembership();
+  // A shard serving `layer`, not in `tried`, not backing off at `now`; null when none.
+  ShardPtr PickShard(int layer, const std::vector<ShardPtr>& tried, absl::Time now);
+  void StartCall(Pending& p, const ShardPtr& shard, absl::Time now);
+  void Failed(Shard& shard, absl::Time now);
   // Drops abandoned calls whose callbacks have run.
   void Reap();
-  void Succeeded(size_t shard);
+  void Succeeded(Shard& shard);
 
-  std::vector<Shard> shards_;
+  std::vector<ShardPtr> shards_;
   const MlpShape expected_;
   const std::unique_ptr<MlpBackend> fallback_;
   const RemoteMlpOptions options_;
+  const std::shared_ptr<Membership> membership_;  // null: a fixed set of addresses
+  uint64_t membership_version_ = 0;
   absl::flat_hash_map<Handle, Pending> pending_;
   std::vector<std::shared_ptr<Call>> abandoned_;  // given up on, callback not run yet
   Handle next_ = 1;

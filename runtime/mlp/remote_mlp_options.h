@@ -2,6 +2,11 @@
 // Tuning of the remote MLP backend (remote_mlp_backend.h; docs/tuning.md), apart from it so that
 // the registry's users do not see gRPC.
 
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace tandem::mlp {
@@ -11,6 +16,16 @@ struct RemoteMlpOptions {
   absl::Duration connect_timeout = absl::Seconds(30);  // Info at creation, every shard
   absl::Duration backoff_initial = absl::Milliseconds(200);
   absl::Duration backoff_max = absl::Seconds(10);
+  // Shard discovery (`dns:NAME:PORT` entries): every `refresh` the names are resolved again (a
+  // lookup waits at most `resolve_timeout`); a new address joins once its Info matches (asked
+  // for at most `info_timeout`), one that left the answer is dropped.
+  absl::Duration refresh = absl::Seconds(10);
+  absl::Duration resolve_timeout = absl::Seconds(2);
+  absl::Duration info_timeout = absl::Seconds(2);
+  // Resolves a name to IP literals (NotFound: no such name); empty: the system's resolver.
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host,
+                                                         absl::Duration timeout)>
+      resolver;
 };
 
 }  // namespace tandem::mlp

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -337,6 +338,95 @@ TEST_F(RemoteMlpTest, CreationChecksModelShapeAndCoverage) {
       {low.address()}, Identity("some-other-token-abcdef0123456789"), all_, "fp", nullptr, {});
   EXPECT_EQ(stranger.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(stranger.status().message(), HasSubstr("gRPC 16"));
+}
+
+// Shards found through DNS names (a headless Service's answer), resolved again every refresh:
+// one that leaves the answer is dropped, one that joins is used once its Info matches, one of
+// another model never is, and a layer nobody serves any more fails at once.
+TEST_F(RemoteMlpTest, DiscoveredShardsJoinAndLeaveWithTheDnsAnswer) {
+  Shard a = StartShard("all"), b = StartShard("all");
+  Shard stranger = StartShard("all", "another-model");
+  absl::Mutex mu;
+  std::set<std::string> up = {"a.test"};  // names that resolve now
+  RemoteMlpOptions options;
+  options.connect_timeout = absl::Seconds(10);
+  options.call_timeout = absl::Milliseconds(300);
+  options.refresh = absl::Milliseconds(50);
+  options.backoff_initial = absl::Seconds(10);
+  options.resolver = [&](const std::string& host,
+                         absl::Duration) -> absl::StatusOr<std::vector<std::string>> {
+    absl::MutexLock lock(&mu);
+    if (!up.contains(host)) return absl::NotFoundError(host);
+    return std::vector<std::string>{"127.0.0.1"};
+  };
+  const auto port = [](const Shard& s) { return s.address().substr(s.address().rfind(':') + 1); };
+  const std::vector<std::string> names = {absl::StrCat("dns:a.test:", port(a)),
+                                          absl::StrCat("dns:b.test:", port(b)),
+                                          absl::StrCat("dns:c.test:", port(stranger))};
+  auto remote = RemoteMlpBackend::Create(names, Identity(), all_, "fp", nullptr, options);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  const std::vector<float> x = Rows(2, 13);
+  const std::vector<float> want = Reference(3, x, 2);
+  const auto run = [&] {
+    std::vector<float> y(x.size());
+    absl::Status s = (*remote)->Run(3, x.data(), 2, y.data(), absl::Now() + absl::Seconds(5));
+    if (s.ok() && std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) != 0) {
+      s = absl::InternalError("wrong rows");
+    }
+    return s;
+  };
+  ASSERT_TRUE(run().ok());
+
+  // a's pod goes away (out of the answer, then killed); b's and the stranger's come.
+  {
+    absl::MutexLock lock(&mu);
+    up = {"b.test", "c.test"};
+  }
+  absl::SleepFor(absl::Milliseconds(600));  // a few refreshes
+  a.Kill();
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(run().ok()) << i;
+  // Every call went to b: nothing failed over from a, and the stranger was never asked.
+  EXPECT_EQ((*remote)->stats().failovers, 0);
+  EXPECT_EQ((*remote)->stats().failures, 0);
+
+  // Nobody serves the layers any more: a call fails at once, cleanly.
+  {
+    absl::MutexLock lock(&mu);
+    up = {"c.test"};
+  }
+  absl::SleepFor(absl::Milliseconds(600));
+  const absl::Time start = absl::Now();
+  absl::Status gone = run();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+  EXPECT_THAT(gone.message(), HasSubstr("none serves it now"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // And b coming back makes it serve again.
+  {
+    absl::MutexLock lock(&mu);
+    up = {"b.test"};
+  }
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_TRUE(run().ok());
+}
+
+TEST_F(RemoteMlpTest, DiscoveryThatFindsNoCompleteSetIsAnErrorAtCreation) {
+  Shard low = StartShard("0:2");
+  RemoteMlpOptions options;
+  options.connect_timeout = absl::Milliseconds(400);
+  options.resolver = [](const std::string& host,
+                        absl::Duration) -> absl::StatusOr<std::vector<std::string>> {
+    if (host == "low.test") return std::vector<std::string>{"127.0.0.1"};
+    return absl::NotFoundError(host);
+  };
+  const std::string port = low.address().substr(low.address().rfind(':') + 1);
+  auto remote =
+      RemoteMlpBackend::Create({absl::StrCat("dns:low.test:", port), "dns:missing.test:9"},
+                               Identity(), all_, "fp", nullptr, options);
+  EXPECT_EQ(remote.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(remote.status().message(), HasSubstr("serve no layer(s) 2,3"));
+  // A malformed name is refused as such.
+  auto bad = RemoteMlpBackend::Create({"dns:no-port"}, Identity(), all_, "fp", nullptr, options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(RemoteMlpTest, TheShardRefusesBadCallsAndComputesNothing) {

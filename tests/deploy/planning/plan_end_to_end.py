@@ -63,13 +63,23 @@ def calibrate(args, profile, tmp, check):
                 c = json.load(open(out))["calibration"]
                 check(1e-3 <= c["factor"] <= 1e3 and c["steps"] >= 20 and c["workers"] == 1
                       and c["batch"] >= 1, f"a calibration of the window: {c}")
-                # The factor is the served step interval, less the host work the simulator adds
-                # itself, over the profile's prediction (never below the forward passes).
-                basis = max(c["served_interval_ms"] - c["step_overhead_ms"], c["served_step_ms"])
-                check(c["served_interval_ms"] > 0 and c["step_overhead_ms"] >= 0,
-                      f"the window's interval and host work are measured: {c}")
-                check(abs(basis / c["profiled_step_ms"] - c["factor"]) < 1e-6 * c["factor"],
-                      f"factor = (interval - host work) / profiled: {c}")
+                # The factor is the served forward pass over the profile's prediction; the cost
+                # beyond it (host work and the gap between iterations) is apart, and the served
+                # interval is their sum.
+                check(abs(c["served_step_ms"] / c["profiled_step_ms"] - c["factor"])
+                      < 1e-6 * c["factor"], f"factor = served / profiled: {c}")
+                check(0 <= c["gap_ms"] <= c["step_overhead_ms"] and abs(
+                    c["served_interval_ms"] - c["served_step_ms"] - c["step_overhead_ms"]) < 1e-6,
+                    f"interval = forward + host work + gap: {c}")
+                # Prefill is calibrated when the window held enough prompt chunks (here, those
+                # of steps with no decoding sequence), and the command says which.
+                pc = json.load(open(out)).get("prefill_calibration")
+                if pc is not None:
+                    check(abs(pc["served_step_ms"] / pc["profiled_step_ms"] - pc["factor"])
+                          < 1e-6 * pc["factor"] and "prefill steps on" in r.stderr,
+                          f"prefill factor = served / profiled: {pc} {r.stderr}")
+                else:
+                    check("prefill not calibrated" in r.stderr, f"says why not: {r.stderr}")
                 r = run([args.tandem, "plan", "--profile", out, "--mix", "64:32", "--json"])
                 check(r.returncode == 0, f"tandem plan reads a calibrated profile: {r.stderr}")
             r = run([args.tandem, "profile", "calibrate", "--profile", profile, "--metrics",
