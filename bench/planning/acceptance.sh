@@ -11,11 +11,19 @@
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-*.json, calibrate-*.log,
 # plan-*.json, bench-*-rate*.json, summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
-# per mix: 200 for short_in, whose 256-token outputs take that many to reach a steady state, 100
-# for long_in, 120 for mixed), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
+# per mix: 200), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
 # long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.5) of the
 # uncalibrated plan's 1P+1D goodput; unlike: once, a closed loop of 24 streams of 128 in / 128
-# out, a load unlike every mix; 0: the profile as measured).
+# out, a load unlike every mix; 0: the profile as measured), MEASURE (bracket: each layout at
+# 0.8x and 1.2x its predicted goodput, the recommended layout's lower rate also run on each
+# neighbour whose bracket does not already order them; sweep: upward from 0.7x in steps until a
+# rate misses, the sessions before 2026-12-07's fifth), BAND (0.2: the bracket's half-width).
+#
+# Why brackets: "measured within 20% of predicted" holds exactly when the layout meets the
+# objective at 0.8x the prediction and misses it at 1.2x, and two runs of many requests decide
+# that better than a sweep of short runs, whose interpolated crossing moves a lot on mixes whose
+# SLO binds on a tail (the simulator's own 133-request runs of the mixed mix gave 1P+1D goodputs
+# of 0.98 to 2.23 requests/s over ten seeds; bench/RESULTS.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
@@ -47,8 +55,8 @@ layout_flags() {
 mix_prompts() {
   case $1 in
     short_in) echo "${PROMPTS:-200}" ;;
-    long_in) echo "${PROMPTS:-100}" ;;
-    mixed) echo "${PROMPTS:-120}" ;;
+    long_in) echo "${PROMPTS:-200}" ;;
+    mixed) echo "${PROMPTS:-200}" ;;
   esac
 }
 
@@ -101,25 +109,31 @@ if [[ $calibration == unlike ]]; then
   calibrate unlike --input-len 128 --output-len 128 --max-concurrency 24
 fi
 
-measure() {  # mix layout predicted tag: one tandem bench run per rate, adaptively
-  local mix=$1 layout=$2 predicted=$3 tag=$4 f k=0 att
+run_seed=100
+measure() {  # mix layout predicted tag [factor...]: tandem bench runs at factor x predicted
+  local mix=$1 layout=$2 predicted=$3 tag=$4 f att
+  shift 4
   # shellcheck disable=SC2046
   start_serve "$port" "$out/serve-$tag.log" $(layout_flags "$layout")
   run_rate() {
     local rate
     rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
       "$predicted" "$1")
+    # A seed per run: runs at different rates are different samples of the workload.
+    run_seed=$((run_seed + 1))
     # shellcheck disable=SC2046
     "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
       --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$mix")" \
-      --warmup 4 --rates "$rate" --slo "ttft=$ttft,tpot=$tpot" --seed 1 --no-progress \
-      --json "$out/bench-$tag-rate$1.json" >>"$out/bench-$tag.txt" 2>&1
+      --warmup 4 --rates "$rate" --slo "ttft=$ttft,tpot=$tpot" --seed "$run_seed" \
+      --no-progress --json "$out/bench-$tag-rate$1.json" >>"$out/bench-$tag.txt" 2>&1
     att=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; \
 print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$tag-rate$1.json")
     echo "[acceptance] $mix, $layout: rate $rate req/s, attainment $att" >&2
     python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.9 else 1)" "$att"
   }
-  if run_rate 0.7; then
+  if (($# > 0)); then
+    for f in "$@"; do run_rate "$f" || true; done
+  elif run_rate 0.7; then
     for f in 0.85 1.0 1.15 1.3 1.5; do run_rate "$f" || break; done
   else
     for f in 0.55 0.4 0.3; do run_rate "$f" && break; done
@@ -135,7 +149,7 @@ for mix in "${mixes[@]}"; do
     mix)
       # shellcheck disable=SC2046
       "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$ttft" \
-        --tpot-ms "$tpot" --devices 2 --requests 1000 --json >"$out/plan-$mix-uncalibrated.json"
+        --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix-uncalibrated.json"
       rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
 if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.5}")
@@ -147,42 +161,97 @@ if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION
   esac
   # shellcheck disable=SC2046
   "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$ttft" \
-    --tpot-ms "$tpot" --devices 2 --requests 1000 --json >"$out/plan-$mix.json"
-  for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
-    predicted=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
+    --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix.json"
+  band=${BAND:-0.2}
+  lo=$(python3 -c "import sys; print(1 - float(sys.argv[1]))" "$band")
+  hi=$(python3 -c "import sys; print(1 + float(sys.argv[1]))" "$band")
+  goodput() {  # layout: its predicted goodput
+    python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print(next(c['goodput'] for c in p['candidates'] if c['layout']==sys.argv[2]))" \
-      "$out/plan-$mix.json" "$layout")
+      "$out/plan-$mix.json" "$1"
+  }
+  for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
+    predicted=$(goodput "$layout")
     tag="$mix-${layout// /_}"
     echo "[acceptance] $mix, $layout: predicted goodput $predicted req/s" >&2
-    measure "$mix" "$layout" "$predicted" "$tag"
+    if [[ ${MEASURE:-bracket} == bracket ]]; then
+      measure "$mix" "$layout" "$predicted" "$tag" "$lo" "$hi"
+    else
+      measure "$mix" "$layout" "$predicted" "$tag"
+    fi
   done
+  if [[ ${MEASURE:-bracket} == bracket ]]; then
+    # Head to head: where a neighbour's bracket does not already put it below the recommended
+    # layout (the recommended meets the objective at lo x its prediction, the neighbour misses
+    # it at hi x its own, and the first rate is above the second), the neighbour runs at the
+    # recommended layout's lower rate: missing there, its goodput is below the recommended's.
+    recommended=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['recommended'])" \
+      "$out/plan-$mix.json")
+    rg=$(goodput "$recommended")
+    for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
+      [[ $layout == "$recommended" ]] && continue
+      g=$(goodput "$layout")
+      if ! python3 - "$out" "$mix" "$recommended" "$layout" "$rg" "$g" "$lo" "$hi" <<'PY'; then
+import json, sys
+out, mix, rec, other, rg, g, lo, hi = sys.argv[1:]
+def att(layout, f):
+    r = json.load(open(f"{out}/bench-{mix}-{layout.replace(' ', '_')}-rate{f}.json"))["runs"][0]
+    return r["good_completed"] / max(1, r["completed"] + r["failed"])
+ordered = (att(rec, lo) >= 0.9 and att(other, hi) < 0.9 and
+           float(lo) * float(rg) >= float(hi) * float(g))
+sys.exit(0 if ordered else 1)
+PY
+        f=$(python3 -c "import sys; print('%.4f' % (float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
+          "$lo" "$rg" "$g")
+        echo "[acceptance] $mix: $layout head to head at $recommended's lower rate" >&2
+        measure "$mix" "$layout" "$g" "$mix-${layout// /_}-vs" "$f"
+      fi
+    done
+  fi
 done
 
-python3 - "$out" "${mixes[@]}" <<'PY' | tee "$out/summary.txt"
+python3 - "$out" "${BAND:-0.2}" "${mixes[@]}" <<'PY' | tee "$out/summary.txt"
 import glob, json, sys
-out, mixes = sys.argv[1], sys.argv[2:]
-print(f"{'mix':9} {'layout':13} {'predicted':>9} {'measured':>9} {'error':>7}")
+out, band, mixes = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+def runs(tag):
+    rs = [json.load(open(f))["runs"][0] for f in glob.glob(f"{out}/bench-{tag}-rate*.json")]
+    return sorted((r["request_rate"], r["good_completed"] / max(1, r["completed"] + r["failed"]))
+                  for r in rs)
+print(f"{'mix':9} {'layout':13} {'predicted':>9}  measured")
 for mix in mixes:
     plan = json.load(open(f"{out}/plan-{mix}.json"))
     for c in plan["candidates"]:
         tag = f"{mix}-{c['layout'].replace(' ', '_')}"
-        runs = [json.load(open(f))["runs"][0]
-                for f in glob.glob(f"{out}/bench-{tag}-rate*.json")]
-        pts = sorted((r["request_rate"], r["good_completed"] / max(1, r["completed"] + r["failed"]))
-                     for r in runs)
-        # Measured goodput: the highest swept rate meeting the 90% objective, interpolated to
-        # where attainment crosses 0.9 before the first rate that misses it.
-        good = 0.0
-        for k, (rate, att) in enumerate(pts):
-            if att >= 0.9:
-                good = rate
-                continue
-            if k > 0 and pts[k - 1][1] >= 0.9:
-                r0, a0 = pts[k - 1]
-                good = r0 + (rate - r0) * (a0 - 0.9) / (a0 - att)
-            break
-        err = (c["goodput"] - good) / good if good > 0 else float("inf")
-        print(f"{mix:9} {c['layout']:13} {c['goodput']:9.3f} {good:9.3f} {100*err:+6.1f}%  "
-              + " ".join(f"{r:.2f}:{a:.2f}" for r, a in pts))
+        pts = runs(tag)
+        p = c["goodput"]
+        at = dict(pts)
+        lo = next((a for r, a in pts if abs(r - (1 - band) * p) < 0.01 * p + 1e-3), None)
+        hi = next((a for r, a in pts if abs(r - (1 + band) * p) < 0.01 * p + 1e-3), None)
+        if lo is not None and hi is not None:
+            if lo >= 0.9 and hi < 0.9:
+                verdict = f"within {band:.0%}: goodput in [{(1 - band) * p:.3f}, {(1 + band) * p:.3f})"
+            elif lo < 0.9:
+                verdict = f"OVER-predicted: goodput below {(1 - band) * p:.3f}"
+            else:
+                verdict = f"UNDER-predicted: goodput at least {(1 + band) * p:.3f}"
+        else:
+            # A sweep: the highest rate meeting the objective, interpolated to the crossing.
+            good = 0.0
+            for k, (rate, a) in enumerate(pts):
+                if a >= 0.9:
+                    good = rate
+                    continue
+                if k > 0 and pts[k - 1][1] >= 0.9:
+                    r0, a0 = pts[k - 1]
+                    good = r0 + (rate - r0) * (a0 - 0.9) / (a0 - a)
+                break
+            err = (p - good) / good if good > 0 else float("inf")
+            verdict = f"{good:.3f} ({100 * err:+.1f}%)"
+        print(f"{mix:9} {c['layout']:13} {p:9.3f}  {verdict}  "
+              + " ".join(f"{r:.3f}:{a:.3f}" for r, a in pts))
+        vs = runs(f"{tag}-vs")
+        if vs:
+            print(f"{'':9} {'':13} {'':9}  head to head at {vs[0][0]:.3f}: attainment {vs[0][1]:.3f}"
+                  + (" (below the recommended layout)" if vs[0][1] < 0.9 else " (NOT below)"))
     print(f"{mix:9} recommended {plan['recommended']}")
 PY
