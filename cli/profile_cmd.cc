@@ -10,7 +10,7 @@
 //   tandem profile calibrate --profile FILE --metrics URL[,URL...] [--window-s S] [--min-steps N]
 //                            [--min-prefill-chunks N] [--max-factor F] [--out FILE]
 //                            [--no-progress]
-// reads workers' /metrics over a window of load and writes the profile with its decode factor
+// reads workers' /metrics over a window of load and writes the profile with its decode penalty
 // and, when prefill workers (or aggregated ones) ran enough prefill-only steps, its prefill
 // factor (planning/calibration.h, docs/planning.md).
 // Exit status: 0 ok, 1 runtime error (model, device, measurement, scrape), 2 usage error.
@@ -301,7 +301,7 @@ int RunCalibrate(const CalibrateFlags& f) {
   std::cerr << "tandem profile calibrate: " << c->steps << " decode steps on " << c->workers
             << " worker(s) at mean batch " << c->batch << ", context " << c->context << ": served "
             << c->served_step_ms << " ms a step forward, profiled " << c->profiled_step_ms
-            << " ms; decode factor " << c->factor << "; beyond the forward pass "
+            << " ms; decode penalty " << c->penalty_ms << " ms a step; beyond the forward pass "
             << c->step_overhead_ms << " ms a step (of which " << c->gap_ms
             << " ms between iterations)\n";
   if (pc.ok()) {

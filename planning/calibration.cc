@@ -183,9 +183,15 @@ absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
         absl::StrCat("the window holds ", c.steps, " decode-only steps, fewer than ",
                      options.min_steps, ": put decode load on the workers for longer"));
   }
-  absl::StatusOr<double> factor = Factor("decode", served_ms, predicted_ms, options);
-  if (!factor.ok()) return factor.status();
-  c.factor = *factor;
+  // The ratio is checked (a wrong profile, not load, beyond max_factor), but the correction is
+  // additive: a neighbour slows a decode step's weight reads, the same bytes at every batch, so
+  // a penalty per step measured at one batch carries to the others where a ratio would not (at
+  // batch 1.3 the 2-core VM's served steps were 1.42x the profile's, at batch 16 1.02-1.13x,
+  // both about 1-3 ms more; bench/RESULTS.md).
+  absl::StatusOr<double> ratio = Factor("decode", served_ms, predicted_ms, options);
+  if (!ratio.ok()) return ratio.status();
+  c.factor = 1.0;
+  c.penalty_ms = (served_ms - predicted_ms) / static_cast<double>(c.steps);
   std::tie(c.step_overhead_ms, c.gap_ms) = StepOverheadMs(windows, decoded);
   c.served_step_ms = served_ms / static_cast<double>(c.steps);
   c.served_interval_ms = c.served_step_ms + c.step_overhead_ms;

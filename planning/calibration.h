@@ -2,14 +2,17 @@
 // Calibrating a profile against a live deployment (docs/planning.md, "Calibration").
 //
 // `tandem profile` times bare forward passes; a served worker shares its host with the router,
-// the gRPC threads, the other workers and their traffic, and its steps run some percent slower.
-// Near saturation that error grows: the batch a rate needs grows with the step time, so 9% on
-// the step is 20-30% on goodput. Decode workers count their decode-only steps
+// the gRPC threads, the other workers and their traffic, and its steps run slower. Near
+// saturation that error grows: the batch a rate needs grows with the step time, so 9% on the
+// step is 20-30% on goodput. Decode workers count their decode-only steps
 // (tandem_engine_decode_{steps,forward_seconds,sequences,context_tokens}_total); over a window of
 // load, each worker's served step time at its mean batch and context is compared with the
-// profile's DecodeStepMs there, and the ratio (weighted by steps) becomes the profile's decode
-// factor. It is the correction an SLA planner applies from live latencies, kept in the profile
-// file so that a plan says what it was calibrated against.
+// profile's prediction there, and the difference per step (weighted by steps) becomes the
+// profile's decode penalty: additive, because what a neighbour slows is a decode step's weight
+// reads, the same bytes at every batch (on the 2-core VM the served step was 1.42x the profile's
+// at batch 1.3 and 1.02-1.13x at batch 16, both 1-3 ms). It is the correction an SLA planner
+// applies from live latencies, kept in the profile file so that a plan says what it was
+// calibrated against.
 //
 // The same window gives the engine's cost per step beyond its forward pass, which the simulator
 // adds to every step: the host work inside a step's loop iteration
@@ -86,12 +89,12 @@ struct CalibrationOptions {
   double max_factor = 4.0;  // a larger disagreement (either way) is a wrong profile, not load
 };
 
-// The decode factor of `profile` from windows of one or more workers (each with at least one
+// The decode penalty of `profile` from windows of one or more workers (each with at least one
 // step; workers without decode-only steps are skipped), and the engine's cost per step beyond
 // the forward pass over those workers. FailedPrecondition when the windows hold fewer than
-// min_steps steps or a window's model differs from the profile's; OutOfRange when the factor
-// falls outside [1 / max_factor, max_factor]. The factor is against the points as profiled, so
-// calibrating a calibrated profile again replaces its factor.
+// min_steps steps or a window's model differs from the profile's; OutOfRange when served over
+// predicted falls outside [1 / max_factor, max_factor]. The penalty is against the points as
+// profiled (factor 1), so calibrating a calibrated profile again replaces it.
 absl::StatusOr<DecodeCalibration> CalibrateDecode(const DeviceProfile& profile,
                                                   const std::vector<EngineCounters>& windows,
                                                   const CalibrationOptions& options = {});

@@ -1,5 +1,6 @@
 // Calibration: the /metrics parser (untrusted text), counter windows, the decode and prefill
-// factors against a profile whose answer is known, and the calibrated profile's file round trip.
+// calibrations against a profile whose answer is known, and the calibrated profile's file round
+// trip.
 #include "planning/calibration.h"
 
 #include <string>
@@ -156,34 +157,42 @@ TEST(CalibrationTest, ACounterGoingBackwardsIsARestart) {
   EXPECT_EQ(w->steps, 50);
 }
 
-TEST(CalibrationTest, TheFactorIsServedOverProfiledWeightedBySteps) {
+TEST(CalibrationTest, TheDecodePenaltyIsServedLessProfiledPerStep) {
   const DeviceProfile p = Linear();
-  // Two workers at different batches, both served 1.1x the profile: the factor is 1.1 whatever
-  // their share of the steps.
+  // Two workers at different batches, one served 1.1x the profile over 300 steps, one 2 ms a
+  // step slower over 100: the penalty is their mean difference per step.
+  EngineCounters slow = Window(100, 32, 500, 1.0);
+  slow.forward_seconds += 100 * 2.0 / 1000.0;
   absl::StatusOr<DecodeCalibration> c =
-      CalibrateDecode(p, {Window(300, 8, 200, 1.1), Window(100, 32, 500, 1.1), EngineCounters{}});
+      CalibrateDecode(p, {Window(300, 8, 200, 1.1), slow, EngineCounters{}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->factor, 1.1, 1e-9);
+  EXPECT_EQ(c->factor, 1.0);
+  EXPECT_NEAR(c->penalty_ms, (300 * 0.1 * LinearStepMs(8, 200) + 100 * 2.0) / 400, 1e-9);
   EXPECT_EQ(c->steps, 400);
   EXPECT_EQ(c->workers, 2);  // the idle one contributes nothing
   EXPECT_NEAR(c->batch, (300 * 8 + 100 * 32) / 400.0, 1e-9);
-  EXPECT_NEAR(c->served_step_ms / c->profiled_step_ms, 1.1, 1e-9);
+  EXPECT_NEAR(c->served_step_ms - c->profiled_step_ms, c->penalty_ms, 1e-9);
   EXPECT_NEAR(c->step_overhead_ms, 1.5, 1e-9);  // busy less forward, per step
-  // One worker 1.2x over 100 steps, one 1.0x over 100 steps at the same point: 1.1.
-  c = CalibrateDecode(p, {Window(100, 16, 300, 1.2), Window(100, 16, 300, 1.0)},
-                      CalibrationOptions{.min_steps = 200});
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->factor, 1.1, 1e-9);
 
-  // The calibrated profile predicts the served steps; calibrating it again replaces the factor.
+  // The calibrated profile adds the penalty to every batch's step (the same bytes of weights
+  // slowed at every batch); calibrating it again replaces the penalty.
   DeviceProfile calibrated = p;
   calibrated.calibration = *c;
-  EXPECT_NEAR(calibrated.DecodeStepMs(16, 300), 1.1 * LinearStepMs(16, 300), 1e-9);
+  for (int b : {1, 16, 64}) {
+    EXPECT_NEAR(calibrated.DecodeStepMs(b, 300), LinearStepMs(b, 300) + c->penalty_ms, 1e-9);
+  }
   absl::StatusOr<DecodeCalibration> again =
       CalibrateDecode(calibrated, {Window(400, 16, 300, 1.21)});
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_NEAR(again->factor, 1.21, 1e-9);
-  EXPECT_NEAR(again->profiled_step_ms, LinearStepMs(16, 300), 1e-9);  // before any factor
+  EXPECT_NEAR(again->penalty_ms, 0.21 * LinearStepMs(16, 300), 1e-9);
+  EXPECT_NEAR(again->profiled_step_ms, LinearStepMs(16, 300), 1e-9);  // before any penalty
+  // Served faster than profiled: a negative penalty, never below a tenth of a step.
+  calibrated.calibration.penalty_ms = -100;
+  EXPECT_NEAR(calibrated.DecodeStepMs(1, 0), 0.1 * LinearStepMs(1, 0), 1e-9);
+  // A profile calibrated with a factor (before the penalty) still scales by it.
+  calibrated.calibration.penalty_ms = 0;
+  calibrated.calibration.factor = 1.5;
+  EXPECT_NEAR(calibrated.DecodeStepMs(8, 100), 1.5 * LinearStepMs(8, 100), 1e-9);
 }
 
 TEST(CalibrationTest, TheGapBetweenBackloggedStepsIsPartOfTheStepOverhead) {
@@ -195,7 +204,7 @@ TEST(CalibrationTest, TheGapBetweenBackloggedStepsIsPartOfTheStepOverhead) {
   w.gap_seconds = 600 * 9 / 1000.0;
   absl::StatusOr<DecodeCalibration> c = CalibrateDecode(p, {w});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->factor, 1.0, 1e-9);
+  EXPECT_NEAR(c->penalty_ms, 0, 1e-9);
   EXPECT_NEAR(c->gap_ms, 9, 1e-9);
   EXPECT_NEAR(c->step_overhead_ms, 1.5 + 9, 1e-9);
   const double step_ms = LinearStepMs(16, 300);
@@ -203,7 +212,7 @@ TEST(CalibrationTest, TheGapBetweenBackloggedStepsIsPartOfTheStepOverhead) {
   // A prefill worker in the same windows changes neither the decode factor nor its overhead.
   c = CalibrateDecode(p, {w, PrefillWindow(100, 2, 128, 0, 1.3)});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NEAR(c->factor, 1.0, 1e-9);
+  EXPECT_NEAR(c->penalty_ms, 0, 1e-9);
   EXPECT_NEAR(c->step_overhead_ms, 10.5, 1e-9);
   EXPECT_EQ(c->workers, 1);
   // More backlogged steps than steps (a forged or broken exposition) add no gap.
@@ -301,6 +310,7 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(ProfileToJson(*back), ProfileToJson(p));
   EXPECT_NEAR(back->DecodeStepMs(8, 100), 1.25 * LinearStepMs(8, 100), 1e-9);
+  EXPECT_NEAR(back->calibration.penalty_ms, 0.25 * LinearStepMs(8, 100), 1e-9);
   // An uncalibrated profile writes no calibration and reads back with factor 1.
   EXPECT_EQ(ProfileToJson(Linear()).find("calibration"), std::string::npos);
 
@@ -313,6 +323,10 @@ TEST(CalibrationTest, CalibratedProfilesRoundTripAndBadCalibrationsAreRefused) {
   EXPECT_THAT(error([](auto& j) { j["factor"] = -1; }), HasSubstr("'factor'"));
   EXPECT_THAT(error([](auto& j) { j["factor"] = 1001; }), HasSubstr("'factor'"));
   EXPECT_THAT(error([](auto& j) { j["factor"] = "1.1"; }), HasSubstr("'factor'"));
+  EXPECT_THAT(error([](auto& j) { j["penalty_ms"] = "2"; }), HasSubstr("'penalty_ms'"));
+  EXPECT_THAT(error([](auto& j) { j["penalty_ms"] = 1e9; }), HasSubstr("'penalty_ms'"));
+  EXPECT_EQ(error([](auto& j) { j["penalty_ms"] = -3.5; }), "accepted");
+  EXPECT_EQ(error([](auto& j) { j.erase("penalty_ms"); }), "accepted");  // calibrated before it
   EXPECT_THAT(error([](auto& j) { j["steps"] = 0; }), HasSubstr("'steps'"));
   EXPECT_THAT(error([](auto& j) { j["context"] = -3; }), HasSubstr("'context'"));
   EXPECT_THAT(error([](auto& j) { j["extra"] = 1; }), HasSubstr("unknown field 'extra'"));

@@ -121,10 +121,10 @@ constexpr double kMaxMs = 3.6e6;
 
 absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
   constexpr const char* kWhere = "calibration";
-  if (absl::Status s =
-          OnlyKeys(j, kWhere,
-                   {"factor", "served_step_ms", "served_interval_ms", "profiled_step_ms", "batch",
-                    "context", "step_overhead_ms", "gap_ms", "steps", "workers", "date"});
+  if (absl::Status s = OnlyKeys(
+          j, kWhere,
+          {"factor", "penalty_ms", "served_step_ms", "served_interval_ms", "profiled_step_ms",
+           "batch", "context", "step_overhead_ms", "gap_ms", "steps", "workers", "date"});
       !s.ok()) {
     return s;
   }
@@ -142,6 +142,14 @@ absl::Status ParseCalibration(const json& j, DecodeCalibration* c) {
         {"step_overhead_ms", kMaxMs, false, &c->step_overhead_ms},
         {"gap_ms", kMaxMs, false, &c->gap_ms}}) {
     if (absl::Status s = GetNonNegative(j, kWhere, key, hi, required, out); !s.ok()) return s;
+  }
+  // Optional, and the one field that may be negative.
+  if (const auto penalty = j.find("penalty_ms"); penalty != j.end()) {
+    if (!penalty->is_number() || !std::isfinite(penalty->get<double>()) ||
+        std::abs(penalty->get<double>()) > kMaxMs) {
+      return Bad(kWhere, "'penalty_ms' must be a number in [-3600000, 3600000]");
+    }
+    c->penalty_ms = penalty->get<double>();
   }
   if (absl::Status s = GetInt<int64_t>(j, kWhere, "steps", 1, int64_t{1} << 50, &c->steps);
       !s.ok()) {
@@ -243,7 +251,8 @@ double DeviceProfile::PrefillBatchEfficiency(double prompts) const {
 }
 
 double DeviceProfile::DecodeStepMs(int batch, int context) const {
-  return calibration.factor * MeasuredDecodeStepMs(batch, context);
+  const double measured = MeasuredDecodeStepMs(batch, context);
+  return std::max(0.1 * measured, calibration.factor * measured + calibration.penalty_ms);
 }
 
 double DeviceProfile::MeasuredDecodeStepMs(int batch, int context) const {
@@ -308,9 +317,10 @@ std::string ProfileToJson(const DeviceProfile& p) {
   for (const TransferPoint& x : p.transfer) {
     j["transfer"].push_back({{"tokens", x.tokens}, {"bytes", x.bytes}, {"ms", x.ms}});
   }
-  if (p.calibration.factor != 1.0 || p.calibration.steps > 0) {
+  if (p.calibration.factor != 1.0 || p.calibration.penalty_ms != 0 || p.calibration.steps > 0) {
     const DecodeCalibration& c = p.calibration;
     j["calibration"] = {{"factor", c.factor},
+                        {"penalty_ms", c.penalty_ms},
                         {"served_step_ms", c.served_step_ms},
                         {"served_interval_ms", c.served_interval_ms},
                         {"profiled_step_ms", c.profiled_step_ms},

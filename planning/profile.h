@@ -54,10 +54,14 @@ struct TransferPoint {
   double ms = 0;  // median, post to landed
 };
 
-// What a live deployment's decode steps said of the profile (planning/calibration.h). factor
-// multiplies every decode step time the profile predicts; 1 when never calibrated.
+// What a live deployment's decode steps said of the profile (planning/calibration.h). A decode
+// step the profile predicts is factor x its measured time + penalty_ms. Calibration sets the
+// penalty (served less profiled, per step) and leaves the factor at 1: what a neighbour costs a
+// decode step is its weight reads slowed down, the same bytes at every batch (docs/planning.md).
+// Profiles calibrated before the penalty existed carry a factor instead.
 struct DecodeCalibration {
   double factor = 1.0;
+  double penalty_ms = 0;          // may be negative (served faster than profiled)
   double served_step_ms = 0;      // the window's mean served decode forward pass
   double served_interval_ms = 0;  // that plus the cost beyond it (step_overhead_ms; 0: unknown)
   double profiled_step_ms = 0;    // what the profile predicted for those steps, before `factor`
@@ -123,7 +127,8 @@ struct DeviceProfile {
   // `prompts` (fractional for a mean) and held past the last point. 1 without batched points.
   // The points are at one prompt length; the efficiency is taken to hold at every length.
   double PrefillBatchEfficiency(double prompts) const;
-  // One decode step of `batch` sequences at mean context `context`, times calibration.factor.
+  // One decode step of `batch` sequences at mean context `context`: calibration.factor times the
+  // measured points' time plus calibration.penalty_ms, never below a tenth of the measured time.
   double DecodeStepMs(int batch, int context) const;
   // The same from the measured points alone (what a calibration compares served steps with).
   double MeasuredDecodeStepMs(int batch, int context) const;
