@@ -12,8 +12,8 @@
 # plan-*.json, bench-*-rate*.json, summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
 # per mix: 200), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
-# long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.5) of the
-# uncalibrated plan's 1P+1D goodput; unlike: once, a closed loop of 24 streams of 128 in / 128
+# long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.8) of the
+# uncalibrated plan's 1P+1D goodput, near where the plan will put it; unlike: once, a closed loop of 24 streams of 128 in / 128
 # out, a load unlike every mix; 0: the profile as measured), MEASURE (bracket: each layout at
 # 0.8x and 1.2x its predicted goodput, the recommended layout's lower rate also run on each
 # neighbour whose bracket does not already order them; sweep: upward from 0.7x in steps until a
@@ -95,7 +95,7 @@ calibrate() {
   load=$!
   sleep 20  # past the ramp
   "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" --window-s 60 \
-    --min-prefill-chunks 30 --no-progress --out "$out/profile-$tag.json" 2>&1 |
+    --min-steps 100 --min-prefill-chunks 30 --no-progress --out "$out/profile-$tag.json" 2>&1 |
     tee "$out/calibrate-$tag.log" >&2
   kill -INT "$load" 2>/dev/null || true
   wait "$load" || true
@@ -152,7 +152,7 @@ for mix in "${mixes[@]}"; do
         --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix-uncalibrated.json"
       rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
-if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.5}")
+if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.8}")
       echo "[acceptance] $mix: calibrating against a served 1P+1D under the mix at $rate req/s" >&2
       # shellcheck disable=SC2046
       calibrate "$mix" $(mix_flags "$mix") --rates "$rate"
