@@ -131,10 +131,11 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
       fixed.push_back(address);
     }
   }
-  const absl::Time give_up = absl::Now() + options.connect_timeout;
-  if (!names.empty())
+  if (!names.empty()) {
     return CreateDiscovering(fixed, names, std::move(identity), expected, model_fingerprint,
                              std::move(fallback), options);
+  }
+  const absl::Time give_up = absl::Now() + options.connect_timeout;
   std::vector<ShardPtr> shards;
   for (const std::string& address : fixed) {
     auto shard = std::make_shared<Shard>();
