@@ -10,8 +10,8 @@
 # stops at the first rate that misses the objective (downward from 0.7x while it misses).
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-*.json, calibrate-*.log,
 # plan-*.json, bench-*-rate*.json, summary.txt}.
-# Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per rate; default
-# per mix: 200), SLO_TTFT_MS (1500), SLO_TPOT_MS (60), MIXES (names: short_in
+# Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per run; default:
+# RUN_S (300) seconds of arrivals, 60 to 200), SLO_TTFT_MS (1500; long_in 3000), SLO_TPOT_MS (60), MIXES (names: short_in
 # long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.8) of the
 # uncalibrated plan's 1P+1D goodput, near where the plan will put it; unlike: once, a closed loop of 24 streams of 128 in / 128
 # out, a load unlike every mix; 0: the profile as measured), MEASURE (bracket: each layout at
@@ -29,7 +29,6 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
 tandem=${TANDEM:-build/tandem}
 model=${MODEL:-models/target}
-ttft=${SLO_TTFT_MS:-1500}
 tpot=${SLO_TPOT_MS:-60}
 read -r -a mixes <<<"${MIXES:-short_in long_in mixed}"
 mkdir -p "$out"
@@ -52,12 +51,28 @@ layout_flags() {
   esac
 }
 
+# mix_prompts RATE: requests in one run at RATE: PROMPTS if set, else RUN_S (300) seconds of
+# arrivals, at least 60 and at most 200 (a layout whose goodput is 0.1 requests/s would otherwise
+# take over half an hour a run).
 mix_prompts() {
-  case $1 in
-    short_in) echo "${PROMPTS:-200}" ;;
-    long_in) echo "${PROMPTS:-200}" ;;
-    mixed) echo "${PROMPTS:-200}" ;;
-  esac
+  if [[ -n ${PROMPTS:-} ]]; then
+    echo "$PROMPTS"
+  else
+    python3 -c "import sys; print(max(60, min(200, round(float(sys.argv[1]) * float(sys.argv[2])))))" \
+      "$1" "${RUN_S:-300}"
+  fi
+}
+# mix_ttft MIX: the mix's TTFT objective in ms: SLO_TTFT_MS if set, else 1500, and 3000 for
+# long_in (one 512-token prompt alone takes about 0.9 s to prefill on this CPU, so 1500 ms leaves
+# room for less than one queued prompt and every layout's goodput is near zero).
+mix_ttft() {
+  if [[ -n ${SLO_TTFT_MS:-} ]]; then
+    echo "$SLO_TTFT_MS"
+  elif [[ $1 == long_in ]]; then
+    echo 3000
+  else
+    echo 1500
+  fi
 }
 
 echo "[acceptance] profiling one single-threaded worker beside a neighbour" >&2
@@ -123,8 +138,8 @@ measure() {  # mix layout predicted tag [factor...]: tandem bench runs at factor
     run_seed=$((run_seed + 1))
     # shellcheck disable=SC2046
     "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
-      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$mix")" \
-      --warmup 4 --rates "$rate" --slo "ttft=$ttft,tpot=$tpot" --seed "$run_seed" \
+      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$rate")" \
+      --warmup 4 --rates "$rate" --slo "ttft=$(mix_ttft "$mix"),tpot=$tpot" --seed "$run_seed" \
       --no-progress --json "$out/bench-$tag-rate$1.json" >>"$out/bench-$tag.txt" 2>&1
     att=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; \
 print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$tag-rate$1.json")
@@ -148,7 +163,7 @@ for mix in "${mixes[@]}"; do
     unlike) profile=$out/profile-unlike.json ;;
     mix)
       # shellcheck disable=SC2046
-      "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$ttft" \
+      "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$(mix_ttft "$mix")" \
         --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix-uncalibrated.json"
       rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
@@ -160,7 +175,7 @@ if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION
       ;;
   esac
   # shellcheck disable=SC2046
-  "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$ttft" \
+  "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$(mix_ttft "$mix")" \
     --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix.json"
   band=${BAND:-0.2}
   lo=$(python3 -c "import sys; print(1 - float(sys.argv[1]))" "$band")
