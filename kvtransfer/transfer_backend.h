@@ -5,7 +5,7 @@
 // tcp / shared memory / RDMA), "cuda_ipc" (device memory of processes on one host, through CUDA
 // IPC; cuda_ipc/cuda_ipc_backend.h), "nccl" (device memory of GPUs on any hosts, NCCL send/recv
 // over one two-rank communicator per pair; nccl/nccl_backend.h), "cma" (host memory of processes
-// on one host, process_vm_writev from a pool of copy threads; cma/cma_backend.h), and a
+// on one host, process_vm_writev / readv from a pool of copy threads; cma/cma_backend.h), and a
 // fault-injecting wrapper for tests.
 //
 // Life of a transfer (STYLE.md 2: prepare -> post -> poll -> release):
@@ -106,7 +106,8 @@ struct BackendOptions {
   // nccl: the library dlopen()ed at backend creation (found through LD_LIBRARY_PATH).
   std::string nccl_library = "libnccl.so.2";
   // cma: the copy threads the backend owns (1..64); each transfer's ops are split over them in
-  // shares of about equal bytes (at least 1 MiB each), each share written by process_vm_writev.
+  // shares of about equal bytes (at least 1 MiB each), each share copied by process_vm_writev
+  // (readv for PostRead).
   int cma_threads = 2;
 };
 

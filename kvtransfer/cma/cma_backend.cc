@@ -42,11 +42,12 @@ struct Segment {
 // A posted transfer, shared by the owning thread and the copy threads running its shares.
 class Posted {
  public:
-  Posted(pid_t pid, int shares) : pid_(pid), shares_left_(shares) {
+  Posted(pid_t pid, bool read, int shares) : pid_(pid), read_(read), shares_left_(shares) {
     if (shares == 0) finished_.Notify();
   }
 
   pid_t pid() const { return pid_; }
+  bool read() const { return read_; }  // PostRead: the peer's bytes into ours
   bool Stopped() const {
     return cancelled_.load(std::memory_order_relaxed) || failed_.load(std::memory_order_relaxed);
   }
@@ -71,6 +72,7 @@ class Posted {
 
  private:
   const pid_t pid_;
+  const bool read_;
   std::atomic<int> shares_left_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> failed_{false};
@@ -119,18 +121,22 @@ void Advance(iovec* iovecs, int n, int* first, size_t bytes) {
   }
 }
 
-// Writes the byte stream local[0..nl) describes into the one remote[0..nr) describes (the same
-// total), resuming after partial writes. Mutates the iovecs. Returns "" or why it failed.
-std::string WriteAll(pid_t pid, iovec* local, int nl, iovec* remote, int nr) {
+// Copies the byte stream local[0..nl) describes into the one remote[0..nr) describes (the same
+// total), or with `read` the other way, resuming after partial copies. Mutates the iovecs.
+// Returns "" or why it failed.
+std::string CopyAll(pid_t pid, bool read, iovec* local, int nl, iovec* remote, int nr) {
   int kl = 0, kr = 0;
+  const char* what = read ? "process_vm_readv" : "process_vm_writev";
   while (kl < nl) {
-    const ssize_t r = process_vm_writev(pid, local + kl, static_cast<unsigned long>(nl - kl),
-                                        remote + kr, static_cast<unsigned long>(nr - kr), 0);
+    const unsigned long ln = static_cast<unsigned long>(nl - kl);
+    const unsigned long rn = static_cast<unsigned long>(nr - kr);
+    const ssize_t r = read ? process_vm_readv(pid, local + kl, ln, remote + kr, rn, 0)
+                           : process_vm_writev(pid, local + kl, ln, remote + kr, rn, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return AccessError(errno, pid, "process_vm_writev");
+      return AccessError(errno, pid, what);
     }
-    if (r == 0) return absl::StrCat("cma: process_vm_writev to process ", pid, " wrote nothing");
+    if (r == 0) return absl::StrCat("cma: ", what, " with process ", pid, " moved nothing");
     Advance(local, nl, &kl, static_cast<size_t>(r));
     Advance(remote, nr, &kr, static_cast<size_t>(r));
   }
@@ -185,7 +191,7 @@ void RunShare(Share& share) {
         offset = 0;
       }
     }
-    std::string error = WriteAll(t.pid(), local, nl, remote, nr);
+    std::string error = CopyAll(t.pid(), t.read(), local, nl, remote, nr);
     if (!error.empty()) t.Fail(std::move(error));
   }
   t.ShareDone();
@@ -306,7 +312,7 @@ class CmaBackend final : public TransferBackend {
     return Capabilities{.host_memory = true,
                         .cuda_memory = false,
                         .notifications = false,
-                        .read = false,
+                        .read = true,
                         .cross_process = true};
   }
   const std::string& agent_name() const override { return options_.agent_name; }
@@ -411,6 +417,13 @@ class CmaBackend final : public TransferBackend {
   }
 
   absl::StatusOr<TransferHandle> PostWrite(const TransferRequest& request) override {
+    return Post(request, /*read=*/false);
+  }
+  absl::StatusOr<TransferHandle> PostRead(const TransferRequest& request) override {
+    return Post(request, /*read=*/true);
+  }
+
+  absl::StatusOr<TransferHandle> Post(const TransferRequest& request, bool read) {
     ASSIGN_OR_RETURN(const Region* local, FindRegion(request.local_region));
     auto peer_it = peers_.find(request.peer);
     if (peer_it == peers_.end()) {
@@ -432,8 +445,8 @@ class CmaBackend final : public TransferBackend {
     }
     std::vector<Share> shares =
         Split(request.ops, total, reinterpret_cast<uintptr_t>(local->base), remote.base);
-    auto posted =
-        std::make_shared<Posted>(static_cast<pid_t>(peer.pid), static_cast<int>(shares.size()));
+    auto posted = std::make_shared<Posted>(static_cast<pid_t>(peer.pid), read,
+                                           static_cast<int>(shares.size()));
     // The pid must still be the peer: it may have died (and its pid been reused) since Connect.
     absl::Status alive = shares.empty() ? absl::OkStatus() : CheckNonce(peer);
     if (!alive.ok()) {

@@ -1,8 +1,8 @@
 #pragma once
-// The cma backend: writes into a peer process's registered host memory on the same host with
-// process_vm_writev (cross-memory attach: one copy, kernel to kernel, no shared mapping, no
-// progress needed on the target). Callers go through CreateTransferBackend("cma", ...) in
-// kvtransfer/transfer_backend.h.
+// The cma backend: writes into (reads from) a peer process's registered host memory on the same
+// host with process_vm_writev (process_vm_readv) (cross-memory attach: one copy, kernel to
+// kernel, no shared mapping, no progress needed on the peer). Callers go through
+// CreateTransferBackend("cma", ...) in kvtransfer/transfer_backend.h.
 //
 // Mechanics: PostWrite checks the request (regions, bounds: copy_ops.h), splits its ops into
 // BackendOptions::cma_threads shares of about equal bytes (ops straddling a share are split) and
@@ -11,9 +11,11 @@
 // side and 16 MiB. Ops of one transfer whose destinations overlap land in no defined order. Poll
 // reads the transfer's atomics (never blocks); kDone means every call returned every byte, so the
 // bytes are in the target's memory. Release of a running transfer cancels what has not started and
-// waits for the calls in flight (memory copies of at most 16 MiB each), so nothing lingers. Host
-// memory only; no PostRead, no notifications (the product acknowledges over gRPC;
-// capabilities().notifications is false and PostWrite refuses a request with one).
+// waits for the calls in flight (memory copies of at most 16 MiB each), so nothing lingers.
+// PostRead is the same with the direction turned: the ops' remote ranges are read into the local
+// ones (the MLP shards' host data plane, where each side reads what the other exported and
+// nobody writes into another process). Host memory only; no notifications (the product
+// acknowledges over gRPC; capabilities().notifications is false and a post with one is refused).
 //
 // Trust: the peer's address blob (cma_wire.h) is a claim. Connect refuses another host's boot id,
 // a pid whose start time differs (pid reuse), and a pid whose memory does not hold the 16-byte

@@ -204,6 +204,7 @@ TEST(CmaBackendTest, CapabilitiesAndHostMemoryOnly) {
   EXPECT_TRUE(backend->capabilities().cross_process);
   EXPECT_FALSE(backend->capabilities().cuda_memory);
   EXPECT_FALSE(backend->capabilities().notifications);
+  EXPECT_TRUE(backend->capabilities().read);
   int x = 0;
   auto cuda = backend->RegisterMemory(&x, sizeof(x), MemoryKind::kCuda);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);
@@ -346,6 +347,71 @@ TEST(CmaCrossProcessTest, OpsOutsideTheRegionsAreRejectedAndWriteNothing) {
   auto hash = (*peer)->Hash();
   ASSERT_TRUE(hash.ok()) << hash.status();
   EXPECT_EQ(*hash, cma::RegionHash(zeros.data(), zeros.size())) << "a rejected post wrote";
+}
+
+// PostRead: the peer's region (written first) read back into a local buffer by scattered ops,
+// with 1 and 2 copy threads; only the ops' local ranges change, the peer's region is left as it
+// was, and reads outside the peer's region are refused before anything moves.
+TEST(CmaCrossProcessTest, ReadsThePeersRegionBack) {
+  SKIP_WITHOUT_CMA();
+  const size_t bytes = 4 << 20;
+  auto peer = PeerProcess::Start(bytes);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  const std::vector<uint8_t> src = RandomBytes(bytes, 11);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    auto backend = MakeBackend(threads);
+    ASSERT_NE(backend, nullptr);
+    auto source =
+        backend->RegisterMemory(const_cast<uint8_t*>(src.data()), bytes, MemoryKind::kHost);
+    ASSERT_TRUE(source.ok()) << source.status();
+    ASSERT_TRUE(backend->Connect((*peer)->name(), (*peer)->address()).ok());
+    auto written = WriteAndWait(*backend, source->id, **peer,
+                                {{.local_offset = 0, .remote_offset = 0, .length = bytes}});
+    ASSERT_TRUE(written.ok()) << written.status();
+    ASSERT_EQ(*written, TransferState::kDone);
+
+    std::vector<uint8_t> back(bytes, 0);
+    auto sink = backend->RegisterMemory(back.data(), bytes, MemoryKind::kHost);
+    ASSERT_TRUE(sink.ok());
+    // Blocks of 1 MiB + 3 from odd places, and many small ones (IOV_MAX iovecs a call).
+    std::vector<CopyOp> ops = {
+        {.local_offset = 7, .remote_offset = (1 << 20) + 5, .length = (1 << 20) + 3}};
+    for (size_t i = 0; i < 3000; ++i) {
+      ops.push_back({.local_offset = (2 << 20) + i * 512,
+                     .remote_offset = ((i * 7919) % 8000) * 256,
+                     .length = 200});
+    }
+    std::vector<uint8_t> expected(bytes, 0);
+    for (const CopyOp& op : ops) {
+      std::memcpy(expected.data() + op.local_offset, src.data() + op.remote_offset, op.length);
+    }
+    auto h = backend->PostRead({.local_region = sink->id,
+                                .peer = (*peer)->name(),
+                                .remote_region = (*peer)->region(),
+                                .ops = ops,
+                                .notification = ""});
+    ASSERT_TRUE(h.ok()) << h.status();
+    auto state = PollToEnd(*backend, *h);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(*state, TransferState::kDone);
+    EXPECT_TRUE(backend->Release(*h).ok());
+    EXPECT_TRUE(back == expected) << "the read bytes differ from the peer's";
+    auto hash = (*peer)->Hash();
+    ASSERT_TRUE(hash.ok()) << hash.status();
+    EXPECT_EQ(*hash, cma::RegionHash(src.data(), src.size())) << "a read changed the peer";
+
+    auto outside =
+        backend->PostRead({.local_region = sink->id,
+                           .peer = (*peer)->name(),
+                           .remote_region = (*peer)->region(),
+                           .ops = {{.local_offset = 0, .remote_offset = bytes - 4, .length = 8}},
+                           .notification = ""});
+    EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument) << outside.status();
+    EXPECT_TRUE(backend->DeregisterMemory(sink->id).ok());
+    EXPECT_TRUE(backend->DeregisterMemory(source->id).ok());
+    EXPECT_TRUE(backend->Disconnect((*peer)->name()).ok());
+  }
 }
 
 // Forged addresses: the pid of another process (with its start time or not), another nonce,
