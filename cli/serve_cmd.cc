@@ -12,7 +12,8 @@
 //                K]]
 //                [--drafters N [--drafter ngram|draft:DIR]]   (with --speculative remote)
 //                [--mlp local|cpu|remote:ADDR,...|remote [--mlp-shards N] [--mlp-fallback cpu]
-//                 [--mlp-call-timeout-ms T] [--mlp-micro-batches N]]
+//                 [--mlp-call-timeout-ms T] [--mlp-micro-batches N]
+//                 [--mlp-data-plane grpc|cma|ucx]]
 // Starts N `tandem prefill` and M `tandem decode` workers (this same binary, /proc/self/exe) on
 // free localhost ports, waits for each one's readiness line, then starts `tandem router` naming
 // them and waits for its readiness line; prints "Tandem is serving MODEL at URL". Every child's
@@ -156,6 +157,7 @@ struct ServeFlags {
   std::string mlp_fallback = "none";       // with --mlp remote: none or cpu
   int mlp_micro_batches = 0;             // with --mlp remote: ping-pong micro-batches (0: measured)
   int mlp_call_timeout_ms = 2000;        // with --mlp remote: one layer's call
+  std::string mlp_data_plane = "grpc";   // with --mlp remote: grpc, cma or ucx
   int64_t admission_window_tokens = -1;  // prefill workers; -1: theirs
   std::string two_phase_admission = "on";  // decode workers
   AccessFlags access;                      // the router's
@@ -504,6 +506,13 @@ int RunServe(ServeFlags flags) {
                  "(cuda_ipc), which has no fallback (docs/mlp.md)\n";
     return 2;
   }
+  if (flags.mlp_data_plane != "grpc" &&
+      (!absl::StartsWith(flags.mlp, "remote") || absl::StartsWith(flags.decode_device, "cuda"))) {
+    std::cerr << "tandem serve: --mlp-data-plane " << flags.mlp_data_plane
+              << " moves host activations to MLP shards: it needs --mlp remote with decode "
+                 "workers on the CPU (on a GPU, shards use the GPU data plane)\n";
+    return 2;
+  }
   if ((flags.mlp == "remote") != (flags.mlp_shards > 0)) {
     std::cerr << "tandem serve: --mlp remote and --mlp-shards N go together (remote:ADDR names "
                  "shards serve does not start)\n";
@@ -705,6 +714,9 @@ int RunServe(ServeFlags flags) {
       args.insert(args.end(), {"--mlp", mlp, "--mlp-fallback", flags.mlp_fallback,
                                "--mlp-micro-batches", std::to_string(flags.mlp_micro_batches),
                                "--mlp-call-timeout-ms", std::to_string(flags.mlp_call_timeout_ms)});
+      if (absl::StartsWith(mlp, "remote:")) {
+        args.insert(args.end(), {"--mlp-data-plane", flags.mlp_data_plane});
+      }
     }
     if (!is_prefill) {
       args.insert(args.end(), {"--two-phase-admission", flags.two_phase_admission});
@@ -990,6 +1002,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "With --mlp remote: how long one layer's call to a shard may take before the "
                   "worker fails over (docs/tuning.md)")
       ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
+  cmd->add_option("--mlp-data-plane", flags->mlp_data_plane,
+                  "With --mlp remote on the CPU: how a call's rows reach the shards: grpc (in "
+                  "the call's messages), cma or ucx (the host data plane). docs/mlp.md")
+      ->check(CLI::IsMember({"grpc", "cma", "ucx"}))
       ->capture_default_str();
   cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
                   "With --mlp remote: micro-batches a decode step runs in ping-pong; 0 chooses "

@@ -794,6 +794,11 @@ TEST_F(ServeTest, MlpOffloadGivesTheLocalGreedyText) {
     if (flags[1] == "remote") {
       EXPECT_NE(serve.output().find("given to the KV cache"), std::string::npos) << serve.output();
     }
+    if (std::find(flags.begin(), flags.end(), "--mlp-data-plane") != flags.end()) {
+      // The rows went through the host data plane, not in the messages.
+      EXPECT_GT(ChildMetric(serve.output(), "decode-0", "tandem_mlp_plane_calls_total"), 0)
+          << serve.output();
+    }
     EXPECT_EQ(kill(serve.pid(), SIGINT), 0);
     EXPECT_NE(serve.Wait(absl::Seconds(60)), -1);
     return texts;
@@ -811,8 +816,10 @@ TEST_F(ServeTest, MlpOffloadGivesTheLocalGreedyText) {
        "--mlp-call-timeout-ms", "60000"},
       {"--mlp", "remote", "--mlp-shards", "2", "--prefill-workers", "1", "--decode-workers", "2",
        "--mlp-call-timeout-ms", "60000"},
+      {"--mlp", "remote", "--mlp-shards", "2", "--aggregated", "--decode-workers", "2",
+       "--mlp-call-timeout-ms", "60000", "--mlp-data-plane", "cma"},
   };
-  const std::vector<size_t> children = {3, 4, 5, 6};
+  const std::vector<size_t> children = {3, 4, 5, 6, 5};
   for (size_t k = 0; k < setups.size(); ++k) {
     const std::vector<std::string> texts = run(setups[k], children[k]);
     for (int i = 0; i < kPrompts; ++i) {

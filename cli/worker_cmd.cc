@@ -8,7 +8,7 @@
 //       [--ucx-transports TLS] [--drain-seconds S]
 //       [--speculative ngram|draft:DIR|remote:ADDR,... [--num-speculative-tokens K]]  (decode)
 //       [--mlp local|cpu|remote:ADDR,... [--mlp-fallback none|cpu] [--mlp-call-timeout-ms T]
-//        [--mlp-micro-batches N]]
+//        [--mlp-micro-batches N] [--mlp-data-plane grpc|cma|ucx [--mlp-plane-slot-rows R]]]
 //       (--service-token-file F | --tls-ca CA --tls-cert C --tls-key K | --insecure-services)
 // The service flags (cli/access_flags.h) are required: every call served is authenticated, and
 // a decode worker presents the same identity to its prefill workers.
@@ -27,6 +27,7 @@
 #include <string>
 #include <type_traits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/access_flags.h"
 #include "cli/commands.h"
@@ -68,6 +69,8 @@ struct WorkerFlags {
   std::string mlp_fallback = "none";
   int mlp_call_timeout_ms = 2000;
   int mlp_micro_batches = 0;
+  std::string mlp_data_plane = "grpc";
+  int mlp_plane_slot_rows = 256;
   std::string speculative;         // decode workers only; "": off
   int num_speculative_tokens = 4;  // decode workers only
   ServiceAuthFlags service_auth;
@@ -91,6 +94,11 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
     std::cerr << prefix << "--device: " << device.message() << "\n";
     return 2;
   }
+  if (flags.mlp_data_plane != "grpc" && !absl::StartsWith(flags.mlp, "remote:")) {
+    std::cerr << prefix << "--mlp-data-plane " << flags.mlp_data_plane
+              << ": needs --mlp remote:ADDR,... (the host data plane reaches MLP shards)\n";
+    return 2;
+  }
   absl::StatusOr<CudaTuning> cuda_tuning = ParseCudaTuning(flags.cuda_tuning);
   if (!cuda_tuning.ok()) {
     std::cerr << prefix << "--cuda-tuning: " << cuda_tuning.status().message() << "\n";
@@ -108,6 +116,8 @@ int RunWorker(const char* role, const WorkerFlags& flags) {
   load.mlp_identity = *identity;
   load.mlp_remote.call_timeout = absl::Milliseconds(flags.mlp_call_timeout_ms);
   load.mlp_micro_batches = flags.mlp_micro_batches;
+  load.mlp_remote.data_plane = flags.mlp_data_plane;
+  load.mlp_remote.plane_slot_rows = flags.mlp_plane_slot_rows;
   load.engine.max_num_seqs = flags.max_num_seqs;
   load.engine.max_num_batched_tokens = flags.max_num_batched_tokens;
   load.engine.long_prefill_token_threshold = flags.long_prefill_token_threshold;
@@ -307,6 +317,17 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
                   "With --mlp remote: a layer call's deadline before the next shard or the "
                   "fallback takes it")
       ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
+  cmd->add_option("--mlp-data-plane", flags->mlp_data_plane,
+                  "With --mlp remote: how a call's rows reach the shards: grpc (in the call's "
+                  "messages), cma (the host data plane, shards on this host) or ucx (the host "
+                  "data plane over UCX). docs/mlp.md")
+      ->check(CLI::IsMember({"grpc", "cma", "ucx"}))
+      ->capture_default_str();
+  cmd->add_option("--mlp-plane-slot-rows", flags->mlp_plane_slot_rows,
+                  "With --mlp-data-plane cma|ucx: rows one call through the plane carries "
+                  "(larger calls go in messages)")
+      ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--mlp-micro-batches", flags->mlp_micro_batches,
                   "With --mlp remote, cuda or cuda_ipc: micro-batches a step runs in ping-pong "

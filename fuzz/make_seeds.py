@@ -531,6 +531,9 @@ def worker_proto_seeds():
          'layer: 1 rows: 2 activations: "' + "\\000\\000\\200?" * 16 + '"')
     seed(12, "mlp-compute-short", "MlpComputeRequest",
          'layer: 2 rows: 2 activations: "' + "\\000" * 60 + '"')
+    # The host data plane: a call naming a session and slot, with no activations.
+    seed(12, "mlp-compute-session", "MlpComputeRequest",
+         'layer: 1 rows: 3 session: 12345678901 slot: 2')
     seed(13, "mlp-info", "MlpInfo",
          'model_fingerprint: "0123456789abcdef" first_layer: 0 end_layer: 4 hidden_size: 512 '
          'intermediate_size: 1280 max_rows: 8192')
@@ -539,9 +542,16 @@ def worker_proto_seeds():
     seed(14, "mlp-attach", "MlpAttachRequest",
          f'max_rows: 256 gpu_uuid: "{HEX32}" boot_id: "{BOOT}"')
     handle = "\\001" * 64
+    # The host data plane's AttachHost, both ways (selectors 14 and 15 parse both messages).
+    seed(14, "mlp-host-attach", "MlpHostAttachRequest",
+         'backend: "cma" agent: "mlp-worker-42-1" address: "\\001\\002\\003" '
+         'input_region: "\\004\\005" slots: 4 slot_rows: 256')
+    seed(15, "mlp-host-attach-response", "MlpHostAttachResponse",
+         'session: 987654321 agent: "cma@mlp-shard-7" address: "\\001\\002" '
+         'output_region: "\\003\\004"')
     seed(15, "mlp-attach-response", "MlpAttachResponse",
-         f'input_memory: "{handle}" output_memory: "{handle}" input_event: "{handle}" '
-         f'output_event: "{handle}" doorbell: "/tandem-mlp-{HEX32}" max_rows: 256')
+         f'input_memory: "{handle}" output_memory: "{handle}" flags: "{handle}" '
+         f'doorbell: "/tandem-mlp-{HEX32}" max_rows: 256')
     # Slightly broken: a truncated message.
     write(t, "broken-truncated-prefill", bytes([0]) + protoc_encode(
         "PrefillRequest", f'request_id: "r1" target {{ layout {{ {CPU_LAYOUT} }} }}')[:-5])

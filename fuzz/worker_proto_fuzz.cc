@@ -9,7 +9,8 @@
 //   5 StatsRequest     6 ConnectResponse  7 PrefillResponse 8 GenerateResponse 9 WorkerStats
 //   10 AdmitRequest    11 AdmitResponse   12 MlpComputeRequest (an MLP shard's)
 //   13 MlpInfo (an attention worker's, from a shard)
-//   14 MlpAttachRequest (a GPU shard's)  15 MlpAttachResponse (an attention worker's, from a shard)
+//   14 MlpAttachRequest (a GPU shard's), and the same bytes as MlpHostAttachRequest (a CPU shard's)
+//   15 MlpAttachResponse (an attention worker's, from a shard), and as MlpHostAttachResponse
 // The worker serves the bundled model (its config.json); its KV is the CPU runner's f32 layout.
 // Properties: no crash; conversions round-trip (SamplingParams, KvLayout, TokenLogprobs); an
 // accepted compatibility block matches the model; every KV plan an accepted destination gets
@@ -294,6 +295,13 @@ void MlpCompute(const v1::MlpComputeRequest& r) {
     return w;
   }();
   if (!tandem::mlp::CheckComputeRequest(r, weights->shape, 64).ok()) return;
+  if (r.session() != 0) {
+    // The host data plane: the rows are in the session's slot (ShardHostSession::Claim bounds
+    // slot and rows), never in the message.
+    FUZZ_CHECK(r.activations().empty() && r.rows() >= 1 && r.rows() <= 64);
+    return;
+  }
+  FUZZ_CHECK(r.slot() == 0);
   const int rows = static_cast<int>(r.rows());
   const size_t bytes = tandem::mlp::ComputeBytes(rows, weights->shape);
   FUZZ_CHECK(r.activations().size() == bytes && rows >= 1 && rows <= 64);
@@ -321,10 +329,25 @@ void MlpAttach(const v1::MlpAttachRequest& r) {
              !r.boot_id().empty() && r.boot_id().size() <= 64);
 }
 
+// The same bytes as the host data plane's attach request and answer (AttachHost).
+void MlpHostAttach(const v1::MlpHostAttachRequest& r) {
+  if (!tandem::mlp::CheckHostAttachRequest(r, 4096).ok()) return;
+  FUZZ_CHECK(r.backend() == "cma" || r.backend() == "ucx");
+  FUZZ_CHECK(!r.agent().empty() && r.agent().size() <= tandem::mlp::kMaxAgentBytes);
+  FUZZ_CHECK(!r.address().empty() && r.address().size() <= tandem::mlp::kMaxBlobBytes);
+  FUZZ_CHECK(r.slots() >= 1 && r.slots() <= tandem::mlp::kMaxHostSlots);
+  FUZZ_CHECK(r.slot_rows() >= 1 && r.slot_rows() <= 4096);
+}
+
+void MlpHostAttachAnswer(const v1::MlpHostAttachResponse& r) {
+  if (!tandem::mlp::CheckHostAttachResponse(r).ok()) return;
+  FUZZ_CHECK(r.session() != 0 && !r.output_region().empty() &&
+             r.output_region().size() <= tandem::mlp::kMaxBlobBytes);
+}
+
 void MlpAttachAnswer(const v1::MlpAttachResponse& r) {
   if (!tandem::mlp::CheckAttachResponse(r, 256).ok()) return;
-  for (const std::string* h :
-       {&r.input_memory(), &r.output_memory(), &r.input_event(), &r.output_event()}) {
+  for (const std::string* h : {&r.input_memory(), &r.output_memory(), &r.flags()}) {
     FUZZ_CHECK(h->size() == tandem::mlp::kIpcHandleBytes);
   }
   FUZZ_CHECK(r.max_rows() == 256);
@@ -418,11 +441,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 14: {
       v1::MlpAttachRequest r;
       if (r.ParseFromArray(bytes, n)) MlpAttach(r);
+      v1::MlpHostAttachRequest host;
+      if (host.ParseFromArray(bytes, n)) MlpHostAttach(host);
       break;
     }
     case 15: {
       v1::MlpAttachResponse r;
       if (r.ParseFromArray(bytes, n)) MlpAttachAnswer(r);
+      v1::MlpHostAttachResponse host;
+      if (host.ParseFromArray(bytes, n)) MlpHostAttachAnswer(host);
       break;
     }
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MLP offload on the CUDA runner (issue 26), in one device call, with the tools/gpu-pack bundle
 # carried (bench/engine/device_call.sh):
-# 1. the GPU tests of the offload (runtime/mlp/cuda/mlp_backend_cuda_test.cc,
+# 1. the GPU tests of the offload (runtime/mlp/cuda/ipc_flags_cuda_test.cc, mlp_backend_cuda_test.cc,
 #    runtime/model/cuda/mlp_offload_cuda_test.cc: cpu, cuda, remote CPU and GPU shards, and a
 #    `tandem mlp-shard --device cuda` process over cuda_ipc, against the runner's own MLP) and the
 #    runner's own tests as a regression check;
@@ -27,6 +27,8 @@ dc_setup || exit 1
 export TANDEM_BIN="$B/tandem"
 [[ ${BENCH:-1} == 1 ]] && dc_synth llama-3-8b /tmp/m8b
 if [[ ${TESTS:-mlp} != 0 ]]; then
+  # The data plane's completion flags between two processes (a peer killed before its signal).
+  dc_test ipc_flags "$B/ipc_flags_cuda_test"
   dc_test mlp_cuda "$B/mlp_backend_cuda_test"
   DC_TEST_S=300 dc_test mlp_offload "$B/mlp_offload_cuda_test"
   # The runner's differential tests, less the bundled model's cases (/1) where it is not carried.
@@ -40,7 +42,7 @@ if [[ ${TESTS:-mlp} == all ]]; then
   for t in "$B"/*_cuda_test runner_factory_test cuda_runner_sampling_test kv_host_mirror_test; do
     [[ $t == */* ]] || t="$B/$t"
     n="$(basename "$t")"
-    case $n in mlp_backend_cuda_test | mlp_offload_cuda_test | disagg_cuda_test) continue ;; esac
+    case $n in mlp_backend_cuda_test | mlp_offload_cuda_test | disagg_cuda_test | ipc_flags_cuda_test) continue ;; esac
     DC_TEST_S=240 dc_test "$n" "$t"
   done
 fi

@@ -840,6 +840,7 @@ bool Engine::Step() {
   local_stats_.mlp_calls = mlp.calls;
   local_stats_.mlp_failovers = mlp.failovers;
   local_stats_.mlp_failures = mlp.failures;
+  local_stats_.mlp_plane_calls = mlp.plane_calls;
   // A decode chunk is one token with logits; a prompt chunk anything else (a one-token prompt
   // tail counts as a decode: rare, and the same cost).
   const auto is_decode = [](const ScheduledChunk& c) { return c.num_tokens == 1 && c.need_logits; };

@@ -286,6 +286,7 @@ struct EngineStats {
   int64_t mlp_calls = 0;
   int64_t mlp_failovers = 0;
   int64_t mlp_failures = 0;
+  int64_t mlp_plane_calls = 0;
   int blocks_total = 0;
   int blocks_used = 0;         // includes reserved (awaiting KV) and held blocks
   int blocks_free = 0;         // free + cached-idle

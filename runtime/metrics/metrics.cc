@@ -310,6 +310,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model_n
       mlp_failovers(Counter(r, "tandem_mlp_failovers_total",
                             "MLP layer calls moved to another shard or the fallback")),
       mlp_failures(Counter(r, "tandem_mlp_failures_total",
-                           "MLP layer calls that failed (their step's requests failed)")) {}
+                           "MLP layer calls that failed (their step's requests failed)")),
+      mlp_plane_calls(Counter(r, "tandem_mlp_plane_calls_total",
+                              "MLP layer calls whose rows moved through the host data plane")) {}
 
 }  // namespace tandem::metrics

@@ -192,9 +192,10 @@ struct WorkerMetrics {
   prometheus::Counter& spec_fallbacks;        // tandem_spec_fallbacks_total
   prometheus::Counter& spec_drafter_seconds;  // tandem_spec_drafter_seconds_total
   // MLP offload (docs/mlp.md).
-  prometheus::Counter& mlp_calls;      // tandem_mlp_calls_total
-  prometheus::Counter& mlp_failovers;  // tandem_mlp_failovers_total
-  prometheus::Counter& mlp_failures;   // tandem_mlp_failures_total
+  prometheus::Counter& mlp_calls;        // tandem_mlp_calls_total
+  prometheus::Counter& mlp_failovers;    // tandem_mlp_failovers_total
+  prometheus::Counter& mlp_failures;     // tandem_mlp_failures_total
+  prometheus::Counter& mlp_plane_calls;  // tandem_mlp_plane_calls_total
 };
 
 }  // namespace tandem::metrics

@@ -51,6 +51,8 @@ class IpcDoorbell {
   // Client: starts call `layer` over `rows` rows at row `row_offset` of the session's buffers;
   // returns its sequence number.
   uint32_t Ring(int layer, int row_offset, int rows);
+  // Client: the sequence number the next Ring returns (for work queued before it that names it).
+  uint32_t next_seq() const { return next_seq_ + 1; }
   // Client: the answer code of call `seq` (0: queued), DeadlineExceeded past `deadline`.
   absl::StatusOr<int32_t> WaitDone(uint32_t seq, absl::Time deadline);
 

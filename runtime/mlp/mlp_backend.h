@@ -45,10 +45,11 @@ struct MlpShape {
 };
 
 struct MlpBackendStats {
-  int64_t calls = 0;      // Submits that started
-  int64_t rows = 0;       // rows computed
-  int64_t failovers = 0;  // calls moved to another shard, or to the fallback, after a failure
-  int64_t failures = 0;   // Waits that returned an error
+  int64_t calls = 0;        // Submits that started
+  int64_t rows = 0;         // rows computed
+  int64_t failovers = 0;    // calls moved to another shard, or to the fallback, after a failure
+  int64_t failures = 0;     // Waits that returned an error
+  int64_t plane_calls = 0;  // remote: calls whose rows moved through the host data plane
 };
 
 class MlpBackend {
@@ -100,6 +101,11 @@ class MlpBackend {
     return Handle{0};
   }
   virtual absl::Status JoinOnDevice(Handle handle, void* stream) { return absl::OkStatus(); }
+  // After the caller synchronized the streams it queued device calls on: an error when one of
+  // them gave up on the GPU (a bounded wait for another process's work that did not come:
+  // cuda_ipc's shard died or stalled inside a layer); the step's outputs are then garbage and
+  // must be discarded. Clears what it reported. Default: nothing can fail on the device.
+  virtual absl::Status CheckDevice() { return absl::OkStatus(); }
 
   // Bytes of MLP weights this backend holds in GPU `device_ordinal`'s memory (in this process).
   virtual int64_t device_weight_bytes(int device_ordinal) const { return 0; }

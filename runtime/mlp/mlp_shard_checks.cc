@@ -24,6 +24,17 @@ absl::Status CheckComputeRequest(const tandem::v1::MlpComputeRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("rows: ", request.rows(), " is not in 1..", max_rows));
   }
+  if (request.session() != 0) {
+    // The rows are in the session's slot (the shard checks slot and rows against the session).
+    if (!request.activations().empty()) {
+      return absl::InvalidArgumentError(
+          "activations: must be empty with a session (the rows are in its slot)");
+    }
+    return absl::OkStatus();
+  }
+  if (request.slot() != 0) {
+    return absl::InvalidArgumentError("slot: set without a session");
+  }
   const size_t expected = ComputeBytes(static_cast<int>(request.rows()), shape);
   if (request.activations().size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat("activations: ", request.activations().size(),
@@ -87,8 +98,7 @@ absl::Status CheckAttachResponse(const tandem::v1::MlpAttachResponse& response, 
   for (const auto& [name, bytes] :
        {std::pair<const char*, const std::string*>{"input_memory", &response.input_memory()},
         {"output_memory", &response.output_memory()},
-        {"input_event", &response.input_event()},
-        {"output_event", &response.output_event()}}) {
+        {"flags", &response.flags()}}) {
     if (bytes->size() != kIpcHandleBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " is ", bytes->size(), " bytes, not ", kIpcHandleBytes));
@@ -100,6 +110,60 @@ absl::Status CheckAttachResponse(const tandem::v1::MlpAttachResponse& response, 
   if (response.max_rows() != static_cast<uint32_t>(rows)) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_rows ", response.max_rows(), ", asked for ", rows));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// 1..max bytes of printable ASCII.
+bool Printable(const std::string& s, size_t max) {
+  return !s.empty() && s.size() <= max &&
+         std::none_of(s.begin(), s.end(), [](char c) { return c < 0x21 || c > 0x7e; });
+}
+
+}  // namespace
+
+absl::Status CheckHostAttachRequest(const tandem::v1::MlpHostAttachRequest& request, int max_rows) {
+  if (request.backend() != "cma" && request.backend() != "ucx") {
+    return absl::InvalidArgumentError("backend: must be \"cma\" or \"ucx\"");
+  }
+  if (!Printable(request.agent(), kMaxAgentBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent: must be 1..", kMaxAgentBytes, " printable characters"));
+  }
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, const std::string*>{"address", &request.address()},
+        {"input_region", &request.input_region()}}) {
+    if (bytes->empty() || bytes->size() > kMaxBlobBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", bytes->size(), " bytes, not 1..", kMaxBlobBytes));
+    }
+  }
+  if (request.slots() < 1 || request.slots() > kMaxHostSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots: ", request.slots(), " is not in 1..", kMaxHostSlots));
+  }
+  if (request.slot_rows() < 1 || request.slot_rows() > static_cast<uint32_t>(max_rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot_rows: ", request.slot_rows(), " is not in 1..", max_rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHostAttachResponse(const tandem::v1::MlpHostAttachResponse& response) {
+  if (response.session() == 0) return absl::InvalidArgumentError("session: 0");
+  if (!Printable(response.agent(), kMaxAgentBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent: must be 1..", kMaxAgentBytes, " printable characters"));
+  }
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, const std::string*>{"address", &response.address()},
+        {"output_region", &response.output_region()}}) {
+    if (bytes->empty() || bytes->size() > kMaxBlobBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", bytes->size(), " bytes, not 1..", kMaxBlobBytes));
+    }
   }
   return absl::OkStatus();
 }

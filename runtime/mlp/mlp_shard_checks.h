@@ -6,6 +6,7 @@
 // Thread-safety: pure functions.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,7 +16,9 @@
 namespace tandem::mlp {
 
 // A Compute call a shard serving `shape` accepts: a layer it serves, rows in 1..max_rows, and
-// activations of exactly rows x hidden_size float32. InvalidArgument naming the field otherwise.
+// activations of exactly rows x hidden_size float32 (without a session; no slot then), or none
+// (with a session: the session's own check, ShardHostSession::Claim, bounds slot and rows).
+// InvalidArgument naming the field otherwise.
 absl::Status CheckComputeRequest(const tandem::v1::MlpComputeRequest& request,
                                  const MlpShape& shape, int max_rows);
 
@@ -37,9 +40,24 @@ inline constexpr size_t kIpcHandleBytes = 64;
 // naming the field otherwise.
 absl::Status CheckAttachRequest(const tandem::v1::MlpAttachRequest& request, int max_rows);
 
-// A shard's Attach answer as a client that asked for `rows` rows takes it: four handles of
+// A shard's Attach answer as a client that asked for `rows` rows takes it: three handles of
 // kIpcHandleBytes, a doorbell name of the doorbell's form, and max_rows equal to `rows`.
 // InvalidArgument naming the field otherwise.
 absl::Status CheckAttachResponse(const tandem::v1::MlpAttachResponse& response, int rows);
+
+// The host data plane (AttachHost): bounds on what its messages carry.
+inline constexpr size_t kMaxAgentBytes = 128;
+inline constexpr size_t kMaxBlobBytes = 4096;  // an address or region blob of cma or ucx
+inline constexpr uint32_t kMaxHostSlots = 16;
+
+// An AttachHost request a shard with `max_rows` per call accepts: backend "cma" or "ucx", an
+// agent of 1..kMaxAgentBytes printable characters, an address and an input region of
+// 1..kMaxBlobBytes each, slots in 1..kMaxHostSlots, slot_rows in 1..max_rows. InvalidArgument
+// naming the field otherwise. (The blobs' contents are the backend's to parse and bound.)
+absl::Status CheckHostAttachRequest(const tandem::v1::MlpHostAttachRequest& request, int max_rows);
+
+// A shard's AttachHost answer as a worker takes it: a session other than 0, an agent as above,
+// an address and an output region of 1..kMaxBlobBytes each. InvalidArgument naming the field.
+absl::Status CheckHostAttachResponse(const tandem::v1::MlpHostAttachResponse& response);
 
 }  // namespace tandem::mlp

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/mlp/cpu_mlp_backend.h"
+#include "runtime/mlp/host_plane/shard_host_plane.h"
 #include "runtime/mlp/mlp_shard_checks.h"
 
 namespace tandem::mlp {
@@ -29,26 +30,40 @@ MlpShardService::MlpShardService(std::unique_ptr<MlpBackend> compute,
   thread_ = std::thread([this] { Loop(); });
 }
 
-// One Attach call: the session lives until the call ends (client gone or cancelled, the write
-// failed, or the shard stops); End() is idempotent and frees the session before finishing.
-class MlpShardService::AttachReactor final
-    : public grpc::ServerWriteReactor<tandem::v1::MlpAttachResponse> {
+// An Attach or AttachHost call (the base the service's set of open sessions holds).
+class MlpShardService::SessionCall {
  public:
-  AttachReactor(MlpShardService* service, grpc::CallbackServerContext* context,
-                const tandem::v1::MlpAttachRequest* request)
+  virtual ~SessionCall() = default;
+  // Marks the call ended and hands over its session; false when it had ended already. Whoever
+  // takes it must FinishCall it: until then OnDone cannot run, so the reactor stays alive.
+  virtual bool Take(std::unique_ptr<MlpShardSession>* session) = 0;
+  virtual void FinishCall(const grpc::Status& status) = 0;
+};
+
+// One Attach (GPU) or AttachHost (host) call: the session lives until the call ends (client
+// gone or cancelled, the write failed, or the shard stops); End() is idempotent and frees the
+// session before finishing.
+template <typename Request, typename Response>
+class MlpShardService::SessionReactor final : public grpc::ServerWriteReactor<Response>,
+                                              public SessionCall {
+ public:
+  // `check`: the request's checks (InvalidArgument); `open`: the session, or why not; null:
+  // this shard has no such data plane (`unimplemented` says why).
+  using Open =
+      std::function<absl::StatusOr<std::unique_ptr<MlpShardSession>>(const Request&, Response*)>;
+  SessionReactor(MlpShardService* service, grpc::CallbackServerContext* context,
+                 const Request* request, const std::function<absl::Status(const Request&)>& check,
+                 const Open& open, const char* unimplemented)
       : service_(service) {
     if (grpc::Status auth = service_->identity_->Authenticate(*context); !auth.ok()) {
       Reject(auth, /*count=*/true);
       return;
     }
-    if (!service_->options_.attach) {
-      Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "this MLP shard computes on the CPU: its GPU data plane needs "
-                          "`tandem mlp-shard --device cuda`"),
-             false);
+    if (!open) {
+      Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, unimplemented), false);
       return;
     }
-    if (absl::Status bad = CheckAttachRequest(*request, service_->options_.max_rows); !bad.ok()) {
+    if (absl::Status bad = check(*request); !bad.ok()) {
       Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(bad.message())), true);
       return;
     }
@@ -69,8 +84,7 @@ class MlpShardService::AttachReactor final
       ++service_->stats_.sessions;
       registered_ = true;
     }
-    absl::StatusOr<std::unique_ptr<MlpShardSession>> session =
-        service_->options_.attach(*request, &response_);
+    absl::StatusOr<std::unique_ptr<MlpShardSession>> session = open(*request, &response_);
     if (!session.ok()) {
       End(grpc::Status(static_cast<grpc::StatusCode>(session.status().code()),
                        std::string(session.status().message())));
@@ -80,7 +94,7 @@ class MlpShardService::AttachReactor final
       absl::MutexLock lock(&mu_);
       session_ = *std::move(session);
     }
-    StartWrite(&response_);
+    this->StartWrite(&response_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -101,18 +115,17 @@ class MlpShardService::AttachReactor final
     std::unique_ptr<MlpShardSession> session;
     if (!Take(&session)) return;
     session.reset();
-    Finish(status);
+    this->Finish(status);
   }
 
-  // Marks the call ended and hands over its session; false when it had ended already. Whoever
-  // takes it must Finish it: until then OnDone cannot run, so the reactor stays alive.
-  bool Take(std::unique_ptr<MlpShardSession>* session) {
+  bool Take(std::unique_ptr<MlpShardSession>* session) override {
     absl::MutexLock lock(&mu_);
     if (ended_) return false;
     ended_ = true;
     *session = std::move(session_);
     return true;
   }
+  void FinishCall(const grpc::Status& status) override { this->Finish(status); }
 
  private:
   void Reject(const grpc::Status& status, bool count) {
@@ -124,11 +137,11 @@ class MlpShardService::AttachReactor final
       absl::MutexLock lock(&mu_);
       ended_ = true;
     }
-    Finish(status);
+    this->Finish(status);
   }
 
   MlpShardService* const service_;
-  tandem::v1::MlpAttachResponse response_;
+  Response response_;
   bool registered_ = false;  // in service_->attached_ (set before any callback can run)
   absl::Mutex mu_;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
@@ -137,7 +150,36 @@ class MlpShardService::AttachReactor final
 
 grpc::ServerWriteReactor<tandem::v1::MlpAttachResponse>* MlpShardService::Attach(
     grpc::CallbackServerContext* context, const tandem::v1::MlpAttachRequest* request) {
-  return new AttachReactor(this, context, request);
+  const int max_rows = options_.max_rows;
+  return new SessionReactor<tandem::v1::MlpAttachRequest, tandem::v1::MlpAttachResponse>(
+      this, context, request,
+      [max_rows](const tandem::v1::MlpAttachRequest& r) { return CheckAttachRequest(r, max_rows); },
+      options_.attach,
+      "this MLP shard computes on the CPU: its GPU data plane needs `tandem mlp-shard --device "
+      "cuda`");
+}
+
+grpc::ServerWriteReactor<tandem::v1::MlpHostAttachResponse>* MlpShardService::AttachHost(
+    grpc::CallbackServerContext* context, const tandem::v1::MlpHostAttachRequest* request) {
+  using Reactor =
+      SessionReactor<tandem::v1::MlpHostAttachRequest, tandem::v1::MlpHostAttachResponse>;
+  const int max_rows = options_.max_rows;
+  Reactor::Open open;
+  if (options_.host_plane != nullptr) {
+    std::shared_ptr<ShardHostPlane> plane = options_.host_plane;
+    open = [plane](const tandem::v1::MlpHostAttachRequest& r,
+                   tandem::v1::MlpHostAttachResponse* response) {
+      return plane->Open(r, response);
+    };
+  }
+  return new Reactor(
+      this, context, request,
+      [max_rows](const tandem::v1::MlpHostAttachRequest& r) {
+        return CheckHostAttachRequest(r, max_rows);
+      },
+      open,
+      "this MLP shard runs no host data plane (tandem mlp-shard --data-planes; a GPU shard "
+      "serves the GPU data plane, Attach)");
 }
 
 MlpShardService::~MlpShardService() { Shutdown(); }
@@ -146,19 +188,22 @@ void MlpShardService::Shutdown() {
   // Sessions end first. A reactor is only touched under mu_ (its OnDone erases it under mu_
   // before deleting it), except the ones taken here, which cannot reach OnDone before the
   // Finish below.
-  std::vector<std::pair<AttachReactor*, std::unique_ptr<MlpShardSession>>> taken;
+  std::vector<std::pair<SessionCall*, std::unique_ptr<MlpShardSession>>> taken;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (AttachReactor* r : attached_) {
+    for (SessionCall* r : attached_) {
       std::unique_ptr<MlpShardSession> session;
       if (r->Take(&session)) taken.emplace_back(r, std::move(session));
     }
   }
   for (auto& [reactor, session] : taken) {
     session.reset();
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
+    reactor->FinishCall(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
   }
+  // The host plane's reads in flight end now (their calls answered UNAVAILABLE): nothing of the
+  // plane calls into this service after this.
+  if (options_.host_plane != nullptr) options_.host_plane->Stop();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -204,16 +249,61 @@ grpc::ServerUnaryReactor* MlpShardService::Compute(grpc::CallbackServerContext* 
   if (absl::Status bad = CheckComputeRequest(*request, shape_, options_.max_rows); !bad.ok()) {
     return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(bad.message())));
   }
+  Call call{context, request, response, reactor, nullptr, 0};
+  if (request->session() == 0) {
+    Enqueue(std::move(call));
+    return reactor;
+  }
+  // The host data plane: the rows are in the worker's input slot.
+  if (options_.host_plane == nullptr) {
+    return reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "session: this MLP shard runs no host data plane"));
+  }
+  absl::StatusOr<std::shared_ptr<ShardHostSession>> session =
+      options_.host_plane->Find(request->session());
+  if (!session.ok()) {
+    return reject(
+        grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(session.status().message())));
+  }
+  if (absl::Status claimed = (*session)->Claim(request->slot(), request->rows()); !claimed.ok()) {
+    return reject(grpc::Status(absl::IsFailedPrecondition(claimed)
+                                   ? grpc::StatusCode::FAILED_PRECONDITION
+                                   : grpc::StatusCode::INVALID_ARGUMENT,
+                               std::string(claimed.message())));
+  }
+  call.session = *session;
+  call.slot = request->slot();
+  (*session)->Fetch(request->slot(), request->rows(), absl::FromChrono(context->deadline()),
+                    [this, call](absl::Status fetched) {
+                      if (fetched.ok()) {
+                        Enqueue(call);
+                        return;
+                      }
+                      call.session->Release(call.slot);
+                      {
+                        absl::MutexLock lock(&mu_);
+                        ++stats_.failed;
+                      }
+                      call.reactor->Finish(grpc::Status(
+                          absl::IsDeadlineExceeded(fetched) ? grpc::StatusCode::DEADLINE_EXCEEDED
+                                                            : grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("reading the rows: ", fetched.message())));
+                    });
+  return reactor;
+}
+
+void MlpShardService::Enqueue(Call call) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       ++stats_.calls;
-      queue_.push_back(Call{context, request, response, reactor});
-      return reactor;
+      if (call.session != nullptr) ++stats_.plane_calls;
+      queue_.push_back(std::move(call));
+      return;
     }
   }
-  reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
-  return reactor;
+  if (call.session != nullptr) call.session->Release(call.slot);
+  call.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
 }
 
 void MlpShardService::Loop() {
@@ -248,6 +338,7 @@ void MlpShardService::Loop() {
     }
     if (stop) {
       for (Call& c : left) {
+        if (c.session != nullptr) c.session->Release(c.slot);
         c.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the MLP shard is stopping"));
       }
       return;
@@ -274,6 +365,7 @@ void MlpShardService::Loop() {
           absl::MutexLock lock(&mu_);
           ++stats_.expired;
         }
+        if (c.session != nullptr) c.session->Release(c.slot);
         c.reactor->Finish(cancelled
                               ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")
                               : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -285,9 +377,12 @@ void MlpShardService::Loop() {
       y.resize(static_cast<size_t>(rows) * hidden);
       size_t at = 0;
       for (const Call& c : live) {
-        std::memcpy(x.data() + at, c.request->activations().data(),
-                    c.request->activations().size());
-        at += static_cast<size_t>(c.request->rows()) * hidden;
+        const size_t n = static_cast<size_t>(c.request->rows()) * hidden;
+        const float* rows_in =
+            c.session != nullptr ? c.session->input(c.slot)
+                                 : reinterpret_cast<const float*>(c.request->activations().data());
+        std::memcpy(x.data() + at, rows_in, n * sizeof(float));
+        at += n;
       }
       const absl::Time start = absl::Now();
       const absl::Status computed =
@@ -300,6 +395,7 @@ void MlpShardService::Loop() {
           stats_.failed += static_cast<int64_t>(live.size());
         }
         for (const Call& c : live) {
+          if (c.session != nullptr) c.session->Release(c.slot);
           c.reactor->Finish(
               grpc::Status(grpc::StatusCode::INTERNAL,
                            absl::StrCat("layer ", layer, " on the ", std::string(compute_->name()),
@@ -318,8 +414,15 @@ void MlpShardService::Loop() {
       at = 0;
       for (const Call& c : live) {
         const size_t n = static_cast<size_t>(c.request->rows()) * hidden;
-        c.response->mutable_output()->assign(reinterpret_cast<const char*>(y.data() + at),
-                                             n * sizeof(float));
+        if (c.session != nullptr) {
+          // The answer stays in the shard's output slot; the worker reads it after this returns
+          // and sends the slot's next call only then.
+          std::memcpy(c.session->output(c.slot), y.data() + at, n * sizeof(float));
+          c.session->Release(c.slot);
+        } else {
+          c.response->mutable_output()->assign(reinterpret_cast<const char*>(y.data() + at),
+                                               n * sizeof(float));
+        }
         at += n;
         c.reactor->Finish(grpc::Status::OK);
       }

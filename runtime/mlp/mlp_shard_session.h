@@ -39,6 +39,10 @@ struct ShardCompute {
 // waits for another attention worker's call of the same layer.
 struct ShardComputeOptions {
   absl::Duration ipc_batch_window = absl::Milliseconds(2);
+  // How long the shard's stream waits on the GPU for a worker's input signal before it gives up
+  // on that call (a dead or stuck worker must not stop the stream every session shares); the
+  // answer is then marked failed and the worker discards it.
+  absl::Duration ipc_input_timeout = absl::Seconds(2);
 };
 
 }  // namespace tandem::mlp

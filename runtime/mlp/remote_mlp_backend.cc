@@ -26,11 +26,13 @@ std::string GrpcMessage(const grpc::Status& s) {
 
 struct RemoteMlpBackend::Membership {
   Membership(std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
-             std::string fingerprint, const RemoteMlpOptions& options)
+             std::string fingerprint, const RemoteMlpOptions& options,
+             std::shared_ptr<WorkerHostPlane> plane)
       : identity(std::move(identity)),
         expected(expected),
         fingerprint(std::move(fingerprint)),
-        options(options) {}
+        options(options),
+        plane(std::move(plane)) {}
   ~Membership() { Stop(); }
 
   void Stop() {
@@ -52,16 +54,26 @@ struct RemoteMlpBackend::Membership {
       auto shard = std::make_shared<Shard>();
       shard->address = address;
       shard->stub = tandem::v1::MlpShard::NewStub(identity->Dial(address));
-      absl::StatusOr<tandem::v1::MlpInfo> info =
+      absl::Status joined =
           FetchShardInfo(*shard->stub, address, expected, fingerprint,
-                         absl::Now() + options.info_timeout, "remote MLP", &shard->shape);
-      if (!info.ok()) {
+                         absl::Now() + options.info_timeout, "remote MLP", &shard->shape)
+              .status();
+      if (joined.ok() && plane != nullptr) {
+        absl::StatusOr<std::shared_ptr<WorkerHostSession>> session =
+            plane->Attach(*shard->stub, address, absl::Now() + options.info_timeout);
+        if (session.ok()) {
+          shard->session = *std::move(session);
+        } else {
+          joined = session.status();
+        }
+      }
+      if (!joined.ok()) {
         // Logged when the address or its reason is new, not at every refresh.
         std::string& last = refused[address];
-        if (last != info.status().message()) {
-          LOG(WARNING) << "remote MLP: discovered shard " << address << " not used ("
-                       << info.status() << "); asked again at each refresh";
-          last = std::string(info.status().message());
+        if (last != joined.message()) {
+          LOG(WARNING) << "remote MLP: discovered shard " << address << " not used (" << joined
+                       << "); asked again at each refresh";
+          last = std::string(joined.message());
         }
         continue;
       }
@@ -97,6 +109,7 @@ struct RemoteMlpBackend::Membership {
   const MlpShape expected;
   const std::string fingerprint;
   const RemoteMlpOptions options;
+  const std::shared_ptr<WorkerHostPlane> plane;           // null: data_plane "grpc"
   std::unique_ptr<router::Discovery> discovery;           // set before the first round
   absl::flat_hash_map<std::string, ShardPtr> verified;    // the rounds' own (one thread at a time)
   absl::flat_hash_map<std::string, std::string> refused;  // address -> why, as last logged
@@ -122,6 +135,21 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
       return absl::InvalidArgumentError("remote MLP: the fallback does not serve every layer");
     }
   }
+  std::shared_ptr<WorkerHostPlane> plane;
+  if (options.data_plane != "grpc") {
+    WorkerHostPlaneOptions p;
+    p.backend = options.data_plane;
+    p.hidden_size = expected.hidden_size;
+    p.slots = options.plane_slots;
+    p.slot_rows = options.plane_slot_rows;
+    p.wrap_backend = options.plane_wrap_backend;
+    absl::StatusOr<std::shared_ptr<WorkerHostPlane>> created = WorkerHostPlane::Create(p);
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "remote MLP: --mlp-data-plane ", options.data_plane, ": ", created.status().message()));
+    }
+    plane = *std::move(created);
+  }
   std::vector<std::string> fixed, names;
   for (const std::string& address : addresses) {
     if (address.empty()) return absl::InvalidArgumentError("remote MLP: an empty shard address");
@@ -133,7 +161,7 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
   }
   if (!names.empty()) {
     return CreateDiscovering(fixed, names, std::move(identity), expected, model_fingerprint,
-                             std::move(fallback), options);
+                             std::move(fallback), options, std::move(plane));
   }
   const absl::Time give_up = absl::Now() + options.connect_timeout;
   std::vector<ShardPtr> shards;
@@ -144,6 +172,15 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
     absl::StatusOr<tandem::v1::MlpInfo> info = FetchShardInfo(
         *shard->stub, address, expected, model_fingerprint, give_up, "remote MLP", &shard->shape);
     if (!info.ok()) return info.status();
+    if (plane != nullptr) {
+      absl::StatusOr<std::shared_ptr<WorkerHostSession>> session =
+          plane->Attach(*shard->stub, address, give_up);
+      if (!session.ok()) {
+        return absl::Status(session.status().code(),
+                            absl::StrCat("remote MLP: ", session.status().message()));
+      }
+      shard->session = *std::move(session);
+    }
     shards.push_back(std::move(shard));
   }
   std::vector<MlpShape> served;
@@ -153,17 +190,17 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::Create(
         absl::StrCat("remote MLP: no shard serves layer(s) ", absl::StrJoin(unserved, ","),
                      " (shards: ", absl::StrJoin(addresses, ","), ")"));
   }
-  return std::unique_ptr<RemoteMlpBackend>(
-      new RemoteMlpBackend(std::move(shards), expected, std::move(fallback), options, nullptr));
+  return std::unique_ptr<RemoteMlpBackend>(new RemoteMlpBackend(
+      std::move(shards), expected, std::move(fallback), options, nullptr, std::move(plane)));
 }
 
 absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::CreateDiscovering(
     const std::vector<std::string>& fixed, const std::vector<std::string>& names,
     std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
     const std::string& model_fingerprint, std::unique_ptr<MlpBackend> fallback,
-    const RemoteMlpOptions& options) {
-  auto membership =
-      std::make_shared<Membership>(std::move(identity), expected, model_fingerprint, options);
+    const RemoteMlpOptions& options, std::shared_ptr<WorkerHostPlane> plane) {
+  auto membership = std::make_shared<Membership>(std::move(identity), expected, model_fingerprint,
+                                                 options, plane);
   router::Discovery::Options d;
   d.static_workers = fixed;
   d.dns_names = names;
@@ -199,15 +236,18 @@ absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> RemoteMlpBackend::CreateDiscov
     while (!m->stop.WaitForNotificationWithTimeout(m->options.refresh)) m->Round();
   });
   std::vector<ShardPtr> shards = membership->Published();
-  return std::unique_ptr<RemoteMlpBackend>(new RemoteMlpBackend(
-      std::move(shards), expected, std::move(fallback), options, std::move(membership)));
+  return std::unique_ptr<RemoteMlpBackend>(
+      new RemoteMlpBackend(std::move(shards), expected, std::move(fallback), options,
+                           std::move(membership), std::move(plane)));
 }
 
 RemoteMlpBackend::RemoteMlpBackend(std::vector<ShardPtr> shards, const MlpShape& expected,
                                    std::unique_ptr<MlpBackend> fallback,
                                    const RemoteMlpOptions& options,
-                                   std::shared_ptr<Membership> membership)
-    : shards_(std::move(shards)),
+                                   std::shared_ptr<Membership> membership,
+                                   std::shared_ptr<WorkerHostPlane> plane)
+    : plane_(std::move(plane)),
+      shards_(std::move(shards)),
       expected_(expected),
       fallback_(std::move(fallback)),
       options_(options),
@@ -247,9 +287,32 @@ void RemoteMlpBackend::TakeMembership() {
 
 void RemoteMlpBackend::Reap() {
   std::erase_if(abandoned_, [](const std::shared_ptr<Call>& call) {
-    absl::MutexLock lock(&call->mu);
-    return call->done;
+    {
+      absl::MutexLock lock(&call->mu);
+      if (!call->done) return false;
+    }
+    FreeSlot(*call);  // its read, if any, has ended: nothing lands in the slot any more
+    return true;
   });
+}
+
+int RemoteMlpBackend::TakeSlot(Shard& shard, int rows) {
+  if (shard.session == nullptr) return -1;
+  if (!shard.session->alive()) {
+    if (!shard.session_lost_logged) {
+      shard.session_lost_logged = true;
+      LOG(WARNING) << "remote MLP: shard " << shard.address << "'s host data plane session "
+                   << "ended (the shard stopped or restarted); its calls go in messages";
+    }
+    return -1;
+  }
+  return shard.session->AcquireSlot(rows).value_or(-1);
+}
+
+void RemoteMlpBackend::FreeSlot(Call& call) {
+  if (call.slot < 0) return;
+  call.shard->session->ReleaseSlot(call.slot);
+  call.slot = -1;
 }
 
 RemoteMlpBackend::ShardPtr RemoteMlpBackend::PickShard(int layer,
@@ -272,21 +335,44 @@ RemoteMlpBackend::ShardPtr RemoteMlpBackend::PickShard(int layer,
 void RemoteMlpBackend::StartCall(Pending& p, const ShardPtr& shard, absl::Time now) {
   auto call = std::make_shared<Call>();
   call->shard = shard;
-  call->context.set_deadline(absl::ToChronoTime(std::min(p.deadline, now + options_.call_timeout)));
+  call->rows = p.rows;
+  const absl::Time deadline = std::min(p.deadline, now + options_.call_timeout);
+  call->context.set_deadline(absl::ToChronoTime(deadline));
   call->request.set_layer(static_cast<uint32_t>(p.layer));
   call->request.set_rows(static_cast<uint32_t>(p.rows));
-  call->request.set_activations(
-      reinterpret_cast<const char*>(p.x),
-      static_cast<size_t>(p.rows) * static_cast<size_t>(expected_.hidden_size) * sizeof(float));
+  const size_t bytes = ComputeBytes(p.rows, expected_);
+  call->slot = TakeSlot(*shard, p.rows);
+  if (call->slot >= 0) {
+    std::memcpy(shard->session->input(call->slot), p.x, bytes);
+    call->request.set_session(shard->session->id());
+    call->request.set_slot(static_cast<uint32_t>(call->slot));
+    ++stats_.plane_calls;
+  } else {
+    call->request.set_activations(reinterpret_cast<const char*>(p.x), bytes);
+  }
   p.tried.push_back(shard);
   p.call = call;
   Call* raw = call.get();
-  shard->stub->async()->Compute(&call->context, &call->request, &call->response,
-                                [raw](grpc::Status status) {
-                                  absl::MutexLock lock(&raw->mu);
-                                  raw->status = std::move(status);
-                                  raw->done = true;
-                                });
+  // The call is done when its answer is here: in the message, or read out of the shard's slot
+  // (a read that has a deadline of its own, the call's). The callback touches only `raw`, which
+  // the backend keeps until done (Pending, then abandoned_).
+  shard->stub->async()->Compute(
+      &call->context, &call->request, &call->response, [raw, deadline](grpc::Status status) {
+        if (status.ok() && raw->slot >= 0 && raw->response.output().empty()) {
+          raw->shard->session->ReadOutput(
+              raw->slot, raw->rows, deadline + absl::Milliseconds(200), [raw](absl::Status read) {
+                absl::MutexLock lock(&raw->mu);
+                raw->status = read.ok() ? grpc::Status::OK
+                                        : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                       std::string(read.message()));
+                raw->done = true;
+              });
+          return;
+        }
+        absl::MutexLock lock(&raw->mu);
+        raw->status = std::move(status);
+        raw->done = true;
+      });
 }
 
 void RemoteMlpBackend::Failed(Shard& s, absl::Time now) {
@@ -366,6 +452,7 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
       done = call.mu.AwaitWithDeadline(
           absl::Condition(&call.done),
           absl::FromChrono(call.context.deadline()) + absl::Milliseconds(500));
+      // (A read of the answer has 200 ms past the call's deadline, inside that grace.)
       if (done) status = call.status;
     }
     const absl::Time now = absl::Now();
@@ -374,16 +461,23 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
       abandoned_.push_back(p.call);  // its callback has not run: keep it until it has
       status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no answer by the deadline");
     }
-    if (status.ok() && call.response.output().size() != bytes) {
+    // Through a slot the answer is in the slot and the message must be empty.
+    const size_t answered = call.slot >= 0 ? 0 : bytes;
+    if (status.ok() && call.response.output().size() != answered) {
       status = grpc::Status(
           grpc::StatusCode::INTERNAL,
-          absl::StrCat("answered ", call.response.output().size(), " bytes for ", bytes));
+          absl::StrCat("answered ", call.response.output().size(), " bytes for ", answered));
     }
     if (status.ok()) {
-      std::memcpy(p.out, call.response.output().data(), bytes);
+      std::memcpy(p.out,
+                  call.slot >= 0 ? static_cast<const void*>(shard.session->output(call.slot))
+                                 : static_cast<const void*>(call.response.output().data()),
+                  bytes);
+      FreeSlot(call);
       Succeeded(shard);
       return absl::OkStatus();
     }
+    if (done) FreeSlot(call);  // else the abandoned call frees it once its callback has run
     Failed(shard, now);
     errors.push_back(absl::StrCat(shard.address, ": ", GrpcMessage(status)));
     if (now >= p.deadline) {

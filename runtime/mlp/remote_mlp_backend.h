@@ -19,6 +19,14 @@
 //   the call at once instead of waiting.
 // - Every call presents the deployment's service credential (auth::ServiceIdentity). Answers
 //   are untrusted: only an output of exactly rows x hidden float32 is copied out.
+// - Host data plane (options.data_plane "cma" or "ucx"; host_plane/worker_host_plane.h): each
+//   shard is attached (AttachHost) when it is first used (at creation, or when discovery adds
+//   it); a shard that refuses is an error at creation and not used when discovered. A call of
+//   at most plane_slot_rows rows then takes a free slot of its shard's session: its rows go
+//   into the slot, Compute names (session, slot), and once it returns the answer is read out of
+//   the shard's slot (that read is part of the call: its failure is the call's, with the same
+//   failover). A larger call, one finding every slot taken, or one to a shard whose session
+//   ended (the shard restarted: logged once) travels in its message as above.
 // - Discovery: an address "dns:NAME:PORT" stands for every address NAME resolves to (a
 //   Kubernetes headless Service: one per ready shard pod), resolved again every
 //   options.refresh on a thread of the backend's own (runtime/router/discovery.h: a failed
@@ -43,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/auth/service_identity.h"
+#include "runtime/mlp/host_plane/worker_host_plane.h"
 #include "runtime/mlp/mlp_backend.h"
 #include "runtime/mlp/remote_mlp_options.h"
 #include "tandem/v1/mlp.grpc.pb.h"
@@ -76,6 +85,8 @@ class RemoteMlpBackend final : public MlpBackend {
     std::string address;
     std::unique_ptr<tandem::v1::MlpShard::Stub> stub;
     MlpShape shape;
+    std::shared_ptr<WorkerHostSession> session;  // the host data plane's; null: messages
+    bool session_lost_logged = false;
     absl::Time retry_at = absl::InfinitePast();
     absl::Duration backoff = absl::ZeroDuration();
   };
@@ -86,6 +97,8 @@ class RemoteMlpBackend final : public MlpBackend {
   // It holds its shard, so a shard dropped by discovery keeps its channel until then.
   struct Call {
     ShardPtr shard;
+    int slot = -1;  // the shard's session slot holding the rows and the answer; -1: messages
+    int rows = 0;
     grpc::ClientContext context;
     tandem::v1::MlpComputeRequest request;
     tandem::v1::MlpComputeResponse response;
@@ -111,20 +124,26 @@ class RemoteMlpBackend final : public MlpBackend {
       const std::vector<std::string>& fixed, const std::vector<std::string>& names,
       std::shared_ptr<const auth::ServiceIdentity> identity, const MlpShape& expected,
       const std::string& model_fingerprint, std::unique_ptr<MlpBackend> fallback,
-      const RemoteMlpOptions& options);
+      const RemoteMlpOptions& options, std::shared_ptr<WorkerHostPlane> plane);
   RemoteMlpBackend(std::vector<ShardPtr> shards, const MlpShape& expected,
                    std::unique_ptr<MlpBackend> fallback, const RemoteMlpOptions& options,
-                   std::shared_ptr<Membership> membership);
+                   std::shared_ptr<Membership> membership, std::shared_ptr<WorkerHostPlane> plane);
   // Takes the latest shard set discovery published, if it changed.
   void TakeMembership();
   // A shard serving `layer`, not in `tried`, not backing off at `now`; null when none.
   ShardPtr PickShard(int layer, const std::vector<ShardPtr>& tried, absl::Time now);
   void StartCall(Pending& p, const ShardPtr& shard, absl::Time now);
+  // The slot a call of `rows` to `shard` takes in its session; -1: the call goes in messages.
+  int TakeSlot(Shard& shard, int rows);
+  // Frees a finished call's slot.
+  static void FreeSlot(Call& call);
   void Failed(Shard& shard, absl::Time now);
   // Drops abandoned calls whose callbacks have run.
   void Reap();
   void Succeeded(Shard& shard);
 
+  // First: destroyed after the shards' sessions, so their buffers retire on its thread.
+  const std::shared_ptr<WorkerHostPlane> plane_;  // null: data_plane "grpc"
   std::vector<ShardPtr> shards_;
   const MlpShape expected_;
   const std::unique_ptr<MlpBackend> fallback_;

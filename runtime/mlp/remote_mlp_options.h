@@ -3,11 +3,16 @@
 // the registry's users do not see gRPC.
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
+namespace tandem::kvtransfer {
+class TransferBackend;
+}  // namespace tandem::kvtransfer
 
 namespace tandem::mlp {
 
@@ -22,6 +27,17 @@ struct RemoteMlpOptions {
   absl::Duration refresh = absl::Seconds(10);
   absl::Duration resolve_timeout = absl::Seconds(2);
   absl::Duration info_timeout = absl::Seconds(2);
+  // How a call's rows travel (docs/mlp.md "Host data plane"): "grpc" inside the Compute
+  // messages; "cma" (one host) or "ucx" (any) through the host data plane, each shard attached
+  // with `plane_slots` slots of `plane_slot_rows` rows. A call of more rows, or with every slot
+  // taken, goes in its message; a shard that refuses the plane is not used.
+  std::string data_plane = "grpc";
+  int plane_slots = 4;
+  int plane_slot_rows = 256;
+  // Tests: wraps the host data plane's transfer backend (fault injection); null: as created.
+  std::function<std::unique_ptr<kvtransfer::TransferBackend>(
+      std::unique_ptr<kvtransfer::TransferBackend>)>
+      plane_wrap_backend;
   // Resolves a name to IP literals (NotFound: no such name); empty: the system's resolver.
   std::function<absl::StatusOr<std::vector<std::string>>(const std::string& host,
                                                          absl::Duration timeout)>

@@ -25,6 +25,7 @@
 #include "runtime/mlp/mlp_shard_checks.h"
 #include "runtime/mlp/mlp_shard_service.h"
 #include "runtime/mlp/remote_mlp_backend.h"
+#include "runtime/mlp/shard_server_for_test.h"
 #include "runtime/mlp/tiny_model_for_test.h"
 #include "runtime/server/grpc_server.h"
 
@@ -32,13 +33,6 @@ namespace tandem::mlp {
 namespace {
 
 using ::testing::HasSubstr;
-
-const std::string kToken = "mlp-shard-test-token-0123456789abcdef";
-std::shared_ptr<const auth::ServiceIdentity> Identity(const std::string& token = kToken) {
-  auto identity = auth::ServiceIdentity::FromTokens({token});
-  CHECK(identity.ok()) << identity.status();
-  return *identity;
-}
 
 // A shard service that never answers Compute (a frozen process) until destroyed, or answers
 // with `bytes` bytes of zeros.
@@ -83,17 +77,6 @@ class BadShard final : public tandem::v1::MlpShard::CallbackService {
   const int answer_bytes_;  // -1: never answer
   absl::Mutex mu_;
   std::vector<grpc::ServerUnaryReactor*> held_;
-};
-
-struct Server {
-  Server(grpc::Service* service, const std::string& health_name) {
-    auto started = server::StartGrpcServer("127.0.0.1", 0, {service}, {health_name}, Identity());
-    CHECK(started.ok()) << started.status();
-    grpc = *std::move(started);
-  }
-  ~Server() { grpc.Shutdown(absl::ZeroDuration()); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", grpc.port); }
-  server::GrpcServer grpc;
 };
 
 class RemoteMlpTest : public ::testing::Test {
@@ -495,7 +478,7 @@ TEST_F(RemoteMlpTest, AnAttachSessionLivesAsLongAsItsCall) {
                        tandem::v1::MlpAttachResponse* response)
       -> absl::StatusOr<std::unique_ptr<MlpShardSession>> {
     for (std::string* h : {response->mutable_input_memory(), response->mutable_output_memory(),
-                           response->mutable_input_event(), response->mutable_output_event()}) {
+                           response->mutable_flags()}) {
       h->assign(kIpcHandleBytes, 'h');
     }
     response->set_doorbell(bell->name());
@@ -577,8 +560,8 @@ TEST_F(RemoteMlpTest, AShardOnTheCpuHasNoGpuDataPlane) {
 
 TEST(MlpShardChecksTest, AttachAnswersFromAShardAreChecked) {
   tandem::v1::MlpAttachResponse good;
-  for (std::string* h : {good.mutable_input_memory(), good.mutable_output_memory(),
-                         good.mutable_input_event(), good.mutable_output_event()}) {
+  for (std::string* h :
+       {good.mutable_input_memory(), good.mutable_output_memory(), good.mutable_flags()}) {
     h->assign(kIpcHandleBytes, 'h');
   }
   good.set_doorbell("/tandem-mlp-0123456789abcdef0123456789abcdef");
@@ -587,7 +570,7 @@ TEST(MlpShardChecksTest, AttachAnswersFromAShardAreChecked) {
   EXPECT_FALSE(CheckAttachResponse(good, 64).ok());
   for (auto mutate : std::vector<std::function<void(tandem::v1::MlpAttachResponse*)>>{
            [](auto* r) { r->mutable_input_memory()->pop_back(); },
-           [](auto* r) { r->mutable_output_event()->push_back('x'); },
+           [](auto* r) { r->mutable_flags()->push_back('x'); }, [](auto* r) { r->clear_flags(); },
            [](auto* r) { r->set_doorbell("/dev/shm/../etc"); },
            [](auto* r) { r->set_doorbell(""); }}) {
     tandem::v1::MlpAttachResponse bad = good;

@@ -103,6 +103,7 @@ void WorkerMetricsReporter::Refresh() {
   advance(metrics_.mlp_calls, stats.mlp_calls, &last_mlp_calls_);
   advance(metrics_.mlp_failovers, stats.mlp_failovers, &last_mlp_failovers_);
   advance(metrics_.mlp_failures, stats.mlp_failures, &last_mlp_failures_);
+  advance(metrics_.mlp_plane_calls, stats.mlp_plane_calls, &last_mlp_plane_calls_);
   if (count_generation_) {
     advance(metrics_.generation_tokens, stats.generated_tokens, &last_generated_tokens_);
   }

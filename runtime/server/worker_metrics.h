@@ -81,6 +81,7 @@ class WorkerMetricsReporter {
   int64_t last_mlp_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_mlp_failovers_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_mlp_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_mlp_plane_calls_ ABSL_GUARDED_BY(mu_) = 0;
   double last_drafter_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -19,6 +19,7 @@
 #include "runtime/base/status.h"
 #include "runtime/device/cuda/cuda_status.h"
 #include "runtime/mlp/cuda/device_call_slots.h"
+#include "runtime/mlp/cuda/ipc_flags.h"
 #include "runtime/mlp/cuda/ipc_shard_session.h"
 #include "runtime/mlp/ipc_doorbell.h"
 #include "runtime/mlp/mlp_shard_checks.h"
@@ -47,16 +48,14 @@ struct IpcShard {
   bool failed = false;             // a call failed: not used again
   void* in = nullptr;
   void* out = nullptr;
-  cudaEvent_t in_event = nullptr;
-  cudaEvent_t out_event = nullptr;
+  IpcFlag* flags = nullptr;  // [0] ours after each input copy, [1] the shard's after each layer
   std::unique_ptr<IpcDoorbell> bell;
+  int index = 0;  // its failure word in the backend's array
 
   ~IpcShard() {
     // The mappings first, then the session: the shard frees what they map when the call ends.
-    if (in != nullptr) cudaIpcCloseMemHandle(in);
-    if (out != nullptr) cudaIpcCloseMemHandle(out);
-    for (cudaEvent_t e : {in_event, out_event}) {
-      if (e != nullptr) cudaEventDestroy(e);
+    for (void* p : {in, out, static_cast<void*>(flags)}) {
+      if (p != nullptr) cudaIpcCloseMemHandle(p);
     }
     bell.reset();
     context.TryCancel();
@@ -79,9 +78,48 @@ class CudaIpcMlpBackend final : public MlpBackend {
     slots_.reset();  // waits for the output copies still queued from the shards' buffers
     cudaSetDevice(device_);
     shards_.clear();
+    if (failed_host_ != nullptr) cudaFreeHost(failed_host_);
   }
 
-  absl::Status Init() { return slots_->Init(device_, "cuda_ipc MLP"); }
+  absl::Status Init() {
+    RETURN_IF_ERROR(slots_->Init(device_, "cuda_ipc MLP"));
+    // One failure word per shard in mapped pinned memory: the GPU's bounded waits write it, the
+    // host reads it after the step (CheckDevice).
+    void* p = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaHostAlloc(&p, shards_.size() * sizeof(uint32_t), cudaHostAllocMapped),
+                         "cuda_ipc MLP: failure words");
+    failed_host_ = static_cast<uint32_t*>(p);
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      failed_host_[i] = 0;
+      shards_[i]->index = static_cast<int>(i);
+    }
+    void* device = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaHostGetDevicePointer(&device, p, 0),
+                         "cuda_ipc MLP: failure words' device address");
+    failed_device_ = static_cast<uint32_t*>(device);
+    return absl::OkStatus();
+  }
+
+  // After the caller synchronized: a call whose answer the GPU gave up waiting for (the shard
+  // died or stalled inside the layer), or that the shard computed on rows it gave up waiting for,
+  // left garbage in the step; its shard is not used again.
+  absl::Status CheckDevice() override {
+    std::vector<std::string> failed;
+    for (const auto& shard : shards_) {
+      volatile uint32_t* word = &failed_host_[shard->index];
+      const uint32_t seq = *word;
+      if (seq == 0) continue;
+      *word = 0;
+      shard->failed = true;
+      ++stats_.failures;
+      failed.push_back(absl::StrCat(shard->address, " (call ", seq, ")"));
+    }
+    if (failed.empty()) return absl::OkStatus();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "cuda_ipc MLP: no answer on the GPU within ", absl::FormatDuration(options_.call_timeout),
+        " from shard ", absl::StrJoin(failed, ", "),
+        ": the shard died or stalled inside a layer; the step's outputs are discarded"));
+  }
 
   std::string_view name() const override { return "cuda_ipc"; }
   MlpShape shape() const override { return expected_; }
@@ -113,9 +151,10 @@ class CudaIpcMlpBackend final : public MlpBackend {
     for (int done = 0; done < rows;) {
       const int n = std::min(max_rows_, rows - done);
       const size_t offset = static_cast<size_t>(done) * row_bytes;
+      uint32_t seq = 0;
       absl::Status st =
-          Hand(*shard, layer, static_cast<const char*>(x) + offset, 0, n, s, deadline);
-      if (st.ok()) st = Collect(*shard, 0, n, static_cast<char*>(out) + offset, s);
+          Hand(*shard, layer, static_cast<const char*>(x) + offset, 0, n, s, deadline, &seq);
+      if (st.ok()) st = Collect(*shard, seq, 0, n, static_cast<char*>(out) + offset, s);
       if (!st.ok()) return Failed(*shard, st);
       done += n;
     }
@@ -134,10 +173,11 @@ class CudaIpcMlpBackend final : public MlpBackend {
                      slots_->Find(row_offset, row_offset + rows, /*exclusive_rows=*/true));
     cudaStream_t slot_stream = static_cast<cudaStream_t>(slot->stream);
     ASSIGN_OR_RETURN(IpcShard * shard, PickShard(layer, rows));
+    uint32_t seq = 0;
     absl::Status st =
-        Hand(*shard, layer, x, row_offset, rows, static_cast<cudaStream_t>(stream), deadline);
+        Hand(*shard, layer, x, row_offset, rows, static_cast<cudaStream_t>(stream), deadline, &seq);
     // The answer lands on the slot's stream: the caller's stream waits for it only at the Join.
-    if (st.ok()) st = Collect(*shard, row_offset, rows, out, slot_stream);
+    if (st.ok()) st = Collect(*shard, seq, row_offset, rows, out, slot_stream);
     if (st.ok()) {
       st = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(slot->done), slot_stream),
                       "cudaEventRecord");
@@ -173,17 +213,20 @@ class CudaIpcMlpBackend final : public MlpBackend {
                         absl::StrCat("cuda_ipc MLP shard ", shard.address, ": ", st.message()));
   }
 
-  // Queues the rows' copy into the shard's input buffer at `row_offset` on `s`, records the input
-  // event and rings the doorbell; returns once the shard has queued the layer behind the event.
+  // Queues the rows' copy into the shard's input buffer at `row_offset` on `s` and the signal of
+  // the call's sequence number on the input flag behind it, and rings the doorbell; returns
+  // (with the call's sequence number) once the shard has queued the layer behind its bounded
+  // wait for that signal.
   absl::Status Hand(IpcShard& shard, int layer, const void* x, int row_offset, int n,
-                    cudaStream_t s, absl::Time deadline) {
+                    cudaStream_t s, absl::Time deadline, uint32_t* seq_out) {
     const size_t offset = static_cast<size_t>(row_offset) * expected_.hidden_size * 2;
     const size_t bytes = static_cast<size_t>(n) * expected_.hidden_size * 2;
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(static_cast<char*>(shard.in) + offset, x, bytes,
                                          cudaMemcpyDeviceToDevice, s),
                          "rows into the shard's input buffer");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(shard.in_event, s), "cudaEventRecord (input)");
+    RETURN_IF_ERROR(EnqueueIpcSignal(&shard.flags[0], shard.bell->next_seq(), nullptr, s));
     const uint32_t seq = shard.bell->Ring(layer, row_offset, n);
+    *seq_out = seq;
     ASSIGN_OR_RETURN(
         const int32_t code,
         shard.bell->WaitDone(seq, std::min(deadline, absl::Now() + options_.call_timeout)));
@@ -196,13 +239,17 @@ class CudaIpcMlpBackend final : public MlpBackend {
     return absl::OkStatus();
   }
 
-  // Queues, on `s`, a wait for the shard's output event (its record of the call just answered)
-  // and the copy of the rows at `row_offset` of its output buffer into `out`.
-  absl::Status Collect(IpcShard& shard, int row_offset, int n, void* out, cudaStream_t s) {
+  // Queues, on `s`, a bounded wait for the shard's signal of call `seq` (ipc_flags.h: never an
+  // event of the shard's process, which would never fire if it died) and the copy of the rows at
+  // `row_offset` of its output buffer into `out`.
+  absl::Status Collect(IpcShard& shard, uint32_t seq, int row_offset, int n, void* out,
+                       cudaStream_t s) {
     const size_t offset = static_cast<size_t>(row_offset) * expected_.hidden_size * 2;
     const size_t bytes = static_cast<size_t>(n) * expected_.hidden_size * 2;
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, shard.out_event, 0),
-                         "cudaStreamWaitEvent (output)");
+    RETURN_IF_ERROR(
+        EnqueueIpcWait(&shard.flags[1], seq,
+                       static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.call_timeout)),
+                       failed_device_ + shard.index, s));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out, static_cast<const char*>(shard.out) + offset, bytes,
                                          cudaMemcpyDeviceToDevice, s),
                          "rows from the shard's output buffer");
@@ -216,6 +263,8 @@ class CudaIpcMlpBackend final : public MlpBackend {
   const RemoteMlpOptions options_;
   MlpBackendStats stats_;
   std::unique_ptr<DeviceCallSlots> slots_ = std::make_unique<DeviceCallSlots>();
+  uint32_t* failed_host_ = nullptr;    // mapped pinned: one word per shard
+  uint32_t* failed_device_ = nullptr;  // its device address
 };
 
 // Opens one IPC buffer of the shard and checks that its allocation holds `bytes`.
@@ -266,13 +315,9 @@ absl::Status AttachShard(IpcShard& shard, const MlpShape& expected, int device, 
   const size_t bytes = static_cast<size_t>(max_rows) * expected.hidden_size * 2;
   RETURN_IF_ERROR(OpenBuffer(response.input_memory(), bytes, range, &shard.in));
   RETURN_IF_ERROR(OpenBuffer(response.output_memory(), bytes, range, &shard.out));
-  cudaIpcEventHandle_t in_event, out_event;
-  std::memcpy(&in_event, response.input_event().data(), sizeof(in_event));
-  std::memcpy(&out_event, response.output_event().data(), sizeof(out_event));
-  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&shard.in_event, in_event),
-                       "cudaIpcOpenEventHandle (input)");
-  RETURN_IF_CUDA_ERROR(cudaIpcOpenEventHandle(&shard.out_event, out_event),
-                       "cudaIpcOpenEventHandle (output)");
+  void* flags = nullptr;
+  RETURN_IF_ERROR(OpenBuffer(response.flags(), 2 * sizeof(IpcFlag), range, &flags));
+  shard.flags = static_cast<IpcFlag*>(flags);
   ASSIGN_OR_RETURN(IpcDoorbell bell, IpcDoorbell::Open(response.doorbell()));
   shard.bell = std::make_unique<IpcDoorbell>(std::move(bell));
   IpcShard* s = &shard;

@@ -179,15 +179,19 @@ absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls
       cudaGetLastError();  // not done yet (cudaErrorNotReady): the sample is dropped
     }
   }
-  const bool timed_run = cudaEventRecord(static_cast<cudaEvent_t>(timing.start), s) == cudaSuccess;
   const size_t row_bytes = static_cast<size_t>(mlp_->shape().hidden_size) * 2;
   absl::Status st;
+  // Bounded waits for the clients' input signals (never an event of another process: a dead
+  // client's would never fire, and this stream serves every session; ipc_flags.h).
   for (const Waiting& w : calls) {
     if (st.ok()) {
-      st = CudaStatus(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(w.call->in_event), 0),
-                      "MLP layer batcher: cudaStreamWaitEvent");
+      st =
+          EnqueueIpcWait(w.call->in_flag, w.call->seq, w.call->input_timeout_ns, w.call->failed, s);
     }
   }
+  // Timed from after the waits: the layer's own GPU time, not the workers' attention before it.
+  const bool timed_run =
+      st.ok() && cudaEventRecord(static_cast<cudaEvent_t>(timing.start), s) == cudaSuccess;
   auto at = [row_bytes](void* base, int row) { return static_cast<char*>(base) + row * row_bytes; };
   const auto forward = [&](const void* x, int n, void* y) {
     absl::Status f = mlp_->Forward(layer, x, n, y, s);
@@ -221,12 +225,11 @@ absl::Status IpcLayerBatcher::Queue(int layer, const std::vector<Waiting>& calls
       row += c.rows;
     }
   }
-  // Recorded whatever happened, so nothing queued behind an output event waits for ever.
+  // Signalled whatever happened (a client waits at most its call timeout in any case).
   for (const Waiting& w : calls) {
-    const absl::Status recorded =
-        CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(w.call->out_event), s),
-                   "MLP layer batcher: cudaEventRecord");
-    if (st.ok()) st = recorded;
+    const absl::Status signalled =
+        EnqueueIpcSignal(w.call->out_flag, w.call->seq, w.call->failed, s);
+    if (st.ok()) st = signalled;
   }
   return st;
 }

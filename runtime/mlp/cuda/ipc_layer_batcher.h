@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/mlp/cuda/cuda_dense_mlp.h"
+#include "runtime/mlp/cuda/ipc_flags.h"
 #include "runtime/mlp/layer_group_policy.h"
 
 namespace tandem::mlp {
@@ -57,10 +58,17 @@ class IpcLayerBatcher {
     int layer = 0;
     int row_offset = 0;
     int rows = 0;
-    void* in = nullptr;         // the session's input buffer (device)
-    void* out = nullptr;        // its output buffer (device)
-    void* in_event = nullptr;   // cudaEvent_t: the client recorded it after writing the rows
-    void* out_event = nullptr;  // cudaEvent_t: recorded once the rows are in `out`
+    void* in = nullptr;   // the session's input buffer (device)
+    void* out = nullptr;  // its output buffer (device)
+    // The session's flags (ipc_flags.h): the client signals `seq` on `in_flag` once the rows are
+    // in `in` (the group waits for it at most `input_timeout_ns`, and a wait that gives up marks
+    // `failed`, the session's device word); `out_flag` is signalled with `seq` and the status in
+    // `failed` once the rows are in `out`.
+    IpcFlag* in_flag = nullptr;
+    IpcFlag* out_flag = nullptr;
+    uint32_t seq = 0;
+    uint32_t* failed = nullptr;
+    uint64_t input_timeout_ns = 0;
   };
 
   static absl::StatusOr<std::shared_ptr<IpcLayerBatcher>> Create(std::shared_ptr<CudaDenseMlp> mlp,
@@ -73,8 +81,7 @@ class IpcLayerBatcher {
   void RemoveSession(int session);
 
   // Queues `call` (alone or with other sessions' calls of its layer) and returns once it is
-  // queued: OK, or the error of its group's queuing (the output event is recorded either way, so
-  // nothing waits on it for ever).
+  // queued: OK, or the error of its group's queuing (the output flag is signalled either way).
   absl::Status Run(const Call& call);
 
   IpcBatcherStats stats() const;

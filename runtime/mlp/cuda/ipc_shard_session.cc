@@ -50,8 +50,11 @@ namespace {
 class IpcShardSession final : public MlpShardSession {
  public:
   IpcShardSession(std::shared_ptr<CudaDenseMlp> mlp, std::shared_ptr<IpcLayerBatcher> batcher,
-                  int rows)
-      : mlp_(std::move(mlp)), batcher_(std::move(batcher)), rows_(rows) {
+                  int rows, absl::Duration input_timeout)
+      : mlp_(std::move(mlp)),
+        batcher_(std::move(batcher)),
+        rows_(rows),
+        input_timeout_ns_(static_cast<uint64_t>(absl::ToInt64Nanoseconds(input_timeout))) {
     id_ = batcher_->AddSession();
   }
 
@@ -61,10 +64,7 @@ class IpcShardSession final : public MlpShardSession {
     batcher_->RemoveSession(id_);
     if (cudaSetDevice(mlp_->device()) != cudaSuccess) return;
     batcher_->Synchronize();  // its queued work reads and writes this session's buffers
-    for (cudaEvent_t e : {in_event_, out_event_}) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-    for (void* p : {in_, out_}) {
+    for (void* p : {in_, out_, static_cast<void*>(flags_), static_cast<void*>(failed_)}) {
       if (p != nullptr) cudaFree(p);
     }
   }
@@ -79,26 +79,27 @@ class IpcShardSession final : public MlpShardSession {
             "MLP session: ", bytes, "-byte buffers on the GPU: ", cudaGetErrorString(e)));
       }
     }
-    for (cudaEvent_t* e : {&in_event_, &out_event_}) {
-      RETURN_IF_CUDA_ERROR(
-          cudaEventCreateWithFlags(e, cudaEventInterprocess | cudaEventDisableTiming),
-          "MLP session: cudaEventCreate (interprocess)");
-    }
-    cudaIpcMemHandle_t in_handle, out_handle;
-    cudaIpcEventHandle_t in_event, out_event;
+    // The two flags (a buffer of their own: the client maps it) and this side's failure word.
+    void* flags = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&flags, kIpcFlagsBytes), "MLP session: flags");
+    flags_ = static_cast<IpcFlag*>(flags);
+    void* failed = nullptr;
+    RETURN_IF_CUDA_ERROR(cudaMalloc(&failed, sizeof(uint32_t)), "MLP session: failure word");
+    failed_ = static_cast<uint32_t*>(failed);
+    RETURN_IF_CUDA_ERROR(cudaMemset(flags_, 0, kIpcFlagsBytes), "MLP session: flags");
+    RETURN_IF_CUDA_ERROR(cudaMemset(failed_, 0, sizeof(uint32_t)), "MLP session: failure word");
+    cudaIpcMemHandle_t in_handle, out_handle, flags_handle;
     RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&in_handle, in_), "MLP session: cudaIpcGetMemHandle");
     RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&out_handle, out_),
                          "MLP session: cudaIpcGetMemHandle");
-    RETURN_IF_CUDA_ERROR(cudaIpcGetEventHandle(&in_event, in_event_),
-                         "MLP session: cudaIpcGetEventHandle");
-    RETURN_IF_CUDA_ERROR(cudaIpcGetEventHandle(&out_event, out_event_),
-                         "MLP session: cudaIpcGetEventHandle");
+    RETURN_IF_CUDA_ERROR(cudaIpcGetMemHandle(&flags_handle, flags_),
+                         "MLP session: cudaIpcGetMemHandle");
+    RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "MLP session: set-up");
     ASSIGN_OR_RETURN(IpcDoorbell bell, IpcDoorbell::Create());
     bell_ = std::make_unique<IpcDoorbell>(std::move(bell));
     response->set_input_memory(&in_handle, sizeof(in_handle));
     response->set_output_memory(&out_handle, sizeof(out_handle));
-    response->set_input_event(&in_event, sizeof(in_event));
-    response->set_output_event(&out_event, sizeof(out_event));
+    response->set_flags(&flags_handle, sizeof(flags_handle));
     response->set_doorbell(bell_->name());
     response->set_max_rows(static_cast<uint32_t>(rows_));
     thread_ = std::thread([this] { Serve(); });
@@ -127,10 +128,13 @@ class IpcShardSession final : public MlpShardSession {
       call.rows = r->rows;
       call.in = in_;
       call.out = out_;
-      call.in_event = in_event_;
-      call.out_event = out_event_;
+      call.in_flag = &flags_[0];
+      call.out_flag = &flags_[1];
+      call.seq = r->seq;
+      call.failed = failed_;
+      call.input_timeout_ns = input_timeout_ns_;
       // Returns once queued (alone or with other sessions' rows of this layer); the batcher
-      // records the output event whatever happened.
+      // signals the output flag whatever happened.
       const absl::Status s = batcher_->Run(call);
       if (!s.ok()) LOG(ERROR) << "MLP session: layer " << r->layer << ": " << s;
       bell_->Finish(r->seq, s.ok() ? kIpcCallOk : kIpcCallFailed);
@@ -141,10 +145,11 @@ class IpcShardSession final : public MlpShardSession {
   const std::shared_ptr<IpcLayerBatcher> batcher_;
   int id_ = 0;  // in the batcher
   const int rows_;
+  const uint64_t input_timeout_ns_;
   void* in_ = nullptr;
   void* out_ = nullptr;
-  cudaEvent_t in_event_ = nullptr;
-  cudaEvent_t out_event_ = nullptr;
+  IpcFlag* flags_ = nullptr;    // [0] the client's input signal, [1] ours after each layer
+  uint32_t* failed_ = nullptr;  // set on the GPU when a wait for the client's signal gave up
   std::unique_ptr<IpcDoorbell> bell_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -185,8 +190,10 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
   ASSIGN_OR_RETURN(compute.backend, CreateCudaMlpBackend(mlp));
   ASSIGN_OR_RETURN(const std::string boot_id, HostBootId());
   ASSIGN_OR_RETURN(const std::string uuid, GpuUuid(device_ordinal));
-  compute.attach = [mlp, batcher, boot_id, uuid](const tandem::v1::MlpAttachRequest& request,
-                                                 tandem::v1::MlpAttachResponse* response)
+  const absl::Duration input_timeout = options.ipc_input_timeout;
+  compute.attach = [mlp, batcher, boot_id, uuid, input_timeout](
+                       const tandem::v1::MlpAttachRequest& request,
+                       tandem::v1::MlpAttachResponse* response)
       -> absl::StatusOr<std::unique_ptr<MlpShardSession>> {
     if (request.boot_id() != boot_id) {
       return absl::FailedPreconditionError(
@@ -196,8 +203,8 @@ absl::StatusOr<ShardCompute> CreateGpuShardCompute(const ModelConfig& config,
       return absl::FailedPreconditionError(absl::StrCat(
           "the GPU data plane needs the attention worker on the shard's GPU (", uuid, ")"));
     }
-    auto session =
-        std::make_unique<IpcShardSession>(mlp, batcher, static_cast<int>(request.max_rows()));
+    auto session = std::make_unique<IpcShardSession>(
+        mlp, batcher, static_cast<int>(request.max_rows()), input_timeout);
     RETURN_IF_ERROR(session->Init(response));
     return std::unique_ptr<MlpShardSession>(std::move(session));
   };

@@ -192,6 +192,7 @@ class Runner final : public CudaModelRunner {
                           static_cast<size_t>(R) * 8, cudaMemcpyDeviceToHost, stream_),
           "sampled tokens device->host copy");
       RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+      RETURN_IF_ERROR(CheckMlpDevice());
       RecordStepTime(start);
       const int32_t* tokens = reinterpret_cast<const int32_t*>(
           static_cast<const char*>(host_sampling_) + sampling_out_offset_);
@@ -219,8 +220,15 @@ class Runner final : public CudaModelRunner {
       i = j;
     }
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "CUDA forward step");
+    RETURN_IF_ERROR(CheckMlpDevice());
     RecordStepTime(start);
     return absl::OkStatus();
+  }
+
+  // After a step's synchronization: whether the MLP backend's device calls gave up on the GPU
+  // (MlpBackend::CheckDevice); the step then fails, its outputs unused.
+  absl::Status CheckMlpDevice() {
+    return options_.mlp != nullptr ? options_.mlp->CheckDevice() : absl::OkStatus();
   }
 
   // With the micro-batch count chosen from measurements (mlp_micro_batches 0), a ping-pong
@@ -272,6 +280,7 @@ class Runner final : public CudaModelRunner {
       status = CudaStatus(cudaEventRecord(end, stream_), "cudaEventRecord");
     }
     if (status.ok()) status = CudaStatus(cudaEventSynchronize(end), "timed steps");
+    if (status.ok()) status = CheckMlpDevice();
     if (status.ok()) status = CudaStatus(cudaEventElapsedTime(&ms, begin, end), "elapsed");
     cudaEventDestroy(begin);
     cudaEventDestroy(end);
@@ -288,6 +297,7 @@ class Runner final : public CudaModelRunner {
     RETURN_IF_ERROR(prof.Start(stream_));
     absl::Status status = RunDevice(&prof);
     if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream_), "profiled step");
+    if (status.ok()) status = CheckMlpDevice();
     std::vector<OpTiming> result;
     if (status.ok()) result = prof.Collect();
     prof.Release();
