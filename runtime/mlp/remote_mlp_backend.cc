@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -256,9 +257,17 @@ RemoteMlpBackend::RemoteMlpBackend(std::vector<ShardPtr> shards, const MlpShape&
     absl::MutexLock lock(&membership_->mu);
     membership_version_ = membership_->version;
   }
+  if (plane_ != nullptr) attach_thread_ = std::thread([this] { AttachLoop(); });
 }
 
 RemoteMlpBackend::~RemoteMlpBackend() {
+  if (attach_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&reattach_.mu);
+      reattach_.stop = true;
+    }
+    attach_thread_.join();  // an Attach in progress ends within info_timeout
+  }
   if (membership_ != nullptr) membership_->Stop();  // no round after this
   // Cancel what is in flight and wait for every callback (cancelled calls complete promptly)
   // before the calls, stubs and channels go.
@@ -296,22 +305,76 @@ void RemoteMlpBackend::Reap() {
   });
 }
 
-int RemoteMlpBackend::TakeSlot(Shard& shard, int rows) {
-  if (shard.session == nullptr) return -1;
-  if (!shard.session->alive()) {
-    if (!shard.session_lost_logged) {
-      shard.session_lost_logged = true;
-      LOG(WARNING) << "remote MLP: shard " << shard.address << "'s host data plane session "
-                   << "ended (the shard stopped or restarted); its calls go in messages";
+int RemoteMlpBackend::TakeSlot(const ShardPtr& shard, int rows,
+                               std::shared_ptr<WorkerHostSession>* session) {
+  Shard& s = *shard;
+  if (s.session == nullptr) return -1;  // no host data plane
+  if (!s.session->alive()) {
+    std::shared_ptr<WorkerHostSession> reopened;
+    bool ask = false;
+    const absl::Time now = absl::Now();
+    {
+      absl::MutexLock lock(&s.mu);
+      reopened = std::move(s.reopened);
+      if (reopened == nullptr && !s.reattaching && now >= s.reattach_at) {
+        s.reattaching = true;
+        ask = true;
+      }
     }
-    return -1;
+    if (reopened == nullptr) {
+      if (!s.session_lost_logged) {
+        s.session_lost_logged = true;
+        LOG(WARNING) << "remote MLP: shard " << s.address << "'s host data plane session ended "
+                     << "(the shard stopped or restarted); its calls go in messages until it is "
+                     << "opened again";
+      }
+      if (ask) {
+        s.reattach_at = now + options_.backoff_initial;
+        absl::MutexLock lock(&reattach_.mu);
+        reattach_.queued.push_back(shard);
+      }
+      return -1;
+    }
+    LOG(INFO) << "remote MLP: shard " << s.address << "'s host data plane session is open again";
+    s.session = std::move(reopened);  // calls in flight keep the old one
+    s.session_lost_logged = false;
   }
-  return shard.session->AcquireSlot(rows).value_or(-1);
+  const std::optional<int> slot = s.session->AcquireSlot(rows);
+  if (!slot.has_value()) return -1;
+  *session = s.session;
+  return *slot;
+}
+
+void RemoteMlpBackend::AttachLoop() {
+  while (true) {
+    ShardPtr shard;
+    {
+      absl::MutexLock lock(&reattach_.mu);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reattach_.mu) {
+        return reattach_.stop || !reattach_.queued.empty();
+      };
+      reattach_.mu.Await(absl::Condition(&ready));
+      if (reattach_.stop) return;
+      shard = std::move(reattach_.queued.back());
+      reattach_.queued.pop_back();
+    }
+    absl::StatusOr<std::shared_ptr<WorkerHostSession>> session =
+        plane_->Attach(*shard->stub, shard->address, absl::Now() + options_.info_timeout);
+    if (!session.ok() && shard->reattach_error != session.status().message()) {
+      shard->reattach_error = std::string(session.status().message());
+      LOG(WARNING) << "remote MLP: reopening shard " << shard->address
+                   << "'s host data plane session: " << session.status() << " (tried again)";
+    }
+    if (session.ok()) shard->reattach_error.clear();
+    absl::MutexLock lock(&shard->mu);
+    shard->reattaching = false;
+    if (session.ok()) shard->reopened = *std::move(session);
+  }
 }
 
 void RemoteMlpBackend::FreeSlot(Call& call) {
   if (call.slot < 0) return;
-  call.shard->session->ReleaseSlot(call.slot);
+  call.session->ReleaseSlot(call.slot);
   call.slot = -1;
 }
 
@@ -341,10 +404,10 @@ void RemoteMlpBackend::StartCall(Pending& p, const ShardPtr& shard, absl::Time n
   call->request.set_layer(static_cast<uint32_t>(p.layer));
   call->request.set_rows(static_cast<uint32_t>(p.rows));
   const size_t bytes = ComputeBytes(p.rows, expected_);
-  call->slot = TakeSlot(*shard, p.rows);
+  call->slot = TakeSlot(shard, p.rows, &call->session);
   if (call->slot >= 0) {
-    std::memcpy(shard->session->input(call->slot), p.x, bytes);
-    call->request.set_session(shard->session->id());
+    std::memcpy(call->session->input(call->slot), p.x, bytes);
+    call->request.set_session(call->session->id());
     call->request.set_slot(static_cast<uint32_t>(call->slot));
     ++stats_.plane_calls;
   } else {
@@ -359,7 +422,7 @@ void RemoteMlpBackend::StartCall(Pending& p, const ShardPtr& shard, absl::Time n
   shard->stub->async()->Compute(
       &call->context, &call->request, &call->response, [raw, deadline](grpc::Status status) {
         if (status.ok() && raw->slot >= 0 && raw->response.output().empty()) {
-          raw->shard->session->ReadOutput(
+          raw->session->ReadOutput(
               raw->slot, raw->rows, deadline + absl::Milliseconds(200), [raw](absl::Status read) {
                 absl::MutexLock lock(&raw->mu);
                 raw->status = read.ok() ? grpc::Status::OK
@@ -470,7 +533,7 @@ absl::Status RemoteMlpBackend::Wait(Handle handle) {
     }
     if (status.ok()) {
       std::memcpy(p.out,
-                  call.slot >= 0 ? static_cast<const void*>(shard.session->output(call.slot))
+                  call.slot >= 0 ? static_cast<const void*>(call.session->output(call.slot))
                                  : static_cast<const void*>(call.response.output().data()),
                   bytes);
       FreeSlot(call);

@@ -26,7 +26,9 @@
 //   into the slot, Compute names (session, slot), and once it returns the answer is read out of
 //   the shard's slot (that read is part of the call: its failure is the call's, with the same
 //   failover). A larger call, one finding every slot taken, or one to a shard whose session
-//   ended (the shard restarted: logged once) travels in its message as above.
+//   ended travels in its message as above. A session that ended (the shard restarted, or its
+//   call broke) is opened again on the backend's attach thread, at most once per
+//   backoff_initial, never on the engine thread; calls use the new one once it is there.
 // - Discovery: an address "dns:NAME:PORT" stands for every address NAME resolves to (a
 //   Kubernetes headless Service: one per ready shard pod), resolved again every
 //   options.refresh on a thread of the backend's own (runtime/router/discovery.h: a failed
@@ -44,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -85,8 +88,16 @@ class RemoteMlpBackend final : public MlpBackend {
     std::string address;
     std::unique_ptr<tandem::v1::MlpShard::Stub> stub;
     MlpShape shape;
-    std::shared_ptr<WorkerHostSession> session;  // the host data plane's; null: messages
+    // The host data plane's session (engine thread; null: messages), and when it may next be
+    // opened again after it ended.
+    std::shared_ptr<WorkerHostSession> session;
+    absl::Time reattach_at = absl::InfinitePast();
     bool session_lost_logged = false;
+    // A session the attach thread opened again, for the engine thread to take.
+    absl::Mutex mu;
+    std::shared_ptr<WorkerHostSession> reopened ABSL_GUARDED_BY(mu);
+    bool reattaching ABSL_GUARDED_BY(mu) = false;
+    std::string reattach_error;  // the attach thread's last failure (logged when it changes)
     absl::Time retry_at = absl::InfinitePast();
     absl::Duration backoff = absl::ZeroDuration();
   };
@@ -97,7 +108,10 @@ class RemoteMlpBackend final : public MlpBackend {
   // It holds its shard, so a shard dropped by discovery keeps its channel until then.
   struct Call {
     ShardPtr shard;
-    int slot = -1;  // the shard's session slot holding the rows and the answer; -1: messages
+    // The session and slot holding the rows and the answer (slot -1: messages). The call holds
+    // its session: the shard's may be replaced by a new one meanwhile.
+    std::shared_ptr<WorkerHostSession> session;
+    int slot = -1;
     int rows = 0;
     grpc::ClientContext context;
     tandem::v1::MlpComputeRequest request;
@@ -133,8 +147,12 @@ class RemoteMlpBackend final : public MlpBackend {
   // A shard serving `layer`, not in `tried`, not backing off at `now`; null when none.
   ShardPtr PickShard(int layer, const std::vector<ShardPtr>& tried, absl::Time now);
   void StartCall(Pending& p, const ShardPtr& shard, absl::Time now);
-  // The slot a call of `rows` to `shard` takes in its session; -1: the call goes in messages.
-  int TakeSlot(Shard& shard, int rows);
+  // The slot a call of `rows` to `shard` takes in its session (set in `session`); -1: the call
+  // goes in messages. A session that ended is replaced by one the attach thread reopened, or
+  // its reopening is asked for.
+  int TakeSlot(const ShardPtr& shard, int rows, std::shared_ptr<WorkerHostSession>* session);
+  // The attach thread: reopens the sessions of the shards queued in reattach_.
+  void AttachLoop();
   // Frees a finished call's slot.
   static void FreeSlot(Call& call);
   void Failed(Shard& shard, absl::Time now);
@@ -150,6 +168,14 @@ class RemoteMlpBackend final : public MlpBackend {
   const RemoteMlpOptions options_;
   const std::shared_ptr<Membership> membership_;  // null: a fixed set of addresses
   uint64_t membership_version_ = 0;
+  // Shards whose session the attach thread is to reopen (attach_thread_ runs with a plane).
+  struct AttachQueue {
+    absl::Mutex mu;
+    std::vector<ShardPtr> queued ABSL_GUARDED_BY(mu);
+    bool stop ABSL_GUARDED_BY(mu) = false;
+  };
+  AttachQueue reattach_;
+  std::thread attach_thread_;
   absl::flat_hash_map<Handle, Pending> pending_;
   std::vector<std::shared_ptr<Call>> abandoned_;  // given up on, callback not run yet
   Handle next_ = 1;

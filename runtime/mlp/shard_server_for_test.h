@@ -23,8 +23,9 @@ inline std::shared_ptr<const auth::ServiceIdentity> Identity(
 }
 
 struct Server {
-  Server(grpc::Service* service, const std::string& health_name) {
-    auto started = server::StartGrpcServer("127.0.0.1", 0, {service}, {health_name}, Identity());
+  // On `port` (0: a free one).
+  Server(grpc::Service* service, const std::string& health_name, int port = 0) {
+    auto started = server::StartGrpcServer("127.0.0.1", port, {service}, {health_name}, Identity());
     CHECK(started.ok()) << started.status();
     grpc = *std::move(started);
   }

@@ -83,7 +83,7 @@ class HostPlaneTest : public ::testing::TestWithParam<std::string> {
   // A shard of `range` whose host plane runs `backends` ({} = none); `shard->faults` wraps its
   // transfer backend. Heap-allocated: the wrapper's hook points into it.
   std::unique_ptr<Shard> StartShard(const std::string& range,
-                                    std::vector<std::string> backends = {"param"}) {
+                                    std::vector<std::string> backends = {"param"}, int port = 0) {
     auto s = std::make_unique<Shard>();
     MlpShardOptions options;
     options.model_fingerprint = "fp";
@@ -100,19 +100,23 @@ class HostPlaneTest : public ::testing::TestWithParam<std::string> {
     }
     options.max_rows = 64;
     s->service = std::make_unique<MlpShardService>(Weights(range), Identity(), options);
-    s->server = std::make_unique<Server>(s->service.get(), "tandem.v1.MlpShard");
+    s->server = std::make_unique<Server>(s->service.get(), "tandem.v1.MlpShard", port);
     return s;
   }
 
+  // No test here exercises the call deadline but the hung-read one, which passes its own: a
+  // generous default, so a loaded machine (CI's two cores) cannot turn a slow call into a
+  // failover.
   absl::StatusOr<std::unique_ptr<RemoteMlpBackend>> Connect(
       const std::vector<std::string>& addresses, std::unique_ptr<MlpBackend> fallback = nullptr,
-      int slot_rows = 16, Faults* faults = nullptr,
-      absl::Duration call_timeout = absl::Milliseconds(500)) {
+      int slot_rows = 16, Faults* faults = nullptr, absl::Duration call_timeout = absl::Seconds(30),
+      absl::Duration backoff = absl::Seconds(10)) {
     RemoteMlpOptions options;
     options.connect_timeout = absl::Seconds(10);
     options.call_timeout = call_timeout;
-    options.backoff_initial = absl::Seconds(10);
-    options.backoff_max = absl::Seconds(20);
+    // Long by default, so a test's next call surely finds a failed shard still backing off.
+    options.backoff_initial = backoff;
+    options.backoff_max = 2 * backoff;
     options.data_plane = GetParam();
     options.plane_slots = 4;
     options.plane_slot_rows = slot_rows;
@@ -431,6 +435,38 @@ TEST_P(HostPlaneTest, AShardThatCannotReadOrDiedIsFailedOver) {
   const absl::Status s = (*remote)->Run(3, x.data(), 4, y.data(), absl::Now() + absl::Seconds(5));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   EXPECT_FALSE(s.ok());
+}
+
+// A shard killed and started again on its address: calls go on (in messages, or to the
+// fallback while the shard backs off), the session is opened again in the background, and calls
+// go through the plane again, to the new shard.
+TEST_P(HostPlaneTest, AShardRestartedOnItsAddressGetsANewSession) {
+  auto a = StartShard("all");
+  const int port = a->server->grpc.port;
+  auto remote = Connect({a->address()}, std::make_unique<CpuMlpBackend>(Weights("all")), 16,
+                        nullptr, absl::Seconds(30), absl::Milliseconds(200));
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  const std::vector<float> x = Rows(3, 21);
+  const std::vector<float> want = Reference(2, x, 3);
+  std::vector<float> y(x.size());
+  ASSERT_TRUE((*remote)->Run(2, x.data(), 3, y.data(), absl::InfiniteFuture()).ok());
+  ASSERT_EQ((*remote)->stats().plane_calls, 1);
+  a->Kill();
+  auto b = StartShard("all", {"param"}, port);
+  const int64_t before = (*remote)->stats().plane_calls;
+  bool back = false;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!back && absl::Now() < give_up) {
+    y.assign(y.size(), 0);
+    ASSERT_TRUE((*remote)->Run(2, x.data(), 3, y.data(), absl::Now() + absl::Seconds(5)).ok());
+    EXPECT_TRUE(Same(y, want));
+    back = (*remote)->stats().plane_calls > before;
+    if (!back) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(back) << "the session was never opened again";
+  EXPECT_GE(b->service->stats().plane_calls, 1);
+  EXPECT_EQ(b->service->stats().sessions, 1);
+  EXPECT_EQ((*remote)->stats().failures, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostPlaneTest, ::testing::Values("cma", "ucx"),

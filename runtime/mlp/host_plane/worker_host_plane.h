@@ -18,11 +18,12 @@
 // connected; its address and region are blobs the backend parses and bounds: a read outside the
 // shard's exported region is refused before anything moves.
 //
-// Threading: Attach blocks (bounded by its deadline) and may run on any thread; a session's
-// slots are the engine thread's (AcquireSlot, ReleaseSlot, input, output); ReadOutput may be
-// called from any thread (gRPC's callback threads) and its `done` runs on the transfer thread;
+// Threading: Attach blocks (bounded by its deadline) and may run on any thread, several at once; a
+// session's slots are the engine thread's (AcquireSlot, ReleaseSlot, input, output); ReadOutput may
+// be called from any thread (gRPC's callback threads) and its `done` runs on the transfer thread;
 // alive() from any thread.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -80,8 +81,8 @@ class WorkerHostPlane {
 
   const WorkerHostPlaneOptions options_;
   const std::shared_ptr<kvtransfer::TransferThread> thread_;
-  const std::string address_;  // this worker's LocalAddress blob
-  uint64_t attached_ = 0;      // numbers this plane's sessions (agent names)
+  const std::string address_;          // this worker's LocalAddress blob
+  std::atomic<uint64_t> attached_{0};  // numbers this plane's sessions (agent names)
 };
 
 class WorkerHostSession {
