@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/logging.h"
@@ -46,5 +48,14 @@ class TinyModelDir {
  private:
   const std::filesystem::path path_;
 };
+
+// `rows` rows of `hidden` normally distributed floats, the same for the same seed.
+inline std::vector<float> RandomRows(int rows, int hidden, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(static_cast<size_t>(rows) * static_cast<size_t>(hidden));
+  for (float& v : x) v = dist(rng);
+  return x;
+}
 
 }  // namespace tandem::mlp

@@ -39,11 +39,7 @@ class CudaMlpBackendTest : public ::testing::Test {
   }
 
   std::vector<float> Rows(int rows, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist;
-    std::vector<float> x(static_cast<size_t>(rows) * config_.hidden_size);
-    for (float& v : x) v = dist(rng);
-    return x;
+    return RandomRows(rows, config_.hidden_size, seed);
   }
 
   static TinyModelDir* model_;

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,11 +125,7 @@ class HostPlaneTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::vector<float> Rows(int rows, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist;
-    std::vector<float> x(static_cast<size_t>(rows) * config_.hidden_size);
-    for (float& v : x) v = dist(rng);
-    return x;
+    return RandomRows(rows, config_.hidden_size, seed);
   }
 
   std::vector<float> Reference(int layer, const std::vector<float>& x, int rows) {
