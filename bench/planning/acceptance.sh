@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
-# The planner's acceptance on this machine (issue 24): profile one single-threaded CPU worker
-# (one core = one device) with one neighbour runner measuring beside it on the other core (a
-# served host is full: the other worker, or the router and the clients); for each workload mix,
+# The planner's acceptance (issue 24): profile one single-threaded CPU worker (one core = one
+# device) with one neighbour runner measuring beside it on the other core of its two (a served
+# host is full: the other worker, or the router and the clients); for each workload mix,
 # calibrate the profile against a served 1P+1D deployment under that mix's own traffic at a
 # modest rate (`tandem profile calibrate`: what a worker's steps cost depends on what shares the
 # host with it, docs/planning.md "Calibration"), plan the mix for a budget of 2 devices with the
-# calibrated profile, then measure every layout with `tandem serve` + `tandem bench` around the
-# predicted goodput, and compare. Rates are swept upward from 0.7x the prediction and the sweep
-# stops at the first rate that misses the objective (downward from 0.7x while it misses).
-# Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-*.json, calibrate-*.log,
-# plan-*.json, bench-*-rate*.json, summary.txt}.
-# Env: OUT, TANDEM (build/tandem), MODEL (models/target), PROMPTS (requests per run; default:
-# RUN_S (300) seconds of arrivals, 60 to 200), SLO_TTFT_MS (1500; long_in 3000), SLO_TPOT_MS (60), MIXES (names: short_in
-# long_in mixed), CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.8) of the
-# uncalibrated plan's 1P+1D goodput, near where the plan will put it; unlike: once, a closed loop of 24 streams of 128 in / 128
-# out, a load unlike every mix; 0: the profile as measured), MEASURE (bracket: each layout at
-# 0.8x and 1.2x its predicted goodput, the recommended layout's lower rate also run on each
-# neighbour whose bracket does not already order them; sweep: upward from 0.7x in steps until a
-# rate misses, the sessions before 2026-12-07's fifth), BAND (0.2: the bracket's half-width).
+# calibrated profile, then run every layout at 0.8x and 1.2x its predicted goodput with
+# `tandem serve` + `tandem bench` and compare.
+#
+# Lanes. By default everything runs one step after another on the whole host (the 2-core VM).
+# LANES="0,1 2,3 4,5" runs each step once per lane at the same time, every process of a lane
+# pinned to its CPUs with taskset: on a many-core host each lane is a 2-core host of its own,
+# and since every phase keeps every lane busy (profiles, calibrations, bracket points, head to
+# head runs, and repeats of the recommended layout's lower point where lanes are left over), the
+# background a lane sees is the same load in every phase. The profile and the calibration of
+# lane 0 are the ones planned with; the other lanes' are kept, to show the spread between lanes.
+#
+# Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-lane*.json,
+# profile-MIX-lane*.json, calibrate-*.log, plan-*.json, bench-*-rate*.json, summary.txt}.
+# Env: OUT, TANDEM (build/tandem), MODEL (models/target), LANES (none), PORT_BASE (18431; two
+# runs at once need ports 200 apart), PROMPTS (requests per run; default: RUN_S (300) seconds of
+# arrivals, at least MIN_PROMPTS (60) and at most MAX_PROMPTS (200)), PROFILE_REPEATS (10),
+# SLO_TTFT_MS (1500; long_in 3000), SLO_TPOT_MS (60), MIXES (names: short_in long_in mixed),
+# CALIBRATE (mix: per mix, an open loop of the mix at CAL_FRACTION (0.8) of the uncalibrated
+# plan's 1P+1D goodput, near where the plan will put it; 0: the profile as measured), BAND (0.2:
+# the brackets' half-width).
 #
 # Why brackets: "measured within 20% of predicted" holds exactly when the layout meets the
 # objective at 0.8x the prediction and misses it at 1.2x, and two runs of many requests decide
 # that better than a sweep of short runs, whose interpolated crossing moves a lot on mixes whose
 # SLO binds on a tail (the simulator's own 133-request runs of the mixed mix gave 1P+1D goodputs
-# of 0.98 to 2.23 requests/s over ten seeds; bench/RESULTS.md).
+# of 0.98 to 2.23 requests/s over ten seeds; bench/RESULTS.md). The recommendation is checked
+# against each neighbour by the brackets, or, where they do not order the two, by running the
+# neighbour at the recommended layout's lower rate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/plan-acceptance}
@@ -31,9 +40,24 @@ tandem=${TANDEM:-build/tandem}
 model=${MODEL:-models/target}
 tpot=${SLO_TPOT_MS:-60}
 read -r -a mixes <<<"${MIXES:-short_in long_in mixed}"
+read -r -a lanes <<<"${LANES:-}"
+((${#lanes[@]})) || lanes=("")  # one lane: the whole host, unpinned
+nlanes=${#lanes[@]}
 mkdir -p "$out"
 export OPENBLAS_NUM_THREADS=1
 source bench/lib/serve.sh
+log() { echo "[acceptance $(date -u +%H:%M:%S)] $*" >&2; }
+
+# pin LANE CMD...: CMD on the lane's CPUs (the whole host for the empty lane), in the foreground.
+# Commands put in the background are pinned with "${on[@]}" CMD & instead (on=(taskset -c LANE)),
+# so that $! is the command itself and a signal sent to it reaches it, not a subshell.
+pin() {
+  local lane=$1
+  shift
+  if [[ -n $lane ]]; then taskset -c "$lane" "$@"; else "$@"; fi
+}
+port=${PORT_BASE:-18431}
+next_port() { port=$((port + 1)); }  # in the main shell, before a job forks
 
 mix_flags() {
   case $1 in
@@ -50,21 +74,21 @@ layout_flags() {
     "2 aggregated") echo "--aggregated --decode-workers 2" ;;
   esac
 }
-
 # mix_prompts RATE: requests in one run at RATE: PROMPTS if set, else RUN_S (300) seconds of
-# arrivals, at least 60 and at most 200 (a layout whose goodput is 0.1 requests/s would otherwise
-# take over half an hour a run).
+# arrivals within [MIN_PROMPTS (60), MAX_PROMPTS (200)] (a layout whose goodput is 0.1
+# requests/s would otherwise take over half an hour a run).
 mix_prompts() {
   if [[ -n ${PROMPTS:-} ]]; then
     echo "$PROMPTS"
   else
-    python3 -c "import sys; print(max(60, min(200, round(float(sys.argv[1]) * float(sys.argv[2])))))" \
-      "$1" "${RUN_S:-300}"
+    python3 -c "import sys; print(max(int(sys.argv[3]), min(int(sys.argv[4]), \
+round(float(sys.argv[1]) * float(sys.argv[2])))))" "$1" "${RUN_S:-300}" "${MIN_PROMPTS:-60}" \
+      "${MAX_PROMPTS:-200}"
   fi
 }
 # mix_ttft MIX: the mix's TTFT objective in ms: SLO_TTFT_MS if set, else 1500, and 3000 for
-# long_in (one 512-token prompt alone takes about 0.9 s to prefill on this CPU, so 1500 ms leaves
-# room for less than one queued prompt and every layout's goodput is near zero).
+# long_in (one 512-token prompt alone takes about 0.9 s to prefill on the 2-core VM, so 1500 ms
+# leaves room for less than one queued prompt and every layout's goodput is near zero).
 mix_ttft() {
   if [[ -n ${SLO_TTFT_MS:-} ]]; then
     echo "$SLO_TTFT_MS"
@@ -75,198 +99,255 @@ mix_ttft() {
   fi
 }
 
-echo "[acceptance] profiling one single-threaded worker beside a neighbour" >&2
-"$tandem" profile --model "$model" --prompt-lens 16,64,128,256,512,1000 \
-  --batch-sizes 1,2,4,8,16,32 --contexts 64,256,500 --repeats 10 --neighbours 1 --no-progress \
-  --out "$out/profile.json"
-
-start_serve() {  # port, log, layout flags...: starts tandem serve, waits for /health
-  local port=$1 log=$2
-  shift 2
-  "$tandem" serve --model "$model" --port "$port" "$@" >"$log" 2>&1 &
+# start_serve LANE PORT LOG LAYOUT_FLAGS...: tandem serve pinned to LANE, waits for /health;
+# sets $serve.
+start_serve() {
+  local lane=$1 p=$2 slog=$3 on=()
+  shift 3
+  if [[ -n $lane ]]; then on=(taskset -c "$lane"); fi
+  "${on[@]}" "$tandem" serve --model "$model" --port "$p" "$@" >"$slog" 2>&1 &
   serve=$!
-  wait_healthy "$port" "$serve" "$log" 180 || exit 1
+  wait_healthy "$p" "$serve" "$slog" 180
 }
 stop_serve() {
   kill -INT "$serve"
   wait "$serve" || true
 }
 
-port=18431
-# calibrate TAG LOAD...: serves 1P+1D, puts `tandem bench LOAD...` on it, and calibrates
-# $out/profile.json on both workers' counters over 60 s after 20 s of ramp, into
-# $out/profile-TAG.json.
-calibrate() {
-  local tag=$1 metrics load
-  shift
-  start_serve "$port" "$out/serve-calibrate-$tag.log" --prefill-workers 1 --decode-workers 1
+# Every lane profiles at once; lane 0's profile is the one planned with.
+log "profiling one single-threaded worker beside a neighbour, in $nlanes lane(s)"
+pids=()
+for i in "${!lanes[@]}"; do
+  on=()
+  if [[ -n ${lanes[$i]} ]]; then on=(taskset -c "${lanes[$i]}"); fi
+  "${on[@]}" "$tandem" profile --model "$model" --prompt-lens 16,64,128,256,512,1000 \
+    --batch-sizes 1,2,4,8,16,32 --contexts 64,256,500 --repeats "${PROFILE_REPEATS:-10}" \
+    --neighbours 1 --no-progress --out "$out/profile-lane$i.json" 2>"$out/profile-lane$i.log" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+cp "$out/profile-lane0.json" "$out/profile.json"
+
+# calibrate_lane LANE I PORT TAG LOAD...: serves 1P+1D on LANE, puts `tandem bench LOAD...` on
+# it, and calibrates $out/profile.json on both workers' counters over 60 s after 20 s of ramp,
+# into $out/profile-TAG-laneI.json.
+calibrate_lane() {
+  local lane=$1 i=$2 p=$3 tag=$4 metrics load on=()
+  shift 4
+  if [[ -n $lane ]]; then on=(taskset -c "$lane"); fi
+  start_serve "$lane" "$p" "$out/serve-calibrate-$tag-lane$i.log" \
+    --prefill-workers 1 --decode-workers 1 || return 1
   sleep 1
   # Both workers: the decode worker's decode steps and the prefill worker's prefill steps.
   metrics=$(sed -n 's/.*\[\(decode\|prefill\)-[0-9]*\].*metrics on \(http:[^ ]*\).*/\2/p' \
-    "$out/serve-calibrate-$tag.log" | paste -sd, -)
-  "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions --tokenizer "$model" \
-    "$@" --ignore-eos --num-prompts 0 --duration 95 --seed 3 --no-progress \
-    >"$out/calibrate-bench-$tag.txt" 2>&1 &
+    "$out/serve-calibrate-$tag-lane$i.log" | paste -sd, -)
+  "${on[@]}" "$tandem" bench --url "http://127.0.0.1:$p/v1" --endpoint completions \
+    --tokenizer "$model" "$@" --ignore-eos --num-prompts 0 --duration 95 --seed $((3 + i)) \
+    --no-progress >"$out/calibrate-bench-$tag-lane$i.txt" 2>&1 &
   load=$!
   sleep 20  # past the ramp
-  "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" --window-s 60 \
-    --min-steps 100 --min-prefill-chunks 30 --no-progress --out "$out/profile-$tag.json" 2>&1 |
-    tee "$out/calibrate-$tag.log" >&2
+  pin "$lane" "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" \
+    --window-s 60 --min-steps 100 --min-prefill-chunks 30 --no-progress \
+    --out "$out/profile-$tag-lane$i.json" >"$out/calibrate-$tag-lane$i.log" 2>&1
   kill -INT "$load" 2>/dev/null || true
   wait "$load" || true
   stop_serve
-  port=$((port + 1))
 }
-calibration=${CALIBRATE:-mix}
-if [[ $calibration == unlike ]]; then
-  # A closed loop of 24 streams of 128 in / 128 out on 1P+1D: a load unlike every mix.
-  echo "[acceptance] calibrating against a served 1P+1D under a load unlike every mix" >&2
-  calibrate unlike --input-len 128 --output-len 128 --max-concurrency 24
-fi
+# calibrate TAG LOAD...: calibrate_lane on every lane at once; lane 0's is $out/profile-TAG.json.
+calibrate() {
+  local tag=$1 i
+  shift
+  pids=()
+  for i in "${!lanes[@]}"; do
+    calibrate_lane "${lanes[$i]}" "$i" "$port" "$tag" "$@" &
+    pids+=($!)
+    next_port
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || log "calibration in lane $i failed: $out/calibrate-$tag-lane$i.log"
+  done
+  cat "$out/calibrate-$tag-lane0.log" >&2
+  cp "$out/profile-$tag-lane0.json" "$out/profile-$tag.json"
+}
 
-run_seed=100
-measure() {  # mix layout predicted tag [factor...]: tandem bench runs at factor x predicted
-  local mix=$1 layout=$2 predicted=$3 tag=$4 f att
-  shift 4
+# point LANE PORT SEED MIX LAYOUT PREDICTED TAG FACTOR: serves LAYOUT on LANE and runs the mix at
+# FACTOR x PREDICTED requests/s into $out/bench-TAG-rateFACTOR.json.
+point() {
+  local lane=$1 p=$2 seed=$3 mix=$4 layout=$5 predicted=$6 tag=$7 f=$8 rate att
+  rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
+    "$predicted" "$f")
   # shellcheck disable=SC2046
-  start_serve "$port" "$out/serve-$tag.log" $(layout_flags "$layout")
-  run_rate() {
-    local rate
-    rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
-      "$predicted" "$1")
-    # A seed per run: runs at different rates are different samples of the workload.
-    run_seed=$((run_seed + 1))
-    # shellcheck disable=SC2046
-    "$tandem" bench --url "http://127.0.0.1:$port/v1" --endpoint completions \
-      --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$rate")" \
-      --warmup 4 --rates "$rate" --slo "ttft=$(mix_ttft "$mix"),tpot=$tpot" --seed "$run_seed" \
-      --no-progress --json "$out/bench-$tag-rate$1.json" >>"$out/bench-$tag.txt" 2>&1
-    att=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; \
-print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$tag-rate$1.json")
-    echo "[acceptance] $mix, $layout: rate $rate req/s, attainment $att" >&2
-    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0.9 else 1)" "$att"
-  }
-  if (($# > 0)); then
-    for f in "$@"; do run_rate "$f" || true; done
-  elif run_rate 0.7; then
-    for f in 0.85 1.0 1.15 1.3 1.5; do run_rate "$f" || break; done
-  else
-    for f in 0.55 0.4 0.3; do run_rate "$f" && break; done
-  fi
+  start_serve "$lane" "$p" "$out/serve-$tag-rate$f.log" $(layout_flags "$layout") || return 1
+  # shellcheck disable=SC2046
+  pin "$lane" "$tandem" bench --url "http://127.0.0.1:$p/v1" --endpoint completions \
+    --tokenizer "$model" $(mix_flags "$mix") --ignore-eos --num-prompts "$(mix_prompts "$rate")" \
+    --warmup 4 --rates "$rate" --slo "ttft=$(mix_ttft "$mix"),tpot=$tpot" --seed "$seed" \
+    --no-progress --json "$out/bench-$tag-rate$f.json" >"$out/bench-$tag-rate$f.txt" 2>&1 || true
   stop_serve
-  port=$((port + 1))
+  if [[ ! -s $out/bench-$tag-rate$f.json ]]; then
+    log "$mix, $layout: rate $rate req/s: no result, see $out/bench-$tag-rate$f.txt"
+    return 1
+  fi
+  att=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; \
+print(r['good_completed'] / max(1, r['completed'] + r['failed']))" "$out/bench-$tag-rate$f.json")
+  log "$mix, $layout: rate $rate req/s, attainment $att${lane:+ (lane $lane)}"
+}
+# run_points SPEC...: each SPEC "LAYOUT|PREDICTED|TAG|FACTOR" is one point; as many run at once
+# as there are lanes. A seed per point: runs at different rates are different samples.
+run_seed=100
+run_points() {
+  local spec layout predicted tag f k=0
+  pids=()
+  for spec in "$@"; do
+    IFS='|' read -r layout predicted tag f <<<"$spec"
+    run_seed=$((run_seed + 1))
+    point "${lanes[$k]}" "$port" "$run_seed" "$mix" "$layout" "$predicted" "$tag" "$f" &
+    pids+=($!)
+    next_port
+    k=$((k + 1))
+    if ((k == nlanes)); then
+      for p in "${pids[@]}"; do wait "$p" || true; done
+      pids=()
+      k=0
+    fi
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
 }
 
+band=${BAND:-0.2}
+lo=$(python3 -c "import sys; print(1 - float(sys.argv[1]))" "$band")
+hi=$(python3 -c "import sys; print(1 + float(sys.argv[1]))" "$band")
 for mix in "${mixes[@]}"; do
   profile=$out/profile.json
-  case $calibration in
-    unlike) profile=$out/profile-unlike.json ;;
-    mix)
-      # shellcheck disable=SC2046
-      "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") --ttft-ms "$(mix_ttft "$mix")" \
-        --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix-uncalibrated.json"
-      rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
+  if [[ ${CALIBRATE:-mix} == mix ]]; then
+    # shellcheck disable=SC2046
+    "$tandem" plan --profile "$out/profile.json" $(mix_flags "$mix") \
+      --ttft-ms "$(mix_ttft "$mix")" --tpot-ms "$tpot" --devices 2 --json \
+      >"$out/plan-$mix-uncalibrated.json"
+    rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
 if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.8}")
-      echo "[acceptance] $mix: calibrating against a served 1P+1D under the mix at $rate req/s" >&2
-      # shellcheck disable=SC2046
-      calibrate "$mix" $(mix_flags "$mix") --rates "$rate"
-      profile=$out/profile-$mix.json
-      ;;
-  esac
+    log "$mix: calibrating against a served 1P+1D under the mix at $rate req/s"
+    # shellcheck disable=SC2046
+    calibrate "$mix" $(mix_flags "$mix") --rates "$rate"
+    profile=$out/profile-$mix.json
+  fi
   # shellcheck disable=SC2046
   "$tandem" plan --profile "$profile" $(mix_flags "$mix") --ttft-ms "$(mix_ttft "$mix")" \
     --tpot-ms "$tpot" --devices 2 --json >"$out/plan-$mix.json"
-  band=${BAND:-0.2}
-  lo=$(python3 -c "import sys; print(1 - float(sys.argv[1]))" "$band")
-  hi=$(python3 -c "import sys; print(1 + float(sys.argv[1]))" "$band")
   goodput() {  # layout: its predicted goodput
     python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print(next(c['goodput'] for c in p['candidates'] if c['layout']==sys.argv[2]))" \
       "$out/plan-$mix.json" "$1"
   }
-  for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
-    predicted=$(goodput "$layout")
-    tag="$mix-${layout// /_}"
-    echo "[acceptance] $mix, $layout: predicted goodput $predicted req/s" >&2
-    if [[ ${MEASURE:-bracket} == bracket ]]; then
-      measure "$mix" "$layout" "$predicted" "$tag" "$lo" "$hi"
-    else
-      measure "$mix" "$layout" "$predicted" "$tag"
-    fi
-  done
-  if [[ ${MEASURE:-bracket} == bracket ]]; then
-    # Head to head: where a neighbour's bracket does not already put it below the recommended
-    # layout (the recommended meets the objective at lo x its prediction, the neighbour misses
-    # it at hi x its own, and the first rate is above the second), the neighbour runs at the
-    # recommended layout's lower rate: missing there, its goodput is below the recommended's.
-    recommended=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['recommended'])" \
-      "$out/plan-$mix.json")
-    rg=$(goodput "$recommended")
+  specs=()
+  for f in "$lo" "$hi"; do
     for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
-      [[ $layout == "$recommended" ]] && continue
-      g=$(goodput "$layout")
-      if ! python3 - "$out" "$mix" "$recommended" "$layout" "$rg" "$g" "$lo" "$hi" <<'PY'; then
+      specs+=("$layout|$(goodput "$layout")|$mix-${layout// /_}|$f")
+    done
+  done
+  log "$mix: brackets at ${lo}x and ${hi}x: $(python3 -c "import json,sys; \
+print(', '.join(f\"{c['layout']} {c['goodput']:.3f}\" for c in json.load(open(sys.argv[1]))['candidates']))" \
+    "$out/plan-$mix.json") req/s predicted"
+  run_points "${specs[@]}"
+
+  # Head to head: where a neighbour's bracket does not already put it below the recommended
+  # layout (the recommended meets the objective at lo x its prediction, the neighbour misses it
+  # at hi x its own, and the first rate is above the second), the neighbour runs at the
+  # recommended layout's lower rate: missing there, its goodput is below the recommended's.
+  recommended=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['recommended'])" \
+    "$out/plan-$mix.json")
+  rg=$(goodput "$recommended")
+  specs=()
+  for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
+    [[ $layout == "$recommended" ]] && continue
+    g=$(goodput "$layout")
+    if ! python3 - "$out" "$mix" "$recommended" "$layout" "$rg" "$g" "$lo" "$hi" <<'PY'; then
 import json, sys
 out, mix, rec, other, rg, g, lo, hi = sys.argv[1:]
 def att(layout, f):
-    r = json.load(open(f"{out}/bench-{mix}-{layout.replace(' ', '_')}-rate{f}.json"))["runs"][0]
+    try:
+        r = json.load(open(f"{out}/bench-{mix}-{layout.replace(' ', '_')}-rate{f}.json"))["runs"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
     return r["good_completed"] / max(1, r["completed"] + r["failed"])
-ordered = (att(rec, lo) >= 0.9 and att(other, hi) < 0.9 and
+a_rec, a_other = att(rec, lo), att(other, hi)
+ordered = (a_rec is not None and a_other is not None and a_rec >= 0.9 and a_other < 0.9 and
            float(lo) * float(rg) >= float(hi) * float(g))
 sys.exit(0 if ordered else 1)
 PY
-        f=$(python3 -c "import sys; print('%.4f' % (float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
-          "$lo" "$rg" "$g")
-        echo "[acceptance] $mix: $layout head to head at $recommended's lower rate" >&2
-        measure "$mix" "$layout" "$g" "$mix-${layout// /_}-vs" "$f"
-      fi
+      f=$(python3 -c "import sys; print('%.4f' % (float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
+        "$lo" "$rg" "$g")
+      log "$mix: $layout head to head at $recommended's lower rate"
+      specs+=("$layout|$g|$mix-${layout// /_}-vs|$f")
+    fi
+  done
+  # Lanes left over repeat the recommended layout's lower point (another seed each): more
+  # evidence for the bracket that decides "within 20%", and the same background for every lane.
+  if ((nlanes > 1)); then
+    k=${#specs[@]}
+    while ((k % nlanes != 0 || k == 0)); do
+      specs+=("$recommended|$rg|$mix-${recommended// /_}-rep$k|$lo")
+      k=$((k + 1))
     done
   fi
+  ((${#specs[@]})) && run_points "${specs[@]}"
 done
 
-python3 - "$out" "${BAND:-0.2}" "${mixes[@]}" <<'PY' | tee "$out/summary.txt"
+python3 - "$out" "$band" "$nlanes" "${mixes[@]}" <<'PY' | tee "$out/summary.txt"
 import glob, json, sys
-out, band, mixes = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-def runs(tag):
-    rs = [json.load(open(f))["runs"][0] for f in glob.glob(f"{out}/bench-{tag}-rate*.json")]
-    return sorted((r["request_rate"], r["good_completed"] / max(1, r["completed"] + r["failed"]))
-                  for r in rs)
+out, band, nlanes, mixes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+def att(r):
+    return r["good_completed"] / max(1, r["completed"] + r["failed"])
+def runs(pattern):
+    rs = []
+    for f in sorted(glob.glob(f"{out}/bench-{pattern}-rate*.json")):
+        try:
+            rs.append(json.load(open(f))["runs"][0])
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+    return sorted((r["request_rate"], att(r)) for r in rs)
+if nlanes > 1:
+    print("lane  prefill 256 ms  decode b1@256 ms  decode b16@256 ms")
+    for i in range(nlanes):
+        try:
+            p = json.load(open(f"{out}/profile-lane{i}.json"))
+        except (OSError, ValueError):
+            print(f"{i:4}  (no profile)")
+            continue
+        pre = next((x["ms"] for x in p["prefill"] if x["tokens"] == 256 and x["cached_tokens"] == 0), 0)
+        dec = {(x["batch"], x["context"]): x["ms"] for x in p["decode"]}
+        print(f"{i:4}  {pre:14.1f}  {dec.get((1, 256), 0):16.2f}  {dec.get((16, 256), 0):17.2f}")
 print(f"{'mix':9} {'layout':13} {'predicted':>9}  measured")
 for mix in mixes:
-    plan = json.load(open(f"{out}/plan-{mix}.json"))
+    try:
+        plan = json.load(open(f"{out}/plan-{mix}.json"))
+    except (OSError, ValueError):
+        print(f"{mix:9} (no plan)")
+        continue
     for c in plan["candidates"]:
         tag = f"{mix}-{c['layout'].replace(' ', '_')}"
         pts = runs(tag)
         p = c["goodput"]
-        at = dict(pts)
         lo = next((a for r, a in pts if abs(r - (1 - band) * p) < 0.01 * p + 1e-3), None)
         hi = next((a for r, a in pts if abs(r - (1 + band) * p) < 0.01 * p + 1e-3), None)
-        if lo is not None and hi is not None:
-            if lo >= 0.9 and hi < 0.9:
-                verdict = f"within {band:.0%}: goodput in [{(1 - band) * p:.3f}, {(1 + band) * p:.3f})"
-            elif lo < 0.9:
-                verdict = f"OVER-predicted: goodput below {(1 - band) * p:.3f}"
-            else:
-                verdict = f"UNDER-predicted: goodput at least {(1 + band) * p:.3f}"
+        if lo is None or hi is None:
+            verdict = "incomplete"
+        elif lo >= 0.9 and hi < 0.9:
+            verdict = f"within {band:.0%}: goodput in [{(1 - band) * p:.3f}, {(1 + band) * p:.3f})"
+        elif lo < 0.9:
+            verdict = f"OVER-predicted: goodput below {(1 - band) * p:.3f}"
         else:
-            # A sweep: the highest rate meeting the objective, interpolated to the crossing.
-            good = 0.0
-            for k, (rate, a) in enumerate(pts):
-                if a >= 0.9:
-                    good = rate
-                    continue
-                if k > 0 and pts[k - 1][1] >= 0.9:
-                    r0, a0 = pts[k - 1]
-                    good = r0 + (rate - r0) * (a0 - 0.9) / (a0 - a)
-                break
-            err = (p - good) / good if good > 0 else float("inf")
-            verdict = f"{good:.3f} ({100 * err:+.1f}%)"
+            verdict = f"UNDER-predicted: goodput at least {(1 + band) * p:.3f}"
         print(f"{mix:9} {c['layout']:13} {p:9.3f}  {verdict}  "
               + " ".join(f"{r:.3f}:{a:.3f}" for r, a in pts))
         vs = runs(f"{tag}-vs")
         if vs:
             print(f"{'':9} {'':13} {'':9}  head to head at {vs[0][0]:.3f}: attainment {vs[0][1]:.3f}"
                   + (" (below the recommended layout)" if vs[0][1] < 0.9 else " (NOT below)"))
+        reps = runs(f"{tag}-rep*")
+        if reps:
+            print(f"{'':9} {'':13} {'':9}  repeats of the lower point: "
+                  + " ".join(f"{a:.3f}" for _, a in reps))
     print(f"{mix:9} recommended {plan['recommended']}")
 PY
