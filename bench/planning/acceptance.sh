@@ -16,8 +16,14 @@
 # background a lane sees is the same load in every phase. The profile and the calibration of
 # lane 0 are the ones planned with; the other lanes' are kept, to show the spread between lanes.
 #
+# Speed checks. Before and after each bracket point a few of the profile's points are measured
+# again (7 s on the VM); the summary prints the host's speed at both against the profile and
+# lists the runs where it was more than 15% off: on a host whose speed drifts, those are the runs
+# not to trust.
+#
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-lane*.json,
-# profile-MIX-lane*.json, calibrate-*.log, plan-*.json, bench-*-rate*.json, summary.txt}.
+# profile-MIX-lane*.json, calibrate-*.log, plan-*.json, bench-*-rate*.json, check-*.json,
+# summary.txt}.
 # Env: OUT, TANDEM (build/tandem), MODEL (models/target), LANES (none), PORT_BASE (18431; two
 # runs at once need ports 200 apart), PROMPTS (requests per run; default: RUN_S (300) seconds of
 # arrivals, at least MIN_PROMPTS (60) and at most MAX_PROMPTS (200)), PROFILE_REPEATS (10),
@@ -170,12 +176,24 @@ calibrate() {
   cp "$out/profile-$tag-lane0.json" "$out/profile-$tag.json"
 }
 
+# speed_check LANE TAG: a few of the profile's points again (prefill 256, decode at batch 1 and 8
+# at context 256, beside a neighbour) into $out/check-TAG.json: how fast the host runs now
+# against when it was profiled. The summary puts each bracket point's checks before and after
+# it beside its result: a host whose speed moved during a run tells the reader which runs to
+# distrust.
+speed_check() {
+  pin "$1" "$tandem" profile --model "$model" --prompt-lens 256 --batch-sizes 1,8 --contexts 256 \
+    --repeats 3 --neighbours 1 --prefill-batch-prompts none --transfer-backend none --no-progress \
+    --out "$out/check-$2.json" 2>"$out/check-$2.log" || log "speed check $2 failed: $out/check-$2.log"
+}
+
 # point LANE PORT SEED MIX LAYOUT PREDICTED TAG FACTOR: serves LAYOUT on LANE and runs the mix at
 # FACTOR x PREDICTED requests/s into $out/bench-TAG-rateFACTOR.json.
 point() {
   local lane=$1 p=$2 seed=$3 mix=$4 layout=$5 predicted=$6 tag=$7 f=$8 rate att
   rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
     "$predicted" "$f")
+  speed_check "$lane" "$tag-rate$f-before"
   # shellcheck disable=SC2046
   start_serve "$lane" "$p" "$out/serve-$tag-rate$f.log" $(layout_flags "$layout") || return 1
   # shellcheck disable=SC2046
@@ -184,6 +202,7 @@ point() {
     --warmup 4 --rates "$rate" --slo "ttft=$(mix_ttft "$mix"),tpot=$tpot" --seed "$seed" \
     --no-progress --json "$out/bench-$tag-rate$f.json" >"$out/bench-$tag-rate$f.txt" 2>&1 || true
   stop_serve
+  speed_check "$lane" "$tag-rate$f-after"
   if [[ ! -s $out/bench-$tag-rate$f.json ]]; then
     log "$mix, $layout: rate $rate req/s: no result, see $out/bench-$tag-rate$f.txt"
     return 1
@@ -307,6 +326,38 @@ def runs(pattern):
         except (OSError, ValueError, KeyError, IndexError):
             pass
     return sorted((r["request_rate"], att(r)) for r in rs)
+def points(p):
+    pre = next(x["ms"] for x in p["prefill"] if x["tokens"] == 256 and x["cached_tokens"] == 0)
+    dec = {(x["batch"], x["context"]): x["ms"] for x in p["decode"]}
+    return [pre, dec[(1, 256)], dec[(8, 256)]]
+try:
+    base = points(json.load(open(f"{out}/profile.json")))
+except (OSError, ValueError, KeyError, StopIteration):
+    base = None
+def speed(check):
+    """The host's step times at a speed check over the profile's (geometric mean; 1.10: 10% slower)."""
+    try:
+        now = points(json.load(open(f"{out}/check-{check}.json")))
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+    if base is None:
+        return None
+    r = 1.0
+    for a, b in zip(now, base):
+        r *= a / b
+    return r ** (1 / len(base))
+drifted = []
+def checks(pattern):
+    out_s = []
+    for f in sorted(glob.glob(f"{out}/bench-{pattern}-rate*.json")):
+        point = f[len(f"{out}/bench-"):-len(".json")]
+        b, a = speed(point + "-before"), speed(point + "-after")
+        if b is None or a is None:
+            continue
+        if max(abs(b - 1), abs(a - 1)) > 0.15:
+            drifted.append(point)
+        out_s.append(f"x{b:.2f}/x{a:.2f}")
+    return " ".join(out_s)
 if nlanes > 1:
     print("lane  prefill 256 ms  decode b1@256 ms  decode b16@256 ms")
     for i in range(nlanes):
@@ -341,6 +392,9 @@ for mix in mixes:
             verdict = f"UNDER-predicted: goodput at least {(1 + band) * p:.3f}"
         print(f"{mix:9} {c['layout']:13} {p:9.3f}  {verdict}  "
               + " ".join(f"{r:.3f}:{a:.3f}" for r, a in pts))
+        host = checks(tag)
+        if host:
+            print(f"{'':9} {'':13} {'':9}  host speed before/after each run (step times over the profile's): {host}")
         vs = runs(f"{tag}-vs")
         if vs:
             print(f"{'':9} {'':13} {'':9}  head to head at {vs[0][0]:.3f}: attainment {vs[0][1]:.3f}"
@@ -350,4 +404,6 @@ for mix in mixes:
             print(f"{'':9} {'':13} {'':9}  repeats of the lower point: "
                   + " ".join(f"{a:.3f}" for _, a in reps))
     print(f"{mix:9} recommended {plan['recommended']}")
+if drifted:
+    print("runs on a host more than 15% off its profiled speed before or after: " + ", ".join(drifted))
 PY
