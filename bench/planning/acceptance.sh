@@ -16,10 +16,11 @@
 # background a lane sees is the same load in every phase. The profile and the calibration of
 # lane 0 are the ones planned with; the other lanes' are kept, to show the spread between lanes.
 #
-# Speed checks. Before and after each bracket point a few of the profile's points are measured
-# again (7 s on the VM); the summary prints the host's speed at both against the profile and
-# lists the runs where it was more than 15% off: on a host whose speed drifts, those are the runs
-# not to trust.
+# Speed checks. Before and after each point a few of the profile's points are measured again (7 s
+# on the VM). A point waits to start until the host runs within SPEED_TOLERANCE (0.15) of its
+# profiled speed (GATE_TRIES (8) checks 30 s apart at most); the summary prints the host's speed
+# before and after each run against the profile and lists the runs where it was more than 15%
+# off: on a host whose speed drifts, those are the runs not to trust.
 #
 # Output: OUT (default /tmp/plan-acceptance)/{profile.json, profile-lane*.json,
 # profile-MIX-lane*.json, calibrate-*.log, plan-*.json, bench-*-rate*.json, check-*.json,
@@ -186,6 +187,39 @@ speed_check() {
     --repeats 3 --neighbours 1 --prefill-batch-prompts none --transfer-backend none --no-progress \
     --out "$out/check-$2.json" 2>"$out/check-$2.log" || log "speed check $2 failed: $out/check-$2.log"
 }
+# host_speed CHECK: the check's step times over the profile's (geometric mean of the three
+# points; 1.30: 30% slower), or "nan".
+host_speed() {
+  python3 - "$out/profile.json" "$out/check-$1.json" <<'PY' 2>/dev/null || echo nan
+import json, math, sys
+def points(path):
+    p = json.load(open(path))
+    pre = next(x["ms"] for x in p["prefill"] if x["tokens"] == 256 and x["cached_tokens"] == 0)
+    dec = {(x["batch"], x["context"]): x["ms"] for x in p["decode"]}
+    return [pre, dec[(1, 256)], dec[(8, 256)]]
+base, now = points(sys.argv[1]), points(sys.argv[2])
+print("%.3f" % math.exp(sum(math.log(a / b) for a, b in zip(now, base)) / 3))
+PY
+}
+# speed_gate LANE TAG: waits for the host to run within SPEED_TOLERANCE (0.15) of its profiled
+# speed before a point starts: a check, then another every 30 s while it is off, GATE_TRIES (8)
+# checks at most; a point that starts on a host still off says so in the log (and the summary
+# lists it).
+speed_gate() {
+  local lane=$1 tag=$2 try x
+  for ((try = 1; try <= ${GATE_TRIES:-8}; try++)); do
+    speed_check "$lane" "$tag"
+    x=$(host_speed "$tag")
+    if python3 -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - 1) <= float(sys.argv[2]) else 1)" \
+      "$x" "${SPEED_TOLERANCE:-0.15}"; then
+      return 0
+    fi
+    ((try < ${GATE_TRIES:-8})) || break
+    log "$tag: the host runs at x$x of its profiled step times; checking again in 30 s"
+    sleep 30
+  done
+  log "$tag: starting on a host at x$x of its profiled step times (after $((try)) checks)"
+}
 
 # point LANE PORT SEED MIX LAYOUT PREDICTED TAG FACTOR: serves LAYOUT on LANE and runs the mix at
 # FACTOR x PREDICTED requests/s into $out/bench-TAG-rateFACTOR.json.
@@ -193,7 +227,7 @@ point() {
   local lane=$1 p=$2 seed=$3 mix=$4 layout=$5 predicted=$6 tag=$7 f=$8 rate att
   rate=$(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) * float(sys.argv[2])))" \
     "$predicted" "$f")
-  speed_check "$lane" "$tag-rate$f-before"
+  speed_gate "$lane" "$tag-rate$f-before"
   # shellcheck disable=SC2046
   start_serve "$lane" "$p" "$out/serve-$tag-rate$f.log" $(layout_flags "$layout") || return 1
   # shellcheck disable=SC2046
@@ -262,13 +296,18 @@ print(next(c['goodput'] for c in p['candidates'] if c['layout']==sys.argv[2]))" 
   specs=()
   for f in "$lo" "$hi"; do
     for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
-      specs+=("$layout|$(goodput "$layout")|$mix-${layout// /_}|$f")
+      g=$(goodput "$layout")
+      if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$g"; then
+        specs+=("$layout|$g|$mix-${layout// /_}|$f")
+      elif [[ $f == "$lo" ]]; then
+        log "$mix, $layout: predicted to meet the objective at no rate; nothing to bracket"
+      fi
     done
   done
   log "$mix: brackets at ${lo}x and ${hi}x: $(python3 -c "import json,sys; \
 print(', '.join(f\"{c['layout']} {c['goodput']:.3f}\" for c in json.load(open(sys.argv[1]))['candidates']))" \
     "$out/plan-$mix.json") req/s predicted"
-  run_points "${specs[@]}"
+  ((${#specs[@]})) && run_points "${specs[@]}"
 
   # Head to head: where a neighbour's bracket does not already put it below the recommended
   # layout (the recommended meets the objective at lo x its prediction, the neighbour misses it
@@ -278,6 +317,10 @@ print(', '.join(f\"{c['layout']} {c['goodput']:.3f}\" for c in json.load(open(sy
     "$out/plan-$mix.json")
   rg=$(goodput "$recommended")
   specs=()
+  if ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$rg"; then
+    log "$mix: no layout is predicted to meet the objective; no head to head runs"
+    continue
+  fi
   for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
     [[ $layout == "$recommended" ]] && continue
     g=$(goodput "$layout")
@@ -295,10 +338,8 @@ ordered = (a_rec is not None and a_other is not None and a_rec >= 0.9 and a_othe
            float(lo) * float(rg) >= float(hi) * float(g))
 sys.exit(0 if ordered else 1)
 PY
-      f=$(python3 -c "import sys; print('%.4f' % (float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
-        "$lo" "$rg" "$g")
       log "$mix: $layout head to head at $recommended's lower rate"
-      specs+=("$layout|$g|$mix-${layout// /_}-vs|$f")
+      specs+=("$layout|$rg|$mix-${layout// /_}-vs|$lo")
     fi
   done
   # Lanes left over repeat the recommended layout's lower point (another seed each): more
@@ -382,7 +423,9 @@ for mix in mixes:
         p = c["goodput"]
         lo = next((a for r, a in pts if abs(r - (1 - band) * p) < 0.01 * p + 1e-3), None)
         hi = next((a for r, a in pts if abs(r - (1 + band) * p) < 0.01 * p + 1e-3), None)
-        if lo is None or hi is None:
+        if p <= 0:
+            verdict = "predicted to meet the objective at no rate (not run)"
+        elif lo is None or hi is None:
             verdict = "incomplete"
         elif lo >= 0.9 and hi < 0.9:
             verdict = f"within {band:.0%}: goodput in [{(1 - band) * p:.3f}, {(1 + band) * p:.3f})"
