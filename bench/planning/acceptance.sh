@@ -174,7 +174,9 @@ calibrate() {
     wait "${pids[$i]}" || log "calibration in lane $i failed: $out/calibrate-$tag-lane$i.log"
   done
   cat "$out/calibrate-$tag-lane0.log" >&2
-  cp "$out/profile-$tag-lane0.json" "$out/profile-$tag.json"
+  cp "$out/profile-$tag-lane0.json" "$out/profile-$tag.json" 2>/dev/null ||
+    { log "$tag: lane 0's calibration failed, so the mix is planned with the profile as measured"; \
+      cp "$out/profile.json" "$out/profile-$tag.json"; }
 }
 
 # speed_check LANE TAG: a few of the profile's points again (prefill 256, decode at batch 1 and 8
@@ -280,6 +282,11 @@ for mix in "${mixes[@]}"; do
     rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
 if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.8}")
+    if ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$rate"; then
+      log "$mix: on this profile 1P+1D meets the objective at no rate, so there is no rate to" \
+        "calibrate at (the host may be running far slower than usual: see $out/profile.json)"
+      continue
+    fi
     log "$mix: calibrating against a served 1P+1D under the mix at $rate req/s"
     # shellcheck disable=SC2046
     calibrate "$mix" $(mix_flags "$mix") --rates "$rate"
