@@ -111,6 +111,11 @@ mix_ttft() {
 start_serve() {
   local lane=$1 p=$2 slog=$3 on=()
   shift 3
+  # A serve left over on the port (from an interrupted run) would answer /health for this one.
+  if http_get "http://127.0.0.1:$p/health" >/dev/null 2>&1; then
+    log "port $p already serves: stop what runs there (a serve left over from an earlier run?)"
+    return 1
+  fi
   if [[ -n $lane ]]; then on=(taskset -c "$lane"); fi
   "${on[@]}" "$tandem" serve --model "$model" --port "$p" "$@" >"$slog" 2>&1 &
   serve=$!
@@ -153,12 +158,14 @@ calibrate_lane() {
     --no-progress >"$out/calibrate-bench-$tag-lane$i.txt" 2>&1 &
   load=$!
   sleep 20  # past the ramp
+  local calibrated=0
   pin "$lane" "$tandem" profile calibrate --profile "$out/profile.json" --metrics "$metrics" \
     --window-s 60 --min-steps 100 --min-prefill-chunks 30 --no-progress \
-    --out "$out/profile-$tag-lane$i.json" >"$out/calibrate-$tag-lane$i.log" 2>&1
+    --out "$out/profile-$tag-lane$i.json" >"$out/calibrate-$tag-lane$i.log" 2>&1 || calibrated=$?
   kill -INT "$load" 2>/dev/null || true
   wait "$load" || true
-  stop_serve
+  stop_serve  # whatever the calibration did: a serve left running would hold the port
+  return "$calibrated"
 }
 # calibrate TAG LOAD...: calibrate_lane on every lane at once; lane 0's is $out/profile-TAG.json.
 calibrate() {
