@@ -196,19 +196,10 @@ speed_check() {
     --repeats 3 --neighbours 1 --prefill-batch-prompts none --transfer-backend none --no-progress \
     --out "$out/check-$2.json" 2>"$out/check-$2.log" || log "speed check $2 failed: $out/check-$2.log"
 }
-# host_speed CHECK: the check's step times over the profile's (geometric mean of the three
-# points; 1.30: 30% slower), or "nan".
+# host_speed CHECK: the check's step times over the profile's (bench/planning/host_speed.py;
+# 1.30: 30% slower), or "nan".
 host_speed() {
-  python3 - "$out/profile.json" "$out/check-$1.json" <<'PY' 2>/dev/null || echo nan
-import json, math, sys
-def points(path):
-    p = json.load(open(path))
-    pre = next(x["ms"] for x in p["prefill"] if x["tokens"] == 256 and x["cached_tokens"] == 0)
-    dec = {(x["batch"], x["context"]): x["ms"] for x in p["decode"]}
-    return [pre, dec[(1, 256)], dec[(8, 256)]]
-base, now = points(sys.argv[1]), points(sys.argv[2])
-print("%.3f" % math.exp(sum(math.log(a / b) for a, b in zip(now, base)) / 3))
-PY
+  python3 bench/planning/host_speed.py "$out/profile.json" "$out/check-$1.json"
 }
 # speed_gate LANE TAG: waits for the host to run within SPEED_TOLERANCE (0.15) of its profiled
 # speed before a point starts: a check, then another every 30 s while it is off, GATE_TRIES (8)
@@ -381,26 +372,10 @@ def runs(pattern):
         except (OSError, ValueError, KeyError, IndexError):
             pass
     return sorted((r["request_rate"], att(r)) for r in rs)
-def points(p):
-    pre = next(x["ms"] for x in p["prefill"] if x["tokens"] == 256 and x["cached_tokens"] == 0)
-    dec = {(x["batch"], x["context"]): x["ms"] for x in p["decode"]}
-    return [pre, dec[(1, 256)], dec[(8, 256)]]
-try:
-    base = points(json.load(open(f"{out}/profile.json")))
-except (OSError, ValueError, KeyError, StopIteration):
-    base = None
+sys.path.insert(0, "bench/planning")
+from host_speed import speed as host_speed
 def speed(check):
-    """The host's step times at a speed check over the profile's (geometric mean; 1.10: 10% slower)."""
-    try:
-        now = points(json.load(open(f"{out}/check-{check}.json")))
-    except (OSError, ValueError, KeyError, StopIteration):
-        return None
-    if base is None:
-        return None
-    r = 1.0
-    for a, b in zip(now, base):
-        r *= a / b
-    return r ** (1 / len(base))
+    return host_speed(f"{out}/profile.json", f"{out}/check-{check}.json")
 drifted = []
 def checks(pattern):
     out_s = []
