@@ -55,13 +55,23 @@ export OPENBLAS_NUM_THREADS=1
 source bench/lib/serve.sh
 log() { echo "[acceptance $(date -u +%H:%M:%S)] $*" >&2; }
 
-# pin LANE CMD...: CMD on the lane's CPUs (the whole host for the empty lane), in the foreground.
-# Commands put in the background are pinned with "${on[@]}" CMD & instead (on=(taskset -c LANE)),
+# pinning LANE: sets the array `on` to the command prefix that pins to the lane's CPUs (nothing
+# for the empty lane, the whole host). Commands put in the background run as "${on[@]}" CMD &,
 # so that $! is the command itself and a signal sent to it reaches it, not a subshell.
+pinning() {
+  on=()
+  if [[ -n $1 ]]; then on=(taskset -c "$1"); fi
+}
+# pin LANE CMD...: CMD on the lane's CPUs, in the foreground.
 pin() {
-  local lane=$1
+  local on
+  pinning "$1"
   shift
-  if [[ -n $lane ]]; then taskset -c "$lane" "$@"; else "$@"; fi
+  "${on[@]}" "$@"
+}
+# positive X: whether the number X is above 0.
+positive() {
+  python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$1"
 }
 port=${PORT_BASE:-18431}
 next_port() { port=$((port + 1)); }  # in the main shell, before a job forks
@@ -109,14 +119,14 @@ mix_ttft() {
 # start_serve LANE PORT LOG LAYOUT_FLAGS...: tandem serve pinned to LANE, waits for /health;
 # sets $serve.
 start_serve() {
-  local lane=$1 p=$2 slog=$3 on=()
+  local lane=$1 p=$2 slog=$3 on
   shift 3
   # A serve left over on the port (from an interrupted run) would answer /health for this one.
   if http_get "http://127.0.0.1:$p/health" >/dev/null 2>&1; then
     log "port $p already serves: stop what runs there (a serve left over from an earlier run?)"
     return 1
   fi
-  if [[ -n $lane ]]; then on=(taskset -c "$lane"); fi
+  pinning "$lane"
   "${on[@]}" "$tandem" serve --model "$model" --port "$p" "$@" >"$slog" 2>&1 &
   serve=$!
   wait_healthy "$p" "$serve" "$slog" 180
@@ -130,8 +140,7 @@ stop_serve() {
 log "profiling one single-threaded worker beside a neighbour, in $nlanes lane(s)"
 pids=()
 for i in "${!lanes[@]}"; do
-  on=()
-  if [[ -n ${lanes[$i]} ]]; then on=(taskset -c "${lanes[$i]}"); fi
+  pinning "${lanes[$i]}"
   "${on[@]}" "$tandem" profile --model "$model" --prompt-lens 16,64,128,256,512,1000 \
     --batch-sizes 1,2,4,8,16,32 --contexts 64,256,500 --repeats "${PROFILE_REPEATS:-10}" \
     --neighbours 1 --no-progress --out "$out/profile-lane$i.json" 2>"$out/profile-lane$i.log" &
@@ -144,9 +153,9 @@ cp "$out/profile-lane0.json" "$out/profile.json"
 # it, and calibrates $out/profile.json on both workers' counters over 60 s after 20 s of ramp,
 # into $out/profile-TAG-laneI.json.
 calibrate_lane() {
-  local lane=$1 i=$2 p=$3 tag=$4 metrics load on=()
+  local lane=$1 i=$2 p=$3 tag=$4 metrics load on
   shift 4
-  if [[ -n $lane ]]; then on=(taskset -c "$lane"); fi
+  pinning "$lane"
   start_serve "$lane" "$p" "$out/serve-calibrate-$tag-lane$i.log" \
     --prefill-workers 1 --decode-workers 1 || return 1
   sleep 1
@@ -218,7 +227,7 @@ speed_gate() {
     log "$tag: the host runs at x$x of its profiled step times; checking again in 30 s"
     sleep 30
   done
-  log "$tag: starting on a host at x$x of its profiled step times (after $((try)) checks)"
+  log "$tag: starting on a host at x$x of its profiled step times (after $try checks)"
 }
 
 # point LANE PORT SEED MIX LAYOUT PREDICTED TAG FACTOR: serves LAYOUT on LANE and runs the mix at
@@ -280,7 +289,7 @@ for mix in "${mixes[@]}"; do
     rate=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print('%.3f' % (float(sys.argv[2]) * next(c['goodput'] for c in p['candidates'] \
 if c['layout'] == '1P+1D')))" "$out/plan-$mix-uncalibrated.json" "${CAL_FRACTION:-0.8}")
-    if ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$rate"; then
+    if ! positive "$rate"; then
       log "$mix: on this profile 1P+1D meets the objective at no rate, so there is no rate to" \
         "calibrate at (the host may be running far slower than usual: see $out/profile.json)"
       continue
@@ -302,7 +311,7 @@ print(next(c['goodput'] for c in p['candidates'] if c['layout']==sys.argv[2]))" 
   for f in "$lo" "$hi"; do
     for layout in "1P+1D" "1 aggregated" "2 aggregated"; do
       g=$(goodput "$layout")
-      if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$g"; then
+      if positive "$g"; then
         specs+=("$layout|$g|$mix-${layout// /_}|$f")
       elif [[ $f == "$lo" ]]; then
         log "$mix, $layout: predicted to meet the objective at no rate; nothing to bracket"
@@ -322,7 +331,7 @@ print(', '.join(f\"{c['layout']} {c['goodput']:.3f}\" for c in json.load(open(sy
     "$out/plan-$mix.json")
   rg=$(goodput "$recommended")
   specs=()
-  if ! python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)" "$rg"; then
+  if ! positive "$rg"; then
     log "$mix: no layout is predicted to meet the objective; no head to head runs"
     continue
   fi
